@@ -1,0 +1,24 @@
+# The front door. `make help` lists the targets.
+.PHONY: help run test lint fmt db bench-writes
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-14s %s\n", $$1, $$2 }'
+
+run: ## set everything up and run mnemo on the local PostgreSQL
+	bash scripts/run.sh
+
+test: ## set up PostgreSQL if needed, then lint and run the whole test suite
+	bash scripts/test.sh
+
+lint: ## cargo fmt --check and clippy -D warnings
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+fmt: ## format the code
+	cargo fmt --all
+
+db: ## install and start the local PostgreSQL with pgvector (idempotent)
+	bash scripts/setup-postgres.sh
+
+bench-writes: ## the write benchmark (docs/benchmarks.md)
+	bash scripts/bench.sh writes

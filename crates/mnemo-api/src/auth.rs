@@ -1,0 +1,128 @@
+//! Bearer tokens: HS256 with a shared secret, or RS256/ES256 with a public key. The verified
+//! claims become a [`Principal`]; nothing else in a request can name a tenant.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use mnemo_config::JwtKey;
+use mnemo_core::{AgentId, Principal, SessionId, TenantId, UserId};
+use serde::{Deserialize, Serialize};
+
+use crate::{ApiError, AppState};
+
+/// The claims mnemo reads. Other claims (iss, iat, …) may be present and are ignored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Claims {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sid: Option<String>,
+    pub exp: u64,
+}
+
+/// Verifies tokens with the deployment's key.
+#[derive(Clone)]
+pub struct Authenticator {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator").field("algorithms", &self.validation.algorithms).finish_non_exhaustive()
+    }
+}
+
+/// Clock skew tolerated on `exp`.
+const LEEWAY_SECONDS: u64 = 5;
+
+impl Authenticator {
+    pub fn new(key: &JwtKey) -> Result<Self, String> {
+        let (key, algorithm) = match key {
+            JwtKey::Hmac(secret) => (DecodingKey::from_secret(secret.expose()), Algorithm::HS256),
+            JwtKey::PublicKeyPem { path, pem } => {
+                if let Ok(key) = DecodingKey::from_rsa_pem(pem) {
+                    (key, Algorithm::RS256)
+                } else if let Ok(key) = DecodingKey::from_ec_pem(pem) {
+                    (key, Algorithm::ES256)
+                } else {
+                    return Err(format!("{} holds neither an RSA nor an EC public key in PEM", path.display()));
+                }
+            }
+        };
+        let mut validation = Validation::new(algorithm);
+        validation.set_required_spec_claims(&["exp"]);
+        validation.leeway = LEEWAY_SECONDS;
+        validation.validate_aud = false;
+        Ok(Self { key, validation })
+    }
+
+    pub fn verify(&self, token: &str) -> Result<Principal, ApiError> {
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
+            .map_err(|e| match e.kind() {
+                ErrorKind::ExpiredSignature => ApiError::TokenExpired,
+                ErrorKind::InvalidSignature => ApiError::InvalidToken("bad signature".into()),
+                ErrorKind::MissingRequiredClaim(claim) => ApiError::InvalidToken(format!("missing claim {claim}")),
+                ErrorKind::InvalidAlgorithm => ApiError::InvalidToken("wrong signing algorithm".into()),
+                _ => ApiError::InvalidToken("malformed token".into()),
+            })?
+            .claims;
+        let claim = |name: &str, e: mnemo_core::InvalidInput| ApiError::InvalidToken(format!("claim {name}: {e}"));
+        let tenant = claims.tenant.as_deref().ok_or_else(|| ApiError::InvalidToken("missing claim tenant".into()))?;
+        Ok(Principal {
+            tenant: TenantId::parse(tenant).map_err(|e| claim("tenant", e))?,
+            user: claims.sub.as_deref().map(UserId::parse).transpose().map_err(|e| claim("sub", e))?,
+            agent: claims.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| claim("agent", e))?,
+            session: claims.sid.as_deref().map(SessionId::parse).transpose().map_err(|e| claim("sid", e))?,
+        })
+    }
+}
+
+/// Signs an HS256 token for development and tests (`mnemo-runbook token`).
+pub fn sign_hs256(secret: &[u8], principal: &Principal, ttl: Duration) -> Result<String, String> {
+    let exp = SystemTime::now().duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs() + ttl.as_secs();
+    sign_claims(secret, &claims_for(principal, exp))
+}
+
+pub fn claims_for(principal: &Principal, exp: u64) -> Claims {
+    Claims {
+        tenant: Some(principal.tenant.to_string()),
+        sub: principal.user.as_ref().map(ToString::to_string),
+        agent: principal.agent.as_ref().map(ToString::to_string),
+        sid: principal.session.as_ref().map(ToString::to_string),
+        exp,
+    }
+}
+
+pub fn sign_claims(secret: &[u8], claims: &Claims) -> Result<String, String> {
+    jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &EncodingKey::from_secret(secret))
+        .map_err(|e| e.to_string())
+}
+
+/// An authenticated caller, extracted from `Authorization: Bearer …`.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub Principal);
+
+impl FromRequestParts<AppState> for Authenticated {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let header = parts.headers.get(AUTHORIZATION).ok_or(ApiError::MissingToken)?;
+        let value = header.to_str().map_err(|_| ApiError::InvalidToken("unreadable Authorization header".into()))?;
+        let token = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(ApiError::MissingToken)?;
+        state.auth.verify(token).map(Self)
+    }
+}

@@ -1,0 +1,128 @@
+//! Request bodies are read strictly and by hand: a JSON object whose fields are taken one by one,
+//! so every mistake gets its own error code and names the field, and a field nobody took is an
+//! error rather than silently ignored.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::header::CONTENT_TYPE;
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+
+use crate::ApiError;
+
+/// Fields that would let a caller pick a tenant. The tenant comes only from the token.
+const TENANT_FIELDS: &[&str] = &["tenant", "tenant_id", "tenantId"];
+
+/// The body of a request: a JSON object, taken apart with [`JsonObject::take_str`] and friends,
+/// then closed with [`JsonObject::finish`].
+#[derive(Debug)]
+pub struct JsonObject(Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for JsonObject {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let json_type = req.headers().get(CONTENT_TYPE).is_none_or(|value| {
+            value.to_str().is_ok_and(|v| {
+                let mime = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+                mime == "application/json" || mime.ends_with("+json")
+            })
+        });
+        if !json_type {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge
+            } else {
+                ApiError::MalformedJson(e.body_text())
+            }
+        })?;
+        Self::parse(&bytes)
+    }
+}
+
+impl JsonObject {
+    pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        std::str::from_utf8(bytes).map_err(|_| ApiError::InvalidUtf8)?;
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let Value::Object(map) = value else {
+            return Err(ApiError::NotAnObject);
+        };
+        if let Some(field) = TENANT_FIELDS.iter().find(|f| map.contains_key(**f)) {
+            return Err(ApiError::TenantInBody((*field).to_owned()));
+        }
+        Ok(Self(map))
+    }
+
+    fn take(&mut self, field: &'static str) -> Option<Value> {
+        self.0.remove(field).filter(|v| !v.is_null())
+    }
+
+    pub fn take_str(&mut self, field: &'static str) -> Result<String, ApiError> {
+        self.take_opt_str(field)?.ok_or(ApiError::MissingField(field))
+    }
+
+    pub fn take_opt_str(&mut self, field: &'static str) -> Result<Option<String>, ApiError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::InvalidField { field, expected: "a string" }),
+        }
+    }
+
+    pub fn take_opt_object(&mut self, field: &'static str) -> Result<Option<Value>, ApiError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(v @ Value::Object(_)) => Ok(Some(v)),
+            Some(_) => Err(ApiError::InvalidField { field, expected: "a JSON object" }),
+        }
+    }
+
+    pub fn take_opt_time(&mut self, field: &'static str) -> Result<Option<DateTime<Utc>>, ApiError> {
+        let expected = "an RFC 3339 timestamp such as 2026-05-02T14:23:01Z";
+        self.take_opt_str(field)?
+            .map(|raw| {
+                DateTime::parse_from_rfc3339(&raw)
+                    .map(|t| t.with_timezone(&Utc))
+                    .map_err(|_| ApiError::InvalidField { field, expected })
+            })
+            .transpose()
+    }
+
+    /// Refuses any field that was not taken.
+    pub fn finish(self) -> Result<(), ApiError> {
+        match self.0.into_iter().next() {
+            Some((field, _)) => Err(ApiError::UnknownField(field.chars().take(64).collect())),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_refused_with_precise_codes() {
+        let code = |body: &[u8]| JsonObject::parse(body).map(|_| ()).unwrap_err().code();
+        assert_eq!(code(b"{\"a\": "), "malformed_json");
+        assert_eq!(code(b"[1]"), "not_an_object");
+        assert_eq!(code(b"{\"a\": \"\xff\"}"), "invalid_utf8");
+        assert_eq!(code(br#"{"tenant_id": "other"}"#), "tenant_in_body");
+
+        let mut body = JsonObject::parse(br#"{"content": 5, "extra": true}"#).expect("object");
+        assert_eq!(body.take_str("content").unwrap_err().code(), "invalid_field");
+        assert_eq!(body.take_str("source_ref").unwrap_err().code(), "missing_field");
+        assert_eq!(body.finish().unwrap_err().code(), "unknown_field");
+    }
+
+    #[test]
+    fn null_means_absent_and_times_must_be_rfc3339() {
+        let mut body = JsonObject::parse(br#"{"session_id": null, "event_time": "yesterday"}"#).expect("object");
+        assert_eq!(body.take_opt_str("session_id").expect("null is absent"), None);
+        assert_eq!(body.take_opt_time("event_time").unwrap_err().code(), "invalid_field");
+        body.finish().expect("all taken");
+    }
+}

@@ -1,0 +1,130 @@
+//! mnemo's HTTP API: [`app`] builds the axum router, [`run`] serves it. This crate alone knows
+//! JSON wire shapes and HTTP statuses; it turns requests into domain values (`mnemo-core`), calls
+//! the store, and maps every failure through the error-code table in [`ERROR_CODES`].
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use mnemo_config::ServerSettings;
+use mnemo_store::{MIGRATOR, Store};
+
+pub mod auth;
+mod body;
+mod error;
+mod routes;
+
+pub use auth::{Authenticator, Claims};
+pub use error::{ApiError, ERROR_CODES};
+
+/// What every handler can reach.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub auth: Arc<Authenticator>,
+    pub max_tool_output_bytes: usize,
+    pub metrics: PrometheusHandle,
+}
+
+impl AppState {
+    pub fn new(store: Store, settings: &ServerSettings) -> Result<Self, String> {
+        Ok(Self {
+            store,
+            auth: Arc::new(Authenticator::new(&settings.jwt)?),
+            max_tool_output_bytes: settings.max_tool_output_bytes,
+            metrics: metrics_handle(),
+        })
+    }
+}
+
+/// The process-wide Prometheus recorder, installed on first use.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (a test binary running several apps);
+            // the handle then renders an empty page rather than failing the process.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// The whole API.
+pub fn app(state: AppState) -> Router {
+    // JSON escaping can double a payload's size; leave room for the other fields.
+    let body_limit = state.max_tool_output_bytes.saturating_mul(2).saturating_add(64 * 1024);
+    let v1 = Router::new()
+        .route("/memories", post(routes::remember))
+        .route("/facts", post(routes::remember_fact))
+        .route("/tool-outputs/{key}", get(routes::tool_output));
+    Router::new()
+        .nest("/v1", v1)
+        .route("/healthz", get(routes::healthz))
+        .route("/readyz", get(routes::readyz))
+        .route("/metrics", get(routes::metrics))
+        .fallback(|| async { ApiError::NotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn(observe))
+        .with_state(state)
+}
+
+/// Counts and times every request by route template (never by concrete path, which may carry
+/// ids or keys).
+async fn observe(request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+    let method = request.method().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::histogram!("mnemo_http_request_duration_seconds", "route" => route.clone(), "method" => method.clone())
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!("mnemo_http_requests_total", "route" => route, "method" => method, "status" => status)
+        .increment(1);
+    response
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Store(#[from] mnemo_store::StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Connects, checks the schema, and serves until `shutdown` resolves; in-flight requests finish.
+pub async fn run(
+    settings: ServerSettings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let store = Store::connect(settings.database.url.expose(), settings.database.max_connections).await?;
+    let schema = MIGRATOR.status(store.pool()).await?;
+    if !schema.is_current() {
+        tracing::warn!(
+            pending = schema.pending.len(),
+            unknown = schema.unknown.len(),
+            "the database schema is not current; /readyz answers 503 until `mnemo-runbook migrate` runs"
+        );
+    }
+    let state = AppState::new(store, &settings).map_err(ServeError::Config)?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|source| ServeError::Bind { addr: settings.listen, source })?;
+    tracing::info!(addr = %listener.local_addr()?, "mnemo-server listening");
+    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await?;
+    tracing::info!("mnemo-server stopped");
+    Ok(())
+}

@@ -1,0 +1,122 @@
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use mnemo_core::{
+    Extras, FactKey, FactScope, MemoryText, Metadata, NewMemory, SessionId, SourceKind, SourceRef, ToolOutputKey,
+    ToolOutputText,
+};
+use mnemo_store::{MIGRATOR, Remembered};
+use serde_json::json;
+
+use crate::auth::Authenticated;
+use crate::body::JsonObject;
+use crate::{ApiError, AppState};
+
+/// `{id, was_new}`: 201 when this write made the row, 200 when it already existed.
+fn remembered(kind: SourceKind, r: Remembered) -> Response {
+    metrics::counter!("mnemo_memory_writes_total", "kind" => kind.as_str(), "was_new" => if r.was_new { "true" } else { "false" })
+        .increment(1);
+    let status = if r.was_new { StatusCode::CREATED } else { StatusCode::OK };
+    (status, Json(json!({ "id": r.id, "was_new": r.was_new }))).into_response()
+}
+
+/// Reads `metadata` and `event_time`, which every write takes.
+fn extras(body: &mut JsonObject) -> Result<Extras, ApiError> {
+    let metadata = body.take_opt_object("metadata")?.map(Metadata::parse).transpose()?.unwrap_or_default();
+    let event_time = body.take_opt_time("event_time")?;
+    Ok(Extras { metadata, event_time })
+}
+
+/// `POST /v1/memories`: a chat message, tool output or document chunk.
+pub async fn remember(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    mut body: JsonObject,
+) -> Result<Response, ApiError> {
+    let kind = SourceKind::parse(&body.take_str("source_kind")?)?;
+    let source_ref = SourceRef::parse(&body.take_str("source_ref")?)?;
+    let content = body.take_str("content")?;
+    let session = body.take_opt_str("session_id")?.as_deref().map(SessionId::parse).transpose()?;
+    let extras = extras(&mut body)?;
+    body.finish()?;
+
+    let memory = match kind {
+        SourceKind::ChatMessage => {
+            NewMemory::chat_message(&principal, source_ref, MemoryText::parse(&content)?, session, extras)?
+        }
+        SourceKind::ToolOutput => {
+            let output = ToolOutputText::parse(&content, state.max_tool_output_bytes)?;
+            NewMemory::tool_output(&principal, source_ref, output, session, extras)?
+        }
+        SourceKind::DocumentChunk => {
+            NewMemory::document_chunk(&principal, source_ref, MemoryText::parse(&content)?, session, extras)?
+        }
+        SourceKind::Fact | SourceKind::SessionSummary => {
+            return Err(mnemo_core::InvalidInput::UnknownValue {
+                field: "source_kind",
+                value: kind.to_string(),
+                expected: "chat_message tool_output document_chunk (facts go to POST /v1/facts)",
+            }
+            .into());
+        }
+    };
+    Ok(remembered(kind, state.store.remember(&memory).await?))
+}
+
+/// `POST /v1/facts`: a fact about the token's user or agent.
+pub async fn remember_fact(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    mut body: JsonObject,
+) -> Result<Response, ApiError> {
+    let content = MemoryText::parse(&body.take_str("content")?)?;
+    let scope = FactScope::parse(&body.take_str("scope")?)?;
+    let key = body.take_opt_str("key")?.as_deref().map(FactKey::parse).transpose()?;
+    let extras = extras(&mut body)?;
+    body.finish()?;
+
+    let memory = NewMemory::fact(&principal, scope, content, key, extras)?;
+    Ok(remembered(SourceKind::Fact, state.store.remember(&memory).await?))
+}
+
+/// `GET /v1/tool-outputs/{key}`: the full payload, to its own tenant only.
+pub async fn tool_output(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let key = ToolOutputKey::parse(&key).ok_or(ApiError::NotFound)?;
+    let output = state.store.tool_output(&principal.tenant, &key).await?.ok_or(ApiError::NotFound)?;
+    let body = json!({ "key": output.key.as_str(), "item_id": output.item_id, "content": output.content });
+    Ok(Json(body).into_response())
+}
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: the database answers and its schema is the one this build expects.
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    state.store.ping().await.map_err(|e| {
+        tracing::warn!(error = %e, "readiness: database unreachable");
+        ApiError::NotReady("database unreachable".into())
+    })?;
+    let schema = MIGRATOR.status(state.store.pool()).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    if !schema.pending.is_empty() {
+        return Err(ApiError::NotReady(format!(
+            "{} migrations pending: run `mnemo-runbook migrate`",
+            schema.pending.len()
+        )));
+    }
+    if !schema.unknown.is_empty() {
+        return Err(ApiError::NotReady("the database was migrated by a newer mnemo".into()));
+    }
+    Ok(Json(json!({ "status": "ready" })))
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    ([("content-type", "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}

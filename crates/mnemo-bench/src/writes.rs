@@ -1,0 +1,175 @@
+//! Single-row writes over HTTP (`POST /v1/memories`, each a new row with its embed job) at
+//! increasing concurrency, beside plain single-row INSERTs of the same PostgreSQL in the same run.
+//! Both commit one transaction per row, so the plain rate is the server's fsync bound.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use mnemo_api::{AppState, app};
+use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
+use mnemo_core::{Principal, SessionId, TenantId, UserId};
+use mnemo_store::{Store, create_database};
+use serde_json::json;
+use sqlx::postgres::PgPoolOptions;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Concurrent writers per level.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    concurrency: Vec<usize>,
+    /// How long each level runs, in seconds.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What one level measured.
+#[derive(Debug)]
+struct Level {
+    rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Runs `op` from `concurrency` tasks for `duration`; every call's latency is recorded.
+async fn measure<F, Fut>(concurrency: usize, duration: Duration, op: F) -> anyhow::Result<Level>
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let op = Arc::new(op);
+    let counter = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (op, counter) = (op.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut histogram = Histogram::<u64>::new(3)?;
+            while Instant::now() < deadline {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                op(n).await?;
+                histogram.record(t.elapsed().as_micros() as u64)?;
+            }
+            anyhow::Ok(histogram)
+        }));
+    }
+    let mut all = Histogram::<u64>::new(3)?;
+    for task in tasks {
+        all.add(task.await??)?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(Level {
+        rate: all.len() as f64 / elapsed,
+        p50_ms: all.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_ms: all.value_at_quantile(0.99) as f64 / 1000.0,
+    })
+}
+
+const CONTENT: &str = "Sure, I pulled the numbers: 1,284 orders last week, up 12% on the week before, mostly \
+    from the spring campaign. Want me to break them down by region or by channel next?";
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let env = Env::from_process();
+    let database = DatabaseSettings::from_env(&env)?;
+    let max_concurrency = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
+    let (url, _) =
+        create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
+    eprintln!("bench database: {}", url.rsplit('/').next().unwrap_or_default());
+
+    // The plain-INSERT baseline: same server, same connection kind, one commit per row.
+    let plain = PgPoolOptions::new().max_connections(max_concurrency as u32).connect(&url).await?;
+    sqlx::query("CREATE TABLE bench_plain (id uuid PRIMARY KEY, tenant_id text NOT NULL, content text NOT NULL)")
+        .execute(&plain)
+        .await?;
+
+    // mnemo's API in this process, as a service would run it.
+    let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
+    let server_env = Env::from_pairs([(vars::DATABASE_URL, url.as_str()), (vars::JWT_SECRET, secret.as_str())]);
+    let settings = ServerSettings::from_env(&server_env)?;
+    let store = Store::connect(&url, max_concurrency as u32 + 4).await?;
+    let state = AppState::new(store, &settings).map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}/v1/memories", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app(state)).await });
+
+    let principal = Principal {
+        tenant: TenantId::parse("bench")?,
+        user: Some(UserId::parse("bench-user")?),
+        agent: None,
+        session: Some(SessionId::parse("bench-session")?),
+    };
+    let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
+        .map_err(anyhow::Error::msg)?;
+    let http = reqwest::Client::builder().pool_max_idle_per_host(max_concurrency).build()?;
+
+    let duration = Duration::from_secs(args.seconds);
+    let mut rows = Vec::new();
+    for (round, &concurrency) in args.concurrency.iter().enumerate() {
+        let pool = plain.clone();
+        let plain_level = measure(concurrency, duration, move |_| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query("INSERT INTO bench_plain (id, tenant_id, content) VALUES ($1, 'bench', $2)")
+                    .bind(uuid::Uuid::now_v7())
+                    .bind(CONTENT)
+                    .execute(&pool)
+                    .await?;
+                Ok(())
+            }
+        })
+        .await?;
+
+        let (http, base, token) = (http.clone(), base.clone(), token.clone());
+        let http_level = measure(concurrency, duration, move |n| {
+            let (http, base, token) = (http.clone(), base.clone(), token.clone());
+            async move {
+                let body = json!({ "source_kind": "chat_message", "source_ref": format!("r{round}-m{n}"), "content": CONTENT });
+                let response = http.post(&base).bearer_auth(&token).json(&body).send().await?;
+                anyhow::ensure!(response.status().as_u16() == 201, "write answered {}", response.status());
+                Ok(())
+            }
+        })
+        .await?;
+        rows.push((concurrency, http_level, plain_level));
+    }
+
+    if args.json {
+        let levels: Vec<_> = rows
+            .iter()
+            .map(|(c, h, p)| {
+                json!({
+                    "concurrency": c,
+                    "http_writes_per_s": h.rate, "http_p50_ms": h.p50_ms, "http_p99_ms": h.p99_ms,
+                    "plain_inserts_per_s": p.rate, "plain_p50_ms": p.p50_ms, "plain_p99_ms": p.p99_ms,
+                    "ratio": h.rate / p.rate,
+                })
+            })
+            .collect();
+        println!("{}", json!({ "scenario": "writes", "seconds_per_level": args.seconds, "levels": levels }));
+    } else {
+        println!(
+            "| concurrency | HTTP writes/s | ack p50 ms | ack p99 ms | plain INSERT/s | INSERT p50 ms | HTTP / plain |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
+        for (c, h, p) in &rows {
+            println!(
+                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} |",
+                h.rate,
+                h.p50_ms,
+                h.p99_ms,
+                p.rate,
+                p.p50_ms,
+                h.rate / p.rate
+            );
+        }
+    }
+    Ok(())
+}

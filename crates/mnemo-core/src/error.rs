@@ -1,0 +1,27 @@
+/// Why a value was refused by a `parse()` constructor. `field` names the input it came from, so
+/// the API can say which part of a request was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidInput {
+    #[error("{field} must not be empty")]
+    Empty { field: &'static str },
+    #[error("{field} is {actual} bytes; the limit is {max}")]
+    TooLong { field: &'static str, max: usize, actual: usize },
+    #[error("{field} contains a NUL byte")]
+    NulByte { field: &'static str },
+    #[error("{field} contains a control character")]
+    ControlChar { field: &'static str },
+    #[error("{field} has an unknown value {value:?}; expected one of {expected}")]
+    UnknownValue { field: &'static str, value: String, expected: &'static str },
+}
+
+impl InvalidInput {
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Empty { field }
+            | Self::TooLong { field, .. }
+            | Self::NulByte { field }
+            | Self::ControlChar { field }
+            | Self::UnknownValue { field, .. } => field,
+        }
+    }
+}

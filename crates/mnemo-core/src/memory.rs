@@ -1,0 +1,317 @@
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    AgentId, FactScope, InvalidInput, MemoryText, Principal, Scope, SessionId, SourceKind, SourceRef, TenantId,
+    ToolOutputKey, ToolOutputText, UserId, fact_source_ref,
+};
+
+/// Caller-supplied metadata: a JSON object of at most 16 KiB with no NUL anywhere (PostgreSQL's
+/// jsonb cannot hold `\u0000`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Metadata(serde_json::Map<String, serde_json::Value>);
+
+impl Metadata {
+    pub const MAX_BYTES: usize = 16 * 1024;
+
+    pub fn parse(value: serde_json::Value) -> Result<Self, InvalidInput> {
+        const FIELD: &str = "metadata";
+        let serde_json::Value::Object(map) = value else {
+            return Err(InvalidInput::UnknownValue {
+                field: FIELD,
+                value: "a non-object".to_owned(),
+                expected: "a JSON object",
+            });
+        };
+        let size = serde_json::to_vec(&map).map_or(usize::MAX, |bytes| bytes.len());
+        if size > Self::MAX_BYTES {
+            return Err(InvalidInput::TooLong { field: FIELD, max: Self::MAX_BYTES, actual: size });
+        }
+        if map.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)) {
+            return Err(InvalidInput::NulByte { field: FIELD });
+        }
+        Ok(Self(map))
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(self.0.clone())
+    }
+}
+
+fn contains_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(contains_nul),
+        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
+/// An optional label that makes a fact replace older facts with the same label in its bucket
+/// ("home_city"), without asking a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FactKey(String);
+
+impl FactKey {
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        const FIELD: &str = "key";
+        const MAX: usize = 256;
+        if raw.trim().is_empty() {
+            return Err(InvalidInput::Empty { field: FIELD });
+        }
+        if raw.len() > MAX {
+            return Err(InvalidInput::TooLong { field: FIELD, max: MAX, actual: raw.len() });
+        }
+        if raw.chars().any(char::is_control) {
+            return Err(InvalidInput::ControlChar { field: FIELD });
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Why a write was refused by the scope rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScopeError {
+    #[error("{0} rows belong to a session: give session_id or use a token with a sid claim")]
+    MissingSession(SourceKind),
+    #[error("this token is bound to one session and cannot write to another")]
+    SessionMismatch,
+    #[error("document chunks are tenant-wide and take no session_id")]
+    SessionNotAllowed,
+    #[error("a {0}-scope fact needs a token that names the {0} (claim {claim})", claim = match .0 { FactScope::User => "sub", FactScope::Agent => "agent" })]
+    MissingIdentity(FactScope),
+}
+
+/// A validated row to remember: its scope and identities follow the rules of its kind, and its
+/// tenant is the principal's.
+#[derive(Debug, Clone)]
+pub struct NewMemory {
+    pub tenant: TenantId,
+    pub scope: Scope,
+    pub session: Option<SessionId>,
+    pub user: Option<UserId>,
+    pub agent: Option<AgentId>,
+    pub kind: SourceKind,
+    pub source_ref: SourceRef,
+    pub content: MemoryText,
+    /// sha256 of everything the caller sent (the full payload of an elided tool output).
+    pub content_sha256: [u8; 32],
+    /// The full payload behind an elided tool output.
+    pub tool_output: Option<(ToolOutputKey, String)>,
+    pub metadata: Metadata,
+    pub event_time: Option<DateTime<Utc>>,
+    pub fact_key: Option<FactKey>,
+}
+
+/// What every constructor shares.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    pub metadata: Metadata,
+    pub event_time: Option<DateTime<Utc>>,
+}
+
+fn sha256(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+fn session_for(principal: &Principal, kind: SourceKind, given: Option<SessionId>) -> Result<SessionId, ScopeError> {
+    match (given, &principal.session) {
+        (Some(given), Some(bound)) if &given != bound => Err(ScopeError::SessionMismatch),
+        (Some(given), _) => Ok(given),
+        (None, Some(bound)) => Ok(bound.clone()),
+        (None, None) => Err(ScopeError::MissingSession(kind)),
+    }
+}
+
+impl NewMemory {
+    /// A chat message: session-scoped, written under the caller's user and agent.
+    pub fn chat_message(
+        principal: &Principal,
+        source_ref: SourceRef,
+        content: MemoryText,
+        session: Option<SessionId>,
+        extras: Extras,
+    ) -> Result<Self, ScopeError> {
+        let session = session_for(principal, SourceKind::ChatMessage, session)?;
+        Ok(Self::session_row(principal, SourceKind::ChatMessage, source_ref, content, session, extras))
+    }
+
+    /// A tool output: session-scoped; past 16 KiB the row keeps a preview and the whole payload
+    /// goes to the tool output store.
+    pub fn tool_output(
+        principal: &Principal,
+        source_ref: SourceRef,
+        output: ToolOutputText,
+        session: Option<SessionId>,
+        extras: Extras,
+    ) -> Result<Self, ScopeError> {
+        let session = session_for(principal, SourceKind::ToolOutput, session)?;
+        let content_sha256 = sha256(output.as_str());
+        let stored = output.into_stored(&principal.tenant, &source_ref);
+        let mut row = Self::session_row(principal, SourceKind::ToolOutput, source_ref, stored.preview, session, extras);
+        row.content_sha256 = content_sha256;
+        row.tool_output = stored.elided;
+        Ok(row)
+    }
+
+    fn session_row(
+        principal: &Principal,
+        kind: SourceKind,
+        source_ref: SourceRef,
+        content: MemoryText,
+        session: SessionId,
+        extras: Extras,
+    ) -> Self {
+        Self {
+            tenant: principal.tenant.clone(),
+            scope: Scope::Session,
+            session: Some(session),
+            user: principal.user.clone(),
+            agent: principal.agent.clone(),
+            kind,
+            source_ref,
+            content_sha256: sha256(content.as_str()),
+            content,
+            tool_output: None,
+            metadata: extras.metadata,
+            event_time: extras.event_time,
+            fact_key: None,
+        }
+    }
+
+    /// A document chunk: tenant-wide, no session.
+    pub fn document_chunk(
+        principal: &Principal,
+        source_ref: SourceRef,
+        content: MemoryText,
+        session: Option<SessionId>,
+        extras: Extras,
+    ) -> Result<Self, ScopeError> {
+        if session.is_some() {
+            return Err(ScopeError::SessionNotAllowed);
+        }
+        Ok(Self {
+            tenant: principal.tenant.clone(),
+            scope: Scope::Tenant,
+            session: None,
+            user: None,
+            agent: None,
+            kind: SourceKind::DocumentChunk,
+            source_ref,
+            content_sha256: sha256(content.as_str()),
+            content,
+            tool_output: None,
+            metadata: extras.metadata,
+            event_time: extras.event_time,
+            fact_key: None,
+        })
+    }
+
+    /// A fact about the token's user or agent. Its source_ref is derived from the identity and
+    /// the content, so asserting the same fact twice lands on the same row.
+    pub fn fact(
+        principal: &Principal,
+        scope: FactScope,
+        content: MemoryText,
+        key: Option<FactKey>,
+        extras: Extras,
+    ) -> Result<Self, ScopeError> {
+        let identity = match scope {
+            FactScope::User => principal.user.as_ref().map(UserId::as_str),
+            FactScope::Agent => principal.agent.as_ref().map(AgentId::as_str),
+        }
+        .ok_or(ScopeError::MissingIdentity(scope))?;
+        let source_ref = fact_source_ref(scope, identity, &content);
+        Ok(Self {
+            tenant: principal.tenant.clone(),
+            scope: scope.into(),
+            session: None,
+            // The bucket's identity, plus the other identity for provenance.
+            user: principal.user.clone(),
+            agent: principal.agent.clone(),
+            kind: SourceKind::Fact,
+            source_ref,
+            content_sha256: sha256(content.as_str()),
+            content,
+            tool_output: None,
+            metadata: extras.metadata,
+            event_time: extras.event_time,
+            fact_key: key,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn principal(user: Option<&str>, agent: Option<&str>, session: Option<&str>) -> Principal {
+        Principal {
+            tenant: TenantId::parse("t").expect("valid"),
+            user: user.map(|u| UserId::parse(u).expect("valid")),
+            agent: agent.map(|a| AgentId::parse(a).expect("valid")),
+            session: session.map(|s| SessionId::parse(s).expect("valid")),
+        }
+    }
+
+    fn text(s: &str) -> MemoryText {
+        MemoryText::parse(s).expect("valid")
+    }
+
+    fn source(s: &str) -> SourceRef {
+        SourceRef::parse(s).expect("valid")
+    }
+
+    fn session(s: &str) -> Option<SessionId> {
+        Some(SessionId::parse(s).expect("valid"))
+    }
+
+    #[test]
+    fn session_rows_take_the_session_from_the_body_or_the_token() {
+        let bound = principal(Some("u"), None, Some("s1"));
+        let row = NewMemory::chat_message(&bound, source("m1"), text("hi"), None, Extras::default()).expect("ok");
+        assert_eq!(row.session, session("s1"));
+        assert_eq!(row.user.as_ref().map(UserId::as_str), Some("u"));
+        let err = NewMemory::chat_message(&bound, source("m1"), text("hi"), session("s2"), Extras::default());
+        assert_eq!(err.unwrap_err(), ScopeError::SessionMismatch);
+
+        let service = principal(None, None, None);
+        let err = NewMemory::chat_message(&service, source("m1"), text("hi"), None, Extras::default());
+        assert_eq!(err.unwrap_err(), ScopeError::MissingSession(SourceKind::ChatMessage));
+        let row = NewMemory::chat_message(&service, source("m1"), text("hi"), session("s9"), Extras::default());
+        assert_eq!(row.expect("ok").session, session("s9"));
+    }
+
+    #[test]
+    fn facts_need_the_identity_of_their_scope() {
+        let agent_only = principal(None, Some("a"), None);
+        let err = NewMemory::fact(&agent_only, FactScope::User, text("x"), None, Extras::default());
+        assert_eq!(err.unwrap_err(), ScopeError::MissingIdentity(FactScope::User));
+        let row = NewMemory::fact(&agent_only, FactScope::Agent, text("x"), None, Extras::default()).expect("ok");
+        assert_eq!(row.scope, Scope::Agent);
+        assert!(row.source_ref.as_str().starts_with("fact:agent:a:"));
+    }
+
+    #[test]
+    fn document_chunks_refuse_a_session() {
+        let p = principal(None, None, Some("s"));
+        let err = NewMemory::document_chunk(&p, source("c1"), text("x"), session("s"), Extras::default());
+        assert_eq!(err.unwrap_err(), ScopeError::SessionNotAllowed);
+        let row = NewMemory::document_chunk(&p, source("c1"), text("x"), None, Extras::default()).expect("ok");
+        assert_eq!((row.scope, row.session), (Scope::Tenant, None));
+    }
+
+    #[test]
+    fn metadata_must_be_a_small_object_without_nul() {
+        assert!(Metadata::parse(json!({"a": [1, "b"]})).is_ok());
+        assert!(Metadata::parse(json!([1])).is_err());
+        assert!(matches!(Metadata::parse(json!({"a": ["x\u{0}"]})), Err(InvalidInput::NulByte { .. })));
+        assert!(matches!(Metadata::parse(json!({"a": "x".repeat(20_000)})), Err(InvalidInput::TooLong { .. })));
+    }
+}

@@ -1,0 +1,12 @@
+use crate::{AgentId, SessionId, TenantId, UserId};
+
+/// Who is calling, as proven by a verified token. The tenant of every read and write comes from
+/// here and from nowhere else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub tenant: TenantId,
+    /// A human user; absent for service accounts.
+    pub user: Option<UserId>,
+    pub agent: Option<AgentId>,
+    pub session: Option<SessionId>,
+}

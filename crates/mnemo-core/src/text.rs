@@ -1,0 +1,187 @@
+use sha2::{Digest, Sha256};
+
+use crate::{InvalidInput, SourceRef, TenantId};
+
+/// The most a memory row holds, in bytes of UTF-8 (16 KiB).
+pub const MAX_CONTENT_BYTES: usize = 16 * 1024;
+
+fn check_text(field: &'static str, raw: &str, max: usize) -> Result<(), InvalidInput> {
+    if raw.trim().is_empty() {
+        return Err(InvalidInput::Empty { field });
+    }
+    if raw.len() > max {
+        return Err(InvalidInput::TooLong { field, max, actual: raw.len() });
+    }
+    // PostgreSQL text cannot hold NUL, and silently dropping it would change what was said.
+    if raw.contains('\0') {
+        return Err(InvalidInput::NulByte { field });
+    }
+    Ok(())
+}
+
+/// The content of one memory row: non-empty, at most 16 KiB, no NUL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryText(String);
+
+impl MemoryText {
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        check_text("content", raw, MAX_CONTENT_BYTES).map(|()| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+/// A tool's output, which may be far longer than a memory row. Longer outputs are kept whole
+/// behind a [`ToolOutputKey`]; the row keeps a head-and-tail preview that names the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutputText(String);
+
+/// Where a tool output ends up: the row's text, and the full payload when it had to be elided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredToolOutput {
+    pub preview: MemoryText,
+    pub elided: Option<(ToolOutputKey, String)>,
+}
+
+impl ToolOutputText {
+    /// `max` is the deployment's limit for one payload (the request body limit bounds it too).
+    pub fn parse(raw: &str, max: usize) -> Result<Self, InvalidInput> {
+        check_text("content", raw, max).map(|()| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_stored(self, tenant: &TenantId, source_ref: &SourceRef) -> StoredToolOutput {
+        if self.0.len() <= MAX_CONTENT_BYTES {
+            return StoredToolOutput { preview: MemoryText(self.0), elided: None };
+        }
+        let key = ToolOutputKey::derive(tenant, source_ref);
+        let preview = elide(&self.0, &key);
+        StoredToolOutput { preview: MemoryText(preview), elided: Some((key, self.0)) }
+    }
+}
+
+/// Two thirds head, one third tail: the start of an output says what it is, the end how it
+/// finished. Cuts fall on character boundaries.
+fn elide(full: &str, key: &ToolOutputKey) -> String {
+    let marker = format!("\n\n[… {} bytes elided; the full output is tool output {key} …]\n\n", full.len());
+    // Leave room for the marker even if the elided count is written with more digits.
+    let budget = MAX_CONTENT_BYTES - marker.len() - 8;
+    let head_end = floor_char_boundary(full, budget * 2 / 3);
+    let tail_start = ceil_char_boundary(full, full.len() - (budget - head_end));
+    let elided = tail_start - head_end;
+    let marker = format!("\n\n[… {elided} bytes elided; the full output is tool output {key} …]\n\n");
+    format!("{}{marker}{}", &full[..head_end], &full[tail_start..])
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+/// `tout_` and 32 hex digits, derived from the tenant and the tool call, so a retried write
+/// names the same payload.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ToolOutputKey(String);
+
+impl ToolOutputKey {
+    const PREFIX: &'static str = "tout_";
+    const HEX_DIGITS: usize = 32;
+
+    pub fn derive(tenant: &TenantId, source_ref: &SourceRef) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(tenant.as_str().as_bytes());
+        hasher.update([0]);
+        hasher.update(source_ref.as_str().as_bytes());
+        let digest = hex::encode(hasher.finalize());
+        Self(format!("{}{}", Self::PREFIX, &digest[..Self::HEX_DIGITS]))
+    }
+
+    /// `None` for anything that cannot be a key; callers answer "not found".
+    pub fn parse(raw: &str) -> Option<Self> {
+        let digits = raw.strip_prefix(Self::PREFIX)?;
+        let well_formed = digits.len() == Self::HEX_DIGITS
+            && digits.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        well_formed.then(|| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ToolOutputKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant() -> TenantId {
+        TenantId::parse("t1").expect("valid tenant")
+    }
+
+    #[test]
+    fn memory_text_enforces_the_cap_and_refuses_nul() {
+        assert!(MemoryText::parse(&"a".repeat(MAX_CONTENT_BYTES)).is_ok());
+        assert!(matches!(
+            MemoryText::parse(&"a".repeat(MAX_CONTENT_BYTES + 1)),
+            Err(InvalidInput::TooLong { actual: 16385, .. })
+        ));
+        assert!(matches!(MemoryText::parse(" \n"), Err(InvalidInput::Empty { .. })));
+        assert!(matches!(MemoryText::parse("a\0"), Err(InvalidInput::NulByte { .. })));
+    }
+
+    #[test]
+    fn short_tool_outputs_are_stored_as_they_are() {
+        let source = SourceRef::parse("call-1").expect("valid ref");
+        let stored = ToolOutputText::parse("ok", 1 << 20).expect("valid").into_stored(&tenant(), &source);
+        assert_eq!(stored.preview.as_str(), "ok");
+        assert_eq!(stored.elided, None);
+    }
+
+    #[test]
+    fn long_tool_outputs_keep_head_and_tail_and_name_the_key() {
+        let source = SourceRef::parse("call-2").expect("valid ref");
+        // Multi-byte characters everywhere, so every cut has to find a boundary.
+        let full = format!("HEAD{}TAIL", "é日".repeat(20_000));
+        let stored = ToolOutputText::parse(&full, 1 << 20).expect("valid").into_stored(&tenant(), &source);
+        let (key, payload) = stored.elided.expect("elided");
+        assert_eq!(payload, full);
+        let preview = stored.preview.as_str();
+        assert!(preview.len() <= MAX_CONTENT_BYTES, "preview is {} bytes", preview.len());
+        assert!(preview.starts_with("HEAD") && preview.ends_with("TAIL"));
+        assert!(preview.contains(key.as_str()));
+        assert_eq!(ToolOutputKey::parse(key.as_str()), Some(key.clone()));
+        assert_eq!(key, ToolOutputKey::derive(&tenant(), &source));
+        assert_ne!(key, ToolOutputKey::derive(&TenantId::parse("t2").expect("valid"), &source));
+    }
+
+    #[test]
+    fn keys_parse_strictly() {
+        assert!(ToolOutputKey::parse("tout_0123456789abcdef0123456789abcdef").is_some());
+        assert!(ToolOutputKey::parse("tout_0123456789ABCDEF0123456789abcdef").is_none());
+        assert!(ToolOutputKey::parse("tout_../etc").is_none());
+        assert!(ToolOutputKey::parse("0123456789abcdef0123456789abcdef").is_none());
+    }
+}

@@ -1,0 +1,111 @@
+//! `mnemo-runbook`: the operator's command line. Each subcommand reads what it needs from the
+//! `MNEMO_*` environment and calls the same library code the server uses.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use mnemo_config::{DatabaseSettings, Env, MIN_JWT_SECRET_BYTES, vars};
+use mnemo_core::{AgentId, Principal, SessionId, TenantId, UserId};
+use mnemo_store::{MIGRATOR, Store};
+
+#[derive(Debug, Parser)]
+#[command(name = "mnemo-runbook", version, about = "Operate mnemo: migrations, tokens, and (soon) audits.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the database schema (mnemo's tables and apalis' job tables). Safe to re-run.
+    Migrate,
+    /// Print a signed HS256 development token (uses MNEMO_JWT_SECRET).
+    Token {
+        #[arg(long)]
+        tenant: String,
+        /// The human user (`sub`); needed for user-scope facts and recall.
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        agent: Option<String>,
+        /// Binds the token to one session (`sid`).
+        #[arg(long)]
+        session: Option<String>,
+        /// Lifetime such as 90s, 30m, 1h or 7d.
+        #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+        ttl: Duration,
+    },
+}
+
+fn parse_ttl(raw: &str) -> Result<Duration, String> {
+    let raw = raw.trim();
+    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+    let (number, unit) = raw.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("{raw:?} is not a duration like 30m, 1h or 7d"))?;
+    let seconds = match unit {
+        "s" | "" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("unknown unit {unit:?}: use s, m, h or d")),
+    };
+    if number == 0 {
+        return Err("the lifetime must be positive".into());
+    }
+    Ok(Duration::from_secs(number.saturating_mul(seconds)))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let env = Env::from_process();
+    match cli.command {
+        Command::Migrate => migrate(&env).await,
+        Command::Token { tenant, user, agent, session, ttl } => {
+            let principal = Principal {
+                tenant: TenantId::parse(&tenant)?,
+                user: user.as_deref().map(UserId::parse).transpose()?,
+                agent: agent.as_deref().map(AgentId::parse).transpose()?,
+                session: session.as_deref().map(SessionId::parse).transpose()?,
+            };
+            let Some(secret) = env.get(vars::JWT_SECRET) else {
+                bail!("{} is not set; tokens are signed with it (HS256)", vars::JWT_SECRET);
+            };
+            if secret.len() < MIN_JWT_SECRET_BYTES {
+                bail!("{} must be at least {MIN_JWT_SECRET_BYTES} bytes", vars::JWT_SECRET);
+            }
+            let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, ttl).map_err(anyhow::Error::msg)?;
+            println!("{token}");
+            Ok(())
+        }
+    }
+}
+
+async fn migrate(env: &Env) -> anyhow::Result<()> {
+    let settings = DatabaseSettings::from_env(env)?;
+    let store = Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")?;
+    let before = MIGRATOR.status(store.pool()).await?;
+    MIGRATOR.run(store.pool()).await.context("migration failed")?;
+    let after = MIGRATOR.status(store.pool()).await?;
+    if !after.unknown.is_empty() {
+        eprintln!("warning: the database has migrations this build does not know: {:?}", after.unknown);
+    }
+    println!("schema is current ({} migrations applied now)", before.pending.len() - after.pending.len());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_parse_with_units() {
+        assert_eq!(parse_ttl("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_ttl("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_ttl("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_ttl("1w").is_err());
+        assert!(parse_ttl("0m").is_err());
+        assert!(parse_ttl("h").is_err());
+    }
+}

@@ -1,0 +1,11 @@
+//! `mnemo-server`: the HTTP API. Configuration comes from `MNEMO_*` environment variables.
+
+use anyhow::Context;
+use mnemo_config::{Env, ServerSettings};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings = ServerSettings::from_env(&Env::from_process())?;
+    mnemo_config::init_tracing(&settings.log);
+    mnemo_api::run(settings, mnemo_config::shutdown_signal()).await.context("mnemo-server failed")
+}

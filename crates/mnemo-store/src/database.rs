@@ -1,0 +1,42 @@
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+use crate::{MIGRATOR, StoreError};
+
+/// A new, empty database on the server behind `admin_url`, with the whole schema applied. Tests
+/// and benchmarks each work in one of their own. `prefix` must be a plain identifier.
+pub async fn create_database(
+    admin_url: &str,
+    prefix: &str,
+    max_connections: u32,
+) -> Result<(String, PgPool), StoreError> {
+    let admin: PgConnectOptions = admin_url.parse().map_err(StoreError::Config)?;
+    let name = format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    let mut conn = admin.connect().await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await?;
+    let url = with_database(admin_url, &name);
+    let pool = PgPoolOptions::new().max_connections(max_connections).connect(&url).await?;
+    MIGRATOR.run(&pool).await?;
+    Ok((url, pool))
+}
+
+/// The same URL, naming another database.
+pub fn with_database(url: &str, database: &str) -> String {
+    let authority_start = url.find("://").map_or(0, |i| i + 3);
+    let query_start = url.find('?').unwrap_or(url.len());
+    let path_start = url[authority_start..query_start].find('/').map_or(query_start, |i| authority_start + i);
+    format!("{}/{database}{}", &url[..path_start], &url[query_start..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn database_names_are_swapped_in_place() {
+        assert_eq!(with_database("postgres://u:p@h:1/db?host=/run", "x"), "postgres://u:p@h:1/x?host=/run");
+        assert_eq!(with_database("postgres://u@h/db", "x"), "postgres://u@h/x");
+        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+        assert_eq!(with_database("postgres://h?sslmode=disable", "x"), "postgres://h/x?sslmode=disable");
+    }
+}

@@ -1,0 +1,18 @@
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The source_ref already names a row with different content; nothing was written.
+    #[error("source_ref already holds different content (row {existing})")]
+    SourceRefConflict { existing: Uuid },
+    #[error("invalid database URL: {0}")]
+    Config(#[source] sqlx::Error),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("job queue error: {0}")]
+    Queue(#[from] apalis_postgres::Error),
+    #[error("job arguments could not be encoded: {0}")]
+    Encode(#[from] serde_json::Error),
+}

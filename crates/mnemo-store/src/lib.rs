@@ -1,0 +1,54 @@
+//! All of mnemo's SQL. The schema lives in `migrations/` and is applied by [`MIGRATOR`] (mnemo's
+//! tables and apalis' job tables together); everything else is a typed method on [`Store`].
+//! Every query that touches tenant data filters by the tenant it is given, and that tenant
+//! always comes from an authenticated principal.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+mod database;
+mod error;
+mod memories;
+pub mod queue;
+mod schema;
+
+pub use database::{create_database, with_database};
+pub use error::StoreError;
+pub use memories::{Remembered, ToolOutput};
+pub use schema::{MIGRATOR, Migrations, SchemaStatus};
+pub use sqlx::PgPool;
+
+/// The database behind mnemo. Cheap to clone: it is a handle to a connection pool.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Opens a pool. Connecting is lazy past the first connection, which is made here so that a
+    /// wrong URL or password fails at start-up rather than on the first request.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse().map_err(StoreError::Config)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options.application_name("mnemo"))
+            .await?;
+        Ok(Self { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Whether the database answers at all.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}

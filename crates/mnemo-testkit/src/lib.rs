@@ -1,0 +1,226 @@
+//! Test support, used only as a dev-dependency: a fresh PostgreSQL database per test with the
+//! whole schema applied ([`TestDb`]), the API served in-process ([`TestApp`]) or as the real
+//! binary ([`ServerProcess`]), and signed tokens. The database comes from `MNEMO_DATABASE_URL`
+//! (or `DATABASE_URL`), which `scripts/test.sh` sets to the local server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use mnemo_api::{AppState, app};
+use mnemo_config::{Env, ServerSettings, vars};
+use mnemo_core::{AgentId, Principal, SessionId, TenantId, UserId};
+use mnemo_store::{Store, create_database};
+use serde_json::Value;
+use sqlx::PgPool;
+
+/// The secret every test server signs and verifies tokens with.
+pub const TEST_JWT_SECRET: &str = "mnemo-test-secret-0123456789abcdef0123";
+
+/// The URL of the server tests run against.
+pub fn admin_url() -> String {
+    std::env::var(vars::DATABASE_URL)
+        .or_else(|_| std::env::var(vars::DATABASE_URL_FALLBACK))
+        .expect("set MNEMO_DATABASE_URL (scripts/test.sh does) to run the database tests")
+}
+
+/// A database of its own, with the whole schema applied. It is left behind after the test, so a
+/// failure can be inspected; `scripts/test.sh` drops old ones before each run.
+#[derive(Debug)]
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        Self::create().await.expect("cannot create a test database")
+    }
+
+    async fn create() -> anyhow::Result<Self> {
+        let (url, pool) = create_database(&admin_url(), "mnemo_test", 20).await?;
+        let name = url.rsplit('/').next().unwrap_or_default().split('?').next().unwrap_or_default().to_owned();
+        Ok(Self { name, url, pool })
+    }
+
+    pub fn store(&self) -> Store {
+        Store::new(self.pool.clone())
+    }
+
+    /// A count from any `SELECT count(*) …`, for assertions.
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(&self.pool).await.expect("count query")
+    }
+}
+
+/// A principal from plain strings, for tests.
+pub fn principal(tenant: &str, user: Option<&str>, agent: Option<&str>, session: Option<&str>) -> Principal {
+    Principal {
+        tenant: TenantId::parse(tenant).expect("valid tenant"),
+        user: user.map(|u| UserId::parse(u).expect("valid user")),
+        agent: agent.map(|a| AgentId::parse(a).expect("valid agent")),
+        session: session.map(|s| SessionId::parse(s).expect("valid session")),
+    }
+}
+
+/// A token signed with [`TEST_JWT_SECRET`], valid for an hour.
+pub fn token(principal: &Principal) -> String {
+    mnemo_api::auth::sign_hs256(TEST_JWT_SECRET.as_bytes(), principal, Duration::from_secs(3600)).expect("sign")
+}
+
+/// The settings a test server runs with, plus any overrides.
+pub fn server_env(database_url: &str, extra: &[(&str, &str)]) -> Env {
+    let mut pairs = vec![
+        (vars::DATABASE_URL.to_owned(), database_url.to_owned()),
+        (vars::JWT_SECRET.to_owned(), TEST_JWT_SECRET.to_owned()),
+        (vars::LISTEN.to_owned(), "127.0.0.1:0".to_owned()),
+    ];
+    pairs.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    Env::from_pairs(pairs)
+}
+
+/// An HTTP response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Reply {
+    /// The error code of an error reply.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("<no error code>")
+    }
+}
+
+/// A small HTTP client for a mnemo base URL.
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: String) -> Self {
+        Self { base, http: reqwest::Client::new() }
+    }
+
+    pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> Reply {
+        self.post_raw(path, token, "application/json", serde_json::to_vec(body).expect("json")).await
+    }
+
+    pub async fn post_raw(&self, path: &str, token: Option<&str>, content_type: &str, body: Vec<u8>) -> Reply {
+        let mut request =
+            self.http.post(format!("{}{path}", self.base)).header("content-type", content_type).body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        Self::read(request.send().await.expect("request sent")).await
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Reply {
+        let mut request = self.http.get(format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        Self::read(request.send().await.expect("request sent")).await
+    }
+
+    async fn read(response: reqwest::Response) -> Reply {
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await.expect("body read");
+        let body =
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+        Reply { status, body }
+    }
+}
+
+/// The API served in-process on a free port, over its own test database.
+#[derive(Debug)]
+pub struct TestApp {
+    pub db: TestDb,
+    pub client: Client,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(&[]).await
+    }
+
+    pub async fn spawn_with(extra_env: &[(&str, &str)]) -> Self {
+        let db = TestDb::new().await;
+        let settings = ServerSettings::from_env(&server_env(&db.url, extra_env)).expect("test settings");
+        let state = AppState::new(db.store(), &settings).expect("test state");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app(state)).await.expect("test server");
+        });
+        Self { db, client: Client::new(format!("http://{addr}")), server }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// The real `mnemo-server` binary, started as a child process.
+#[derive(Debug)]
+pub struct ServerProcess {
+    pub client: Client,
+    child: tokio::process::Child,
+}
+
+/// A workspace binary, built next to the test executables (`scripts/test.sh` builds them first).
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe.parent().and_then(|deps| deps.parent()).context("test executable has no target dir")?;
+    let path = dir.join(name);
+    if !path.exists() {
+        bail!("{} is not built: run `cargo build --bins` first (scripts/test.sh does)", path.display());
+    }
+    Ok(path)
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+impl ServerProcess {
+    /// Starts the server on `port` and waits until it answers `/healthz`.
+    pub async fn start(database_url: &str, port: u16) -> anyhow::Result<Self> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let child = tokio::process::Command::new(binary("mnemo-server")?)
+            .env_clear()
+            .env(vars::DATABASE_URL, database_url)
+            .env(vars::JWT_SECRET, TEST_JWT_SECRET)
+            .env(vars::LISTEN, addr.to_string())
+            .env(vars::LOG, "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let client = Client::new(format!("http://{addr}"));
+        let started = Instant::now();
+        let http = reqwest::Client::new();
+        while started.elapsed() < Duration::from_secs(20) {
+            if http.get(format!("{}/healthz", client.base)).send().await.is_ok() {
+                return Ok(Self { client, child });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("mnemo-server did not answer on {addr} within 20 s")
+    }
+
+    /// Sends SIGKILL and waits for the process to go.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite: sets up the local PostgreSQL if needed, checks formatting and lints,
+# builds the binaries the end-to-end tests start, and runs every test. Exits non-zero on any
+# failure. Honours CARGO_TARGET_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+
+bash scripts/setup-postgres.sh
+
+log "dropping test databases left by earlier runs"
+psql -X -q -d "$MNEMO_DATABASE_URL" -tA -c \
+  "SELECT datname FROM pg_database WHERE datname LIKE 'mnemo\_test\_%'" |
+  while read -r db; do psql -X -q -d "$MNEMO_DATABASE_URL" -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)"; done
+
+log "cargo fmt --check"
+cargo fmt --all --check
+log "cargo clippy -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+log "building binaries for the end-to-end tests"
+cargo build --workspace --bins --locked
+log "running tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast "$@"
+else
+  cargo test --workspace --locked --no-fail-fast "$@"
+fi

@@ -1,0 +1,312 @@
+//! Every class of bad input gets its status and stable code, and writes nothing: no memory row,
+//! no tool output, no job. One table, one server, one database.
+
+use mnemo_api::auth::{Claims, claims_for, sign_claims};
+use mnemo_testkit::{TEST_JWT_SECRET, TestApp, principal, token};
+use serde_json::json;
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
+}
+
+struct Case {
+    name: &'static str,
+    path: &'static str,
+    token: Option<String>,
+    content_type: &'static str,
+    body: Vec<u8>,
+    status: u16,
+    code: &'static str,
+}
+
+fn case(
+    name: &'static str,
+    path: &'static str,
+    token: &str,
+    body: impl Into<Vec<u8>>,
+    status: u16,
+    code: &'static str,
+) -> Case {
+    Case {
+        name,
+        path,
+        token: Some(token.to_owned()),
+        content_type: "application/json",
+        body: body.into(),
+        status,
+        code,
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
+    // A 64 KiB tool output limit puts the body limit at 192 KiB.
+    let app = TestApp::spawn_with(&[("MNEMO_MAX_TOOL_OUTPUT_BYTES", "65536")]).await;
+    let session = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let service = token(&principal("acme", None, None, None));
+    let agent_only = token(&principal("acme", None, Some("a1"), None));
+    let user_only = token(&principal("acme", Some("u1"), None, None));
+    let p = principal("acme", Some("u1"), None, Some("s1"));
+    let expired = sign_claims(TEST_JWT_SECRET.as_bytes(), &claims_for(&p, now() - 120)).expect("sign");
+    let forged = sign_claims(b"another-secret-another-secret-another", &claims_for(&p, now() + 600)).expect("sign");
+    let no_tenant =
+        sign_claims(TEST_JWT_SECRET.as_bytes(), &Claims { tenant: None, ..claims_for(&p, now() + 600) }).expect("sign");
+    let bad_tenant = sign_claims(
+        TEST_JWT_SECRET.as_bytes(),
+        &Claims { tenant: Some("a\u{7}b".into()), ..claims_for(&p, now() + 600) },
+    )
+    .expect("sign");
+    let long = "x".repeat(16 * 1024 + 1);
+    let chat =
+        |content: &str| json!({ "source_kind": "chat_message", "source_ref": "m-1", "content": content }).to_string();
+
+    let mut cases = vec![
+        case("malformed json", "/v1/memories", &session, "{\"source_kind\": ", 400, "malformed_json"),
+        case("not an object", "/v1/memories", &session, "[1, 2]", 400, "not_an_object"),
+        case(
+            "invalid utf-8",
+            "/v1/memories",
+            &session,
+            b"{\"source_kind\": \"chat_message\", \"source_ref\": \"m\", \"content\": \"\xff\xfe\"}".to_vec(),
+            400,
+            "invalid_utf8",
+        ),
+        case(
+            "unknown field",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": "m", "content": "x", "colour": "red" }).to_string(),
+            400,
+            "unknown_field",
+        ),
+        case(
+            "tenant in body",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": "m", "content": "x", "tenant": "globex" }).to_string(),
+            400,
+            "tenant_in_body",
+        ),
+        case(
+            "tenant_id in a fact",
+            "/v1/facts",
+            &session,
+            json!({ "content": "x", "scope": "user", "tenant_id": "globex" }).to_string(),
+            400,
+            "tenant_in_body",
+        ),
+        case(
+            "missing field",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "content": "x" }).to_string(),
+            400,
+            "missing_field",
+        ),
+        case(
+            "wrong type",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": 7, "content": "x" }).to_string(),
+            400,
+            "invalid_field",
+        ),
+        case("empty content", "/v1/memories", &session, chat(""), 400, "empty_content"),
+        case("blank content", "/v1/memories", &session, chat(" \n\t"), 400, "empty_content"),
+        case("over-long chat message", "/v1/memories", &session, chat(&long), 400, "content_too_long"),
+        case(
+            "over-long document chunk",
+            "/v1/memories",
+            &service,
+            json!({ "source_kind": "document_chunk", "source_ref": "d", "content": long }).to_string(),
+            400,
+            "content_too_long",
+        ),
+        case(
+            "over-long fact",
+            "/v1/facts",
+            &session,
+            json!({ "content": long, "scope": "user" }).to_string(),
+            400,
+            "content_too_long",
+        ),
+        case("nul in content", "/v1/memories", &session, chat("a\u{0}b"), 400, "nul_byte"),
+        case(
+            "nul in source_ref",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": "m\u{0}", "content": "x" }).to_string(),
+            400,
+            "nul_byte",
+        ),
+        case(
+            "nul in metadata",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": "m", "content": "x", "metadata": {"k": ["\u{0}"]} })
+                .to_string(),
+            400,
+            "nul_byte",
+        ),
+        case(
+            "metadata not an object",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": "m", "content": "x", "metadata": [1] }).to_string(),
+            400,
+            "invalid_field",
+        ),
+        case(
+            "unknown source_kind",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "email", "source_ref": "m", "content": "x" }).to_string(),
+            400,
+            "invalid_value",
+        ),
+        case(
+            "fact through /v1/memories",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "fact", "source_ref": "m", "content": "x" }).to_string(),
+            400,
+            "invalid_value",
+        ),
+        case(
+            "unknown fact scope",
+            "/v1/facts",
+            &session,
+            json!({ "content": "x", "scope": "session" }).to_string(),
+            400,
+            "invalid_value",
+        ),
+        case(
+            "empty source_ref",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": " ", "content": "x" }).to_string(),
+            400,
+            "invalid_field",
+        ),
+        case(
+            "bad event_time",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": "m", "content": "x", "event_time": "yesterday" })
+                .to_string(),
+            400,
+            "invalid_field",
+        ),
+        case("session row without a session", "/v1/memories", &service, chat("x"), 400, "missing_session"),
+        case(
+            "another session than the token's",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": "m", "content": "x", "session_id": "s2" }).to_string(),
+            403,
+            "session_mismatch",
+        ),
+        case(
+            "document chunk with a session",
+            "/v1/memories",
+            &service,
+            json!({ "source_kind": "document_chunk", "source_ref": "d", "content": "x", "session_id": "s1" })
+                .to_string(),
+            400,
+            "session_not_allowed",
+        ),
+        case(
+            "user fact without sub",
+            "/v1/facts",
+            &agent_only,
+            json!({ "content": "x", "scope": "user" }).to_string(),
+            401,
+            "missing_identity",
+        ),
+        case(
+            "agent fact without agent",
+            "/v1/facts",
+            &user_only,
+            json!({ "content": "x", "scope": "agent" }).to_string(),
+            401,
+            "missing_identity",
+        ),
+        case("expired token", "/v1/memories", &expired, chat("x"), 401, "token_expired"),
+        case("wrong signature", "/v1/memories", &forged, chat("x"), 401, "invalid_token"),
+        case("token without tenant", "/v1/memories", &no_tenant, chat("x"), 401, "invalid_token"),
+        case(
+            "token with a control character in the tenant",
+            "/v1/memories",
+            &bad_tenant,
+            chat("x"),
+            401,
+            "invalid_token",
+        ),
+        case("garbage token", "/v1/memories", "not.a.jwt", chat("x"), 401, "invalid_token"),
+        case(
+            "oversized tool output",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "tool_output", "source_ref": "c", "content": "y".repeat(70 * 1024) }).to_string(),
+            400,
+            "content_too_long",
+        ),
+        case(
+            "body over the server limit",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "tool_output", "source_ref": "c", "content": "y".repeat(300 * 1024) }).to_string(),
+            413,
+            "payload_too_large",
+        ),
+    ];
+    cases.push(Case { token: None, ..case("no token", "/v1/memories", "", chat("x"), 401, "missing_token") });
+    cases.push(Case {
+        content_type: "text/plain",
+        ..case("not JSON content type", "/v1/memories", &session, chat("x"), 415, "unsupported_media_type")
+    });
+
+    let mut failures = Vec::new();
+    for c in &cases {
+        let reply = app.client.post_raw(c.path, c.token.as_deref(), c.content_type, c.body.clone()).await;
+        let message = reply.body["error"]["message"].as_str().unwrap_or("");
+        if reply.status != c.status || reply.code() != c.code || message.is_empty() {
+            failures
+                .push(format!("{}: expected {} {}, got {} {:?}", c.name, c.status, c.code, reply.status, reply.body));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+
+    for table in ["memory_items", "tool_outputs", "apalis.jobs", "audit_log"] {
+        let rows = app.db.count(&format!("SELECT count(*) FROM {table}")).await;
+        assert_eq!(rows, 0, "{table} was written by a refused request");
+    }
+}
+
+/// A refused fact with a bad key, and routes or methods that do not exist, answer in JSON too.
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_with_codes() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), None, None));
+    let missing = app.client.get("/v1/nothing-here", Some(&t)).await;
+    assert_eq!((missing.status, missing.code()), (404, "not_found"));
+    let method = app.client.get("/v1/memories", Some(&t)).await;
+    assert_eq!((method.status, method.code()), (405, "method_not_allowed"));
+    let key = app.client.post("/v1/facts", Some(&t), &json!({ "content": "x", "scope": "user", "key": "" })).await;
+    assert_eq!((key.status, key.code()), (400, "invalid_field"));
+}
+
+/// Database failures answer 500 `internal` and say nothing about the database.
+#[tokio::test]
+async fn internal_errors_do_not_leak_database_details() {
+    let app = TestApp::spawn().await;
+    sqlx::query("ALTER TABLE memory_items RENAME TO memory_items_gone").execute(&app.db.pool).await.expect("rename");
+    let t = token(&principal("acme", None, None, Some("s1")));
+    let reply = app
+        .client
+        .post("/v1/memories", Some(&t), &json!({ "source_kind": "chat_message", "source_ref": "m", "content": "x" }))
+        .await;
+    assert_eq!((reply.status, reply.code()), (500, "internal"));
+    let text = reply.body.to_string();
+    assert!(!text.contains("memory_items") && !text.contains("relation"), "{text}");
+}

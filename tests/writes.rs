@@ -1,0 +1,202 @@
+//! The write path over HTTP against a real PostgreSQL: idempotency, scopes, facts, elided tool
+//! outputs, tenant isolation, and the embed job that travels with each new row.
+
+use mnemo_core::MAX_CONTENT_BYTES;
+use mnemo_testkit::{TestApp, principal, token};
+use serde_json::{Value, json};
+use sqlx::Row;
+
+fn chat(source_ref: &str, content: &str) -> Value {
+    json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": content })
+}
+
+#[tokio::test]
+async fn a_repeated_write_finds_its_row() {
+    let app = TestApp::spawn().await;
+    let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+
+    let first = app.client.post("/v1/memories", Some(&token), &chat("m-1", "hello there")).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    assert_eq!(first.body["was_new"], true);
+    let second = app.client.post("/v1/memories", Some(&token), &chat("m-1", "hello there")).await;
+    assert_eq!(second.status, 200, "{:?}", second.body);
+    assert_eq!(second.body["was_new"], false);
+    assert_eq!(first.body["id"], second.body["id"]);
+
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items").await, 1);
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs").await, 1, "only the new row queued a job");
+}
+
+#[tokio::test]
+async fn sixteen_concurrent_duplicates_land_on_one_row() {
+    let app = TestApp::spawn().await;
+    let token = token(&principal("acme", None, None, Some("s1")));
+    let writes = (0..16).map(|_| {
+        let client = app.client.clone();
+        let token = token.clone();
+        tokio::spawn(async move { client.post("/v1/memories", Some(&token), &chat("dup", "same words")).await })
+    });
+    let mut replies = Vec::new();
+    for write in writes {
+        replies.push(write.await.expect("task"));
+    }
+    let new: Vec<_> = replies.iter().filter(|r| r.body["was_new"] == true).collect();
+    assert_eq!(new.len(), 1, "exactly one write reports was_new: {replies:?}");
+    assert_eq!(new[0].status, 201);
+    assert!(replies.iter().all(|r| r.body["id"] == new[0].body["id"]));
+    assert!(replies.iter().filter(|r| r.body["was_new"] == false).all(|r| r.status == 200));
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items").await, 1);
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs").await, 1);
+}
+
+#[tokio::test]
+async fn different_content_under_the_same_source_ref_is_a_conflict() {
+    let app = TestApp::spawn().await;
+    let token = token(&principal("acme", None, None, Some("s1")));
+    assert_eq!(app.client.post("/v1/memories", Some(&token), &chat("m-1", "first")).await.status, 201);
+    let reply = app.client.post("/v1/memories", Some(&token), &chat("m-1", "second")).await;
+    assert_eq!((reply.status, reply.code()), (409, "source_ref_conflict"));
+    let content: String =
+        sqlx::query_scalar("SELECT content FROM memory_items").fetch_one(&app.db.pool).await.expect("row");
+    assert_eq!(content, "first");
+}
+
+#[tokio::test]
+async fn each_kind_lands_in_its_scope_with_the_token_identities() {
+    let app = TestApp::spawn().await;
+    let bound = token(&principal("acme", Some("u1"), Some("a1"), Some("s-token")));
+    let service = token(&principal("acme", None, None, None));
+
+    let chat_reply = app.client.post("/v1/memories", Some(&bound), &chat("m-1", "from the token's session")).await;
+    let tool = json!({ "source_kind": "tool_output", "source_ref": "call-1", "content": "42 rows",
+        "session_id": "s-body", "event_time": "2026-05-02T14:23:01.234567+00:00", "metadata": {"tool": "sql"} });
+    let tool_reply = app.client.post("/v1/memories", Some(&service), &tool).await;
+    let chunk = json!({ "source_kind": "document_chunk", "source_ref": "doc-1#0", "content": "Handbook, page one" });
+    let chunk_reply = app.client.post("/v1/memories", Some(&service), &chunk).await;
+    assert_eq!((chat_reply.status, tool_reply.status, chunk_reply.status), (201, 201, 201));
+
+    let rows = sqlx::query(
+        "SELECT source_ref, scope, session_id, user_id, agent_id, metadata, event_time::text AS event_time
+         FROM memory_items ORDER BY source_ref",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .expect("rows");
+    let row = |i: usize, col: &str| -> Option<String> { rows[i].get(col) };
+    // call-1, doc-1#0, m-1
+    assert_eq!((row(0, "scope"), row(0, "session_id")), (Some("session".into()), Some("s-body".into())));
+    assert_eq!(row(0, "user_id"), None, "a service token writes no user");
+    assert_eq!(row(0, "event_time").as_deref(), Some("2026-05-02 14:23:01.234567+00"));
+    assert_eq!(rows[0].get::<Value, _>("metadata"), json!({"tool": "sql"}));
+    assert_eq!((row(1, "scope"), row(1, "session_id")), (Some("tenant".into()), None));
+    assert_eq!((row(2, "scope"), row(2, "session_id")), (Some("session".into()), Some("s-token".into())));
+    assert_eq!((row(2, "user_id"), row(2, "agent_id")), (Some("u1".into()), Some("a1".into())));
+}
+
+#[tokio::test]
+async fn facts_are_keyed_by_identity_and_content() {
+    let app = TestApp::spawn().await;
+    let user = token(&principal("acme", Some("u1"), Some("a1"), None));
+    let fact = json!({ "content": "I live in Tokyo", "scope": "user", "key": "home_city" });
+
+    let first = app.client.post("/v1/facts", Some(&user), &fact).await;
+    assert_eq!((first.status, &first.body["was_new"]), (201, &json!(true)), "{:?}", first.body);
+    let again = app.client.post("/v1/facts", Some(&user), &fact).await;
+    assert_eq!((again.status, &again.body["id"]), (200, &first.body["id"]));
+
+    let agent_fact =
+        app.client.post("/v1/facts", Some(&user), &json!({ "content": "I live in Tokyo", "scope": "agent" })).await;
+    assert_eq!(agent_fact.status, 201, "the same words in another scope are another fact");
+
+    let row = sqlx::query("SELECT source_ref, scope, user_id, session_id, fact_key, valid_from IS NOT NULL AS valid FROM memory_items WHERE scope = 'user'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("fact row");
+    // sha256("I live in Tokyo")[:16]
+    let digest: String = sqlx::query_scalar("SELECT left(encode(sha256('I live in Tokyo'::bytea), 'hex'), 16)")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("digest");
+    assert_eq!(row.get::<String, _>("source_ref"), format!("fact:user:u1:{digest}"));
+    assert_eq!(row.get::<Option<String>, _>("session_id"), None);
+    assert_eq!(row.get::<Option<String>, _>("fact_key").as_deref(), Some("home_city"));
+    assert!(row.get::<bool, _>("valid"));
+}
+
+#[tokio::test]
+async fn long_tool_outputs_are_elided_and_readable_by_their_tenant_only() {
+    let app = TestApp::spawn().await;
+    let acme = token(&principal("acme", None, None, Some("s1")));
+    let other = token(&principal("globex", None, None, Some("s1")));
+    let full: String = (0..4000).map(|i| format!("row {i}: ok\n")).collect();
+    assert!(full.len() > MAX_CONTENT_BYTES);
+    let write = json!({ "source_kind": "tool_output", "source_ref": "call-big", "content": full });
+
+    let reply = app.client.post("/v1/memories", Some(&acme), &write).await;
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+    let (content, key): (String, String) =
+        sqlx::query_as("SELECT content, tool_output_key FROM memory_items").fetch_one(&app.db.pool).await.expect("row");
+    assert!(content.len() <= MAX_CONTENT_BYTES);
+    assert!(content.starts_with("row 0: ok") && content.ends_with("row 3999: ok\n"));
+    assert!(content.contains(&key) && key.starts_with("tout_"));
+
+    let read = app.client.get(&format!("/v1/tool-outputs/{key}"), Some(&acme)).await;
+    assert_eq!(read.status, 200);
+    assert_eq!(read.body["content"].as_str(), Some(full.as_str()));
+    assert_eq!(read.body["item_id"], reply.body["id"]);
+
+    let stolen = app.client.get(&format!("/v1/tool-outputs/{key}"), Some(&other)).await;
+    assert_eq!((stolen.status, stolen.code()), (404, "not_found"));
+    let nonsense = app.client.get("/v1/tool-outputs/tout_nope", Some(&acme)).await;
+    assert_eq!((nonsense.status, nonsense.code()), (404, "not_found"));
+
+    // The retried write is recognised by the full payload, not the preview.
+    let again = app.client.post("/v1/memories", Some(&acme), &write).await;
+    assert_eq!((again.status, &again.body["id"]), (200, &reply.body["id"]));
+    assert_eq!(app.db.count("SELECT count(*) FROM tool_outputs").await, 1);
+}
+
+#[tokio::test]
+async fn tenants_never_share_rows() {
+    let app = TestApp::spawn().await;
+    let acme = token(&principal("acme", Some("u1"), None, Some("s1")));
+    let globex = token(&principal("globex", Some("u1"), None, Some("s1")));
+    let a = app.client.post("/v1/memories", Some(&acme), &chat("m-1", "same")).await;
+    let b = app.client.post("/v1/memories", Some(&globex), &chat("m-1", "same")).await;
+    assert_eq!((a.status, b.status), (201, 201), "the same source_ref in two tenants is two rows");
+    assert_ne!(a.body["id"], b.body["id"]);
+    let fact = json!({ "content": "likes tea", "scope": "user" });
+    assert_eq!(app.client.post("/v1/facts", Some(&acme), &fact).await.status, 201);
+    assert_eq!(app.client.post("/v1/facts", Some(&globex), &fact).await.status, 201);
+    let tenants: Vec<(String, i64)> =
+        sqlx::query_as("SELECT tenant_id, count(*) FROM memory_items GROUP BY tenant_id ORDER BY tenant_id")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("counts");
+    assert_eq!(tenants, vec![("acme".to_owned(), 2), ("globex".to_owned(), 2)]);
+}
+
+#[tokio::test]
+async fn each_new_row_queues_its_embed_job_in_the_same_transaction() {
+    let app = TestApp::spawn().await;
+    let token = token(&principal("acme", None, None, Some("s1")));
+    let reply = app.client.post("/v1/memories", Some(&token), &chat("m-1", "embed me")).await;
+    assert_eq!(reply.status, 201);
+
+    let (queue, status, args): (String, String, Vec<u8>) =
+        sqlx::query_as("SELECT job_type, status, job FROM apalis.jobs").fetch_one(&app.db.pool).await.expect("job");
+    assert_eq!((queue.as_str(), status.as_str()), ("embed", "Pending"));
+    let args: Value = serde_json::from_slice(&args).expect("JSON arguments");
+    assert_eq!(args["item_id"], reply.body["id"]);
+    assert_eq!(args["tenant_id"], "acme");
+    let sha: String = sqlx::query_scalar("SELECT encode(content_sha256, 'hex') FROM memory_items")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("sha");
+    assert_eq!(args["content_sha256"], sha);
+
+    // A refused write queues nothing.
+    let refused = app.client.post("/v1/memories", Some(&token), &chat("m-2", "")).await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs").await, 1);
+}
