@@ -13,7 +13,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use mnemo_config::ServerSettings;
-use mnemo_store::{MIGRATOR, Store};
+use mnemo_store::{GroupCommit, MIGRATOR, Store};
 
 pub mod auth;
 mod body;
@@ -27,6 +27,7 @@ pub use error::{ApiError, ERROR_CODES};
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub store: Store,
+    pub writes: GroupCommit,
     pub auth: Arc<Authenticator>,
     pub max_tool_output_bytes: usize,
     pub metrics: PrometheusHandle,
@@ -35,6 +36,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(store: Store, settings: &ServerSettings) -> Result<Self, String> {
         Ok(Self {
+            writes: GroupCommit::start(store.clone(), settings.write_committers, settings.write_max_batch),
             store,
             auth: Arc::new(Authenticator::new(&settings.jwt)?),
             max_tool_output_bytes: settings.max_tool_output_bytes,

@@ -61,7 +61,7 @@ pub async fn remember(
             .into());
         }
     };
-    Ok(remembered(kind, state.store.remember(&memory).await?))
+    Ok(remembered(kind, state.writes.remember(memory).await?))
 }
 
 /// `POST /v1/facts`: a fact about the token's user or agent.
@@ -77,7 +77,7 @@ pub async fn remember_fact(
     body.finish()?;
 
     let memory = NewMemory::fact(&principal, scope, content, key, extras)?;
-    Ok(remembered(SourceKind::Fact, state.store.remember(&memory).await?))
+    Ok(remembered(SourceKind::Fact, state.writes.remember(memory).await?))
 }
 
 /// `GET /v1/tool-outputs/{key}`: the full payload, to its own tenant only.

@@ -11,7 +11,7 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_api::{AppState, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
-use mnemo_core::{Principal, SessionId, TenantId, UserId};
+use mnemo_core::{Extras, MemoryText, NewMemory, Principal, SessionId, SourceRef, TenantId, UserId};
 use mnemo_store::{Store, create_database};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
@@ -80,9 +80,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let env = Env::from_process();
     let database = DatabaseSettings::from_env(&env)?;
     let max_concurrency = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
-    let (url, _) =
-        create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
-    eprintln!("bench database: {}", url.rsplit('/').next().unwrap_or_default());
+    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
+    eprintln!("bench database: {}", db.name);
+    let url = db.url;
 
     // The plain-INSERT baseline: same server, same connection kind, one commit per row.
     let plain = PgPoolOptions::new().max_connections(max_concurrency as u32).connect(&url).await?;
@@ -92,9 +92,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     // mnemo's API in this process, as a service would run it.
     let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let server_env = Env::from_pairs([(vars::DATABASE_URL, url.as_str()), (vars::JWT_SECRET, secret.as_str())]);
+    // The server's other settings (MNEMO_WRITE_COMMITTERS, …) come from this process's environment.
+    let server_env = env.clone().with(vars::DATABASE_URL, url.as_str()).with(vars::JWT_SECRET, secret.as_str());
     let settings = ServerSettings::from_env(&server_env)?;
     let store = Store::connect(&url, max_concurrency as u32 + 4).await?;
+    let direct = store.clone();
     let state = AppState::new(store, &settings).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}/v1/memories", listener.local_addr()?);
@@ -127,6 +129,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         })
         .await?;
 
+        // The same write without HTTP: what the store costs on its own.
+        let (store, who) = (direct.clone(), principal.clone());
+        let store_level = measure(concurrency, duration, move |n| {
+            let (store, who) = (store.clone(), who.clone());
+            async move {
+                let memory = NewMemory::chat_message(
+                    &who,
+                    SourceRef::parse(&format!("s{round}-m{n}"))?,
+                    MemoryText::parse(CONTENT)?,
+                    None,
+                    Extras::default(),
+                )?;
+                anyhow::ensure!(store.remember(&memory).await?.was_new, "the row existed already");
+                Ok(())
+            }
+        })
+        .await?;
+
         let (http, base, token) = (http.clone(), base.clone(), token.clone());
         let http_level = measure(concurrency, duration, move |n| {
             let (http, base, token) = (http.clone(), base.clone(), token.clone());
@@ -138,16 +158,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         })
         .await?;
-        rows.push((concurrency, http_level, plain_level));
+        rows.push((concurrency, http_level, store_level, plain_level));
     }
 
     if args.json {
         let levels: Vec<_> = rows
             .iter()
-            .map(|(c, h, p)| {
+            .map(|(c, h, s, p)| {
                 json!({
                     "concurrency": c,
                     "http_writes_per_s": h.rate, "http_p50_ms": h.p50_ms, "http_p99_ms": h.p99_ms,
+                    "store_writes_per_s": s.rate, "store_p50_ms": s.p50_ms, "store_p99_ms": s.p99_ms,
                     "plain_inserts_per_s": p.rate, "plain_p50_ms": p.p50_ms, "plain_p99_ms": p.p99_ms,
                     "ratio": h.rate / p.rate,
                 })
@@ -156,15 +177,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", json!({ "scenario": "writes", "seconds_per_level": args.seconds, "levels": levels }));
     } else {
         println!(
-            "| concurrency | HTTP writes/s | ack p50 ms | ack p99 ms | plain INSERT/s | INSERT p50 ms | HTTP / plain |"
+            "| concurrency | HTTP writes/s | ack p50 ms | ack p99 ms | store-only writes/s | store p50 ms \
+             | plain INSERT/s | INSERT p50 ms | HTTP / plain |"
         );
-        println!("|---:|---:|---:|---:|---:|---:|---:|");
-        for (c, h, p) in &rows {
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (c, h, s, p) in &rows {
             println!(
-                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} |",
+                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} |",
                 h.rate,
                 h.p50_ms,
                 h.p99_ms,
+                s.rate,
+                s.p50_ms,
                 p.rate,
                 p.p50_ms,
                 h.rate / p.rate

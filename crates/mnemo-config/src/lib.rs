@@ -22,6 +22,8 @@ pub mod vars {
     pub const JWT_SECRET: &str = "MNEMO_JWT_SECRET";
     pub const JWT_PUBLIC_KEY_FILE: &str = "MNEMO_JWT_PUBLIC_KEY_FILE";
     pub const MAX_TOOL_OUTPUT_BYTES: &str = "MNEMO_MAX_TOOL_OUTPUT_BYTES";
+    pub const WRITE_COMMITTERS: &str = "MNEMO_WRITE_COMMITTERS";
+    pub const WRITE_MAX_BATCH: &str = "MNEMO_WRITE_MAX_BATCH";
     pub const LOG: &str = "MNEMO_LOG";
     pub const LOG_FORMAT: &str = "MNEMO_LOG_FORMAT";
 }
@@ -38,6 +40,12 @@ impl Env {
 
     pub fn from_pairs<K: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
         Self(pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+    }
+
+    /// The same variables with one set or replaced.
+    pub fn with(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.0.insert(name.to_owned(), value.into());
+        self
     }
 
     /// A set, non-blank value.
@@ -181,6 +189,10 @@ pub struct ServerSettings {
     pub jwt: JwtKey,
     /// The largest tool output accepted in one write; longer ones are refused with 413.
     pub max_tool_output_bytes: usize,
+    /// Writes are group-committed: this many transactions in flight at once…
+    pub write_committers: usize,
+    /// …each holding at most this many rows.
+    pub write_max_batch: usize,
     pub log: LogSettings,
 }
 
@@ -196,9 +208,22 @@ impl ServerSettings {
         );
         let jwt = JwtKey::read(env, &mut problems);
         let max_tool_output_bytes = problems.parsed(env, vars::MAX_TOOL_OUTPUT_BYTES, 4 << 20, "a number of bytes");
+        let write_committers = problems.parsed(env, vars::WRITE_COMMITTERS, 2usize, "a whole number");
+        let write_max_batch = problems.parsed(env, vars::WRITE_MAX_BATCH, 64usize, "a whole number");
+        if write_committers == 0 || write_max_batch == 0 {
+            problems.0.push(format!("{} and {} must be at least 1", vars::WRITE_COMMITTERS, vars::WRITE_MAX_BATCH));
+        }
+        if write_committers as u64 >= u64::from(database.max_connections) {
+            problems.0.push(format!(
+                "{}={write_committers} leaves no database connection for reads: keep it below {}={}",
+                vars::WRITE_COMMITTERS,
+                vars::DB_MAX_CONNECTIONS,
+                database.max_connections
+            ));
+        }
         let log = LogSettings::read(env, &mut problems);
         let jwt = jwt.unwrap_or(JwtKey::Hmac(Secret::new(Vec::new())));
-        problems.finish(Self { database, listen, jwt, max_tool_output_bytes, log })
+        problems.finish(Self { database, listen, jwt, max_tool_output_bytes, write_committers, write_max_batch, log })
     }
 }
 

@@ -3,13 +3,17 @@ use sqlx::{ConnectOptions, PgPool};
 
 use crate::{MIGRATOR, StoreError};
 
+/// A database made by [`create_database`].
+#[derive(Debug)]
+pub struct FreshDatabase {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
 /// A new, empty database on the server behind `admin_url`, with the whole schema applied. Tests
 /// and benchmarks each work in one of their own. `prefix` must be a plain identifier.
-pub async fn create_database(
-    admin_url: &str,
-    prefix: &str,
-    max_connections: u32,
-) -> Result<(String, PgPool), StoreError> {
+pub async fn create_database(admin_url: &str, prefix: &str, max_connections: u32) -> Result<FreshDatabase, StoreError> {
     let admin: PgConnectOptions = admin_url.parse().map_err(StoreError::Config)?;
     let name = format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
     let mut conn = admin.connect().await?;
@@ -17,7 +21,7 @@ pub async fn create_database(
     let url = with_database(admin_url, &name);
     let pool = PgPoolOptions::new().max_connections(max_connections).connect(&url).await?;
     MIGRATOR.run(&pool).await?;
-    Ok((url, pool))
+    Ok(FreshDatabase { name, url, pool })
 }
 
 /// The same URL, naming another database.

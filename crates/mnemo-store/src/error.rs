@@ -13,6 +13,8 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("job queue error: {0}")]
     Queue(#[from] apalis_postgres::Error),
+    #[error("the store is shutting down")]
+    ShuttingDown,
     #[error("job arguments could not be encoded: {0}")]
     Encode(#[from] serde_json::Error),
 }

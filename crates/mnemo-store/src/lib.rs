@@ -9,12 +9,14 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 mod database;
 mod error;
+mod group_commit;
 mod memories;
 pub mod queue;
 mod schema;
 
-pub use database::{create_database, with_database};
+pub use database::{FreshDatabase, create_database, with_database};
 pub use error::StoreError;
+pub use group_commit::GroupCommit;
 pub use memories::{Remembered, ToolOutput};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use sqlx::PgPool;

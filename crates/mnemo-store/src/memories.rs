@@ -20,22 +20,33 @@ pub struct ToolOutput {
     pub content: String,
 }
 
-const INSERT_ITEM: &str = "
+/// Inserts many rows in one statement. Rows go in key order, so two batches that share keys
+/// wait on each other instead of deadlocking; a key proposed twice is inserted once.
+const INSERT_ITEMS: &str = "
 INSERT INTO memory_items (
     id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
     content, content_sha256, tool_output_key, metadata, event_time, fact_key, valid_from
 )
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, now()), $14,
-        CASE WHEN $7 = 'fact' THEN now() END)
+SELECT id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
+       content, content_sha256, tool_output_key, metadata, COALESCE(event_time, now()), fact_key,
+       CASE WHEN source_kind = 'fact' THEN now() END
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+            $9::text[], $10::bytea[], $11::text[], $12::jsonb[], $13::timestamptz[], $14::text[])
+     AS r(id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
+          content, content_sha256, tool_output_key, metadata, event_time, fact_key)
+ORDER BY tenant_id, source_kind, source_ref
 ON CONFLICT (tenant_id, source_kind, source_ref) DO NOTHING
 RETURNING id";
 
-const FIND_ITEM: &str = "
-SELECT id, content_sha256 FROM memory_items
-WHERE tenant_id = $1 AND source_kind = $2 AND source_ref = $3";
+/// The rows that already held the keys of rows not inserted, by their position in the batch.
+const FIND_ITEMS: &str = "
+SELECT k.ord, m.id, m.content_sha256
+FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
+JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
 
-const INSERT_TOOL_OUTPUT: &str = "
-INSERT INTO tool_outputs (tenant_id, key, item_id, content) VALUES ($1, $2, $3, $4)
+const INSERT_TOOL_OUTPUTS: &str = "
+INSERT INTO tool_outputs (tenant_id, key, item_id, content)
+SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[])
 ON CONFLICT (tenant_id, key) DO NOTHING";
 
 impl Store {
@@ -43,62 +54,116 @@ impl Store {
     /// row an earlier write of the same (tenant, kind, source_ref) made. Concurrent identical
     /// writes land on one row and exactly one of them reports `was_new`.
     pub async fn remember(&self, memory: &NewMemory) -> Result<Remembered, StoreError> {
-        // A conflicting row can only disappear if it is rolled back while we wait on it; then the
-        // next attempt inserts. Two rounds always settle it; the third is a guard.
+        let mut results = self.remember_many(std::slice::from_ref(memory)).await?;
+        results.pop().unwrap_or_else(|| Err(StoreError::Database(sqlx::Error::RowNotFound)))
+    }
+
+    /// [`Store::remember`] for many rows in one transaction: one result per row, in order. The
+    /// outer error means nothing was written; an inner one concerns that row alone.
+    pub async fn remember_many(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
+        let mut results: Vec<Option<Result<Remembered, StoreError>>> = batch.iter().map(|_| None).collect();
+        // A row whose key belonged to a transaction that rolled back while we waited on it is
+        // neither inserted nor found; the next round inserts it.
         for _ in 0..3 {
-            let mut tx = self.pool.begin().await?;
-            let inserted: Option<Uuid> = sqlx::query_scalar(INSERT_ITEM)
-                .bind(Uuid::now_v7())
-                .bind(memory.tenant.as_str())
-                .bind(memory.scope.as_str())
-                .bind(memory.session.as_ref().map(|s| s.as_str()))
-                .bind(memory.user.as_ref().map(|u| u.as_str()))
-                .bind(memory.agent.as_ref().map(|a| a.as_str()))
-                .bind(memory.kind.as_str())
-                .bind(memory.source_ref.as_str())
-                .bind(memory.content.as_str())
-                .bind(memory.content_sha256.as_slice())
-                .bind(memory.tool_output.as_ref().map(|(key, _)| key.as_str()))
-                .bind(memory.metadata.to_json())
-                .bind(memory.event_time)
-                .bind(memory.fact_key.as_ref().map(|k| k.as_str()))
-                .fetch_optional(&mut *tx)
-                .await?;
-
-            if let Some(id) = inserted {
-                if let Some((key, full)) = &memory.tool_output {
-                    sqlx::query(INSERT_TOOL_OUTPUT)
-                        .bind(memory.tenant.as_str())
-                        .bind(key.as_str())
-                        .bind(id)
-                        .bind(full)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                let job = EmbedJob {
-                    tenant_id: memory.tenant.to_string(),
-                    item_id: id,
-                    content_sha256: hex::encode(memory.content_sha256),
-                };
-                push_tasks(&mut *tx, EMBED_QUEUE, vec![task(&job)?]).await?;
-                tx.commit().await?;
-                return Ok(Remembered { id, was_new: true });
+            let pending: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
             }
-
-            let existing: Option<(Uuid, Vec<u8>)> = sqlx::query_as(FIND_ITEM)
-                .bind(memory.tenant.as_str())
-                .bind(memory.kind.as_str())
-                .bind(memory.source_ref.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-            tx.rollback().await?;
-            match existing {
-                Some((id, sha)) if sha == memory.content_sha256 => return Ok(Remembered { id, was_new: false }),
-                Some((existing, _)) => return Err(StoreError::SourceRefConflict { existing }),
-                None => continue,
+            let rows: Vec<&NewMemory> = pending.iter().map(|&i| &batch[i]).collect();
+            for (i, result) in pending.into_iter().zip(self.insert_round(&rows).await?) {
+                results[i] = result;
             }
         }
-        Err(StoreError::Database(sqlx::Error::Protocol("memory row neither inserted nor found".into())))
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Database(sqlx::Error::RowNotFound))))
+            .collect())
+    }
+
+    async fn insert_round(
+        &self,
+        rows: &[&NewMemory],
+    ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+        let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::now_v7()).collect();
+        let column = |f: fn(&NewMemory) -> Option<String>| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
+        let tenants = column(|m| Some(m.tenant.to_string()));
+        let kinds = column(|m| Some(m.kind.to_string()));
+        let refs = column(|m| Some(m.source_ref.to_string()));
+
+        let mut tx = self.pool.begin().await?;
+        let inserted: Vec<Uuid> = sqlx::query_scalar(INSERT_ITEMS)
+            .bind(&ids)
+            .bind(&tenants)
+            .bind(column(|m| Some(m.scope.to_string())))
+            .bind(column(|m| m.session.as_ref().map(ToString::to_string)))
+            .bind(column(|m| m.user.as_ref().map(ToString::to_string)))
+            .bind(column(|m| m.agent.as_ref().map(ToString::to_string)))
+            .bind(&kinds)
+            .bind(&refs)
+            .bind(column(|m| Some(m.content.as_str().to_owned())))
+            .bind(rows.iter().map(|m| m.content_sha256.to_vec()).collect::<Vec<_>>())
+            .bind(column(|m| m.tool_output.as_ref().map(|(key, _)| key.to_string())))
+            .bind(rows.iter().map(|m| m.metadata.to_json()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|m| m.event_time).collect::<Vec<_>>())
+            .bind(column(|m| m.fact_key.as_ref().map(|k| k.as_str().to_owned())))
+            .fetch_all(&mut *tx)
+            .await?;
+
+        let mut results: Vec<Option<Result<Remembered, StoreError>>> =
+            ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
+
+        // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
+        if inserted.len() < rows.len() {
+            let existing: Vec<(i64, Uuid, Vec<u8>)> =
+                sqlx::query_as(FIND_ITEMS).bind(&tenants).bind(&kinds).bind(&refs).fetch_all(&mut *tx).await?;
+            for (ord, id, sha) in existing {
+                let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
+                if let Some(slot @ None) = results.get_mut(i) {
+                    *slot = Some(if sha == rows[i].content_sha256 {
+                        Ok(Remembered { id, was_new: false })
+                    } else {
+                        Err(StoreError::SourceRefConflict { existing: id })
+                    });
+                }
+            }
+        }
+
+        let new: Vec<(&NewMemory, Uuid)> =
+            rows.iter().zip(&ids).filter(|(_, id)| inserted.contains(id)).map(|(m, id)| (*m, *id)).collect();
+        let elided: Vec<(&NewMemory, Uuid)> = new.iter().filter(|(m, _)| m.tool_output.is_some()).copied().collect();
+        if !elided.is_empty() {
+            let (mut tenants, mut keys, mut items, mut payloads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for (m, id) in &elided {
+                if let Some((key, full)) = &m.tool_output {
+                    tenants.push(m.tenant.as_str());
+                    keys.push(key.as_str());
+                    items.push(*id);
+                    payloads.push(full.as_str());
+                }
+            }
+            sqlx::query(INSERT_TOOL_OUTPUTS)
+                .bind(tenants)
+                .bind(keys)
+                .bind(items)
+                .bind(payloads)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !new.is_empty() {
+            let jobs = new
+                .iter()
+                .map(|(m, id)| {
+                    task(&EmbedJob {
+                        tenant_id: m.tenant.to_string(),
+                        item_id: *id,
+                        content_sha256: hex::encode(m.content_sha256),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            push_tasks(&mut *tx, EMBED_QUEUE, jobs).await?;
+        }
+        tx.commit().await?;
+        Ok(results)
     }
 
     /// The full payload behind a `tout_…` key, for its own tenant only.

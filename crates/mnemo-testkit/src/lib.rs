@@ -41,9 +41,8 @@ impl TestDb {
     }
 
     async fn create() -> anyhow::Result<Self> {
-        let (url, pool) = create_database(&admin_url(), "mnemo_test", 20).await?;
-        let name = url.rsplit('/').next().unwrap_or_default().split('?').next().unwrap_or_default().to_owned();
-        Ok(Self { name, url, pool })
+        let db = create_database(&admin_url(), "mnemo_test", 20).await?;
+        Ok(Self { name: db.name, url: db.url, pool: db.pool })
     }
 
     pub fn store(&self) -> Store {
