@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs a mnemo-bench scenario on the local PostgreSQL with an optimised build:
+#   scripts/bench.sh writes [--concurrency 1,4,16,64] [--seconds 10] [--json]
+# Honours CARGO_TARGET_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+bash scripts/setup-postgres.sh
+cargo build --release --locked -p mnemo-bench
+exec "${CARGO_TARGET_DIR:-target}/release/mnemo-bench" "$@"
