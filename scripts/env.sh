@@ -1,5 +1,6 @@
 # Local defaults shared by the project's scripts. Sourced, never run.
 # Every value can be overridden from the environment.
+mnemo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 : "${MNEMO_PG_CLUSTER:=mnemo}"
 : "${MNEMO_PG_PORT:=55432}"
 : "${MNEMO_PG_SOCKET_DIR:=/var/run/postgresql}"
@@ -9,6 +10,8 @@
 # A Unix socket: sqlx 0.9 no longer sets TCP_NODELAY, which costs ~40 ms per round trip over TCP.
 : "${MNEMO_DATABASE_URL:=postgres://${MNEMO_PG_USER}:${MNEMO_PG_PASSWORD}@localhost:${MNEMO_PG_PORT}/${MNEMO_PG_DB}?host=${MNEMO_PG_SOCKET_DIR}}"
 export MNEMO_DATABASE_URL
+: "${MNEMO_LOCAL_MODEL_DIR:=$mnemo_root/models/all-MiniLM-L6-v2}"
+export MNEMO_LOCAL_MODEL_DIR
 # A development secret only; production sets its own (see README).
 : "${MNEMO_JWT_SECRET:=mnemo-local-development-secret-change-me}"
 export MNEMO_JWT_SECRET

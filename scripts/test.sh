@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/env.sh
 
 bash scripts/setup-postgres.sh
+bash scripts/fetch-model.sh
 
 log "dropping test databases left by earlier runs"
 psql -X -q -d "$MNEMO_DATABASE_URL" -tA -c \

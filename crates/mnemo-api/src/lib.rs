@@ -3,7 +3,7 @@
 //! the store, and maps every failure through the error-code table in [`ERROR_CODES`].
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
@@ -11,7 +11,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use mnemo_config::ServerSettings;
 use mnemo_store::{GroupCommit, MIGRATOR, Store};
 
@@ -40,24 +40,9 @@ impl AppState {
             store,
             auth: Arc::new(Authenticator::new(&settings.jwt)?),
             max_tool_output_bytes: settings.max_tool_output_bytes,
-            metrics: metrics_handle(),
+            metrics: mnemo_config::metrics_handle(),
         })
     }
-}
-
-/// The process-wide Prometheus recorder, installed on first use.
-pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Another recorder may already be installed (a test binary running several apps);
-            // the handle then renders an empty page rather than failing the process.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
 }
 
 /// The whole API.

@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod embedding;
 mod writes;
 
 #[derive(Debug, Parser)]
@@ -17,11 +18,21 @@ enum Scenario {
     /// Single-row writes over HTTP at increasing concurrency, against the plain-INSERT rate of
     /// the same PostgreSQL.
     Writes(writes::Args),
+    /// Raw embedder throughput at several batch sizes, short and long texts.
+    Embedder(embedding::EmbedderArgs),
+    /// Rows through write → queue → worker → vector, against the raw embedder in the same run.
+    Pipeline(embedding::PipelineArgs),
+    /// Write → embedded latency at a steady write rate.
+    EmbedLatency(embedding::LatencyArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    mnemo_models::install_tls_provider();
     match Cli::parse().scenario {
         Scenario::Writes(args) => writes::run(args).await,
+        Scenario::Embedder(args) => embedding::embedder(args).await,
+        Scenario::Pipeline(args) => embedding::pipeline(args).await,
+        Scenario::EmbedLatency(args) => embedding::latency(args).await,
     }
 }

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
 mod telemetry;
 
-pub use telemetry::{LogFormat, LogSettings, init_tracing, shutdown_signal};
+pub use telemetry::{LogFormat, LogSettings, init_tracing, metrics_handle, shutdown_signal};
 
 /// The names of every environment variable mnemo reads.
 pub mod vars {
@@ -24,6 +25,28 @@ pub mod vars {
     pub const MAX_TOOL_OUTPUT_BYTES: &str = "MNEMO_MAX_TOOL_OUTPUT_BYTES";
     pub const WRITE_COMMITTERS: &str = "MNEMO_WRITE_COMMITTERS";
     pub const WRITE_MAX_BATCH: &str = "MNEMO_WRITE_MAX_BATCH";
+    pub const EMBED_PROVIDER: &str = "MNEMO_EMBED_PROVIDER";
+    pub const EMBED_MODEL: &str = "MNEMO_EMBED_MODEL";
+    pub const EMBED_DIMENSIONS: &str = "MNEMO_EMBED_DIMENSIONS";
+    pub const EMBED_BASE_URL: &str = "MNEMO_EMBED_BASE_URL";
+    pub const EMBED_API_KEY: &str = "MNEMO_EMBED_API_KEY";
+    /// Read when `MNEMO_EMBED_BASE_URL` is unset.
+    pub const OPENAI_BASE_URL: &str = "OPENAI_BASE_URL";
+    /// Read when `MNEMO_EMBED_API_KEY` is unset.
+    pub const OPENAI_API_KEY: &str = "OPENAI_API_KEY";
+    pub const EMBED_TIMEOUT_MS: &str = "MNEMO_EMBED_TIMEOUT_MS";
+    pub const EMBED_MAX_INPUTS: &str = "MNEMO_EMBED_MAX_INPUTS";
+    pub const LOCAL_MODEL_DIR: &str = "MNEMO_LOCAL_MODEL_DIR";
+    pub const EMBED_BATCH_SIZE: &str = "MNEMO_EMBED_BATCH_SIZE";
+    pub const EMBED_MAX_WAIT_MS: &str = "MNEMO_EMBED_MAX_WAIT_MS";
+    pub const EMBED_MAX_ATTEMPTS: &str = "MNEMO_EMBED_MAX_ATTEMPTS";
+    pub const WORKER_QUEUES: &str = "MNEMO_WORKER_QUEUES";
+    pub const WORKER_LISTEN: &str = "MNEMO_WORKER_LISTEN";
+    pub const WORKER_ORPHAN_TIMEOUT_S: &str = "MNEMO_WORKER_ORPHAN_TIMEOUT_S";
+    pub const JOB_TIMEOUT_S: &str = "MNEMO_JOB_TIMEOUT_S";
+    pub const HOUSEKEEPING_INTERVAL_S: &str = "MNEMO_HOUSEKEEPING_INTERVAL_S";
+    pub const EMBED_GRACE_S: &str = "MNEMO_EMBED_GRACE_S";
+    pub const JOB_RETENTION_S: &str = "MNEMO_JOB_RETENTION_S";
     pub const LOG: &str = "MNEMO_LOG";
     pub const LOG_FORMAT: &str = "MNEMO_LOG_FORMAT";
 }
@@ -225,6 +248,181 @@ impl ServerSettings {
         let jwt = jwt.unwrap_or(JwtKey::Hmac(Secret::new(Vec::new())));
         problems.finish(Self { database, listen, jwt, max_tool_output_bytes, write_committers, write_max_batch, log })
     }
+}
+
+/// Which embedding provider, and how to reach it.
+#[derive(Debug, Clone)]
+pub enum EmbedProvider {
+    /// all-MiniLM-L6-v2 in-process, loaded from a folder made by `scripts/fetch-model.sh`.
+    Local { model_dir: PathBuf },
+    /// Any OpenAI-compatible `/v1/embeddings` endpoint.
+    /// `base_url` unset means the client library's default (OpenAI itself).
+    OpenAi {
+        base_url: Option<String>,
+        api_key: Secret<String>,
+        dimensions: usize,
+        timeout: Duration,
+        max_inputs: usize,
+    },
+}
+
+/// The embedding model every process of a deployment uses.
+#[derive(Debug, Clone)]
+pub struct EmbedSettings {
+    pub provider: EmbedProvider,
+    /// The name vectors are stored under; changing it re-embeds in the background.
+    pub model: String,
+}
+
+/// The local model's name.
+pub const LOCAL_EMBED_MODEL: &str = "all-MiniLM-L6-v2";
+
+impl EmbedSettings {
+    fn read(env: &Env, problems: &mut Problems) -> Self {
+        let model = env.get(vars::EMBED_MODEL);
+        match env.get(vars::EMBED_PROVIDER).unwrap_or("local") {
+            "local" => {
+                if model.is_some_and(|m| m != LOCAL_EMBED_MODEL) {
+                    problems.0.push(format!(
+                        "{}=local runs {LOCAL_EMBED_MODEL} only; unset {} or use the openai provider",
+                        vars::EMBED_PROVIDER,
+                        vars::EMBED_MODEL
+                    ));
+                }
+                let model_dir = PathBuf::from(env.get(vars::LOCAL_MODEL_DIR).unwrap_or("models/all-MiniLM-L6-v2"));
+                Self { provider: EmbedProvider::Local { model_dir }, model: LOCAL_EMBED_MODEL.to_owned() }
+            }
+            "openai" => {
+                let base_url = env.get(vars::EMBED_BASE_URL).or_else(|| env.get(vars::OPENAI_BASE_URL));
+                let api_key = env.get(vars::EMBED_API_KEY).or_else(|| env.get(vars::OPENAI_API_KEY)).unwrap_or("");
+                if base_url.is_none() && api_key.is_empty() {
+                    problems.0.push(format!(
+                        "the openai provider needs {} (or {}) and/or {} (or {})",
+                        vars::EMBED_BASE_URL,
+                        vars::OPENAI_BASE_URL,
+                        vars::EMBED_API_KEY,
+                        vars::OPENAI_API_KEY
+                    ));
+                }
+                if model.is_none() {
+                    problems
+                        .0
+                        .push(format!("the openai provider needs {} (e.g. text-embedding-3-small)", vars::EMBED_MODEL));
+                }
+                let dimensions = problems.parsed(env, vars::EMBED_DIMENSIONS, 0usize, "a whole number");
+                if dimensions == 0 {
+                    problems.0.push(format!("the openai provider needs {} (e.g. 1536)", vars::EMBED_DIMENSIONS));
+                }
+                let timeout_ms = problems.parsed(env, vars::EMBED_TIMEOUT_MS, 10_000u64, "milliseconds");
+                let max_inputs = problems.parsed(env, vars::EMBED_MAX_INPUTS, 256usize, "a whole number").max(1);
+                Self {
+                    provider: EmbedProvider::OpenAi {
+                        base_url: base_url.map(|u| u.trim_end_matches('/').to_owned()),
+                        api_key: Secret::new(api_key.to_owned()),
+                        dimensions,
+                        timeout: Duration::from_millis(timeout_ms),
+                        max_inputs,
+                    },
+                    model: model.unwrap_or_default().to_owned(),
+                }
+            }
+            other => {
+                problems.0.push(format!("{}={other:?} must be local or openai", vars::EMBED_PROVIDER));
+                Self { provider: EmbedProvider::Local { model_dir: PathBuf::new() }, model: String::new() }
+            }
+        }
+    }
+
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let mut problems = Problems::default();
+        let settings = Self::read(env, &mut problems);
+        problems.finish(settings)
+    }
+}
+
+/// Everything `mnemo-worker` needs.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub database: DatabaseSettings,
+    pub embed: EmbedSettings,
+    /// Queues this process serves, with the jobs it runs at once on each.
+    pub queues: Vec<(String, usize)>,
+    /// Rows per model call, and how long a batch waits to fill.
+    pub embed_batch_size: usize,
+    pub embed_max_wait: Duration,
+    /// Failed attempts after which a row's embedding is given up (and recorded on the row).
+    pub embed_max_attempts: i32,
+    /// A worker silent this long is presumed dead and its jobs run again elsewhere.
+    pub orphan_timeout: Duration,
+    pub job_timeout: Duration,
+    pub housekeeping_interval: Duration,
+    /// Rows unembedded this long after their job was queued get a new job.
+    pub embed_grace: Duration,
+    /// Finished jobs are kept this long.
+    pub job_retention: Duration,
+    /// Where `/metrics` is served.
+    pub listen: SocketAddr,
+    pub log: LogSettings,
+}
+
+/// The queues a worker knows.
+pub const QUEUES: &[&str] = &["embed"];
+
+impl WorkerSettings {
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let mut problems = Problems::default();
+        let database = DatabaseSettings::read(env, &mut problems);
+        let embed = EmbedSettings::read(env, &mut problems);
+        let queues = parse_queues(env.get(vars::WORKER_QUEUES).unwrap_or("embed=32"), &mut problems);
+        let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
+        let embed_max_wait = Duration::from_millis(problems.parsed(env, vars::EMBED_MAX_WAIT_MS, 5u64, "milliseconds"));
+        let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);
+        let secs = |problems: &mut Problems, name: &str, default: u64| {
+            Duration::from_secs(problems.parsed(env, name, default, "a number of seconds").max(1))
+        };
+        let orphan_timeout = secs(&mut problems, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
+        let job_timeout = secs(&mut problems, vars::JOB_TIMEOUT_S, 120);
+        let housekeeping_interval = secs(&mut problems, vars::HOUSEKEEPING_INTERVAL_S, 10);
+        let embed_grace = secs(&mut problems, vars::EMBED_GRACE_S, 60);
+        let job_retention = secs(&mut problems, vars::JOB_RETENTION_S, 3600);
+        let listen = problems.parsed(env, vars::WORKER_LISTEN, SocketAddr::from(([127, 0, 0, 1], 9464)), "an address");
+        let log = LogSettings::read(env, &mut problems);
+        problems.finish(Self {
+            database,
+            embed,
+            queues,
+            embed_batch_size,
+            embed_max_wait,
+            embed_max_attempts,
+            orphan_timeout,
+            job_timeout,
+            housekeeping_interval,
+            embed_grace,
+            job_retention,
+            listen,
+            log,
+        })
+    }
+}
+
+/// `embed=32,judge=4`: queue names, each with an optional concurrency (default 8).
+fn parse_queues(raw: &str, problems: &mut Problems) -> Vec<(String, usize)> {
+    let mut queues = Vec::new();
+    for part in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, concurrency) = part.split_once('=').unwrap_or((part, "8"));
+        if !QUEUES.contains(&name) {
+            problems.0.push(format!("{}: unknown queue {name:?}; known: {}", vars::WORKER_QUEUES, QUEUES.join(", ")));
+            continue;
+        }
+        match concurrency.parse::<usize>() {
+            Ok(n) if n > 0 => queues.push((name.to_owned(), n)),
+            _ => problems.0.push(format!("{}: {part:?} needs a positive concurrency", vars::WORKER_QUEUES)),
+        }
+    }
+    if queues.is_empty() && problems.0.is_empty() {
+        problems.0.push(format!("{} names no queue", vars::WORKER_QUEUES));
+    }
+    queues
 }
 
 #[cfg(test)]

@@ -1,3 +1,6 @@
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::{Env, Problems, vars};
@@ -75,4 +78,19 @@ pub async fn shutdown_signal() {
         () = ctrl_c => tracing::info!("ctrl-c received; shutting down"),
         () = terminate => tracing::info!("SIGTERM received; shutting down"),
     }
+}
+
+/// The process-wide Prometheus recorder, installed on first use; its handle renders `/metrics`.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may be installed already (a test binary running several apps);
+            // this handle then renders an empty page rather than failing the process.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
 }

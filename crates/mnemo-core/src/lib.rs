@@ -2,6 +2,7 @@
 //! that makes invalid values unrepresentable, and the deterministic `source_ref` rules that make
 //! every write idempotent. No I/O lives here, and nothing here knows JSON or SQL.
 
+mod embed;
 mod error;
 mod ids;
 mod kinds;
@@ -10,6 +11,7 @@ mod principal;
 mod source_ref;
 mod text;
 
+pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::InvalidInput;
 pub use ids::{AgentId, SessionId, TenantId, UserId};
 pub use kinds::{FactScope, Scope, SourceKind};

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use mnemo_config::{DatabaseSettings, Env, MIN_JWT_SECRET_BYTES, vars};
+use mnemo_config::{DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, vars};
 use mnemo_core::{AgentId, Principal, SessionId, TenantId, UserId};
 use mnemo_store::{MIGRATOR, Store};
 
 #[derive(Debug, Parser)]
-#[command(name = "mnemo-runbook", version, about = "Operate mnemo: migrations, tokens, and (soon) audits.")]
+#[command(name = "mnemo-runbook", version, about = "Operate mnemo: migrations, status, tokens.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,6 +20,12 @@ struct Cli {
 enum Command {
     /// Apply the database schema (mnemo's tables and apalis' job tables). Safe to re-run.
     Migrate,
+    /// Queues (pending, running, failed, dead, oldest age), rows waiting for embeddings, and
+    /// worker processes.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a signed HS256 development token (uses MNEMO_JWT_SECRET).
     Token {
         #[arg(long)]
@@ -62,6 +68,7 @@ async fn main() -> anyhow::Result<()> {
     let env = Env::from_process();
     match cli.command {
         Command::Migrate => migrate(&env).await,
+        Command::Status { json } => status(&env, json).await,
         Command::Token { tenant, user, agent, session, ttl } => {
             let principal = Principal {
                 tenant: TenantId::parse(&tenant)?,
@@ -80,6 +87,71 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A worker is alive if it heartbeat within this long (the default orphan timeout).
+const ALIVE_WITHIN: Duration = Duration::from_secs(20);
+
+async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
+    let settings = DatabaseSettings::from_env(env)?;
+    let model = EmbedSettings::from_env(env)?.model;
+    let store = Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")?;
+    let queues = store.queue_status().await?;
+    let backlog = store.embed_backlog(&model).await?;
+    let workers = store.workers(ALIVE_WITHIN).await?;
+    let alive = workers.iter().filter(|w| w.alive).count();
+    if json {
+        let queues: Vec<_> = queues
+            .iter()
+            .map(|q| {
+                serde_json::json!({ "queue": q.queue, "pending": q.pending, "running": q.running, "failed": q.failed,
+                    "dead": q.dead, "done": q.done, "oldest_pending_seconds": q.oldest_pending_seconds })
+            })
+            .collect();
+        let workers: Vec<_> = workers
+            .iter()
+            .map(|w| serde_json::json!({ "id": w.id, "queue": w.queue, "last_seen": w.last_seen, "alive": w.alive }))
+            .collect();
+        let report = serde_json::json!({
+            "queues": queues,
+            "embeddings": { "model": model, "pending": backlog.pending, "failed": backlog.failed,
+                "oldest_pending_seconds": backlog.oldest_pending_seconds },
+            "workers": { "alive": alive, "list": workers },
+        });
+        println!("{report}");
+        return Ok(());
+    }
+    let age = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.1}s"));
+    println!(
+        "{:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12}",
+        "queue", "pending", "running", "failed", "dead", "done", "oldest"
+    );
+    for q in &queues {
+        println!(
+            "{:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12}",
+            q.queue,
+            q.pending,
+            q.running,
+            q.failed,
+            q.dead,
+            q.done,
+            age(q.oldest_pending_seconds)
+        );
+    }
+    if queues.is_empty() {
+        println!("(no jobs)");
+    }
+    println!(
+        "\nembeddings ({model}): {} rows pending (oldest {}), {} failed for good",
+        backlog.pending,
+        age(backlog.oldest_pending_seconds),
+        backlog.failed
+    );
+    println!("workers: {alive} alive of {} known", workers.len());
+    for w in workers.iter().filter(|w| w.alive) {
+        println!("  {} ({}), last seen {}", w.id, w.queue, w.last_seen.format("%H:%M:%S"));
+    }
+    Ok(())
 }
 
 async fn migrate(env: &Env) -> anyhow::Result<()> {

@@ -8,16 +8,20 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 mod database;
+mod embeddings;
 mod error;
 mod group_commit;
 mod memories;
+mod ops;
 pub mod queue;
 mod schema;
 
 pub use database::{FreshDatabase, create_database, with_database};
+pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use group_commit::GroupCommit;
 pub use memories::{Remembered, ToolOutput};
+pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use sqlx::PgPool;
 

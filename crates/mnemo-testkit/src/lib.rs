@@ -8,6 +8,10 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+mod provider;
+
+pub use provider::{Answer, ScriptedEmbeddings, bag_of_words};
+
 use anyhow::{Context, bail};
 use mnemo_api::{AppState, app};
 use mnemo_config::{Env, ServerSettings, vars};
@@ -104,6 +108,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: String) -> Self {
+        mnemo_models::install_tls_provider();
         Self { base, http: reqwest::Client::new() }
     }
 
@@ -222,4 +227,84 @@ impl ServerProcess {
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// The real `mnemo-worker` binary, started as a child process.
+#[derive(Debug)]
+pub struct WorkerProcess {
+    pub metrics_url: String,
+    child: tokio::process::Child,
+}
+
+impl WorkerProcess {
+    /// Starts a worker on `database_url` with the local model (from `MNEMO_LOCAL_MODEL_DIR`) unless
+    /// `env` says otherwise, and waits until its metrics endpoint answers.
+    pub async fn start(database_url: &str, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        mnemo_models::install_tls_provider();
+        let port = free_port();
+        let mut command = tokio::process::Command::new(binary("mnemo-worker")?);
+        command
+            .env_clear()
+            .env(vars::DATABASE_URL, database_url)
+            .env(vars::WORKER_LISTEN, format!("127.0.0.1:{port}"))
+            .env(vars::LOG, "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        if let Ok(dir) = std::env::var(vars::LOCAL_MODEL_DIR) {
+            command.env(vars::LOCAL_MODEL_DIR, dir);
+        }
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn()?;
+        let metrics_url = format!("http://127.0.0.1:{port}/metrics");
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(60) {
+            if let Some(status) = child.try_wait()? {
+                bail!("mnemo-worker exited during start-up: {status}");
+            }
+            if reqwest::get(&metrics_url).await.is_ok() {
+                return Ok(Self { metrics_url, child });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("mnemo-worker did not serve metrics within 60 s")
+    }
+
+    /// The sum of a counter or gauge over all its label sets, from `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(&self.metrics_url).await.expect("metrics").text().await.expect("metrics text");
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub async fn terminate(mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let pid = self.child.id().context("worker already gone")?;
+        std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status()?;
+        Ok(tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await??)
+    }
+}
+
+/// Polls `check` until it returns true or `limit` passes.
+pub async fn wait_until<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }

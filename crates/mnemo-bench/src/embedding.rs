@@ -1,0 +1,303 @@
+//! Embedding benchmarks: the raw embedder at several batch sizes, the whole pipeline (write →
+//! queue → worker → vector) against the raw embedder in the same run, and write → embedded
+//! latency at a steady write rate. Texts are LoCoMo conversation turns: single turns for short
+//! texts, runs of turns for long ones.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use mnemo_config::{DatabaseSettings, EmbedSettings, Env, WorkerSettings, vars};
+use mnemo_core::{Embedder, Extras, MemoryText, NewMemory, SourceRef};
+use mnemo_store::{Store, create_database};
+use serde_json::{Value, json};
+
+#[derive(Debug, clap::Args)]
+pub struct CorpusArgs {
+    /// A LoCoMo-format JSON file whose turns become the texts.
+    #[arg(long, default_value = "../shared/bench/locomo/locomo-dev5.json")]
+    data: PathBuf,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EmbedderArgs {
+    #[command(flatten)]
+    corpus: CorpusArgs,
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+    batch: Vec<usize>,
+    /// Texts per measurement (at least one batch).
+    #[arg(long, default_value_t = 256)]
+    texts: usize,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PipelineArgs {
+    #[command(flatten)]
+    corpus: CorpusArgs,
+    #[arg(long, default_value_t = 10_000)]
+    rows: usize,
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LatencyArgs {
+    #[command(flatten)]
+    corpus: CorpusArgs,
+    /// Writes per second.
+    #[arg(long, default_value_t = 50)]
+    rate: u32,
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+}
+
+/// Short texts (one turn, "speaker: text") and long ones (consecutive turns, ~200 tokens).
+fn corpus(path: &PathBuf) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let raw = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let samples: Vec<Value> = serde_json::from_str(&raw).context("LoCoMo JSON")?;
+    let mut turns = Vec::new();
+    for sample in &samples {
+        let Some(conversation) = sample["conversation"].as_object() else { continue };
+        let mut sessions: Vec<(&String, &Value)> =
+            conversation.iter().filter(|(k, v)| k.starts_with("session_") && v.is_array()).collect();
+        sessions.sort_by_key(|(k, _)| k.trim_start_matches("session_").parse::<u32>().unwrap_or(0));
+        for (_, session) in sessions {
+            for turn in session.as_array().into_iter().flatten() {
+                if let (Some(speaker), Some(text)) = (turn["speaker"].as_str(), turn["text"].as_str()) {
+                    turns.push(format!("{speaker}: {text}"));
+                }
+            }
+        }
+    }
+    anyhow::ensure!(!turns.is_empty(), "no turns in {}", path.display());
+    // ~1,000 characters is ~200 tokens of conversational English.
+    let mut long = Vec::new();
+    let mut current = String::new();
+    for turn in &turns {
+        current.push_str(turn);
+        current.push('\n');
+        if current.len() >= 1000 {
+            long.push(std::mem::take(&mut current));
+        }
+    }
+    Ok((turns, long))
+}
+
+fn local_embedder(env: &Env) -> anyhow::Result<(EmbedSettings, Arc<dyn Embedder>)> {
+    let settings = EmbedSettings::from_env(env)?;
+    let embedder = mnemo_models::embedder(&settings)?;
+    Ok((settings, embedder))
+}
+
+/// Rows per second of one embedder call per batch over `texts`.
+async fn raw_rate(embedder: &dyn Embedder, texts: &[String], batch: usize) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    for chunk in texts.chunks(batch.max(1)) {
+        embedder.embed(chunk).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(texts.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+fn cycle(texts: &[String], n: usize) -> Vec<String> {
+    texts.iter().cycle().take(n).cloned().collect()
+}
+
+pub async fn embedder(args: EmbedderArgs) -> anyhow::Result<()> {
+    let (short, long) = corpus(&args.corpus.data)?;
+    let (_, embedder) = local_embedder(&Env::from_process())?;
+    let mut rows = Vec::new();
+    for (label, texts) in [("short", &short), ("long", &long)] {
+        // Long texts cost ~10× more: measure fewer of them.
+        let n = if label == "long" { args.texts / 4 } else { args.texts };
+        for &batch in &args.batch {
+            let texts = cycle(texts, n.max(batch));
+            let rate = raw_rate(embedder.as_ref(), &texts, batch).await?;
+            eprintln!("{label} batch {batch}: {rate:.1} rows/s");
+            rows.push(json!({ "texts": label, "batch": batch, "rows_per_s": rate }));
+        }
+    }
+    let mean_chars = |t: &[String]| t.iter().map(String::len).sum::<usize>() / t.len().max(1);
+    if args.corpus.json {
+        println!(
+            "{}",
+            json!({ "scenario": "embedder", "model": embedder.model(), "mean_chars": { "short": mean_chars(&short), "long": mean_chars(&long) }, "results": rows })
+        );
+    } else {
+        println!(
+            "model {} (short texts: {} chars on average, long: {})",
+            embedder.model(),
+            mean_chars(&short),
+            mean_chars(&long)
+        );
+        println!("| texts | batch | rows/s |\n|---|---:|---:|");
+        for r in &rows {
+            println!(
+                "| {} | {} | {:.1} |",
+                r["texts"].as_str().unwrap_or(""),
+                r["batch"],
+                r["rows_per_s"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A fresh database and a store on it.
+async fn fresh(env: &Env) -> anyhow::Result<(String, Store)> {
+    let database = DatabaseSettings::from_env(env)?;
+    let db = create_database(database.url.expose(), "mnemo_bench", 2).await?;
+    eprintln!("bench database: {}", db.name);
+    let store = Store::connect(&db.url, 16).await?;
+    Ok((db.url, store))
+}
+
+fn chat(i: usize, text: &str) -> anyhow::Result<NewMemory> {
+    let who = mnemo_core::Principal {
+        tenant: mnemo_core::TenantId::parse("bench")?,
+        user: None,
+        agent: None,
+        session: Some(mnemo_core::SessionId::parse("bench-session")?),
+    };
+    Ok(NewMemory::chat_message(
+        &who,
+        SourceRef::parse(&format!("m{i}"))?,
+        MemoryText::parse(text)?,
+        None,
+        Extras::default(),
+    )?)
+}
+
+/// The worker pool in this process, as `mnemo-worker` runs it.
+fn start_worker(
+    env: &Env,
+    url: &str,
+    batch: usize,
+    embedder: Arc<dyn Embedder>,
+) -> anyhow::Result<tokio::sync::oneshot::Sender<()>> {
+    let env = env
+        .clone()
+        .with(vars::DATABASE_URL, url)
+        .with(vars::EMBED_BATCH_SIZE, batch.to_string())
+        .with(vars::WORKER_QUEUES, format!("embed={}", batch * 2))
+        .with(vars::WORKER_LISTEN, "127.0.0.1:0");
+    let settings = WorkerSettings::from_env(&env)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        if let Err(e) = mnemo_jobs::run_worker(settings, embedder, async move {
+            let _ = stopped.await;
+        })
+        .await
+        {
+            eprintln!("worker: {e}");
+        }
+    });
+    Ok(stop)
+}
+
+async fn wait_embedded(store: &Store, model: &str, rows: usize, limit: Duration) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let backlog = store.embed_backlog(model).await?;
+        if backlog.pending == 0 && backlog.failed == 0 {
+            return Ok(started.elapsed());
+        }
+        anyhow::ensure!(backlog.failed == 0, "{} rows failed to embed", backlog.failed);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    anyhow::bail!("{rows} rows not embedded within {limit:?}")
+}
+
+pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
+    let env = Env::from_process();
+    let (short, _) = corpus(&args.corpus.data)?;
+    let texts = cycle(&short, args.rows);
+    let (_, embedder) = local_embedder(&env)?;
+    let (url, store) = fresh(&env).await?;
+
+    // The raw embedder on the same texts at the same batch size, in this run.
+    let sample = &texts[..texts.len().min(2048)];
+    let raw = raw_rate(embedder.as_ref(), sample, args.batch).await?;
+    eprintln!("raw embedder: {raw:.1} rows/s at batch {}", args.batch);
+
+    // All rows written (with their jobs) before the worker starts: the pipeline then drains them.
+    let rows: Vec<NewMemory> = texts.iter().enumerate().map(|(i, t)| chat(i, t)).collect::<anyhow::Result<_>>()?;
+    for chunk in rows.chunks(500) {
+        store.remember_many(chunk).await?;
+    }
+    let started = Instant::now();
+    let stop = start_worker(&env, &url, args.batch, embedder.clone())?;
+    wait_embedded(&store, embedder.model(), args.rows, Duration::from_secs(3600)).await?;
+    let elapsed = started.elapsed();
+    let _ = stop.send(());
+    let rate = args.rows as f64 / elapsed.as_secs_f64();
+    let report = json!({ "scenario": "pipeline", "rows": args.rows, "batch": args.batch, "seconds": elapsed.as_secs_f64(),
+        "pipeline_rows_per_s": rate, "raw_rows_per_s": raw, "ratio": rate / raw });
+    if args.corpus.json {
+        println!("{report}");
+    } else {
+        println!("| rows | batch | pipeline rows/s | raw embedder rows/s | ratio |\n|---:|---:|---:|---:|---:|");
+        println!("| {} | {} | {rate:.1} | {raw:.1} | {:.2} |", args.rows, args.batch, rate / raw);
+    }
+    Ok(())
+}
+
+pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
+    let env = Env::from_process();
+    let (short, _) = corpus(&args.corpus.data)?;
+    let (_, embedder) = local_embedder(&env)?;
+    let (url, store) = fresh(&env).await?;
+    let batch = env.get(vars::EMBED_BATCH_SIZE).and_then(|b| b.parse().ok()).unwrap_or(32);
+    let stop = start_worker(&env, &url, batch, embedder.clone())?;
+    tokio::time::sleep(Duration::from_secs(2)).await; // the worker connects and listens
+
+    let total = args.rate as usize * args.seconds as usize;
+    let mut timer = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(args.rate.max(1))));
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let writes = mnemo_store::GroupCommit::start(store.clone(), 2, 64);
+    let mut pending = Vec::with_capacity(total);
+    for (i, text) in cycle(&short, total).iter().enumerate() {
+        timer.tick().await;
+        let writes = writes.clone();
+        let row = chat(i, text)?;
+        pending.push(tokio::spawn(async move { writes.remember(row).await }));
+    }
+    for p in pending {
+        p.await??;
+    }
+    wait_embedded(&store, embedder.model(), total, Duration::from_secs(600)).await?;
+    let _ = stop.send(());
+
+    let lags: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM e.embedded_at - m.created_at)::float8
+         FROM memory_items m JOIN memory_embeddings e ON e.item_id = m.id",
+    )
+    .fetch_all(store.pool())
+    .await?;
+    let mut h = Histogram::<u64>::new(3)?;
+    for lag in &lags {
+        h.record((lag * 1e6).max(1.0) as u64)?;
+    }
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let report = json!({ "scenario": "embed-latency", "rate_per_s": args.rate, "rows": lags.len(), "batch": batch,
+        "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0 });
+    if args.corpus.json {
+        println!("{report}");
+    } else {
+        println!("| writes/s | rows | p50 ms | p95 ms | p99 ms | max ms |\n|---:|---:|---:|---:|---:|---:|");
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            args.rate,
+            lags.len(),
+            ms(0.5),
+            ms(0.95),
+            ms(0.99),
+            h.max() as f64 / 1000.0
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! Batched embedding. Each apalis embed job hands its row to the [`EmbedDispatcher`] and waits;
+//! the dispatcher gathers rows until the batch is full or the first row has waited
+//! `max_wait`, makes one model call for the batch, writes the vectors back, and answers every
+//! job. Rows already embedded by the current model for their current content are skipped, so a
+//! job run twice (a crash, a re-queue) changes nothing the second time.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mnemo_core::{EmbedError, Embedder, FailureClass};
+use mnemo_store::queue::EmbedJob;
+use mnemo_store::{NewVector, Store, StoreError};
+use tokio::sync::{Mutex, mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::{JobError, backoff};
+
+/// How the dispatcher batches and retries.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbedPolicy {
+    pub batch_size: usize,
+    pub max_wait: Duration,
+    pub max_attempts: i32,
+}
+
+type Reply = oneshot::Sender<Result<(), JobError>>;
+
+/// A handle to the batching loops. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EmbedDispatcher {
+    sender: mpsc::Sender<(EmbedJob, Reply)>,
+}
+
+impl EmbedDispatcher {
+    /// Starts two batching loops: while one batch is in the model, the next one gathers and
+    /// loads its rows.
+    pub fn start(store: Store, embedder: Arc<dyn Embedder>, policy: EmbedPolicy) -> Self {
+        let (sender, receiver) = mpsc::channel(policy.batch_size * 8);
+        let receiver = Arc::new(Mutex::new(receiver));
+        for _ in 0..2 {
+            tokio::spawn(batch_loop(store.clone(), embedder.clone(), policy, receiver.clone()));
+        }
+        Self { sender }
+    }
+
+    /// Embeds one job's row with whichever others are waiting. `Ok` means the job is finished:
+    /// embedded, skipped, re-queued with a backoff, or failed for good (recorded on the row).
+    /// `Err` means the database could not be reached and the job should run again.
+    pub async fn submit(&self, job: EmbedJob) -> Result<(), JobError> {
+        let (reply, answer) = oneshot::channel();
+        self.sender.send((job, reply)).await.map_err(|_| JobError::ShuttingDown)?;
+        answer.await.map_err(|_| JobError::ShuttingDown)?
+    }
+}
+
+async fn batch_loop(
+    store: Store,
+    embedder: Arc<dyn Embedder>,
+    policy: EmbedPolicy,
+    receiver: Arc<Mutex<mpsc::Receiver<(EmbedJob, Reply)>>>,
+) {
+    loop {
+        let mut batch = Vec::with_capacity(policy.batch_size);
+        {
+            let mut receiver = receiver.lock().await;
+            let Some(first) = receiver.recv().await else { return };
+            batch.push(first);
+            let deadline = tokio::time::Instant::now() + policy.max_wait;
+            while batch.len() < policy.batch_size {
+                match tokio::time::timeout_at(deadline, receiver.recv()).await {
+                    Ok(Some(item)) => batch.push(item),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+        let (jobs, replies): (Vec<EmbedJob>, Vec<Reply>) = batch.into_iter().unzip();
+        let result = embed_batch(&store, embedder.as_ref(), policy, &jobs).await.map_err(|e| {
+            tracing::warn!(error = %e, jobs = jobs.len(), "embed batch could not be stored; its jobs will run again");
+            JobError::Store(e.to_string())
+        });
+        for reply in replies {
+            let _ = reply.send(result.clone());
+        }
+    }
+}
+
+/// One batch: load, skip what is done, embed the rest (isolating rows the model refuses), store
+/// the vectors, and record each failure with its next step.
+async fn embed_batch(
+    store: &Store,
+    embedder: &dyn Embedder,
+    policy: EmbedPolicy,
+    jobs: &[EmbedJob],
+) -> Result<(), StoreError> {
+    let model = embedder.model();
+    let rows = store.rows_to_embed(jobs, model).await?;
+    let skipped = jobs.len() - rows.iter().filter(|r| !r.done).count();
+    metrics::counter!("mnemo_embed_rows_skipped_total").increment(skipped as u64);
+    let todo: Vec<_> = rows.into_iter().filter(|r| !r.done).collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    metrics::histogram!("mnemo_embed_batch_rows").record(todo.len() as f64);
+
+    let texts: Vec<String> = todo.iter().map(|r| r.content.clone()).collect();
+    let results = embed_isolating(embedder, &texts).await;
+
+    let mut vectors = Vec::new();
+    let mut failures = Vec::new();
+    for (row, result) in todo.iter().zip(results) {
+        match result {
+            Ok(embedding) => vectors.push(NewVector {
+                id: row.id,
+                tenant_id: row.tenant_id.clone(),
+                content_sha256: row.content_sha256.clone(),
+                embedding,
+            }),
+            Err(e) => failures.push((row.id, e)),
+        }
+    }
+
+    let created: HashMap<Uuid, _> = todo.iter().map(|r| (r.id, r.created_at)).collect();
+    let saved = store.save_vectors(model, vectors).await?;
+    let now = chrono::Utc::now();
+    for id in &saved {
+        if let Some(created_at) = created.get(id) {
+            let lag = (now - *created_at).to_std().unwrap_or_default();
+            metrics::histogram!("mnemo_embed_lag_seconds").record(lag.as_secs_f64());
+        }
+    }
+    metrics::counter!("mnemo_embed_rows_embedded_total").increment(saved.len() as u64);
+
+    if !failures.is_empty() {
+        let by_id: HashMap<Uuid, &EmbedJob> = jobs.iter().map(|j| (j.item_id, j)).collect();
+        let ids: Vec<Uuid> = failures.iter().map(|(id, _)| *id).collect();
+        let attempts: HashMap<Uuid, i32> = store.embed_attempts(&ids).await?.into_iter().collect();
+        for (id, error) in failures {
+            let Some(job) = by_id.get(&id) else { continue };
+            let attempt = attempts.get(&id).copied().unwrap_or(0) + 1;
+            let class = match error.class {
+                FailureClass::Transient if attempt < policy.max_attempts => "transient",
+                FailureClass::Transient => "exhausted",
+                FailureClass::Permanent => "permanent",
+            };
+            metrics::counter!("mnemo_embed_failures_total", "class" => class, "kind" => error.kind).increment(1);
+            match class {
+                "transient" => {
+                    let delay = backoff(attempt);
+                    tracing::info!(item = %id, attempt, kind = error.kind, delay_ms = delay.as_millis() as u64,
+                        "embedding failed; retrying later");
+                    store.record_embed_failure(job, &error.to_string(), Some(delay)).await?;
+                }
+                _ => {
+                    let recorded = if class == "exhausted" {
+                        format!("gave up after {attempt} attempts: {error}")
+                    } else {
+                        error.to_string()
+                    };
+                    tracing::warn!(item = %id, attempt, kind = error.kind, "embedding failed for good");
+                    store.record_embed_failure(job, &recorded, None).await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One model call for the whole batch. If the provider refuses the batch outright, the batch is
+/// halved until the refused rows stand alone, so one bad row does not fail the others. A
+/// transient failure applies to every row of the call.
+async fn embed_isolating(embedder: &dyn Embedder, texts: &[String]) -> Vec<Result<Vec<f32>, EmbedError>> {
+    let started = Instant::now();
+    let answer = embedder.embed(texts).await;
+    metrics::histogram!("mnemo_embed_model_seconds").record(started.elapsed().as_secs_f64());
+    match answer {
+        Ok(vectors) if vectors.len() == texts.len() => vectors.into_iter().map(Ok).collect(),
+        Ok(vectors) => {
+            let e = EmbedError::transient("wrong_count", format!("asked for {}, got {}", texts.len(), vectors.len()));
+            texts.iter().map(|_| Err(e.clone())).collect()
+        }
+        Err(e) if e.class == FailureClass::Permanent && texts.len() > 1 => {
+            let (left, right) = texts.split_at(texts.len() / 2);
+            let mut results = Box::pin(embed_isolating(embedder, left)).await;
+            results.extend(Box::pin(embed_isolating(embedder, right)).await);
+            results
+        }
+        Err(e) => texts.iter().map(|_| Err(e.clone())).collect(),
+    }
+}

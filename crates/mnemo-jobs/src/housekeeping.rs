@@ -1,0 +1,66 @@
+//! Housekeeping fires once per tick across every worker of a deployment: each worker tries to
+//! claim the tick's row in `housekeeping_ticks`, and the one that inserts it does the work.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mnemo_store::{Housekeeping, Store};
+
+use crate::JobError;
+
+/// What housekeeping needs to know.
+#[derive(Debug, Clone)]
+pub struct HousekeepingPolicy {
+    pub interval: Duration,
+    pub model: String,
+    pub embed_grace: Duration,
+    pub job_retention: Duration,
+    pub dead_worker_after: Duration,
+}
+
+/// The current tick number: wall-clock time in whole intervals, the same on every machine.
+fn tick(interval: Duration) -> i64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(now.as_millis() / interval.as_millis().max(1)).unwrap_or(i64::MAX)
+}
+
+/// Runs one tick's housekeeping if this worker wins the tick; `None` if another did.
+pub async fn run_housekeeping(
+    store: &Store,
+    worker: &str,
+    policy: &HousekeepingPolicy,
+) -> Result<Option<Housekeeping>, JobError> {
+    let tick = tick(policy.interval);
+    if !store.claim_housekeeping_tick(tick, worker).await? {
+        return Ok(None);
+    }
+    let done = Housekeeping {
+        requeued: store.requeue_unembedded(&policy.model, policy.embed_grace, 10_000).await?,
+        pruned_jobs: store.prune_finished_jobs(policy.job_retention).await?,
+        removed_workers: store.remove_stale_workers(policy.dead_worker_after).await?,
+    };
+    store.finish_housekeeping_tick(tick, done).await?;
+    if done != Housekeeping::default() {
+        tracing::info!(
+            tick,
+            requeued = done.requeued,
+            pruned_jobs = done.pruned_jobs,
+            removed_workers = done.removed_workers,
+            "housekeeping"
+        );
+    }
+    metrics::counter!("mnemo_housekeeping_runs_total").increment(1);
+    metrics::counter!("mnemo_housekeeping_requeued_total").increment(done.requeued);
+    Ok(Some(done))
+}
+
+/// Tries every interval until `stop` resolves.
+pub(crate) async fn housekeeping_loop(store: Store, worker: String, policy: HousekeepingPolicy) {
+    let mut timer = tokio::time::interval(policy.interval);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        timer.tick().await;
+        if let Err(e) = run_housekeeping(&store, &worker, &policy).await {
+            tracing::warn!(error = %e, "housekeeping failed; trying again next tick");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The worker pool: one apalis worker per served queue (woken by LISTEN/NOTIFY, with an interval
+//! poll for delayed jobs), housekeeping, queue gauges, and `/metrics` on the worker's own
+//! address. Stops on the shutdown signal after in-flight jobs finish (or, past the grace period,
+//! leaves them to be re-queued as orphans).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apalis::layers::WorkerBuilderExt;
+use apalis::prelude::{BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
+use apalis_postgres::{Config, PostgresStorage};
+use mnemo_config::WorkerSettings;
+use mnemo_core::Embedder;
+use mnemo_store::queue::{EMBED_QUEUE, EmbedJob};
+use mnemo_store::{MIGRATOR, Store};
+
+use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
+use crate::{EmbedDispatcher, EmbedPolicy, JobError};
+
+/// A name no other process has used or will use: a restarted worker must not inherit the
+/// Running jobs of its previous life, or they would never be re-queued.
+pub fn worker_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = host.trim();
+    let host = if host.is_empty() { "host" } else { host };
+    format!("mnemo-{host}-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
+
+async fn handle_embed(job: EmbedJob, dispatcher: Data<EmbedDispatcher>) -> Result<(), BoxDynError> {
+    dispatcher.submit(job).await.map_err(Into::into)
+}
+
+/// Runs the pool until `shutdown` resolves.
+pub async fn run_worker(
+    settings: WorkerSettings,
+    embedder: Arc<dyn Embedder>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), JobError> {
+    let concurrency: usize = settings.queues.iter().map(|(_, n)| n).sum();
+    let connections = u32::try_from(concurrency + 8).unwrap_or(u32::MAX).max(settings.database.max_connections);
+    let store = Store::connect(settings.database.url.expose(), connections).await?;
+    let schema = MIGRATOR.status(store.pool()).await?;
+    if !schema.is_current() {
+        return Err(JobError::Setup("the database schema is not current: run `mnemo-runbook migrate` first".into()));
+    }
+    let name = worker_name();
+    tracing::info!(worker = %name, model = embedder.model(), queues = ?settings.queues, "mnemo-worker starting");
+
+    let metrics = serve_metrics(settings.listen).await?;
+    let gauges = tokio::spawn(gauge_loop(store.clone(), embedder.model().to_owned()));
+    let housekeeping = tokio::spawn(housekeeping_loop(
+        store.clone(),
+        name.clone(),
+        HousekeepingPolicy {
+            interval: settings.housekeeping_interval,
+            model: embedder.model().to_owned(),
+            embed_grace: settings.embed_grace,
+            job_retention: settings.job_retention,
+            dead_worker_after: settings.orphan_timeout * 3,
+        },
+    ));
+
+    // The backend's heartbeat also drives orphan recovery: a worker silent for
+    // heartbeat × missed_heartbeats is dead, and its Running jobs go back to Pending.
+    let heartbeat = (settings.orphan_timeout / 10).max(Duration::from_secs(1));
+    let missed = u32::try_from((settings.orphan_timeout.as_secs() / heartbeat.as_secs()).max(2)).unwrap_or(10);
+    let mut monitor = Monitor::new().shutdown_timeout(settings.job_timeout);
+    for (queue, concurrency) in settings.queues.clone() {
+        match queue.as_str() {
+            EMBED_QUEUE => {
+                let dispatcher = EmbedDispatcher::start(
+                    store.clone(),
+                    embedder.clone(),
+                    EmbedPolicy {
+                        batch_size: settings.embed_batch_size,
+                        max_wait: settings.embed_max_wait,
+                        max_attempts: settings.embed_max_attempts,
+                    },
+                );
+                let config = Config::default()
+                    .queue(EMBED_QUEUE)
+                    // Never fetch more than can run: fetched-but-waiting jobs stop heartbeating.
+                    .batch_size(concurrency.min(settings.embed_batch_size * 2))
+                    .heartbeat_interval(heartbeat)
+                    .missed_heartbeats(missed as usize);
+                let pool = store.pool().clone();
+                let worker_id = format!("{name}-{queue}");
+                let job_timeout = settings.job_timeout;
+                monitor = monitor.register(move |_| {
+                    let backend = PostgresStorage::<EmbedJob>::new(&pool)
+                        .with_config(config.clone())
+                        .with_pubsub()
+                        .poll_with_interval(heartbeat);
+                    WorkerBuilder::new(worker_id.clone())
+                        .backend(backend)
+                        .data(dispatcher.clone())
+                        .catch_panic()
+                        .timeout(job_timeout)
+                        .concurrency(concurrency)
+                        .parallelize(tokio::spawn)
+                        .build(handle_embed)
+                });
+            }
+            other => return Err(JobError::Setup(format!("no handler for queue {other}"))),
+        }
+    }
+
+    let result = monitor
+        .run_with_signal(async move {
+            shutdown.await;
+            Ok(())
+        })
+        .await;
+    housekeeping.abort();
+    gauges.abort();
+    metrics.abort();
+    tracing::info!(worker = %name, "mnemo-worker stopped");
+    result.map_err(|e| JobError::Setup(format!("worker pool failed: {e}")))
+}
+
+/// Queue depth, oldest pending age and the embedding backlog, refreshed every few seconds.
+async fn gauge_loop(store: Store, model: String) {
+    let mut timer = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        timer.tick().await;
+        match store.queue_status().await {
+            Ok(queues) => {
+                for q in queues {
+                    for (state, n) in
+                        [("pending", q.pending), ("running", q.running), ("failed", q.failed), ("dead", q.dead)]
+                    {
+                        metrics::gauge!("mnemo_queue_jobs", "queue" => q.queue.clone(), "state" => state).set(n as f64);
+                    }
+                    metrics::gauge!("mnemo_queue_oldest_pending_seconds", "queue" => q.queue.clone())
+                        .set(q.oldest_pending_seconds.unwrap_or(0.0));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "queue gauges not refreshed"),
+        }
+        if let Ok(backlog) = store.embed_backlog(&model).await {
+            metrics::gauge!("mnemo_embed_pending_rows").set(backlog.pending as f64);
+            metrics::gauge!("mnemo_embed_failed_rows").set(backlog.failed as f64);
+        }
+    }
+}
+
+async fn serve_metrics(addr: std::net::SocketAddr) -> Result<tokio::task::JoinHandle<()>, JobError> {
+    let handle = mnemo_config::metrics_handle();
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(move || std::future::ready(handle.render())))
+        .route("/healthz", axum::routing::get(|| std::future::ready("ok")));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| JobError::Setup(format!("cannot serve metrics on {addr}: {e}")))?;
+    tracing::info!(addr = %listener.local_addr().map_err(|e| JobError::Setup(e.to_string()))?, "worker metrics listening");
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    }))
+}

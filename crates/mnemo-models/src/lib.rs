@@ -1,0 +1,53 @@
+//! Model providers, behind the traits in `mnemo-core`: the local all-MiniLM-L6-v2 embedder
+//! (candle, in-process) and any OpenAI-compatible embeddings endpoint (async-openai). This crate
+//! alone talks to model endpoints. Providers never retry on their own: callers own retries, so
+//! backoff is durable and visible.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Once};
+
+use mnemo_config::{EmbedProvider, EmbedSettings};
+use mnemo_core::Embedder;
+
+mod local;
+mod openai;
+
+pub use local::{LOCAL_MODEL_NAME, LocalEmbedder};
+pub use openai::OpenAiEmbedder;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("the local embedding model in {dir} cannot be used: {detail}")]
+    LocalModel { dir: PathBuf, detail: String },
+    #[error("the embedding client cannot be built: {0}")]
+    Client(String),
+}
+
+/// The embedder the settings name. The local model is loaded (and run once) here, so a missing
+/// or corrupt model fails at start-up.
+pub fn embedder(settings: &EmbedSettings) -> Result<Arc<dyn Embedder>, ModelError> {
+    match &settings.provider {
+        EmbedProvider::Local { model_dir } => Ok(Arc::new(LocalEmbedder::load(model_dir)?)),
+        EmbedProvider::OpenAi { base_url, api_key, dimensions, timeout, max_inputs } => {
+            install_tls_provider();
+            Ok(Arc::new(OpenAiEmbedder::new(
+                base_url.as_deref(),
+                api_key.expose(),
+                &settings.model,
+                *dimensions,
+                *timeout,
+                *max_inputs,
+            )?))
+        }
+    }
+}
+
+/// HTTPS to providers uses rustls with ring, which is already in the build for PostgreSQL TLS.
+/// Every HTTP client in a process that links this crate needs it: call before building one.
+pub fn install_tls_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // Fails only if another provider was installed first, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

@@ -1,0 +1,142 @@
+//! Any OpenAI-compatible `/v1/embeddings` endpoint, through async-openai. Requests are split at
+//! `max_inputs` texts, bounded by a timeout, and every answer is checked: one vector per text, each
+//! of the configured dimension, scaled to unit length.
+
+use std::time::Duration;
+
+use async_openai::Client;
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use async_openai::middleware::ReqwestService;
+use async_openai::types::embeddings::{CreateEmbeddingRequestArgs, EmbeddingInput};
+use mnemo_core::{EmbedError, EmbedFuture, Embedder};
+
+use crate::ModelError;
+
+#[derive(Debug)]
+pub struct OpenAiEmbedder {
+    client: Client<OpenAIConfig>,
+    model: String,
+    dimensions: usize,
+    max_inputs: usize,
+}
+
+impl OpenAiEmbedder {
+    pub fn new(
+        base_url: Option<&str>,
+        api_key: &str,
+        model: &str,
+        dimensions: usize,
+        timeout: Duration,
+        max_inputs: usize,
+    ) -> Result<Self, ModelError> {
+        let mut config = OpenAIConfig::new().with_api_key(api_key);
+        if let Some(base_url) = base_url {
+            config = config.with_api_base(base_url);
+        }
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| ModelError::Client(e.to_string()))?;
+        Ok(Self {
+            // async-openai retries 429 and 5xx on its own by default; the plain transport leaves
+            // retries to the caller, whose backoff is durable.
+            client: Client::with_config(config)
+                .with_http_client(http.clone())
+                .with_http_service(ReqwestService::new(http)),
+            model: model.to_owned(),
+            dimensions,
+            max_inputs: max_inputs.max(1),
+        })
+    }
+
+    async fn embed_chunk(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let request = CreateEmbeddingRequestArgs::default()
+            .model(&self.model)
+            .input(EmbeddingInput::StringArray(texts.to_vec()))
+            .dimensions(u32::try_from(self.dimensions).unwrap_or(u32::MAX))
+            .build()
+            .map_err(|e| EmbedError::permanent("invalid_request", e.to_string()))?;
+        let response = self.client.embeddings().create(request).await.map_err(classify)?;
+        let mut data = response.data;
+        if data.len() != texts.len() {
+            return Err(EmbedError::transient(
+                "wrong_count",
+                format!("asked for {} vectors, got {}", texts.len(), data.len()),
+            ));
+        }
+        data.sort_by_key(|e| e.index);
+        data.into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                if e.index as usize != i {
+                    return Err(EmbedError::transient("malformed_response", "vector indexes are not 0..n"));
+                }
+                if e.embedding.len() != self.dimensions {
+                    return Err(EmbedError::permanent(
+                        "dimension_mismatch",
+                        format!("expected {} dimensions, got {}", self.dimensions, e.embedding.len()),
+                    ));
+                }
+                normalised(e.embedding)
+            })
+            .collect()
+    }
+}
+
+/// Unit length, so cosine distance is comparable across providers; a zero or non-finite vector
+/// is unusable.
+fn normalised(mut v: Vec<f32>) -> Result<Vec<f32>, EmbedError> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if !norm.is_finite() || norm == 0.0 {
+        return Err(EmbedError::permanent("degenerate_vector", "a zero or non-finite vector"));
+    }
+    v.iter_mut().for_each(|x| *x /= norm);
+    Ok(v)
+}
+
+/// Network trouble, rate limits, server errors and unreadable answers may pass; a refusal of the
+/// request itself will not.
+fn classify(e: OpenAIError) -> EmbedError {
+    match e {
+        OpenAIError::Reqwest(e) if e.is_timeout() => EmbedError::transient("timeout", e.to_string()),
+        OpenAIError::Reqwest(e) => EmbedError::transient("connection", e.to_string()),
+        OpenAIError::ApiError(api) => {
+            let status = api.status_code.as_u16();
+            let kind = match status {
+                429 => "http_429",
+                500..=599 => "http_5xx",
+                _ => "http_4xx",
+            };
+            let detail = format!("HTTP {status}: {}", api.api_error.message.chars().take(200).collect::<String>());
+            if status == 429 || status >= 500 {
+                EmbedError::transient(kind, detail)
+            } else {
+                EmbedError::permanent(kind, detail)
+            }
+        }
+        OpenAIError::JSONDeserialize(e, _) => EmbedError::transient("malformed_response", e.to_string()),
+        other => EmbedError::permanent("client", other.to_string()),
+    }
+}
+
+impl Embedder for OpenAiEmbedder {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn dimensions(&self) -> usize {
+        self.dimensions
+    }
+
+    fn embed<'a>(&'a self, texts: &'a [String]) -> EmbedFuture<'a> {
+        Box::pin(async move {
+            let mut vectors = Vec::with_capacity(texts.len());
+            for chunk in texts.chunks(self.max_inputs) {
+                vectors.extend(self.embed_chunk(chunk).await?);
+            }
+            Ok(vectors)
+        })
+    }
+}

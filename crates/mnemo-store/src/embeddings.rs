@@ -1,0 +1,185 @@
+//! Embedding state: which rows a batch of embed jobs should embed, writing vectors back,
+//! recording failures, and re-queueing. Vectors live in `memory_embeddings`, one per (row,
+//! model); `memory_items.embedded_model` names the model whose vector matches the row's current
+//! content.
+
+use std::time::Duration;
+
+use apalis_core::task::builder::TaskBuilder;
+use apalis_postgres::queries::push_tasks;
+use chrono::{DateTime, Utc};
+use pgvector::Vector;
+use uuid::Uuid;
+
+use crate::queue::{EMBED_QUEUE, EmbedJob, task};
+use crate::{Store, StoreError};
+
+/// A row an embed job asked for, as it is now.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct RowToEmbed {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub content: String,
+    pub content_sha256: Vec<u8>,
+    pub created_at: DateTime<Utc>,
+    /// A vector of this model for this content exists already.
+    pub done: bool,
+}
+
+/// A vector to store for a row's content as it was read.
+#[derive(Debug, Clone)]
+pub struct NewVector {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub content_sha256: Vec<u8>,
+    pub embedding: Vec<f32>,
+}
+
+const ROWS_TO_EMBED: &str = "
+SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, (e.item_id IS NOT NULL) AS done
+FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
+JOIN memory_items m ON m.id = j.id AND m.tenant_id = j.tenant_id
+LEFT JOIN memory_embeddings e ON e.item_id = m.id AND e.model = $3 AND e.content_sha256 = m.content_sha256
+WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
+
+/// Stores vectors only for rows whose content is still what was embedded; a row changed since
+/// has a newer job of its own.
+const SAVE_VECTORS: &str = "
+WITH v AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::vector[]) AS v(id, tenant_id, sha, embedding)
+), current AS (
+    SELECT v.* FROM v JOIN memory_items m ON m.id = v.id AND m.tenant_id = v.tenant_id AND m.content_sha256 = v.sha
+    WHERE m.anonymized_at IS NULL
+), saved AS (
+    INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256)
+    SELECT tenant_id, id, $5, embedding, sha FROM current
+    ON CONFLICT (item_id, model) DO UPDATE
+        SET embedding = EXCLUDED.embedding, content_sha256 = EXCLUDED.content_sha256, embedded_at = now()
+    RETURNING item_id
+)
+UPDATE memory_items m SET embedded_model = $5, embed_error = NULL
+FROM saved WHERE m.id = saved.item_id
+RETURNING m.id";
+
+impl Store {
+    /// The live rows behind a batch of embed jobs, each checked against its job's tenant.
+    pub async fn rows_to_embed(&self, jobs: &[EmbedJob], model: &str) -> Result<Vec<RowToEmbed>, StoreError> {
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
+        let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
+        Ok(sqlx::query_as(ROWS_TO_EMBED).bind(&ids).bind(&tenants).bind(model).fetch_all(&self.pool).await?)
+    }
+
+    /// Writes vectors back; returns the ids stored (rows changed or anonymized since are left).
+    pub async fn save_vectors(&self, model: &str, vectors: Vec<NewVector>) -> Result<Vec<Uuid>, StoreError> {
+        if vectors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::with_capacity(vectors.len());
+        let mut tenants = Vec::with_capacity(vectors.len());
+        let mut shas = Vec::with_capacity(vectors.len());
+        let mut embeddings = Vec::with_capacity(vectors.len());
+        for v in vectors {
+            ids.push(v.id);
+            tenants.push(v.tenant_id);
+            shas.push(v.content_sha256);
+            embeddings.push(Vector::from(v.embedding));
+        }
+        let saved = sqlx::query_scalar(SAVE_VECTORS)
+            .bind(ids)
+            .bind(tenants)
+            .bind(shas)
+            .bind(embeddings)
+            .bind(model)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(saved)
+    }
+
+    /// Records a failed attempt. When `retry_after` is given, the row's job is queued again to run
+    /// after that delay (in the same transaction); otherwise the failure is final and `error`
+    /// stays on the row. Returns the row's attempts so far.
+    pub async fn record_embed_failure(
+        &self,
+        job: &EmbedJob,
+        error: &str,
+        retry_after: Option<Duration>,
+    ) -> Result<i32, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let attempts: Option<i32> = sqlx::query_scalar(
+            "UPDATE memory_items
+             SET embed_attempts = embed_attempts + 1,
+                 embed_error = CASE WHEN $3 THEN NULL ELSE $4 END,
+                 embed_enqueued_at = now()
+             WHERE id = $1 AND tenant_id = $2
+             RETURNING embed_attempts",
+        )
+        .bind(job.item_id)
+        .bind(&job.tenant_id)
+        .bind(retry_after.is_some())
+        .bind(error)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(delay) = retry_after {
+            let retry = TaskBuilder::new(serde_json::to_vec(job)?).run_after(delay).build();
+            push_tasks(&mut *tx, EMBED_QUEUE, vec![retry]).await?;
+        }
+        tx.commit().await?;
+        Ok(attempts.unwrap_or(0))
+    }
+
+    /// How many times each row has failed so far.
+    pub async fn embed_attempts(&self, ids: &[Uuid]) -> Result<Vec<(Uuid, i32)>, StoreError> {
+        Ok(sqlx::query_as("SELECT id, embed_attempts FROM memory_items WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Queues a new embed job for every live row without a vector of `model` whose job was last
+    /// queued before `grace` ago (a lost job, a crash, or a model switch). At most `limit` rows.
+    pub async fn requeue_unembedded(&self, model: &str, grace: Duration, limit: i64) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let stale: Vec<(Uuid, String, Vec<u8>)> = sqlx::query_as(
+            "WITH stale AS (
+                SELECT id FROM memory_items
+                WHERE embed_error IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL
+                  AND (embedded_model IS NULL OR embedded_model <> $1)
+                  AND embed_enqueued_at < now() - make_interval(secs => $2)
+                ORDER BY embed_enqueued_at
+                LIMIT $3
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE memory_items m SET embed_enqueued_at = now()
+            FROM stale WHERE m.id = stale.id
+            RETURNING m.id, m.tenant_id, m.content_sha256",
+        )
+        .bind(model)
+        .bind(grace.as_secs_f64())
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        let count = stale.len() as u64;
+        if !stale.is_empty() {
+            let jobs = stale
+                .into_iter()
+                .map(|(item_id, tenant_id, sha)| {
+                    task(&EmbedJob { tenant_id, item_id, content_sha256: hex::encode(sha) })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            push_tasks(&mut *tx, EMBED_QUEUE, jobs).await?;
+        }
+        tx.commit().await?;
+        Ok(count)
+    }
+
+    /// The stored vector of a row for a model, for checks and tests.
+    pub async fn vector(&self, id: Uuid, model: &str) -> Result<Option<Vec<f32>>, StoreError> {
+        let v: Option<Vector> =
+            sqlx::query_scalar("SELECT embedding FROM memory_embeddings WHERE item_id = $1 AND model = $2")
+                .bind(id)
+                .bind(model)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(v.map(|v| v.to_vec()))
+    }
+}

@@ -1,0 +1,149 @@
+//! Operations: the once-per-tick housekeeping claim, pruning of finished jobs and dead worker
+//! rows, and the status figures the runbook and the worker's metrics report.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::{Store, StoreError};
+
+/// Jobs in one queue, by state. `dead` are jobs apalis will not run again (killed, or failed
+/// with no attempts left).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct QueueStatus {
+    pub queue: String,
+    pub pending: i64,
+    pub running: i64,
+    pub failed: i64,
+    pub dead: i64,
+    pub done: i64,
+    /// Age of the oldest job that could run now but has not started.
+    pub oldest_pending_seconds: Option<f64>,
+}
+
+/// Rows without a vector of the active model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedBacklog {
+    pub pending: i64,
+    pub oldest_pending_seconds: Option<f64>,
+    /// Rows that failed for good (`embed_error` set).
+    pub failed: i64,
+}
+
+/// A worker process seen by the queue backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerStatus {
+    pub id: String,
+    pub queue: String,
+    pub last_seen: DateTime<Utc>,
+    pub alive: bool,
+}
+
+/// What one housekeeping run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Housekeeping {
+    pub requeued: u64,
+    pub pruned_jobs: u64,
+    pub removed_workers: u64,
+}
+
+impl Store {
+    /// Claims housekeeping tick `tick` for `worker`. Exactly one caller per tick gets `true`.
+    pub async fn claim_housekeeping_tick(&self, tick: i64, worker: &str) -> Result<bool, StoreError> {
+        let claimed =
+            sqlx::query("INSERT INTO housekeeping_ticks (tick, worker) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                .bind(tick)
+                .bind(worker)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+        Ok(claimed == 1)
+    }
+
+    pub async fn finish_housekeeping_tick(&self, tick: i64, done: Housekeeping) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE housekeeping_ticks SET requeued = $2, pruned_jobs = $3, removed_workers = $4, finished_at = now()
+             WHERE tick = $1",
+        )
+        .bind(tick)
+        .bind(done.requeued as i64)
+        .bind(done.pruned_jobs as i64)
+        .bind(done.removed_workers as i64)
+        .execute(&self.pool)
+        .await?;
+        // Keep a day of history at the default tick.
+        sqlx::query("DELETE FROM housekeeping_ticks WHERE tick < $1 - 10000").bind(tick).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Deletes jobs that finished (done, or dead) longer than `retention` ago.
+    pub async fn prune_finished_jobs(&self, retention: Duration) -> Result<u64, StoreError> {
+        let pruned = sqlx::query(
+            "DELETE FROM apalis.jobs
+             WHERE (status = 'Done' OR status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts))
+               AND coalesce(done_at, run_at) < now() - make_interval(secs => $1)",
+        )
+        .bind(retention.as_secs_f64())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(pruned)
+    }
+
+    /// Deletes worker rows not seen for `max_age` that hold no job.
+    pub async fn remove_stale_workers(&self, max_age: Duration) -> Result<u64, StoreError> {
+        let removed = sqlx::query(
+            "DELETE FROM apalis.workers w
+             WHERE w.last_seen < now() - make_interval(secs => $1)
+               AND NOT EXISTS (SELECT 1 FROM apalis.jobs j WHERE j.lock_by = w.id)",
+        )
+        .bind(max_age.as_secs_f64())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(removed)
+    }
+
+    pub async fn queue_status(&self) -> Result<Vec<QueueStatus>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT job_type AS queue,
+                    count(*) FILTER (WHERE status IN ('Pending', 'Queued')) AS pending,
+                    count(*) FILTER (WHERE status = 'Running') AS running,
+                    count(*) FILTER (WHERE status = 'Failed' AND attempts < max_attempts) AS failed,
+                    count(*) FILTER (WHERE status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts)) AS dead,
+                    count(*) FILTER (WHERE status = 'Done') AS done,
+                    extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'Pending' AND run_at <= now()))::float8
+                        AS oldest_pending_seconds
+             FROM apalis.jobs GROUP BY job_type ORDER BY job_type",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn embed_backlog(&self, model: &str) -> Result<EmbedBacklog, StoreError> {
+        let (pending, oldest_pending_seconds, failed): (i64, Option<f64>, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE embed_error IS NULL),
+                    extract(epoch FROM now() - min(created_at) FILTER (WHERE embed_error IS NULL))::float8,
+                    count(*) FILTER (WHERE embed_error IS NOT NULL)
+             FROM memory_items
+             WHERE deleted_at IS NULL AND anonymized_at IS NULL
+               AND (embedded_model IS NULL OR embedded_model <> $1)",
+        )
+        .bind(model)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(EmbedBacklog { pending, oldest_pending_seconds, failed })
+    }
+
+    /// Worker rows; `alive` when seen within `alive_within`.
+    pub async fn workers(&self, alive_within: Duration) -> Result<Vec<WorkerStatus>, StoreError> {
+        let rows: Vec<(String, String, DateTime<Utc>, bool)> = sqlx::query_as(
+            "SELECT id, worker_type, last_seen, last_seen >= now() - make_interval(secs => $1)
+             FROM apalis.workers ORDER BY last_seen DESC",
+        )
+        .bind(alive_within.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id, queue, last_seen, alive)| WorkerStatus { id, queue, last_seen, alive }).collect())
+    }
+}

@@ -1,0 +1,138 @@
+//! A scripted OpenAI-compatible embeddings server: it answers `POST /v1/embeddings` as the real
+//! protocol does, and fails exactly as a test tells it to (status codes, hangs, malformed bodies,
+//! wrong dimensions), one scripted answer per request, then succeeds.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    Status(u16),
+    /// Sleeps this long before answering normally (past the client's timeout, a timeout).
+    Hang(Duration),
+    Malformed,
+    WrongDimension,
+}
+
+#[derive(Debug, Default)]
+struct Script {
+    answers: VecDeque<Answer>,
+    /// Inputs containing this text are refused with 400, whatever the script says.
+    refuse_containing: Option<String>,
+    requests: usize,
+    inputs: usize,
+    arrivals: Vec<std::time::Instant>,
+}
+
+/// The running server.
+#[derive(Debug, Clone)]
+pub struct ScriptedEmbeddings {
+    pub base_url: String,
+    pub dimensions: usize,
+    script: Arc<Mutex<Script>>,
+}
+
+impl ScriptedEmbeddings {
+    pub async fn start(dimensions: usize) -> Self {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let app = axum::Router::new()
+            .route("/v1/embeddings", axum::routing::post(embeddings))
+            .with_state((script.clone(), dimensions));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await.expect("scripted server") });
+        Self { base_url: format!("http://{addr}/v1"), dimensions, script }
+    }
+
+    /// Queues answers for the next requests, in order.
+    pub fn then(&self, answers: impl IntoIterator<Item = Answer>) {
+        self.script.lock().expect("script").answers.extend(answers);
+    }
+
+    pub fn refuse_inputs_containing(&self, marker: &str) {
+        self.script.lock().expect("script").refuse_containing = Some(marker.to_owned());
+    }
+
+    /// The gaps between successive requests.
+    pub fn gaps(&self) -> Vec<Duration> {
+        let script = self.script.lock().expect("script");
+        script.arrivals.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    /// Requests served so far, and the inputs they carried.
+    pub fn served(&self) -> (usize, usize) {
+        let script = self.script.lock().expect("script");
+        (script.requests, script.inputs)
+    }
+}
+
+/// A deterministic unit-free vector: each word adds to the dimension its hash falls on, so texts
+/// that share words point the same way.
+pub fn bag_of_words(text: &str, dimensions: usize) -> Vec<f32> {
+    let mut v = vec![0.0f32; dimensions];
+    for word in text.split_whitespace() {
+        let h = word
+            .to_lowercase()
+            .bytes()
+            .fold(1469598103934665603u64, |h, b| (h ^ u64::from(b)).wrapping_mul(1099511628211));
+        v[(h % dimensions as u64) as usize] += 1.0;
+    }
+    v[0] += 0.01; // never all zeros
+    v
+}
+
+async fn embeddings(
+    State((script, dimensions)): State<(Arc<Mutex<Script>>, usize)>,
+    Json(body): Json<Value>,
+) -> Response {
+    let inputs: Vec<String> = match &body["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) => items.iter().filter_map(|i| i.as_str().map(str::to_owned)).collect(),
+        _ => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": {"message": "input required", "type": "invalid_request_error"}})),
+            )
+                .into_response();
+        }
+    };
+    let (answer, refused) = {
+        let mut s = script.lock().expect("script");
+        s.requests += 1;
+        s.inputs += inputs.len();
+        s.arrivals.push(std::time::Instant::now());
+        let refused = s.refuse_containing.as_ref().is_some_and(|m| inputs.iter().any(|i| i.contains(m.as_str())));
+        (s.answers.pop_front(), refused)
+    };
+    if refused {
+        let error = json!({"error": {"message": "input rejected", "type": "invalid_request_error"}});
+        return (StatusCode::BAD_REQUEST, Json(error)).into_response();
+    }
+    let mut dims = dimensions;
+    match answer {
+        Some(Answer::Status(code)) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return (status, Json(json!({"error": {"message": "scripted failure", "type": "server_error"}})))
+                .into_response();
+        }
+        Some(Answer::Hang(d)) => tokio::time::sleep(d).await,
+        Some(Answer::Malformed) => return (StatusCode::OK, "{\"object\": \"list\", \"data\": [").into_response(),
+        Some(Answer::WrongDimension) => dims = dimensions + 1,
+        None => {}
+    }
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": bag_of_words(text, dims)}))
+        .collect();
+    Json(json!({"object": "list", "model": body["model"], "data": data, "usage": {"prompt_tokens": 0, "total_tokens": 0}}))
+        .into_response()
+}

@@ -1,0 +1,202 @@
+//! The embedding pipeline end to end: the real server and worker binaries, the real local model,
+//! crashes, a scripted OpenAI-compatible provider that fails on cue, and housekeeping.
+
+use std::time::Duration;
+
+use mnemo_testkit::{
+    Answer, ScriptedEmbeddings, ServerProcess, TestDb, WorkerProcess, free_port, principal, token, wait_until,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+const MODEL: &str = "all-MiniLM-L6-v2";
+
+async fn embedded(db: &TestDb) -> i64 {
+    db.count("SELECT count(*) FROM memory_items WHERE embedded_model IS NOT NULL").await
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Writes `n` chat messages through the real server and returns their ids.
+async fn write_messages(server: &ServerProcess, n: usize, text: impl Fn(usize) -> String) -> Vec<Uuid> {
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let body = json!({ "source_kind": "chat_message", "source_ref": format!("m-{i}"), "content": text(i) });
+        let reply = server.client.post("/v1/memories", Some(&t), &body).await;
+        assert_eq!(reply.status, 201, "{:?}", reply.body);
+        ids.push(reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id"));
+    }
+    ids
+}
+
+#[tokio::test]
+async fn five_hundred_rows_are_embedded_by_the_local_model() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let worker = WorkerProcess::start(&db.url, &[]).await.expect("worker");
+    let topics = ["I live in Tokyo", "My home is in Tokyo", "I like pizza", "The invoice is due on Friday"];
+    let ids = write_messages(&server, 500, |i| format!("{} (note {i})", topics[i % 4])).await;
+
+    assert!(
+        wait_until(Duration::from_secs(240), || async { embedded(&db).await == 500 }).await,
+        "not all rows embedded"
+    );
+    let store = db.store();
+    let mut vectors = Vec::new();
+    for id in &ids[..4] {
+        vectors.push(store.vector(*id, MODEL).await.expect("read").expect("vector"));
+    }
+    for v in &vectors {
+        assert_eq!(v.len(), 384);
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-3, "norm {norm}");
+    }
+    let close = cosine(&vectors[0], &vectors[1]);
+    let far = cosine(&vectors[0], &vectors[2]);
+    assert!(close > far + 0.2, "Tokyo/Tokyo {close} vs Tokyo/pizza {far}");
+    assert_eq!(db.count("SELECT count(*) FROM memory_embeddings").await, 500, "one vector per row");
+    assert!(worker.metric("mnemo_embed_rows_embedded_total").await >= 500.0);
+    let status = worker.terminate().await.expect("clean stop");
+    assert!(status.success(), "worker exit: {status}");
+}
+
+#[tokio::test]
+async fn a_killed_worker_loses_nothing_and_embeds_nothing_twice() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    write_messages(&server, 300, |i| format!("message number {i} about the quarterly report")).await;
+    let fast_orphans = [("MNEMO_WORKER_ORPHAN_TIMEOUT_S", "3"), ("MNEMO_EMBED_BATCH_SIZE", "16")];
+
+    let first = WorkerProcess::start(&db.url, &fast_orphans).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(120), || async { embedded(&db).await >= 30 }).await);
+    first.kill().await;
+    let after_kill = embedded(&db).await;
+    assert!(after_kill < 300, "the kill came too late to test anything ({after_kill} embedded)");
+
+    let second = WorkerProcess::start(&db.url, &fast_orphans).await.expect("second worker");
+    assert!(wait_until(Duration::from_secs(180), || async { embedded(&db).await == 300 }).await, "rows lost");
+    assert_eq!(db.count("SELECT count(*) FROM memory_embeddings").await, 300, "a row embedded twice");
+    let stuck = || async { db.count("SELECT count(*) FROM apalis.jobs WHERE status IN ('Running', 'Queued')").await };
+    assert!(wait_until(Duration::from_secs(60), || async { stuck().await == 0 }).await, "jobs stuck Running");
+    second.kill().await;
+}
+
+fn openai_env(provider: &ScriptedEmbeddings) -> Vec<(&'static str, String)> {
+    vec![
+        ("MNEMO_EMBED_PROVIDER", "openai".into()),
+        ("MNEMO_EMBED_MODEL", "scripted-embedder".into()),
+        ("MNEMO_EMBED_DIMENSIONS", provider.dimensions.to_string()),
+        ("MNEMO_EMBED_BASE_URL", provider.base_url.clone()),
+        ("MNEMO_EMBED_API_KEY", "test-key".into()),
+        ("MNEMO_EMBED_TIMEOUT_MS", "700".into()),
+    ]
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_with_growing_delays() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(32).await;
+    provider.then([Answer::Status(500), Answer::Hang(Duration::from_secs(2)), Answer::Malformed, Answer::Status(503)]);
+    let env = openai_env(&provider);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ids = write_messages(&server, 1, |_| "a row that will get there".into()).await;
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+
+    assert!(wait_until(Duration::from_secs(90), || async { embedded(&db).await == 1 }).await, "never embedded");
+    let (attempts, error): (i32, Option<String>) =
+        sqlx::query_as("SELECT embed_attempts, embed_error FROM memory_items WHERE id = $1")
+            .bind(ids[0])
+            .fetch_one(&db.pool)
+            .await
+            .expect("row");
+    assert_eq!(
+        (attempts, error),
+        (4, None),
+        "one attempt per scripted failure, then success: {:?} {:?}",
+        provider.served(),
+        provider.gaps()
+    );
+    let gaps = provider.gaps();
+    assert_eq!(gaps.len(), 4, "five requests: four failures and the success");
+    // Attempt n waits 2^(n-1) s ± 50%: the fourth wait is always longer than the first.
+    assert!(gaps[3] > gaps[0] && gaps[0] >= Duration::from_millis(400), "{gaps:?}");
+    assert_eq!(worker.metric("mnemo_embed_failures_total").await, 4.0);
+    worker.kill().await;
+}
+
+#[tokio::test]
+async fn a_refused_row_fails_alone_and_the_batch_goes_through() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(32).await;
+    provider.refuse_inputs_containing("POISON");
+    let env = openai_env(&provider);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // Written before the worker starts, so one batch holds them all.
+    let ids =
+        write_messages(&server, 6, |i| if i == 3 { "POISON pill".into() } else { format!("fine text {i}") }).await;
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            db.count("SELECT count(*) FROM memory_items WHERE embed_error IS NOT NULL OR embedded_model IS NOT NULL")
+                .await
+                == 6
+        })
+        .await
+    );
+    assert_eq!(embedded(&db).await, 5);
+    let poisoned: Option<String> = sqlx::query_scalar("SELECT embed_error FROM memory_items WHERE id = $1")
+        .bind(ids[3])
+        .fetch_one(&db.pool)
+        .await
+        .expect("row");
+    assert!(poisoned.as_deref().is_some_and(|e| e.starts_with("http_4xx")), "{poisoned:?}");
+    assert_eq!(db.count("SELECT sum(embed_attempts) FROM memory_items").await, 1, "only the refused row failed");
+    worker.kill().await;
+}
+
+#[tokio::test]
+async fn a_wrong_dimension_is_a_permanent_failure() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(16).await;
+    provider.then([Answer::WrongDimension]);
+    let env = openai_env(&provider);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    write_messages(&server, 1, |_| "one row".into()).await;
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            db.count("SELECT count(*) FROM memory_items WHERE embed_error LIKE 'dimension_mismatch%'").await == 1
+        })
+        .await
+    );
+    assert_eq!(embedded(&db).await, 0);
+    worker.kill().await;
+}
+
+#[tokio::test]
+async fn housekeeping_fires_once_per_tick_across_workers() {
+    let db = TestDb::new().await;
+    let provider = ScriptedEmbeddings::start(8).await;
+    let mut env = openai_env(&provider);
+    env.push(("MNEMO_HOUSEKEEPING_INTERVAL_S", "1".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = WorkerProcess::start(&db.url, &env).await.expect("worker a");
+    let b = WorkerProcess::start(&db.url, &env).await.expect("worker b");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    let ticks = db.count("SELECT count(*) FROM housekeeping_ticks").await;
+    let runs = a.metric("mnemo_housekeeping_runs_total").await + b.metric("mnemo_housekeeping_runs_total").await;
+    assert!(ticks >= 4, "only {ticks} ticks in 6 s");
+    assert_eq!(runs as i64, ticks, "each tick ran exactly once across both workers");
+    let workers = db.count("SELECT count(DISTINCT worker) FROM housekeeping_ticks").await;
+    assert!(workers >= 1);
+    a.kill().await;
+    b.kill().await;
+}
