@@ -200,3 +200,64 @@ async fn housekeeping_fires_once_per_tick_across_workers() {
     a.kill().await;
     b.kill().await;
 }
+
+#[tokio::test]
+async fn switching_the_model_fills_new_vectors_and_keeps_the_old() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(8).await;
+    let mut env = openai_env(&provider);
+    env.push(("MNEMO_EMBED_GRACE_S", "1".into()));
+    env.push(("MNEMO_HOUSEKEEPING_INTERVAL_S", "1".into()));
+    let env_a: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    write_messages(&server, 20, |i| format!("row {i}")).await;
+
+    let a = WorkerProcess::start(&db.url, &env_a).await.expect("worker with model A");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 20 }).await);
+    a.kill().await;
+
+    let env_b: Vec<(&str, &str)> =
+        env_a.iter().map(|(k, v)| if *k == "MNEMO_EMBED_MODEL" { (*k, "scripted-embedder-v2") } else { (*k, *v) }).collect();
+    let b = WorkerProcess::start(&db.url, &env_b).await.expect("worker with model B");
+    let on_b = || async { db.count("SELECT count(*) FROM memory_items WHERE embedded_model = 'scripted-embedder-v2'").await };
+    assert!(wait_until(Duration::from_secs(30), || async { on_b().await == 20 }).await, "housekeeping did not backfill");
+    assert_eq!(db.count("SELECT count(*) FROM memory_embeddings WHERE model = 'scripted-embedder'").await, 20);
+    assert_eq!(db.count("SELECT count(*) FROM memory_embeddings WHERE model = 'scripted-embedder-v2'").await, 20);
+    b.kill().await;
+}
+
+#[tokio::test]
+async fn a_missing_model_is_a_clear_start_up_error() {
+    let db = TestDb::new().await;
+    let output = tokio::process::Command::new(mnemo_testkit::binary("mnemo-worker").expect("built"))
+        .env_clear()
+        .env("MNEMO_DATABASE_URL", &db.url)
+        .env("MNEMO_LOCAL_MODEL_DIR", "/nonexistent/model")
+        .output()
+        .await
+        .expect("ran");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/nonexistent/model") && stderr.contains("scripts/fetch-model.sh"), "{stderr}");
+}
+
+#[tokio::test]
+async fn status_reports_queues_backlog_and_workers() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    write_messages(&server, 3, |i| format!("row {i}")).await;
+    let runbook = |args: &[&str]| {
+        let mut command = std::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("built"));
+        command.args(args).env_clear().env("MNEMO_DATABASE_URL", &db.url);
+        command.output().expect("ran")
+    };
+    let output = runbook(&["status", "--json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["queues"][0]["queue"], "embed");
+    assert_eq!(report["queues"][0]["pending"], 3);
+    assert_eq!(report["embeddings"]["pending"], 3);
+    assert_eq!(report["workers"]["alive"], 0);
+    let text = runbook(&["status"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("3 rows pending"));
+}
