@@ -216,11 +216,17 @@ async fn switching_the_model_fills_new_vectors_and_keeps_the_old() {
     assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 20 }).await);
     a.kill().await;
 
-    let env_b: Vec<(&str, &str)> =
-        env_a.iter().map(|(k, v)| if *k == "MNEMO_EMBED_MODEL" { (*k, "scripted-embedder-v2") } else { (*k, *v) }).collect();
+    let env_b: Vec<(&str, &str)> = env_a
+        .iter()
+        .map(|(k, v)| if *k == "MNEMO_EMBED_MODEL" { (*k, "scripted-embedder-v2") } else { (*k, *v) })
+        .collect();
     let b = WorkerProcess::start(&db.url, &env_b).await.expect("worker with model B");
-    let on_b = || async { db.count("SELECT count(*) FROM memory_items WHERE embedded_model = 'scripted-embedder-v2'").await };
-    assert!(wait_until(Duration::from_secs(30), || async { on_b().await == 20 }).await, "housekeeping did not backfill");
+    let on_b =
+        || async { db.count("SELECT count(*) FROM memory_items WHERE embedded_model = 'scripted-embedder-v2'").await };
+    assert!(
+        wait_until(Duration::from_secs(30), || async { on_b().await == 20 }).await,
+        "housekeeping did not backfill"
+    );
     assert_eq!(db.count("SELECT count(*) FROM memory_embeddings WHERE model = 'scripted-embedder'").await, 20);
     assert_eq!(db.count("SELECT count(*) FROM memory_embeddings WHERE model = 'scripted-embedder-v2'").await, 20);
     b.kill().await;
@@ -260,4 +266,24 @@ async fn status_reports_queues_backlog_and_workers() {
     assert_eq!(report["workers"]["alive"], 0);
     let text = runbook(&["status"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("3 rows pending"));
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_batches_finish() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    write_messages(&server, 200, |i| format!("message {i} about the migration plan")).await;
+    let env = [("MNEMO_WORKER_ORPHAN_TIMEOUT_S", "3"), ("MNEMO_EMBED_BATCH_SIZE", "16")];
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(120), || async { embedded(&db).await >= 20 }).await);
+    let status = worker.terminate().await.expect("stops");
+    assert!(status.success(), "exit {status}");
+    // Nothing the stopped worker started is left half-done: every job it ran finished.
+    let running = db.count("SELECT count(*) FROM apalis.jobs WHERE status = 'Running'").await;
+    assert_eq!(running, 0, "jobs left Running after a graceful stop");
+
+    let next = WorkerProcess::start(&db.url, &env).await.expect("next worker");
+    assert!(wait_until(Duration::from_secs(120), || async { embedded(&db).await == 200 }).await, "rows lost");
+    assert_eq!(db.count("SELECT count(*) FROM memory_embeddings").await, 200);
+    next.kill().await;
 }
