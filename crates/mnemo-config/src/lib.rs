@@ -120,6 +120,13 @@ impl Problems {
         }
     }
 
+    /// Reads settings with `read` and fails with every problem it found.
+    fn read_all<T>(env: &Env, read: fn(&Env, &mut Problems) -> T) -> Result<T, ConfigError> {
+        let mut problems = Self::default();
+        let value = read(env, &mut problems);
+        problems.finish(value)
+    }
+
     fn finish<T>(self, value: T) -> Result<T, ConfigError> {
         if self.0.is_empty() { Ok(value) } else { Err(ConfigError(self.0)) }
     }
@@ -151,9 +158,7 @@ impl DatabaseSettings {
 
     /// Settings for the binaries that need nothing but the database (runbook, bench).
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
-        let mut problems = Problems::default();
-        let settings = Self::read(env, &mut problems);
-        problems.finish(settings)
+        Problems::read_all(env, Self::read)
     }
 }
 
@@ -334,9 +339,7 @@ impl EmbedSettings {
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
-        let mut problems = Problems::default();
-        let settings = Self::read(env, &mut problems);
-        problems.finish(settings)
+        Problems::read_all(env, Self::read)
     }
 }
 
@@ -373,7 +376,8 @@ impl WorkerSettings {
         let mut problems = Problems::default();
         let database = DatabaseSettings::read(env, &mut problems);
         let embed = EmbedSettings::read(env, &mut problems);
-        let queues = parse_queues(env.get(vars::WORKER_QUEUES).unwrap_or("embed=32"), &mut problems);
+        // 4× the embed batch: the next batches gather while one is in the model.
+        let queues = parse_queues(env.get(vars::WORKER_QUEUES).unwrap_or("embed=128"), &mut problems);
         let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
         let embed_max_wait = Duration::from_millis(problems.parsed(env, vars::EMBED_MAX_WAIT_MS, 5u64, "milliseconds"));
         let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);

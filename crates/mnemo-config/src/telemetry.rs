@@ -34,12 +34,6 @@ impl LogSettings {
         };
         Self { filter, format }
     }
-
-    pub fn from_env(env: &Env) -> Result<Self, crate::ConfigError> {
-        let mut problems = Problems::default();
-        let settings = Self::read(env, &mut problems);
-        problems.finish(settings)
-    }
 }
 
 /// Installs the process-wide subscriber, writing to stderr. Call once, first thing in `main`.

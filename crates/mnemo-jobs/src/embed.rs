@@ -138,28 +138,25 @@ async fn embed_batch(
         for (id, error) in failures {
             let Some(job) = by_id.get(&id) else { continue };
             let attempt = attempts.get(&id).copied().unwrap_or(0) + 1;
+            let retry = error.class == FailureClass::Transient && attempt < policy.max_attempts;
             let class = match error.class {
-                FailureClass::Transient if attempt < policy.max_attempts => "transient",
+                FailureClass::Transient if retry => "transient",
                 FailureClass::Transient => "exhausted",
                 FailureClass::Permanent => "permanent",
             };
             metrics::counter!("mnemo_embed_failures_total", "class" => class, "kind" => error.kind).increment(1);
-            match class {
-                "transient" => {
-                    let delay = backoff(attempt);
-                    tracing::info!(item = %id, attempt, kind = error.kind, delay_ms = delay.as_millis() as u64,
-                        "embedding failed; retrying later");
-                    store.record_embed_failure(job, &error.to_string(), Some(delay)).await?;
-                }
-                _ => {
-                    let recorded = if class == "exhausted" {
-                        format!("gave up after {attempt} attempts: {error}")
-                    } else {
-                        error.to_string()
-                    };
-                    tracing::warn!(item = %id, attempt, kind = error.kind, "embedding failed for good");
-                    store.record_embed_failure(job, &recorded, None).await?;
-                }
+            if retry {
+                let delay = backoff(attempt);
+                tracing::info!(item = %id, attempt, kind = error.kind, delay_ms = delay.as_millis() as u64,
+                    "embedding failed; retrying later");
+                store.record_embed_failure(job, &error.to_string(), Some(delay)).await?;
+            } else {
+                let recorded = match error.class {
+                    FailureClass::Transient => format!("gave up after {attempt} attempts: {error}"),
+                    FailureClass::Permanent => error.to_string(),
+                };
+                tracing::warn!(item = %id, attempt, kind = error.kind, "embedding failed for good");
+                store.record_embed_failure(job, &recorded, None).await?;
             }
         }
     }

@@ -37,9 +37,9 @@ pub async fn run_worker(
     embedder: Arc<dyn Embedder>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), JobError> {
-    let concurrency: usize = settings.queues.iter().map(|(_, n)| n).sum();
-    let connections = u32::try_from(concurrency + 8).unwrap_or(u32::MAX).max(settings.database.max_connections);
-    let store = Store::connect(settings.database.url.expose(), connections).await?;
+    // Handlers wait on the dispatcher without holding a connection: a small pool serves the
+    // backend's fetches, acks and heartbeats, the batches, housekeeping and the gauges.
+    let store = Store::connect(settings.database.url.expose(), settings.database.max_connections.max(8)).await?;
     let schema = MIGRATOR.status(store.pool()).await?;
     if !schema.is_current() {
         return Err(JobError::Setup("the database schema is not current: run `mnemo-runbook migrate` first".into()));
@@ -80,8 +80,9 @@ pub async fn run_worker(
                 );
                 let config = Config::default()
                     .queue(EMBED_QUEUE)
-                    // Never fetch more than can run: fetched-but-waiting jobs stop heartbeating.
-                    .batch_size(concurrency.min(settings.embed_batch_size * 2))
+                    // Enough jobs in hand for the next batches while one is in the model, but
+                    // never more than can run: fetched-but-waiting jobs stop heartbeating.
+                    .batch_size(concurrency.min(settings.embed_batch_size * 4))
                     .heartbeat_interval(heartbeat)
                     .missed_heartbeats(missed as usize);
                 let pool = store.pool().clone();
@@ -96,8 +97,8 @@ pub async fn run_worker(
                         .backend(backend)
                         .data(dispatcher.clone())
                         .catch_panic()
-                        .timeout(job_timeout)
                         .concurrency(concurrency)
+                        .timeout(job_timeout)
                         .parallelize(tokio::spawn)
                         .build(handle_embed)
                 });

@@ -4,7 +4,7 @@
 //! `max_seq_length`), which is 3–6× faster on short texts and keeps long ones whole.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -25,8 +25,9 @@ pub struct LocalEmbedder {
 }
 
 struct Inner {
-    // One forward pass at a time: candle already uses every core for one.
-    model: Mutex<BertModel>,
+    // Forward passes may run side by side (the dispatcher runs two batches at once): on small
+    // batches one pass cannot keep every core busy, so two in parallel share the cores better.
+    model: BertModel,
     tokenizer: Tokenizer,
 }
 
@@ -63,21 +64,37 @@ impl LocalEmbedder {
             .map_err(|e| missing(dir, "model.safetensors is corrupt", e))?;
         let model =
             BertModel::load(vb, &config).map_err(|e| missing(dir, "model.safetensors does not fit config.json", e))?;
-        let embedder =
-            Self { dimensions: config.hidden_size, inner: Arc::new(Inner { model: Mutex::new(model), tokenizer }) };
+        let embedder = Self { dimensions: config.hidden_size, inner: Arc::new(Inner { model, tokenizer }) };
         // A model that loads but cannot run is as broken as a missing one: find out now.
         embedder.inner.embed(&["warm-up".to_owned()]).map_err(|e| missing(dir, "the model does not run", e))?;
         Ok(embedder)
     }
 }
 
+/// Texts per forward pass. Within a call, texts are grouped by length so that short ones are
+/// not padded to the longest of a mixed batch.
+const MAX_FORWARD_BATCH: usize = 32;
+
 impl Inner {
     fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| texts[i].len());
+        let mut vectors = vec![Vec::new(); texts.len()];
+        for group in order.chunks(MAX_FORWARD_BATCH) {
+            let batch: Vec<String> = group.iter().map(|&i| texts[i].clone()).collect();
+            for (&i, vector) in group.iter().zip(self.forward(batch)?) {
+                vectors[i] = vector;
+            }
+        }
+        Ok(vectors)
+    }
+
+    fn forward(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
         let fail = |e: &dyn std::fmt::Display| EmbedError::permanent("local_model", e.to_string());
-        let encodings = self.tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| fail(&e))?;
+        let encodings = self.tokenizer.encode_batch(texts, true).map_err(|e| fail(&e))?;
         let rows = encodings.len();
         let width = encodings.first().map_or(0, |e| e.get_ids().len());
         let flat = |f: fn(&tokenizers::Encoding) -> &[u32]| -> Vec<u32> {
@@ -88,9 +105,8 @@ impl Inner {
         let types = Tensor::from_vec(flat(|e| e.get_type_ids()), (rows, width), &device).map_err(|e| fail(&e))?;
         let mask = Tensor::from_vec(flat(|e| e.get_attention_mask()), (rows, width), &device).map_err(|e| fail(&e))?;
 
-        let model = self.model.lock().map_err(|_| EmbedError::permanent("local_model", "model lock poisoned"))?;
         let pooled = (|| {
-            let hidden = model.forward(&ids, &types, Some(&mask))?;
+            let hidden = self.model.forward(&ids, &types, Some(&mask))?;
             // Mean over the real tokens only, then unit length.
             let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
             let summed = hidden.broadcast_mul(&mask)?.sum(1)?;

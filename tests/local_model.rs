@@ -1,0 +1,55 @@
+//! The local embedding model itself (all-MiniLM-L6-v2 on candle), from the folder
+//! `scripts/fetch-model.sh` makes (`MNEMO_LOCAL_MODEL_DIR`, set by scripts/test.sh).
+
+use mnemo_core::Embedder;
+use mnemo_models::LocalEmbedder;
+
+fn model() -> LocalEmbedder {
+    let dir = std::env::var("MNEMO_LOCAL_MODEL_DIR").expect("MNEMO_LOCAL_MODEL_DIR (scripts/test.sh sets it)");
+    LocalEmbedder::load(std::path::Path::new(&dir)).expect("the model loads")
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+async fn embed(model: &LocalEmbedder, texts: &[&str]) -> Vec<Vec<f32>> {
+    let texts: Vec<String> = texts.iter().map(|t| (*t).to_owned()).collect();
+    model.embed(&texts).await.expect("embeds")
+}
+
+#[tokio::test]
+async fn meaning_decides_distance() {
+    let model = model();
+    let v = embed(&model, &["I live in Tokyo", "My home is in Tokyo", "I like pizza"]).await;
+    assert_eq!((model.dimensions(), v[0].len()), (384, 384));
+    let close = cosine(&v[0], &v[1]);
+    let far = cosine(&v[0], &v[2]);
+    assert!((0.75..0.87).contains(&close), "Tokyo/Tokyo {close}");
+    assert!(far < 0.25, "Tokyo/pizza {far}");
+}
+
+#[tokio::test]
+async fn a_text_embeds_the_same_alone_and_in_a_mixed_batch() {
+    let model = model();
+    let long = "The quarterly report covers revenue, churn and hiring across every region. ".repeat(20);
+    let alone = embed(&model, &["I live in Tokyo"]).await;
+    let mixed = embed(&model, &[long.as_str(), "I live in Tokyo", "ok"]).await;
+    assert!(cosine(&alone[0], &mixed[1]) > 0.9999, "padding changed the vector");
+    for v in &mixed {
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
+    }
+}
+
+#[tokio::test]
+async fn texts_are_read_past_128_tokens() {
+    // The shipped tokenizer cuts at 128 tokens; sentence-transformers reads 256. Two texts that
+    // share their first ~150 tokens and differ after must not embed the same.
+    let model = model();
+    let head = "alpha beta gamma delta epsilon ".repeat(30);
+    let a = format!("{head} the meeting moved to Paris in spring");
+    let b = format!("{head} my favourite dessert is chocolate cake");
+    let v = embed(&model, &[a.as_str(), b.as_str()]).await;
+    assert!(cosine(&v[0], &v[1]) < 0.9999, "the tails were cut off");
+}
