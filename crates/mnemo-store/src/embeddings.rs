@@ -109,7 +109,9 @@ impl Store {
             "UPDATE memory_items
              SET embed_attempts = embed_attempts + 1,
                  embed_error = CASE WHEN $3 THEN NULL ELSE $4 END,
-                 embed_enqueued_at = now()
+                 -- When the retry is due: the housekeeping grace counts from then, so a long
+                 -- backoff is not cut short by a re-queue.
+                 embed_enqueued_at = now() + make_interval(secs => $5)
              WHERE id = $1 AND tenant_id = $2
              RETURNING embed_attempts",
         )
@@ -117,6 +119,7 @@ impl Store {
         .bind(&job.tenant_id)
         .bind(retry_after.is_some())
         .bind(error)
+        .bind(retry_after.unwrap_or_default().as_secs_f64())
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(delay) = retry_after {
