@@ -16,7 +16,7 @@ mod ops;
 pub mod queue;
 mod schema;
 
-pub use database::{FreshDatabase, create_database, with_database};
+pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use group_commit::GroupCommit;
