@@ -36,7 +36,7 @@ async fn write_messages(server: &ServerProcess, n: usize, text: impl Fn(usize) -
 async fn five_hundred_rows_are_embedded_by_the_local_model() {
     let db = TestDb::new().await;
     let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
-    let worker = WorkerProcess::start(&db.url, &[]).await.expect("worker");
+    let worker = WorkerProcess::start::<&str>(&db.url, &[]).await.expect("worker");
     let topics = ["I live in Tokyo", "My home is in Tokyo", "I like pizza", "The invoice is due on Friday"];
     let ids = write_messages(&server, 500, |i| format!("{} (note {i})", topics[i % 4])).await;
 
@@ -102,7 +102,6 @@ async fn transient_failures_are_retried_with_growing_delays() {
     let provider = ScriptedEmbeddings::start(32).await;
     provider.then([Answer::Status(500), Answer::Hang(Duration::from_secs(2)), Answer::Malformed, Answer::Status(503)]);
     let env = openai_env(&provider);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let ids = write_messages(&server, 1, |_| "a row that will get there".into()).await;
     let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
 
@@ -138,7 +137,6 @@ async fn a_refused_row_fails_alone_and_the_batch_goes_through() {
     let provider = ScriptedEmbeddings::start(32).await;
     provider.refuse_inputs_containing("POISON");
     let env = openai_env(&provider);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     // Written before the worker starts, so one batch holds them all.
     let ids =
         write_messages(&server, 6, |i| if i == 3 { "POISON pill".into() } else { format!("fine text {i}") }).await;
@@ -170,7 +168,6 @@ async fn a_wrong_dimension_is_a_permanent_failure() {
     let provider = ScriptedEmbeddings::start(16).await;
     provider.then([Answer::WrongDimension]);
     let env = openai_env(&provider);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     write_messages(&server, 1, |_| "one row".into()).await;
     let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
     assert!(
@@ -189,7 +186,6 @@ async fn housekeeping_fires_once_per_tick_across_workers() {
     let provider = ScriptedEmbeddings::start(8).await;
     let mut env = openai_env(&provider);
     env.push(("MNEMO_HOUSEKEEPING_INTERVAL_S", "1".into()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let a = WorkerProcess::start(&db.url, &env).await.expect("worker a");
     let b = WorkerProcess::start(&db.url, &env).await.expect("worker b");
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -212,18 +208,14 @@ async fn switching_the_model_fills_new_vectors_and_keeps_the_old() {
     let mut env = openai_env(&provider);
     env.push(("MNEMO_EMBED_GRACE_S", "1".into()));
     env.push(("MNEMO_HOUSEKEEPING_INTERVAL_S", "1".into()));
-    let env_a: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     write_messages(&server, 20, |i| format!("row {i}")).await;
 
-    let a = WorkerProcess::start(&db.url, &env_a).await.expect("worker with model A");
+    let a = WorkerProcess::start(&db.url, &env).await.expect("worker with model A");
     assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 20 }).await);
     a.kill().await;
 
-    let env_b: Vec<(&str, &str)> = env_a
-        .iter()
-        .map(|(k, v)| if *k == "MNEMO_EMBED_MODEL" { (*k, "scripted-embedder-v2") } else { (*k, *v) })
-        .collect();
-    let b = WorkerProcess::start(&db.url, &env_b).await.expect("worker with model B");
+    env.push(("MNEMO_EMBED_MODEL", "scripted-embedder-v2".into()));
+    let b = WorkerProcess::start(&db.url, &env).await.expect("worker with model B");
     let on_b =
         || async { db.count("SELECT count(*) FROM memory_items WHERE embedded_model = 'scripted-embedder-v2'").await };
     assert!(

@@ -238,8 +238,9 @@ pub struct WorkerProcess {
 
 impl WorkerProcess {
     /// Starts a worker on `database_url` with the local model (from `MNEMO_LOCAL_MODEL_DIR`) unless
-    /// `env` says otherwise, and waits until its metrics endpoint answers.
-    pub async fn start(database_url: &str, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+    /// `env` says otherwise (a later pair overrides an earlier one), and waits until its metrics
+    /// endpoint answers.
+    pub async fn start<V: AsRef<str>>(database_url: &str, env: &[(&str, V)]) -> anyhow::Result<Self> {
         mnemo_models::install_tls_provider();
         let port = free_port();
         let mut command = tokio::process::Command::new(binary("mnemo-worker")?);
@@ -254,7 +255,7 @@ impl WorkerProcess {
             command.env(vars::LOCAL_MODEL_DIR, dir);
         }
         for (k, v) in env {
-            command.env(k, v);
+            command.env(k, v.as_ref());
         }
         let mut child = command.spawn()?;
         let metrics_url = format!("http://127.0.0.1:{port}/metrics");
