@@ -3,7 +3,7 @@
 //! model); `memory_items.embedded_model` names the model whose vector matches the row's current
 //! content.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use apalis_core::task::builder::TaskBuilder;
 use apalis_postgres::queries::push_tasks;
@@ -123,7 +123,11 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(delay) = retry_after {
-            let retry = TaskBuilder::new(serde_json::to_vec(job)?).run_after(delay).build();
+            // apalis stores run_at in whole seconds, truncating: round the due time up, or a
+            // sub-second remainder could make the retry due at once.
+            let due = (SystemTime::now() + delay).duration_since(UNIX_EPOCH).unwrap_or_default();
+            let due_secs = due.as_secs() + u64::from(due.subsec_nanos() > 0);
+            let retry = TaskBuilder::new(serde_json::to_vec(job)?).run_at_timestamp(due_secs).build();
             push_tasks(&mut *tx, EMBED_QUEUE, vec![retry]).await?;
         }
         tx.commit().await?;
