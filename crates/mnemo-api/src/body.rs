@@ -91,6 +91,42 @@ impl JsonObject {
             .transpose()
     }
 
+    pub fn take_opt_bool(&mut self, field: &'static str) -> Result<Option<bool>, ApiError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(_) => Err(ApiError::InvalidField { field, expected: "true or false" }),
+        }
+    }
+
+    pub fn take_opt_usize(&mut self, field: &'static str) -> Result<Option<usize>, ApiError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or(ApiError::InvalidField { field, expected: "a whole number" }),
+            Some(_) => Err(ApiError::InvalidField { field, expected: "a whole number" }),
+        }
+    }
+
+    pub fn take_opt_str_list(&mut self, field: &'static str) -> Result<Option<Vec<String>>, ApiError> {
+        let expected = "a list of strings";
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .map(|item| match item {
+                    Value::String(s) => Ok(s),
+                    _ => Err(ApiError::InvalidField { field, expected }),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(ApiError::InvalidField { field, expected }),
+        }
+    }
+
     /// Refuses any field that was not taken.
     pub fn finish(self) -> Result<(), ApiError> {
         match self.0.into_iter().next() {

@@ -68,7 +68,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("missing_token", 401, "no bearer token"),
     ("invalid_token", 401, "the token is malformed, forged, lacks a required claim, or an id in it is invalid"),
     ("token_expired", 401, "the token's exp has passed"),
-    ("missing_identity", 401, "the scope needs a user (sub) or agent claim the token lacks"),
+    ("missing_identity", 401, "the scope needs a user (sub), agent or session (sid) claim the token lacks"),
     ("session_mismatch", 403, "the token is bound to another session"),
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
@@ -94,15 +94,16 @@ impl ApiError {
                 InvalidInput::Empty { field: "content" } => "empty_content",
                 InvalidInput::TooLong { field: "content", .. } => "content_too_long",
                 InvalidInput::UnknownValue { .. } => "invalid_value",
-                InvalidInput::Empty { .. } | InvalidInput::TooLong { .. } | InvalidInput::ControlChar { .. } => {
-                    "invalid_field"
-                }
+                InvalidInput::Empty { .. }
+                | InvalidInput::TooLong { .. }
+                | InvalidInput::ControlChar { .. }
+                | InvalidInput::OutOfRange { .. } => "invalid_field",
             },
             Self::Scope(scope) => match scope {
                 ScopeError::MissingSession(_) => "missing_session",
                 ScopeError::SessionMismatch => "session_mismatch",
                 ScopeError::SessionNotAllowed => "session_not_allowed",
-                ScopeError::MissingIdentity(_) => "missing_identity",
+                ScopeError::MissingIdentity(_) | ScopeError::RecallWithoutSession => "missing_identity",
             },
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::PayloadTooLarge => "payload_too_large",
@@ -129,6 +130,15 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::SourceRefConflict { .. } => Self::SourceRefConflict,
             other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<mnemo_recall::RecallError> for ApiError {
+    fn from(e: mnemo_recall::RecallError) -> Self {
+        match e {
+            mnemo_recall::RecallError::Scope(scope) => Self::Scope(scope),
+            mnemo_recall::RecallError::Store(store) => store.into(),
         }
     }
 }

@@ -13,6 +13,8 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use mnemo_config::ServerSettings;
+use mnemo_core::{Embedder, Reranker};
+use mnemo_recall::Recall;
 use mnemo_store::{GroupCommit, MIGRATOR, Store};
 
 pub mod auth;
@@ -28,15 +30,24 @@ pub use error::{ApiError, ERROR_CODES};
 pub struct AppState {
     pub store: Store,
     pub writes: GroupCommit,
+    pub recall: Arc<Recall>,
     pub auth: Arc<Authenticator>,
     pub max_tool_output_bytes: usize,
     pub metrics: PrometheusHandle,
 }
 
 impl AppState {
-    pub fn new(store: Store, settings: &ServerSettings) -> Result<Self, String> {
+    /// `embedder` embeds queries; it must be the model the workers embed rows with.
+    pub fn new(store: Store, settings: &ServerSettings, embedder: Arc<dyn Embedder>) -> Result<Self, String> {
+        let reranker = match &settings.recall.reranker_url {
+            Some(url) => Some(Arc::new(
+                mnemo_models::TeiReranker::new(url, settings.recall.rerank_timeout).map_err(|e| e.to_string())?,
+            ) as Arc<dyn Reranker>),
+            None => None,
+        };
         Ok(Self {
             writes: GroupCommit::start(store.clone(), settings.write_committers, settings.write_max_batch),
+            recall: Arc::new(Recall::new(store.clone(), embedder, reranker, settings.recall.clone())),
             store,
             auth: Arc::new(Authenticator::new(&settings.jwt)?),
             max_tool_output_bytes: settings.max_tool_output_bytes,
@@ -52,6 +63,7 @@ pub fn app(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/memories", post(routes::remember))
         .route("/facts", post(routes::remember_fact))
+        .route("/recall", post(routes::recall))
         .route("/tool-outputs/{key}", get(routes::tool_output));
     Router::new()
         .nest("/v1", v1)
@@ -85,6 +97,8 @@ pub enum ServeError {
     #[error("{0}")]
     Config(String),
     #[error(transparent)]
+    Model(#[from] mnemo_models::ModelError),
+    #[error(transparent)]
     Store(#[from] mnemo_store::StoreError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
@@ -106,7 +120,20 @@ pub async fn run(
             "the database schema is not current; /readyz answers 503 until `mnemo-runbook migrate` runs"
         );
     }
-    let state = AppState::new(store, &settings).map_err(ServeError::Config)?;
+    for warning in &settings.recall.warnings {
+        tracing::warn!("{warning}");
+    }
+    if settings.recall.reranker_url.is_none() {
+        tracing::info!("MNEMO_RERANKER_URL is unset: recall answers in merge order");
+    }
+    let embedder = mnemo_models::embedder(&settings.embed)?;
+    if !store.has_vector_index(embedder.model(), embedder.dimensions()).await? {
+        tracing::warn!(
+            model = embedder.model(),
+            "no vector index for this model yet: the tenant class is ranked exactly (slow) until a worker builds it"
+        );
+    }
+    let state = AppState::new(store, &settings, embedder).map_err(ServeError::Config)?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .map_err(|source| ServeError::Bind { addr: settings.listen, source })?;

@@ -3,8 +3,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mnemo_core::{
-    Extras, FactKey, FactScope, MemoryText, Metadata, NewMemory, SessionId, SourceKind, SourceRef, ToolOutputKey,
-    ToolOutputText,
+    Extras, FactKey, FactScope, MemoryText, Metadata, NewMemory, RecallRequest, RecallScope, SessionId, SourceKind,
+    SourceRef, ToolOutputKey, ToolOutputText,
 };
 use mnemo_store::{MIGRATOR, Remembered};
 use serde_json::json;
@@ -78,6 +78,52 @@ pub async fn remember_fact(
 
     let memory = NewMemory::fact(&principal, scope, content, key, extras)?;
     Ok(remembered(SourceKind::Fact, state.writes.remember(memory).await?))
+}
+
+/// `POST /v1/recall`: hybrid search over the classes the token may see.
+pub async fn recall(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    mut body: JsonObject,
+) -> Result<Response, ApiError> {
+    let mut request = RecallRequest::new(&body.take_str("query")?)?;
+    if let Some(top_k) = body.take_opt_usize("top_k")? {
+        request = request.top_k(top_k)?;
+    }
+    if let Some(kinds) = body.take_opt_str_list("source_kinds")? {
+        let kinds = kinds.iter().map(|k| SourceKind::parse(k)).collect::<Result<Vec<_>, _>>()?;
+        request = request.source_kinds(kinds);
+    }
+    if let Some(scope) = body.take_opt_str("scope")? {
+        request = request.scope(RecallScope::parse(&scope)?);
+    }
+    if let Some(enable) = body.take_opt_bool("enable_rerank")? {
+        request = request.enable_rerank(enable);
+    }
+    body.finish()?;
+
+    let recalled = state.recall.recall(&principal, &request).await?;
+    let items: Vec<_> = recalled
+        .items
+        .iter()
+        .map(|item| {
+            json!({
+                "id": item.id,
+                "source_kind": item.source_kind.as_str(),
+                "source_ref": item.source_ref,
+                "content": item.content,
+                "event_time": item.event_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, false),
+                "score": item.score,
+            })
+        })
+        .collect();
+    let body = json!({
+        "total": items.len(),
+        "items": items,
+        "degraded": recalled.degraded,
+        "rerank_used": recalled.rerank_used,
+    });
+    Ok(Json(body).into_response())
 }
 
 /// `GET /v1/tool-outputs/{key}`: the full payload, to its own tenant only.

@@ -97,7 +97,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let settings = ServerSettings::from_env(&server_env)?;
     let store = Store::connect(&url, max_concurrency as u32 + 4).await?;
     let direct = store.clone();
-    let state = AppState::new(store, &settings).map_err(anyhow::Error::msg)?;
+    let embedder = mnemo_models::embedder(&settings.embed)?;
+    let state = AppState::new(store, &settings, embedder).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}/v1/memories", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app(state)).await });

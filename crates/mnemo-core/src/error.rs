@@ -10,6 +10,8 @@ pub enum InvalidInput {
     NulByte { field: &'static str },
     #[error("{field} contains a control character")]
     ControlChar { field: &'static str },
+    #[error("{field} must be between {min} and {max}")]
+    OutOfRange { field: &'static str, min: i64, max: i64 },
     #[error("{field} has an unknown value {value:?}; expected one of {expected}")]
     UnknownValue { field: &'static str, value: String, expected: &'static str },
 }
@@ -21,6 +23,7 @@ impl InvalidInput {
             | Self::TooLong { field, .. }
             | Self::NulByte { field }
             | Self::ControlChar { field }
+            | Self::OutOfRange { field, .. }
             | Self::UnknownValue { field, .. } => field,
         }
     }

@@ -67,6 +67,17 @@ string_enum!(
     }
 );
 
+string_enum!(
+    /// Which rows a recall searches: one class, or all four fused.
+    RecallScope, "scope" {
+        Session => "session",
+        Tenant => "tenant",
+        User => "user",
+        Agent => "agent",
+        Any => "any",
+    }
+);
+
 impl SourceKind {
     /// The scope a row of this kind lives in. Facts choose theirs (user or agent).
     pub fn scope(self) -> Option<Scope> {

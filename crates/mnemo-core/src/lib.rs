@@ -8,14 +8,16 @@ mod ids;
 mod kinds;
 mod memory;
 mod principal;
+mod recall;
 mod source_ref;
 mod text;
 
 pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::InvalidInput;
 pub use ids::{AgentId, SessionId, TenantId, UserId};
-pub use kinds::{FactScope, Scope, SourceKind};
+pub use kinds::{FactScope, RecallScope, Scope, SourceKind};
 pub use memory::{Extras, FactKey, Metadata, NewMemory, ScopeError};
 pub use principal::Principal;
+pub use recall::{MAX_QUERY_BYTES, MAX_TOP_K, RecallClass, RecallRequest, RerankError, RerankFuture, Reranker};
 pub use source_ref::{SourceRef, fact_source_ref};
 pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, ToolOutputText};

@@ -84,6 +84,8 @@ pub enum ScopeError {
     SessionNotAllowed,
     #[error("a {0}-scope fact needs a token that names the {0} (claim {claim})", claim = match .0 { FactScope::User => "sub", FactScope::Agent => "agent" })]
     MissingIdentity(FactScope),
+    #[error("scope session searches the token's session: use a token with a sid claim")]
+    RecallWithoutSession,
 }
 
 /// A validated row to remember: its scope and identities follow the rules of its kind, and its

@@ -31,6 +31,20 @@ async fn handle_embed(job: EmbedJob, dispatcher: Data<EmbedDispatcher>) -> Resul
     dispatcher.submit(job).await.map_err(Into::into)
 }
 
+/// Recall's HNSW index for the model this pool embeds with, built once per database (every
+/// worker tries; CREATE INDEX IF NOT EXISTS makes the others no-ops). Built concurrently, so
+/// writes and embedding go on while it builds.
+async fn build_vector_index(store: Store, model: String, dimensions: usize) {
+    let started = std::time::Instant::now();
+    match store.ensure_vector_index(&model, dimensions).await {
+        Ok(true) => tracing::info!(model, seconds = started.elapsed().as_secs_f64(), "vector index built"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(model, error = %e, "cannot build the vector index; recall ranks the tenant class exactly")
+        }
+    }
+}
+
 /// Runs the pool until `shutdown` resolves.
 pub async fn run_worker(
     settings: WorkerSettings,
@@ -48,6 +62,7 @@ pub async fn run_worker(
     tracing::info!(worker = %name, model = embedder.model(), queues = ?settings.queues, "mnemo-worker starting");
 
     let metrics = serve_metrics(settings.listen).await?;
+    let index = tokio::spawn(build_vector_index(store.clone(), embedder.model().to_owned(), embedder.dimensions()));
     let gauges = tokio::spawn(gauge_loop(store.clone(), embedder.model().to_owned()));
     let housekeeping = tokio::spawn(housekeeping_loop(
         store.clone(),
@@ -115,6 +130,7 @@ pub async fn run_worker(
         .await;
     housekeeping.abort();
     gauges.abort();
+    index.abort();
     metrics.abort();
     tracing::info!(worker = %name, "mnemo-worker stopped");
     result.map_err(|e| JobError::Setup(format!("worker pool failed: {e}")))

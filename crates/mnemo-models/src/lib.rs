@@ -1,7 +1,7 @@
 //! Model providers, behind the traits in `mnemo-core`: the local all-MiniLM-L6-v2 embedder
-//! (candle, in-process) and any OpenAI-compatible embeddings endpoint (async-openai). This crate
-//! alone talks to model endpoints. Providers never retry on their own: callers own retries, so
-//! backoff is durable and visible.
+//! (candle, in-process), any OpenAI-compatible embeddings endpoint (async-openai), and a
+//! TEI-compatible reranker. This crate alone talks to model endpoints. Providers never retry on
+//! their own: callers own retries, so backoff is durable and visible.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Once};
@@ -11,9 +11,11 @@ use mnemo_core::Embedder;
 
 mod local;
 mod openai;
+mod tei;
 
 pub use local::{LOCAL_MODEL_NAME, LocalEmbedder};
 pub use openai::OpenAiEmbedder;
+pub use tei::TeiReranker;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -15,6 +15,7 @@ mod memories;
 mod ops;
 pub mod queue;
 mod schema;
+mod search;
 
 pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
@@ -23,6 +24,7 @@ pub use group_commit::GroupCommit;
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
+pub use search::{Ranked, RecalledRow, Search, SearchScope};
 pub use sqlx::PgPool;
 
 /// The database behind mnemo. Cheap to clone: it is a handle to a connection pool.

@@ -6,11 +6,16 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod lazy;
 mod provider;
+mod reranker;
 
+pub use lazy::LazyEmbedder;
 pub use provider::{Answer, ScriptedEmbeddings, bag_of_words};
+pub use reranker::{RerankAnswer, ScriptedReranker};
 
 use anyhow::{Context, bail};
 use mnemo_api::{AppState, app};
@@ -81,6 +86,9 @@ pub fn server_env(database_url: &str, extra: &[(&str, &str)]) -> Env {
         (vars::JWT_SECRET.to_owned(), TEST_JWT_SECRET.to_owned()),
         (vars::LISTEN.to_owned(), "127.0.0.1:0".to_owned()),
     ];
+    if let Ok(dir) = std::env::var(vars::LOCAL_MODEL_DIR) {
+        pairs.push((vars::LOCAL_MODEL_DIR.to_owned(), dir));
+    }
     pairs.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     Env::from_pairs(pairs)
 }
@@ -158,7 +166,9 @@ impl TestApp {
     pub async fn spawn_with(extra_env: &[(&str, &str)]) -> Self {
         let db = TestDb::new().await;
         let settings = ServerSettings::from_env(&server_env(&db.url, extra_env)).expect("test settings");
-        let state = AppState::new(db.store(), &settings).expect("test state");
+        // The model loads on the first recall, so tests that never recall do not pay for it.
+        let embedder = Arc::new(LazyEmbedder::new(settings.embed.clone()));
+        let state = AppState::new(db.store(), &settings, embedder).expect("test state");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
@@ -208,6 +218,7 @@ impl ServerProcess {
             .env(vars::JWT_SECRET, TEST_JWT_SECRET)
             .env(vars::LISTEN, addr.to_string())
             .env(vars::LOG, "warn")
+            .envs(std::env::var(vars::LOCAL_MODEL_DIR).map(|dir| (vars::LOCAL_MODEL_DIR, dir)))
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()?;

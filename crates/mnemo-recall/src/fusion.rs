@@ -1,0 +1,64 @@
+//! Reciprocal Rank Fusion: within a class, a row scores `Σ 1/(k + rank)` over the lists it is
+//! in (full text, vectors); across classes, `weight / (k + rank in its class)`. Ranks start at 1.
+
+use std::collections::HashMap;
+
+use mnemo_core::RecallClass;
+use mnemo_store::Ranked;
+use uuid::Uuid;
+
+/// The usual RRF constant: it damps the difference between the very top ranks.
+pub const RRF_K: f64 = 60.0;
+
+/// Every candidate with its fused score, best first (ties by id, so the order repeats).
+pub fn fuse(classes: &[(RecallClass, f64)], keyword: &Ranked, vector: &Ranked) -> Vec<(Uuid, f64)> {
+    let mut fused = Vec::new();
+    for (class, weight) in classes {
+        let mut in_class: HashMap<Uuid, f64> = HashMap::new();
+        for list in [keyword.get(class.name()), vector.get(class.name())].into_iter().flatten() {
+            for (rank, id) in list.iter().enumerate() {
+                *in_class.entry(*id).or_default() += 1.0 / (RRF_K + rank as f64 + 1.0);
+            }
+        }
+        let mut ranked: Vec<(Uuid, f64)> = in_class.into_iter().collect();
+        sort(&mut ranked);
+        fused.extend(ranked.into_iter().enumerate().map(|(rank, (id, _))| (id, weight / (RRF_K + rank as f64 + 1.0))));
+    }
+    sort(&mut fused);
+    fused
+}
+
+fn sort(scores: &mut [(Uuid, f64)]) {
+    scores.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+}
+
+#[cfg(test)]
+mod tests {
+    use mnemo_core::SessionId;
+
+    use super::*;
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    #[test]
+    fn a_row_in_both_lists_beats_rows_in_one() {
+        let keyword = Ranked::from([("tenant", vec![id(1), id(2)])]);
+        let vector = Ranked::from([("tenant", vec![id(3), id(2)])]);
+        let fused = fuse(&[(RecallClass::Tenant, 1.0)], &keyword, &vector);
+        let order: Vec<Uuid> = fused.iter().map(|(id, _)| *id).collect();
+        assert_eq!(order, [id(2), id(1), id(3)]);
+    }
+
+    #[test]
+    fn class_priors_break_rank_ties_between_classes() {
+        let session = RecallClass::Session(SessionId::parse("s").expect("session"));
+        let keyword = Ranked::from([("session", vec![id(1)]), ("tenant", vec![id(2)])]);
+        let fused = fuse(&[(RecallClass::Tenant, 1.0), (session.clone(), 1.3)], &keyword, &Ranked::new());
+        assert_eq!(fused[0].0, id(1));
+        assert!((fused[0].1 - 1.3 / 61.0).abs() < 1e-12);
+        let fused = fuse(&[(RecallClass::Tenant, 2.0), (session, 1.3)], &keyword, &Ranked::new());
+        assert_eq!(fused[0].0, id(2));
+    }
+}

@@ -1,0 +1,283 @@
+//! Recall, as the server, the runbook and the benchmarks all run it. For each class the caller
+//! may search, full-text and vector candidates are fused by Reciprocal Rank Fusion; classes are
+//! merged by weighted RRF with class priors; the best candidates may go to a cross-encoder, and
+//! any failure there falls back to merge order. Recall never fails because a model did:
+//! without a query vector it answers from full text and says it is degraded.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use mnemo_config::{ClassWeights, RecallSettings};
+use mnemo_core::{
+    Embedder, MAX_TOP_K, Principal, RecallClass, RecallRequest, RecallScope, Reranker, ScopeError, SourceKind,
+};
+use mnemo_store::{Search, SearchScope, Store, StoreError};
+use uuid::Uuid;
+
+mod fusion;
+
+pub use fusion::{RRF_K, fuse};
+
+/// Candidates each half (full text, vectors) brings per class.
+pub const CANDIDATES_PER_CLASS: i64 = 50;
+
+/// How long the common-lexeme list is reused before it is read again.
+const COMMON_LEXEMES_TTL: Duration = Duration::from_secs(60);
+
+/// One recalled row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecalledItem {
+    pub id: Uuid,
+    pub source_kind: SourceKind,
+    pub source_ref: String,
+    pub content: String,
+    pub event_time: DateTime<Utc>,
+    /// The reranker's score when it ranked the items, the fused RRF score otherwise.
+    pub score: f64,
+}
+
+/// What a recall found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recalled {
+    pub items: Vec<RecalledItem>,
+    /// Rows in the searched classes still wait for vectors, or the query could not be embedded:
+    /// the vector half may be incomplete; the full-text half is complete.
+    pub degraded: bool,
+    pub rerank_used: bool,
+}
+
+/// Which halves to search. Only benchmarks ask for one half alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Halves {
+    #[default]
+    Both,
+    KeywordOnly,
+    VectorOnly,
+}
+
+/// Options beyond the HTTP API's, for admin paths and benchmarks.
+#[derive(Debug, Clone, Default)]
+pub struct RecallOptions {
+    /// Superseded facts too (never anonymized or deleted rows). Not reachable over HTTP.
+    pub include_superseded: bool,
+    /// The query's vector, when the caller already has it (benchmarks time the search alone).
+    pub query_vector: Option<Vec<f32>>,
+    pub halves: Halves,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecallError {
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Recall over one store with one embedding model. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Recall {
+    store: Store,
+    search: Search,
+    embedder: Arc<dyn Embedder>,
+    reranker: Option<Arc<dyn Reranker>>,
+    settings: RecallSettings,
+    common_lexemes: Mutex<Option<(Instant, Arc<Vec<String>>)>>,
+}
+
+impl Recall {
+    pub fn new(
+        store: Store,
+        embedder: Arc<dyn Embedder>,
+        reranker: Option<Arc<dyn Reranker>>,
+        settings: RecallSettings,
+    ) -> Self {
+        let search = store.search(embedder.model(), embedder.dimensions());
+        Self { store, search, embedder, reranker, settings, common_lexemes: Mutex::new(None) }
+    }
+
+    pub fn search(&self) -> &Search {
+        &self.search
+    }
+
+    /// Recall as the HTTP API serves it.
+    pub async fn recall(&self, principal: &Principal, request: &RecallRequest) -> Result<Recalled, RecallError> {
+        self.recall_with(principal, request, RecallOptions::default()).await
+    }
+
+    pub async fn recall_with(
+        &self,
+        principal: &Principal,
+        request: &RecallRequest,
+        options: RecallOptions,
+    ) -> Result<Recalled, RecallError> {
+        let started = Instant::now();
+        let classes = self.weighted_classes(principal, request.scope)?;
+        let class_list: Vec<RecallClass> = classes.iter().map(|(c, _)| c.clone()).collect();
+        let scope = SearchScope {
+            tenant: &principal.tenant,
+            classes: &class_list,
+            kinds: &request.source_kinds,
+            include_superseded: options.include_superseded,
+        };
+        if class_list.is_empty() {
+            return Ok(Recalled { items: Vec::new(), degraded: false, rerank_used: false });
+        }
+
+        let keyword = async {
+            if options.halves == Halves::VectorOnly {
+                return Ok(Default::default());
+            }
+            let common = self.common_lexemes().await;
+            self.search.keyword(&scope, &request.query, &common, CANDIDATES_PER_CLASS).await
+        };
+        let vector = async {
+            if options.halves == Halves::KeywordOnly {
+                return Ok(Some(Default::default()));
+            }
+            let Some(vector) = self.query_vector(&request.query, options.query_vector.clone()).await else {
+                return Ok(None);
+            };
+            self.search.vector(&scope, &vector, CANDIDATES_PER_CLASS).await.map(Some)
+        };
+        let (keyword, vector, pending) = tokio::try_join!(keyword, vector, self.search.pending_embeddings(&scope))?;
+        let degraded = pending || vector.is_none();
+        let fused = fuse(&classes, &keyword, &vector.unwrap_or_default());
+
+        let use_reranker = request.enable_rerank.then_some(self.reranker.as_ref()).flatten();
+        let wanted = if use_reranker.is_some() { MAX_TOP_K.max(request.top_k) } else { request.top_k };
+        let ids: Vec<Uuid> = fused.iter().take(wanted).map(|(id, _)| *id).collect();
+        let mut rows = self.store.recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
+        // Back into fused order; a row retired since the search is simply gone.
+        let mut items: Vec<RecalledItem> = fused
+            .iter()
+            .take(wanted)
+            .filter_map(|(id, score)| {
+                let at = rows.iter().position(|r| r.id == *id)?;
+                let row = rows.swap_remove(at);
+                Some(RecalledItem {
+                    id: row.id,
+                    source_kind: SourceKind::parse(&row.source_kind).ok()?,
+                    source_ref: row.source_ref,
+                    content: row.content,
+                    event_time: row.event_time,
+                    score: *score,
+                })
+            })
+            .collect();
+
+        let rerank_used = match use_reranker {
+            Some(reranker) if !items.is_empty() => rerank(reranker.as_ref(), &request.query, &mut items).await,
+            _ => false,
+        };
+        items.truncate(request.top_k);
+
+        metrics::histogram!("mnemo_recall_duration_seconds").record(started.elapsed().as_secs_f64());
+        if degraded {
+            metrics::counter!("mnemo_recall_degraded_total").increment(1);
+        }
+        Ok(Recalled { items, degraded, rerank_used })
+    }
+
+    /// The classes to search with their priors. Weights apply when classes are fused (scope
+    /// any), where 0 leaves a class out; a single class is searched whatever its weight.
+    fn weighted_classes(
+        &self,
+        principal: &Principal,
+        scope: RecallScope,
+    ) -> Result<Vec<(RecallClass, f64)>, ScopeError> {
+        let classes = scope.classes(principal)?;
+        if scope != RecallScope::Any {
+            return Ok(classes.into_iter().map(|c| (c, 1.0)).collect());
+        }
+        Ok(classes
+            .into_iter()
+            .map(|c| {
+                let w = weight(&self.settings.weights, &c);
+                (c, w)
+            })
+            .filter(|(_, w)| *w > 0.0)
+            .collect())
+    }
+
+    /// The query's vector: given, or embedded now. An embedder failure is logged and leaves
+    /// recall to full text.
+    async fn query_vector(&self, query: &str, given: Option<Vec<f32>>) -> Option<Vec<f32>> {
+        if given.is_some() {
+            return given;
+        }
+        let texts = [query.to_owned()];
+        match self.embedder.embed(&texts).await {
+            Ok(mut vectors) if vectors.len() == 1 => vectors.pop(),
+            Ok(vectors) => {
+                tracing::warn!(
+                    vectors = vectors.len(),
+                    "query embedding returned no single vector; recall is keyword-only"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(kind = e.kind, error = %e.detail, "query embedding failed; recall is keyword-only");
+                metrics::counter!("mnemo_recall_query_embed_failures_total", "kind" => e.kind).increment(1);
+                None
+            }
+        }
+    }
+
+    /// The lexemes too common to search by, refreshed once a minute. On a database error recall
+    /// keeps every lexeme.
+    async fn common_lexemes(&self) -> Arc<Vec<String>> {
+        if let Some((at, lexemes)) = &*self.common_lexemes.lock().expect("lexeme cache")
+            && at.elapsed() < COMMON_LEXEMES_TTL
+        {
+            return lexemes.clone();
+        }
+        let fresh = match self.store.common_lexemes(self.settings.prune_fraction, self.settings.prune_min_rows).await {
+            Ok(lexemes) => Arc::new(lexemes),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read common lexemes; searching with all of them");
+                Arc::new(Vec::new())
+            }
+        };
+        *self.common_lexemes.lock().expect("lexeme cache") = Some((Instant::now(), fresh.clone()));
+        fresh
+    }
+}
+
+fn weight(weights: &ClassWeights, class: &RecallClass) -> f64 {
+    match class {
+        RecallClass::Session(_) => weights.session,
+        RecallClass::Tenant => weights.tenant,
+        RecallClass::User(_) => weights.user,
+        RecallClass::Agent(_) => weights.agent,
+    }
+}
+
+/// Orders `items` by the reranker's scores. On any failure the order stays as it was and one
+/// warning says why (never with content). Returns whether the reranker's order was used.
+async fn rerank(reranker: &dyn Reranker, query: &str, items: &mut [RecalledItem]) -> bool {
+    let texts: Vec<String> = items.iter().map(|i| i.content.clone()).collect();
+    let started = Instant::now();
+    match reranker.rerank(query, &texts).await {
+        Ok(scores) => {
+            for (item, score) in items.iter_mut().zip(scores) {
+                item.score = f64::from(score);
+            }
+            items.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.id.cmp(&b.id)));
+            metrics::counter!("mnemo_recall_rerank_total", "outcome" => "used").increment(1);
+            metrics::histogram!("mnemo_recall_rerank_duration_seconds").record(started.elapsed().as_secs_f64());
+            true
+        }
+        Err(e) => {
+            tracing::warn!(
+                kind = e.kind,
+                error = %e.detail,
+                candidates = items.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "rerank failed; answering in merge order"
+            );
+            metrics::counter!("mnemo_recall_rerank_total", "outcome" => "failed", "kind" => e.kind).increment(1);
+            false
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The SQL half of recall: ranked candidates per class from full text and from vectors, whether
+//! rows in the searched classes still wait for vectors, and the rows recall finally returns.
+//! Fusion, reranking and the query's embedding live in `mnemo-recall`.
+//!
+//! Every statement filters by the caller's tenant and by the classes it may search. Vector SQL
+//! names the model as a literal, so the planner can use that model's partial HNSW index.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use mnemo_core::{RecallClass, SourceKind, TenantId};
+use pgvector::Vector;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::{Store, StoreError};
+
+/// Where and how to search: the caller's tenant, the classes it may see, the kinds asked for.
+#[derive(Debug, Clone)]
+pub struct SearchScope<'a> {
+    pub tenant: &'a TenantId,
+    pub classes: &'a [RecallClass],
+    /// Empty means every kind.
+    pub kinds: &'a [SourceKind],
+    /// Superseded facts too. For admin paths only: the HTTP API never sets it.
+    pub include_superseded: bool,
+}
+
+/// Candidates of one class, best first.
+pub type Ranked = HashMap<&'static str, Vec<Uuid>>;
+
+/// A row recall returns.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct RecalledRow {
+    pub id: Uuid,
+    pub source_kind: String,
+    pub source_ref: String,
+    pub content: String,
+    pub event_time: DateTime<Utc>,
+}
+
+/// Search statements for one embedding model. Build once per process with [`Store::search`].
+#[derive(Debug, Clone)]
+pub struct Search {
+    store: Store,
+    model: String,
+    dimensions: usize,
+    keyword_sql: String,
+    vector_sql: String,
+    exact_tenant_sql: String,
+    pending_sql: String,
+}
+
+/// The classes a statement may search, bound as `$2`–`$5`; `$1` is the tenant, `$6` the kinds,
+/// `$7` whether superseded rows count.
+const SESSION: &str = "$2::text IS NOT NULL AND m.scope = 'session' AND m.session_id = $2";
+const TENANT: &str = "$3 AND m.scope = 'tenant'";
+const USER: &str = "$4::text IS NOT NULL AND m.scope = 'user' AND m.user_id = $4";
+const AGENT: &str = "$5::text IS NOT NULL AND m.scope = 'agent' AND m.agent_id = $5";
+/// Live rows of the tenant, of the kinds asked for. The first two conditions are the predicate
+/// of the full-text index and must stay word for word.
+const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($7 OR m.superseded_by IS NULL) \
+                    AND m.tenant_id = $1 AND m.source_kind = ANY($6)";
+
+const CLASSES: [(&str, &str); 4] = [("session", SESSION), ("tenant", TENANT), ("user", USER), ("agent", AGENT)];
+
+/// Full text with OR semantics: the query's lexemes, less the very common ones (`$10`) unless
+/// nothing else is left, each class ranked by the RUM index's distance (`$8` per class).
+fn keyword_sql() -> String {
+    let branches: Vec<String> = CLASSES
+        .iter()
+        .map(|(name, filter)| {
+            format!(
+                "(SELECT '{name}' AS class, m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
+                  FROM memory_items m
+                  WHERE {filter} AND {LIVE} AND m.tsv @@ (SELECT q FROM query)
+                  ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $8)"
+            )
+        })
+        .collect();
+    format!(
+        "WITH lexemes AS (
+            SELECT l FROM unnest(tsvector_to_array(to_tsvector('english', $9))) AS l
+        ), kept AS (
+            SELECT l FROM lexemes WHERE l <> ALL($10) OR NOT EXISTS (SELECT 1 FROM lexemes WHERE l <> ALL($10))
+        ), query AS (
+            -- Each lexeme quoted as a tsquery literal: no operator in it is interpreted.
+            SELECT tsquery_or_agg(('''' || replace(replace(l, '\\', '\\\\'), '''', '''''') || '''')::tsquery) AS q
+            FROM kept
+        )
+        {}",
+        branches.join("\nUNION ALL\n")
+    )
+}
+
+/// Whether any live row in the searched classes has no vector of the model (`$8`) yet. Rows
+/// whose embedding failed for good are not waiting. Uses the embed-pending index.
+fn pending_sql() -> String {
+    let any_class: Vec<String> = CLASSES.iter().map(|(_, filter)| format!("({filter})")).collect();
+    format!(
+        "SELECT EXISTS (
+            SELECT 1 FROM memory_items m
+            WHERE m.embed_error IS NULL AND {LIVE}
+              AND (m.embedded_model IS NULL OR m.embedded_model < $8 OR m.embedded_model > $8)
+              AND ({})
+        )",
+        any_class.join(" OR ")
+    )
+}
+
+impl Store {
+    /// Search statements for `model`, whose vectors have `dimensions` components.
+    pub fn search(&self, model: &str, dimensions: usize) -> Search {
+        let model_literal = format!("'{}'", model.replace('\'', "''"));
+        let distance = format!("(e.embedding::vector({dimensions}) <=> $9::vector({dimensions}))");
+        // Identity classes (a session, a user's or an agent's facts) are small: rank them exactly.
+        // `+ 0` keeps the planner off the HNSW index, which would have to walk past the whole
+        // tenant to find them.
+        let exact = |name: &str, filter: &str| {
+            format!(
+                "(SELECT '{name}' AS class, m.id, {distance}::float8 AS d
+                  FROM memory_items m JOIN memory_embeddings e ON e.item_id = m.id AND e.model = {model_literal}
+                  WHERE {filter} AND {LIVE}
+                  ORDER BY {distance} + 0 LIMIT $8)"
+            )
+        };
+        // The tenant class is large: an HNSW scan filtered to the tenant, iterative so the filter
+        // cannot starve it (see the migration that sets hnsw.iterative_scan).
+        let approximate_tenant = format!(
+            "(SELECT 'tenant' AS class, m.id, {distance}::float8 AS d
+              FROM memory_embeddings e JOIN memory_items m ON m.id = e.item_id
+              WHERE e.model = {model_literal} AND e.tenant_id = $1 AND {TENANT} AND {LIVE}
+              ORDER BY {distance} LIMIT $8)"
+        );
+        let vector_sql = [exact("session", SESSION), approximate_tenant, exact("user", USER), exact("agent", AGENT)]
+            .join("\nUNION ALL\n");
+        Search {
+            store: self.clone(),
+            model: model.to_owned(),
+            dimensions,
+            keyword_sql: keyword_sql(),
+            vector_sql,
+            exact_tenant_sql: exact("tenant", TENANT),
+            pending_sql: pending_sql(),
+        }
+    }
+
+    /// Lexemes in more than `fraction` of all rows and more than `min_rows` rows, from the
+    /// statistics ANALYZE keeps (so only as fresh as the last ANALYZE, and over all tenants).
+    pub async fn common_lexemes(&self, fraction: f64, min_rows: f64) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT x.lexeme
+             FROM pg_stats s
+             CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) AS x(lexeme, freq)
+             WHERE s.schemaname = current_schema() AND s.tablename = 'memory_items' AND s.attname = 'tsv'
+               AND x.lexeme IS NOT NULL AND x.freq > $1
+               AND x.freq * (SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory_items'::regclass) > $2",
+        )
+        .bind(fraction)
+        .bind(min_rows)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The rows behind `ids` that are still live, for the caller's tenant only.
+    pub async fn recalled_rows(
+        &self,
+        tenant: &TenantId,
+        ids: &[Uuid],
+        include_superseded: bool,
+    ) -> Result<Vec<RecalledRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT id, source_kind, source_ref, content, event_time FROM memory_items
+             WHERE tenant_id = $1 AND id = ANY($2) AND deleted_at IS NULL AND anonymized_at IS NULL
+               AND ($3 OR superseded_by IS NULL)",
+        )
+        .bind(tenant.as_str())
+        .bind(ids)
+        .bind(include_superseded)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Builds (or rebuilds, if an earlier build was interrupted) the HNSW index for `model`'s
+    /// vectors. Returns whether it built one. Runs CONCURRENTLY: writes go on meanwhile.
+    pub async fn ensure_vector_index(&self, model: &str, dimensions: usize) -> Result<bool, StoreError> {
+        let name = vector_index_name(model, dimensions);
+        let valid: Option<bool> = sqlx::query_scalar(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+             WHERE c.relname = $1 AND c.relnamespace = current_schema()::regnamespace",
+        )
+        .bind(&name)
+        .fetch_optional(&self.pool)
+        .await?;
+        match valid {
+            Some(true) => return Ok(false),
+            Some(false) => {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX CONCURRENTLY IF EXISTS {name}")))
+                    .execute(&self.pool)
+                    .await?;
+            }
+            None => {}
+        }
+        let model_literal = model.replace('\'', "''");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON memory_embeddings
+             USING hnsw ((embedding::vector({dimensions})) vector_cosine_ops) WHERE model = '{model_literal}'"
+        )))
+        .execute(&self.pool)
+        .await?;
+        Ok(true)
+    }
+
+    /// Whether `model`'s HNSW index exists and is usable.
+    pub async fn has_vector_index(&self, model: &str, dimensions: usize) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+             WHERE c.relname = $1 AND c.relnamespace = current_schema()::regnamespace AND i.indisvalid)",
+        )
+        .bind(vector_index_name(model, dimensions))
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}
+
+/// One index per (model, dimensions); model names may hold any character, so the name hashes it.
+fn vector_index_name(model: &str, dimensions: usize) -> String {
+    let digest = hex::encode(Sha256::digest(model.as_bytes()));
+    format!("memory_embeddings_hnsw_{}_{dimensions}", &digest[..12])
+}
+
+/// Binds `$1`–`$7`, which every search statement shares.
+macro_rules! bind_scope {
+    ($query:expr, $scope:expr) => {{
+        let scope: &SearchScope<'_> = $scope;
+        let class = |name: &str| {
+            scope.classes.iter().find_map(|c| match (c, name) {
+                (RecallClass::Session(s), "session") => Some(s.as_str().to_owned()),
+                (RecallClass::User(u), "user") => Some(u.as_str().to_owned()),
+                (RecallClass::Agent(a), "agent") => Some(a.as_str().to_owned()),
+                _ => None,
+            })
+        };
+        let kinds: Vec<&str> = if scope.kinds.is_empty() {
+            SourceKind::ALL.iter().map(|k| k.as_str()).collect()
+        } else {
+            scope.kinds.iter().map(|k| k.as_str()).collect()
+        };
+        $query
+            .bind(scope.tenant.as_str())
+            .bind(class("session"))
+            .bind(scope.classes.contains(&RecallClass::Tenant))
+            .bind(class("user"))
+            .bind(class("agent"))
+            .bind(kinds)
+            .bind(scope.include_superseded)
+    }};
+}
+
+/// Groups `(class, id, distance)` rows by class, nearest first (ties by id, so runs repeat).
+fn rank(mut rows: Vec<(String, Uuid, f64)>) -> Ranked {
+    rows.sort_by(|a, b| a.2.total_cmp(&b.2).then(a.1.cmp(&b.1)));
+    let mut ranked = Ranked::new();
+    for (class, id, _) in rows {
+        if let Some((name, _)) = CLASSES.iter().find(|(name, _)| *name == class) {
+            ranked.entry(name).or_default().push(id);
+        }
+    }
+    ranked
+}
+
+impl Search {
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    pub fn dimensions(&self) -> usize {
+        self.dimensions
+    }
+
+    /// Full-text candidates per class, at most `per_class` each, best first.
+    pub async fn keyword(
+        &self,
+        scope: &SearchScope<'_>,
+        query: &str,
+        common_lexemes: &[String],
+        per_class: i64,
+    ) -> Result<Ranked, StoreError> {
+        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(self.keyword_sql.clone())), scope)
+            .bind(per_class)
+            .bind(query)
+            .bind(common_lexemes)
+            .fetch_all(self.store.pool())
+            .await?;
+        Ok(rank(rows))
+    }
+
+    /// Nearest neighbours of `vector` per class, at most `per_class` each, nearest first.
+    pub async fn vector(&self, scope: &SearchScope<'_>, vector: &[f32], per_class: i64) -> Result<Ranked, StoreError> {
+        let vector = Vector::from(vector.to_vec());
+        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(self.vector_sql.clone())), scope)
+            .bind(per_class)
+            .bind(&vector)
+            .fetch_all(self.store.pool())
+            .await?;
+        let mut ranked = rank(rows);
+        // A tenant whose rows are a sliver of the index can come back short even with iterative
+        // scans; then it is small enough to rank exactly.
+        let tenant_short = ranked.get("tenant").map_or(0, Vec::len) < per_class as usize;
+        if scope.classes.contains(&RecallClass::Tenant) && tenant_short {
+            let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(self.exact_tenant_sql.clone())), scope)
+                .bind(per_class)
+                .bind(&vector)
+                .fetch_all(self.store.pool())
+                .await?;
+            ranked.extend(rank(rows));
+        }
+        Ok(ranked)
+    }
+
+    /// Whether live rows in the searched classes still wait for a vector of this model.
+    pub async fn pending_embeddings(&self, scope: &SearchScope<'_>) -> Result<bool, StoreError> {
+        Ok(bind_scope!(sqlx::query_scalar(sqlx::AssertSqlSafe(self.pending_sql.clone())), scope)
+            .bind(&self.model)
+            .fetch_one(self.store.pool())
+            .await?)
+    }
+}

@@ -1,0 +1,477 @@
+//! `POST /v1/recall` against a real PostgreSQL: scopes and their 401s, class priors, retired
+//! rows, the degraded flag, a failing embedder, a scripted TEI reranker that fails on cue, and
+//! randomized tenant isolation. Query vectors come from a scripted OpenAI-compatible provider
+//! (bag of words), and rows get the same vectors, so rankings are deterministic; one test runs
+//! the real worker and local model end to end.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mnemo_config::{Env, RecallSettings, ServerSettings, vars};
+use mnemo_core::{Principal, RecallRequest, RecallScope};
+use mnemo_recall::{Recall, RecallOptions};
+use mnemo_store::NewVector;
+use mnemo_testkit::{
+    Answer, LazyEmbedder, RerankAnswer, ScriptedEmbeddings, ScriptedReranker, ServerProcess, TestApp, WorkerProcess,
+    bag_of_words, free_port, principal, server_env, token, wait_until,
+};
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const MODEL: &str = "scripted";
+const DIMS: usize = 64;
+
+struct Fixture {
+    app: TestApp,
+    provider: ScriptedEmbeddings,
+}
+
+impl Fixture {
+    async fn start(extra: &[(&str, &str)]) -> Self {
+        let provider = ScriptedEmbeddings::start(DIMS).await;
+        let dims = DIMS.to_string();
+        let mut env = vec![
+            (vars::EMBED_PROVIDER, "openai"),
+            (vars::EMBED_MODEL, MODEL),
+            (vars::EMBED_DIMENSIONS, dims.as_str()),
+            (vars::EMBED_BASE_URL, provider.base_url.as_str()),
+        ];
+        env.extend_from_slice(extra);
+        Self { app: TestApp::spawn_with(&env).await, provider }
+    }
+
+    async fn write(&self, who: &Principal, kind: &str, source_ref: &str, content: &str) -> Uuid {
+        id_of(self.try_write(who, kind, source_ref, content).await)
+    }
+
+    async fn try_write(&self, who: &Principal, kind: &str, source_ref: &str, content: &str) -> mnemo_testkit::Reply {
+        let body = json!({ "source_kind": kind, "source_ref": source_ref, "content": content });
+        self.app.client.post("/v1/memories", Some(&token(who)), &body).await
+    }
+
+    async fn fact(&self, who: &Principal, scope: &str, content: &str) -> Uuid {
+        id_of(self.try_fact(who, scope, content).await)
+    }
+
+    async fn try_fact(&self, who: &Principal, scope: &str, content: &str) -> mnemo_testkit::Reply {
+        let body = json!({ "scope": scope, "content": content });
+        self.app.client.post("/v1/facts", Some(&token(who)), &body).await
+    }
+
+    /// Gives every row without a vector the vector the scripted provider gives its text, as a
+    /// worker would.
+    async fn embed_all(&self) {
+        let rows: Vec<(Uuid, String, Vec<u8>, String)> = sqlx::query_as(
+            "SELECT id, tenant_id, content_sha256, content FROM memory_items WHERE embedded_model IS NULL",
+        )
+        .fetch_all(&self.app.db.pool)
+        .await
+        .expect("rows");
+        let vectors = rows
+            .into_iter()
+            .map(|(id, tenant_id, content_sha256, content)| NewVector {
+                id,
+                tenant_id,
+                content_sha256,
+                embedding: unit(bag_of_words(&content, DIMS)),
+            })
+            .collect();
+        self.app.db.store().save_vectors(MODEL, vectors).await.expect("save vectors");
+    }
+
+    async fn recall(&self, who: &Principal, body: Value) -> Value {
+        let reply = self.app.client.post("/v1/recall", Some(&token(who)), &body).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        reply.body
+    }
+
+    /// The Rust API the server uses, over the same database and provider.
+    fn recall_api(&self) -> Recall {
+        let settings = ServerSettings::from_env(&self.env()).expect("settings");
+        Recall::new(self.app.db.store(), Arc::new(LazyEmbedder::new(settings.embed)), None, RecallSettings::default())
+    }
+
+    fn env(&self) -> Env {
+        let dims = DIMS.to_string();
+        server_env(
+            &self.app.db.url,
+            &[
+                (vars::EMBED_PROVIDER, "openai"),
+                (vars::EMBED_MODEL, MODEL),
+                (vars::EMBED_DIMENSIONS, &dims),
+                (vars::EMBED_BASE_URL, &self.provider.base_url),
+            ],
+        )
+    }
+}
+
+fn id_of(reply: mnemo_testkit::Reply) -> Uuid {
+    assert!(reply.status == 201 || reply.status == 200, "{:?}", reply.body);
+    reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id")
+}
+
+fn unit(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter_mut().for_each(|x| *x /= norm);
+    v
+}
+
+/// The source_refs of a recall answer, in order.
+fn refs(answer: &Value) -> Vec<String> {
+    answer["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["source_ref"].as_str().expect("ref").to_owned())
+        .collect()
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn each_scope_searches_its_own_class_and_needs_its_identity() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", Some("u1"), Some("a1"), Some("s1"));
+    let other = principal("acme", Some("u2"), Some("a2"), Some("s2"));
+    f.write(&me, "chat_message", "mine", "alpha note in my session").await;
+    f.write(&me, "chat_message", "mine-too", "alpha second note in my session").await;
+    f.write(&other, "chat_message", "theirs", "alpha note in another session").await;
+    f.write(&me, "tool_output", "call-1", "alpha tool result").await;
+    f.write(&me, "document_chunk", "doc-1", "alpha document chunk").await;
+    let my_fact = f.fact(&me, "user", "alpha fact about me").await;
+    f.fact(&other, "user", "alpha fact about someone else").await;
+    let agent_fact = f.fact(&me, "agent", "alpha fact this agent learned").await;
+    f.fact(&other, "agent", "alpha fact another agent learned").await;
+    f.embed_all().await;
+
+    let found = |scope: &str| {
+        let f = &f;
+        let me = &me;
+        let scope = scope.to_owned();
+        async move { f.recall(me, json!({ "query": "alpha", "scope": scope, "top_k": 20 })).await }
+    };
+    assert_eq!(sorted(refs(&found("session").await)), ["call-1", "mine", "mine-too"]);
+    assert_eq!(refs(&found("tenant").await), ["doc-1"]);
+    let user = found("user").await;
+    assert_eq!(user["items"][0]["id"], json!(my_fact), "{user}");
+    assert_eq!(user["total"], 1);
+    let agent = found("agent").await;
+    assert_eq!(agent["items"][0]["id"], json!(agent_fact));
+    assert_eq!(agent["total"], 1);
+    let any = found("any").await;
+    assert_eq!(any["total"], 6, "{any}");
+    assert_eq!(any["degraded"], false);
+    assert_eq!(any["rerank_used"], false, "no reranker is configured");
+    let item = &any["items"][0];
+    for field in ["id", "source_kind", "source_ref", "content", "event_time", "score"] {
+        assert!(!item[field].is_null(), "{field} missing from {item}");
+    }
+
+    // The default scope is any, and source_kinds narrows it.
+    let facts = f.recall(&me, json!({ "query": "alpha", "source_kinds": ["fact"], "top_k": 20 })).await;
+    assert_eq!(facts["total"], 2);
+    let chunks = f.recall(&me, json!({ "query": "alpha", "source_kinds": ["document_chunk"] })).await;
+    assert_eq!(refs(&chunks), ["doc-1"]);
+    assert_eq!(f.recall(&me, json!({ "query": "alpha" })).await["total"], 5, "top_k defaults to 5");
+
+    // A scope whose identity the token lacks is a 401; any searches what the token can reach.
+    let service = principal("acme", None, None, None);
+    for scope in ["user", "agent", "session"] {
+        let reply =
+            f.app.client.post("/v1/recall", Some(&token(&service)), &json!({ "query": "alpha", "scope": scope })).await;
+        assert_eq!((reply.status, reply.code()), (401, "missing_identity"), "{scope}: {:?}", reply.body);
+    }
+    assert_eq!(refs(&f.recall(&service, json!({ "query": "alpha" })).await), ["doc-1"]);
+}
+
+#[tokio::test]
+async fn bad_recall_requests_get_clear_errors() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", Some("u1"), None, Some("s1"));
+    let t = token(&me);
+    let cases = [
+        (json!({}), 400, "missing_field"),
+        (json!({ "query": "  " }), 400, "invalid_field"),
+        (json!({ "query": 5 }), 400, "invalid_field"),
+        (json!({ "query": "x", "top_k": 0 }), 400, "invalid_field"),
+        (json!({ "query": "x", "top_k": 21 }), 400, "invalid_field"),
+        (json!({ "query": "x", "top_k": "5" }), 400, "invalid_field"),
+        (json!({ "query": "x", "scope": "galaxy" }), 400, "invalid_value"),
+        (json!({ "query": "x", "source_kinds": ["email"] }), 400, "invalid_value"),
+        (json!({ "query": "x", "source_kinds": "chat_message" }), 400, "invalid_field"),
+        (json!({ "query": "x", "enable_rerank": "yes" }), 400, "invalid_field"),
+        (json!({ "query": "x", "tenant_id": "other" }), 400, "tenant_in_body"),
+        (json!({ "query": "x", "session_id": "s9" }), 400, "unknown_field"),
+        (json!({ "query": "x".repeat(5000) }), 400, "invalid_field"),
+    ];
+    for (body, status, code) in cases {
+        let reply = f.app.client.post("/v1/recall", Some(&t), &body).await;
+        assert_eq!((reply.status, reply.code()), (status, code), "{body}: {:?}", reply.body);
+    }
+    let reply = f.app.client.post("/v1/recall", None, &json!({ "query": "x" })).await;
+    assert_eq!((reply.status, reply.code()), (401, "missing_token"));
+}
+
+#[tokio::test]
+async fn class_priors_order_the_classes_and_zero_leaves_one_out() {
+    // The same text in the session and the tenant class ranks first in each; the priors decide.
+    let order = |extra: &'static [(&'static str, &'static str)]| async move {
+        let f = Fixture::start(extra).await;
+        let me = principal("acme", None, None, Some("s1"));
+        f.write(&me, "chat_message", "said", "the launch date is friday").await;
+        f.write(&me, "document_chunk", "written", "the launch date is friday").await;
+        f.embed_all().await;
+        refs(&f.recall(&me, json!({ "query": "launch date" })).await)
+    };
+    assert_eq!(order(&[]).await, ["said", "written"], "session 1.3 beats tenant 1.0");
+    assert_eq!(order(&[(vars::RECALL_WEIGHT_TENANT, "2")]).await, ["written", "said"]);
+    assert_eq!(order(&[(vars::RECALL_WEIGHT_SESSION, "0")]).await, ["written"], "0 suppresses the class");
+    assert_eq!(order(&[(vars::RECALL_WEIGHT_SESSION, "-1")]).await, ["said", "written"], "bad values fall back");
+    assert_eq!(order(&[(vars::RECALL_WEIGHT_SESSION, "many")]).await, ["said", "written"], "bad values fall back");
+}
+
+#[tokio::test]
+async fn superseded_deleted_and_anonymized_rows_never_return() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", Some("u1"), None, Some("s1"));
+    let old = f.fact(&me, "user", "I live in Tokyo").await;
+    let new = f.fact(&me, "user", "I live in Paris").await;
+    let deleted = f.write(&me, "chat_message", "deleted", "we talked about where I live").await;
+    let anonymized = f.write(&me, "document_chunk", "anonymized", "where I live is in the file").await;
+    f.embed_all().await;
+    let db = &f.app.db.pool;
+    sqlx::query("UPDATE memory_items SET superseded_by = $2, superseded_at = now(), valid_to = now() WHERE id = $1")
+        .bind(old)
+        .bind(new)
+        .execute(db)
+        .await
+        .expect("supersede");
+    sqlx::query("UPDATE memory_items SET deleted_at = now() WHERE id = $1")
+        .bind(deleted)
+        .execute(db)
+        .await
+        .expect("delete");
+    sqlx::query("UPDATE memory_items SET anonymized_at = now(), content = '[REDACTED]' WHERE id = $1")
+        .bind(anonymized)
+        .execute(db)
+        .await
+        .expect("anonymize");
+
+    let answer = f.recall(&me, json!({ "query": "where do I live", "top_k": 20 })).await;
+    let ids: Vec<Value> = answer["items"].as_array().expect("items").iter().map(|i| i["id"].clone()).collect();
+    assert_eq!(ids, [json!(new)], "{answer}");
+
+    // The admin path may include superseded facts, never deleted or anonymized rows.
+    let request = RecallRequest::new("where do I live").expect("query").top_k(20).expect("top_k");
+    let admin = RecallOptions { include_superseded: true, ..RecallOptions::default() };
+    let recalled = f.recall_api().recall_with(&me, &request, admin).await.expect("recall");
+    let mut ids: Vec<Uuid> = recalled.items.iter().map(|i| i.id).collect();
+    ids.sort();
+    let mut expected = vec![old, new];
+    expected.sort();
+    assert_eq!(ids, expected);
+    let anonymized_query = RecallRequest::new("REDACTED").expect("query").scope(RecallScope::Tenant);
+    let admin = RecallOptions { include_superseded: true, ..RecallOptions::default() };
+    assert!(f.recall_api().recall_with(&me, &anonymized_query, admin).await.expect("recall").items.is_empty());
+}
+
+#[tokio::test]
+async fn degraded_until_the_searched_rows_have_vectors() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", None, None, Some("s1"));
+    let elsewhere = principal("acme", None, None, Some("s2"));
+    f.write(&me, "chat_message", "m1", "the deploy key rotates monthly").await;
+    f.embed_all().await;
+    f.write(&elsewhere, "chat_message", "m2", "an unrelated pending row").await;
+    let answer = f.recall(&me, json!({ "query": "deploy key", "scope": "session" })).await;
+    assert_eq!(answer["degraded"], false, "a pending row in another session is not searched");
+
+    f.write(&me, "chat_message", "m3", "the deploy key lives in the vault").await;
+    let answer = f.recall(&me, json!({ "query": "deploy key", "scope": "session" })).await;
+    assert_eq!(answer["degraded"], true);
+    assert_eq!(sorted(refs(&answer)), ["m1", "m3"], "full text still finds the pending row");
+    f.embed_all().await;
+    let answer = f.recall(&me, json!({ "query": "deploy key", "scope": "session" })).await;
+    assert_eq!(answer["degraded"], false);
+}
+
+#[tokio::test]
+async fn a_failing_embedder_leaves_recall_to_full_text() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", None, None, Some("s1"));
+    f.write(&me, "chat_message", "m1", "the quarterly report is late").await;
+    f.embed_all().await;
+    f.provider.then([Answer::Status(500)]);
+    let answer = f.recall(&me, json!({ "query": "quarterly report" })).await;
+    assert_eq!((answer["degraded"].clone(), refs(&answer)), (json!(true), vec!["m1".to_owned()]));
+    let answer = f.recall(&me, json!({ "query": "quarterly report" })).await;
+    assert_eq!(answer["degraded"], false, "the next query embeds again");
+}
+
+#[tokio::test]
+async fn rerank_reorders_when_healthy_and_falls_back_on_any_failure() {
+    let reranker = ScriptedReranker::start().await;
+    let f = Fixture::start(&[(vars::RERANKER_URL, &reranker.base_url), (vars::RERANKER_TIMEOUT_MS, "300")]).await;
+    let me = principal("acme", None, None, Some("s1"));
+    for i in 0..6 {
+        let text = format!("report {} {}", "quarterly ".repeat(6 - i), "filler ".repeat(i));
+        f.write(&me, "document_chunk", &format!("d{i}"), &text).await;
+    }
+    f.embed_all().await;
+
+    let merge = f.recall(&me, json!({ "query": "quarterly report", "top_k": 20, "enable_rerank": false })).await;
+    assert_eq!(merge["rerank_used"], false);
+    assert_eq!(reranker.served().0, 0, "enable_rerank false does not call the reranker");
+    let merge_order = refs(&merge);
+    assert_eq!(merge_order.len(), 6);
+
+    let reranked = f.recall(&me, json!({ "query": "quarterly report", "top_k": 20 })).await;
+    assert_eq!(reranked["rerank_used"], true, "{reranked}");
+    let mut reversed = merge_order.clone();
+    reversed.reverse();
+    assert_eq!(refs(&reranked), reversed, "the scripted reranker reverses what it is given");
+    let scores: Vec<f64> =
+        reranked["items"].as_array().expect("items").iter().map(|i| i["score"].as_f64().expect("score")).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+
+    // Over-fetch: the reranker sees every candidate (up to 20) even when top_k is smaller.
+    let top2 = f.recall(&me, json!({ "query": "quarterly report", "top_k": 2 })).await;
+    assert_eq!(refs(&top2), reversed[..2]);
+    assert_eq!(reranker.served().1, 6);
+
+    for failure in [RerankAnswer::Status(500), RerankAnswer::Hang(Duration::from_secs(3)), RerankAnswer::Garbage] {
+        reranker.then([failure.clone()]);
+        let started = Instant::now();
+        let answer = f.recall(&me, json!({ "query": "quarterly report", "top_k": 20 })).await;
+        assert_eq!(answer["rerank_used"], false, "{failure:?}");
+        assert_eq!(refs(&answer), merge_order, "{failure:?} falls back to merge order");
+        assert!(started.elapsed() < Duration::from_secs(2), "{failure:?} took {:?}", started.elapsed());
+    }
+    let healthy = f.recall(&me, json!({ "query": "quarterly report", "top_k": 20 })).await;
+    assert_eq!(healthy["rerank_used"], true, "healthy again after the failures");
+}
+
+#[tokio::test]
+async fn a_reranker_that_is_down_does_not_fail_recall() {
+    let port = free_port().to_string();
+    let url = format!("http://127.0.0.1:{port}");
+    let f = Fixture::start(&[(vars::RERANKER_URL, &url)]).await;
+    let me = principal("acme", None, None, Some("s1"));
+    f.write(&me, "chat_message", "m1", "nobody listens on that port").await;
+    f.embed_all().await;
+    let answer = f.recall(&me, json!({ "query": "port" })).await;
+    assert_eq!((answer["rerank_used"].clone(), refs(&answer)), (json!(false), vec!["m1".to_owned()]));
+}
+
+/// Who may see a row: its tenant and the identity of its class.
+#[derive(Debug, Clone)]
+struct Owner {
+    tenant: &'static str,
+    class: &'static str,
+    identity: Option<String>,
+}
+
+#[tokio::test]
+async fn tenants_and_identities_never_leak_under_random_traffic() {
+    let seed: u64 = rand::rng().random();
+    println!("seed {seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let f = Fixture::start(&[]).await;
+    let tenants = ["acme", "globex", "initech"];
+    let people = ["u1", "u2"];
+    let agents = ["a1", "a2"];
+    let sessions = ["s1", "s2", "s3"];
+    let words = ["invoice", "tokyo", "deploy", "friday", "budget", "vault", "pizza", "report", "launch", "key"];
+    let mut owners: HashMap<String, Owner> = HashMap::new();
+
+    for i in 0..300 {
+        let tenant = *tenants.choose(&mut rng).expect("tenant");
+        let user = *people.choose(&mut rng).expect("user");
+        let agent = *agents.choose(&mut rng).expect("agent");
+        let session = *sessions.choose(&mut rng).expect("session");
+        let who = principal(tenant, Some(user), Some(agent), Some(session));
+        // The same texts and source_refs in every tenant.
+        let text: Vec<&str> = (0..4).map(|_| *words.choose(&mut rng).expect("word")).collect();
+        let text = text.join(" ");
+        let source_ref = format!("r{}", i % 40);
+        let (reply, owner) = match rng.random_range(0..4) {
+            0 => (f.try_write(&who, "chat_message", &source_ref, &text).await, ("session", Some(session))),
+            1 => (f.try_write(&who, "document_chunk", &source_ref, &text).await, ("tenant", None)),
+            2 => (f.try_fact(&who, "user", &text).await, ("user", Some(user))),
+            _ => (f.try_fact(&who, "agent", &text).await, ("agent", Some(agent))),
+        };
+        if reply.status == 409 {
+            continue; // the tenant already used this source_ref for other content
+        }
+        let id = id_of(reply);
+        let owner = Owner { tenant, class: owner.0, identity: owner.1.map(str::to_owned) };
+        // A repeated write lands on the row it made first.
+        owners.entry(id.to_string()).or_insert(owner);
+    }
+    f.embed_all().await;
+
+    let scopes = ["session", "tenant", "user", "agent", "any"];
+    let mut returned = 0;
+    for _ in 0..200 {
+        let tenant = *tenants.choose(&mut rng).expect("tenant");
+        let user = rng.random_bool(0.7).then(|| *people.choose(&mut rng).expect("user"));
+        let agent = rng.random_bool(0.7).then(|| *agents.choose(&mut rng).expect("agent"));
+        let session = rng.random_bool(0.7).then(|| *sessions.choose(&mut rng).expect("session"));
+        let who = principal(tenant, user, agent, session);
+        let scope = *scopes.choose(&mut rng).expect("scope");
+        let query: Vec<&str> = (0..2).map(|_| *words.choose(&mut rng).expect("word")).collect();
+        let body = json!({ "query": query.join(" "), "scope": scope, "top_k": 20 });
+        let reply = f.app.client.post("/v1/recall", Some(&token(&who)), &body).await;
+        if reply.status == 401 {
+            continue;
+        }
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        for item in reply.body["items"].as_array().expect("items") {
+            returned += 1;
+            let id = item["id"].as_str().expect("id");
+            let owner = owners.get(id).unwrap_or_else(|| panic!("unknown row {id} (seed {seed})"));
+            assert_eq!(owner.tenant, tenant, "row of another tenant (seed {seed})");
+            let visible = match owner.class {
+                "session" => owner.identity.as_deref() == session,
+                "tenant" => true,
+                "user" => owner.identity.as_deref() == user,
+                _ => owner.identity.as_deref() == agent,
+            };
+            assert!(visible, "{owner:?} returned to {who:?} with scope {scope} (seed {seed})");
+            assert!(scope == "any" || scope == owner.class, "{owner:?} returned for scope {scope} (seed {seed})");
+        }
+    }
+    assert!(returned > 200, "the recalls found too little to prove anything: {returned}");
+}
+
+#[tokio::test]
+async fn the_real_pipeline_turns_degraded_off_and_finds_rows_by_meaning() {
+    let db = mnemo_testkit::TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let me = principal("acme", Some("u1"), None, Some("s1"));
+    let t = token(&me);
+    let body = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "I live in Tokyo" });
+    assert_eq!(server.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+    let body = json!({ "source_kind": "chat_message", "source_ref": "m2", "content": "The invoice is due on Friday" });
+    assert_eq!(server.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+
+    // No lexeme in common with the row: only the vector half can find it.
+    let query = json!({ "query": "which city is my home", "scope": "session" });
+    let before = server.client.post("/v1/recall", Some(&t), &query).await;
+    assert_eq!((before.status, before.body["degraded"].clone()), (200, json!(true)), "{:?}", before.body);
+
+    let _worker = WorkerProcess::start::<&str>(&db.url, &[]).await.expect("worker");
+    let embedded =
+        || async { db.count("SELECT count(*) FROM memory_items WHERE embedded_model IS NOT NULL").await == 2 };
+    assert!(wait_until(Duration::from_secs(60), embedded).await, "rows not embedded");
+    let after = server.client.post("/v1/recall", Some(&t), &query).await;
+    assert_eq!(after.body["degraded"], false, "{:?}", after.body);
+    assert_eq!(after.body["items"][0]["source_ref"], "m1", "{:?}", after.body);
+}
