@@ -90,7 +90,7 @@ fn corpus(path: &PathBuf) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     Ok((short, long))
 }
 
-fn local_embedder(env: &Env) -> anyhow::Result<(EmbedSettings, Arc<dyn Embedder>)> {
+pub(crate) fn local_embedder(env: &Env) -> anyhow::Result<(EmbedSettings, Arc<dyn Embedder>)> {
     let settings = EmbedSettings::from_env(env)?;
     let embedder = mnemo_models::embedder(&settings)?;
     Ok((settings, embedder))
@@ -150,7 +150,7 @@ pub async fn embedder(args: EmbedderArgs) -> anyhow::Result<()> {
 }
 
 /// A fresh database and a store on it.
-async fn fresh(env: &Env) -> anyhow::Result<(String, Store)> {
+pub(crate) async fn fresh(env: &Env) -> anyhow::Result<(String, Store)> {
     let database = DatabaseSettings::from_env(env)?;
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await?;
     eprintln!("bench database: {}", db.name);
@@ -175,7 +175,7 @@ fn chat(i: usize, text: &str) -> anyhow::Result<NewMemory> {
 }
 
 /// The worker pool in this process, as `mnemo-worker` runs it.
-fn start_worker(
+pub(crate) fn start_worker(
     env: &Env,
     url: &str,
     batch: usize,
@@ -201,7 +201,7 @@ fn start_worker(
     Ok(stop)
 }
 
-async fn wait_embedded(store: &Store, model: &str, rows: usize, limit: Duration) -> anyhow::Result<Duration> {
+pub(crate) async fn wait_embedded(store: &Store, model: &str, rows: usize, limit: Duration) -> anyhow::Result<Duration> {
     let started = Instant::now();
     while started.elapsed() < limit {
         let backlog = store.embed_backlog(model).await?;

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod embedding;
+mod quality;
 mod writes;
 
 #[derive(Debug, Parser)]
@@ -24,6 +25,10 @@ enum Scenario {
     Pipeline(embedding::PipelineArgs),
     /// Write → embedded latency at a steady write rate.
     EmbedLatency(embedding::LatencyArgs),
+    /// LoCoMo evidence recall@k per question category.
+    Locomo(quality::LocomoArgs),
+    /// BEAM knowledge updates and contradictions: is the newer message found, and above the older?
+    Beam(quality::BeamArgs),
 }
 
 #[tokio::main]
@@ -34,5 +39,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Embedder(args) => embedding::embedder(args).await,
         Scenario::Pipeline(args) => embedding::pipeline(args).await,
         Scenario::EmbedLatency(args) => embedding::latency(args).await,
+        Scenario::Locomo(args) => quality::locomo(args).await,
+        Scenario::Beam(args) => quality::beam(args).await,
     }
 }

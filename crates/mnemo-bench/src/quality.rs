@@ -1,0 +1,451 @@
+//! Recall quality on public data: LoCoMo (evidence recall@k per question category) and BEAM
+//! (knowledge updates and contradictions). Each conversation becomes one tenant with one
+//! session; its turns are written as chat messages through the store's write path, embedded by
+//! the worker pool running in this process with the local model, and questions are asked
+//! through `mnemo-recall`, the code the server runs.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use mnemo_config::{Env, RecallSettings};
+use mnemo_core::{
+    Embedder, Extras, MemoryText, NewMemory, Principal, RecallRequest, RecallScope, SessionId, SourceRef, TenantId,
+};
+use mnemo_recall::{Halves, Recall, RecallOptions};
+use serde_json::{Value, json};
+
+use crate::embedding::{fresh, local_embedder, start_worker, wait_embedded};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Keyword,
+    Vector,
+    Hybrid,
+}
+
+impl Mode {
+    fn halves(self) -> Halves {
+        match self {
+            Self::Keyword => Halves::KeywordOnly,
+            Self::Vector => Halves::VectorOnly,
+            Self::Hybrid => Halves::Both,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LocomoArgs {
+    /// A LoCoMo-format JSON file.
+    #[arg(long, default_value = "../shared/bench/locomo/locomo-dev5.json")]
+    data: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10,20")]
+    k: Vec<usize>,
+    #[arg(long, value_enum, default_value = "hybrid")]
+    mode: Mode,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BeamArgs {
+    /// A BEAM folder: one sub-folder per chat with chat.json and probing_questions.json.
+    #[arg(long, default_value = "../shared/bench/beam-100k")]
+    data: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10,20")]
+    k: Vec<usize>,
+    #[arg(long, value_enum, default_value = "hybrid")]
+    mode: Mode,
+    #[arg(long)]
+    json: bool,
+}
+
+/// One conversation: its tenant and session, and its turns as (source_ref, text).
+struct Conversation {
+    name: String,
+    turns: Vec<(String, String)>,
+}
+
+impl Conversation {
+    fn principal(&self) -> anyhow::Result<Principal> {
+        Ok(Principal {
+            tenant: TenantId::parse(&self.name)?,
+            user: None,
+            agent: None,
+            session: Some(SessionId::parse(&self.name)?),
+        })
+    }
+}
+
+/// Writes every conversation, embeds it with the worker pool, and returns recall over it.
+async fn ingest(env: &Env, conversations: &[Conversation]) -> anyhow::Result<(Recall, Arc<dyn Embedder>)> {
+    let (_, embedder) = local_embedder(env)?;
+    let (url, store) = fresh(env).await?;
+    let started = Instant::now();
+    let mut rows = 0;
+    for conversation in conversations {
+        let who = conversation.principal()?;
+        let memories = conversation
+            .turns
+            .iter()
+            .map(|(source_ref, text)| {
+                Ok(NewMemory::chat_message(
+                    &who,
+                    SourceRef::parse(source_ref)?,
+                    MemoryText::parse(text)?,
+                    None,
+                    Extras::default(),
+                )?)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        for chunk in memories.chunks(500) {
+            for result in store.remember_many(chunk).await? {
+                result?;
+            }
+        }
+        rows += memories.len();
+    }
+    eprintln!("wrote {rows} turns of {} conversations; embedding them…", conversations.len());
+    let stop = start_worker(env, &url, 32, embedder.clone())?;
+    wait_embedded(&store, embedder.model(), rows, Duration::from_secs(4 * 3600)).await?;
+    let _ = stop.send(());
+    sqlx::query("ANALYZE memory_items").execute(store.pool()).await?;
+    eprintln!("ingested and embedded in {:.0} s", started.elapsed().as_secs_f64());
+    let recall = Recall::new(store, embedder.clone(), None, RecallSettings::from_env(env)?);
+    Ok((recall, embedder))
+}
+
+/// The source_refs recall returns for `question`, best first.
+async fn ask(recall: &Recall, who: &Principal, question: &str, k: usize, mode: Mode) -> anyhow::Result<Vec<String>> {
+    let request = RecallRequest::new(question)?.top_k(k)?.scope(RecallScope::Session).enable_rerank(false);
+    let options = RecallOptions { halves: mode.halves(), ..RecallOptions::default() };
+    let recalled = recall.recall_with(who, &request, options).await?;
+    Ok(recalled.items.into_iter().map(|i| i.source_ref).collect())
+}
+
+fn read_json(path: &Path) -> anyhow::Result<Value> {
+    let raw = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&raw).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Cuts a text to mnemo's 16 KiB row limit on a character boundary.
+fn capped(text: &str) -> String {
+    let mut end = text.len().min(mnemo_core::MAX_CONTENT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+struct LocomoQuestion {
+    conversation: usize,
+    question: String,
+    category: u64,
+    gold: Vec<String>,
+}
+
+/// Evidence ids as LoCoMo writes them, read leniently: `D8:6; D9:17` is two ids, `D:11:26` is
+/// D11:26 and `D30:05` is D30:5. Returns the ids and whether the raw form needed normalising.
+fn evidence_ids(raw: &str) -> (Vec<String>, bool) {
+    let mut ids = Vec::new();
+    let mut normalised = false;
+    for piece in raw.split([';', ',', ' ']).map(str::trim).filter(|p| !p.is_empty()) {
+        let numbers: Vec<&str> = piece.trim_start_matches('D').split(':').filter(|n| !n.is_empty()).collect();
+        let parsed: Option<Vec<u32>> = numbers.iter().map(|n| n.parse().ok()).collect();
+        match parsed.as_deref() {
+            Some([session, turn]) if piece.starts_with('D') => {
+                let id = format!("D{session}:{turn}");
+                normalised |= id != piece;
+                ids.push(id);
+            }
+            _ => ids.push(piece.to_owned()), // unreadable: dropped as naming no turn
+        }
+    }
+    normalised |= ids.len() > 1;
+    (ids, normalised)
+}
+
+fn locomo_data(path: &Path) -> anyhow::Result<(Vec<Conversation>, Vec<LocomoQuestion>, usize, usize)> {
+    let samples = read_json(path)?;
+    let samples = samples.as_array().context("LoCoMo data is a list of samples")?;
+    let (mut conversations, mut questions, mut normalised, mut dropped) = (Vec::new(), Vec::new(), 0, 0);
+    for (index, sample) in samples.iter().enumerate() {
+        let name = sample["sample_id"].as_str().map_or_else(|| format!("locomo-{index}"), str::to_owned);
+        let conversation = sample["conversation"].as_object().context("a sample without a conversation")?;
+        let mut turns = Vec::new();
+        for (key, session) in conversation {
+            if !key.starts_with("session_") || !session.is_array() {
+                continue;
+            }
+            for turn in session.as_array().into_iter().flatten() {
+                let (Some(id), Some(speaker), Some(text)) =
+                    (turn["dia_id"].as_str(), turn["speaker"].as_str(), turn["text"].as_str())
+                else {
+                    continue;
+                };
+                let mut content = format!("{speaker}: {text}");
+                if let Some(caption) = turn["blip_caption"].as_str() {
+                    content.push_str(&format!(" [image: {caption}]"));
+                }
+                turns.push((id.to_owned(), capped(&content)));
+            }
+        }
+        let known: HashSet<&str> = turns.iter().map(|(id, _)| id.as_str()).collect();
+        for qa in sample["qa"].as_array().into_iter().flatten() {
+            let mut gold = Vec::new();
+            for raw in qa["evidence"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                let (ids, changed) = evidence_ids(raw);
+                normalised += usize::from(changed);
+                for id in ids {
+                    if known.contains(id.as_str()) {
+                        gold.push(id);
+                    } else {
+                        dropped += 1;
+                    }
+                }
+            }
+            gold.sort();
+            gold.dedup();
+            questions.push(LocomoQuestion {
+                conversation: conversations.len(),
+                question: qa["question"].as_str().unwrap_or_default().to_owned(),
+                category: qa["category"].as_u64().unwrap_or(0),
+                gold,
+            });
+        }
+        conversations.push(Conversation { name, turns });
+    }
+    Ok((conversations, questions, normalised, dropped))
+}
+
+/// Mean of a list, 0 when empty.
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() { 0.0 } else { values.iter().sum::<f64>() / values.len() as f64 }
+}
+
+pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
+    let env = Env::from_process();
+    let (conversations, questions, normalised, dropped) = locomo_data(&args.data)?;
+    let (recall, _) = ingest(&env, &conversations).await?;
+    let max_k = args.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
+
+    // recall@k per question, by category.
+    let mut scores: BTreeMap<usize, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
+    let (mut asked, mut without_gold) = (0, 0);
+    let started = Instant::now();
+    for q in &questions {
+        if q.gold.is_empty() || q.question.trim().is_empty() {
+            without_gold += 1;
+            continue;
+        }
+        let who = conversations[q.conversation].principal()?;
+        let found = ask(&recall, &who, &q.question, max_k, args.mode).await?;
+        asked += 1;
+        for &k in &args.k {
+            let top: HashSet<&String> = found.iter().take(k).collect();
+            let hit = q.gold.iter().filter(|g| top.contains(g)).count() as f64 / q.gold.len() as f64;
+            scores.entry(k).or_default().entry(q.category).or_default().push(hit);
+        }
+    }
+    let per_query_ms = started.elapsed().as_secs_f64() * 1000.0 / asked.max(1) as f64;
+
+    let mut recall_at_k = serde_json::Map::new();
+    for (k, by_category) in &scores {
+        let all: Vec<f64> = by_category.values().flatten().copied().collect();
+        let cat1_4: Vec<f64> =
+            by_category.iter().filter(|(c, _)| (1..=4).contains(*c)).flat_map(|(_, v)| v.iter().copied()).collect();
+        let by: serde_json::Map<String, Value> = by_category.iter().map(|(c, v)| (c.to_string(), json!(mean(v)))).collect();
+        recall_at_k.insert(k.to_string(), json!({ "all": mean(&all), "cat1_4": mean(&cat1_4), "by_category": by }));
+    }
+    let report = json!({
+        "scenario": "locomo",
+        "data": args.data.display().to_string(),
+        "mode": format!("{:?}", args.mode).to_lowercase(),
+        "questions": asked,
+        "questions_without_gold": without_gold,
+        "evidence": { "normalised": normalised, "dropped": dropped },
+        "mean_query_ms": per_query_ms,
+        "recall_at_k": recall_at_k,
+    });
+    if args.json {
+        println!("{report}");
+        return Ok(());
+    }
+    println!(
+        "LoCoMo {} ({} questions; evidence ids normalised: {normalised}, dropped: {dropped}; {without_gold} questions without gold skipped)",
+        report["mode"].as_str().unwrap_or(""),
+        asked
+    );
+    let categories: Vec<u64> = scores.values().next().map(|c| c.keys().copied().collect()).unwrap_or_default();
+    let header: Vec<String> = categories.iter().map(|c| format!("cat {c}")).collect();
+    println!("| k | all | cat 1–4 | {} |\n|---:|---:|---:|{}", header.join(" | "), "---:|".repeat(categories.len()));
+    for (k, row) in &recall_at_k {
+        let cells: Vec<String> =
+            categories.iter().map(|c| format!("{:.3}", row["by_category"][c.to_string()].as_f64().unwrap_or(0.0))).collect();
+        println!(
+            "| {k} | {:.3} | {:.3} | {} |",
+            row["all"].as_f64().unwrap_or(0.0),
+            row["cat1_4"].as_f64().unwrap_or(0.0),
+            cells.join(" | ")
+        );
+    }
+    Ok(())
+}
+
+/// A BEAM question: which messages must be found, and for updates, which one is outdated.
+struct BeamQuestion {
+    conversation: usize,
+    question: String,
+    first: Vec<String>,
+    second: Vec<String>,
+}
+
+/// Every message object (with `id` and `content`) anywhere under `value`.
+fn messages<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
+    match value {
+        Value::Object(map) if map.contains_key("id") && map.contains_key("content") => out.push(value),
+        Value::Object(map) => map.values().for_each(|v| messages(v, out)),
+        Value::Array(items) => items.iter().for_each(|v| messages(v, out)),
+        _ => {}
+    }
+}
+
+fn ids(value: &Value) -> Vec<String> {
+    value.as_array().into_iter().flatten().filter_map(|v| v.as_u64().map(|n| n.to_string())).collect()
+}
+
+fn beam_data(dir: &Path) -> anyhow::Result<(Vec<Conversation>, Vec<BeamQuestion>, Vec<BeamQuestion>, usize)> {
+    let mut chats: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("chat.json").exists())
+        .collect();
+    chats.sort_by_key(|p| p.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0));
+    anyhow::ensure!(!chats.is_empty(), "no <n>/chat.json under {}", dir.display());
+    let (mut conversations, mut updates, mut contradictions, mut cut) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    for chat in chats {
+        let name = format!("beam-{}", chat.file_name().and_then(|n| n.to_str()).unwrap_or("chat"));
+        let raw = read_json(&chat.join("chat.json"))?;
+        let mut found = Vec::new();
+        messages(&raw, &mut found);
+        let mut seen = HashSet::new();
+        let mut turns = Vec::new();
+        for message in found {
+            let (Some(id), Some(content)) = (message["id"].as_u64(), message["content"].as_str()) else { continue };
+            if content.trim().is_empty() || !seen.insert(id) {
+                continue;
+            }
+            let role = message["role"].as_str().unwrap_or("message");
+            let text = capped(&format!("{role}: {content}"));
+            cut += usize::from(text.len() < role.len() + 2 + content.len());
+            turns.push((id.to_string(), text));
+        }
+        let probing = read_json(&chat.join("probing_questions.json"))?;
+        let conversation = conversations.len();
+        for q in probing["knowledge_update"].as_array().into_iter().flatten() {
+            updates.push(BeamQuestion {
+                conversation,
+                question: q["question"].as_str().unwrap_or_default().to_owned(),
+                first: ids(&q["source_chat_ids"]["original_info"]),
+                second: ids(&q["source_chat_ids"]["updated_info"]),
+            });
+        }
+        for q in probing["contradiction_resolution"].as_array().into_iter().flatten() {
+            contradictions.push(BeamQuestion {
+                conversation,
+                question: q["question"].as_str().unwrap_or_default().to_owned(),
+                first: ids(&q["source_chat_ids"]["first_statement"]),
+                second: ids(&q["source_chat_ids"]["second_statement"]),
+            });
+        }
+        conversations.push(Conversation { name, turns });
+    }
+    Ok((conversations, updates, contradictions, cut))
+}
+
+pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
+    let env = Env::from_process();
+    let (conversations, updates, contradictions, cut) = beam_data(&args.data)?;
+    let (recall, _) = ingest(&env, &conversations).await?;
+    let max_k = args.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
+    let rank = |found: &[String], ids: &[String]| found.iter().position(|f| ids.contains(f));
+
+    let mut hit: HashMap<usize, Vec<f64>> = HashMap::new();
+    let mut above = Vec::new();
+    for q in updates.iter().filter(|q| !q.second.is_empty()) {
+        let found = ask(&recall, &conversations[q.conversation].principal()?, &q.question, max_k, args.mode).await?;
+        let (updated, original) = (rank(&found, &q.second), rank(&found, &q.first));
+        for &k in &args.k {
+            hit.entry(k).or_default().push(f64::from(u8::from(updated.is_some_and(|r| r < k))));
+        }
+        let is_above = match (updated, original) {
+            (Some(u), Some(o)) => u < o,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        above.push(f64::from(u8::from(is_above)));
+    }
+    let mut both: HashMap<usize, Vec<f64>> = HashMap::new();
+    for q in contradictions.iter().filter(|q| !q.first.is_empty() && !q.second.is_empty()) {
+        let found = ask(&recall, &conversations[q.conversation].principal()?, &q.question, max_k, args.mode).await?;
+        for &k in &args.k {
+            let top = &found[..found.len().min(k)];
+            let ok = rank(top, &q.first).is_some() && rank(top, &q.second).is_some();
+            both.entry(k).or_default().push(f64::from(u8::from(ok)));
+        }
+    }
+    let by_k = |m: &HashMap<usize, Vec<f64>>| -> serde_json::Map<String, Value> {
+        let mut keys: Vec<&usize> = m.keys().collect();
+        keys.sort();
+        keys.into_iter().map(|k| (k.to_string(), json!(mean(&m[k])))).collect()
+    };
+    let report = json!({
+        "scenario": "beam",
+        "data": args.data.display().to_string(),
+        "mode": format!("{:?}", args.mode).to_lowercase(),
+        "chats": conversations.len(),
+        "messages": conversations.iter().map(|c| c.turns.len()).sum::<usize>(),
+        "messages_cut_to_16KiB": cut,
+        "knowledge_update": { "questions": above.len(), "hit_at_k": by_k(&hit), "updated_above_original": mean(&above) },
+        "contradiction_resolution": {
+            "questions": both.values().next().map_or(0, Vec::len),
+            "recall_both_at_k": by_k(&both),
+        },
+    });
+    if args.json {
+        println!("{report}");
+        return Ok(());
+    }
+    println!("BEAM {} ({} chats, {} messages)", report["mode"].as_str().unwrap_or(""), report["chats"], report["messages"]);
+    println!("| k | updated message hit@k | both contradicting statements@k |\n|---:|---:|---:|");
+    for k in &args.k {
+        println!(
+            "| {k} | {:.3} | {:.3} |",
+            report["knowledge_update"]["hit_at_k"][k.to_string()].as_f64().unwrap_or(0.0),
+            report["contradiction_resolution"]["recall_both_at_k"][k.to_string()].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!(
+        "updated message ranked above the original: {:.3} ({} questions)",
+        report["knowledge_update"]["updated_above_original"].as_f64().unwrap_or(0.0),
+        report["knowledge_update"]["questions"]
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_evidence_ids_are_normalised() {
+        assert_eq!(evidence_ids("D1:3"), (vec!["D1:3".to_owned()], false));
+        assert_eq!(evidence_ids("D8:6; D9:17"), (vec!["D8:6".to_owned(), "D9:17".to_owned()], true));
+        assert_eq!(evidence_ids("D:11:26"), (vec!["D11:26".to_owned()], true));
+        assert_eq!(evidence_ids("D30:05"), (vec!["D30:5".to_owned()], true));
+        assert_eq!(evidence_ids("session 3").0.len(), 2, "unreadable pieces are kept to be dropped as unknown");
+    }
+}
