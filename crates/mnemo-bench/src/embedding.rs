@@ -201,7 +201,12 @@ pub(crate) fn start_worker(
     Ok(stop)
 }
 
-pub(crate) async fn wait_embedded(store: &Store, model: &str, rows: usize, limit: Duration) -> anyhow::Result<Duration> {
+pub(crate) async fn wait_embedded(
+    store: &Store,
+    model: &str,
+    rows: usize,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
     while started.elapsed() < limit {
         let backlog = store.embed_backlog(model).await?;

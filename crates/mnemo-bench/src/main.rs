@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod embedding;
 mod quality;
+mod recall_latency;
 mod writes;
 
 #[derive(Debug, Parser)]
@@ -25,6 +26,8 @@ enum Scenario {
     Pipeline(embedding::PipelineArgs),
     /// Write → embedded latency at a steady write rate.
     EmbedLatency(embedding::LatencyArgs),
+    /// Recall latency with N rows in one tenant among several: the search alone and over HTTP.
+    RecallLatency(recall_latency::Args),
     /// LoCoMo evidence recall@k per question category.
     Locomo(quality::LocomoArgs),
     /// BEAM knowledge updates and contradictions: is the newer message found, and above the older?
@@ -39,6 +42,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Embedder(args) => embedding::embedder(args).await,
         Scenario::Pipeline(args) => embedding::pipeline(args).await,
         Scenario::EmbedLatency(args) => embedding::latency(args).await,
+        Scenario::RecallLatency(args) => recall_latency::run(args).await,
         Scenario::Locomo(args) => quality::locomo(args).await,
         Scenario::Beam(args) => quality::beam(args).await,
     }

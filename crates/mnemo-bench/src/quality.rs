@@ -252,13 +252,17 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     }
     let per_query_ms = started.elapsed().as_secs_f64() * 1000.0 / asked.max(1) as f64;
 
+    let mut table = Vec::new();
     let mut recall_at_k = serde_json::Map::new();
     for (k, by_category) in &scores {
         let all: Vec<f64> = by_category.values().flatten().copied().collect();
         let cat1_4: Vec<f64> =
             by_category.iter().filter(|(c, _)| (1..=4).contains(*c)).flat_map(|(_, v)| v.iter().copied()).collect();
-        let by: serde_json::Map<String, Value> = by_category.iter().map(|(c, v)| (c.to_string(), json!(mean(v)))).collect();
-        recall_at_k.insert(k.to_string(), json!({ "all": mean(&all), "cat1_4": mean(&cat1_4), "by_category": by }));
+        let by: serde_json::Map<String, Value> =
+            by_category.iter().map(|(c, v)| (c.to_string(), json!(mean(v)))).collect();
+        let row = json!({ "all": mean(&all), "cat1_4": mean(&cat1_4), "by_category": by });
+        table.push((*k, row.clone()));
+        recall_at_k.insert(k.to_string(), row);
     }
     let report = json!({
         "scenario": "locomo",
@@ -282,9 +286,11 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     let categories: Vec<u64> = scores.values().next().map(|c| c.keys().copied().collect()).unwrap_or_default();
     let header: Vec<String> = categories.iter().map(|c| format!("cat {c}")).collect();
     println!("| k | all | cat 1–4 | {} |\n|---:|---:|---:|{}", header.join(" | "), "---:|".repeat(categories.len()));
-    for (k, row) in &recall_at_k {
-        let cells: Vec<String> =
-            categories.iter().map(|c| format!("{:.3}", row["by_category"][c.to_string()].as_f64().unwrap_or(0.0))).collect();
+    for (k, row) in &table {
+        let cells: Vec<String> = categories
+            .iter()
+            .map(|c| format!("{:.3}", row["by_category"][c.to_string()].as_f64().unwrap_or(0.0)))
+            .collect();
         println!(
             "| {k} | {:.3} | {:.3} | {} |",
             row["all"].as_f64().unwrap_or(0.0),
@@ -419,7 +425,12 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
         println!("{report}");
         return Ok(());
     }
-    println!("BEAM {} ({} chats, {} messages)", report["mode"].as_str().unwrap_or(""), report["chats"], report["messages"]);
+    println!(
+        "BEAM {} ({} chats, {} messages)",
+        report["mode"].as_str().unwrap_or(""),
+        report["chats"],
+        report["messages"]
+    );
     println!("| k | updated message hit@k | both contradicting statements@k |\n|---:|---:|---:|");
     for k in &args.k {
         println!(
