@@ -323,7 +323,16 @@ fn ids(value: &Value) -> Vec<String> {
     value.as_array().into_iter().flatten().filter_map(|v| v.as_u64().map(|n| n.to_string())).collect()
 }
 
-fn beam_data(dir: &Path) -> anyhow::Result<(Vec<Conversation>, Vec<BeamQuestion>, Vec<BeamQuestion>, usize)> {
+/// A BEAM folder read: its chats, their knowledge-update and contradiction questions, and how
+/// many messages had to be cut to 16 KiB.
+struct BeamData {
+    conversations: Vec<Conversation>,
+    updates: Vec<BeamQuestion>,
+    contradictions: Vec<BeamQuestion>,
+    cut: usize,
+}
+
+fn beam_data(dir: &Path) -> anyhow::Result<BeamData> {
     let mut chats: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -369,12 +378,12 @@ fn beam_data(dir: &Path) -> anyhow::Result<(Vec<Conversation>, Vec<BeamQuestion>
         }
         conversations.push(Conversation { name, turns });
     }
-    Ok((conversations, updates, contradictions, cut))
+    Ok(BeamData { conversations, updates, contradictions, cut })
 }
 
 pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
-    let (conversations, updates, contradictions, cut) = beam_data(&args.data)?;
+    let BeamData { conversations, updates, contradictions, cut } = beam_data(&args.data)?;
     let (recall, _) = ingest(&env, &conversations).await?;
     let max_k = args.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
     let rank = |found: &[String], ids: &[String]| found.iter().position(|f| ids.contains(f));

@@ -52,7 +52,6 @@ pub mod vars {
     pub const RECALL_WEIGHT_USER: &str = "MNEMO_RECALL_WEIGHT_USER";
     pub const RECALL_WEIGHT_AGENT: &str = "MNEMO_RECALL_WEIGHT_AGENT";
     pub const RECALL_PRUNE_FRACTION: &str = "MNEMO_RECALL_PRUNE_FRACTION";
-    pub const RECALL_PRUNE_MIN_ROWS: &str = "MNEMO_RECALL_PRUNE_MIN_ROWS";
     pub const RERANKER_URL: &str = "MNEMO_RERANKER_URL";
     pub const RERANKER_TIMEOUT_MS: &str = "MNEMO_RERANKER_TIMEOUT_MS";
     pub const LOG: &str = "MNEMO_LOG";
@@ -301,10 +300,8 @@ pub struct RecallSettings {
     /// A TEI-compatible reranker; unset disables rerank.
     pub reranker_url: Option<String>,
     pub rerank_timeout: Duration,
-    /// Query lexemes found in more than this fraction of rows…
+    /// Query lexemes found in more than this fraction of rows are dropped from the full-text half.
     pub prune_fraction: f64,
-    /// …and in more than this many rows are dropped from the full-text half.
-    pub prune_min_rows: f64,
     /// Values that were ignored, to be logged once tracing is up (the weights fall back to their
     /// defaults rather than stop the server, as the seed says).
     pub warnings: Vec<String>,
@@ -317,7 +314,6 @@ impl Default for RecallSettings {
             reranker_url: None,
             rerank_timeout: Duration::from_millis(1000),
             prune_fraction: 0.01,
-            prune_min_rows: 10_000.0,
             warnings: Vec::new(),
         }
     }
@@ -353,16 +349,7 @@ impl RecallSettings {
         if !(0.0..=1.0).contains(&prune_fraction) {
             problems.0.push(format!("{} must be between 0 and 1", vars::RECALL_PRUNE_FRACTION));
         }
-        let prune_min_rows =
-            problems.parsed(env, vars::RECALL_PRUNE_MIN_ROWS, defaults.prune_min_rows, "a number of rows").max(0.0);
-        Self {
-            weights,
-            reranker_url,
-            rerank_timeout: Duration::from_millis(timeout_ms),
-            prune_fraction,
-            prune_min_rows,
-            warnings,
-        }
+        Self { weights, reranker_url, rerank_timeout: Duration::from_millis(timeout_ms), prune_fraction, warnings }
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {

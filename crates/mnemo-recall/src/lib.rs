@@ -12,7 +12,7 @@ use mnemo_config::{ClassWeights, RecallSettings};
 use mnemo_core::{
     Embedder, MAX_TOP_K, Principal, RecallClass, RecallRequest, RecallScope, Reranker, ScopeError, SourceKind,
 };
-use mnemo_store::{Search, SearchScope, Store, StoreError};
+use mnemo_store::{CommonLexemes, Search, SearchScope, Store, StoreError};
 use uuid::Uuid;
 
 mod fusion;
@@ -21,6 +21,10 @@ pub use fusion::{RRF_K, fuse};
 
 /// Candidates each half (full text, vectors) brings per class.
 pub const CANDIDATES_PER_CLASS: i64 = 50;
+
+/// A lexeme in more rows than this is not searched by full text, whatever its fraction: RUM's
+/// cost grows with the rows a query matches (about 1 µs each here).
+const MAX_LEXEME_ROWS: f64 = 5000.0;
 
 /// How long the common-lexeme list is reused before it is read again.
 const COMMON_LEXEMES_TTL: Duration = Duration::from_secs(60);
@@ -82,7 +86,7 @@ pub struct Recall {
     embedder: Arc<dyn Embedder>,
     reranker: Option<Arc<dyn Reranker>>,
     settings: RecallSettings,
-    common_lexemes: Mutex<Option<(Instant, Arc<Vec<String>>)>>,
+    common_lexemes: Mutex<Option<(Instant, Arc<CommonLexemes>)>>,
 }
 
 impl Recall {
@@ -226,17 +230,20 @@ impl Recall {
 
     /// The lexemes too common to search by, refreshed once a minute. On a database error recall
     /// keeps every lexeme.
-    async fn common_lexemes(&self) -> Arc<Vec<String>> {
+    async fn common_lexemes(&self) -> Arc<CommonLexemes> {
+        if self.settings.prune_fraction <= 0.0 {
+            return Arc::default(); // pruning is off
+        }
         if let Some((at, lexemes)) = &*self.common_lexemes.lock().expect("lexeme cache")
             && at.elapsed() < COMMON_LEXEMES_TTL
         {
             return lexemes.clone();
         }
-        let fresh = match self.store.common_lexemes(self.settings.prune_fraction, self.settings.prune_min_rows).await {
+        let fresh = match self.store.common_lexemes(self.settings.prune_fraction, MAX_LEXEME_ROWS).await {
             Ok(lexemes) => Arc::new(lexemes),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read common lexemes; searching with all of them");
-                Arc::new(Vec::new())
+                Arc::default()
             }
         };
         *self.common_lexemes.lock().expect("lexeme cache") = Some((Instant::now(), fresh.clone()));

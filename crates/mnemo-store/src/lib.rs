@@ -24,7 +24,7 @@ pub use group_commit::GroupCommit;
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
-pub use search::{Ranked, RecalledRow, Search, SearchScope};
+pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};
 pub use sqlx::PgPool;
 
 /// The database behind mnemo. Cheap to clone: it is a handle to a connection pool.

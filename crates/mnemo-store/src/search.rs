@@ -29,6 +29,13 @@ pub struct SearchScope<'a> {
 /// Candidates of one class, best first.
 pub type Ranked = HashMap<&'static str, Vec<Uuid>>;
 
+/// Lexemes too common to search by, with the fraction of rows holding each.
+#[derive(Debug, Clone, Default)]
+pub struct CommonLexemes {
+    pub lexemes: Vec<String>,
+    pub frequencies: Vec<f32>,
+}
+
 /// A row recall returns.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct RecalledRow {
@@ -64,8 +71,9 @@ const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($7 OR 
 
 const CLASSES: [(&str, &str); 4] = [("session", SESSION), ("tenant", TENANT), ("user", USER), ("agent", AGENT)];
 
-/// Full text with OR semantics: the query's lexemes, less the very common ones (`$10`) unless
-/// nothing else is left, each class ranked by the RUM index's distance (`$8` per class).
+/// Full text with OR semantics: the query's lexemes less the common ones (`$10`, with their
+/// frequencies in `$11`); when every lexeme is common, the rarest alone. Each class is ranked by
+/// the RUM index's distance (`$8` per class).
 fn keyword_sql() -> String {
     let branches: Vec<String> = CLASSES
         .iter()
@@ -80,9 +88,12 @@ fn keyword_sql() -> String {
         .collect();
     format!(
         "WITH lexemes AS (
-            SELECT l FROM unnest(tsvector_to_array(to_tsvector('english', $9))) AS l
+            SELECT l, c.freq FROM unnest(tsvector_to_array(to_tsvector('english', $9))) AS l
+            LEFT JOIN unnest($10::text[], $11::float4[]) AS c(lexeme, freq) ON c.lexeme = l
         ), kept AS (
-            SELECT l FROM lexemes WHERE l <> ALL($10) OR NOT EXISTS (SELECT 1 FROM lexemes WHERE l <> ALL($10))
+            SELECT l FROM lexemes WHERE freq IS NULL
+            UNION ALL
+            (SELECT l FROM lexemes WHERE NOT EXISTS (SELECT 1 FROM lexemes WHERE freq IS NULL) ORDER BY freq LIMIT 1)
         ), query AS (
             -- Each lexeme quoted as a tsquery literal: no operator in it is interpreted.
             SELECT tsquery_or_agg(('''' || replace(replace(l, '\\', '\\\\'), '''', '''''') || '''')::tsquery) AS q
@@ -147,21 +158,25 @@ impl Store {
         }
     }
 
-    /// Lexemes in more than `fraction` of all rows and more than `min_rows` rows, from the
-    /// statistics ANALYZE keeps (so only as fresh as the last ANALYZE, and over all tenants).
-    pub async fn common_lexemes(&self, fraction: f64, min_rows: f64) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT x.lexeme
+    /// Lexemes in more than `fraction` of all rows or in more than `max_rows` rows, with their
+    /// frequencies, from the statistics ANALYZE keeps (so only as fresh as the last ANALYZE, and
+    /// over all tenants).
+    pub async fn common_lexemes(&self, fraction: f64, max_rows: f64) -> Result<CommonLexemes, StoreError> {
+        let rows: Vec<(String, f32)> = sqlx::query_as(
+            "SELECT x.lexeme, x.freq
              FROM pg_stats s
              CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) AS x(lexeme, freq)
              WHERE s.schemaname = current_schema() AND s.tablename = 'memory_items' AND s.attname = 'tsv'
-               AND x.lexeme IS NOT NULL AND x.freq > $1
-               AND x.freq * (SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory_items'::regclass) > $2",
+               AND x.lexeme IS NOT NULL
+               AND (x.freq > $1
+                    OR x.freq * (SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory_items'::regclass) > $2)",
         )
         .bind(fraction)
-        .bind(min_rows)
+        .bind(max_rows)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        let (lexemes, frequencies) = rows.into_iter().unzip();
+        Ok(CommonLexemes { lexemes, frequencies })
     }
 
     /// The rows behind `ids` that are still live, for the caller's tenant only.
@@ -285,13 +300,14 @@ impl Search {
         &self,
         scope: &SearchScope<'_>,
         query: &str,
-        common_lexemes: &[String],
+        common: &CommonLexemes,
         per_class: i64,
     ) -> Result<Ranked, StoreError> {
         let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(self.keyword_sql.clone())), scope)
             .bind(per_class)
             .bind(query)
-            .bind(common_lexemes)
+            .bind(&common.lexemes)
+            .bind(&common.frequencies)
             .fetch_all(self.store.pool())
             .await?;
         Ok(rank(rows))
