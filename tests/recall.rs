@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use mnemo_config::{Env, RecallSettings, ServerSettings, vars};
 use mnemo_core::{Principal, RecallRequest, RecallScope};
 use mnemo_recall::{Recall, RecallOptions};
-use mnemo_store::NewVector;
+use mnemo_store::{CommonLexemes, NewVector, SearchScope};
 use mnemo_testkit::{
     Answer, LazyEmbedder, RerankAnswer, ScriptedEmbeddings, ScriptedReranker, ServerProcess, TestApp, WorkerProcess,
     bag_of_words, free_port, principal, server_env, token, wait_until,
@@ -418,6 +418,8 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
     f.embed_all().await;
 
     let scopes = ["session", "tenant", "user", "agent", "any"];
+    let recall = f.recall_api();
+    let search = recall.search();
     let mut returned = 0;
     for _ in 0..200 {
         let tenant = *tenants.choose(&mut rng).expect("tenant");
@@ -433,10 +435,24 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
             continue;
         }
         assert_eq!(reply.status, 200, "{:?}", reply.body);
+        // The answer, and beneath it every candidate each SQL path produced: the row fetch
+        // filters by tenant too, so only the candidates show a search statement that forgot to.
+        let mut seen: Vec<(String, Option<&str>)> = Vec::new();
         for item in reply.body["items"].as_array().expect("items") {
             returned += 1;
-            let id = item["id"].as_str().expect("id");
-            let owner = owners.get(id).unwrap_or_else(|| panic!("unknown row {id} (seed {seed})"));
+            seen.push((item["id"].as_str().expect("id").to_owned(), None));
+        }
+        let classes = RecallScope::parse(scope).expect("scope").classes(&who).expect("classes");
+        let search_scope =
+            SearchScope { tenant: &who.tenant, classes: &classes, kinds: &[], include_superseded: false };
+        let text = query.join(" ");
+        let keyword = search.keyword(&search_scope, &text, &CommonLexemes::default(), 50).await.expect("keyword");
+        let vector = search.vector(&search_scope, &unit(bag_of_words(&text, DIMS)), 50).await.expect("vector");
+        for (class, ids) in keyword.iter().chain(vector.iter()) {
+            seen.extend(ids.iter().map(|id| (id.to_string(), Some(*class))));
+        }
+        for (id, class) in seen {
+            let owner = owners.get(&id).unwrap_or_else(|| panic!("unknown row {id} (seed {seed})"));
             assert_eq!(owner.tenant, tenant, "row of another tenant (seed {seed})");
             let visible = match owner.class {
                 "session" => owner.identity.as_deref() == session,
@@ -446,6 +462,7 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
             };
             assert!(visible, "{owner:?} returned to {who:?} with scope {scope} (seed {seed})");
             assert!(scope == "any" || scope == owner.class, "{owner:?} returned for scope {scope} (seed {seed})");
+            assert!(class.is_none_or(|c| c == owner.class), "{owner:?} ranked in class {class:?} (seed {seed})");
         }
     }
     assert!(returned > 200, "the recalls found too little to prove anything: {returned}");

@@ -140,6 +140,14 @@ fn capped(text: &str) -> String {
     text[..end].to_owned()
 }
 
+/// Gold turns the hybrid's top 10 missed, and how many of those either half alone found.
+#[derive(Debug, Default)]
+struct Gap {
+    gold_total: usize,
+    gold_missed: usize,
+    in_a_half_top20: usize,
+}
+
 struct LocomoQuestion {
     conversation: usize,
     question: String,
@@ -235,6 +243,7 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     // recall@k per question, by category.
     let mut scores: BTreeMap<usize, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
     let (mut asked, mut without_gold) = (0, 0);
+    let mut gap = Gap::default();
     let started = Instant::now();
     for q in &questions {
         if q.gold.is_empty() || q.question.trim().is_empty() {
@@ -248,6 +257,22 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
             let top: HashSet<&String> = found.iter().take(k).collect();
             let hit = q.gold.iter().filter(|g| top.contains(g)).count() as f64 / q.gold.len() as f64;
             scores.entry(k).or_default().entry(q.category).or_default().push(hit);
+        }
+        // What the hybrid misses in its top 10 (categories 1–4): did either half alone have it in
+        // its top 20 (fusion ranked it down), or neither (no half retrieves it)?
+        if args.mode == Mode::Hybrid && (1..=4).contains(&q.category) {
+            let top10: HashSet<&String> = found.iter().take(10).collect();
+            let missed: Vec<&String> = q.gold.iter().filter(|g| !top10.contains(g)).collect();
+            if !missed.is_empty() {
+                let limit = mnemo_core::MAX_TOP_K;
+                let mut halves = ask(&recall, &who, &q.question, limit, Mode::Keyword).await?;
+                halves.extend(ask(&recall, &who, &q.question, limit, Mode::Vector).await?);
+                for g in missed {
+                    gap.gold_missed += 1;
+                    gap.in_a_half_top20 += usize::from(halves.contains(g));
+                }
+            }
+            gap.gold_total += q.gold.len();
         }
     }
     let per_query_ms = started.elapsed().as_secs_f64() * 1000.0 / asked.max(1) as f64;
@@ -272,6 +297,12 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
         "questions_without_gold": without_gold,
         "evidence": { "normalised": normalised, "dropped": dropped },
         "mean_query_ms": per_query_ms,
+        "hybrid_misses_at_10_cat1_4": (args.mode == Mode::Hybrid).then(|| json!({
+            "gold_turns": gap.gold_total,
+            "missed": gap.gold_missed,
+            "in_keyword_or_vector_top20": gap.in_a_half_top20,
+            "in_neither_top20": gap.gold_missed - gap.in_a_half_top20,
+        })),
         "recall_at_k": recall_at_k,
     });
     if args.json {
@@ -296,6 +327,12 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
             row["all"].as_f64().unwrap_or(0.0),
             row["cat1_4"].as_f64().unwrap_or(0.0),
             cells.join(" | ")
+        );
+    }
+    if args.mode == Mode::Hybrid {
+        println!(
+            "categories 1–4: {} of {} gold turns missed from the top 10; {} of those were in the keyword or vector top 20",
+            gap.gold_missed, gap.gold_total, gap.in_a_half_top20
         );
     }
     Ok(())
