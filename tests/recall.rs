@@ -14,7 +14,7 @@ use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{CommonLexemes, NewVector, SearchScope};
 use mnemo_testkit::{
     Answer, LazyEmbedder, RerankAnswer, ScriptedEmbeddings, ScriptedReranker, ServerProcess, TestApp, WorkerProcess,
-    bag_of_words, free_port, principal, server_env, token, wait_until,
+    bag_of_words, binary, free_port, principal, server_env, token, wait_until,
 };
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -96,16 +96,20 @@ impl Fixture {
     }
 
     fn env(&self) -> Env {
-        let dims = DIMS.to_string();
-        server_env(
-            &self.app.db.url,
-            &[
-                (vars::EMBED_PROVIDER, "openai"),
-                (vars::EMBED_MODEL, MODEL),
-                (vars::EMBED_DIMENSIONS, &dims),
-                (vars::EMBED_BASE_URL, &self.provider.base_url),
-            ],
-        )
+        let pairs = self.env_pairs();
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        server_env(&self.app.db.url, &pairs)
+    }
+
+    /// The database and the scripted provider, as environment variables.
+    fn env_pairs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (vars::DATABASE_URL, self.app.db.url.clone()),
+            (vars::EMBED_PROVIDER, "openai".to_owned()),
+            (vars::EMBED_MODEL, MODEL.to_owned()),
+            (vars::EMBED_DIMENSIONS, DIMS.to_string()),
+            (vars::EMBED_BASE_URL, self.provider.base_url.clone()),
+        ]
     }
 }
 
@@ -277,6 +281,14 @@ async fn superseded_deleted_and_anonymized_rows_never_return() {
     let mut expected = vec![old, new];
     expected.sort();
     assert_eq!(ids, expected);
+    // The runbook's admin recall is the same code.
+    let mut runbook = tokio::process::Command::new(binary("mnemo-runbook").expect("runbook"));
+    runbook.env_clear().envs(f.env_pairs()).args(["recall", "--tenant", "acme", "--user", "u1", "--scope", "user"]);
+    let output = runbook.args(["--include-superseded", "--json", "where do I live"]).output().await.expect("runbook");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let answer: Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(answer["items"].as_array().map(Vec::len), Some(2), "{answer}");
+
     let anonymized_query = RecallRequest::new("REDACTED").expect("query").scope(RecallScope::Tenant);
     let admin = RecallOptions { include_superseded: true, ..RecallOptions::default() };
     assert!(f.recall_api().recall_with(&me, &anonymized_query, admin).await.expect("recall").items.is_empty());

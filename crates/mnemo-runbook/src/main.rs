@@ -5,15 +5,42 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use mnemo_config::{DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, vars};
-use mnemo_core::{AgentId, Principal, SessionId, TenantId, UserId};
+use mnemo_config::{DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, vars};
+use mnemo_core::{AgentId, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId};
+use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{MIGRATOR, Store};
 
 #[derive(Debug, Parser)]
-#[command(name = "mnemo-runbook", version, about = "Operate mnemo: migrations, status, tokens.")]
+#[command(name = "mnemo-runbook", version, about = "Operate mnemo: migrations, status, tokens, recall.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// Who a command acts as: the identities a token would carry.
+#[derive(Debug, clap::Args)]
+struct Identity {
+    #[arg(long)]
+    tenant: String,
+    /// The human user (`sub`); needed for user-scope facts and recall.
+    #[arg(long)]
+    user: Option<String>,
+    #[arg(long)]
+    agent: Option<String>,
+    /// The session (`sid`).
+    #[arg(long)]
+    session: Option<String>,
+}
+
+impl Identity {
+    fn principal(&self) -> anyhow::Result<Principal> {
+        Ok(Principal {
+            tenant: TenantId::parse(&self.tenant)?,
+            user: self.user.as_deref().map(UserId::parse).transpose()?,
+            agent: self.agent.as_deref().map(AgentId::parse).transpose()?,
+            session: self.session.as_deref().map(SessionId::parse).transpose()?,
+        })
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -28,19 +55,26 @@ enum Command {
     },
     /// Print a signed HS256 development token (uses MNEMO_JWT_SECRET).
     Token {
-        #[arg(long)]
-        tenant: String,
-        /// The human user (`sub`); needed for user-scope facts and recall.
-        #[arg(long)]
-        user: Option<String>,
-        #[arg(long)]
-        agent: Option<String>,
-        /// Binds the token to one session (`sid`).
-        #[arg(long)]
-        session: Option<String>,
+        #[command(flatten)]
+        identity: Identity,
         /// Lifetime such as 90s, 30m, 1h or 7d.
         #[arg(long, default_value = "1h", value_parser = parse_ttl)]
         ttl: Duration,
+    },
+    /// Recall as the API does, with the admin option to include superseded facts. Prints
+    /// content: it is for operators inspecting a tenant.
+    Recall {
+        #[command(flatten)]
+        identity: Identity,
+        query: String,
+        #[arg(long, default_value = "any")]
+        scope: String,
+        #[arg(long, default_value_t = 5)]
+        top_k: usize,
+        #[arg(long)]
+        include_superseded: bool,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -69,13 +103,12 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate => migrate(&env).await,
         Command::Status { json } => status(&env, json).await,
-        Command::Token { tenant, user, agent, session, ttl } => {
-            let principal = Principal {
-                tenant: TenantId::parse(&tenant)?,
-                user: user.as_deref().map(UserId::parse).transpose()?,
-                agent: agent.as_deref().map(AgentId::parse).transpose()?,
-                session: session.as_deref().map(SessionId::parse).transpose()?,
-            };
+        Command::Recall { identity, query, scope, top_k, include_superseded, json } => {
+            let request = RecallRequest::new(&query)?.top_k(top_k)?.scope(RecallScope::parse(&scope)?);
+            recall(&env, &identity.principal()?, &request, include_superseded, json).await
+        }
+        Command::Token { identity, ttl } => {
+            let principal = identity.principal()?;
             let Some(secret) = env.get(vars::JWT_SECRET) else {
                 bail!("{} is not set; tokens are signed with it (HS256)", vars::JWT_SECRET);
             };
@@ -87,6 +120,41 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+async fn recall(
+    env: &Env,
+    principal: &Principal,
+    request: &RecallRequest,
+    include_superseded: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let database = DatabaseSettings::from_env(env)?;
+    let store = Store::connect(database.url.expose(), 4).await.context("cannot connect to the database")?;
+    let embedder = mnemo_models::embedder(&EmbedSettings::from_env(env)?)?;
+    // The runbook never reranks: it shows merge order, which is what recall falls back to.
+    let recall = Recall::new(store, embedder, None, RecallSettings::from_env(env)?);
+    let options = RecallOptions { include_superseded, ..RecallOptions::default() };
+    let recalled = recall.recall_with(principal, request, options).await?;
+    if json {
+        let items: Vec<_> = recalled
+            .items
+            .iter()
+            .map(|i| {
+                serde_json::json!({ "id": i.id, "source_kind": i.source_kind.as_str(), "source_ref": i.source_ref,
+                    "content": i.content, "event_time": i.event_time, "score": i.score })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "items": items, "degraded": recalled.degraded }));
+        return Ok(());
+    }
+    for item in &recalled.items {
+        println!("{:.4}  {}  {} {}\n        {}", item.score, item.id, item.source_kind, item.source_ref, item.content);
+    }
+    if recalled.degraded {
+        println!("(degraded: some rows still wait for vectors, or the query could not be embedded)");
+    }
+    Ok(())
 }
 
 /// A worker is alive if it heartbeat within this long (the default orphan timeout).
