@@ -221,6 +221,13 @@ async fn bad_recall_requests_get_clear_errors() {
     }
     let reply = f.app.client.post("/v1/recall", None, &json!({ "query": "x" })).await;
     assert_eq!((reply.status, reply.code()), (401, "missing_token"));
+
+    // Text that is no query language: stop words only, tsquery operators, quotes, backslashes.
+    f.write(&me, "chat_message", "m1", "it's in C:\\temp & ready").await;
+    for query in ["the of and", "a & b | !c:* <-> 'd'", "it's", "C:\\temp", "(((", "ÜBER 東京 🙂"] {
+        let reply = f.app.client.post("/v1/recall", Some(&t), &json!({ "query": query })).await;
+        assert_eq!(reply.status, 200, "{query}: {:?}", reply.body);
+    }
 }
 
 #[tokio::test]

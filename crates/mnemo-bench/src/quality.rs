@@ -36,11 +36,9 @@ impl Mode {
     }
 }
 
+/// How questions are asked and reported, in both scenarios.
 #[derive(Debug, clap::Args)]
-pub struct LocomoArgs {
-    /// A LoCoMo-format JSON file.
-    #[arg(long, default_value = "../shared/bench/locomo/locomo-dev5.json")]
-    data: PathBuf,
+pub struct Asking {
     #[arg(long, value_delimiter = ',', default_value = "1,5,10,20")]
     k: Vec<usize>,
     #[arg(long, value_enum, default_value = "hybrid")]
@@ -51,16 +49,21 @@ pub struct LocomoArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct LocomoArgs {
+    /// A LoCoMo-format JSON file.
+    #[arg(long, default_value = "../shared/bench/locomo/locomo-dev5.json")]
+    data: PathBuf,
+    #[command(flatten)]
+    asking: Asking,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct BeamArgs {
     /// A BEAM folder: one sub-folder per chat with chat.json and probing_questions.json.
     #[arg(long, default_value = "../shared/bench/beam-100k")]
     data: PathBuf,
-    #[arg(long, value_delimiter = ',', default_value = "1,5,10,20")]
-    k: Vec<usize>,
-    #[arg(long, value_enum, default_value = "hybrid")]
-    mode: Mode,
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    asking: Asking,
 }
 
 /// One conversation: its tenant and session, and its turns as (source_ref, text).
@@ -238,7 +241,7 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
     let (conversations, questions, normalised, dropped) = locomo_data(&args.data)?;
     let (recall, _) = ingest(&env, &conversations).await?;
-    let max_k = args.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
+    let max_k = args.asking.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
 
     // recall@k per question, by category.
     let mut scores: BTreeMap<usize, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
@@ -251,16 +254,16 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
             continue;
         }
         let who = conversations[q.conversation].principal()?;
-        let found = ask(&recall, &who, &q.question, max_k, args.mode).await?;
+        let found = ask(&recall, &who, &q.question, max_k, args.asking.mode).await?;
         asked += 1;
-        for &k in &args.k {
+        for &k in &args.asking.k {
             let top: HashSet<&String> = found.iter().take(k).collect();
             let hit = q.gold.iter().filter(|g| top.contains(g)).count() as f64 / q.gold.len() as f64;
             scores.entry(k).or_default().entry(q.category).or_default().push(hit);
         }
         // What the hybrid misses in its top 10 (categories 1–4): did either half alone have it in
         // its top 20 (fusion ranked it down), or neither (no half retrieves it)?
-        if args.mode == Mode::Hybrid && (1..=4).contains(&q.category) {
+        if args.asking.mode == Mode::Hybrid && (1..=4).contains(&q.category) {
             let top10: HashSet<&String> = found.iter().take(10).collect();
             let missed: Vec<&String> = q.gold.iter().filter(|g| !top10.contains(g)).collect();
             if !missed.is_empty() {
@@ -292,12 +295,12 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     let report = json!({
         "scenario": "locomo",
         "data": args.data.display().to_string(),
-        "mode": format!("{:?}", args.mode).to_lowercase(),
+        "mode": format!("{:?}", args.asking.mode).to_lowercase(),
         "questions": asked,
         "questions_without_gold": without_gold,
         "evidence": { "normalised": normalised, "dropped": dropped },
         "mean_query_ms": per_query_ms,
-        "hybrid_misses_at_10_cat1_4": (args.mode == Mode::Hybrid).then(|| json!({
+        "hybrid_misses_at_10_cat1_4": (args.asking.mode == Mode::Hybrid).then(|| json!({
             "gold_turns": gap.gold_total,
             "missed": gap.gold_missed,
             "in_keyword_or_vector_top20": gap.in_a_half_top20,
@@ -305,7 +308,7 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
         })),
         "recall_at_k": recall_at_k,
     });
-    if args.json {
+    if args.asking.json {
         println!("{report}");
         return Ok(());
     }
@@ -329,7 +332,7 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
             cells.join(" | ")
         );
     }
-    if args.mode == Mode::Hybrid {
+    if args.asking.mode == Mode::Hybrid {
         println!(
             "categories 1–4: {} of {} gold turns missed from the top 10; {} of those were in the keyword or vector top 20",
             gap.gold_missed, gap.gold_total, gap.in_a_half_top20
@@ -422,15 +425,16 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
     let BeamData { conversations, updates, contradictions, cut } = beam_data(&args.data)?;
     let (recall, _) = ingest(&env, &conversations).await?;
-    let max_k = args.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
+    let max_k = args.asking.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
     let rank = |found: &[String], ids: &[String]| found.iter().position(|f| ids.contains(f));
 
     let mut hit: HashMap<usize, Vec<f64>> = HashMap::new();
     let mut above = Vec::new();
     for q in updates.iter().filter(|q| !q.second.is_empty()) {
-        let found = ask(&recall, &conversations[q.conversation].principal()?, &q.question, max_k, args.mode).await?;
+        let found =
+            ask(&recall, &conversations[q.conversation].principal()?, &q.question, max_k, args.asking.mode).await?;
         let (updated, original) = (rank(&found, &q.second), rank(&found, &q.first));
-        for &k in &args.k {
+        for &k in &args.asking.k {
             hit.entry(k).or_default().push(f64::from(u8::from(updated.is_some_and(|r| r < k))));
         }
         let is_above = match (updated, original) {
@@ -442,8 +446,9 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
     }
     let mut both: HashMap<usize, Vec<f64>> = HashMap::new();
     for q in contradictions.iter().filter(|q| !q.first.is_empty() && !q.second.is_empty()) {
-        let found = ask(&recall, &conversations[q.conversation].principal()?, &q.question, max_k, args.mode).await?;
-        for &k in &args.k {
+        let found =
+            ask(&recall, &conversations[q.conversation].principal()?, &q.question, max_k, args.asking.mode).await?;
+        for &k in &args.asking.k {
             let top = &found[..found.len().min(k)];
             let ok = rank(top, &q.first).is_some() && rank(top, &q.second).is_some();
             both.entry(k).or_default().push(f64::from(u8::from(ok)));
@@ -457,7 +462,7 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
     let report = json!({
         "scenario": "beam",
         "data": args.data.display().to_string(),
-        "mode": format!("{:?}", args.mode).to_lowercase(),
+        "mode": format!("{:?}", args.asking.mode).to_lowercase(),
         "chats": conversations.len(),
         "messages": conversations.iter().map(|c| c.turns.len()).sum::<usize>(),
         "messages_cut_to_16KiB": cut,
@@ -467,7 +472,7 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
             "recall_both_at_k": by_k(&both),
         },
     });
-    if args.json {
+    if args.asking.json {
         println!("{report}");
         return Ok(());
     }
@@ -478,7 +483,7 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
         report["messages"]
     );
     println!("| k | updated message hit@k | both contradicting statements@k |\n|---:|---:|---:|");
-    for k in &args.k {
+    for k in &args.asking.k {
         println!(
             "| {k} | {:.3} | {:.3} |",
             report["knowledge_update"]["hit_at_k"][k.to_string()].as_f64().unwrap_or(0.0),

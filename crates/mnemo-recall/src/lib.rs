@@ -118,15 +118,16 @@ impl Recall {
         let started = Instant::now();
         let classes = self.weighted_classes(principal, request.scope)?;
         let class_list: Vec<RecallClass> = classes.iter().map(|(c, _)| c.clone()).collect();
+        if class_list.is_empty() {
+            // Every class the token reaches is weighted 0.
+            return Ok(Recalled { items: Vec::new(), degraded: false, rerank_used: false });
+        }
         let scope = SearchScope {
             tenant: &principal.tenant,
             classes: &class_list,
             kinds: &request.source_kinds,
             include_superseded: options.include_superseded,
         };
-        if class_list.is_empty() {
-            return Ok(Recalled { items: Vec::new(), degraded: false, rerank_used: false });
-        }
 
         let keyword = async {
             if options.halves == Halves::VectorOnly {
