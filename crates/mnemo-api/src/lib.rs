@@ -24,6 +24,7 @@ mod routes;
 
 pub use auth::{Authenticator, Claims};
 pub use error::{ApiError, ERROR_CODES};
+pub use routes::recalled_item;
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]

@@ -6,6 +6,7 @@ use mnemo_core::{
     Extras, FactKey, FactScope, MemoryText, Metadata, NewMemory, RecallRequest, RecallScope, SessionId, SourceKind,
     SourceRef, ToolOutputKey, ToolOutputText,
 };
+use mnemo_recall::RecalledItem;
 use mnemo_store::{MIGRATOR, Remembered};
 use serde_json::json;
 
@@ -103,20 +104,7 @@ pub async fn recall(
     body.finish()?;
 
     let recalled = state.recall.recall(&principal, &request).await?;
-    let items: Vec<_> = recalled
-        .items
-        .iter()
-        .map(|item| {
-            json!({
-                "id": item.id,
-                "source_kind": item.source_kind.as_str(),
-                "source_ref": item.source_ref,
-                "content": item.content,
-                "event_time": item.event_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, false),
-                "score": item.score,
-            })
-        })
-        .collect();
+    let items: Vec<_> = recalled.items.iter().map(recalled_item).collect();
     let body = json!({
         "total": items.len(),
         "items": items,
@@ -124,6 +112,18 @@ pub async fn recall(
         "rerank_used": recalled.rerank_used,
     });
     Ok(Json(body).into_response())
+}
+
+/// One recalled item as the API answers it (the runbook prints the same shape).
+pub fn recalled_item(item: &RecalledItem) -> serde_json::Value {
+    json!({
+        "id": item.id,
+        "source_kind": item.source_kind.as_str(),
+        "source_ref": item.source_ref,
+        "content": item.content,
+        "event_time": item.event_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, false),
+        "score": item.score,
+    })
 }
 
 /// `GET /v1/tool-outputs/{key}`: the full payload, to its own tenant only.

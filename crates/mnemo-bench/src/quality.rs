@@ -27,6 +27,14 @@ pub enum Mode {
 }
 
 impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Keyword => "keyword",
+            Self::Vector => "vector",
+            Self::Hybrid => "hybrid",
+        }
+    }
+
     fn halves(self) -> Halves {
         match self {
             Self::Keyword => Halves::KeywordOnly,
@@ -295,7 +303,7 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     let report = json!({
         "scenario": "locomo",
         "data": args.data.display().to_string(),
-        "mode": format!("{:?}", args.asking.mode).to_lowercase(),
+        "mode": args.asking.mode.name(),
         "questions": asked,
         "questions_without_gold": without_gold,
         "evidence": { "normalised": normalised, "dropped": dropped },
@@ -462,7 +470,7 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
     let report = json!({
         "scenario": "beam",
         "data": args.data.display().to_string(),
-        "mode": format!("{:?}", args.asking.mode).to_lowercase(),
+        "mode": args.asking.mode.name(),
         "chats": conversations.len(),
         "messages": conversations.iter().map(|c| c.turns.len()).sum::<usize>(),
         "messages_cut_to_16KiB": cut,

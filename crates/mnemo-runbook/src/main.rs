@@ -137,14 +137,7 @@ async fn recall(
     let options = RecallOptions { include_superseded, ..RecallOptions::default() };
     let recalled = recall.recall_with(principal, request, options).await?;
     if json {
-        let items: Vec<_> = recalled
-            .items
-            .iter()
-            .map(|i| {
-                serde_json::json!({ "id": i.id, "source_kind": i.source_kind.as_str(), "source_ref": i.source_ref,
-                    "content": i.content, "event_time": i.event_time, "score": i.score })
-            })
-            .collect();
+        let items: Vec<_> = recalled.items.iter().map(mnemo_api::recalled_item).collect();
         println!("{}", serde_json::json!({ "items": items, "degraded": recalled.degraded }));
         return Ok(());
     }

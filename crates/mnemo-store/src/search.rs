@@ -6,6 +6,7 @@
 //! names the model as a literal, so the planner can use that model's partial HNSW index.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{RecallClass, SourceKind, TenantId};
@@ -52,10 +53,10 @@ pub struct Search {
     store: Store,
     model: String,
     dimensions: usize,
-    keyword_sql: String,
-    vector_sql: String,
-    exact_tenant_sql: String,
-    pending_sql: String,
+    keyword_sql: Arc<str>,
+    vector_sql: Arc<str>,
+    exact_tenant_sql: Arc<str>,
+    pending_sql: Arc<str>,
 }
 
 /// The classes a statement may search, bound as `$2`–`$5`; `$1` is the tenant, `$6` the kinds,
@@ -124,7 +125,7 @@ fn pending_sql(model_literal: &str) -> String {
 impl Store {
     /// Search statements for `model`, whose vectors have `dimensions` components.
     pub fn search(&self, model: &str, dimensions: usize) -> Search {
-        let model_literal = format!("'{}'", model.replace('\'', "''"));
+        let model_literal = sql_literal(model);
         let distance = format!("(e.embedding::vector({dimensions}) <=> $9::vector({dimensions}))");
         // Identity classes (a session, a user's or an agent's facts) are small: rank them exactly.
         // `+ 0` keeps the planner off the HNSW index, which would have to walk past the whole
@@ -151,10 +152,10 @@ impl Store {
             store: self.clone(),
             model: model.to_owned(),
             dimensions,
-            keyword_sql: keyword_sql(),
-            vector_sql,
-            exact_tenant_sql: exact("tenant", TENANT),
-            pending_sql: pending_sql(&model_literal),
+            keyword_sql: keyword_sql().into(),
+            vector_sql: vector_sql.into(),
+            exact_tenant_sql: exact("tenant", TENANT).into(),
+            pending_sql: pending_sql(&model_literal).into(),
         }
     }
 
@@ -202,14 +203,7 @@ impl Store {
     /// vectors. Returns whether it built one. Runs CONCURRENTLY: writes go on meanwhile.
     pub async fn ensure_vector_index(&self, model: &str, dimensions: usize) -> Result<bool, StoreError> {
         let name = vector_index_name(model, dimensions);
-        let valid: Option<bool> = sqlx::query_scalar(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-             WHERE c.relname = $1 AND c.relnamespace = current_schema()::regnamespace",
-        )
-        .bind(&name)
-        .fetch_optional(&self.pool)
-        .await?;
-        match valid {
+        match self.index_validity(&name).await? {
             Some(true) => return Ok(false),
             Some(false) => {
                 sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX CONCURRENTLY IF EXISTS {name}")))
@@ -218,10 +212,10 @@ impl Store {
             }
             None => {}
         }
-        let model_literal = model.replace('\'', "''");
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON memory_embeddings
-             USING hnsw ((embedding::vector({dimensions})) vector_cosine_ops) WHERE model = '{model_literal}'"
+             USING hnsw ((embedding::vector({dimensions})) vector_cosine_ops) WHERE model = {}",
+            sql_literal(model)
         )))
         .execute(&self.pool)
         .await?;
@@ -230,14 +224,27 @@ impl Store {
 
     /// Whether `model`'s HNSW index exists and is usable.
     pub async fn has_vector_index(&self, model: &str, dimensions: usize) -> Result<bool, StoreError> {
+        Ok(self.index_validity(&vector_index_name(model, dimensions)).await? == Some(true))
+    }
+
+    /// Whether an index of this schema is valid; `None` when there is none. A CONCURRENTLY build
+    /// that was interrupted leaves an invalid one behind.
+    async fn index_validity(&self, name: &str) -> Result<Option<bool>, StoreError> {
         Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-             WHERE c.relname = $1 AND c.relnamespace = current_schema()::regnamespace AND i.indisvalid)",
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+             WHERE c.relname = $1 AND c.relnamespace = current_schema()::regnamespace",
         )
-        .bind(vector_index_name(model, dimensions))
-        .fetch_one(&self.pool)
+        .bind(name)
+        .fetch_optional(&self.pool)
         .await?)
     }
+}
+
+/// A string as an SQL literal. Model names go into statement text (so the planner can match
+/// each model's partial index); quotes are doubled, and backslashes are plain characters under
+/// standard_conforming_strings.
+fn sql_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
 }
 
 /// One index per (model, dimensions); model names may hold any character, so the name hashes it.
@@ -303,7 +310,7 @@ impl Search {
         common: &CommonLexemes,
         per_class: i64,
     ) -> Result<Ranked, StoreError> {
-        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(self.keyword_sql.clone())), scope)
+        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.keyword_sql))), scope)
             .bind(per_class)
             .bind(query)
             .bind(&common.lexemes)
@@ -316,7 +323,7 @@ impl Search {
     /// Nearest neighbours of `vector` per class, at most `per_class` each, nearest first.
     pub async fn vector(&self, scope: &SearchScope<'_>, vector: &[f32], per_class: i64) -> Result<Ranked, StoreError> {
         let vector = Vector::from(vector.to_vec());
-        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(self.vector_sql.clone())), scope)
+        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.vector_sql))), scope)
             .bind(per_class)
             .bind(&vector)
             .fetch_all(self.store.pool())
@@ -326,7 +333,7 @@ impl Search {
         // scans; then it is small enough to rank exactly.
         let tenant_short = ranked.get("tenant").map_or(0, Vec::len) < per_class as usize;
         if scope.classes.contains(&RecallClass::Tenant) && tenant_short {
-            let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(self.exact_tenant_sql.clone())), scope)
+            let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.exact_tenant_sql))), scope)
                 .bind(per_class)
                 .bind(&vector)
                 .fetch_all(self.store.pool())
@@ -338,7 +345,7 @@ impl Search {
 
     /// Whether live rows in the searched classes still wait for a vector of this model.
     pub async fn pending_embeddings(&self, scope: &SearchScope<'_>) -> Result<bool, StoreError> {
-        Ok(bind_scope!(sqlx::query_scalar(sqlx::AssertSqlSafe(self.pending_sql.clone())), scope)
+        Ok(bind_scope!(sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.pending_sql))), scope)
             .fetch_one(self.store.pool())
             .await?)
     }
