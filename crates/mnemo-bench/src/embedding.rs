@@ -190,7 +190,7 @@ pub(crate) fn start_worker(
     let settings = WorkerSettings::from_env(&env)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        if let Err(e) = mnemo_jobs::run_worker(settings, embedder, async move {
+        if let Err(e) = mnemo_jobs::run_worker(settings, embedder, None, async move {
             let _ = stopped.await;
         })
         .await

@@ -54,6 +54,17 @@ pub mod vars {
     pub const RECALL_PRUNE_FRACTION: &str = "MNEMO_RECALL_PRUNE_FRACTION";
     pub const RERANKER_URL: &str = "MNEMO_RERANKER_URL";
     pub const RERANKER_TIMEOUT_MS: &str = "MNEMO_RERANKER_TIMEOUT_MS";
+    pub const JUDGE_MODEL: &str = "MNEMO_JUDGE_MODEL";
+    /// Falls back to `OPENAI_BASE_URL`.
+    pub const JUDGE_BASE_URL: &str = "MNEMO_JUDGE_BASE_URL";
+    /// Falls back to `OPENAI_API_KEY`.
+    pub const JUDGE_API_KEY: &str = "MNEMO_JUDGE_API_KEY";
+    pub const JUDGE_TOPK: &str = "MNEMO_JUDGE_TOPK";
+    pub const JUDGE_THRESHOLD: &str = "MNEMO_JUDGE_THRESHOLD";
+    pub const JUDGE_BATCH_SIZE: &str = "MNEMO_JUDGE_BATCH_SIZE";
+    pub const JUDGE_TIMEOUT_MS: &str = "MNEMO_JUDGE_TIMEOUT_MS";
+    pub const JUDGE_MAX_WAIT_MS: &str = "MNEMO_JUDGE_MAX_WAIT_MS";
+    pub const JUDGE_GRACE_S: &str = "MNEMO_JUDGE_GRACE_S";
     pub const LOG: &str = "MNEMO_LOG";
     pub const LOG_FORMAT: &str = "MNEMO_LOG_FORMAT";
 }
@@ -445,11 +456,83 @@ impl EmbedSettings {
     }
 }
 
+/// The OpenAI-compatible chat model that judges contradictions.
+#[derive(Debug, Clone)]
+pub struct JudgeModel {
+    pub name: String,
+    /// Unset means the client library's default (OpenAI itself).
+    pub base_url: Option<String>,
+    pub api_key: Secret<String>,
+    pub timeout: Duration,
+}
+
+/// How the contradiction judge finds candidates and batches its work.
+#[derive(Debug, Clone)]
+pub struct JudgeSettings {
+    /// `None` (an empty `MNEMO_JUDGE_MODEL`) disables the model step; keyed facts still supersede.
+    pub model: Option<JudgeModel>,
+    /// Candidates per pending row.
+    pub topk: usize,
+    /// Cosine-distance cutoff, clamped to [0, 1]: older facts closer than this are candidates.
+    pub threshold: f64,
+    /// Pending rows judged at once (their model calls run side by side).
+    pub batch_size: usize,
+    /// How long a batch waits to fill.
+    pub max_wait: Duration,
+    /// Pending rows whose judge job was queued this long ago get a new job.
+    pub grace: Duration,
+}
+
+impl JudgeSettings {
+    fn read(env: &Env, problems: &mut Problems) -> Self {
+        let model = env.get(vars::JUDGE_MODEL).map(|name| {
+            let base_url = env.get(vars::JUDGE_BASE_URL).or_else(|| env.get(vars::OPENAI_BASE_URL));
+            let api_key = env.get(vars::JUDGE_API_KEY).or_else(|| env.get(vars::OPENAI_API_KEY)).unwrap_or("");
+            if base_url.is_none() && api_key.is_empty() {
+                problems.0.push(format!(
+                    "{}={name:?} needs {} (or {}) and/or {} (or {})",
+                    vars::JUDGE_MODEL,
+                    vars::JUDGE_BASE_URL,
+                    vars::OPENAI_BASE_URL,
+                    vars::JUDGE_API_KEY,
+                    vars::OPENAI_API_KEY
+                ));
+            }
+            let timeout_ms = problems.parsed(env, vars::JUDGE_TIMEOUT_MS, 20_000u64, "milliseconds").max(1);
+            JudgeModel {
+                name: name.trim().to_owned(),
+                base_url: base_url.map(|u| u.trim().trim_end_matches('/').to_owned()),
+                api_key: Secret::new(api_key.to_owned()),
+                timeout: Duration::from_millis(timeout_ms),
+            }
+        });
+        let topk = problems.parsed(env, vars::JUDGE_TOPK, 5usize, "a whole number");
+        if !(1..=50).contains(&topk) {
+            problems.0.push(format!("{}={topk} must be between 1 and 50", vars::JUDGE_TOPK));
+        }
+        // Clamped rather than refused, as the seed says; not a number at all is still an error.
+        let threshold = problems.parsed(env, vars::JUDGE_THRESHOLD, 0.7f64, "a number");
+        let threshold = if threshold.is_nan() { 0.7 } else { threshold.clamp(0.0, 1.0) };
+        let batch_size = problems.parsed(env, vars::JUDGE_BATCH_SIZE, 20usize, "a whole number");
+        if !(1..=500).contains(&batch_size) {
+            problems.0.push(format!("{}={batch_size} must be between 1 and 500", vars::JUDGE_BATCH_SIZE));
+        }
+        let max_wait = Duration::from_millis(problems.parsed(env, vars::JUDGE_MAX_WAIT_MS, 50u64, "milliseconds"));
+        let grace = Duration::from_secs(problems.parsed(env, vars::JUDGE_GRACE_S, 120u64, "a number of seconds").max(1));
+        Self { model, topk, threshold, batch_size: batch_size.max(1), max_wait, grace }
+    }
+
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        Problems::read_all(env, Self::read)
+    }
+}
+
 /// Everything `mnemo-worker` needs.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
     pub database: DatabaseSettings,
     pub embed: EmbedSettings,
+    pub judge: JudgeSettings,
     /// Queues this process serves, with the jobs it runs at once on each.
     pub queues: Vec<(String, usize)>,
     /// Rows per model call, and how long a batch waits to fill.
@@ -471,15 +554,28 @@ pub struct WorkerSettings {
 }
 
 /// The queues a worker knows.
-pub const QUEUES: &[&str] = &["embed"];
+pub const QUEUES: &[&str] = &["embed", "judge"];
 
 impl WorkerSettings {
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
         let mut problems = Problems::default();
         let database = DatabaseSettings::read(env, &mut problems);
         let embed = EmbedSettings::read(env, &mut problems);
-        // 4× the embed batch: the next batches gather while one is in the model.
-        let queues = parse_queues(env.get(vars::WORKER_QUEUES).unwrap_or("embed=128"), &mut problems);
+        let judge = JudgeSettings::read(env, &mut problems);
+        // Embed: 4× the batch, so the next batches gather while one is in the model. Judge: 2×
+        // the batch, so the next batch is in hand when one finishes.
+        let default_queues = format!("embed=128,judge={}", judge.batch_size * 2);
+        let queues = parse_queues(env.get(vars::WORKER_QUEUES).unwrap_or(&default_queues), &mut problems);
+        if let Some((_, concurrency)) = queues.iter().find(|(q, _)| q == "judge")
+            && *concurrency < judge.batch_size
+        {
+            problems.0.push(format!(
+                "{}: judge={concurrency} is below {}={}, so a batch could never fill",
+                vars::WORKER_QUEUES,
+                vars::JUDGE_BATCH_SIZE,
+                judge.batch_size
+            ));
+        }
         let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
         let embed_max_wait = Duration::from_millis(problems.parsed(env, vars::EMBED_MAX_WAIT_MS, 5u64, "milliseconds"));
         let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);
@@ -496,6 +592,7 @@ impl WorkerSettings {
         problems.finish(Self {
             database,
             embed,
+            judge,
             queues,
             embed_batch_size,
             embed_max_wait,
@@ -573,6 +670,25 @@ mod tests {
         assert!(settings.warnings[0].contains(vars::RECALL_WEIGHT_SESSION));
         let bad_url = Env::from_pairs([(vars::RERANKER_URL, "tei:80")]);
         assert!(RecallSettings::from_env(&bad_url).is_err());
+    }
+
+    #[test]
+    fn judge_settings_clamp_the_threshold_and_fall_back_to_openai_variables() {
+        let env = Env::from_pairs([
+            (vars::JUDGE_MODEL, "small-judge"),
+            (vars::OPENAI_BASE_URL, "http://llm:8000/v1/"),
+            (vars::JUDGE_THRESHOLD, "1.5"),
+        ]);
+        let settings = JudgeSettings::from_env(&env).expect("valid");
+        let model = settings.model.expect("a model");
+        assert_eq!((model.name.as_str(), model.base_url.as_deref()), ("small-judge", Some("http://llm:8000/v1")));
+        assert_eq!((settings.threshold, settings.topk, settings.batch_size), (1.0, 5, 20));
+        assert!(JudgeSettings::from_env(&Env::default()).expect("disabled").model.is_none());
+        let nowhere = Env::from_pairs([(vars::JUDGE_MODEL, "m"), (vars::JUDGE_THRESHOLD, "close")]);
+        let err = JudgeSettings::from_env(&nowhere).unwrap_err().to_string();
+        assert!(err.contains(vars::JUDGE_BASE_URL) && err.contains(vars::JUDGE_THRESHOLD), "{err}");
+        let small = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "embed,judge=4")]);
+        assert!(WorkerSettings::from_env(&small).unwrap_err().to_string().contains("never fill"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod embed;
 mod error;
 mod ids;
+mod judge;
 mod kinds;
 mod memory;
 mod principal;
@@ -15,6 +16,7 @@ mod text;
 pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::InvalidInput;
 pub use ids::{AgentId, SessionId, TenantId, UserId};
+pub use judge::{Judge, JudgeError, JudgeFuture, JudgeOutcome, Verdict};
 pub use kinds::{FactScope, RecallScope, Scope, SourceKind};
 pub use memory::{Extras, FactKey, Metadata, NewMemory, ScopeError};
 pub use principal::Principal;

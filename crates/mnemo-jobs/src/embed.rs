@@ -1,8 +1,8 @@
 //! Batched embedding. Each apalis embed job hands its row to the [`EmbedDispatcher`] and waits;
-//! the dispatcher gathers rows until the batch is full or the first row has waited
-//! `max_wait`, makes one model call for the batch, writes the vectors back, and answers every
-//! job. Rows already embedded by the current model for their current content are skipped, so a
-//! job run twice (a crash, a re-queue) changes nothing the second time.
+//! the dispatcher gathers rows into a batch, makes one model call for it, writes the vectors
+//! back (queueing the judge for facts), and answers every job. Rows already embedded by the
+//! current model for their current content are skipped, so a job run twice (a crash, a
+//! re-queue) changes nothing the second time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use mnemo_core::{EmbedError, Embedder, FailureClass};
 use mnemo_store::queue::EmbedJob;
 use mnemo_store::{NewVector, Store, StoreError};
-use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
+use crate::batcher::Batcher;
 use crate::{JobError, backoff};
 
 /// How the dispatcher batches and retries.
@@ -24,64 +24,33 @@ pub struct EmbedPolicy {
     pub max_attempts: i32,
 }
 
-type Reply = oneshot::Sender<Result<(), JobError>>;
-
 /// A handle to the batching loops. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EmbedDispatcher {
-    sender: mpsc::Sender<(EmbedJob, Reply)>,
+    batcher: Batcher<EmbedJob>,
 }
 
 impl EmbedDispatcher {
     /// Starts two batching loops: while one batch is in the model, the next one gathers and
     /// loads its rows.
     pub fn start(store: Store, embedder: Arc<dyn Embedder>, policy: EmbedPolicy) -> Self {
-        let (sender, receiver) = mpsc::channel(policy.batch_size * 8);
-        let receiver = Arc::new(Mutex::new(receiver));
-        for _ in 0..2 {
-            tokio::spawn(batch_loop(store.clone(), embedder.clone(), policy, receiver.clone()));
-        }
-        Self { sender }
+        let batcher = Batcher::start(2, policy.batch_size, policy.max_wait, move |jobs: Vec<EmbedJob>| {
+            let (store, embedder) = (store.clone(), embedder.clone());
+            async move {
+                embed_batch(&store, embedder.as_ref(), policy, &jobs).await.map_err(|e| {
+                    tracing::warn!(error = %e, jobs = jobs.len(), "embed batch could not be stored; its jobs will run again");
+                    JobError::Store(e.to_string())
+                })
+            }
+        });
+        Self { batcher }
     }
 
     /// Embeds one job's row with whichever others are waiting. `Ok` means the job is finished:
     /// embedded, skipped, re-queued with a backoff, or failed for good (recorded on the row).
     /// `Err` means the database could not be reached and the job should run again.
     pub async fn submit(&self, job: EmbedJob) -> Result<(), JobError> {
-        let (reply, answer) = oneshot::channel();
-        self.sender.send((job, reply)).await.map_err(|_| JobError::ShuttingDown)?;
-        answer.await.map_err(|_| JobError::ShuttingDown)?
-    }
-}
-
-async fn batch_loop(
-    store: Store,
-    embedder: Arc<dyn Embedder>,
-    policy: EmbedPolicy,
-    receiver: Arc<Mutex<mpsc::Receiver<(EmbedJob, Reply)>>>,
-) {
-    loop {
-        let mut batch = Vec::with_capacity(policy.batch_size);
-        {
-            let mut receiver = receiver.lock().await;
-            let Some(first) = receiver.recv().await else { return };
-            batch.push(first);
-            let deadline = tokio::time::Instant::now() + policy.max_wait;
-            while batch.len() < policy.batch_size {
-                match tokio::time::timeout_at(deadline, receiver.recv()).await {
-                    Ok(Some(item)) => batch.push(item),
-                    Ok(None) | Err(_) => break,
-                }
-            }
-        }
-        let (jobs, replies): (Vec<EmbedJob>, Vec<Reply>) = batch.into_iter().unzip();
-        let result = embed_batch(&store, embedder.as_ref(), policy, &jobs).await.map_err(|e| {
-            tracing::warn!(error = %e, jobs = jobs.len(), "embed batch could not be stored; its jobs will run again");
-            JobError::Store(e.to_string())
-        });
-        for reply in replies {
-            let _ = reply.send(result.clone());
-        }
+        self.batcher.submit(job).await
     }
 }
 

@@ -13,6 +13,7 @@ pub struct HousekeepingPolicy {
     pub interval: Duration,
     pub model: String,
     pub embed_grace: Duration,
+    pub judge_grace: Duration,
     pub job_retention: Duration,
     pub dead_worker_after: Duration,
 }
@@ -34,7 +35,8 @@ pub async fn run_housekeeping(
         return Ok(None);
     }
     let done = Housekeeping {
-        requeued: store.requeue_unembedded(&policy.model, policy.embed_grace, 10_000).await?,
+        requeued: store.requeue_unembedded(&policy.model, policy.embed_grace, 10_000).await?
+            + store.requeue_unjudged(policy.judge_grace, 10_000).await?,
         pruned_jobs: store.prune_finished_jobs(policy.job_retention).await?,
         removed_workers: store.remove_stale_workers(policy.dead_worker_after).await?,
     };

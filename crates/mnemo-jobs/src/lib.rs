@@ -1,14 +1,18 @@
 //! mnemo's background work on apalis-postgres: the worker pool ([`run_worker`]), batched
-//! embedding ([`EmbedDispatcher`]), and once-per-tick housekeeping. Every job is idempotent:
+//! embedding ([`EmbedDispatcher`]), the contradiction judge ([`JudgeDispatcher`]), and
+//! once-per-tick housekeeping. Every job is idempotent:
 //! running it twice leaves the state running it once leaves.
 
 use std::time::Duration;
 
+mod batcher;
 mod embed;
 mod housekeeping;
+mod judge;
 mod worker;
 
 pub use embed::{EmbedDispatcher, EmbedPolicy};
+pub use judge::{BatchReport, JudgeDispatcher, JudgePolicy, judge_batch, judge_pending};
 pub use housekeeping::{HousekeepingPolicy, run_housekeeping};
 pub use worker::{run_worker, worker_name};
 

@@ -11,12 +11,12 @@ use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
-use mnemo_core::Embedder;
-use mnemo_store::queue::{EMBED_QUEUE, EmbedJob};
+use mnemo_core::{Embedder, Judge};
+use mnemo_store::queue::{EMBED_QUEUE, EmbedJob, JUDGE_QUEUE, JudgeJob};
 use mnemo_store::{MIGRATOR, Store};
 
 use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
-use crate::{EmbedDispatcher, EmbedPolicy, JobError};
+use crate::{EmbedDispatcher, EmbedPolicy, JobError, JudgeDispatcher, JudgePolicy};
 
 /// A name no other process has used or will use: a restarted worker must not inherit the
 /// Running jobs of its previous life, or they would never be re-queued.
@@ -28,6 +28,10 @@ pub fn worker_name() -> String {
 }
 
 async fn handle_embed(job: EmbedJob, dispatcher: Data<EmbedDispatcher>) -> Result<(), BoxDynError> {
+    dispatcher.submit(job).await.map_err(Into::into)
+}
+
+async fn handle_judge(job: JudgeJob, dispatcher: Data<JudgeDispatcher>) -> Result<(), BoxDynError> {
     dispatcher.submit(job).await.map_err(Into::into)
 }
 
@@ -49,6 +53,7 @@ async fn build_vector_index(store: Store, model: String, dimensions: usize) {
 pub async fn run_worker(
     settings: WorkerSettings,
     embedder: Arc<dyn Embedder>,
+    judge: Option<Arc<dyn Judge>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), JobError> {
     // Handlers wait on the dispatcher without holding a connection: a small pool serves the
@@ -59,7 +64,13 @@ pub async fn run_worker(
         return Err(JobError::Setup("the database schema is not current: run `mnemo-runbook migrate` first".into()));
     }
     let name = worker_name();
-    tracing::info!(worker = %name, model = embedder.model(), queues = ?settings.queues, "mnemo-worker starting");
+    tracing::info!(
+        worker = %name,
+        model = embedder.model(),
+        judge = judge.as_ref().map_or("disabled", |j| j.model()),
+        queues = ?settings.queues,
+        "mnemo-worker starting"
+    );
 
     let metrics = serve_metrics(settings.listen).await?;
     let index = tokio::spawn(build_vector_index(store.clone(), embedder.model().to_owned(), embedder.dimensions()));
@@ -71,6 +82,7 @@ pub async fn run_worker(
             interval: settings.housekeeping_interval,
             model: embedder.model().to_owned(),
             embed_grace: settings.embed_grace,
+            judge_grace: settings.judge.grace,
             job_retention: settings.job_retention,
             dead_worker_after: settings.orphan_timeout * 3,
         },
@@ -116,6 +128,34 @@ pub async fn run_worker(
                         .timeout(job_timeout)
                         .parallelize(tokio::spawn)
                         .build(handle_embed)
+                });
+            }
+            JUDGE_QUEUE => {
+                let j = &settings.judge;
+                let policy =
+                    JudgePolicy { batch_size: j.batch_size, max_wait: j.max_wait, topk: j.topk, threshold: j.threshold };
+                let dispatcher = JudgeDispatcher::start(store.clone(), judge.clone(), policy, name.clone());
+                let config = Config::default()
+                    .queue(JUDGE_QUEUE)
+                    .batch_size(concurrency)
+                    .heartbeat_interval(heartbeat)
+                    .missed_heartbeats(missed as usize);
+                let pool = store.pool().clone();
+                let worker_id = format!("{name}-{queue}");
+                let job_timeout = settings.job_timeout;
+                monitor = monitor.register(move |_| {
+                    let backend = PostgresStorage::<JudgeJob>::new(&pool)
+                        .with_config(config.clone())
+                        .with_pubsub()
+                        .poll_with_interval(heartbeat);
+                    WorkerBuilder::new(worker_id.clone())
+                        .backend(backend)
+                        .data(dispatcher.clone())
+                        .catch_panic()
+                        .concurrency(concurrency)
+                        .timeout(job_timeout)
+                        .parallelize(tokio::spawn)
+                        .build(handle_judge)
                 });
             }
             other => return Err(JobError::Setup(format!("no handler for queue {other}"))),

@@ -1,18 +1,20 @@
 //! Model providers, behind the traits in `mnemo-core`: the local all-MiniLM-L6-v2 embedder
-//! (candle, in-process), any OpenAI-compatible embeddings endpoint (async-openai), and a
-//! TEI-compatible reranker. This crate alone talks to model endpoints. Providers never retry on
-//! their own: callers own retries, so backoff is durable and visible.
+//! (candle, in-process), any OpenAI-compatible embeddings endpoint and chat judge
+//! (async-openai), and a TEI-compatible reranker. This crate alone talks to model endpoints.
+//! Providers never retry on their own: callers own retries, so backoff is durable and visible.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Once};
 
-use mnemo_config::{EmbedProvider, EmbedSettings};
-use mnemo_core::Embedder;
+use mnemo_config::{EmbedProvider, EmbedSettings, JudgeSettings};
+use mnemo_core::{Embedder, Judge};
 
+mod chat_judge;
 mod local;
 mod openai;
 mod tei;
 
+pub use chat_judge::{OpenAiJudge, parse_verdicts};
 pub use local::{LOCAL_MODEL_NAME, LocalEmbedder};
 pub use openai::OpenAiEmbedder;
 pub use tei::TeiReranker;
@@ -42,6 +44,13 @@ pub fn embedder(settings: &EmbedSettings) -> Result<Arc<dyn Embedder>, ModelErro
             )?))
         }
     }
+}
+
+/// The contradiction judge the settings name; `None` when the model step is disabled.
+pub fn judge(settings: &JudgeSettings) -> Result<Option<Arc<dyn Judge>>, ModelError> {
+    let Some(model) = &settings.model else { return Ok(None) };
+    let judge = OpenAiJudge::new(model.base_url.as_deref(), model.api_key.expose(), &model.name, model.timeout)?;
+    Ok(Some(Arc::new(judge)))
 }
 
 /// HTTPS to providers uses rustls with ring, which is already in the build for PostgreSQL TLS.

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use uuid::Uuid;
 
+use crate::judge::push_judge_jobs;
 use crate::queue::{EMBED_QUEUE, EmbedJob, task};
 use crate::{Store, StoreError};
 
@@ -43,7 +44,7 @@ LEFT JOIN memory_embeddings e ON e.item_id = m.id AND e.model = $3 AND e.content
 WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 
 /// Stores vectors only for rows whose content is still what was embedded; a row changed since
-/// has a newer job of its own.
+/// has a newer job of its own. A live fact not yet judged is marked for the judge.
 const SAVE_VECTORS: &str = "
 WITH v AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::vector[]) AS v(id, tenant_id, sha, embedding)
@@ -57,9 +58,11 @@ WITH v AS (
         SET embedding = EXCLUDED.embedding, content_sha256 = EXCLUDED.content_sha256, embedded_at = now()
     RETURNING item_id
 )
-UPDATE memory_items m SET embedded_model = $5, embed_error = NULL
+UPDATE memory_items m SET embedded_model = $5, embed_error = NULL,
+    judge_enqueued_at = CASE WHEN m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL
+                             THEN now() ELSE m.judge_enqueued_at END
 FROM saved WHERE m.id = saved.item_id
-RETURNING m.id";
+RETURNING m.id, m.tenant_id, (m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL) AS judge";
 
 impl Store {
     /// The live rows behind a batch of embed jobs, each checked against its job's tenant.
@@ -69,7 +72,8 @@ impl Store {
         Ok(sqlx::query_as(ROWS_TO_EMBED).bind(&ids).bind(&tenants).bind(model).fetch_all(&self.pool).await?)
     }
 
-    /// Writes vectors back; returns the ids stored (rows changed or anonymized since are left).
+    /// Writes vectors back and queues the judge for facts that wait for it, in one transaction;
+    /// returns the ids stored (rows changed or anonymized since are left).
     pub async fn save_vectors(&self, model: &str, vectors: Vec<NewVector>) -> Result<Vec<Uuid>, StoreError> {
         if vectors.is_empty() {
             return Ok(Vec::new());
@@ -84,15 +88,19 @@ impl Store {
             shas.push(v.content_sha256);
             embeddings.push(Vector::from(v.embedding));
         }
-        let saved = sqlx::query_scalar(SAVE_VECTORS)
+        let mut tx = self.pool.begin().await?;
+        let saved: Vec<(Uuid, String, bool)> = sqlx::query_as(SAVE_VECTORS)
             .bind(ids)
             .bind(tenants)
             .bind(shas)
             .bind(embeddings)
             .bind(model)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(saved)
+        let to_judge = saved.iter().filter(|(_, _, judge)| *judge).map(|(id, tenant, _)| (*id, tenant.clone())).collect();
+        push_judge_jobs(&mut tx, to_judge).await?;
+        tx.commit().await?;
+        Ok(saved.into_iter().map(|(id, _, _)| id).collect())
     }
 
     /// Records a failed attempt. When `retry_after` is given, the row's job is queued again to run

@@ -11,6 +11,7 @@ mod database;
 mod embeddings;
 mod error;
 mod group_commit;
+mod judge;
 mod memories;
 mod ops;
 pub mod queue;
@@ -21,6 +22,9 @@ pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use group_commit::GroupCommit;
+pub use judge::{
+    BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, Judgement, JudgeStatus, PendingFact,
+};
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};

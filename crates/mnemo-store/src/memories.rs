@@ -1,7 +1,8 @@
 use apalis_postgres::queries::push_tasks;
-use mnemo_core::{NewMemory, TenantId, ToolOutputKey};
+use mnemo_core::{NewMemory, SourceKind, TenantId, ToolOutputKey};
 use uuid::Uuid;
 
+use crate::judge::push_judge_jobs;
 use crate::queue::{EMBED_QUEUE, EmbedJob, task};
 use crate::{Store, StoreError};
 
@@ -43,6 +44,29 @@ const FIND_ITEMS: &str = "
 SELECT k.ord, m.id, m.content_sha256
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
 JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
+
+/// Re-asserting a superseded fact makes it live again: its validity restarts, its judgement is
+/// cleared so it is judged again (against the facts that are now older than it), and an audit
+/// row names the fact that had superseded it. Returns the revived rows, and whether each has a
+/// vector already (then its judge job is queued here; otherwise embedding queues it).
+const REVIVE_FACTS: &str = "
+WITH old AS (
+    SELECT id, superseded_by FROM memory_items
+    WHERE id = ANY($1) AND source_kind = 'fact' AND superseded_by IS NOT NULL
+      AND deleted_at IS NULL AND anonymized_at IS NULL
+    FOR UPDATE
+), revived AS (
+    UPDATE memory_items m
+    SET superseded_by = NULL, superseded_at = NULL, valid_from = now(), valid_to = NULL,
+        judge_at = NULL, judge_outcome = NULL,
+        judge_enqueued_at = CASE WHEN m.embedded_model IS NOT NULL THEN now() END
+    FROM old WHERE m.id = old.id
+    RETURNING m.id, m.tenant_id, old.superseded_by AS successor, m.embedded_model IS NOT NULL AS embedded
+), audit AS (
+    INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
+    SELECT tenant_id, 'revive', id, successor, 'reasserted', 'api' FROM revived
+)
+SELECT id, tenant_id, embedded FROM revived";
 
 const INSERT_TOOL_OUTPUTS: &str = "
 INSERT INTO tool_outputs (tenant_id, key, item_id, content)
@@ -113,6 +137,7 @@ impl Store {
             ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
 
         // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
+        let mut reasserted_facts = Vec::new();
         if inserted.len() < rows.len() {
             let existing: Vec<(i64, Uuid, Vec<u8>)> =
                 sqlx::query_as(FIND_ITEMS).bind(&tenants).bind(&kinds).bind(&refs).fetch_all(&mut *tx).await?;
@@ -120,12 +145,22 @@ impl Store {
                 let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
                 if let Some(slot @ None) = results.get_mut(i) {
                     *slot = Some(if sha == rows[i].content_sha256 {
+                        if rows[i].kind == SourceKind::Fact {
+                            reasserted_facts.push(id);
+                        }
                         Ok(Remembered { id, was_new: false })
                     } else {
                         Err(StoreError::SourceRefConflict { existing: id })
                     });
                 }
             }
+        }
+
+        if !reasserted_facts.is_empty() {
+            let revived: Vec<(Uuid, String, bool)> =
+                sqlx::query_as(REVIVE_FACTS).bind(&reasserted_facts).fetch_all(&mut *tx).await?;
+            let to_judge = revived.into_iter().filter(|(_, _, embedded)| *embedded).map(|(id, t, _)| (id, t)).collect();
+            push_judge_jobs(&mut tx, to_judge).await?;
         }
 
         let new: Vec<(&NewMemory, Uuid)> =

@@ -21,6 +21,16 @@ pub struct EmbedJob {
     pub content_sha256: String,
 }
 
+/// Judges embedded facts against the older facts of their bucket.
+pub const JUDGE_QUEUE: &str = "judge";
+
+/// Judge one fact, if it is still pending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JudgeJob {
+    pub tenant_id: String,
+    pub item_id: Uuid,
+}
+
 pub(crate) fn task<T: Serialize>(args: &T) -> Result<PgTask, StoreError> {
     Ok(TaskBuilder::new(serde_json::to_vec(args)?).build())
 }

@@ -18,7 +18,7 @@ async fn main() -> anyhow::Result<()> {
             "--listen" => vars::WORKER_LISTEN,
             "-h" | "--help" => {
                 println!(
-                    "mnemo-worker [--queues embed=32] [--listen 127.0.0.1:9464]\nSettings: MNEMO_* variables (README)."
+                    "mnemo-worker [--queues embed=128,judge=40] [--listen 127.0.0.1:9464]\nSettings: MNEMO_* variables (README)."
                 );
                 return Ok(());
             }
@@ -30,5 +30,6 @@ async fn main() -> anyhow::Result<()> {
     let settings = WorkerSettings::from_env(&env)?;
     mnemo_config::init_tracing(&settings.log);
     let embedder = mnemo_models::embedder(&settings.embed)?;
-    mnemo_jobs::run_worker(settings, embedder, mnemo_config::shutdown_signal()).await.context("mnemo-worker failed")
+    let judge = mnemo_models::judge(&settings.judge)?;
+    mnemo_jobs::run_worker(settings, embedder, judge, mnemo_config::shutdown_signal()).await.context("mnemo-worker failed")
 }

@@ -1,0 +1,216 @@
+//! The contradiction judge. Each apalis judge job hands its fact to the [`JudgeDispatcher`];
+//! the dispatcher gathers up to `batch_size` pending facts and judges them side by side:
+//! - a fact with a key retires the older live facts of its bucket with the same key, without a
+//!   model call;
+//! - otherwise its candidates (older, live, close facts of its bucket) go to the model, which says
+//!   SUPERSEDE or KEEP for each; with no model configured the outcome is `disabled`;
+//! - any model failure retires nothing: the outcome is `fail_open`, with an audit row and a
+//!   metric.
+//!
+//! Every judged fact gets `judge_at` and an outcome, so nothing is judged twice; a job whose fact
+//! is no longer pending changes nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mnemo_core::{Judge, JudgeOutcome, Verdict};
+use mnemo_store::queue::JudgeJob;
+use mnemo_store::{BatchRecord, Judgement, PendingFact, Store, StoreError};
+
+use crate::JobError;
+use crate::batcher::Batcher;
+
+/// How the judge finds candidates and batches its work.
+#[derive(Debug, Clone, Copy)]
+pub struct JudgePolicy {
+    pub batch_size: usize,
+    pub max_wait: Duration,
+    pub topk: usize,
+    pub threshold: f64,
+}
+
+/// A handle to the batching loop. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct JudgeDispatcher {
+    batcher: Batcher<JudgeJob>,
+}
+
+impl JudgeDispatcher {
+    /// One batching loop: a batch is the rows in flight at once, as the seed's batch size means.
+    pub fn start(store: Store, judge: Option<Arc<dyn Judge>>, policy: JudgePolicy, worker: String) -> Self {
+        let batcher = Batcher::start(1, policy.batch_size, policy.max_wait, move |jobs: Vec<JudgeJob>| {
+            let (store, judge, worker) = (store.clone(), judge.clone(), worker.clone());
+            async move {
+                judge_batch(&store, judge, policy, &worker, &jobs).await.map(|_| ()).map_err(|e| {
+                    tracing::warn!(error = %e, jobs = jobs.len(), "judge batch could not be stored; its jobs will run again");
+                    JobError::Store(e.to_string())
+                })
+            }
+        });
+        Self { batcher }
+    }
+
+    /// Judges one job's fact with whichever others are waiting. `Err` means the database could
+    /// not be reached and the job should run again.
+    pub async fn submit(&self, job: JudgeJob) -> Result<(), JobError> {
+        self.batcher.submit(job).await
+    }
+}
+
+/// What a batch did: the outcome recorded for each fact judged.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchReport {
+    pub outcomes: Vec<JudgeOutcome>,
+    pub wall: Duration,
+}
+
+/// Judges the still-pending facts behind `jobs`, side by side, and records the batch.
+pub async fn judge_batch(
+    store: &Store,
+    judge: Option<Arc<dyn Judge>>,
+    policy: JudgePolicy,
+    worker: &str,
+    jobs: &[JudgeJob],
+) -> Result<BatchReport, StoreError> {
+    let started = Instant::now();
+    let facts = store.pending_facts(jobs).await?;
+    let mut running = tokio::task::JoinSet::new();
+    for fact in facts {
+        running.spawn(judge_fact(store.clone(), judge.clone(), policy, fact));
+    }
+    let mut report = BatchReport::default();
+    let (mut model_calls, mut model_sum, mut model_max) = (0, Duration::ZERO, Duration::ZERO);
+    let mut failure = None;
+    while let Some(done) = running.join_next().await {
+        // A panicking judgement panics the job, as it would have without the task.
+        let done = done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        match done {
+            Ok((outcome, model_time)) => {
+                if let Some(t) = model_time {
+                    model_calls += 1;
+                    model_sum += t;
+                    model_max = model_max.max(t);
+                }
+                report.outcomes.extend(outcome);
+            }
+            // The others still finish; the jobs run again and skip what is done.
+            Err(e) => failure = Some(e),
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    report.wall = started.elapsed();
+    if !report.outcomes.is_empty() {
+        metrics::histogram!("mnemo_judge_batch_rows").record(report.outcomes.len() as f64);
+        store
+            .record_judge_batch(&BatchRecord {
+                worker: worker.to_owned(),
+                batch_size: policy.batch_size,
+                rows: report.outcomes.len(),
+                model_calls,
+                wall: report.wall,
+                model_sum,
+                model_max,
+            })
+            .await?;
+    }
+    Ok(report)
+}
+
+/// Judges every pending fact, a batch at a time, until none is left; what each batch did. For
+/// tests, benchmarks and draining a backlog by hand; workers judge through their queue.
+pub async fn judge_pending(
+    store: &Store,
+    judge: Option<Arc<dyn Judge>>,
+    policy: JudgePolicy,
+    worker: &str,
+) -> Result<Vec<BatchReport>, StoreError> {
+    let mut reports = Vec::new();
+    loop {
+        let jobs = store.oldest_pending_facts(i64::try_from(policy.batch_size).unwrap_or(i64::MAX)).await?;
+        if jobs.is_empty() {
+            return Ok(reports);
+        }
+        let report = judge_batch(store, judge.clone(), policy, worker, &jobs).await?;
+        if report.outcomes.is_empty() {
+            // Pending rows another judge holds: leave them to it.
+            return Ok(reports);
+        }
+        reports.push(report);
+    }
+}
+
+/// Decides and applies one fact's judgement; the outcome recorded (none if the fact stopped
+/// being pending meanwhile) and how long the model took, if it was asked.
+async fn judge_fact(
+    store: Store,
+    judge: Option<Arc<dyn Judge>>,
+    policy: JudgePolicy,
+    fact: PendingFact,
+) -> Result<(Option<JudgeOutcome>, Option<Duration>), StoreError> {
+    let mut model_time = None;
+    let judgement = if let Some(key) = &fact.fact_key {
+        let candidates = store.same_key_facts(&fact, key).await?;
+        let outcome = if candidates.is_empty() { JudgeOutcome::NoCandidates } else { JudgeOutcome::Superseded };
+        judgement(outcome, candidates.iter().map(|c| c.id).collect(), "key_match", None, candidates.len())
+    } else if let Some(judge) = judge {
+        let candidates = store.judge_candidates(&fact, policy.threshold, policy.topk).await?;
+        if candidates.is_empty() {
+            judgement(JudgeOutcome::NoCandidates, Vec::new(), "no_candidates", None, 0)
+        } else {
+            let texts: Vec<String> = candidates.iter().map(|c| c.content.clone()).collect();
+            let started = Instant::now();
+            let answer = judge.judge(&fact.content, &texts).await;
+            let took = started.elapsed();
+            model_time = Some(took);
+            metrics::histogram!("mnemo_judge_model_seconds").record(took.as_secs_f64());
+            let model = Some(judge.model().to_owned());
+            match answer {
+                Ok(verdicts) if verdicts.len() == candidates.len() => {
+                    let retire: Vec<_> = candidates
+                        .iter()
+                        .zip(&verdicts)
+                        .filter(|(_, v)| **v == Verdict::Supersede)
+                        .map(|(c, _)| c.id)
+                        .collect();
+                    let outcome = if retire.is_empty() { JudgeOutcome::Kept } else { JudgeOutcome::Superseded };
+                    judgement(outcome, retire, "model", model, candidates.len())
+                }
+                Ok(verdicts) => {
+                    fail_open(&fact, "wrong_count", &format!("{} verdicts for {}", verdicts.len(), candidates.len()));
+                    judgement(JudgeOutcome::FailOpen, Vec::new(), "wrong_count", model, candidates.len())
+                }
+                Err(e) => {
+                    fail_open(&fact, e.kind, &e.detail);
+                    judgement(JudgeOutcome::FailOpen, Vec::new(), e.kind, model, candidates.len())
+                }
+            }
+        }
+    } else {
+        judgement(JudgeOutcome::Disabled, Vec::new(), "disabled", None, 0)
+    };
+    let applied = store.apply_judgement(&fact, &judgement).await?;
+    if let Some(outcome) = applied {
+        metrics::counter!("mnemo_judge_rows_total", "outcome" => outcome.as_str()).increment(1);
+    }
+    Ok((applied, model_time))
+}
+
+fn judgement(
+    outcome: JudgeOutcome,
+    supersede: Vec<uuid::Uuid>,
+    reason: &'static str,
+    model: Option<String>,
+    candidates: usize,
+) -> Judgement {
+    Judgement { outcome, supersede, reason, model, candidates }
+}
+
+/// A judge failure: counted and logged by kind and ids; the detail (which could echo a prompt)
+/// only at debug.
+fn fail_open(fact: &PendingFact, kind: &'static str, detail: &str) {
+    metrics::counter!("mnemo_judge_fail_open_total", "reason" => kind).increment(1);
+    tracing::warn!(item = %fact.id, tenant = fact.tenant_id, reason = kind, "judge failed; nothing retired (fail-open)");
+    tracing::debug!(item = %fact.id, detail, "judge failure detail");
+}

@@ -1,0 +1,373 @@
+//! The contradiction judge on any OpenAI-compatible `/chat/completions` endpoint, through
+//! async-openai. Servers that call themselves compatible differ, so the answer is bounded and
+//! read with care:
+//! - candidates are labelled `f1…fN` and the schema allows only those labels and at most N
+//!   decisions, with a `max_tokens` bound; a truncated answer (`finish_reason: length`) is a
+//!   failure, never half a decision;
+//! - structured output (`json_schema`) is asked for first; a server that refuses it gets
+//!   `json_object`, then plain text, and the level that worked is remembered;
+//! - the answer is parsed tolerantly (code fences, prose around the JSON, a bare list, an
+//!   `{id: decision}` map, or one `f2: SUPERSEDE` per line). Labels the model invents are ignored;
+//!   an answer that names none of the real candidates is an error.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use async_openai::Client;
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use async_openai::middleware::ReqwestService;
+use mnemo_core::{Judge, JudgeError, JudgeFuture, Verdict};
+use serde_json::{Value, json};
+
+use crate::ModelError;
+
+const SYSTEM_PROMPT: &str = "You keep a memory of facts about one person or agent. A NEW fact has just been stated. \
+For each EXISTING fact, decide:\n\
+- SUPERSEDE if the new fact makes the existing one no longer true: it contradicts it, or gives a new value for \
+the same thing (a move, a changed preference, a new job, a corrected detail).\n\
+- KEEP if both can be true at once: unrelated, compatible, or the new fact only adds detail.\n\
+When unsure, KEEP. Answer with JSON only, one decision per existing fact, using its id: \
+{\"decisions\": [{\"id\": \"f1\", \"decision\": \"KEEP\"}]}";
+
+/// How the answer's format is asked for, from most to least constrained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Format {
+    JsonSchema = 0,
+    JsonObject = 1,
+    PlainText = 2,
+}
+
+impl Format {
+    fn from_level(level: u8) -> Self {
+        match level {
+            0 => Self::JsonSchema,
+            1 => Self::JsonObject,
+            _ => Self::PlainText,
+        }
+    }
+
+    fn next(self) -> Option<Self> {
+        match self {
+            Self::JsonSchema => Some(Self::JsonObject),
+            Self::JsonObject => Some(Self::PlainText),
+            Self::PlainText => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct OpenAiJudge {
+    client: Client<OpenAIConfig>,
+    model: String,
+    /// The most constrained format this server has accepted so far.
+    format: AtomicU8,
+}
+
+impl OpenAiJudge {
+    pub fn new(base_url: Option<&str>, api_key: &str, model: &str, timeout: Duration) -> Result<Self, ModelError> {
+        crate::install_tls_provider();
+        let mut config = OpenAIConfig::new().with_api_key(api_key);
+        if let Some(base_url) = base_url {
+            config = config.with_api_base(base_url);
+        }
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| ModelError::Client(e.to_string()))?;
+        Ok(Self {
+            // No retries inside the client: a failed judgement fails open and is re-run by an
+            // operator, visibly.
+            client: Client::with_config(config)
+                .with_http_client(http.clone())
+                .with_http_service(ReqwestService::new(http)),
+            model: model.to_owned(),
+            format: AtomicU8::new(Format::JsonSchema as u8),
+        })
+    }
+
+    async fn decide(&self, fact: &str, candidates: &[String]) -> Result<Vec<Verdict>, JudgeError> {
+        let mut format = Format::from_level(self.format.load(Ordering::Relaxed));
+        loop {
+            match self.ask(fact, candidates, format).await {
+                Ok(content) => {
+                    self.format.fetch_max(format as u8, Ordering::Relaxed);
+                    return parse_verdicts(&content, candidates.len());
+                }
+                Err(Refusal::Format(e)) => match format.next() {
+                    Some(next) => {
+                        tracing::debug!(model = self.model, error = %e, ?next, "judge endpoint refused the answer format");
+                        format = next;
+                    }
+                    None => return Err(e),
+                },
+                Err(Refusal::Other(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// One call; the answer's text.
+    async fn ask(&self, fact: &str, candidates: &[String], format: Format) -> Result<String, Refusal> {
+        let mut request = json!({
+            "model": self.model,
+            "messages": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": user_prompt(fact, candidates)},
+            ],
+            "temperature": 0,
+            "max_tokens": max_tokens(candidates.len()),
+            "stream": false,
+        });
+        match format {
+            Format::JsonSchema => {
+                request["response_format"] = json!({
+                    "type": "json_schema",
+                    "json_schema": {"name": "judgement", "strict": true, "schema": schema(candidates.len())},
+                });
+            }
+            Format::JsonObject => request["response_format"] = json!({"type": "json_object"}),
+            Format::PlainText => {}
+        }
+        let answer: Value = self.client.chat().create_byot(request).await.map_err(classify)?;
+        let choice = &answer["choices"][0];
+        if choice["finish_reason"].as_str() == Some("length") {
+            return Err(Refusal::Other(JudgeError::new("truncated", "the answer hit max_tokens")));
+        }
+        match choice["message"]["content"].as_str() {
+            Some(content) if !content.trim().is_empty() => Ok(content.to_owned()),
+            _ => Err(Refusal::Other(JudgeError::new("unparsable", "the answer has no message content"))),
+        }
+    }
+}
+
+impl Judge for OpenAiJudge {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn judge<'a>(&'a self, fact: &'a str, candidates: &'a [String]) -> JudgeFuture<'a> {
+        Box::pin(self.decide(fact, candidates))
+    }
+}
+
+/// Whether a failed call may succeed with a less constrained answer format.
+enum Refusal {
+    Format(JudgeError),
+    Other(JudgeError),
+}
+
+/// A server that refuses the request (400, 422, some answer 500) may be refusing the format; a
+/// timeout, an unreachable server, a missing model, a bad key or a rate limit will not change.
+fn classify(e: OpenAIError) -> Refusal {
+    match e {
+        OpenAIError::Reqwest(e) if e.is_timeout() => Refusal::Other(JudgeError::new("timeout", e.to_string())),
+        OpenAIError::Reqwest(e) => Refusal::Other(JudgeError::new("connection", e.to_string())),
+        OpenAIError::ApiError(api) => {
+            let status = api.status_code.as_u16();
+            let detail = format!("HTTP {status}: {}", api.api_error.message.chars().take(200).collect::<String>());
+            match status {
+                404 => Refusal::Other(JudgeError::new("model_missing", detail)),
+                401 | 403 => Refusal::Other(JudgeError::new("unauthorized", detail)),
+                429 => Refusal::Other(JudgeError::new("http_429", detail)),
+                500..=599 => Refusal::Format(JudgeError::new("http_5xx", detail)),
+                _ => Refusal::Format(JudgeError::new("http_4xx", detail)),
+            }
+        }
+        OpenAIError::JSONDeserialize(e, _) => Refusal::Other(JudgeError::new("malformed_response", e.to_string())),
+        other => Refusal::Other(JudgeError::new("client", other.to_string())),
+    }
+}
+
+fn label(i: usize) -> String {
+    format!("f{}", i + 1)
+}
+
+fn user_prompt(fact: &str, candidates: &[String]) -> String {
+    let mut prompt = format!("NEW fact:\n{fact}\n\nEXISTING facts:\n");
+    for (i, c) in candidates.iter().enumerate() {
+        prompt.push_str(&format!("[{}] {c}\n", label(i)));
+    }
+    prompt
+}
+
+/// Room for one decision per candidate and a little prose, no more: a server that keeps
+/// inventing list items is cut off and the answer counts as truncated.
+fn max_tokens(candidates: usize) -> usize {
+    64 + 32 * candidates
+}
+
+fn schema(candidates: usize) -> Value {
+    let labels: Vec<String> = (0..candidates).map(label).collect();
+    json!({
+        "type": "object",
+        "properties": {
+            "decisions": {
+                "type": "array",
+                "maxItems": candidates,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string", "enum": labels},
+                        "decision": {"type": "string", "enum": ["SUPERSEDE", "KEEP"]},
+                    },
+                    "required": ["id", "decision"],
+                    "additionalProperties": false,
+                },
+            },
+        },
+        "required": ["decisions"],
+        "additionalProperties": false,
+    })
+}
+
+/// One verdict per candidate from the answer's text. Missing candidates are kept; a candidate
+/// given both decisions is kept; labels that name no candidate are ignored.
+pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, JudgeError> {
+    let decisions = match json_in(content) {
+        Some(value) => decisions_in(&value),
+        None => decisions_in_lines(content),
+    };
+    let Some(decisions) = decisions else {
+        return Err(JudgeError::new("unparsable", format!("no decisions in a {}-byte answer", content.len())));
+    };
+    let mut verdicts: Vec<Option<Verdict>> = vec![None; candidates];
+    let mut conflicted = vec![false; candidates];
+    let mut invented = 0;
+    for (id, verdict) in &decisions {
+        match index_of(id, candidates) {
+            Some(i) => {
+                if verdicts[i].is_some_and(|v| v != *verdict) {
+                    conflicted[i] = true;
+                }
+                verdicts[i] = Some(*verdict);
+            }
+            None => invented += 1,
+        }
+    }
+    if !decisions.is_empty() && invented == decisions.len() {
+        return Err(JudgeError::new("invented_ids", format!("{invented} decisions name no candidate")));
+    }
+    Ok(verdicts
+        .into_iter()
+        .zip(conflicted)
+        .map(|(v, conflicted)| if conflicted { Verdict::Keep } else { v.unwrap_or(Verdict::Keep) })
+        .collect())
+}
+
+/// The first JSON value in the text: the whole text, or from the first `{` or `[` to the last
+/// matching bracket (prose and code fences around it are skipped).
+fn json_in(content: &str) -> Option<Value> {
+    if let Ok(v) = serde_json::from_str(content.trim()) {
+        return Some(v);
+    }
+    for (open, close) in [('{', '}'), ('[', ']')] {
+        if let (Some(start), Some(end)) = (content.find(open), content.rfind(close))
+            && start < end
+            && let Ok(v) = serde_json::from_str(&content[start..=end])
+        {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// `{"decisions": [...]}`, a bare list of `{id, decision}`, or an `{id: decision}` map.
+fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
+    let entry = |item: &Value| {
+        let id = item.get("id").or_else(|| item.get("candidate"))?;
+        let id = id.as_str().map(str::to_owned).or_else(|| id.as_u64().map(|n| n.to_string()))?;
+        let decision = item.get("decision").or_else(|| item.get("verdict"))?.as_str()?;
+        Some((id, verdict(decision)?))
+    };
+    match value {
+        Value::Array(items) => Some(items.iter().filter_map(entry).collect()),
+        Value::Object(map) => match map.get("decisions") {
+            Some(Value::Array(items)) => Some(items.iter().filter_map(entry).collect()),
+            Some(_) => None,
+            None => {
+                let pairs: Vec<_> =
+                    map.iter().filter_map(|(k, v)| Some((k.clone(), verdict(v.as_str()?)?))).collect();
+                (!pairs.is_empty()).then_some(pairs)
+            }
+        },
+        _ => None,
+    }
+}
+
+/// Plain text: lines that name a label and a decision, like `f2: SUPERSEDE`.
+fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
+    let pairs: Vec<_> = content
+        .lines()
+        .filter_map(|line| {
+            let words: Vec<&str> =
+                line.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+            let id = words.iter().find(|w| is_label(w))?;
+            let decision = words.iter().find_map(|w| verdict(w))?;
+            Some(((*id).to_owned(), decision))
+        })
+        .collect();
+    (!pairs.is_empty()).then_some(pairs)
+}
+
+fn is_label(word: &str) -> bool {
+    let mut chars = word.chars();
+    matches!(chars.next(), Some('f' | 'F')) && word.len() > 1 && chars.all(|c| c.is_ascii_digit())
+}
+
+fn verdict(word: &str) -> Option<Verdict> {
+    match word.trim().to_ascii_uppercase().as_str() {
+        "SUPERSEDE" | "SUPERSEDES" | "SUPERSEDED" => Some(Verdict::Supersede),
+        "KEEP" | "KEPT" => Some(Verdict::Keep),
+        _ => None,
+    }
+}
+
+/// `f3` (or a bare `3`) is the third candidate.
+fn index_of(id: &str, candidates: usize) -> Option<usize> {
+    let id = id.trim();
+    let digits = id.strip_prefix(['f', 'F']).unwrap_or(id);
+    let n: usize = digits.parse().ok()?;
+    (1..=candidates).contains(&n).then(|| n - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Verdict::{Keep, Supersede};
+
+    #[test]
+    fn answers_are_read_tolerantly() {
+        let structured = r#"{"decisions": [{"id": "f1", "decision": "KEEP"}, {"id": "f2", "decision": "SUPERSEDE"}]}"#;
+        assert_eq!(parse_verdicts(structured, 2), Ok(vec![Keep, Supersede]));
+        let fenced = "Sure!\n```json\n[{\"id\": \"f2\", \"decision\": \"supersede\"}]\n```";
+        assert_eq!(parse_verdicts(fenced, 3), Ok(vec![Keep, Supersede, Keep]));
+        assert_eq!(parse_verdicts(r#"{"f1": "SUPERSEDE"}"#, 1), Ok(vec![Supersede]));
+        assert_eq!(parse_verdicts("f1: KEEP\nf2 - SUPERSEDE (moved)", 2), Ok(vec![Keep, Supersede]));
+        assert_eq!(parse_verdicts(r#"{"decisions": []}"#, 2), Ok(vec![Keep, Keep]));
+    }
+
+    #[test]
+    fn invented_ids_are_ignored_and_an_answer_of_only_invented_ids_fails() {
+        let mixed = r#"{"decisions": [{"id": "f1", "decision": "SUPERSEDE"}, {"id": "f7", "decision": "SUPERSEDE"}]}"#;
+        assert_eq!(parse_verdicts(mixed, 2), Ok(vec![Supersede, Keep]));
+        let invented = r#"{"decisions": [{"id": "f9", "decision": "SUPERSEDE"}, {"id": "x", "decision": "KEEP"}]}"#;
+        assert_eq!(parse_verdicts(invented, 2).unwrap_err().kind, "invented_ids");
+    }
+
+    #[test]
+    fn garbage_and_conflicts_are_never_a_supersede() {
+        assert_eq!(parse_verdicts("I think they are fine.", 2).unwrap_err().kind, "unparsable");
+        assert_eq!(parse_verdicts(r#"{"decisions": "all"}"#, 2).unwrap_err().kind, "unparsable");
+        let conflicted = r#"[{"id": "f1", "decision": "SUPERSEDE"}, {"id": "f1", "decision": "KEEP"}]"#;
+        assert_eq!(parse_verdicts(conflicted, 1), Ok(vec![Keep]));
+    }
+
+    #[test]
+    fn the_schema_bounds_the_answer() {
+        let s = schema(3);
+        assert_eq!(s["properties"]["decisions"]["maxItems"], 3);
+        assert_eq!(s["properties"]["decisions"]["items"]["properties"]["id"]["enum"], json!(["f1", "f2", "f3"]));
+        assert!(max_tokens(5) < 300);
+    }
+}

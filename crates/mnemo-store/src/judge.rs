@@ -1,0 +1,558 @@
+//! The contradiction judge's state. A fact is pending while it is live, embedded and unjudged
+//! (`judge_at IS NULL`). Candidates come from its own (tenant, scope, identity) bucket only.
+//! A judgement is applied in one transaction under a per-bucket advisory lock, re-checking
+//! that both rows are still live, with one audit row per retired fact. The audit log is also
+//! the history behind as-of reads: a fact was live at T if it existed then and its last
+//! supersede or revive event at or before T was not a supersede.
+
+use std::time::Duration;
+
+use apalis_postgres::queries::push_tasks;
+use sqlx::AssertSqlSafe;
+use chrono::{DateTime, Utc};
+use mnemo_core::{FactScope, JudgeOutcome};
+use uuid::Uuid;
+
+use crate::queue::{JUDGE_QUEUE, JudgeJob, task};
+use crate::{Store, StoreError};
+
+/// A fact waiting for the judge.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct PendingFact {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub scope: String,
+    /// The user (user scope) or agent (agent scope) the bucket belongs to.
+    pub identity: String,
+    pub content: String,
+    pub fact_key: Option<String>,
+    /// The start of its current validity: a revived fact is younger than the facts it was
+    /// superseded by.
+    pub valid_from: DateTime<Utc>,
+    pub embedded_model: String,
+}
+
+impl PendingFact {
+    /// The column that holds the bucket's identity, as a literal for the statement text (a
+    /// parameter would hide the index from the plan).
+    fn identity_column(&self) -> &'static str {
+        if self.scope == "agent" { "agent_id" } else { "user_id" }
+    }
+}
+
+/// An older live fact of the same bucket.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Candidate {
+    pub id: Uuid,
+    pub content: String,
+    /// Cosine distance to the pending fact; `None` for a fact found by its key.
+    pub distance: Option<f64>,
+}
+
+/// What the judge decided for one pending fact, before it is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    /// `Kept` and `Superseded` are settled when applied, by what could still be retired.
+    pub outcome: JudgeOutcome,
+    /// Facts to retire.
+    pub supersede: Vec<Uuid>,
+    /// A short code for the audit row: `key_match` or `model` for a supersede, the failure's
+    /// kind for a fail-open.
+    pub reason: &'static str,
+    /// The model that decided, if one did.
+    pub model: Option<String>,
+    pub candidates: usize,
+}
+
+/// A fact with its state, for the admin view.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct FactRecord {
+    pub id: Uuid,
+    pub content: String,
+    pub fact_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub valid_from: Option<DateTime<Utc>>,
+    pub valid_to: Option<DateTime<Utc>>,
+    pub superseded_by: Option<Uuid>,
+    pub superseded_at: Option<DateTime<Utc>>,
+    pub judge_at: Option<DateTime<Utc>>,
+    pub judge_outcome: Option<String>,
+    pub anonymized: bool,
+    /// Live at the time asked about (now, or the as-of time).
+    pub live: bool,
+}
+
+/// A fact whose judge failed open.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct FailOpenFact {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub judge_at: DateTime<Utc>,
+    /// The failure's kind, from its audit row.
+    pub reason: Option<String>,
+}
+
+/// Which facts `judge clear` re-opens.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClearSelection {
+    Ids(Vec<Uuid>),
+    Outcome { outcome: JudgeOutcome, since: DateTime<Utc> },
+}
+
+/// The judge's backlog and recent outcomes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgeStatus {
+    pub pending: i64,
+    pub oldest_pending_seconds: Option<f64>,
+    /// Rows judged within the window, per outcome (every outcome listed, zeros too).
+    pub outcomes: Vec<(JudgeOutcome, i64)>,
+    pub batches: BatchStats,
+}
+
+/// Judge batches finished within a window.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BatchStats {
+    pub batches: i64,
+    pub rows: i64,
+    pub model_calls: i64,
+    /// Means per batch.
+    pub mean_wall_ms: f64,
+    pub mean_model_max_ms: f64,
+    /// Mean model time per call.
+    pub mean_model_call_ms: f64,
+    /// Rows judged per second of batch time, one worker.
+    pub rows_per_second: f64,
+}
+
+/// One finished batch, as the dispatcher measured it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchRecord {
+    pub worker: String,
+    pub batch_size: usize,
+    pub rows: usize,
+    pub model_calls: usize,
+    pub wall: Duration,
+    pub model_sum: Duration,
+    pub model_max: Duration,
+}
+
+const LIVE_FACT: &str = "source_kind = 'fact' AND superseded_by IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL";
+
+const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
+    COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
+    m.content, m.fact_key, COALESCE(m.valid_from, m.created_at) AS valid_from, m.embedded_model";
+
+/// The advisory lock of a bucket: judgements in one bucket apply one at a time.
+const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2 || chr(31) || $3, 0))";
+
+fn pending_filter(alias: &str) -> String {
+    format!(
+        "{alias}.source_kind = 'fact' AND {alias}.judge_at IS NULL AND {alias}.embedded_model IS NOT NULL
+         AND {alias}.superseded_by IS NULL AND {alias}.deleted_at IS NULL AND {alias}.anonymized_at IS NULL"
+    )
+}
+
+impl Store {
+    /// The facts behind a batch of judge jobs that are still pending, each checked against its
+    /// job's tenant.
+    pub async fn pending_facts(&self, jobs: &[JudgeJob]) -> Result<Vec<PendingFact>, StoreError> {
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
+        let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
+        let sql = format!(
+            "SELECT DISTINCT ON (m.id) {PENDING_COLUMNS}
+             FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
+             JOIN memory_items m ON m.id = j.id AND m.tenant_id = j.tenant_id
+             WHERE {}",
+            pending_filter("m")
+        );
+        Ok(sqlx::query_as(AssertSqlSafe(sql)).bind(&ids).bind(&tenants).fetch_all(&self.pool).await?)
+    }
+
+    /// Up to `limit` pending facts, longest waiting first, whatever their jobs.
+    pub async fn oldest_pending_facts(&self, limit: i64) -> Result<Vec<JudgeJob>, StoreError> {
+        let sql = format!(
+            "SELECT m.tenant_id, m.id FROM memory_items m WHERE {} ORDER BY m.judge_enqueued_at NULLS FIRST, m.id LIMIT $1",
+            pending_filter("m")
+        );
+        let rows: Vec<(String, Uuid)> = sqlx::query_as(AssertSqlSafe(sql)).bind(limit).fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(|(tenant_id, item_id)| JudgeJob { tenant_id, item_id }).collect())
+    }
+
+    /// Live facts of the pending fact's bucket that are older than it (by the start of their
+    /// validity) and within `threshold` cosine distance, closest first, at most `topk`. Only
+    /// facts with a vector of the same model compare.
+    pub async fn judge_candidates(
+        &self,
+        fact: &PendingFact,
+        threshold: f64,
+        topk: usize,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        let sql = format!(
+            "SELECT o.id, o.content, (e.embedding <=> p.embedding)::float8 AS distance
+             FROM memory_embeddings p
+             JOIN memory_items o ON o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3
+             JOIN memory_embeddings e ON e.item_id = o.id AND e.model = p.model
+             WHERE p.item_id = $4 AND p.model = $5
+               AND o.{LIVE_FACT}
+               AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
+               AND (e.embedding <=> p.embedding) < $7
+             ORDER BY distance, o.id
+             LIMIT $8",
+            column = fact.identity_column(),
+        );
+        Ok(sqlx::query_as(AssertSqlSafe(sql))
+            .bind(&fact.tenant_id)
+            .bind(&fact.identity)
+            .bind(&fact.scope)
+            .bind(fact.id)
+            .bind(&fact.embedded_model)
+            .bind(fact.valid_from)
+            .bind(threshold)
+            .bind(i64::try_from(topk).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Live, older facts of the bucket with the pending fact's key, whatever their distance.
+    pub async fn same_key_facts(&self, fact: &PendingFact, key: &str) -> Result<Vec<Candidate>, StoreError> {
+        let sql = format!(
+            "SELECT o.id, o.content, NULL::float8 AS distance
+             FROM memory_items o
+             WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.fact_key = $4
+               AND o.{LIVE_FACT}
+               AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
+             ORDER BY o.valid_from, o.id
+             LIMIT 1000",
+            column = fact.identity_column(),
+        );
+        Ok(sqlx::query_as(AssertSqlSafe(sql))
+            .bind(&fact.tenant_id)
+            .bind(&fact.identity)
+            .bind(&fact.scope)
+            .bind(key)
+            .bind(fact.valid_from)
+            .bind(fact.id)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Applies a judgement: retires the facts it names that are still live and older, with an
+    /// audit row each, records the outcome and its time on the pending fact, and audits a
+    /// fail-open. One transaction under the bucket's lock. Returns the outcome recorded, or
+    /// `None` when the fact is no longer pending (judged by another worker, retired, deleted), in
+    /// which case nothing changes.
+    pub async fn apply_judgement(
+        &self,
+        fact: &PendingFact,
+        judgement: &Judgement,
+    ) -> Result<Option<JudgeOutcome>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(LOCK_BUCKET)
+            .bind(&fact.tenant_id)
+            .bind(&fact.scope)
+            .bind(&fact.identity)
+            .execute(&mut *tx)
+            .await?;
+        let still_pending: Option<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT m.id FROM memory_items m WHERE m.id = $1 AND m.tenant_id = $2 AND {} FOR UPDATE",
+            pending_filter("m")
+        )))
+        .bind(fact.id)
+        .bind(&fact.tenant_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if still_pending.is_none() {
+            return Ok(None);
+        }
+
+        let mut outcome = judgement.outcome;
+        if !judgement.supersede.is_empty() {
+            let retired: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "WITH retired AS (
+                    UPDATE memory_items o
+                    SET superseded_by = $4, superseded_at = now(), valid_to = now()
+                    WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.id = ANY($5)
+                      AND o.{LIVE_FACT}
+                      AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
+                    RETURNING o.id
+                )
+                INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, details)
+                SELECT $1, 'supersede', id, $4, $7, 'judge', jsonb_build_object('model', $8::text)
+                FROM retired
+                RETURNING item_id",
+                column = fact.identity_column(),
+            )))
+            .bind(&fact.tenant_id)
+            .bind(&fact.identity)
+            .bind(&fact.scope)
+            .bind(fact.id)
+            .bind(&judgement.supersede)
+            .bind(fact.valid_from)
+            .bind(judgement.reason)
+            .bind(&judgement.model)
+            .fetch_all(&mut *tx)
+            .await?;
+            if retired.is_empty() && outcome == JudgeOutcome::Superseded {
+                // Another judgement retired them first.
+                outcome = JudgeOutcome::Kept;
+            }
+        }
+        sqlx::query("UPDATE memory_items SET judge_at = now(), judge_outcome = $2 WHERE id = $1")
+            .bind(fact.id)
+            .bind(outcome.as_str())
+            .execute(&mut *tx)
+            .await?;
+        if outcome == JudgeOutcome::FailOpen {
+            sqlx::query(
+                "INSERT INTO audit_log (tenant_id, event, item_id, reason, actor, details)
+                 VALUES ($1, 'judge_fail_open', $2, $3, 'judge',
+                         jsonb_build_object('model', $4::text, 'candidates', $5::int))",
+            )
+            .bind(&fact.tenant_id)
+            .bind(fact.id)
+            .bind(judgement.reason)
+            .bind(&judgement.model)
+            .bind(i32::try_from(judgement.candidates).unwrap_or(i32::MAX))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Some(outcome))
+    }
+
+    /// Records one finished batch for `judge tune`.
+    pub async fn record_judge_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        sqlx::query(
+            "INSERT INTO judge_batches (worker, batch_size, rows_judged, model_calls, wall_ms, model_ms_sum, model_ms_max)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&batch.worker)
+        .bind(i32::try_from(batch.batch_size).unwrap_or(i32::MAX))
+        .bind(i32::try_from(batch.rows).unwrap_or(i32::MAX))
+        .bind(i32::try_from(batch.model_calls).unwrap_or(i32::MAX))
+        .bind(ms(batch.wall))
+        .bind(ms(batch.model_sum))
+        .bind(ms(batch.model_max))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Queues a new judge job for every pending fact whose job was queued more than `grace` ago
+    /// (a job that failed for good, or a fact from before the judge existed). At most `limit`.
+    pub async fn requeue_unjudged(&self, grace: Duration, limit: i64) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let stale: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "WITH stale AS (
+                SELECT m.id FROM memory_items m
+                WHERE {} AND (m.judge_enqueued_at IS NULL OR m.judge_enqueued_at < now() - make_interval(secs => $1))
+                ORDER BY m.judge_enqueued_at NULLS FIRST
+                LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE memory_items m SET judge_enqueued_at = now()
+            FROM stale WHERE m.id = stale.id
+            RETURNING m.id, m.tenant_id",
+            pending_filter("m")
+        )))
+        .bind(grace.as_secs_f64())
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        let count = stale.len() as u64;
+        push_judge_jobs(&mut tx, stale).await?;
+        tx.commit().await?;
+        Ok(count)
+    }
+
+    /// The backlog, the outcomes of the rows judged within `window`, and the batches finished
+    /// within it.
+    pub async fn judge_status(&self, window: Duration) -> Result<JudgeStatus, StoreError> {
+        let (pending, oldest_pending_seconds): (i64, Option<f64>) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT count(*), extract(epoch FROM now() - min(COALESCE(m.judge_enqueued_at, m.created_at)))::float8
+             FROM memory_items m WHERE {}",
+            pending_filter("m")
+        )))
+        .fetch_one(&self.pool)
+        .await?;
+        let counts: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT judge_outcome, count(*) FROM memory_items
+             WHERE source_kind = 'fact' AND judge_at IS NOT NULL AND judge_at >= now() - make_interval(secs => $1)
+             GROUP BY judge_outcome",
+        )
+        .bind(window.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        let outcomes = JudgeOutcome::ALL
+            .into_iter()
+            .map(|o| (o, counts.iter().find(|(name, _)| name == o.as_str()).map_or(0, |(_, n)| *n)))
+            .collect();
+        let batches = self.judge_batch_stats(window).await?;
+        Ok(JudgeStatus { pending, oldest_pending_seconds, outcomes, batches })
+    }
+
+    pub async fn judge_batch_stats(&self, window: Duration) -> Result<BatchStats, StoreError> {
+        let row: (i64, i64, i64, f64, f64, f64, f64) = sqlx::query_as(
+            "SELECT count(*), COALESCE(sum(rows_judged), 0), COALESCE(sum(model_calls), 0),
+                    COALESCE(avg(wall_ms), 0), COALESCE(avg(model_ms_max), 0),
+                    COALESCE(sum(model_ms_sum) / NULLIF(sum(model_calls), 0), 0),
+                    COALESCE(sum(rows_judged) / NULLIF(sum(wall_ms) / 1000.0, 0), 0)
+             FROM judge_batches WHERE finished_at >= now() - make_interval(secs => $1)",
+        )
+        .bind(window.as_secs_f64())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(BatchStats {
+            batches: row.0,
+            rows: row.1,
+            model_calls: row.2,
+            mean_wall_ms: row.3,
+            mean_model_max_ms: row.4,
+            mean_model_call_ms: row.5,
+            rows_per_second: row.6,
+        })
+    }
+
+    /// Facts whose judge failed open since `since`, newest first, with the failure's kind.
+    pub async fn fail_open_facts(
+        &self,
+        tenant: Option<&str>,
+        since: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<FailOpenFact>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT m.id, m.tenant_id, m.judge_at, a.reason
+             FROM memory_items m
+             LEFT JOIN LATERAL (
+                SELECT reason FROM audit_log
+                WHERE tenant_id = m.tenant_id AND item_id = m.id AND event = 'judge_fail_open'
+                ORDER BY created_at DESC, id DESC LIMIT 1
+             ) a ON true
+             WHERE m.source_kind = 'fact' AND m.judge_at IS NOT NULL AND m.judge_outcome = 'fail_open'
+               AND m.judge_at >= $1 AND ($2::text IS NULL OR m.tenant_id = $2)
+             ORDER BY m.judge_at DESC, m.id
+             LIMIT $3",
+        )
+        .bind(since)
+        .bind(tenant)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Re-opens judged live facts so they are judged again: clears `judge_at` and the outcome,
+    /// queues a judge job, and writes a `judge_clear` audit row each, in one transaction. With
+    /// `dry_run`, only says which rows it would clear. Returns (id, tenant) of those rows.
+    pub async fn clear_judgements(
+        &self,
+        selection: &ClearSelection,
+        tenant: Option<&str>,
+        actor: &str,
+        dry_run: bool,
+    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let (ids, outcome, since) = match selection {
+            ClearSelection::Ids(ids) => (Some(ids.clone()), None, None),
+            ClearSelection::Outcome { outcome, since } => (None, Some(outcome.as_str()), Some(*since)),
+        };
+        let select = format!(
+            "SELECT m.id, m.tenant_id FROM memory_items m
+             WHERE m.{LIVE_FACT} AND m.judge_at IS NOT NULL
+               AND ($1::uuid[] IS NULL OR m.id = ANY($1))
+               AND ($2::text IS NULL OR m.judge_outcome = $2)
+               AND ($3::timestamptz IS NULL OR m.judge_at >= $3)
+               AND ($4::text IS NULL OR m.tenant_id = $4)
+             ORDER BY m.judge_at, m.id"
+        );
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!("{select} FOR UPDATE")))
+            .bind(&ids)
+            .bind(outcome)
+            .bind(since)
+            .bind(tenant)
+            .fetch_all(&mut *tx)
+            .await?;
+        if dry_run || rows.is_empty() {
+            return Ok(rows);
+        }
+        let (row_ids, tenants): (Vec<Uuid>, Vec<String>) = rows.iter().cloned().unzip();
+        sqlx::query(
+            "WITH cleared AS (
+                UPDATE memory_items m SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
+                WHERE m.id = ANY($1)
+                RETURNING m.id, m.tenant_id
+            )
+            INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+            SELECT tenant_id, 'judge_clear', id, 'operator', $2 FROM cleared",
+        )
+        .bind(&row_ids)
+        .bind(actor)
+        .execute(&mut *tx)
+        .await?;
+        push_judge_jobs(&mut tx, row_ids.into_iter().zip(tenants).collect()).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    /// The facts of one bucket with their state, oldest first. With `as_of`, liveness is as it
+    /// was then (from the audit history) and facts written later are left out; otherwise it is
+    /// as it is now. Retired facts come back only with `include_retired`.
+    pub async fn facts(
+        &self,
+        tenant: &str,
+        scope: FactScope,
+        identity: &str,
+        as_of: Option<DateTime<Utc>>,
+        include_retired: bool,
+    ) -> Result<Vec<FactRecord>, StoreError> {
+        let column = match scope {
+            FactScope::User => "user_id",
+            FactScope::Agent => "agent_id",
+        };
+        let sql = format!(
+            "SELECT * FROM (
+                SELECT m.id, m.content, m.fact_key, m.created_at, m.valid_from, m.valid_to, m.superseded_by,
+                       m.superseded_at, m.judge_at, m.judge_outcome, m.anonymized_at IS NOT NULL AS anonymized,
+                       CASE WHEN $4::timestamptz IS NULL
+                            THEN m.superseded_by IS NULL AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+                            ELSE (m.deleted_at IS NULL OR m.deleted_at > $4)
+                                 AND COALESCE((
+                                    SELECT a.event FROM audit_log a
+                                    WHERE a.tenant_id = m.tenant_id AND a.item_id = m.id
+                                      AND a.event IN ('supersede', 'revive') AND a.created_at <= $4
+                                    ORDER BY a.created_at DESC, a.id DESC LIMIT 1
+                                 ), 'revive') = 'revive'
+                       END AS live
+                FROM memory_items m
+                WHERE m.tenant_id = $1 AND m.scope = $2 AND m.{column} = $3 AND m.source_kind = 'fact'
+                  AND ($4::timestamptz IS NULL OR m.created_at <= $4)
+             ) f
+             WHERE f.live OR $5
+             ORDER BY f.created_at, f.id"
+        );
+        Ok(sqlx::query_as(AssertSqlSafe(sql))
+            .bind(tenant)
+            .bind(scope.as_str())
+            .bind(identity)
+            .bind(as_of)
+            .bind(include_retired)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}
+
+/// Queues one judge job per (row, tenant), inside the caller's transaction.
+pub(crate) async fn push_judge_jobs(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    rows: Vec<(Uuid, String)>,
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let jobs = rows
+        .into_iter()
+        .map(|(item_id, tenant_id)| task(&JudgeJob { tenant_id, item_id }))
+        .collect::<Result<Vec<_>, _>>()?;
+    push_tasks(&mut **tx, JUDGE_QUEUE, jobs).await?;
+    Ok(())
+}
