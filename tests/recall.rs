@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use mnemo_config::{Env, RecallSettings, ServerSettings, vars};
 use mnemo_core::{Principal, RecallRequest, RecallScope};
 use mnemo_recall::{Recall, RecallOptions};
-use mnemo_store::{CommonLexemes, NewVector, SearchScope};
+use mnemo_store::{CommonLexemes, SearchScope};
 use mnemo_testkit::{
     Answer, LazyEmbedder, RerankAnswer, ScriptedEmbeddings, ScriptedReranker, ServerProcess, TestApp, WorkerProcess,
-    bag_of_words, binary, free_port, principal, server_env, token, wait_until,
+    binary, embed_like_the_provider, free_port, principal, server_env, token, unit_bag_of_words, wait_until,
 };
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -62,25 +62,8 @@ impl Fixture {
         self.app.client.post("/v1/facts", Some(&token(who)), &body).await
     }
 
-    /// Gives every row without a vector the vector the scripted provider gives its text, as a
-    /// worker would.
     async fn embed_all(&self) {
-        let rows: Vec<(Uuid, String, Vec<u8>, String)> = sqlx::query_as(
-            "SELECT id, tenant_id, content_sha256, content FROM memory_items WHERE embedded_model IS NULL",
-        )
-        .fetch_all(&self.app.db.pool)
-        .await
-        .expect("rows");
-        let vectors = rows
-            .into_iter()
-            .map(|(id, tenant_id, content_sha256, content)| NewVector {
-                id,
-                tenant_id,
-                content_sha256,
-                embedding: unit(bag_of_words(&content, DIMS)),
-            })
-            .collect();
-        self.app.db.store().save_vectors(MODEL, vectors).await.expect("save vectors");
+        embed_like_the_provider(&self.app.db.store(), MODEL, DIMS).await;
     }
 
     async fn recall(&self, who: &Principal, body: Value) -> Value {
@@ -116,12 +99,6 @@ impl Fixture {
 fn id_of(reply: mnemo_testkit::Reply) -> Uuid {
     assert!(reply.status == 201 || reply.status == 200, "{:?}", reply.body);
     reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id")
-}
-
-fn unit(mut v: Vec<f32>) -> Vec<f32> {
-    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    v.iter_mut().for_each(|x| *x /= norm);
-    v
 }
 
 /// The source_refs of a recall answer, in order.
@@ -466,7 +443,7 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
             SearchScope { tenant: &who.tenant, classes: &classes, kinds: &[], include_superseded: false };
         let text = query.join(" ");
         let keyword = search.keyword(&search_scope, &text, &CommonLexemes::default(), 50).await.expect("keyword");
-        let vector = search.vector(&search_scope, &unit(bag_of_words(&text, DIMS)), 50).await.expect("vector");
+        let vector = search.vector(&search_scope, &unit_bag_of_words(&text, DIMS), 50).await.expect("vector");
         for (class, ids) in keyword.iter().chain(vector.iter()) {
             seen.extend(ids.iter().map(|id| (id.to_string(), Some(*class))));
         }

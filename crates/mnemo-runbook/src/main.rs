@@ -6,12 +6,14 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use mnemo_config::{DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, vars};
-use mnemo_core::{AgentId, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId};
+use mnemo_core::{AgentId, FactScope, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId};
 use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{MIGRATOR, Store};
 
+mod judge;
+
 #[derive(Debug, Parser)]
-#[command(name = "mnemo-runbook", version, about = "Operate mnemo: migrations, status, tokens, recall.")]
+#[command(name = "mnemo-runbook", version, about = "Operate mnemo: migrations, status, tokens, recall, the judge, facts.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -76,6 +78,29 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The contradiction judge: status, fail-open facts, clearing judge_at, batch-size tuning.
+    Judge {
+        #[command(subcommand)]
+        command: judge::JudgeCommand,
+    },
+    /// The facts of one user or agent with their state and supersede chains (prints content).
+    #[command(group(clap::ArgGroup::new("bucket").required(true).args(["user", "agent"])))]
+    Facts {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        agent: Option<String>,
+        /// Show superseded (and anonymized) facts too.
+        #[arg(long)]
+        include_superseded: bool,
+        /// The facts as they stood at this time (RFC 3339, or an age like 2h).
+        #[arg(long, value_parser = judge::parse_time)]
+        as_of: Option<chrono::DateTime<chrono::Utc>>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_ttl(raw: &str) -> Result<Duration, String> {
@@ -106,6 +131,17 @@ async fn main() -> anyhow::Result<()> {
         Command::Recall { identity, query, scope, top_k, include_superseded, json } => {
             let request = RecallRequest::new(&query)?.top_k(top_k)?.scope(RecallScope::parse(&scope)?);
             recall(&env, &identity.principal()?, &request, include_superseded, json).await
+        }
+        Command::Judge { command } => judge::run(&connect(&env).await?, command).await,
+        Command::Facts { tenant, user, agent, include_superseded, as_of, json } => {
+            let tenant = TenantId::parse(&tenant)?;
+            let (scope, identity) = match (user, agent) {
+                (Some(user), _) => (FactScope::User, UserId::parse(&user)?.as_str().to_owned()),
+                (None, Some(agent)) => (FactScope::Agent, AgentId::parse(&agent)?.as_str().to_owned()),
+                (None, None) => bail!("give --user or --agent"),
+            };
+            let store = connect(&env).await?;
+            judge::facts(&store, tenant.as_str(), scope, &identity, as_of, include_superseded, json).await
         }
         Command::Token { identity, ttl } => {
             let principal = identity.principal()?;
@@ -150,13 +186,17 @@ async fn recall(
     Ok(())
 }
 
+async fn connect(env: &Env) -> anyhow::Result<Store> {
+    let settings = DatabaseSettings::from_env(env)?;
+    Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")
+}
+
 /// A worker is alive if it heartbeat within this long (the default orphan timeout).
 const ALIVE_WITHIN: Duration = Duration::from_secs(20);
 
 async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
-    let settings = DatabaseSettings::from_env(env)?;
     let model = EmbedSettings::from_env(env)?.model;
-    let store = Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")?;
+    let store = connect(env).await?;
     let queues = store.queue_status().await?;
     let backlog = store.embed_backlog(&model).await?;
     let workers = store.workers(ALIVE_WITHIN).await?;
@@ -216,8 +256,7 @@ async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
 }
 
 async fn migrate(env: &Env) -> anyhow::Result<()> {
-    let settings = DatabaseSettings::from_env(env)?;
-    let store = Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")?;
+    let store = connect(env).await?;
     let before = MIGRATOR.status(store.pool()).await?;
     MIGRATOR.run(store.pool()).await.context("migration failed")?;
     let after = MIGRATOR.status(store.pool()).await?;

@@ -9,12 +9,14 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod chat;
 mod lazy;
 mod provider;
 mod reranker;
 
+pub use chat::{ChatAnswer, ScriptedChat};
 pub use lazy::LazyEmbedder;
-pub use provider::{Answer, ScriptedEmbeddings, bag_of_words};
+pub use provider::{Answer, ScriptedEmbeddings, bag_of_words, embed_like_the_provider, unit_bag_of_words};
 pub use reranker::{RerankAnswer, ScriptedReranker};
 
 use anyhow::{Context, bail};

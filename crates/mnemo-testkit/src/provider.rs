@@ -89,6 +89,35 @@ pub fn bag_of_words(text: &str, dimensions: usize) -> Vec<f32> {
     v
 }
 
+/// [`bag_of_words`] at unit length, as the embedder stores it.
+pub fn unit_bag_of_words(text: &str, dimensions: usize) -> Vec<f32> {
+    let mut v = bag_of_words(text, dimensions);
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter_mut().for_each(|x| *x /= norm);
+    v
+}
+
+/// Gives every row without a vector the vector the scripted provider gives its text, as a worker
+/// would (which also queues the judge for facts).
+pub async fn embed_like_the_provider(store: &mnemo_store::Store, model: &str, dimensions: usize) {
+    let rows: Vec<(uuid::Uuid, String, Vec<u8>, String)> = sqlx::query_as(
+        "SELECT id, tenant_id, content_sha256, content FROM memory_items WHERE embedded_model IS NULL",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("rows");
+    let vectors = rows
+        .into_iter()
+        .map(|(id, tenant_id, content_sha256, content)| mnemo_store::NewVector {
+            id,
+            tenant_id,
+            content_sha256,
+            embedding: unit_bag_of_words(&content, dimensions),
+        })
+        .collect();
+    store.save_vectors(model, vectors).await.expect("save vectors");
+}
+
 async fn embeddings(
     State((script, dimensions)): State<(Arc<Mutex<Script>>, usize)>,
     Json(body): Json<Value>,

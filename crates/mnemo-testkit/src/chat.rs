@@ -1,0 +1,170 @@
+//! A scripted OpenAI-compatible chat server for the contradiction judge: `POST
+//! /v1/chat/completions` answered as the protocol does. When healthy it decides by a rule a test
+//! can predict: an existing fact is superseded when it starts with the same three words as the
+//! new fact ("I live in Tokyo" → "I live in Paris"), and kept otherwise. Scripted answers fail as
+//! a test says, one per request; a server can also refuse `json_schema` for good, as some
+//! "compatible" servers do, or answer every request after a fixed delay (for benchmarks).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum ChatAnswer {
+    Status(u16),
+    /// Sleeps this long, then answers by the rule.
+    Hang(Duration),
+    /// 200 with message content that is not a judgement.
+    Malformed,
+    /// 200 with this message content, verbatim.
+    Content(String),
+    /// Decisions for labels that were never given (f90, f91, …).
+    InventedIds,
+    /// Keeps listing decisions until `max_tokens`, and says so (`finish_reason: length`).
+    Runaway,
+}
+
+#[derive(Debug, Default)]
+struct Script {
+    answers: VecDeque<ChatAnswer>,
+    refuse_json_schema: bool,
+    delay: Duration,
+    requests: Vec<Value>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ScriptedChat {
+    pub base_url: String,
+    script: Arc<Mutex<Script>>,
+}
+
+impl ScriptedChat {
+    pub async fn start() -> Self {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", axum::routing::post(completions))
+            .with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await.expect("scripted chat server") });
+        Self { base_url: format!("http://{addr}/v1"), script }
+    }
+
+    /// Queues answers for the next requests, in order.
+    pub fn then(&self, answers: impl IntoIterator<Item = ChatAnswer>) {
+        self.script.lock().expect("script").answers.extend(answers);
+    }
+
+    /// From now on, requests that ask for `json_schema` get a 500, as one server here does.
+    pub fn refuse_json_schema(&self) {
+        self.script.lock().expect("script").refuse_json_schema = true;
+    }
+
+    /// Every answer waits this long first.
+    pub fn delay_every_answer(&self, delay: Duration) {
+        self.script.lock().expect("script").delay = delay;
+    }
+
+    /// The request bodies received so far.
+    pub fn requests(&self) -> Vec<Value> {
+        self.script.lock().expect("script").requests.clone()
+    }
+}
+
+/// The new fact and the labelled existing facts, from the judge's prompt.
+fn prompt_facts(body: &Value) -> (String, Vec<(String, String)>) {
+    let prompt = body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    let mut new_fact = String::new();
+    let mut existing = Vec::new();
+    let mut section = "";
+    for line in prompt.lines() {
+        if line.starts_with("NEW fact") {
+            section = "new";
+        } else if line.starts_with("EXISTING facts") {
+            section = "existing";
+        } else if section == "new" && !line.trim().is_empty() {
+            new_fact = line.to_owned();
+        } else if section == "existing"
+            && let Some((label, text)) = line.strip_prefix('[').and_then(|l| l.split_once("] "))
+        {
+            existing.push((label.to_owned(), text.to_owned()));
+        }
+    }
+    (new_fact, existing)
+}
+
+fn first_words(text: &str) -> Vec<String> {
+    text.split_whitespace().take(3).map(str::to_lowercase).collect()
+}
+
+fn completion(content: &str, finish_reason: &str) -> Response {
+    Json(json!({
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "scripted-judge",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }))
+    .into_response()
+}
+
+async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
+    let (answer, refuse, delay) = {
+        let mut s = script.lock().expect("script");
+        s.requests.push(body.clone());
+        // A refused request leaves the scripted answers for the requests that follow.
+        let refuse = s.refuse_json_schema && body["response_format"]["type"] == "json_schema";
+        (if refuse { None } else { s.answers.pop_front() }, refuse, s.delay)
+    };
+    tokio::time::sleep(delay).await;
+    if refuse {
+        let error = json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
+        return (StatusCode::INTERNAL_SERVER_ERROR, Json(error)).into_response();
+    }
+    let (new_fact, existing) = prompt_facts(&body);
+    match answer {
+        Some(ChatAnswer::Status(code)) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return (status, Json(json!({"error": {"message": "scripted failure", "type": "server_error"}})))
+                .into_response();
+        }
+        Some(ChatAnswer::Hang(d)) => tokio::time::sleep(d).await,
+        Some(ChatAnswer::Malformed) => return completion("{\"decisions\": [{\"id\": \"f1\", \"decis", "stop"),
+        Some(ChatAnswer::Content(content)) => return completion(&content, "stop"),
+        Some(ChatAnswer::InventedIds) => {
+            let decisions: Vec<Value> = (0..existing.len().max(1))
+                .map(|i| json!({"id": format!("f{}", 90 + i), "decision": "SUPERSEDE"}))
+                .collect();
+            return completion(&json!({ "decisions": decisions }).to_string(), "stop");
+        }
+        Some(ChatAnswer::Runaway) => {
+            let decisions: Vec<Value> =
+                (1..=40).map(|i| json!({"id": format!("f{i}"), "decision": "SUPERSEDE"})).collect();
+            let text = json!({ "decisions": decisions }).to_string();
+            let limit = body["max_tokens"].as_u64().unwrap_or(64) as usize * 3;
+            return completion(&text[..limit.min(text.len())], "length");
+        }
+        None => {}
+    }
+    let new_words = first_words(&new_fact);
+    let decisions: Vec<Value> = existing
+        .iter()
+        .map(|(label, text)| {
+            let decision = if first_words(text) == new_words { "SUPERSEDE" } else { "KEEP" };
+            json!({"id": label, "decision": decision})
+        })
+        .collect();
+    completion(&json!({ "decisions": decisions }).to_string(), "stop")
+}

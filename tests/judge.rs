@@ -1,0 +1,499 @@
+//! The contradiction judge against a real PostgreSQL and a scripted OpenAI-compatible chat server:
+//! SUPERSEDE and KEEP, keyed facts without a model call, candidates that never leave their
+//! bucket, every failure failing open, the disabled judge, concurrent judgements, revival with
+//! as-of reads and recall, `judge clear`, and the real worker end to end. Facts get the scripted
+//! embedding provider's bag-of-words vectors, so "I live in Tokyo" and "I live in Paris" are
+//! close (distance 0.25) and unrelated facts are not; the scripted judge supersedes a candidate
+//! that starts with the same three words as the new fact.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use mnemo_config::vars;
+use mnemo_core::{FactScope, Judge, Principal};
+use mnemo_jobs::{JudgePolicy, judge_batch, judge_pending};
+use mnemo_models::OpenAiJudge;
+use mnemo_store::queue::JudgeJob;
+use mnemo_testkit::{
+    ChatAnswer, ScriptedChat, ScriptedEmbeddings, TestApp, WorkerProcess, binary, embed_like_the_provider, principal,
+    token, wait_until,
+};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const MODEL: &str = "scripted";
+const DIMS: usize = 64;
+
+fn policy(batch_size: usize) -> JudgePolicy {
+    JudgePolicy { batch_size, max_wait: Duration::from_millis(5), topk: 5, threshold: 0.7 }
+}
+
+struct Fixture {
+    app: TestApp,
+    chat: ScriptedChat,
+    provider: ScriptedEmbeddings,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let provider = ScriptedEmbeddings::start(DIMS).await;
+        let dims = DIMS.to_string();
+        let env = [
+            (vars::EMBED_PROVIDER, "openai"),
+            (vars::EMBED_MODEL, MODEL),
+            (vars::EMBED_DIMENSIONS, dims.as_str()),
+            (vars::EMBED_BASE_URL, provider.base_url.as_str()),
+        ];
+        Self { app: TestApp::spawn_with(&env).await, chat: ScriptedChat::start().await, provider }
+    }
+
+    async fn fact(&self, who: &Principal, content: &str) -> Uuid {
+        self.remember(who, json!({ "scope": "user", "content": content })).await.0
+    }
+
+    /// The row and `was_new`.
+    async fn remember(&self, who: &Principal, body: Value) -> (Uuid, bool) {
+        let reply = self.app.client.post("/v1/facts", Some(&token(who)), &body).await;
+        assert!(reply.status == 201 || reply.status == 200, "{:?}", reply.body);
+        let id = reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+        (id, reply.body["was_new"].as_bool().expect("was_new"))
+    }
+
+    fn judge(&self, timeout: Duration) -> Option<Arc<dyn Judge>> {
+        let judge = OpenAiJudge::new(Some(&self.chat.base_url), "test-key", "scripted-judge", timeout).expect("judge");
+        Some(Arc::new(judge))
+    }
+
+    /// Embeds what waits and judges every pending fact.
+    async fn settle(&self, judge: Option<Arc<dyn Judge>>) {
+        embed_like_the_provider(&self.app.db.store(), MODEL, DIMS).await;
+        judge_pending(&self.app.db.store(), judge, policy(20), "test").await.expect("judge");
+    }
+
+    async fn row(&self, id: Uuid) -> Row {
+        sqlx::query_as(
+            "SELECT superseded_by, judge_outcome AS outcome, judge_at IS NOT NULL AS judged,
+                    valid_to IS NOT NULL AS validity_ended
+             FROM memory_items WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.app.db.pool)
+        .await
+        .expect("row")
+    }
+
+    /// (event, item, related, reason) of every audit row, oldest first.
+    async fn audit(&self) -> Vec<(String, Option<Uuid>, Option<Uuid>, Option<String>)> {
+        sqlx::query_as("SELECT event, item_id, related_item_id, reason FROM audit_log ORDER BY id")
+            .fetch_all(&self.app.db.pool)
+            .await
+            .expect("audit")
+    }
+
+    /// The new fact and the existing facts of each judge request, in order.
+    fn asked(&self) -> Vec<(String, Vec<String>)> {
+        self.chat
+            .requests()
+            .iter()
+            .map(|r| {
+                let prompt = r["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
+                let new = prompt.lines().nth(1).unwrap_or_default().to_owned();
+                let existing = prompt
+                    .lines()
+                    .filter_map(|l| l.split_once("] ").map(|(_, text)| text.to_owned()))
+                    .collect();
+                (new, existing)
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Row {
+    superseded_by: Option<Uuid>,
+    outcome: Option<String>,
+    judged: bool,
+    validity_ended: bool,
+}
+
+#[tokio::test]
+async fn a_contradiction_supersedes_with_an_audit_row_and_a_compatible_fact_is_kept() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    let tea = f.fact(&who, "my favourite drink is sencha").await;
+    f.settle(f.judge(Duration::from_secs(5))).await;
+    let paris = f.fact(&who, "I live in Paris").await;
+    let office = f.fact(&who, "I work in Paris").await;
+    f.settle(f.judge(Duration::from_secs(5))).await;
+
+    let tokyo_row = f.row(tokyo).await;
+    assert_eq!(tokyo_row.superseded_by, Some(paris));
+    assert!(tokyo_row.validity_ended);
+    assert_eq!(f.row(paris).await.outcome.as_deref(), Some("superseded"));
+    // "I work in Paris" is close to both, but neither says the same thing: kept.
+    let office_row = f.row(office).await;
+    assert_eq!((office_row.superseded_by, office_row.outcome.as_deref()), (None, Some("kept")));
+    assert_eq!(f.row(paris).await.superseded_by, None);
+    let tea_row = f.row(tea).await;
+    assert_eq!((tea_row.superseded_by, tea_row.outcome.as_deref()), (None, Some("no_candidates")));
+
+    let audit = f.audit().await;
+    assert_eq!(audit, vec![("supersede".to_owned(), Some(tokyo), Some(paris), Some("model".to_owned()))]);
+    let details: Value = sqlx::query_scalar("SELECT details FROM audit_log").fetch_one(&f.app.db.pool).await.expect("x");
+    assert_eq!(details, json!({"model": "scripted-judge"}));
+    let content_in_audit = f.app.db.count("SELECT count(*) FROM audit_log WHERE (details::text || coalesce(reason, '')) ~* 'tokyo|paris'").await;
+    assert_eq!(content_in_audit, 0);
+
+    // The structured answer was bounded: only the real labels, at most one per candidate.
+    let requests = f.chat.requests();
+    let last = requests.last().expect("a request");
+    assert_eq!(last["response_format"]["type"], "json_schema");
+    let schema = &last["response_format"]["json_schema"]["schema"]["properties"]["decisions"];
+    assert_eq!(schema["maxItems"].as_u64(), Some(schema["items"]["properties"]["id"]["enum"].as_array().expect("enum").len() as u64));
+    assert!(last["max_tokens"].as_u64().is_some_and(|m| m > 0 && m < 1000));
+}
+
+#[tokio::test]
+async fn a_keyed_fact_supersedes_its_key_without_a_model_call() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let other = principal("acme", Some("u2"), None, None);
+    let keyed = |content: &str| json!({ "scope": "user", "content": content, "key": "home_city" });
+    let (tokyo, _) = f.remember(&who, keyed("home is Tokyo")).await;
+    let (theirs, _) = f.remember(&other, keyed("home is Lima")).await;
+    f.settle(f.judge(Duration::from_secs(5))).await;
+    let (paris, _) = f.remember(&who, keyed("home is Paris now")).await;
+    f.settle(f.judge(Duration::from_secs(5))).await;
+
+    assert!(f.chat.requests().is_empty(), "keyed facts never ask the model");
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
+    assert_eq!(f.row(theirs).await.superseded_by, None, "another user's key is another bucket");
+    assert_eq!(f.row(paris).await.outcome.as_deref(), Some("superseded"));
+    assert_eq!(f.audit().await, vec![("supersede".to_owned(), Some(tokyo), Some(paris), Some("key_match".to_owned()))]);
+
+    // With the model step disabled, keys still work.
+    let (lisbon, _) = f.remember(&who, keyed("home is Lisbon")).await;
+    f.settle(None).await;
+    assert_eq!(f.row(paris).await.superseded_by, Some(lisbon));
+}
+
+#[tokio::test]
+async fn candidates_never_leave_the_bucket() {
+    let f = Fixture::start().await;
+    let u1 = principal("acme", Some("u1"), Some("a1"), None);
+    let u2 = principal("acme", Some("u2"), None, None);
+    let elsewhere = principal("globex", Some("u1"), None, None);
+    let judge = f.judge(Duration::from_secs(5));
+
+    let rome = f.fact(&u1, "I live in Rome").await;
+    f.settle(judge.clone()).await;
+    let oslo = f.fact(&u1, "I live in Oslo").await;
+    let lima = f.fact(&u2, "I live in Lima").await;
+    let quito = f.remember(&u1, json!({ "scope": "agent", "content": "I live in Quito" })).await.0;
+    let cairo = f.fact(&elsewhere, "I live in Cairo").await;
+    f.settle(judge.clone()).await;
+    assert_eq!(f.row(rome).await.superseded_by, Some(oslo));
+
+    // Paris is judged before Berlin, which is newer than it.
+    let paris = f.fact(&u1, "I live in Paris").await;
+    let berlin = f.fact(&u1, "I live in Berlin").await;
+    embed_like_the_provider(&f.app.db.store(), MODEL, DIMS).await;
+    judge_pending(&f.app.db.store(), judge, policy(1), "test").await.expect("judge");
+
+    let asked = f.asked();
+    let existing_for = |new: &str| {
+        asked.iter().filter(|(n, _)| n == new).map(|(_, e)| e.clone()).collect::<Vec<_>>()
+    };
+    // Rome is already superseded; Berlin is newer; Lima, Quito and Cairo are other buckets.
+    assert_eq!(existing_for("I live in Paris"), vec![vec!["I live in Oslo".to_owned()]]);
+    assert_eq!(existing_for("I live in Berlin"), vec![vec!["I live in Paris".to_owned()]]);
+    for (new, existing) in &asked {
+        for text in existing {
+            assert!(!["Lima", "Quito", "Cairo"].iter().any(|c| text.contains(c)), "{new} was compared with {text}");
+        }
+    }
+    for (id, live) in [(oslo, false), (paris, false), (berlin, true), (lima, true), (quito, true), (cairo, true)] {
+        assert_eq!(f.row(id).await.superseded_by.is_none(), live, "{id}");
+    }
+}
+
+#[tokio::test]
+async fn every_judge_failure_fails_open_and_retires_nothing() {
+    let f = Fixture::start().await;
+    let judge = f.judge(Duration::from_millis(500));
+    let cases: Vec<(&str, Vec<ChatAnswer>)> = vec![
+        ("timeout", vec![ChatAnswer::Hang(Duration::from_secs(3))]),
+        // A 500 may be a refusal of the format: every format is tried before failing.
+        ("http_5xx", vec![ChatAnswer::Status(500), ChatAnswer::Status(500), ChatAnswer::Status(500)]),
+        ("model_missing", vec![ChatAnswer::Status(404)]),
+        ("unparsable", vec![ChatAnswer::Malformed]),
+        ("invented_ids", vec![ChatAnswer::InventedIds]),
+        ("truncated", vec![ChatAnswer::Runaway]),
+    ];
+    for (i, (kind, answers)) in cases.into_iter().enumerate() {
+        let who = principal("acme", Some(&format!("user{i}")), None, None);
+        let tokyo = f.fact(&who, "I live in Tokyo").await;
+        f.settle(judge.clone()).await;
+        f.chat.then(answers);
+        let paris = f.fact(&who, "I live in Paris").await;
+        f.settle(judge.clone()).await;
+
+        assert_eq!(f.row(tokyo).await.superseded_by, None, "{kind}: nothing retired");
+        let row = f.row(paris).await;
+        assert!(row.judged, "{kind}: judge_at is set so the row is not retried");
+        assert_eq!(row.outcome.as_deref(), Some("fail_open"), "{kind}");
+        let audit = f.audit().await;
+        assert_eq!(audit.last(), Some(&("judge_fail_open".to_owned(), Some(paris), None, Some(kind.to_owned()))));
+    }
+    assert_eq!(f.app.db.count("SELECT count(*) FROM memory_items WHERE superseded_by IS NOT NULL").await, 0);
+
+    // A server that is not there at all.
+    let gone = OpenAiJudge::new(Some("http://127.0.0.1:9/v1"), "k", "m", Duration::from_secs(1)).expect("judge");
+    let who = principal("acme", Some("lonely"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    f.settle(None).await;
+    let paris = f.fact(&who, "I live in Paris").await;
+    f.settle(Some(Arc::new(gone))).await;
+    assert_eq!(f.row(tokyo).await.superseded_by, None);
+    assert_eq!(f.row(paris).await.outcome.as_deref(), Some("fail_open"));
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_json_schema_is_asked_for_json_object_from_then_on() {
+    let f = Fixture::start().await;
+    f.chat.refuse_json_schema();
+    let judge = f.judge(Duration::from_secs(5));
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    f.settle(judge.clone()).await;
+    let paris = f.fact(&who, "I live in Paris").await;
+    f.settle(judge.clone()).await;
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
+    let lima = f.fact(&who, "I live in Lima").await;
+    f.settle(judge).await;
+    assert_eq!(f.row(paris).await.superseded_by, Some(lima));
+
+    let formats: Vec<String> =
+        f.chat.requests().iter().map(|r| r["response_format"]["type"].as_str().unwrap_or("text").to_owned()).collect();
+    assert_eq!(formats, ["json_schema", "json_object", "json_object"]);
+
+    // Plain text, with prose around the answer, is read too.
+    f.chat.then([ChatAnswer::Content("Sure. f1: SUPERSEDE, since they moved.".to_owned())]);
+    let quito = f.fact(&who, "I live in Quito").await;
+    f.settle(f.judge(Duration::from_secs(5))).await;
+    assert_eq!(f.row(lima).await.superseded_by, Some(quito));
+}
+
+#[tokio::test]
+async fn a_disabled_judge_sets_judge_at_and_retires_nothing() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    let paris = f.fact(&who, "I live in Paris").await;
+    f.settle(None).await;
+    for id in [tokyo, paris] {
+        let row = f.row(id).await;
+        assert_eq!((row.superseded_by, row.outcome.as_deref(), row.judged), (None, Some("disabled"), true));
+    }
+    assert!(f.chat.requests().is_empty());
+    let pending = f.app.db.count("SELECT count(*) FROM memory_items WHERE judge_at IS NULL").await;
+    assert_eq!(pending, 0, "the pending query cannot loop");
+}
+
+#[tokio::test]
+async fn concurrent_judgements_leave_exactly_one_live_fact_and_one_decision() {
+    let f = Fixture::start().await;
+    let judge = f.judge(Duration::from_secs(5));
+    let mut pairs = Vec::new();
+    for i in 0..8 {
+        let who = principal("acme", Some(&format!("user{i}")), None, None);
+        let tokyo = f.fact(&who, "I live in Tokyo").await;
+        let paris = f.fact(&who, "I live in Paris").await;
+        pairs.push((tokyo, paris));
+    }
+    embed_like_the_provider(&f.app.db.store(), MODEL, DIMS).await;
+    // Four workers at once, with duplicate jobs, as a re-queue or a second worker would give.
+    let job = |id: Uuid| JudgeJob { tenant_id: "acme".to_owned(), item_id: id };
+    let all: Vec<JudgeJob> = pairs.iter().flat_map(|(a, b)| [job(*a), job(*b)]).collect();
+    let reversed: Vec<JudgeJob> = all.iter().rev().cloned().collect();
+    let store = f.app.db.store();
+    let runs = [all.clone(), reversed, all.clone(), all]
+        .into_iter()
+        .map(|jobs| {
+            let (store, judge) = (store.clone(), judge.clone());
+            tokio::spawn(async move { judge_batch(&store, judge, policy(20), "w", &jobs).await.expect("batch") })
+        })
+        .collect::<Vec<_>>();
+    let mut judged = 0;
+    for run in runs {
+        judged += run.await.expect("run").outcomes.len();
+    }
+    assert_eq!(judged, 16, "each fact is judged once, whoever gets it");
+    for (tokyo, paris) in pairs {
+        let live = f.app.db.count(&format!(
+            "SELECT count(*) FROM memory_items WHERE id IN ('{tokyo}', '{paris}') AND superseded_by IS NULL"
+        ))
+        .await;
+        assert_eq!(live, 1);
+        assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
+    }
+    assert_eq!(f.app.db.count("SELECT count(*) FROM audit_log WHERE event = 'supersede'").await, 8);
+}
+
+#[tokio::test]
+async fn reasserting_a_superseded_fact_revives_it_and_as_of_reads_follow_the_history() {
+    let f = Fixture::start().await;
+    let judge = f.judge(Duration::from_secs(5));
+    let who = principal("acme", Some("u1"), None, None);
+    let recall = |f: &Fixture| {
+        let token = token(&who);
+        let client = f.app.client.clone();
+        async move {
+            let body = json!({ "query": "where do I live", "scope": "user" });
+            let reply = client.post("/v1/recall", Some(&token), &body).await;
+            assert_eq!(reply.status, 200, "{:?}", reply.body);
+            reply.body["items"].as_array().expect("items").iter().map(|i| i["content"].as_str().expect("c").to_owned()).collect::<Vec<_>>()
+        }
+    };
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    f.settle(judge.clone()).await;
+    let t1 = now().await;
+    let paris = f.fact(&who, "I live in Paris").await;
+    f.settle(judge.clone()).await;
+    let t2 = now().await;
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
+    assert_eq!(recall(&f).await, ["I live in Paris"]);
+
+    let (again, was_new) = f.remember(&who, json!({ "scope": "user", "content": "I live in Tokyo" })).await;
+    assert_eq!((again, was_new), (tokyo, false));
+    let revived = f.row(tokyo).await;
+    assert_eq!((revived.superseded_by, revived.judged, revived.validity_ended), (None, false, false));
+    f.settle(judge).await;
+    assert_eq!(f.row(paris).await.superseded_by, Some(tokyo));
+    assert_eq!(f.row(tokyo).await.outcome.as_deref(), Some("superseded"));
+    assert_eq!(recall(&f).await, ["I live in Tokyo"]);
+    let events: Vec<String> = f.audit().await.into_iter().map(|a| a.0).collect();
+    assert_eq!(events, ["supersede", "revive", "supersede"]);
+
+    let store = f.app.db.store();
+    let live_at = |at: Option<DateTime<Utc>>| {
+        let store = store.clone();
+        async move {
+            let facts = store.facts("acme", FactScope::User, "u1", at, false).await.expect("facts");
+            facts.into_iter().map(|r| r.content).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(live_at(Some(t1)).await, ["I live in Tokyo"]);
+    assert_eq!(live_at(Some(t2)).await, ["I live in Paris"]);
+    assert_eq!(live_at(None).await, ["I live in Tokyo"]);
+    let all = store.facts("acme", FactScope::User, "u1", None, true).await.expect("facts");
+    assert_eq!(all.len(), 2);
+
+    // The runbook's admin view shows the chain.
+    let output = runbook(&f, &["facts", "--tenant", "acme", "--user", "u1", "--include-superseded", "--json"]);
+    let paris_view = output["facts"].as_array().expect("facts").iter().find(|r| r["id"] == paris.to_string()).cloned();
+    let paris_view = paris_view.expect("paris listed");
+    assert_eq!((paris_view["state"].as_str(), paris_view["chain"].clone()), (Some("superseded"), json!([tokyo])));
+}
+
+#[tokio::test]
+async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
+    let f = Fixture::start().await;
+    let judge = f.judge(Duration::from_secs(5));
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    f.settle(judge.clone()).await;
+    f.chat.then([ChatAnswer::Malformed]);
+    let paris = f.fact(&who, "I live in Paris").await;
+    f.settle(judge.clone()).await;
+    assert_eq!(f.row(paris).await.outcome.as_deref(), Some("fail_open"));
+
+    let listed = runbook(&f, &["judge", "fail-open", "--tenant", "acme", "--json"]);
+    assert_eq!(listed["facts"], json!([{"id": paris, "tenant": "acme", "judge_at": listed["facts"][0]["judge_at"], "reason": "unparsable"}]));
+    let status = runbook(&f, &["judge", "status", "--json"]);
+    assert_eq!((status["outcomes"]["fail_open"].as_i64(), status["judged"].as_i64()), (Some(1), Some(2)));
+    assert_eq!(status["fail_open_rate"].as_f64(), Some(0.5));
+
+    let dry = runbook(&f, &["judge", "clear", "--outcome", "fail_open", "--since", "1h", "--dry-run", "--json"]);
+    assert_eq!((dry["cleared"].as_i64(), dry["ids"].clone()), (Some(1), json!([paris])));
+    assert!(f.row(paris).await.judged, "a dry run changes nothing");
+    let cleared = runbook(&f, &["judge", "clear", "--outcome", "fail_open", "--since", "1h", "--json"]);
+    assert_eq!(cleared["cleared"].as_i64(), Some(1));
+    assert!(!f.row(paris).await.judged);
+    assert_eq!(f.app.db.count("SELECT count(*) FROM audit_log WHERE event = 'judge_clear'").await, 1);
+    let queued = f.app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'judge' AND status = 'Pending'").await;
+    assert!(queued >= 1, "a judge job is queued with the clear");
+
+    f.settle(judge).await;
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
+    assert_eq!(f.row(paris).await.outcome.as_deref(), Some("superseded"));
+
+    let tune = runbook(&f, &["judge", "tune", "--workers", "1", "--json"]);
+    assert!(tune["recommended_batch_size"].as_u64().is_some_and(|b| b >= 1), "{tune}");
+    assert!(!tune["reasons"].as_array().expect("reasons").is_empty());
+    let bad = std::process::Command::new(binary("mnemo-runbook").expect("runbook"))
+        .args(["judge", "clear", "--outcome", "sometimes", "--since", "1h"])
+        .env(vars::DATABASE_URL, &f.app.db.url)
+        .output()
+        .expect("runbook");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown outcome"));
+}
+
+#[tokio::test]
+async fn the_worker_judges_embedded_facts_and_counts_fail_opens() {
+    let f = Fixture::start().await;
+    let dims = DIMS.to_string();
+    let worker = WorkerProcess::start(
+        &f.app.db.url,
+        &[
+            (vars::EMBED_PROVIDER, "openai"),
+            (vars::EMBED_MODEL, MODEL),
+            (vars::EMBED_DIMENSIONS, dims.as_str()),
+            (vars::EMBED_BASE_URL, f.provider.base_url.as_str()),
+            (vars::JUDGE_MODEL, "scripted-judge"),
+            (vars::JUDGE_BASE_URL, f.chat.base_url.as_str()),
+            (vars::JUDGE_BATCH_SIZE, "5"),
+        ],
+    )
+    .await
+    .expect("worker");
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    assert!(wait_until(Duration::from_secs(30), || async { f.row(tokyo).await.judged }).await);
+    let paris = f.fact(&who, "I live in Paris").await;
+    assert!(
+        wait_until(Duration::from_secs(30), || async { f.row(tokyo).await.superseded_by == Some(paris) }).await,
+        "the worker superseded Tokyo"
+    );
+    f.chat.then([ChatAnswer::Status(503), ChatAnswer::Status(503), ChatAnswer::Status(503)]);
+    let lima = f.fact(&who, "I live in Lima").await;
+    assert!(wait_until(Duration::from_secs(30), || async { f.row(lima).await.judged }).await);
+    assert_eq!(f.row(lima).await.outcome.as_deref(), Some("fail_open"));
+    assert_eq!(f.row(paris).await.superseded_by, None);
+    assert!(worker.metric("mnemo_judge_fail_open_total").await >= 1.0);
+    assert!(worker.metric("mnemo_judge_rows_total").await >= 3.0);
+    worker.terminate().await.expect("clean stop");
+    let outcome = f.app.db.count("SELECT count(*) FROM judge_batches").await;
+    assert!(outcome >= 3, "each batch is recorded for judge tune");
+}
+
+async fn now() -> DateTime<Utc> {
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t = Utc::now();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    t
+}
+
+fn runbook(f: &Fixture, args: &[&str]) -> Value {
+    let output = std::process::Command::new(binary("mnemo-runbook").expect("runbook"))
+        .args(args)
+        .env_clear()
+        .env(vars::DATABASE_URL, &f.app.db.url)
+        .output()
+        .expect("runbook");
+    assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
