@@ -99,10 +99,8 @@ impl Fixture {
             .map(|r| {
                 let prompt = r["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
                 let new = prompt.lines().nth(1).unwrap_or_default().to_owned();
-                let existing = prompt
-                    .lines()
-                    .filter_map(|l| l.split_once("] ").map(|(_, text)| text.to_owned()))
-                    .collect();
+                let existing =
+                    prompt.lines().filter_map(|l| l.split_once("] ").map(|(_, text)| text.to_owned())).collect();
                 (new, existing)
             })
             .collect()
@@ -141,9 +139,14 @@ async fn a_contradiction_supersedes_with_an_audit_row_and_a_compatible_fact_is_k
 
     let audit = f.audit().await;
     assert_eq!(audit, vec![("supersede".to_owned(), Some(tokyo), Some(paris), Some("model".to_owned()))]);
-    let details: Value = sqlx::query_scalar("SELECT details FROM audit_log").fetch_one(&f.app.db.pool).await.expect("x");
+    let details: Value =
+        sqlx::query_scalar("SELECT details FROM audit_log").fetch_one(&f.app.db.pool).await.expect("x");
     assert_eq!(details, json!({"model": "scripted-judge"}));
-    let content_in_audit = f.app.db.count("SELECT count(*) FROM audit_log WHERE (details::text || coalesce(reason, '')) ~* 'tokyo|paris'").await;
+    let content_in_audit = f
+        .app
+        .db
+        .count("SELECT count(*) FROM audit_log WHERE (details::text || coalesce(reason, '')) ~* 'tokyo|paris'")
+        .await;
     assert_eq!(content_in_audit, 0);
 
     // The structured answer was bounded: only the real labels, at most one per candidate.
@@ -151,7 +154,10 @@ async fn a_contradiction_supersedes_with_an_audit_row_and_a_compatible_fact_is_k
     let last = requests.last().expect("a request");
     assert_eq!(last["response_format"]["type"], "json_schema");
     let schema = &last["response_format"]["json_schema"]["schema"]["properties"]["decisions"];
-    assert_eq!(schema["maxItems"].as_u64(), Some(schema["items"]["properties"]["id"]["enum"].as_array().expect("enum").len() as u64));
+    assert_eq!(
+        schema["maxItems"].as_u64(),
+        Some(schema["items"]["properties"]["id"]["enum"].as_array().expect("enum").len() as u64)
+    );
     assert!(last["max_tokens"].as_u64().is_some_and(|m| m > 0 && m < 1000));
 }
 
@@ -203,9 +209,7 @@ async fn candidates_never_leave_the_bucket() {
     judge_pending(&f.app.db.store(), judge, policy(1), "test").await.expect("judge");
 
     let asked = f.asked();
-    let existing_for = |new: &str| {
-        asked.iter().filter(|(n, _)| n == new).map(|(_, e)| e.clone()).collect::<Vec<_>>()
-    };
+    let existing_for = |new: &str| asked.iter().filter(|(n, _)| n == new).map(|(_, e)| e.clone()).collect::<Vec<_>>();
     // Rome is already superseded; Berlin is newer; Lima, Quito and Cairo are other buckets.
     assert_eq!(existing_for("I live in Paris"), vec![vec!["I live in Oslo".to_owned()]]);
     assert_eq!(existing_for("I live in Berlin"), vec![vec!["I live in Paris".to_owned()]]);
@@ -287,6 +291,30 @@ async fn a_server_that_refuses_json_schema_is_asked_for_json_object_from_then_on
 }
 
 #[tokio::test]
+async fn a_fact_waits_for_the_older_facts_of_its_bucket_to_be_embedded() {
+    let f = Fixture::start().await;
+    let judge = f.judge(Duration::from_secs(5));
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    let paris = f.fact(&who, "I live in Paris").await;
+    // Paris is embedded first, as two batches can finish out of order.
+    let store = f.app.db.store();
+    let vector = mnemo_testkit::unit_bag_of_words("I live in Paris", DIMS);
+    let row: (String, Vec<u8>) = sqlx::query_as("SELECT tenant_id, content_sha256 FROM memory_items WHERE id = $1")
+        .bind(paris)
+        .fetch_one(&f.app.db.pool)
+        .await
+        .expect("row");
+    let paris_vector = mnemo_store::NewVector { id: paris, tenant_id: row.0, content_sha256: row.1, embedding: vector };
+    store.save_vectors(MODEL, vec![paris_vector]).await.expect("save");
+    judge_pending(&store, judge.clone(), policy(20), "test").await.expect("judge");
+    assert!(!f.row(paris).await.judged, "Tokyo has no vector yet, so Paris waits");
+
+    f.settle(judge).await;
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
+}
+
+#[tokio::test]
 async fn a_disabled_judge_sets_judge_at_and_retires_nothing() {
     let f = Fixture::start().await;
     let who = principal("acme", Some("u1"), None, None);
@@ -332,10 +360,13 @@ async fn concurrent_judgements_leave_exactly_one_live_fact_and_one_decision() {
     }
     assert_eq!(judged, 16, "each fact is judged once, whoever gets it");
     for (tokyo, paris) in pairs {
-        let live = f.app.db.count(&format!(
-            "SELECT count(*) FROM memory_items WHERE id IN ('{tokyo}', '{paris}') AND superseded_by IS NULL"
-        ))
-        .await;
+        let live = f
+            .app
+            .db
+            .count(&format!(
+                "SELECT count(*) FROM memory_items WHERE id IN ('{tokyo}', '{paris}') AND superseded_by IS NULL"
+            ))
+            .await;
         assert_eq!(live, 1);
         assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
     }
@@ -354,7 +385,12 @@ async fn reasserting_a_superseded_fact_revives_it_and_as_of_reads_follow_the_his
             let body = json!({ "query": "where do I live", "scope": "user" });
             let reply = client.post("/v1/recall", Some(&token), &body).await;
             assert_eq!(reply.status, 200, "{:?}", reply.body);
-            reply.body["items"].as_array().expect("items").iter().map(|i| i["content"].as_str().expect("c").to_owned()).collect::<Vec<_>>()
+            reply.body["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .map(|i| i["content"].as_str().expect("c").to_owned())
+                .collect::<Vec<_>>()
         }
     };
     let tokyo = f.fact(&who, "I live in Tokyo").await;
@@ -411,7 +447,10 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
     assert_eq!(f.row(paris).await.outcome.as_deref(), Some("fail_open"));
 
     let listed = runbook(&f, &["judge", "fail-open", "--tenant", "acme", "--json"]);
-    assert_eq!(listed["facts"], json!([{"id": paris, "tenant": "acme", "judge_at": listed["facts"][0]["judge_at"], "reason": "unparsable"}]));
+    assert_eq!(
+        listed["facts"],
+        json!([{"id": paris, "tenant": "acme", "judge_at": listed["facts"][0]["judge_at"], "reason": "unparsable"}])
+    );
     let status = runbook(&f, &["judge", "status", "--json"]);
     assert_eq!((status["outcomes"]["fail_open"].as_i64(), status["judged"].as_i64()), (Some(1), Some(2)));
     assert_eq!(status["fail_open_rate"].as_f64(), Some(0.5));
@@ -423,7 +462,8 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
     assert_eq!(cleared["cleared"].as_i64(), Some(1));
     assert!(!f.row(paris).await.judged);
     assert_eq!(f.app.db.count("SELECT count(*) FROM audit_log WHERE event = 'judge_clear'").await, 1);
-    let queued = f.app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'judge' AND status = 'Pending'").await;
+    let queued =
+        f.app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'judge' AND status = 'Pending'").await;
     assert!(queued >= 1, "a judge job is queued with the clear");
 
     f.settle(judge).await;
@@ -495,5 +535,6 @@ fn runbook(f: &Fixture, args: &[&str]) -> Value {
         .output()
         .expect("runbook");
     assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&output.stdout)))
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&output.stdout)))
 }

@@ -518,7 +518,8 @@ impl JudgeSettings {
             problems.0.push(format!("{}={batch_size} must be between 1 and 500", vars::JUDGE_BATCH_SIZE));
         }
         let max_wait = Duration::from_millis(problems.parsed(env, vars::JUDGE_MAX_WAIT_MS, 50u64, "milliseconds"));
-        let grace = Duration::from_secs(problems.parsed(env, vars::JUDGE_GRACE_S, 120u64, "a number of seconds").max(1));
+        let grace =
+            Duration::from_secs(problems.parsed(env, vars::JUDGE_GRACE_S, 120u64, "a number of seconds").max(1));
         Self { model, topk, threshold, batch_size: batch_size.max(1), max_wait, grace }
     }
 

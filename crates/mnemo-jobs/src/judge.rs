@@ -8,7 +8,9 @@
 //!   metric.
 //!
 //! Every judged fact gets `judge_at` and an outcome, so nothing is judged twice; a job whose fact
-//! is no longer pending changes nothing.
+//! is no longer pending changes nothing. A fact is judged only once the older facts of its bucket
+//! have vectors: facts written close together can be embedded out of order, and an older fact
+//! embedded late would otherwise never be compared with it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -134,15 +136,19 @@ pub async fn judge_pending(
         }
         let report = judge_batch(store, judge.clone(), policy, worker, &jobs).await?;
         if report.outcomes.is_empty() {
-            // Pending rows another judge holds: leave them to it.
+            // What is left waits for vectors, or another judge holds it: leave it.
             return Ok(reports);
         }
         reports.push(report);
     }
 }
 
+/// How long a judgement waits for an older fact of its bucket to be embedded.
+const DEFER: Duration = Duration::from_secs(1);
+
 /// Decides and applies one fact's judgement; the outcome recorded (none if the fact stopped
-/// being pending meanwhile) and how long the model took, if it was asked.
+/// being pending meanwhile, or waits for an older fact's vector) and how long the model took,
+/// if it was asked.
 async fn judge_fact(
     store: Store,
     judge: Option<Arc<dyn Judge>>,
@@ -150,6 +156,11 @@ async fn judge_fact(
     fact: PendingFact,
 ) -> Result<(Option<JudgeOutcome>, Option<Duration>), StoreError> {
     let mut model_time = None;
+    if store.older_facts_unembedded(&fact).await? {
+        store.defer_judgement(&fact, DEFER).await?;
+        metrics::counter!("mnemo_judge_deferred_total").increment(1);
+        return Ok((None, None));
+    }
     let judgement = if let Some(key) = &fact.fact_key {
         let candidates = store.same_key_facts(&fact, key).await?;
         let outcome = if candidates.is_empty() { JudgeOutcome::NoCandidates } else { JudgeOutcome::Superseded };

@@ -12,8 +12,8 @@ mod judge;
 mod worker;
 
 pub use embed::{EmbedDispatcher, EmbedPolicy};
-pub use judge::{BatchReport, JudgeDispatcher, JudgePolicy, judge_batch, judge_pending};
 pub use housekeeping::{HousekeepingPolicy, run_housekeeping};
+pub use judge::{BatchReport, JudgeDispatcher, JudgePolicy, judge_batch, judge_pending};
 pub use worker::{run_worker, worker_name};
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -132,8 +132,12 @@ pub async fn run_worker(
             }
             JUDGE_QUEUE => {
                 let j = &settings.judge;
-                let policy =
-                    JudgePolicy { batch_size: j.batch_size, max_wait: j.max_wait, topk: j.topk, threshold: j.threshold };
+                let policy = JudgePolicy {
+                    batch_size: j.batch_size,
+                    max_wait: j.max_wait,
+                    topk: j.topk,
+                    threshold: j.threshold,
+                };
                 let dispatcher = JudgeDispatcher::start(store.clone(), judge.clone(), policy, name.clone());
                 let config = Config::default()
                     .queue(JUDGE_QUEUE)

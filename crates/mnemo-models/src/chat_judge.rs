@@ -286,8 +286,7 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
             Some(Value::Array(items)) => Some(items.iter().filter_map(entry).collect()),
             Some(_) => None,
             None => {
-                let pairs: Vec<_> =
-                    map.iter().filter_map(|(k, v)| Some((k.clone(), verdict(v.as_str()?)?))).collect();
+                let pairs: Vec<_> = map.iter().filter_map(|(k, v)| Some((k.clone(), verdict(v.as_str()?)?))).collect();
                 (!pairs.is_empty()).then_some(pairs)
             }
         },
@@ -300,8 +299,7 @@ fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
     let pairs: Vec<_> = content
         .lines()
         .filter_map(|line| {
-            let words: Vec<&str> =
-                line.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+            let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
             let id = words.iter().find(|w| is_label(w))?;
             let decision = words.iter().find_map(|w| verdict(w))?;
             Some(((*id).to_owned(), decision))

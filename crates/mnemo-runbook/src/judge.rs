@@ -130,7 +130,11 @@ pub async fn run(store: &Store, command: JudgeCommand) -> anyhow::Result<()> {
                 println!("{id}  {tenant}");
             }
             let verb = if dry_run { "would clear" } else { "cleared" };
-            println!("{verb} judge_at on {} facts{}", rows.len(), if dry_run { " (dry run: nothing changed)" } else { "" });
+            println!(
+                "{verb} judge_at on {} facts{}",
+                rows.len(),
+                if dry_run { " (dry run: nothing changed)" } else { "" }
+            );
             Ok(())
         }
         JudgeCommand::Tune { target_drain, window, batch_size, workers, json } => {
@@ -264,7 +268,8 @@ pub fn tune(input: &TuneInput) -> Advice {
     let latency_ms = b.mean_model_max_ms;
     let overhead_ms = ((b.mean_wall_ms - latency_ms) / rows_per_batch).max(0.0);
     let workers = input.workers.max(1);
-    let rate = |size: usize| workers as f64 * size as f64 / ((latency_ms + overhead_ms * size as f64).max(1.0) / 1000.0);
+    let rate =
+        |size: usize| workers as f64 * size as f64 / ((latency_ms + overhead_ms * size as f64).max(1.0) / 1000.0);
     let target = input.target_drain.as_secs_f64();
     let needed = (input.backlog as f64 / target).max(input.arrivals_per_second * 2.0);
     let chosen = SIZES.iter().copied().find(|&s| rate(s) >= needed);
@@ -304,7 +309,8 @@ pub fn tune(input: &TuneInput) -> Advice {
             size * 2
         ));
     } else if size < input.current {
-        reasons.push("a smaller batch is enough, and puts fewer calls in flight at the model endpoint at once".to_owned());
+        reasons
+            .push("a smaller batch is enough, and puts fewer calls in flight at the model endpoint at once".to_owned());
     }
     let measured = json!({
         "batches": b.batches, "rows_per_batch": rows_per_batch, "slowest_call_ms": latency_ms,
@@ -381,7 +387,14 @@ mod tests {
     use super::*;
 
     fn stats(batches: i64, rows: i64, wall: f64, slowest: f64) -> BatchStats {
-        BatchStats { batches, rows, model_calls: rows, mean_wall_ms: wall, mean_model_max_ms: slowest, ..Default::default() }
+        BatchStats {
+            batches,
+            rows,
+            model_calls: rows,
+            mean_wall_ms: wall,
+            mean_model_max_ms: slowest,
+            ..Default::default()
+        }
     }
 
     fn input(backlog: i64, batches: BatchStats) -> TuneInput {

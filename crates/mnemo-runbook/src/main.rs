@@ -13,7 +13,11 @@ use mnemo_store::{MIGRATOR, Store};
 mod judge;
 
 #[derive(Debug, Parser)]
-#[command(name = "mnemo-runbook", version, about = "Operate mnemo: migrations, status, tokens, recall, the judge, facts.")]
+#[command(
+    name = "mnemo-runbook",
+    version,
+    about = "Operate mnemo: migrations, status, tokens, recall, the judge, facts."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -3,16 +3,15 @@
 //! model); `memory_items.embedded_model` names the model whose vector matches the row's current
 //! content.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use apalis_core::task::builder::TaskBuilder;
 use apalis_postgres::queries::push_tasks;
 use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use uuid::Uuid;
 
 use crate::judge::push_judge_jobs;
-use crate::queue::{EMBED_QUEUE, EmbedJob, task};
+use crate::queue::{EMBED_QUEUE, EmbedJob, delayed_task, task};
 use crate::{Store, StoreError};
 
 /// A row an embed job asked for, as it is now.
@@ -97,7 +96,8 @@ impl Store {
             .bind(model)
             .fetch_all(&mut *tx)
             .await?;
-        let to_judge = saved.iter().filter(|(_, _, judge)| *judge).map(|(id, tenant, _)| (*id, tenant.clone())).collect();
+        let to_judge =
+            saved.iter().filter(|(_, _, judge)| *judge).map(|(id, tenant, _)| (*id, tenant.clone())).collect();
         push_judge_jobs(&mut tx, to_judge).await?;
         tx.commit().await?;
         Ok(saved.into_iter().map(|(id, _, _)| id).collect())
@@ -131,12 +131,7 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(delay) = retry_after {
-            // apalis stores run_at in whole seconds, truncating: round the due time up, or a
-            // sub-second remainder could make the retry due at once.
-            let due = (SystemTime::now() + delay).duration_since(UNIX_EPOCH).unwrap_or_default();
-            let due_secs = due.as_secs() + u64::from(due.subsec_nanos() > 0);
-            let retry = TaskBuilder::new(serde_json::to_vec(job)?).run_at_timestamp(due_secs).build();
-            push_tasks(&mut *tx, EMBED_QUEUE, vec![retry]).await?;
+            push_tasks(&mut *tx, EMBED_QUEUE, vec![delayed_task(job, delay)?]).await?;
         }
         tx.commit().await?;
         Ok(attempts.unwrap_or(0))

@@ -8,12 +8,12 @@
 use std::time::Duration;
 
 use apalis_postgres::queries::push_tasks;
-use sqlx::AssertSqlSafe;
 use chrono::{DateTime, Utc};
 use mnemo_core::{FactScope, JudgeOutcome};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::queue::{JUDGE_QUEUE, JudgeJob, task};
+use crate::queue::{JUDGE_QUEUE, JudgeJob, delayed_task, task};
 use crate::{Store, StoreError};
 
 /// A fact waiting for the judge.
@@ -136,7 +136,8 @@ pub struct BatchRecord {
     pub model_max: Duration,
 }
 
-const LIVE_FACT: &str = "source_kind = 'fact' AND superseded_by IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL";
+const LIVE_FACT: &str =
+    "source_kind = 'fact' AND superseded_by IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL";
 
 const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
@@ -213,6 +214,44 @@ impl Store {
             .await?)
     }
 
+    /// Whether an older live fact of the bucket still waits for its vector. Judging now would
+    /// miss it for good (it is older, so its own judgement never looks at this fact), so the
+    /// judgement waits.
+    pub async fn older_facts_unembedded(&self, fact: &PendingFact) -> Result<bool, StoreError> {
+        let sql = format!(
+            "SELECT EXISTS (
+                SELECT 1 FROM memory_items o
+                WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.{LIVE_FACT}
+                  AND o.embed_error IS NULL AND o.embedded_model IS DISTINCT FROM $4
+                  AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
+            )",
+            column = fact.identity_column(),
+        );
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(&fact.tenant_id)
+            .bind(&fact.identity)
+            .bind(&fact.scope)
+            .bind(&fact.embedded_model)
+            .bind(fact.valid_from)
+            .bind(fact.id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Queues the fact's judge job again to run after `delay`; it stays pending meanwhile.
+    pub async fn defer_judgement(&self, fact: &PendingFact, delay: Duration) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE memory_items SET judge_enqueued_at = now() WHERE id = $1 AND tenant_id = $2")
+            .bind(fact.id)
+            .bind(&fact.tenant_id)
+            .execute(&mut *tx)
+            .await?;
+        let job = JudgeJob { tenant_id: fact.tenant_id.clone(), item_id: fact.id };
+        push_tasks(&mut *tx, JUDGE_QUEUE, vec![delayed_task(&job, delay)?]).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Live, older facts of the bucket with the pending fact's key, whatever their distance.
     pub async fn same_key_facts(&self, fact: &PendingFact, key: &str) -> Result<Vec<Candidate>, StoreError> {
         let sql = format!(
@@ -247,12 +286,7 @@ impl Store {
         judgement: &Judgement,
     ) -> Result<Option<JudgeOutcome>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(LOCK_BUCKET)
-            .bind(&fact.tenant_id)
-            .bind(&fact.scope)
-            .bind(&fact.identity)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(LOCK_BUCKET).bind(&fact.tenant_id).bind(&fact.scope).bind(&fact.identity).execute(&mut *tx).await?;
         let still_pending: Option<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT m.id FROM memory_items m WHERE m.id = $1 AND m.tenant_id = $2 AND {} FOR UPDATE",
             pending_filter("m")

@@ -23,7 +23,7 @@ pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use group_commit::GroupCommit;
 pub use judge::{
-    BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, Judgement, JudgeStatus, PendingFact,
+    BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, JudgeStatus, Judgement, PendingFact,
 };
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};

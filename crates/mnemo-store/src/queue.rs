@@ -2,6 +2,8 @@
 //! same transaction as the rows they are about, so a row and its job exist together or not at
 //! all. The arguments are JSON, as apalis' Postgres backend decodes them.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use apalis_core::task::builder::TaskBuilder;
 use apalis_postgres::PgTask;
 use serde::{Deserialize, Serialize};
@@ -33,4 +35,12 @@ pub struct JudgeJob {
 
 pub(crate) fn task<T: Serialize>(args: &T) -> Result<PgTask, StoreError> {
     Ok(TaskBuilder::new(serde_json::to_vec(args)?).build())
+}
+
+/// A job due after `delay`. apalis stores run_at in whole seconds, truncating: the due time is
+/// rounded up, or a sub-second remainder could make the job due at once.
+pub(crate) fn delayed_task<T: Serialize>(args: &T, delay: Duration) -> Result<PgTask, StoreError> {
+    let due = (SystemTime::now() + delay).duration_since(UNIX_EPOCH).unwrap_or_default();
+    let due_secs = due.as_secs() + u64::from(due.subsec_nanos() > 0);
+    Ok(TaskBuilder::new(serde_json::to_vec(args)?).run_at_timestamp(due_secs).build())
 }

@@ -130,7 +130,8 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
     };
     tokio::time::sleep(delay).await;
     if refuse {
-        let error = json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
+        let error =
+            json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
         return (StatusCode::INTERNAL_SERVER_ERROR, Json(error)).into_response();
     }
     let (new_fact, existing) = prompt_facts(&body);

@@ -31,5 +31,7 @@ async fn main() -> anyhow::Result<()> {
     mnemo_config::init_tracing(&settings.log);
     let embedder = mnemo_models::embedder(&settings.embed)?;
     let judge = mnemo_models::judge(&settings.judge)?;
-    mnemo_jobs::run_worker(settings, embedder, judge, mnemo_config::shutdown_signal()).await.context("mnemo-worker failed")
+    mnemo_jobs::run_worker(settings, embedder, judge, mnemo_config::shutdown_signal())
+        .await
+        .context("mnemo-worker failed")
 }
