@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_config::{DatabaseSettings, EmbedSettings, Env, WorkerSettings, vars};
-use mnemo_core::{Embedder, Extras, MemoryText, NewMemory, SourceRef};
+use mnemo_core::{Embedder, Extras, Judge, MemoryText, NewMemory, SourceRef};
 use mnemo_store::{Store, create_database};
 use serde_json::{Value, json};
 
@@ -174,23 +174,35 @@ fn chat(i: usize, text: &str) -> anyhow::Result<NewMemory> {
     )?)
 }
 
+/// Whether the in-process worker serves the judge queue, and with which judge (`None`: the
+/// model step disabled).
+pub(crate) enum JudgeQueue {
+    Off,
+    Serve(Option<Arc<dyn Judge>>),
+}
+
 /// The worker pool in this process, as `mnemo-worker` runs it.
 pub(crate) fn start_worker(
     env: &Env,
     url: &str,
     batch: usize,
     embedder: Arc<dyn Embedder>,
+    judge: JudgeQueue,
 ) -> anyhow::Result<tokio::sync::oneshot::Sender<()>> {
+    let (queues, judge) = match judge {
+        JudgeQueue::Serve(judge) => (format!("embed={},judge=40", batch * 4), judge),
+        JudgeQueue::Off => (format!("embed={}", batch * 4), None),
+    };
     let env = env
         .clone()
         .with(vars::DATABASE_URL, url)
         .with(vars::EMBED_BATCH_SIZE, batch.to_string())
-        .with(vars::WORKER_QUEUES, format!("embed={}", batch * 4))
+        .with(vars::WORKER_QUEUES, queues)
         .with(vars::WORKER_LISTEN, "127.0.0.1:0");
     let settings = WorkerSettings::from_env(&env)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        if let Err(e) = mnemo_jobs::run_worker(settings, embedder, None, async move {
+        if let Err(e) = mnemo_jobs::run_worker(settings, embedder, judge, async move {
             let _ = stopped.await;
         })
         .await
@@ -237,7 +249,7 @@ pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
         store.remember_many(chunk).await?;
     }
     let started = Instant::now();
-    let stop = start_worker(&env, &url, args.batch, embedder.clone())?;
+    let stop = start_worker(&env, &url, args.batch, embedder.clone(), JudgeQueue::Off)?;
     wait_embedded(&store, embedder.model(), args.rows, Duration::from_secs(3600)).await?;
     let elapsed = started.elapsed();
     let _ = stop.send(());
@@ -267,7 +279,7 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let (_, embedder) = local_embedder(&env)?;
     let (url, store) = fresh(&env).await?;
     let batch = env.get(vars::EMBED_BATCH_SIZE).and_then(|b| b.parse().ok()).unwrap_or(32);
-    let stop = start_worker(&env, &url, batch, embedder.clone())?;
+    let stop = start_worker(&env, &url, batch, embedder.clone(), JudgeQueue::Off)?;
     tokio::time::sleep(Duration::from_secs(2)).await; // the worker connects and listens
 
     let total = args.rate as usize * args.seconds as usize;

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod embedding;
+mod judge;
 mod quality;
 mod recall_latency;
 mod writes;
@@ -32,6 +33,12 @@ enum Scenario {
     Locomo(quality::LocomoArgs),
     /// BEAM knowledge updates and contradictions: is the newer message found, and above the older?
     Beam(quality::BeamArgs),
+    /// Judge throughput and per-fact overhead against a model endpoint with a fixed delay.
+    JudgeThroughput(judge::ThroughputArgs),
+    /// Fact consolidation: facts written in order through remember_fact, then for each
+    /// single-hop question: is the newest fact found, above the facts it overrides, and are
+    /// those superseded?
+    Factconsolidation(judge::FactConsolidationArgs),
 }
 
 #[tokio::main]
@@ -45,5 +52,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::RecallLatency(args) => recall_latency::run(args).await,
         Scenario::Locomo(args) => quality::locomo(args).await,
         Scenario::Beam(args) => quality::beam(args).await,
+        Scenario::JudgeThroughput(args) => judge::throughput(args).await,
+        Scenario::Factconsolidation(args) => judge::fact_consolidation(args).await,
     }
 }

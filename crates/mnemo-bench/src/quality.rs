@@ -17,7 +17,7 @@ use mnemo_core::{
 use mnemo_recall::{Halves, Recall, RecallOptions};
 use serde_json::{Value, json};
 
-use crate::embedding::{fresh, local_embedder, start_worker, wait_embedded};
+use crate::embedding::{JudgeQueue, fresh, local_embedder, start_worker, wait_embedded};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
@@ -120,7 +120,7 @@ async fn ingest(env: &Env, conversations: &[Conversation]) -> anyhow::Result<(Re
         rows += memories.len();
     }
     eprintln!("wrote {rows} turns of {} conversations; embedding them…", conversations.len());
-    let stop = start_worker(env, &url, 32, embedder.clone())?;
+    let stop = start_worker(env, &url, 32, embedder.clone(), JudgeQueue::Off)?;
     wait_embedded(&store, embedder.model(), rows, Duration::from_secs(4 * 3600)).await?;
     let _ = stop.send(());
     sqlx::query("ANALYZE memory_items").execute(store.pool()).await?;

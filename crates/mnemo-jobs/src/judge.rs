@@ -59,11 +59,13 @@ impl JudgeDispatcher {
     }
 }
 
-/// What a batch did: the outcome recorded for each fact judged.
+/// What a batch did: the outcome recorded for each fact judged, the batch's time, and its
+/// slowest model call (the batch's calls run side by side).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BatchReport {
     pub outcomes: Vec<JudgeOutcome>,
     pub wall: Duration,
+    pub model_max: Duration,
 }
 
 /// Judges the still-pending facts behind `jobs`, side by side, and records the batch.
@@ -103,6 +105,7 @@ pub async fn judge_batch(
         return Err(e);
     }
     report.wall = started.elapsed();
+    report.model_max = model_max;
     if !report.outcomes.is_empty() {
         metrics::histogram!("mnemo_judge_batch_rows").record(report.outcomes.len() as f64);
         store
