@@ -303,13 +303,13 @@ pub async fn fact_consolidation(args: FactConsolidationArgs) -> anyhow::Result<(
         println!(
             "{:<26} {:>9} {:>6} {:>12.2} {:>14.2} {:>15.2} {:>12} {:>15}",
             r["source"].as_str().unwrap_or(""),
-            r["questions"],
-            r["facts"],
+            r["questions"].as_u64().unwrap_or(0),
+            r["facts"].as_u64().unwrap_or(0),
             r["new_retrieved_at_k"].as_f64().unwrap_or(0.0),
             r["new_above_old"].as_f64().unwrap_or(0.0),
             r["old_superseded"].as_f64().unwrap_or(0.0),
-            r["superseded_total"],
-            r["superseded_outside_the_known_old_facts"],
+            r["superseded_total"].as_u64().unwrap_or(0),
+            r["superseded_outside_the_known_old_facts"].as_u64().unwrap_or(0),
         );
     }
     Ok(())

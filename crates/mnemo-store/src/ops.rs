@@ -76,8 +76,12 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes jobs that finished (done, or dead) longer than `retention` ago.
+    /// Deletes jobs that finished (done, or dead) longer than `retention` ago, and judge batch
+    /// records older than a week (`judge tune` reads the last hours).
     pub async fn prune_finished_jobs(&self, retention: Duration) -> Result<u64, StoreError> {
+        sqlx::query("DELETE FROM judge_batches WHERE finished_at < now() - interval '7 days'")
+            .execute(&self.pool)
+            .await?;
         let pruned = sqlx::query(
             "DELETE FROM apalis.jobs
              WHERE (status = 'Done' OR status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts))
