@@ -261,15 +261,13 @@ fn json_in(content: &str) -> Option<Value> {
     if let Ok(v) = serde_json::from_str(content.trim()) {
         return Some(v);
     }
-    for (open, close) in [('{', '}'), ('[', ']')] {
-        if let (Some(start), Some(end)) = (content.find(open), content.rfind(close))
-            && start < end
-            && let Ok(v) = serde_json::from_str(&content[start..=end])
-        {
-            return Some(v);
-        }
-    }
-    None
+    let mut brackets = [('{', '}'), ('[', ']')];
+    // The outermost value opens first: `[{…}]` is a list, not its first object.
+    brackets.sort_by_key(|(open, _)| content.find(*open).unwrap_or(usize::MAX));
+    brackets.into_iter().find_map(|(open, close)| {
+        let (start, end) = (content.find(open)?, content.rfind(close)?);
+        (start < end).then(|| serde_json::from_str(&content[start..=end]).ok()).flatten()
+    })
 }
 
 /// `{"decisions": [...]}`, a bare list of `{id, decision}`, or an `{id: decision}` map.
@@ -285,6 +283,7 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
         Value::Object(map) => match map.get("decisions") {
             Some(Value::Array(items)) => Some(items.iter().filter_map(entry).collect()),
             Some(_) => None,
+            None if map.contains_key("id") => Some(entry(value).into_iter().collect()),
             None => {
                 let pairs: Vec<_> = map.iter().filter_map(|(k, v)| Some((k.clone(), verdict(v.as_str()?)?))).collect();
                 (!pairs.is_empty()).then_some(pairs)
@@ -340,6 +339,8 @@ mod tests {
         assert_eq!(parse_verdicts(structured, 2), Ok(vec![Keep, Supersede]));
         let fenced = "Sure!\n```json\n[{\"id\": \"f2\", \"decision\": \"supersede\"}]\n```";
         assert_eq!(parse_verdicts(fenced, 3), Ok(vec![Keep, Supersede, Keep]));
+        let single = "Here: {\"id\": \"f1\", \"decision\": \"SUPERSEDE\"}";
+        assert_eq!(parse_verdicts(single, 2), Ok(vec![Supersede, Keep]));
         assert_eq!(parse_verdicts(r#"{"f1": "SUPERSEDE"}"#, 1), Ok(vec![Supersede]));
         assert_eq!(parse_verdicts("f1: KEEP\nf2 - SUPERSEDE (moved)", 2), Ok(vec![Keep, Supersede]));
         assert_eq!(parse_verdicts(r#"{"decisions": []}"#, 2), Ok(vec![Keep, Keep]));
