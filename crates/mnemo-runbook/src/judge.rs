@@ -254,7 +254,7 @@ pub struct Advice {
 const SIZES: [usize; 11] = [1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200];
 
 /// The smallest batch size that drains the backlog within the target and keeps up with twice
-/// the recent arrival rate. A batch's model calls run side by side, so a batch takes about the
+/// the recent arrival rate, or the current size if it already does. A batch's model calls run side by side, so a batch takes about the
 /// slowest call plus a per-row overhead; larger batches drain faster but put more calls in
 /// flight at the model endpoint at once.
 pub fn tune(input: &TuneInput) -> Advice {
@@ -285,6 +285,15 @@ pub fn tune(input: &TuneInput) -> Advice {
         if input.workers == 0 { " (none alive; counted as one)" } else { "" }
     ));
     let size = match chosen {
+        // Headroom for bursts: a size that already keeps up is kept.
+        Some(smallest) if input.current >= smallest => {
+            reasons.push(format!(
+                "the current {} judges about {:.1} facts/s, enough; the smallest size that would do is {smallest}",
+                input.current,
+                rate(input.current)
+            ));
+            input.current
+        }
         Some(size) => {
             reasons.push(format!(
                 "batch size {size} judges about {:.1} facts/s; the current {} judges about {:.1}",
@@ -403,7 +412,7 @@ mod tests {
             backlog,
             arrivals_per_second: 0.0,
             target_drain: Duration::from_secs(60),
-            current: 20,
+            current: 1,
             workers: 1,
         }
     }
@@ -419,8 +428,10 @@ mod tests {
         let hopeless = tune(&input(10_000_000, m));
         assert_eq!(hopeless.batch_size, 200);
         assert!(hopeless.reasons.iter().any(|r| r.contains("add judge workers")));
-        let unmeasured = tune(&input(600, BatchStats::default()));
+        let unmeasured = tune(&TuneInput { current: 20, ..input(600, BatchStats::default()) });
         assert_eq!(unmeasured.batch_size, 20);
+        let enough = tune(&TuneInput { current: 20, ..input(600, m) });
+        assert_eq!(enough.batch_size, 20, "a size that keeps up is kept");
     }
 
     #[test]
