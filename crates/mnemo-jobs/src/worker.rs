@@ -94,6 +94,31 @@ pub async fn run_worker(
     let missed = u32::try_from((settings.orphan_timeout.as_secs() / heartbeat.as_secs()).max(2)).unwrap_or(10);
     let mut monitor = Monitor::new().shutdown_timeout(settings.job_timeout);
     for (queue, concurrency) in settings.queues.clone() {
+        // One queue's apalis worker, the same for every queue: woken by NOTIFY and polling every
+        // heartbeat, its jobs handed to the queue's dispatcher, each job bounded by the timeout.
+        // A macro because the job and handler types differ per queue.
+        macro_rules! register_queue {
+            ($monitor:expr, $job:ty, $config:expr, $dispatcher:expr, $handler:expr) => {{
+                let config = $config.heartbeat_interval(heartbeat).missed_heartbeats(missed as usize);
+                let (pool, dispatcher) = (store.pool().clone(), $dispatcher);
+                let worker_id = format!("{name}-{queue}");
+                let job_timeout = settings.job_timeout;
+                $monitor.register(move |_| {
+                    let backend = PostgresStorage::<$job>::new(&pool)
+                        .with_config(config.clone())
+                        .with_pubsub()
+                        .poll_with_interval(heartbeat);
+                    WorkerBuilder::new(worker_id.clone())
+                        .backend(backend)
+                        .data(dispatcher.clone())
+                        .catch_panic()
+                        .concurrency(concurrency)
+                        .timeout(job_timeout)
+                        .parallelize(tokio::spawn)
+                        .build($handler)
+                })
+            }};
+        }
         match queue.as_str() {
             EMBED_QUEUE => {
                 let dispatcher = EmbedDispatcher::start(
@@ -109,26 +134,8 @@ pub async fn run_worker(
                     .queue(EMBED_QUEUE)
                     // Enough jobs in hand for the next batches while one is in the model, but
                     // never more than can run: fetched-but-waiting jobs stop heartbeating.
-                    .batch_size(concurrency.min(settings.embed_batch_size * 4))
-                    .heartbeat_interval(heartbeat)
-                    .missed_heartbeats(missed as usize);
-                let pool = store.pool().clone();
-                let worker_id = format!("{name}-{queue}");
-                let job_timeout = settings.job_timeout;
-                monitor = monitor.register(move |_| {
-                    let backend = PostgresStorage::<EmbedJob>::new(&pool)
-                        .with_config(config.clone())
-                        .with_pubsub()
-                        .poll_with_interval(heartbeat);
-                    WorkerBuilder::new(worker_id.clone())
-                        .backend(backend)
-                        .data(dispatcher.clone())
-                        .catch_panic()
-                        .concurrency(concurrency)
-                        .timeout(job_timeout)
-                        .parallelize(tokio::spawn)
-                        .build(handle_embed)
-                });
+                    .batch_size(concurrency.min(settings.embed_batch_size * 4));
+                monitor = register_queue!(monitor, EmbedJob, config, dispatcher, handle_embed);
             }
             JUDGE_QUEUE => {
                 let j = &settings.judge;
@@ -139,28 +146,8 @@ pub async fn run_worker(
                     threshold: j.threshold,
                 };
                 let dispatcher = JudgeDispatcher::start(store.clone(), judge.clone(), policy, name.clone());
-                let config = Config::default()
-                    .queue(JUDGE_QUEUE)
-                    .batch_size(concurrency)
-                    .heartbeat_interval(heartbeat)
-                    .missed_heartbeats(missed as usize);
-                let pool = store.pool().clone();
-                let worker_id = format!("{name}-{queue}");
-                let job_timeout = settings.job_timeout;
-                monitor = monitor.register(move |_| {
-                    let backend = PostgresStorage::<JudgeJob>::new(&pool)
-                        .with_config(config.clone())
-                        .with_pubsub()
-                        .poll_with_interval(heartbeat);
-                    WorkerBuilder::new(worker_id.clone())
-                        .backend(backend)
-                        .data(dispatcher.clone())
-                        .catch_panic()
-                        .concurrency(concurrency)
-                        .timeout(job_timeout)
-                        .parallelize(tokio::spawn)
-                        .build(handle_judge)
-                });
+                let config = Config::default().queue(JUDGE_QUEUE).batch_size(concurrency);
+                monitor = register_queue!(monitor, JudgeJob, config, dispatcher, handle_judge);
             }
             other => return Err(JobError::Setup(format!("no handler for queue {other}"))),
         }

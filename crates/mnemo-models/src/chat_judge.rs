@@ -16,7 +16,6 @@ use std::time::Duration;
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
-use async_openai::middleware::ReqwestService;
 use mnemo_core::{Judge, JudgeError, JudgeFuture, Verdict};
 use serde_json::{Value, json};
 
@@ -67,21 +66,10 @@ pub struct OpenAiJudge {
 impl OpenAiJudge {
     pub fn new(base_url: Option<&str>, api_key: &str, model: &str, timeout: Duration) -> Result<Self, ModelError> {
         crate::install_tls_provider();
-        let mut config = OpenAIConfig::new().with_api_key(api_key);
-        if let Some(base_url) = base_url {
-            config = config.with_api_base(base_url);
-        }
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| ModelError::Client(e.to_string()))?;
         Ok(Self {
             // No retries inside the client: a failed judgement fails open and is re-run by an
             // operator, visibly.
-            client: Client::with_config(config)
-                .with_http_client(http.clone())
-                .with_http_service(ReqwestService::new(http)),
+            client: crate::openai::client(base_url, api_key, timeout)?,
             model: model.to_owned(),
             format: AtomicU8::new(Format::JsonSchema as u8),
         })

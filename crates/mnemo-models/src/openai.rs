@@ -30,21 +30,8 @@ impl OpenAiEmbedder {
         timeout: Duration,
         max_inputs: usize,
     ) -> Result<Self, ModelError> {
-        let mut config = OpenAIConfig::new().with_api_key(api_key);
-        if let Some(base_url) = base_url {
-            config = config.with_api_base(base_url);
-        }
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| ModelError::Client(e.to_string()))?;
         Ok(Self {
-            // async-openai retries 429 and 5xx on its own by default; the plain transport leaves
-            // retries to the caller, whose backoff is durable.
-            client: Client::with_config(config)
-                .with_http_client(http.clone())
-                .with_http_service(ReqwestService::new(http)),
+            client: client(base_url, api_key, timeout)?,
             model: model.to_owned(),
             dimensions,
             max_inputs: max_inputs.max(1),
@@ -83,6 +70,26 @@ impl OpenAiEmbedder {
             })
             .collect()
     }
+}
+
+/// An async-openai client for an OpenAI-compatible endpoint (`base_url` unset: OpenAI itself),
+/// each request bounded by `timeout`. async-openai retries 429 and 5xx on its own by default; the
+/// plain transport leaves retries to the caller, whose backoff is durable and visible.
+pub(crate) fn client(
+    base_url: Option<&str>,
+    api_key: &str,
+    timeout: Duration,
+) -> Result<Client<OpenAIConfig>, ModelError> {
+    let mut config = OpenAIConfig::new().with_api_key(api_key);
+    if let Some(base_url) = base_url {
+        config = config.with_api_base(base_url);
+    }
+    let http = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(5)))
+        .build()
+        .map_err(|e| ModelError::Client(e.to_string()))?;
+    Ok(Client::with_config(config).with_http_client(http.clone()).with_http_service(ReqwestService::new(http)))
 }
 
 /// Unit length, so cosine distance is comparable across providers; a zero or non-finite vector

@@ -51,9 +51,7 @@ impl ScriptedChat {
         let app = axum::Router::new()
             .route("/v1/chat/completions", axum::routing::post(completions))
             .with_state(script.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("scripted chat server") });
+        let (addr, _) = crate::serve(app).await;
         Self { base_url: format!("http://{addr}/v1"), script }
     }
 

@@ -171,11 +171,7 @@ impl TestApp {
         // The model loads on the first recall, so tests that never recall do not pay for it.
         let embedder = Arc::new(LazyEmbedder::new(settings.embed.clone()));
         let state = AppState::new(db.store(), &settings, embedder).expect("test state");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app(state)).await.expect("test server");
-        });
+        let (addr, server) = serve(app(state)).await;
         Self { db, client: Client::new(format!("http://{addr}")), server }
     }
 }
@@ -184,6 +180,14 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         self.server.abort();
     }
+}
+
+/// Serves `router` on a free local port until the task is aborted or the test ends.
+pub(crate) async fn serve(router: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await.expect("test server") });
+    (addr, server)
 }
 
 /// The real `mnemo-server` binary, started as a child process.

@@ -46,9 +46,7 @@ impl ScriptedEmbeddings {
         let app = axum::Router::new()
             .route("/v1/embeddings", axum::routing::post(embeddings))
             .with_state((script.clone(), dimensions));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("scripted server") });
+        let (addr, _) = crate::serve(app).await;
         Self { base_url: format!("http://{addr}/v1"), dimensions, script }
     }
 

@@ -39,9 +39,7 @@ impl ScriptedReranker {
     pub async fn start() -> Self {
         let script = Arc::new(Mutex::new(Script::default()));
         let app = axum::Router::new().route("/rerank", axum::routing::post(rerank)).with_state(script.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("scripted reranker") });
+        let (addr, _) = crate::serve(app).await;
         Self { base_url: format!("http://{addr}"), script }
     }
 
