@@ -32,13 +32,9 @@ pub struct ThroughputArgs {
     batches: usize,
 }
 
-fn principal(tenant: &str, user: &str) -> anyhow::Result<Principal> {
-    Ok(Principal {
-        tenant: mnemo_core::TenantId::parse(tenant)?,
-        user: Some(mnemo_core::UserId::parse(user)?),
-        agent: None,
-        session: None,
-    })
+/// A user of a tenant, as a token would name them.
+fn user(tenant: &str, user: &str) -> Principal {
+    mnemo_testkit::principal(tenant, Some(user), None, None)
 }
 
 fn fact(who: &Principal, text: &str) -> anyhow::Result<NewMemory> {
@@ -49,9 +45,8 @@ fn fact(who: &Principal, text: &str) -> anyhow::Result<NewMemory> {
 /// user, embedded and pending: every pending fact has exactly one candidate and one model call.
 async fn seed(store: &Store, tenant: &str, users: usize) -> anyhow::Result<()> {
     for (text, settle) in [("I live in Rome", true), ("I live in Paris", false)] {
-        let rows = (0..users)
-            .map(|u| fact(&principal(tenant, &format!("u{u}"))?, text))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let rows =
+            (0..users).map(|u| fact(&user(tenant, &format!("u{u}")), text)).collect::<anyhow::Result<Vec<_>>>()?;
         for chunk in rows.chunks(500) {
             for result in store.remember_many(chunk).await? {
                 result?;
@@ -208,7 +203,7 @@ pub async fn fact_consolidation(args: FactConsolidationArgs) -> anyhow::Result<(
     let mut ids: HashMap<String, Vec<Uuid>> = HashMap::new();
     let mut rows = 0;
     for (source, facts, _) in &sources {
-        let who = principal("factconsolidation", source)?;
+        let who = user("factconsolidation", source);
         let mut source_ids = Vec::with_capacity(facts.len());
         for text in facts {
             source_ids.push(store.remember(&fact(&who, text)?).await?.id);
@@ -233,7 +228,7 @@ pub async fn fact_consolidation(args: FactConsolidationArgs) -> anyhow::Result<(
     // Over every source: questions, new retrieved, new above old, old facts, old superseded.
     let mut all = [0usize; 5];
     for (source, _, questions) in &sources {
-        let who = principal("factconsolidation", source)?;
+        let who = user("factconsolidation", source);
         let ids = &ids[source];
         let (mut retrieved, mut above, mut old_total, mut old_superseded) = (0, 0, 0, 0);
         let mut known_old = std::collections::HashSet::new();
