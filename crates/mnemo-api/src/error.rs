@@ -43,6 +43,8 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("source_ref already names a row with different content")]
     SourceRefConflict,
+    #[error("source_ref names a memory that was deleted; it is anonymized after the retention period")]
+    MemoryDeleted,
     #[error("not ready: {0}")]
     NotReady(String),
     /// The detail is logged, never sent.
@@ -73,6 +75,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
     ("source_ref_conflict", 409, "the source_ref already holds different content"),
+    ("memory_deleted", 409, "the source_ref names a deleted row (facts are revived instead)"),
     ("payload_too_large", 413, "the request body is over the server's limit"),
     ("unsupported_media_type", 415, "Content-Type is not application/json"),
     ("internal", 500, "something failed inside mnemo; details are in its log"),
@@ -113,6 +116,7 @@ impl ApiError {
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::SourceRefConflict => "source_ref_conflict",
+            Self::MemoryDeleted => "memory_deleted",
             Self::NotReady(_) => "not_ready",
             Self::Internal(_) => "internal",
         }
@@ -129,6 +133,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::SourceRefConflict { .. } => Self::SourceRefConflict,
+            StoreError::SourceRefDeleted { .. } => Self::MemoryDeleted,
             other => Self::Internal(other.to_string()),
         }
     }

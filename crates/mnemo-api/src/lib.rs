@@ -10,7 +10,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use mnemo_config::ServerSettings;
 use mnemo_core::{Embedder, Reranker};
@@ -63,6 +63,7 @@ pub fn app(state: AppState) -> Router {
     let body_limit = state.max_tool_output_bytes.saturating_mul(2).saturating_add(64 * 1024);
     let v1 = Router::new()
         .route("/memories", post(routes::remember))
+        .route("/memories/{id}", delete(routes::forget))
         .route("/facts", post(routes::remember_fact))
         .route("/recall", post(routes::recall))
         .route("/tool-outputs/{key}", get(routes::tool_output));

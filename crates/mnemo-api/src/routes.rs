@@ -81,6 +81,31 @@ pub async fn remember_fact(
     Ok(remembered(SourceKind::Fact, state.writes.remember(memory).await?))
 }
 
+/// `DELETE /v1/memories/{id}`: soft-deletes a row of the caller's tenant. A user's token deletes
+/// only rows carrying its user; a service token (no `sub`) any row of its tenant. Anything else
+/// is 404, as if the row did not exist. Deleting twice answers the first deletion.
+pub async fn forget(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id: uuid::Uuid = id.parse().map_err(|_| ApiError::InvalidField { field: "id", expected: "a UUID" })?;
+    let requested_by = if principal.user.is_some() { "user" } else { "service" };
+    let deleted = state
+        .store
+        .soft_delete(&principal.tenant, id, principal.user.as_ref(), requested_by)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    metrics::counter!("mnemo_memory_deletes_total", "already" => if deleted.already { "true" } else { "false" })
+        .increment(1);
+    let body = json!({
+        "id": deleted.id,
+        "deleted_at": deleted.deleted_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, false),
+        "already_deleted": deleted.already,
+    });
+    Ok(Json(body).into_response())
+}
+
 /// `POST /v1/recall`: hybrid search over the classes the token may see.
 pub async fn recall(
     State(state): State<AppState>,

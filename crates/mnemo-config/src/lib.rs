@@ -11,6 +11,7 @@ use std::time::Duration;
 
 mod telemetry;
 
+use mnemo_core::{MAX_BATCH_SIZE, MAX_TTL_DAYS, RetentionPolicy};
 pub use telemetry::{LogFormat, LogSettings, init_tracing, metrics_handle, shutdown_signal};
 
 /// The names of every environment variable mnemo reads.
@@ -65,6 +66,13 @@ pub mod vars {
     pub const JUDGE_TIMEOUT_MS: &str = "MNEMO_JUDGE_TIMEOUT_MS";
     pub const JUDGE_MAX_WAIT_MS: &str = "MNEMO_JUDGE_MAX_WAIT_MS";
     pub const JUDGE_GRACE_S: &str = "MNEMO_JUDGE_GRACE_S";
+    pub const ANONYMIZE_SOFT_TTL_DAYS: &str = "MNEMO_ANONYMIZE_SOFT_TTL_DAYS";
+    pub const ANONYMIZE_SUP_TTL_DAYS: &str = "MNEMO_ANONYMIZE_SUP_TTL_DAYS";
+    pub const ANONYMIZE_BATCH_SIZE: &str = "MNEMO_ANONYMIZE_BATCH_SIZE";
+    pub const ANONYMIZE_DRY_RUN: &str = "MNEMO_ANONYMIZE_DRY_RUN";
+    pub const ANONYMIZE_MAX_FRACTION: &str = "MNEMO_ANONYMIZE_MAX_FRACTION";
+    pub const ANONYMIZE_FLOOR_ROWS: &str = "MNEMO_ANONYMIZE_FLOOR_ROWS";
+    pub const ANONYMIZE_INTERVAL_S: &str = "MNEMO_ANONYMIZE_INTERVAL_S";
     pub const LOG: &str = "MNEMO_LOG";
     pub const LOG_FORMAT: &str = "MNEMO_LOG_FORMAT";
 }
@@ -528,12 +536,82 @@ impl JudgeSettings {
     }
 }
 
+/// The safety floor: a sweep that would anonymize more than `max_fraction` of a tenant's rows
+/// *and* more than `floor_rows` rows is refused unless an operator allows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SafetyFloor {
+    pub max_fraction: f64,
+    pub floor_rows: u64,
+}
+
+impl SafetyFloor {
+    /// Whether anonymizing `rows` of a tenant holding `tenant_rows` is too large to do unasked.
+    pub fn refuses(&self, rows: u64, tenant_rows: u64) -> bool {
+        rows > self.floor_rows && rows as f64 > self.max_fraction * tenant_rows as f64
+    }
+}
+
+/// Retention: the default policy (a tenant's own policy overrides it field by field), the
+/// safety floor, and how often the workers sweep.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetentionSettings {
+    pub defaults: RetentionPolicy,
+    pub floor: SafetyFloor,
+    pub interval: Duration,
+}
+
+impl RetentionSettings {
+    fn read(env: &Env, problems: &mut Problems) -> Self {
+        let d = RetentionPolicy::default();
+        let mut days = |name: &str, default: u32| {
+            let days = problems.parsed(env, name, default, "a whole number of days");
+            if days > MAX_TTL_DAYS {
+                problems.0.push(format!("{name}={days} is over {MAX_TTL_DAYS} days"));
+            }
+            days
+        };
+        let soft_ttl_days = days(vars::ANONYMIZE_SOFT_TTL_DAYS, d.soft_ttl_days);
+        let superseded_ttl_days = days(vars::ANONYMIZE_SUP_TTL_DAYS, d.superseded_ttl_days);
+        let batch_size = problems.parsed(env, vars::ANONYMIZE_BATCH_SIZE, d.batch_size, "a whole number");
+        if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+            problems
+                .0
+                .push(format!("{}={batch_size} must be between 1 and {MAX_BATCH_SIZE}", vars::ANONYMIZE_BATCH_SIZE));
+        }
+        let dry_run = match env.get(vars::ANONYMIZE_DRY_RUN).map(|v| v.trim().to_ascii_lowercase()) {
+            None => d.dry_run,
+            Some(v) if ["true", "1", "yes", "on"].contains(&v.as_str()) => true,
+            Some(v) if ["false", "0", "no", "off"].contains(&v.as_str()) => false,
+            Some(v) => {
+                problems.0.push(format!("{}={v:?} must be true or false", vars::ANONYMIZE_DRY_RUN));
+                d.dry_run
+            }
+        };
+        let max_fraction = problems.parsed(env, vars::ANONYMIZE_MAX_FRACTION, 0.2f64, "a fraction");
+        if !(0.0..=1.0).contains(&max_fraction) {
+            problems.0.push(format!("{} must be between 0 and 1", vars::ANONYMIZE_MAX_FRACTION));
+        }
+        let floor_rows = problems.parsed(env, vars::ANONYMIZE_FLOOR_ROWS, 1000u64, "a whole number of rows");
+        let interval = problems.parsed(env, vars::ANONYMIZE_INTERVAL_S, 3600u64, "a number of seconds").max(1);
+        Self {
+            defaults: RetentionPolicy { soft_ttl_days, superseded_ttl_days, batch_size: batch_size.max(1), dry_run },
+            floor: SafetyFloor { max_fraction, floor_rows },
+            interval: Duration::from_secs(interval),
+        }
+    }
+
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        Problems::read_all(env, Self::read)
+    }
+}
+
 /// Everything `mnemo-worker` needs.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
     pub database: DatabaseSettings,
     pub embed: EmbedSettings,
     pub judge: JudgeSettings,
+    pub retention: RetentionSettings,
     /// Queues this process serves, with the jobs it runs at once on each.
     pub queues: Vec<(String, usize)>,
     /// Rows per model call, and how long a batch waits to fill.
@@ -555,7 +633,7 @@ pub struct WorkerSettings {
 }
 
 /// The queues a worker knows.
-pub const QUEUES: &[&str] = &["embed", "judge"];
+pub const QUEUES: &[&str] = &["embed", "judge", "retention"];
 
 impl WorkerSettings {
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
@@ -563,9 +641,11 @@ impl WorkerSettings {
         let database = DatabaseSettings::read(env, &mut problems);
         let embed = EmbedSettings::read(env, &mut problems);
         let judge = JudgeSettings::read(env, &mut problems);
+        let retention = RetentionSettings::read(env, &mut problems);
         // Embed: 4× the batch, so the next batches gather while one is in the model. Judge: 2×
-        // the batch, so the next batch is in hand when one finishes.
-        let default_queues = format!("embed=128,judge={}", judge.batch_size * 2);
+        // the batch, so the next batch is in hand when one finishes. Retention: one tenant's sweep
+        // at a time per worker; sweeps are long and share the database with everything else.
+        let default_queues = format!("embed=128,judge={},retention=1", judge.batch_size * 2);
         let queues = parse_queues(env.get(vars::WORKER_QUEUES).unwrap_or(&default_queues), &mut problems);
         if let Some((_, concurrency)) = queues.iter().find(|(q, _)| q == "judge")
             && *concurrency < judge.batch_size
@@ -594,6 +674,7 @@ impl WorkerSettings {
             database,
             embed,
             judge,
+            retention,
             queues,
             embed_batch_size,
             embed_max_wait,
@@ -690,6 +771,33 @@ mod tests {
         assert!(err.contains(vars::JUDGE_BASE_URL) && err.contains(vars::JUDGE_THRESHOLD), "{err}");
         let small = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "embed,judge=4")]);
         assert!(WorkerSettings::from_env(&small).unwrap_err().to_string().contains("never fill"));
+    }
+
+    #[test]
+    fn retention_defaults_and_refusals() {
+        let settings = RetentionSettings::from_env(&Env::default()).expect("defaults");
+        assert_eq!(settings.defaults, RetentionPolicy::default());
+        assert_eq!(settings.floor, SafetyFloor { max_fraction: 0.2, floor_rows: 1000 });
+        let env = Env::from_pairs([(vars::ANONYMIZE_DRY_RUN, "TRUE"), (vars::ANONYMIZE_SOFT_TTL_DAYS, "0")]);
+        let settings = RetentionSettings::from_env(&env).expect("valid");
+        assert!(settings.defaults.dry_run);
+        assert_eq!(settings.defaults.soft_ttl_days, 0);
+        let bad = Env::from_pairs([
+            (vars::ANONYMIZE_DRY_RUN, "maybe"),
+            (vars::ANONYMIZE_BATCH_SIZE, "0"),
+            (vars::ANONYMIZE_MAX_FRACTION, "1.5"),
+            (vars::ANONYMIZE_SUP_TTL_DAYS, "-1"),
+        ]);
+        assert_eq!(RetentionSettings::from_env(&bad).unwrap_err().0.len(), 4);
+    }
+
+    #[test]
+    fn the_floor_needs_both_the_share_and_the_count() {
+        let floor = SafetyFloor { max_fraction: 0.2, floor_rows: 1000 };
+        assert!(!floor.refuses(1000, 1000), "not more than 1000 rows");
+        assert!(floor.refuses(1001, 5000));
+        assert!(!floor.refuses(1001, 5005), "exactly a fifth is allowed");
+        assert!(!floor.refuses(5000, 1_000_000), "a small share of a large tenant");
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod kinds;
 mod memory;
 mod principal;
 mod recall;
+mod retention;
 mod source_ref;
 mod text;
 
@@ -21,5 +22,6 @@ pub use kinds::{FactScope, RecallScope, Scope, SourceKind};
 pub use memory::{Extras, FactKey, Metadata, NewMemory, ScopeError};
 pub use principal::Principal;
 pub use recall::{MAX_QUERY_BYTES, MAX_TOP_K, RecallClass, RecallRequest, RerankError, RerankFuture, Reranker};
+pub use retention::{AnonymizeReason, MAX_BATCH_SIZE, MAX_TTL_DAYS, RetentionPolicy};
 pub use source_ref::{SourceRef, fact_source_ref};
 pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, ToolOutputText};

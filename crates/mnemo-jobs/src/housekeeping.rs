@@ -16,10 +16,12 @@ pub struct HousekeepingPolicy {
     pub judge_grace: Duration,
     pub job_retention: Duration,
     pub dead_worker_after: Duration,
+    /// How often each tenant's retired rows are swept.
+    pub retention_interval: Duration,
 }
 
 /// The current tick number: wall-clock time in whole intervals, the same on every machine.
-fn tick(interval: Duration) -> i64 {
+fn tick_number(interval: Duration) -> i64 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     i64::try_from(now.as_millis() / interval.as_millis().max(1)).unwrap_or(i64::MAX)
 }
@@ -30,7 +32,7 @@ pub async fn run_housekeeping(
     worker: &str,
     policy: &HousekeepingPolicy,
 ) -> Result<Option<Housekeeping>, JobError> {
-    let tick = tick(policy.interval);
+    let tick = tick_number(policy.interval);
     if !store.claim_housekeeping_tick(tick, worker).await? {
         return Ok(None);
     }
@@ -39,6 +41,7 @@ pub async fn run_housekeeping(
             + store.requeue_unjudged(policy.judge_grace, 10_000).await?,
         pruned_jobs: store.prune_finished_jobs(policy.job_retention).await?,
         removed_workers: store.remove_stale_workers(policy.dead_worker_after).await?,
+        retention_scheduled: store.schedule_retention(tick_number(policy.retention_interval)).await?,
     };
     store.finish_housekeeping_tick(tick, done).await?;
     if done != Housekeeping::default() {
@@ -47,6 +50,7 @@ pub async fn run_housekeeping(
             requeued = done.requeued,
             pruned_jobs = done.pruned_jobs,
             removed_workers = done.removed_workers,
+            retention_scheduled = done.retention_scheduled,
             "housekeeping"
         );
     }

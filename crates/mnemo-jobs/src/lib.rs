@@ -1,6 +1,6 @@
 //! mnemo's background work on apalis-postgres: the worker pool ([`run_worker`]), batched
-//! embedding ([`EmbedDispatcher`]), the contradiction judge ([`JudgeDispatcher`]), and
-//! once-per-tick housekeeping. Every job is idempotent:
+//! embedding ([`EmbedDispatcher`]), the contradiction judge ([`JudgeDispatcher`]), retention
+//! sweeps and user erasure ([`sweep_tenant`], [`erase_user`]), and once-per-tick housekeeping. Every job is idempotent:
 //! running it twice leaves the state running it once leaves.
 
 use std::time::Duration;
@@ -9,11 +9,15 @@ mod batcher;
 mod embed;
 mod housekeeping;
 mod judge;
+mod retention;
 mod worker;
 
 pub use embed::{EmbedDispatcher, EmbedPolicy};
 pub use housekeeping::{HousekeepingPolicy, run_housekeeping};
 pub use judge::{BatchReport, JudgeDispatcher, JudgePolicy, judge_batch, judge_pending};
+pub use retention::{
+    DRY_RUN_IDS, ErasureReport, RetentionRunner, SweepOptions, SweepOutcome, SweepReport, erase_user, sweep_tenant,
+};
 pub use worker::{run_worker, worker_name};
 
 #[derive(Debug, Clone, thiserror::Error)]

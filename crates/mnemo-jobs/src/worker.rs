@@ -12,11 +12,11 @@ use apalis::prelude::{BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, Wo
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
 use mnemo_core::{Embedder, Judge};
-use mnemo_store::queue::{EMBED_QUEUE, EmbedJob, JUDGE_QUEUE, JudgeJob};
+use mnemo_store::queue::{EMBED_QUEUE, EmbedJob, JUDGE_QUEUE, JudgeJob, RETENTION_QUEUE, RetentionJob};
 use mnemo_store::{MIGRATOR, Store};
 
 use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
-use crate::{EmbedDispatcher, EmbedPolicy, JobError, JudgeDispatcher, JudgePolicy};
+use crate::{EmbedDispatcher, EmbedPolicy, JobError, JudgeDispatcher, JudgePolicy, RetentionRunner};
 
 /// A name no other process has used or will use: a restarted worker must not inherit the
 /// Running jobs of its previous life, or they would never be re-queued.
@@ -33,6 +33,13 @@ async fn handle_embed(job: EmbedJob, dispatcher: Data<EmbedDispatcher>) -> Resul
 
 async fn handle_judge(job: JudgeJob, dispatcher: Data<JudgeDispatcher>) -> Result<(), BoxDynError> {
     dispatcher.submit(job).await.map_err(Into::into)
+}
+
+async fn handle_retention(job: RetentionJob, runner: Data<RetentionRunner>) -> Result<(), BoxDynError> {
+    runner.run(&job).await.map_err(|e| {
+        tracing::warn!(tenant = %job.tenant_id, error = %e, "retention sweep failed; its job will run again");
+        e.into()
+    })
 }
 
 /// Recall's HNSW index for the model this pool embeds with, built once per database (every
@@ -85,6 +92,7 @@ pub async fn run_worker(
             judge_grace: settings.judge.grace,
             job_retention: settings.job_retention,
             dead_worker_after: settings.orphan_timeout * 3,
+            retention_interval: settings.retention.interval,
         },
     ));
 
@@ -148,6 +156,16 @@ pub async fn run_worker(
                 let dispatcher = JudgeDispatcher::start(store.clone(), judge.clone(), policy, name.clone());
                 let config = Config::default().queue(JUDGE_QUEUE).batch_size(concurrency);
                 monitor = register_queue!(monitor, JudgeJob, config, dispatcher, handle_judge);
+            }
+            RETENTION_QUEUE => {
+                let runner = RetentionRunner {
+                    store: store.clone(),
+                    settings: settings.retention,
+                    worker: name.clone(),
+                    job_timeout: settings.job_timeout,
+                };
+                let config = Config::default().queue(RETENTION_QUEUE).batch_size(concurrency);
+                monitor = register_queue!(monitor, RetentionJob, config, runner, handle_retention);
             }
             other => return Err(JobError::Setup(format!("no handler for queue {other}"))),
         }

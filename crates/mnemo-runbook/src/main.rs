@@ -5,18 +5,21 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use mnemo_config::{DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, vars};
+use mnemo_config::{
+    DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, RetentionSettings, vars,
+};
 use mnemo_core::{AgentId, FactScope, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId};
 use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{MIGRATOR, Store};
 
 mod judge;
+mod retention;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "mnemo-runbook",
     version,
-    about = "Operate mnemo: migrations, status, tokens, recall, the judge, facts."
+    about = "Operate mnemo: migrations, status, tokens, recall, the judge, facts, retention and the audit log."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -105,6 +108,51 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Sweep one tenant's retired rows now under its retention policy, with a progress bar.
+    /// Exits non-zero when the safety floor refuses the sweep.
+    Anonymize {
+        #[arg(long)]
+        tenant: String,
+        /// Report what would be anonymized (counts by reason, ids) and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Allow this one sweep past the safety floor, if it anonymizes at most N rows. Audited.
+        #[arg(long, value_name = "N")]
+        allow_large_sweep: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Soft-delete and anonymize every row carrying a user (facts, and session rows written
+    /// under their token) now, whatever the TTLs, with audit rows. Reports counts per kind.
+    Erase {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        user: String,
+        /// Report what would be erased and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The audit log, newest first: ids, reasons and counts (never content).
+    Audit {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// An event such as memory.anonymize, memory.anonymize.refused, memory.delete, supersede.
+        #[arg(long)]
+        event: Option<String>,
+        /// Rows about this memory item (as subject or related item).
+        #[arg(long)]
+        item: Option<uuid::Uuid>,
+        /// A time (RFC 3339) or an age like 24h.
+        #[arg(long, value_parser = judge::parse_time)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_ttl(raw: &str) -> Result<Duration, String> {
@@ -146,6 +194,17 @@ async fn main() -> anyhow::Result<()> {
             };
             let store = connect(&env).await?;
             judge::facts(&store, tenant.as_str(), scope, &identity, as_of, include_superseded, json).await
+        }
+        Command::Anonymize { tenant, dry_run, allow_large_sweep, json } => {
+            let settings = RetentionSettings::from_env(&env)?;
+            retention::anonymize(&connect(&env).await?, &settings, &tenant, dry_run, allow_large_sweep, json).await
+        }
+        Command::Erase { tenant, user, dry_run, json } => {
+            let settings = RetentionSettings::from_env(&env)?;
+            retention::erase(&connect(&env).await?, &settings, &tenant, &user, dry_run, json).await
+        }
+        Command::Audit { tenant, event, item, since, limit, json } => {
+            retention::audit(&connect(&env).await?, tenant, event, item, since, limit, json).await
         }
         Command::Token { identity, ttl } => {
             let principal = identity.principal()?;

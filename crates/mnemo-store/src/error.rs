@@ -5,6 +5,9 @@ pub enum StoreError {
     /// The source_ref already names a row with different content; nothing was written.
     #[error("source_ref already holds different content (row {existing})")]
     SourceRefConflict { existing: Uuid },
+    /// The source_ref names a row that was deleted; it is not brought back.
+    #[error("source_ref names a deleted row ({existing})")]
+    SourceRefDeleted { existing: Uuid },
     #[error("invalid database URL: {0}")]
     Config(#[source] sqlx::Error),
     #[error("database error: {0}")]

@@ -3,7 +3,7 @@
 //! A judgement is applied in one transaction under a per-bucket advisory lock, re-checking
 //! that both rows are still live, with one audit row per retired fact. The audit log is also
 //! the history behind as-of reads: a fact was live at T if it existed then and its last
-//! supersede or revive event at or before T was not a supersede.
+//! supersede, delete or revive event at or before T was a revive (or there was none).
 
 use std::time::Duration;
 
@@ -549,11 +549,10 @@ impl Store {
                        m.superseded_at, m.judge_at, m.judge_outcome, m.anonymized_at IS NOT NULL AS anonymized,
                        CASE WHEN $4::timestamptz IS NULL
                             THEN m.superseded_by IS NULL AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
-                            ELSE (m.deleted_at IS NULL OR m.deleted_at > $4)
-                                 AND COALESCE((
+                            ELSE COALESCE((
                                     SELECT a.event FROM audit_log a
                                     WHERE a.tenant_id = m.tenant_id AND a.item_id = m.id
-                                      AND a.event IN ('supersede', 'revive') AND a.created_at <= $4
+                                      AND a.event IN ('supersede', 'memory.delete', 'revive') AND a.created_at <= $4
                                     ORDER BY a.created_at DESC, a.id DESC LIMIT 1
                                  ), 'revive') = 'revive'
                        END AS live

@@ -15,6 +15,7 @@ mod judge;
 mod memories;
 mod ops;
 pub mod queue;
+mod retention;
 mod schema;
 mod search;
 
@@ -27,6 +28,7 @@ pub use judge::{
 };
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
+pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, SweepPlan};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};
 pub use sqlx::PgPool;

@@ -41,23 +41,24 @@ RETURNING id";
 
 /// The rows that already held the keys of rows not inserted, by their position in the batch.
 const FIND_ITEMS: &str = "
-SELECT k.ord, m.id, m.content_sha256
+SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
 JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
 
-/// Re-asserting a superseded fact makes it live again: its validity restarts, its judgement is
-/// cleared so it is judged again (against the facts that are now older than it), and an audit
-/// row names the fact that had superseded it. Returns the revived rows, and whether each has a
-/// vector already (then its judge job is queued here; otherwise embedding queues it).
+/// Re-asserting a superseded or deleted fact makes it live again: its validity restarts, its
+/// judgement is cleared so it is judged again (against the facts that are now older than it),
+/// and an audit row names the fact that had superseded it, if one had. Returns the revived rows,
+/// and whether each has a vector already (then its judge job is queued here; otherwise
+/// embedding queues it).
 const REVIVE_FACTS: &str = "
 WITH old AS (
     SELECT id, superseded_by FROM memory_items
-    WHERE id = ANY($1) AND source_kind = 'fact' AND superseded_by IS NOT NULL
-      AND deleted_at IS NULL AND anonymized_at IS NULL
+    WHERE id = ANY($1) AND source_kind = 'fact' AND (superseded_by IS NOT NULL OR deleted_at IS NOT NULL)
+      AND anonymized_at IS NULL
     FOR UPDATE
 ), revived AS (
     UPDATE memory_items m
-    SET superseded_by = NULL, superseded_at = NULL, valid_from = now(), valid_to = NULL,
+    SET superseded_by = NULL, superseded_at = NULL, deleted_at = NULL, valid_from = now(), valid_to = NULL,
         judge_at = NULL, judge_outcome = NULL,
         judge_enqueued_at = CASE WHEN m.embedded_model IS NOT NULL THEN now() END
     FROM old WHERE m.id = old.id
@@ -139,18 +140,23 @@ impl Store {
         // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
         let mut reasserted_facts = Vec::new();
         if inserted.len() < rows.len() {
-            let existing: Vec<(i64, Uuid, Vec<u8>)> =
+            let existing: Vec<(i64, Uuid, Vec<u8>, bool)> =
                 sqlx::query_as(FIND_ITEMS).bind(&tenants).bind(&kinds).bind(&refs).fetch_all(&mut *tx).await?;
-            for (ord, id, sha) in existing {
+            for (ord, id, sha, deleted) in existing {
                 let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
                 if let Some(slot @ None) = results.get_mut(i) {
-                    *slot = Some(if sha == rows[i].content_sha256 {
-                        if rows[i].kind == SourceKind::Fact {
+                    let is_fact = rows[i].kind == SourceKind::Fact;
+                    *slot = Some(if sha != rows[i].content_sha256 {
+                        Err(StoreError::SourceRefConflict { existing: id })
+                    } else if deleted && !is_fact {
+                        // A fact is asserted again by its user; a message or chunk under a
+                        // deleted row's key is a retry that must not bring the row back.
+                        Err(StoreError::SourceRefDeleted { existing: id })
+                    } else {
+                        if is_fact {
                             reasserted_facts.push(id);
                         }
                         Ok(Remembered { id, was_new: false })
-                    } else {
-                        Err(StoreError::SourceRefConflict { existing: id })
                     });
                 }
             }
@@ -201,14 +207,17 @@ impl Store {
         Ok(results)
     }
 
-    /// The full payload behind a `tout_…` key, for its own tenant only.
+    /// The full payload behind a `tout_…` key, for its own tenant only, while its row is live.
     pub async fn tool_output(&self, tenant: &TenantId, key: &ToolOutputKey) -> Result<Option<ToolOutput>, StoreError> {
-        let row: Option<(Uuid, String)> =
-            sqlx::query_as("SELECT item_id, content FROM tool_outputs WHERE tenant_id = $1 AND key = $2")
-                .bind(tenant.as_str())
-                .bind(key.as_str())
-                .fetch_optional(&self.pool)
-                .await?;
+        let row: Option<(Uuid, String)> = sqlx::query_as(
+            "SELECT t.item_id, t.content FROM tool_outputs t
+                 JOIN memory_items m ON m.id = t.item_id AND m.tenant_id = t.tenant_id
+                 WHERE t.tenant_id = $1 AND t.key = $2 AND m.deleted_at IS NULL AND m.anonymized_at IS NULL",
+        )
+        .bind(tenant.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.map(|(item_id, content)| ToolOutput { key: key.clone(), item_id, content }))
     }
 }

@@ -45,6 +45,8 @@ pub struct Housekeeping {
     pub requeued: u64,
     pub pruned_jobs: u64,
     pub removed_workers: u64,
+    /// Tenants whose retention sweep was scheduled.
+    pub retention_scheduled: u64,
 }
 
 impl Store {

@@ -33,6 +33,16 @@ pub struct JudgeJob {
     pub item_id: Uuid,
 }
 
+/// Anonymizes one tenant's retired rows under its retention policy.
+pub const RETENTION_QUEUE: &str = "retention";
+
+/// Sweep one tenant for retention tick `tick` (scheduled once per tenant and tick).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionJob {
+    pub tenant_id: String,
+    pub tick: i64,
+}
+
 pub(crate) fn task<T: Serialize>(args: &T) -> Result<PgTask, StoreError> {
     Ok(TaskBuilder::new(serde_json::to_vec(args)?).build())
 }

@@ -136,7 +136,14 @@ impl Client {
     }
 
     pub async fn get(&self, path: &str, token: Option<&str>) -> Reply {
-        let mut request = self.http.get(format!("{}{path}", self.base));
+        self.send(self.http.get(format!("{}{path}", self.base)), token).await
+    }
+
+    pub async fn delete(&self, path: &str, token: Option<&str>) -> Reply {
+        self.send(self.http.delete(format!("{}{path}", self.base)), token).await
+    }
+
+    async fn send(&self, mut request: reqwest::RequestBuilder, token: Option<&str>) -> Reply {
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }

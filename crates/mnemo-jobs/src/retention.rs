@@ -1,0 +1,271 @@
+//! Retention sweeps and user erasure, shared by the worker's `retention` queue and the runbook.
+//!
+//! A sweep reads the tenant's policy, counts what is due, and checks the safety floor before it
+//! changes anything: a sweep that would anonymize more than the floor allows is refused (an
+//! audit row, a metric, nothing else) unless an operator allowed at least that many rows, which
+//! is audited too. It then anonymizes in batches of the policy's size, one transaction each, so
+//! a sweep killed at any point leaves every row untouched or fully anonymized and the next sweep
+//! finishes the rest. A dry run (by policy, environment or flag) only counts and lists.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use mnemo_config::{RetentionSettings, SafetyFloor};
+use mnemo_core::{AnonymizeReason, RetentionPolicy};
+use mnemo_store::queue::RetentionJob;
+use mnemo_store::{ErasurePlan, Store, StoreError, SweepPlan};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// How many row ids a dry run lists.
+pub const DRY_RUN_IDS: i64 = 1000;
+
+/// How one sweep runs, beyond the tenant's policy.
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    pub defaults: RetentionPolicy,
+    pub floor: SafetyFloor,
+    /// A dry run whatever the policy says.
+    pub dry_run: bool,
+    /// An operator's permission to anonymize up to this many rows past the floor.
+    pub allow_large: Option<u64>,
+    /// Who runs it, for the audit rows: `worker` or `runbook`.
+    pub actor: String,
+    /// Stop after the batch that ends past this time (the rest is left for a later sweep).
+    pub deadline: Option<Instant>,
+}
+
+impl SweepOptions {
+    pub fn new(settings: &RetentionSettings, actor: &str) -> Self {
+        Self {
+            defaults: settings.defaults,
+            floor: settings.floor,
+            dry_run: false,
+            allow_large: None,
+            actor: actor.to_owned(),
+            deadline: None,
+        }
+    }
+}
+
+/// How a sweep ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepOutcome {
+    /// Everything due was anonymized.
+    Done,
+    /// Stopped at the deadline with rows still due.
+    Unfinished,
+    /// A dry run: nothing changed.
+    DryRun,
+    /// The safety floor refused it: nothing changed.
+    Refused,
+}
+
+impl SweepOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Done => "done",
+            Self::Unfinished => "unfinished",
+            Self::DryRun => "dry_run",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+/// What a sweep found and did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepReport {
+    pub tenant: String,
+    pub policy: RetentionPolicy,
+    /// Policy values that were ignored.
+    pub warnings: Vec<String>,
+    pub plan: SweepPlan,
+    pub outcome: SweepOutcome,
+    /// The floor would refuse this sweep without the operator's permission (which it had, or
+    /// the sweep was refused or only a dry run).
+    pub over_floor: bool,
+    pub anonymized: BTreeMap<&'static str, u64>,
+    /// A dry run's rows (at most [`DRY_RUN_IDS`]), by id.
+    pub ids: Vec<(Uuid, AnonymizeReason)>,
+    pub elapsed: Duration,
+}
+
+impl SweepReport {
+    pub fn anonymized_total(&self) -> u64 {
+        self.anonymized.values().sum()
+    }
+}
+
+/// Sweeps one tenant now. `progress` is called after each batch with (rows done, rows due).
+pub async fn sweep_tenant(
+    store: &Store,
+    tenant: &str,
+    options: &SweepOptions,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<SweepReport, StoreError> {
+    let started = Instant::now();
+    let (policy, warnings) = store.retention_policy(tenant, options.defaults).await?;
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    let plan = store.sweep_plan(tenant, &policy).await?;
+    let due = plan.due();
+    let over_floor = options.floor.refuses(due, plan.tenant_rows);
+    let allowed = options.allow_large.is_some_and(|n| n >= due);
+    let dry_run = options.dry_run || policy.dry_run;
+    let mut report = SweepReport {
+        tenant: tenant.to_owned(),
+        policy,
+        warnings,
+        plan,
+        outcome: SweepOutcome::DryRun,
+        over_floor,
+        anonymized: BTreeMap::new(),
+        ids: Vec::new(),
+        elapsed: Duration::ZERO,
+    };
+    let floor = json!({
+        "due": due,
+        "soft_deleted": plan.soft_deleted,
+        "superseded": plan.superseded,
+        "tenant_rows": plan.tenant_rows,
+        "max_fraction": options.floor.max_fraction,
+        "floor_rows": options.floor.floor_rows,
+        "allowed": options.allow_large,
+    });
+    if dry_run {
+        report.ids = store.due_rows(tenant, plan.cutoffs, DRY_RUN_IDS).await?;
+    } else if over_floor && !allowed {
+        store.audit(tenant, "memory.anonymize.refused", "safety_floor", &options.actor, floor).await?;
+        metrics::counter!("mnemo_anonymize_refused_total").increment(1);
+        tracing::warn!(
+            tenant,
+            due,
+            tenant_rows = plan.tenant_rows,
+            "retention sweep refused by the safety floor; nothing changed (an operator can allow it: mnemo-runbook anonymize --allow-large-sweep)"
+        );
+        report.outcome = SweepOutcome::Refused;
+    } else {
+        if over_floor {
+            store.audit(tenant, "memory.anonymize.allowed", "operator", &options.actor, floor).await?;
+        }
+        report.outcome = SweepOutcome::Done;
+        let limit = i64::from(policy.batch_size);
+        let mut done = 0;
+        loop {
+            let batch = store.anonymize_due(tenant, plan.cutoffs, limit, &options.actor).await?;
+            if batch.is_empty() {
+                break;
+            }
+            for (_, reason) in &batch {
+                *report.anonymized.entry(reason.as_str()).or_default() += 1;
+                metrics::counter!("mnemo_anonymized_rows_total", "reason" => reason.as_str()).increment(1);
+            }
+            done += batch.len() as u64;
+            progress(done, due);
+            if options.deadline.is_some_and(|d| Instant::now() >= d) {
+                report.outcome = SweepOutcome::Unfinished;
+                break;
+            }
+        }
+    }
+    report.elapsed = started.elapsed();
+    metrics::counter!("mnemo_retention_sweeps_total", "outcome" => report.outcome.as_str()).increment(1);
+    tracing::info!(
+        tenant,
+        outcome = report.outcome.as_str(),
+        due,
+        anonymized = report.anonymized_total(),
+        seconds = report.elapsed.as_secs_f64(),
+        "retention sweep"
+    );
+    Ok(report)
+}
+
+/// What erasing a user found and did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErasureReport {
+    /// What carried the user before the erasure (rows per kind, payloads, vectors).
+    pub plan: ErasurePlan,
+    pub dry_run: bool,
+    /// Rows anonymized per kind.
+    pub anonymized: BTreeMap<String, u64>,
+    pub elapsed: Duration,
+}
+
+/// Soft-deletes and anonymizes every row carrying `user` in `tenant` now, whatever the TTLs,
+/// with an audit row for each and one `memory.erase` row naming the user only by a hash.
+pub async fn erase_user(
+    store: &Store,
+    tenant: &str,
+    user: &str,
+    batch_size: u32,
+    dry_run: bool,
+    actor: &str,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<ErasureReport, StoreError> {
+    let started = Instant::now();
+    let plan = store.erasure_plan(tenant, user).await?;
+    let mut report = ErasureReport { plan, dry_run, anonymized: BTreeMap::new(), elapsed: Duration::ZERO };
+    if dry_run {
+        return Ok(report);
+    }
+    let total = report.plan.rows();
+    let mut done = 0;
+    // Rows written while the erasure runs are erased too: it stops only when none is left.
+    loop {
+        let batch = store.erase_user_rows(tenant, user, i64::from(batch_size.max(1)), actor).await?;
+        if batch.is_empty() {
+            break;
+        }
+        for (_, kind) in &batch {
+            *report.anonymized.entry(kind.clone()).or_default() += 1;
+        }
+        metrics::counter!("mnemo_anonymized_rows_total", "reason" => AnonymizeReason::Erasure.as_str())
+            .increment(batch.len() as u64);
+        done += batch.len() as u64;
+        progress(done, total.max(done));
+    }
+    let details = json!({
+        "user_sha256": hex::encode(Sha256::digest(user.as_bytes())),
+        "rows": report.anonymized,
+        "tool_outputs": report.plan.tool_outputs,
+        "embeddings": report.plan.embeddings,
+    });
+    store.audit(tenant, "memory.erase", "erasure", actor, details).await?;
+    report.elapsed = started.elapsed();
+    tracing::info!(tenant, rows = done, seconds = report.elapsed.as_secs_f64(), "user erased");
+    Ok(report)
+}
+
+/// The worker's side of the `retention` queue: sweeps the job's tenant unless its sweep for
+/// that tick finished already, stopping before the job's time limit and queueing a follow-up
+/// job for the rest.
+#[derive(Debug, Clone)]
+pub struct RetentionRunner {
+    pub store: Store,
+    pub settings: RetentionSettings,
+    pub worker: String,
+    /// The job's time limit; a sweep stops at four fifths of it.
+    pub job_timeout: Duration,
+}
+
+impl RetentionRunner {
+    pub async fn run(&self, job: &RetentionJob) -> Result<(), StoreError> {
+        if !self.store.start_retention_sweep(job, &self.worker).await? {
+            return Ok(());
+        }
+        let mut options = SweepOptions::new(&self.settings, "worker");
+        options.deadline = Some(Instant::now() + self.job_timeout.mul_f64(0.8));
+        let report = sweep_tenant(&self.store, &job.tenant_id, &options, |_, _| {}).await?;
+        let anonymized = report.anonymized_total();
+        if report.outcome == SweepOutcome::Unfinished {
+            self.store.record_retention_sweep(job, anonymized, None).await?;
+            self.store.continue_retention_sweep(job).await?;
+        } else {
+            self.store.record_retention_sweep(job, anonymized, Some(report.outcome.as_str())).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! Retention for operators: a sweep now (dry run first), user erasure, and the audit log.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use chrono::{DateTime, Utc};
+use mnemo_config::RetentionSettings;
+use mnemo_core::{TenantId, UserId};
+use mnemo_jobs::{DRY_RUN_IDS, ErasureReport, SweepOptions, SweepOutcome, SweepReport};
+use mnemo_store::{AuditFilter, Store};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// A progress line on stderr: redrawn in place on a terminal, a line every few seconds otherwise.
+struct Progress {
+    what: &'static str,
+    started: Instant,
+    drawn: Option<Instant>,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new(what: &'static str) -> Self {
+        Self { what, started: Instant::now(), drawn: None, terminal: std::io::stderr().is_terminal() }
+    }
+
+    fn update(&mut self, done: u64, total: u64) {
+        let every = if self.terminal { Duration::from_millis(100) } else { Duration::from_secs(5) };
+        if self.drawn.is_some_and(|at| at.elapsed() < every) && done < total {
+            return;
+        }
+        self.drawn = Some(Instant::now());
+        let seconds = self.started.elapsed().as_secs_f64().max(1e-3);
+        let rate = done as f64 / seconds;
+        let share = if total == 0 { 1.0 } else { (done as f64 / total as f64).min(1.0) };
+        let filled = (share * 30.0).round() as usize;
+        let eta = if rate > 0.0 { total.saturating_sub(done) as f64 / rate } else { 0.0 };
+        let line = format!(
+            "[{}{}] {done}/{total} rows {} ({:.0}%), {rate:.0} rows/s, {eta:.0} s left",
+            "#".repeat(filled),
+            " ".repeat(30 - filled),
+            self.what,
+            share * 100.0
+        );
+        let mut err = std::io::stderr();
+        if self.terminal {
+            let _ = write!(err, "\r{line}");
+        } else {
+            let _ = writeln!(err, "{line}");
+        }
+        let _ = err.flush();
+    }
+
+    fn finish(&self) {
+        if self.terminal && self.drawn.is_some() {
+            eprintln!();
+        }
+    }
+}
+
+/// `mnemo-runbook anonymize`: one sweep of one tenant now.
+pub async fn anonymize(
+    store: &Store,
+    settings: &RetentionSettings,
+    tenant: &str,
+    dry_run: bool,
+    allow_large: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let tenant = TenantId::parse(tenant)?;
+    let mut options = SweepOptions::new(settings, "runbook");
+    options.dry_run = dry_run;
+    options.allow_large = allow_large;
+    let mut progress = Progress::new("anonymized");
+    let report =
+        mnemo_jobs::sweep_tenant(store, tenant.as_str(), &options, |done, due| progress.update(done, due)).await?;
+    progress.finish();
+    if json {
+        println!("{}", sweep_json(&report));
+    } else {
+        print_sweep(&report, settings);
+    }
+    if report.outcome == SweepOutcome::Refused {
+        bail!(
+            "refused by the safety floor: the sweep would anonymize {} of the tenant's {} rows, more than {:.0}% and more \
+             than {} rows. Nothing changed; the refusal is in the audit log. Check the rows with --dry-run, then allow \
+             this sweep with --allow-large-sweep {}",
+            report.plan.due(),
+            report.plan.tenant_rows,
+            settings.floor.max_fraction * 100.0,
+            settings.floor.floor_rows,
+            report.plan.due()
+        );
+    }
+    Ok(())
+}
+
+fn sweep_json(report: &SweepReport) -> Value {
+    let p = &report.policy;
+    let ids: Vec<_> = report.ids.iter().map(|(id, reason)| json!({ "id": id, "reason": reason.as_str() })).collect();
+    json!({
+        "tenant": report.tenant,
+        "policy": { "soft_ttl_days": p.soft_ttl_days, "superseded_ttl_days": p.superseded_ttl_days,
+                    "batch_size": p.batch_size, "dry_run": p.dry_run },
+        "warnings": report.warnings,
+        "outcome": report.outcome.as_str(),
+        "due": { "soft_deleted": report.plan.soft_deleted, "superseded": report.plan.superseded,
+                 "total": report.plan.due() },
+        "tenant_rows": report.plan.tenant_rows,
+        "over_floor": report.over_floor,
+        "anonymized": report.anonymized,
+        "anonymized_total": report.anonymized_total(),
+        "ids": ids,
+        "seconds": report.elapsed.as_secs_f64(),
+    })
+}
+
+fn print_sweep(report: &SweepReport, settings: &RetentionSettings) {
+    let p = &report.policy;
+    println!(
+        "tenant {}: soft TTL {} days, superseded TTL {} days, batches of {}{}",
+        report.tenant,
+        p.soft_ttl_days,
+        p.superseded_ttl_days,
+        p.batch_size,
+        if p.dry_run { ", dry run by policy" } else { "" }
+    );
+    for warning in &report.warnings {
+        println!("  warning: {warning}");
+    }
+    let plan = &report.plan;
+    println!(
+        "due: {} rows ({} soft-deleted, {} superseded) of the tenant's {} rows",
+        plan.due(),
+        plan.soft_deleted,
+        plan.superseded,
+        plan.tenant_rows
+    );
+    if report.over_floor {
+        println!(
+            "over the safety floor: more than {:.0}% of the tenant and more than {} rows",
+            settings.floor.max_fraction * 100.0,
+            settings.floor.floor_rows
+        );
+    }
+    match report.outcome {
+        SweepOutcome::DryRun => {
+            println!("dry run: nothing changed. These rows would be anonymized:");
+            for (id, reason) in &report.ids {
+                println!("  {id}  {}", reason.as_str());
+            }
+            if plan.due() > DRY_RUN_IDS as u64 {
+                println!("  … and {} more", plan.due() - DRY_RUN_IDS as u64);
+            }
+        }
+        SweepOutcome::Refused => {}
+        SweepOutcome::Done | SweepOutcome::Unfinished => {
+            let by_reason: Vec<String> = report.anonymized.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            let seconds = report.elapsed.as_secs_f64();
+            println!(
+                "anonymized {} rows ({}) in {seconds:.1} s",
+                report.anonymized_total(),
+                if by_reason.is_empty() { "none".to_owned() } else { by_reason.join(", ") },
+            );
+        }
+    }
+}
+
+/// `mnemo-runbook erase`: every row carrying the user, anonymized now.
+pub async fn erase(
+    store: &Store,
+    settings: &RetentionSettings,
+    tenant: &str,
+    user: &str,
+    dry_run: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let tenant = TenantId::parse(tenant)?;
+    let user = UserId::parse(user)?;
+    let (policy, _) = store.retention_policy(tenant.as_str(), settings.defaults).await?;
+    let mut progress = Progress::new("erased");
+    let report = mnemo_jobs::erase_user(
+        store,
+        tenant.as_str(),
+        user.as_str(),
+        policy.batch_size,
+        dry_run,
+        "runbook",
+        |done, total| progress.update(done, total),
+    )
+    .await?;
+    progress.finish();
+    if json {
+        println!("{}", erasure_json(&report));
+        return Ok(());
+    }
+    let plan = &report.plan;
+    let kinds: Vec<String> = plan.rows_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    println!(
+        "user {user} of tenant {tenant}: {} rows ({}), {} tool output payloads, {} vectors",
+        plan.rows(),
+        if kinds.is_empty() { "none".to_owned() } else { kinds.join(", ") },
+        plan.tool_outputs,
+        plan.embeddings
+    );
+    if dry_run {
+        println!("dry run: nothing changed");
+    } else {
+        let rows: u64 = report.anonymized.values().sum();
+        println!("erased: {rows} rows soft-deleted and anonymized in {:.1} s", report.elapsed.as_secs_f64());
+    }
+    Ok(())
+}
+
+fn erasure_json(report: &ErasureReport) -> Value {
+    json!({
+        "dry_run": report.dry_run,
+        "rows_by_kind": report.plan.rows_by_kind,
+        "rows": report.plan.rows(),
+        "tool_outputs": report.plan.tool_outputs,
+        "embeddings": report.plan.embeddings,
+        "anonymized_by_kind": report.anonymized,
+        "anonymized": report.anonymized.values().sum::<u64>(),
+        "seconds": report.elapsed.as_secs_f64(),
+    })
+}
+
+/// `mnemo-runbook audit`: the audit log, newest first.
+pub async fn audit(
+    store: &Store,
+    tenant: Option<String>,
+    event: Option<String>,
+    item: Option<Uuid>,
+    since: Option<DateTime<Utc>>,
+    limit: i64,
+    json: bool,
+) -> anyhow::Result<()> {
+    let tenant = tenant.map(|t| TenantId::parse(&t).map(|t| t.as_str().to_owned())).transpose()?;
+    let entries = store.audit_entries(&AuditFilter { tenant, event, item, since, limit }).await?;
+    if json {
+        let entries: Vec<_> = entries
+            .iter()
+            .map(|e| {
+                json!({ "id": e.id, "tenant": e.tenant_id, "event": e.event, "item_id": e.item_id,
+                        "related_item_id": e.related_item_id, "reason": e.reason, "actor": e.actor,
+                        "details": e.details, "created_at": e.created_at })
+            })
+            .collect();
+        println!("{}", json!({ "entries": entries }));
+        return Ok(());
+    }
+    for e in &entries {
+        let item = e.item_id.map_or("-".to_owned(), |id| id.to_string());
+        let related = e.related_item_id.map_or(String::new(), |id| format!(" → {id}"));
+        let details = if e.details.as_object().is_some_and(|d| !d.is_empty()) {
+            format!("  {}", e.details)
+        } else {
+            String::new()
+        };
+        println!(
+            "{}  {}  {:<26} {item}{related}  {}  by {}{details}",
+            e.created_at.format("%Y-%m-%d %H:%M:%S%.3fZ"),
+            e.tenant_id,
+            e.event,
+            e.reason.as_deref().unwrap_or("-"),
+            e.actor
+        );
+    }
+    if entries.is_empty() {
+        println!("(no audit rows match)");
+    }
+    Ok(())
+}

@@ -1,0 +1,449 @@
+//! Retention: soft deletes, tenant policies, the sweep's candidates and batches, user erasure,
+//! and the audit log reader. Anonymizing a row is one statement per batch, so a crash leaves
+//! each row either untouched or fully anonymized: content `[REDACTED]`, identity, metadata,
+//! key, vectors and tool output payload gone, full text empty (a generated column), a
+//! `source_ref` that no longer names its identity and ends in `|anonymized`, and a
+//! `memory.anonymize` audit row with the id and reason. The row itself stays, so supersede
+//! chains stay intact.
+
+use std::collections::BTreeMap;
+
+use apalis_postgres::queries::push_tasks;
+use chrono::{DateTime, Utc};
+use mnemo_core::{AnonymizeReason, RetentionPolicy, TenantId, UserId};
+use serde_json::Value;
+use sqlx::AssertSqlSafe;
+use uuid::Uuid;
+
+use crate::queue::{RETENTION_QUEUE, RetentionJob, task};
+use crate::{Store, StoreError};
+
+/// A soft delete's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deleted {
+    pub id: Uuid,
+    pub deleted_at: DateTime<Utc>,
+    /// The row was deleted (or anonymized) before this request.
+    pub already: bool,
+}
+
+/// The times before which retired rows are due: now minus each TTL, by the database's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cutoffs {
+    pub deleted_before: DateTime<Utc>,
+    pub superseded_before: DateTime<Utc>,
+}
+
+/// What a sweep of one tenant has to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepPlan {
+    pub cutoffs: Cutoffs,
+    pub soft_deleted: u64,
+    pub superseded: u64,
+    /// Every row the tenant holds, anonymized ones included.
+    pub tenant_rows: u64,
+}
+
+impl SweepPlan {
+    pub fn due(&self) -> u64 {
+        self.soft_deleted + self.superseded
+    }
+}
+
+/// What erasing a user touches: rows per kind, and the payloads and vectors behind them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ErasurePlan {
+    pub rows_by_kind: BTreeMap<String, u64>,
+    pub tool_outputs: u64,
+    pub embeddings: u64,
+}
+
+impl ErasurePlan {
+    pub fn rows(&self) -> u64 {
+        self.rows_by_kind.values().sum()
+    }
+}
+
+/// One row of the audit log.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct AuditEntry {
+    pub id: i64,
+    pub tenant_id: String,
+    pub event: String,
+    pub item_id: Option<Uuid>,
+    pub related_item_id: Option<Uuid>,
+    pub reason: Option<String>,
+    pub actor: String,
+    pub details: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Which audit rows to read; every field narrows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AuditFilter {
+    pub tenant: Option<String>,
+    pub event: Option<String>,
+    /// Rows about this item, as subject or as the related item.
+    pub item: Option<Uuid>,
+    pub since: Option<DateTime<Utc>>,
+    pub limit: i64,
+}
+
+/// Rows whose content is still there but that are retired: the partial index's predicate.
+const RETIRED: &str = "m.anonymized_at IS NULL AND (m.deleted_at IS NOT NULL OR m.superseded_at IS NOT NULL)";
+
+/// Of the tenant's ($1) retired rows, those due under cutoffs $2 (deleted) and $3 (superseded).
+fn due_filter() -> String {
+    format!("m.tenant_id = $1 AND {RETIRED} AND (m.deleted_at < $2 OR m.superseded_at < $3)")
+}
+
+/// A due row's reason: deletion first, as it is the caller's own decision.
+const DUE_REASON: &str = "CASE WHEN m.deleted_at < $2 THEN 'soft_deleted' ELSE 'superseded' END";
+
+/// Anonymizes the rows `picked` selects (`id`, `reason`; locked), with tenant $1 and the actor
+/// as parameter `$actor`. Returns (id, source_kind, reason) of each row anonymized.
+fn anonymize_sql(picked: &str, actor: &str) -> String {
+    format!(
+        "WITH picked AS ({picked}),
+        vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.item_id = picked.id),
+        payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
+        anonymized AS (
+            UPDATE memory_items m SET
+                content = '[REDACTED]',
+                content_sha256 = sha256('[REDACTED]'::bytea),
+                session_id = NULL, user_id = NULL, agent_id = NULL,
+                metadata = '{{}}'::jsonb, tool_output_key = NULL, fact_key = NULL,
+                embedded_model = NULL, embed_error = NULL,
+                -- A fact's ref is made of its identity and a hash of its content: replaced. Other
+                -- refs are the caller's ids: kept, suffixed, with the row id when a row already
+                -- took the plain suffix. Either way the key is free for a new write.
+                source_ref = CASE
+                    WHEN m.source_kind = 'fact' THEN 'fact:' || m.scope || ':' || m.id || '|anonymized'
+                    WHEN EXISTS (
+                        SELECT 1 FROM memory_items x
+                        WHERE x.tenant_id = m.tenant_id AND x.source_kind = m.source_kind
+                          AND x.source_ref = m.source_ref || '|anonymized'
+                    ) THEN m.source_ref || '|' || m.id || '|anonymized'
+                    ELSE m.source_ref || '|anonymized'
+                END,
+                valid_to = CASE WHEN m.source_kind = 'fact' THEN COALESCE(m.valid_to, now()) END,
+                deleted_at = CASE WHEN picked.reason = 'erasure' THEN COALESCE(m.deleted_at, now()) ELSE m.deleted_at END,
+                anonymized_at = now()
+            FROM picked
+            WHERE m.id = picked.id AND m.tenant_id = $1
+            RETURNING m.id, m.source_kind, picked.reason
+        ),
+        audit AS (
+            INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+            SELECT $1, 'memory.anonymize', id, reason, {actor} FROM anonymized
+        )
+        SELECT id, source_kind, reason FROM anonymized"
+    )
+}
+
+impl Store {
+    /// Soft-deletes a row of `tenant`. With `only_user`, only a row carrying that user (a user's
+    /// token may delete only its own rows). `None` when no such row exists for the caller. The
+    /// row leaves recall at once; a fact's validity ends. Audited once, when first deleted.
+    pub async fn soft_delete(
+        &self,
+        tenant: &TenantId,
+        id: Uuid,
+        only_user: Option<&UserId>,
+        requested_by: &str,
+    ) -> Result<Option<Deleted>, StoreError> {
+        let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
+            "WITH target AS (
+                SELECT id, COALESCE(deleted_at, anonymized_at) AS deleted_at,
+                       deleted_at IS NOT NULL OR anonymized_at IS NOT NULL AS already
+                FROM memory_items
+                WHERE tenant_id = $1 AND id = $2 AND ($3::text IS NULL OR user_id = $3)
+                FOR UPDATE
+            ), deleted AS (
+                UPDATE memory_items m
+                SET deleted_at = now(),
+                    valid_to = CASE WHEN m.source_kind = 'fact' THEN COALESCE(m.valid_to, now()) END
+                FROM target WHERE m.id = target.id AND NOT target.already
+                RETURNING m.id
+            ), audit AS (
+                INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+                SELECT $1, 'memory.delete', id, $4, 'api' FROM deleted
+            )
+            SELECT id, COALESCE(deleted_at, now()), already FROM target",
+        )
+        .bind(tenant.as_str())
+        .bind(id)
+        .bind(only_user.map(UserId::as_str))
+        .bind(requested_by)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(id, deleted_at, already)| Deleted { id, deleted_at, already }))
+    }
+
+    /// The tenant's retention policy, each missing or invalid field from `defaults`, with a
+    /// warning for every value ignored.
+    pub async fn retention_policy(
+        &self,
+        tenant: &str,
+        defaults: RetentionPolicy,
+    ) -> Result<(RetentionPolicy, Vec<String>), StoreError> {
+        let settings: Option<Option<Value>> =
+            sqlx::query_scalar("SELECT settings -> 'memory_retention' FROM tenant_config WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(RetentionPolicy::for_tenant(tenant, settings.flatten().as_ref(), defaults))
+    }
+
+    /// Counts what a sweep of `tenant` under `policy` would anonymize now, and the tenant's rows.
+    pub async fn sweep_plan(&self, tenant: &str, policy: &RetentionPolicy) -> Result<SweepPlan, StoreError> {
+        let (deleted_before, superseded_before): (DateTime<Utc>, DateTime<Utc>) =
+            sqlx::query_as("SELECT now() - make_interval(days => $1), now() - make_interval(days => $2)")
+                .bind(i32::try_from(policy.soft_ttl_days).unwrap_or(i32::MAX))
+                .bind(i32::try_from(policy.superseded_ttl_days).unwrap_or(i32::MAX))
+                .fetch_one(&self.pool)
+                .await?;
+        let cutoffs = Cutoffs { deleted_before, superseded_before };
+        let (soft_deleted, due): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT count(*) FILTER (WHERE m.deleted_at < $2), count(*) FROM memory_items m WHERE {}",
+            due_filter()
+        )))
+        .bind(tenant)
+        .bind(deleted_before)
+        .bind(superseded_before)
+        .fetch_one(&self.pool)
+        .await?;
+        let tenant_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_items WHERE tenant_id = $1")
+            .bind(tenant)
+            .fetch_one(&self.pool)
+            .await?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(SweepPlan {
+            cutoffs,
+            soft_deleted: n(soft_deleted),
+            superseded: n(due - soft_deleted),
+            tenant_rows: n(tenant_rows),
+        })
+    }
+
+    /// Up to `limit` rows a sweep with `cutoffs` would anonymize, with their reasons, by id.
+    pub async fn due_rows(
+        &self,
+        tenant: &str,
+        cutoffs: Cutoffs,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, AnonymizeReason)>, StoreError> {
+        let rows: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m.id, {DUE_REASON} FROM memory_items m WHERE {} ORDER BY m.id LIMIT $4",
+            due_filter()
+        )))
+        .bind(tenant)
+        .bind(cutoffs.deleted_before)
+        .bind(cutoffs.superseded_before)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id, r)| (id, reason(&r))).collect())
+    }
+
+    /// Anonymizes up to `limit` due rows of `tenant` in one transaction. Rows another sweep
+    /// holds are skipped (it is anonymizing them). Returns each row anonymized with its reason.
+    pub async fn anonymize_due(
+        &self,
+        tenant: &str,
+        cutoffs: Cutoffs,
+        limit: i64,
+        actor: &str,
+    ) -> Result<Vec<(Uuid, AnonymizeReason)>, StoreError> {
+        let picked = format!(
+            "SELECT m.id, {DUE_REASON} AS reason FROM memory_items m WHERE {}
+             ORDER BY m.id LIMIT $4 FOR UPDATE SKIP LOCKED",
+            due_filter()
+        );
+        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(&picked, "$5")))
+            .bind(tenant)
+            .bind(cutoffs.deleted_before)
+            .bind(cutoffs.superseded_before)
+            .bind(limit)
+            .bind(actor)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|(id, _, r)| (id, reason(&r))).collect())
+    }
+
+    /// What erasing `user` of `tenant` would anonymize.
+    pub async fn erasure_plan(&self, tenant: &str, user: &str) -> Result<ErasurePlan, StoreError> {
+        let kinds: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT source_kind, count(*) FROM memory_items WHERE tenant_id = $1 AND user_id = $2 GROUP BY 1 ORDER BY 1",
+        )
+        .bind(tenant)
+        .bind(user)
+        .fetch_all(&self.pool)
+        .await?;
+        let (tool_outputs, embeddings): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM tool_outputs t JOIN memory_items m ON m.id = t.item_id
+                     WHERE t.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2),
+                    (SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.id = e.item_id
+                     WHERE m.tenant_id = $1 AND m.user_id = $2)",
+        )
+        .bind(tenant)
+        .bind(user)
+        .fetch_one(&self.pool)
+        .await?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(ErasurePlan {
+            rows_by_kind: kinds.into_iter().map(|(kind, count)| (kind, n(count))).collect(),
+            tool_outputs: n(tool_outputs),
+            embeddings: n(embeddings),
+        })
+    }
+
+    /// Soft-deletes and anonymizes up to `limit` rows carrying `user`, in one transaction, waiting
+    /// for rows others hold (an erasure must not skip any). Returns (id, source_kind) of each.
+    pub async fn erase_user_rows(
+        &self,
+        tenant: &str,
+        user: &str,
+        limit: i64,
+        actor: &str,
+    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let picked = "SELECT m.id, 'erasure' AS reason FROM memory_items m
+                      WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL
+                      ORDER BY m.id LIMIT $3 FOR UPDATE";
+        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(picked, "$4")))
+            .bind(tenant)
+            .bind(user)
+            .bind(limit)
+            .bind(actor)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
+    }
+
+    /// Writes one audit row about a tenant rather than an item (a refused or allowed sweep, an
+    /// erasure). `details` holds counts and hashes, never content.
+    pub async fn audit(
+        &self,
+        tenant: &str,
+        event: &str,
+        reason: &str,
+        actor: &str,
+        details: Value,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO audit_log (tenant_id, event, reason, actor, details) VALUES ($1, $2, $3, $4, $5)")
+            .bind(tenant)
+            .bind(event)
+            .bind(reason)
+            .bind(actor)
+            .bind(details)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Audit rows, newest first.
+    pub async fn audit_entries(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT id, tenant_id, event, item_id, related_item_id, reason, actor, details, created_at
+             FROM audit_log
+             WHERE ($1::text IS NULL OR tenant_id = $1)
+               AND ($2::text IS NULL OR event = $2)
+               AND ($3::uuid IS NULL OR item_id = $3 OR related_item_id = $3)
+               AND ($4::timestamptz IS NULL OR created_at >= $4)
+             ORDER BY created_at DESC, id DESC
+             LIMIT $5",
+        )
+        .bind(&filter.tenant)
+        .bind(&filter.event)
+        .bind(filter.item)
+        .bind(filter.since)
+        .bind(filter.limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Schedules retention tick `tick`: one sweep row and one job per tenant holding retired rows,
+    /// unless the tick (or a later one) is scheduled already. Returns the tenants scheduled.
+    pub async fn schedule_retention(&self, tick: i64) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let scheduled: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM retention_sweeps WHERE tick >= $1)")
+            .bind(tick)
+            .fetch_one(&mut *tx)
+            .await?;
+        if scheduled {
+            return Ok(0);
+        }
+        let tenants: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO retention_sweeps (tenant_id, tick)
+             SELECT DISTINCT m.tenant_id, $1::bigint FROM memory_items m WHERE {RETIRED}
+             ON CONFLICT DO NOTHING
+             RETURNING tenant_id"
+        )))
+        .bind(tick)
+        .fetch_all(&mut *tx)
+        .await?;
+        let jobs = tenants
+            .iter()
+            .map(|tenant_id| task(&RetentionJob { tenant_id: tenant_id.clone(), tick }))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !jobs.is_empty() {
+            push_tasks(&mut *tx, RETENTION_QUEUE, jobs).await?;
+        }
+        sqlx::query("DELETE FROM retention_sweeps WHERE scheduled_at < now() - interval '30 days'")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(tenants.len() as u64)
+    }
+
+    /// Marks a scheduled sweep as started by `worker`. `false` when it finished already (a job
+    /// delivered twice), so the caller does nothing.
+    pub async fn start_retention_sweep(&self, job: &RetentionJob, worker: &str) -> Result<bool, StoreError> {
+        let started = sqlx::query(
+            "UPDATE retention_sweeps SET worker = $3, started_at = now()
+             WHERE tenant_id = $1 AND tick = $2 AND finished_at IS NULL",
+        )
+        .bind(&job.tenant_id)
+        .bind(job.tick)
+        .bind(worker)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(started == 1)
+    }
+
+    /// Queues the job again, to go on with a sweep that stopped at its time limit.
+    pub async fn continue_retention_sweep(&self, job: &RetentionJob) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        push_tasks(&mut *conn, RETENTION_QUEUE, vec![task(job)?]).await?;
+        Ok(())
+    }
+
+    /// Adds a sweep job's work to its sweep row; with `result` (done, dry_run, refused), the
+    /// sweep is finished.
+    pub async fn record_retention_sweep(
+        &self,
+        job: &RetentionJob,
+        anonymized: u64,
+        result: Option<&str>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE retention_sweeps
+             SET anonymized = COALESCE(anonymized, 0) + $4, result = $3,
+                 finished_at = CASE WHEN $3::text IS NULL THEN NULL ELSE now() END
+             WHERE tenant_id = $1 AND tick = $2",
+        )
+        .bind(&job.tenant_id)
+        .bind(job.tick)
+        .bind(result)
+        .bind(i64::try_from(anonymized).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// The reason column the statements above write; they write only known reasons.
+fn reason(raw: &str) -> AnonymizeReason {
+    AnonymizeReason::parse(raw).unwrap_or(AnonymizeReason::SoftDeleted)
+}

@@ -1,0 +1,571 @@
+//! Retention against a real PostgreSQL, the real runbook and worker binaries: soft deletes
+//! through the API, dry runs that leave every row byte-identical, complete anonymization that
+//! recall never undoes, the safety floor, resuming after kill -9, tenant policies that fall back
+//! with a warning, and user erasure that leaves no content of the user anywhere. Retirement
+//! times are moved into the past with SQL, as the only stand-in for waiting 30 days.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use mnemo_config::vars;
+use mnemo_core::Principal;
+use mnemo_testkit::{
+    ScriptedEmbeddings, TestApp, TestDb, WorkerProcess, binary, embed_like_the_provider, principal, token, wait_until,
+};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const MODEL: &str = "scripted";
+const DIMS: usize = 64;
+
+struct Fixture {
+    app: TestApp,
+    provider: ScriptedEmbeddings,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let provider = ScriptedEmbeddings::start(DIMS).await;
+        let app = TestApp::spawn_with(&[
+            (vars::EMBED_PROVIDER, "openai"),
+            (vars::EMBED_MODEL, MODEL),
+            (vars::EMBED_DIMENSIONS, &DIMS.to_string()),
+            (vars::EMBED_BASE_URL, provider.base_url.as_str()),
+        ])
+        .await;
+        Self { app, provider }
+    }
+
+    fn db(&self) -> &TestDb {
+        &self.app.db
+    }
+
+    async fn write(&self, who: &Principal, path: &str, body: Value) -> Uuid {
+        let reply = self.app.client.post(path, Some(&token(who)), &body).await;
+        assert!(reply.status == 201 || reply.status == 200, "{path}: {:?}", reply.body);
+        reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id")
+    }
+
+    async fn message(&self, who: &Principal, source_ref: &str, content: &str) -> Uuid {
+        let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": content });
+        self.write(who, "/v1/memories", body).await
+    }
+
+    async fn fact(&self, who: &Principal, content: &str) -> Uuid {
+        self.write(who, "/v1/facts", json!({ "scope": "user", "content": content })).await
+    }
+
+    async fn delete(&self, who: &Principal, id: &str) -> mnemo_testkit::Reply {
+        self.app.client.delete(&format!("/v1/memories/{id}"), Some(&token(who))).await
+    }
+
+    /// The contents recall returns for a keyword query.
+    async fn recalled(&self, who: &Principal, query: &str) -> Vec<String> {
+        let reply =
+            self.app.client.post("/v1/recall", Some(&token(who)), &json!({ "query": query, "top_k": 20 })).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        let items = reply.body["items"].as_array().expect("items");
+        items.iter().map(|i| i["content"].as_str().unwrap_or_default().to_owned()).collect()
+    }
+
+    /// Runs the runbook with the scripted provider's settings plus `env`.
+    fn runbook(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
+        Command::new(binary("mnemo-runbook").expect("runbook"))
+            .args(args)
+            .env_clear()
+            .env(vars::DATABASE_URL, &self.db().url)
+            .env(vars::EMBED_PROVIDER, "openai")
+            .env(vars::EMBED_MODEL, MODEL)
+            .env(vars::EMBED_DIMENSIONS, DIMS.to_string())
+            .env(vars::EMBED_BASE_URL, &self.provider.base_url)
+            .envs(env.iter().copied())
+            .output()
+            .expect("runbook runs")
+    }
+
+    fn runbook_json(&self, env: &[(&str, &str)], args: &[&str]) -> Value {
+        let output = self.runbook(env, args);
+        assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&output.stdout)))
+    }
+
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&self.db().pool).await.expect(sql);
+    }
+}
+
+/// A digest of every memory row, vector and tool output payload, byte for byte.
+async fn checksum(db: &TestDb) -> String {
+    sqlx::query_scalar(
+        "SELECT concat_ws(' ',
+            (SELECT md5(string_agg(m::text, '|' ORDER BY m.id)) FROM memory_items m),
+            (SELECT md5(string_agg(e::text, '|' ORDER BY e.item_id, e.model)) FROM memory_embeddings e),
+            (SELECT md5(string_agg(t::text, '|' ORDER BY t.key)) FROM tool_outputs t))",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("checksum")
+}
+
+/// Rows that are anonymized only in part, or not anonymized but scrubbed: must be none.
+async fn half_anonymized(db: &TestDb) -> i64 {
+    db.count(
+        "SELECT count(*) FROM memory_items m WHERE
+            (m.anonymized_at IS NOT NULL AND (
+                m.content <> '[REDACTED]' OR m.user_id IS NOT NULL OR m.agent_id IS NOT NULL
+                OR m.session_id IS NOT NULL OR m.metadata <> '{}' OR m.tsv <> ''::tsvector
+                OR m.source_ref NOT LIKE '%|anonymized' OR m.tool_output_key IS NOT NULL
+                OR EXISTS (SELECT 1 FROM memory_embeddings e WHERE e.item_id = m.id)
+                OR EXISTS (SELECT 1 FROM tool_outputs t WHERE t.item_id = m.id)
+                OR NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.item_id = m.id AND a.event = 'memory.anonymize')))
+         OR (m.anonymized_at IS NULL AND m.content = '[REDACTED]')",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn delete_soft_deletes_only_what_the_caller_may_and_leaves_recall_at_once() {
+    let f = Fixture::start().await;
+    let ann = principal("acme", Some("ann"), None, Some("s1"));
+    let bob = principal("acme", Some("bob"), None, Some("s2"));
+    let service = principal("acme", None, None, None);
+    let other_tenant = principal("globex", None, None, None);
+    let note = f.message(&ann, "m1", "the launch code word is heliotrope").await;
+    let fact = f.fact(&ann, "I prefer window seats").await;
+    let big = "x".repeat(20_000);
+    let tool = json!({ "source_kind": "tool_output", "source_ref": "call-1", "content": format!("heliotrope {big}") });
+    let tool = f.write(&ann, "/v1/memories", tool).await;
+    let key: String = sqlx::query_scalar("SELECT tool_output_key FROM memory_items WHERE id = $1")
+        .bind(tool)
+        .fetch_one(&f.db().pool)
+        .await
+        .expect("key");
+    assert_eq!(f.recalled(&ann, "heliotrope").await.len(), 2);
+
+    // Another user, another tenant, a malformed id: nothing changes.
+    assert_eq!(f.delete(&bob, &fact.to_string()).await.status, 404);
+    assert_eq!(f.delete(&other_tenant, &note.to_string()).await.status, 404);
+    assert_eq!(f.delete(&ann, &Uuid::now_v7().to_string()).await.status, 404);
+    let bad = f.delete(&ann, "not-a-uuid").await;
+    assert_eq!((bad.status, bad.code()), (400, "invalid_field"));
+    assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE deleted_at IS NOT NULL").await, 0);
+
+    // Its user deletes a fact, a service deletes the user's message; deleting twice is answered.
+    let deleted = f.delete(&ann, &fact.to_string()).await;
+    assert_eq!((deleted.status, deleted.body["already_deleted"].as_bool()), (200, Some(false)));
+    let deleted = f.delete(&service, &note.to_string()).await;
+    assert_eq!((deleted.status, deleted.body["already_deleted"].as_bool()), (200, Some(false)));
+    let again = f.delete(&ann, &note.to_string()).await;
+    assert_eq!((again.status, again.body["already_deleted"].as_bool()), (200, Some(true)));
+    assert_eq!(again.body["deleted_at"], deleted.body["deleted_at"]);
+    assert_eq!(f.delete(&ann, &tool.to_string()).await.status, 200);
+
+    assert!(f.recalled(&ann, "heliotrope").await.is_empty(), "deleted rows leave recall at once");
+    assert!(f.recalled(&ann, "window seats").await.is_empty());
+    assert_eq!(f.app.client.get(&format!("/v1/tool-outputs/{key}"), Some(&token(&ann))).await.status, 404);
+    let audit: Vec<(String, Option<String>, String)> =
+        sqlx::query_as("SELECT event, reason, details::text FROM audit_log ORDER BY id")
+            .fetch_all(&f.db().pool)
+            .await
+            .expect("audit");
+    assert_eq!(audit.len(), 3, "one audit row per deletion, none for the repeat: {audit:?}");
+    assert!(audit.iter().all(|(event, _, details)| event == "memory.delete" && !details.contains("heliotrope")));
+    assert_eq!(audit[1].1.as_deref(), Some("service"));
+
+    // A retried message under a deleted key is refused; the same fact asserted again revives it.
+    let retry = f
+        .app
+        .client
+        .post(
+            "/v1/memories",
+            Some(&token(&ann)),
+            &json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "the launch code word is heliotrope" }),
+        )
+        .await;
+    assert_eq!((retry.status, retry.code()), (409, "memory_deleted"));
+    assert_eq!(f.fact(&ann, "I prefer window seats").await, fact);
+    assert_eq!(f.recalled(&ann, "window seats").await, ["I prefer window seats"]);
+}
+
+/// Rows of tenant `acme` for the sweep tests: a deleted message past the soft TTL, one deleted
+/// recently, a superseded fact past the superseded TTL, one superseded recently, and a live
+/// fact. Returns their ids in that order.
+async fn retired_rows(f: &Fixture) -> [Uuid; 5] {
+    let ann = principal("acme", Some("ann"), Some("helper"), Some("s1"));
+    let old_note = f.message(&ann, "m-old", "my passport number is K1234567").await;
+    let new_note = f.message(&ann, "m-new", "my locker code is 9911").await;
+    let old_fact = f.fact(&ann, "I live in Tokyo").await;
+    let recent_fact = f.fact(&ann, "I live in Osaka").await;
+    let live = f.fact(&ann, "I live in Paris").await;
+    embed_like_the_provider(&f.db().store(), MODEL, DIMS).await;
+    f.exec(&format!(
+        "UPDATE memory_items SET metadata = '{{\"mood\": \"calm\"}}' WHERE id = '{old_note}';
+         UPDATE memory_items SET deleted_at = now() - interval '40 days' WHERE id = '{old_note}';
+         UPDATE memory_items SET deleted_at = now() - interval '5 days' WHERE id = '{new_note}';
+         UPDATE memory_items SET superseded_by = '{live}', superseded_at = now() - interval '100 days',
+                valid_to = now() - interval '100 days' WHERE id = '{old_fact}';
+         UPDATE memory_items SET superseded_by = '{live}', superseded_at = now() - interval '10 days',
+                valid_to = now() - interval '10 days' WHERE id = '{recent_fact}';"
+    ))
+    .await;
+    [old_note, new_note, old_fact, recent_fact, live]
+}
+
+#[tokio::test]
+async fn a_dry_run_reports_and_leaves_every_row_byte_identical() {
+    let f = Fixture::start().await;
+    let [old_note, _, old_fact, _, _] = retired_rows(&f).await;
+    let before = checksum(f.db()).await;
+
+    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--dry-run", "--json"]);
+    assert_eq!(report["outcome"], "dry_run");
+    assert_eq!(report["due"], json!({ "soft_deleted": 1, "superseded": 1, "total": 2 }));
+    let mut listed: Vec<(String, String)> = report["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|i| (i["id"].as_str().unwrap_or_default().to_owned(), i["reason"].as_str().unwrap_or_default().to_owned()))
+        .collect();
+    listed.sort();
+    let mut expected =
+        vec![(old_note.to_string(), "soft_deleted".to_owned()), (old_fact.to_string(), "superseded".to_owned())];
+    expected.sort();
+    assert_eq!(listed, expected);
+    assert_eq!(checksum(f.db()).await, before, "the flag's dry run changed a row");
+
+    // The environment's and the tenant policy's dry runs do the same.
+    let env_dry = f.runbook_json(&[(vars::ANONYMIZE_DRY_RUN, "true")], &["anonymize", "--tenant", "acme", "--json"]);
+    assert_eq!(env_dry["outcome"], "dry_run");
+    f.exec("INSERT INTO tenant_config (tenant_id, settings) VALUES ('acme', '{\"memory_retention\": {\"dry_run\": true}}')")
+        .await;
+    let policy_dry = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]);
+    assert_eq!(
+        (policy_dry["outcome"].as_str(), policy_dry["policy"]["dry_run"].as_bool()),
+        (Some("dry_run"), Some(true))
+    );
+    assert_eq!(checksum(f.db()).await, before, "a policy dry run changed a row");
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event LIKE 'memory.anonymize%'").await, 0);
+}
+
+#[tokio::test]
+async fn a_sweep_anonymizes_completely_keeps_chains_and_never_comes_back() {
+    let f = Fixture::start().await;
+    let [old_note, new_note, old_fact, recent_fact, live] = retired_rows(&f).await;
+    let ann = principal("acme", Some("ann"), Some("helper"), Some("s1"));
+    // Another tenant's retired row is not this sweep's business.
+    let other = principal("globex", Some("ann"), None, Some("s1"));
+    let theirs = f.message(&other, "m-old", "my passport number is K1234567").await;
+    f.exec(&format!("UPDATE memory_items SET deleted_at = now() - interval '400 days' WHERE id = '{theirs}'")).await;
+
+    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]);
+    assert_eq!(report["outcome"], "done");
+    assert_eq!(report["anonymized"], json!({ "soft_deleted": 1, "superseded": 1 }));
+    let anonymized: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM memory_items WHERE anonymized_at IS NOT NULL ORDER BY id")
+            .fetch_all(&f.db().pool)
+            .await
+            .expect("ids");
+    let mut expected = vec![old_note, old_fact];
+    expected.sort();
+    assert_eq!(anonymized, expected);
+    assert_eq!(half_anonymized(f.db()).await, 0);
+    for id in [new_note, recent_fact, live, theirs] {
+        let untouched = f
+            .db()
+            .count(&format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND content <> '[REDACTED]'"))
+            .await;
+        assert_eq!(untouched, 1, "{id} was not due");
+    }
+    // The chain stays: the anonymized fact still names the fact that replaced it.
+    let (successor, source_ref): (Option<Uuid>, String) =
+        sqlx::query_as("SELECT superseded_by, source_ref FROM memory_items WHERE id = $1")
+            .bind(old_fact)
+            .fetch_one(&f.db().pool)
+            .await
+            .expect("row");
+    assert_eq!(successor, Some(live));
+    assert_eq!(source_ref, format!("fact:user:{old_fact}|anonymized"), "no identity or content hash is left");
+    let audit: Vec<(Option<Uuid>, Option<String>, String, String)> = sqlx::query_as(
+        "SELECT item_id, reason, actor, details::text FROM audit_log WHERE event = 'memory.anonymize' ORDER BY item_id",
+    )
+    .fetch_all(&f.db().pool)
+    .await
+    .expect("audit");
+    assert_eq!(audit.len(), 2);
+    assert!(audit.iter().all(|(_, _, actor, details)| actor == "runbook" && details == "{}"));
+
+    // Recall never returns them: not the API, not the admin path that includes superseded rows.
+    let recalled = f.recalled(&ann, "passport number").await;
+    assert!(!recalled.is_empty(), "the live rows still answer");
+    assert!(recalled.iter().all(|c| !c.contains("passport") && c != "[REDACTED]"), "{recalled:?}");
+    let admin = f.runbook_json(
+        &[],
+        &[
+            "recall",
+            "--tenant",
+            "acme",
+            "--user",
+            "ann",
+            "--scope",
+            "user",
+            "--include-superseded",
+            "--top-k",
+            "20",
+            "--json",
+            "I live in",
+        ],
+    );
+    let ids: Vec<&str> = admin["items"].as_array().expect("items").iter().filter_map(|i| i["id"].as_str()).collect();
+    assert!(ids.contains(&recent_fact.to_string().as_str()), "the admin path shows superseded rows: {admin}");
+    assert!(!ids.contains(&old_fact.to_string().as_str()), "but never anonymized ones: {admin}");
+
+    // Running again finds nothing and changes nothing.
+    let before = checksum(f.db()).await;
+    let again = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]);
+    assert_eq!((again["outcome"].as_str(), again["anonymized_total"].as_u64()), (Some("done"), Some(0)));
+    assert_eq!(checksum(f.db()).await, before);
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize'").await, 2);
+
+    // The key is free again: the same message id can be written anew.
+    let fresh = f.message(&ann, "m-old", "a new message under an old id").await;
+    assert_ne!(fresh, old_note);
+    let listed = f.runbook_json(&[], &["audit", "--tenant", "acme", "--event", "memory.anonymize", "--json"]);
+    assert_eq!(listed["entries"].as_array().map(Vec::len), Some(2));
+    let by_item = f.runbook_json(&[], &["audit", "--item", &old_fact.to_string(), "--json"]);
+    let events: Vec<&str> =
+        by_item["entries"].as_array().expect("entries").iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(events, ["memory.anonymize"]);
+}
+
+/// `rows` rows of `tenant`, of which the first `deleted` were soft-deleted 40 days ago.
+async fn bulk_rows(f: &Fixture, tenant: &str, rows: i64, deleted: i64) {
+    f.exec(&format!(
+        "INSERT INTO memory_items (id, tenant_id, scope, session_id, user_id, source_kind, source_ref, content,
+                                   content_sha256, event_time, deleted_at)
+         SELECT gen_random_uuid(), '{tenant}', 'session', 's1', 'ann', 'chat_message', 'bulk-' || i,
+                'bulk message number ' || i, sha256(('bulk ' || i)::bytea), now(),
+                CASE WHEN i <= {deleted} THEN now() - interval '40 days' END
+         FROM generate_series(1, {rows}) AS i"
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn the_safety_floor_refuses_changes_nothing_and_an_operator_can_allow_one_sweep() {
+    let f = Fixture::start().await;
+    bulk_rows(&f, "acme", 200, 150).await;
+    let floor = [(vars::ANONYMIZE_FLOOR_ROWS, "100")];
+    let before = checksum(f.db()).await;
+
+    let refused = f.runbook(&floor, &["anonymize", "--tenant", "acme"]);
+    assert!(!refused.status.success(), "a refused sweep exits non-zero");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("refused by the safety floor") && stderr.contains("--allow-large-sweep 150"), "{stderr}");
+    assert_eq!(checksum(f.db()).await, before);
+    let refusal: (String, String) = sqlx::query_as(
+        "SELECT actor, details::text FROM audit_log WHERE event = 'memory.anonymize.refused' AND tenant_id = 'acme'",
+    )
+    .fetch_one(&f.db().pool)
+    .await
+    .expect("one refusal row");
+    assert!(refusal.1.contains("\"due\": 150") && refusal.1.contains("\"tenant_rows\": 200"), "{}", refusal.1);
+
+    // A permission for fewer rows than due is not enough.
+    let short = f.runbook(&floor, &["anonymize", "--tenant", "acme", "--allow-large-sweep", "149"]);
+    assert!(!short.status.success());
+    assert_eq!(checksum(f.db()).await, before);
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize.refused'").await, 2);
+
+    let allowed = f.runbook_json(&floor, &["anonymize", "--tenant", "acme", "--allow-large-sweep", "150", "--json"]);
+    assert_eq!((allowed["outcome"].as_str(), allowed["anonymized_total"].as_u64()), (Some("done"), Some(150)));
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize.allowed'").await, 1);
+    assert_eq!(half_anonymized(f.db()).await, 0);
+
+    // Under the default floor (1000 rows) the same share is small enough to go ahead unasked.
+    bulk_rows(&f, "initech", 200, 150).await;
+    let unasked = f.runbook_json(&[], &["anonymize", "--tenant", "initech", "--json"]);
+    assert_eq!(unasked["anonymized_total"].as_u64(), Some(150));
+}
+
+#[tokio::test]
+async fn a_sweep_killed_mid_way_leaves_whole_rows_and_the_next_one_finishes() {
+    let f = Fixture::start().await;
+    bulk_rows(&f, "acme", 4000, 4000).await;
+    f.exec("INSERT INTO tenant_config (tenant_id, settings) VALUES ('acme', '{\"memory_retention\": {\"batch_size\": 5}}')")
+        .await;
+    let mut sweep = Command::new(binary("mnemo-runbook").expect("runbook"))
+        .args(["anonymize", "--tenant", "acme", "--allow-large-sweep", "4000"])
+        .env_clear()
+        .env(vars::DATABASE_URL, &f.db().url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("runbook starts");
+    let started = wait_until(Duration::from_secs(30), || async {
+        f.db().count("SELECT count(*) FROM memory_items WHERE anonymized_at IS NOT NULL").await >= 50
+    })
+    .await;
+    sweep.kill().expect("kill -9");
+    sweep.wait().expect("reaped");
+    assert!(started, "the sweep made progress");
+    // The server finishes the statement it was running when the client died.
+    let gone = wait_until(Duration::from_secs(10), || async {
+        f.db().count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'mnemo'").await
+            == 0
+    })
+    .await;
+    assert!(gone, "the killed sweep's connection closed");
+    let done = f.db().count("SELECT count(*) FROM memory_items WHERE anonymized_at IS NOT NULL").await;
+    assert!(done < 4000, "killed mid-sweep ({done} done)");
+    assert_eq!(half_anonymized(f.db()).await, 0, "every row is untouched or fully anonymized");
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize'").await, done);
+
+    let rest = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--allow-large-sweep", "4000", "--json"]);
+    assert_eq!(rest["anonymized_total"].as_i64(), Some(4000 - done));
+    assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE anonymized_at IS NULL").await, 0);
+    assert_eq!(half_anonymized(f.db()).await, 0);
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize'").await, 4000);
+}
+
+#[tokio::test]
+async fn an_invalid_tenant_policy_falls_back_to_the_defaults_with_a_warning() {
+    let f = Fixture::start().await;
+    retired_rows(&f).await;
+    f.exec(
+        "INSERT INTO tenant_config (tenant_id, settings)
+         VALUES ('acme', '{\"memory_retention\": {\"soft_ttl_days\": \"soon\", \"superseded_ttl_days\": 7}}')",
+    )
+    .await;
+    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--dry-run", "--json"]);
+    let warnings = report["warnings"].as_array().expect("warnings");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let warning = warnings[0].as_str().unwrap_or_default();
+    assert!(warning.contains("\"acme\"") && warning.contains("soft_ttl_days"), "{warning}");
+    assert_eq!(report["policy"]["soft_ttl_days"], 30, "the invalid field takes the default");
+    assert_eq!(report["policy"]["superseded_ttl_days"], 7, "the valid one is kept");
+    assert_eq!(report["due"], json!({ "soft_deleted": 1, "superseded": 2, "total": 3 }));
+    // The human report shows the warning too.
+    let text = f.runbook(&[], &["anonymize", "--tenant", "acme", "--dry-run"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("warning: tenant \"acme\": memory_retention.soft_ttl_days"));
+}
+
+#[tokio::test]
+async fn erasure_leaves_no_content_of_the_user_anywhere() {
+    let f = Fixture::start().await;
+    let erin = principal("acme", Some("erin"), Some("helper"), Some("s1"));
+    let dan = principal("acme", Some("dan"), None, Some("s2"));
+    f.message(&erin, "e1", "Erin here: my cat is called Zephyrine").await;
+    f.message(&erin, "e2", "Erin again: Zephyrine likes tuna").await;
+    let payload = format!("Zephyrine vet records {}", "y".repeat(20_000));
+    f.write(&erin, "/v1/memories", json!({ "source_kind": "tool_output", "source_ref": "e-call", "content": payload }))
+        .await;
+    f.fact(&erin, "my cat Zephyrine is nine").await;
+    f.write(&erin, "/v1/facts", json!({ "scope": "agent", "content": "Erin's cat is Zephyrine" })).await;
+    let dans = f.message(&dan, "d1", "Dan here: my dog is called Zephyrine too").await;
+    embed_like_the_provider(&f.db().store(), MODEL, DIMS).await;
+    let before = checksum(f.db()).await;
+
+    let dry = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--dry-run", "--json"]);
+    assert_eq!(dry["rows_by_kind"], json!({ "chat_message": 2, "fact": 2, "tool_output": 1 }));
+    assert_eq!((dry["tool_outputs"].as_u64(), dry["embeddings"].as_u64()), (Some(1), Some(5)));
+    assert_eq!(checksum(f.db()).await, before, "a dry run changes nothing");
+
+    let erased = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]);
+    assert_eq!(erased["anonymized"].as_u64(), Some(5));
+    assert_eq!(erased["anonymized_by_kind"], json!({ "chat_message": 2, "fact": 2, "tool_output": 1 }));
+
+    let everywhere = |needle: &str| {
+        format!(
+            "SELECT (SELECT count(*) FROM memory_items m
+                     WHERE m.id <> '{dans}' AND (m::text ILIKE '%{needle}%'))
+                  + (SELECT count(*) FROM tool_outputs t WHERE t::text ILIKE '%{needle}%')
+                  + (SELECT count(*) FROM audit_log a WHERE a::text ILIKE '%{needle}%')"
+        )
+    };
+    assert_eq!(f.db().count(&everywhere("zephyrine")).await, 0, "content is gone from rows, full text, payloads");
+    assert_eq!(f.db().count(&everywhere("erin")).await, 0, "and so is the user's id (the audit keeps a hash)");
+    assert_eq!(
+        f.db().count("SELECT count(*) FROM memory_items WHERE deleted_at IS NULL AND content = '[REDACTED]'").await,
+        0
+    );
+    assert_eq!(
+        f.db().count(&format!("SELECT count(*) FROM memory_embeddings WHERE item_id <> '{dans}'")).await,
+        0,
+        "no vector of the user is left"
+    );
+    assert_eq!(half_anonymized(f.db()).await, 0);
+    assert_eq!(f.recalled(&dan, "Zephyrine").await, ["Dan here: my dog is called Zephyrine too"]);
+    assert!(f.recalled(&erin, "Zephyrine").await.is_empty());
+    let erase_row: String =
+        sqlx::query_scalar("SELECT details ->> 'user_sha256' FROM audit_log WHERE event = 'memory.erase'")
+            .fetch_one(&f.db().pool)
+            .await
+            .expect("one erase row");
+    assert_eq!(erase_row.len(), 64);
+    assert_eq!(
+        f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize' AND reason = 'erasure'").await,
+        5
+    );
+
+    let again = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]);
+    assert_eq!(again["anonymized"].as_u64(), Some(0), "erasing twice finds nothing");
+}
+
+#[tokio::test]
+async fn the_worker_sweeps_each_tenant_once_per_tick_and_counts_refusals() {
+    let f = Fixture::start().await;
+    bulk_rows(&f, "acme", 20, 3).await;
+    bulk_rows(&f, "globex", 20, 15).await;
+    let dims = DIMS.to_string();
+    let worker = WorkerProcess::start(
+        &f.db().url,
+        &[
+            (vars::EMBED_PROVIDER, "openai"),
+            (vars::EMBED_MODEL, MODEL),
+            (vars::EMBED_DIMENSIONS, dims.as_str()),
+            (vars::EMBED_BASE_URL, f.provider.base_url.as_str()),
+            (vars::WORKER_QUEUES, "retention=2"),
+            (vars::HOUSEKEEPING_INTERVAL_S, "1"),
+            (vars::ANONYMIZE_INTERVAL_S, "2"),
+            (vars::ANONYMIZE_FLOOR_ROWS, "10"),
+        ],
+    )
+    .await
+    .expect("worker");
+    let swept = wait_until(Duration::from_secs(30), || async {
+        f.db().count("SELECT count(*) FROM memory_items WHERE tenant_id = 'acme' AND anonymized_at IS NOT NULL").await
+            == 3
+    })
+    .await;
+    assert!(swept, "the worker anonymized acme's due rows");
+    assert!(
+        wait_until(Duration::from_secs(30), || async { worker.metric("mnemo_anonymize_refused_total").await >= 1.0 })
+            .await,
+        "globex's sweep (15 of 20 rows) was refused and counted"
+    );
+    // A few ticks later: globex still untouched, one sweep row per tenant and tick.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    worker.terminate().await.expect("clean stop");
+    assert_eq!(
+        f.db()
+            .count("SELECT count(*) FROM memory_items WHERE tenant_id = 'globex' AND anonymized_at IS NOT NULL")
+            .await,
+        0
+    );
+    assert!(
+        f.db()
+            .count("SELECT count(*) FROM audit_log WHERE tenant_id = 'globex' AND event = 'memory.anonymize.refused'")
+            .await
+            >= 1
+    );
+    assert_eq!(half_anonymized(f.db()).await, 0);
+    let results: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT tenant_id, result FROM retention_sweeps WHERE finished_at IS NOT NULL ORDER BY tick, tenant_id",
+    )
+    .fetch_all(&f.db().pool)
+    .await
+    .expect("sweeps");
+    assert!(results.contains(&("acme".to_owned(), Some("done".to_owned()))), "{results:?}");
+    assert!(results.contains(&("globex".to_owned(), Some("refused".to_owned()))), "{results:?}");
+}
