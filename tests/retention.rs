@@ -68,9 +68,10 @@ impl Fixture {
         items.iter().map(|i| i["content"].as_str().unwrap_or_default().to_owned()).collect()
     }
 
-    /// Runs the runbook with the scripted provider's settings plus `env`.
-    fn runbook(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
-        Command::new(binary("mnemo-runbook").expect("runbook"))
+    /// Runs the runbook with the scripted provider's settings plus `env`, without blocking the
+    /// runtime that serves the scripted provider.
+    async fn runbook(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
+        tokio::process::Command::new(binary("mnemo-runbook").expect("runbook"))
             .args(args)
             .env_clear()
             .env(vars::DATABASE_URL, &self.db().url)
@@ -80,11 +81,12 @@ impl Fixture {
             .env(vars::EMBED_BASE_URL, &self.provider.base_url)
             .envs(env.iter().copied())
             .output()
+            .await
             .expect("runbook runs")
     }
 
-    fn runbook_json(&self, env: &[(&str, &str)], args: &[&str]) -> Value {
-        let output = self.runbook(env, args);
+    async fn runbook_json(&self, env: &[(&str, &str)], args: &[&str]) -> Value {
+        let output = self.runbook(env, args).await;
         assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
         serde_json::from_slice(&output.stdout)
             .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&output.stdout)))
@@ -218,7 +220,7 @@ async fn a_dry_run_reports_and_leaves_every_row_byte_identical() {
     let [old_note, _, old_fact, _, _] = retired_rows(&f).await;
     let before = checksum(f.db()).await;
 
-    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--dry-run", "--json"]);
+    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--dry-run", "--json"]).await;
     assert_eq!(report["outcome"], "dry_run");
     assert_eq!(report["due"], json!({ "soft_deleted": 1, "superseded": 1, "total": 2 }));
     let mut listed: Vec<(String, String)> = report["ids"]
@@ -235,11 +237,12 @@ async fn a_dry_run_reports_and_leaves_every_row_byte_identical() {
     assert_eq!(checksum(f.db()).await, before, "the flag's dry run changed a row");
 
     // The environment's and the tenant policy's dry runs do the same.
-    let env_dry = f.runbook_json(&[(vars::ANONYMIZE_DRY_RUN, "true")], &["anonymize", "--tenant", "acme", "--json"]);
+    let env_dry =
+        f.runbook_json(&[(vars::ANONYMIZE_DRY_RUN, "true")], &["anonymize", "--tenant", "acme", "--json"]).await;
     assert_eq!(env_dry["outcome"], "dry_run");
     f.exec("INSERT INTO tenant_config (tenant_id, settings) VALUES ('acme', '{\"memory_retention\": {\"dry_run\": true}}')")
         .await;
-    let policy_dry = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]);
+    let policy_dry = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
     assert_eq!(
         (policy_dry["outcome"].as_str(), policy_dry["policy"]["dry_run"].as_bool()),
         (Some("dry_run"), Some(true))
@@ -258,7 +261,7 @@ async fn a_sweep_anonymizes_completely_keeps_chains_and_never_comes_back() {
     let theirs = f.message(&other, "m-old", "my passport number is K1234567").await;
     f.exec(&format!("UPDATE memory_items SET deleted_at = now() - interval '400 days' WHERE id = '{theirs}'")).await;
 
-    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]);
+    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
     assert_eq!(report["outcome"], "done");
     assert_eq!(report["anonymized"], json!({ "soft_deleted": 1, "superseded": 1 }));
     let anonymized: Vec<Uuid> =
@@ -299,30 +302,32 @@ async fn a_sweep_anonymizes_completely_keeps_chains_and_never_comes_back() {
     let recalled = f.recalled(&ann, "passport number").await;
     assert!(!recalled.is_empty(), "the live rows still answer");
     assert!(recalled.iter().all(|c| !c.contains("passport") && c != "[REDACTED]"), "{recalled:?}");
-    let admin = f.runbook_json(
-        &[],
-        &[
-            "recall",
-            "--tenant",
-            "acme",
-            "--user",
-            "ann",
-            "--scope",
-            "user",
-            "--include-superseded",
-            "--top-k",
-            "20",
-            "--json",
-            "I live in",
-        ],
-    );
+    let admin = f
+        .runbook_json(
+            &[],
+            &[
+                "recall",
+                "--tenant",
+                "acme",
+                "--user",
+                "ann",
+                "--scope",
+                "user",
+                "--include-superseded",
+                "--top-k",
+                "20",
+                "--json",
+                "I live in",
+            ],
+        )
+        .await;
     let ids: Vec<&str> = admin["items"].as_array().expect("items").iter().filter_map(|i| i["id"].as_str()).collect();
     assert!(ids.contains(&recent_fact.to_string().as_str()), "the admin path shows superseded rows: {admin}");
     assert!(!ids.contains(&old_fact.to_string().as_str()), "but never anonymized ones: {admin}");
 
     // Running again finds nothing and changes nothing.
     let before = checksum(f.db()).await;
-    let again = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]);
+    let again = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
     assert_eq!((again["outcome"].as_str(), again["anonymized_total"].as_u64()), (Some("done"), Some(0)));
     assert_eq!(checksum(f.db()).await, before);
     assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize'").await, 2);
@@ -330,9 +335,9 @@ async fn a_sweep_anonymizes_completely_keeps_chains_and_never_comes_back() {
     // The key is free again: the same message id can be written anew.
     let fresh = f.message(&ann, "m-old", "a new message under an old id").await;
     assert_ne!(fresh, old_note);
-    let listed = f.runbook_json(&[], &["audit", "--tenant", "acme", "--event", "memory.anonymize", "--json"]);
+    let listed = f.runbook_json(&[], &["audit", "--tenant", "acme", "--event", "memory.anonymize", "--json"]).await;
     assert_eq!(listed["entries"].as_array().map(Vec::len), Some(2));
-    let by_item = f.runbook_json(&[], &["audit", "--item", &old_fact.to_string(), "--json"]);
+    let by_item = f.runbook_json(&[], &["audit", "--item", &old_fact.to_string(), "--json"]).await;
     let events: Vec<&str> =
         by_item["entries"].as_array().expect("entries").iter().filter_map(|e| e["event"].as_str()).collect();
     assert_eq!(events, ["memory.anonymize"]);
@@ -358,7 +363,7 @@ async fn the_safety_floor_refuses_changes_nothing_and_an_operator_can_allow_one_
     let floor = [(vars::ANONYMIZE_FLOOR_ROWS, "100")];
     let before = checksum(f.db()).await;
 
-    let refused = f.runbook(&floor, &["anonymize", "--tenant", "acme"]);
+    let refused = f.runbook(&floor, &["anonymize", "--tenant", "acme"]).await;
     assert!(!refused.status.success(), "a refused sweep exits non-zero");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("refused by the safety floor") && stderr.contains("--allow-large-sweep 150"), "{stderr}");
@@ -372,19 +377,20 @@ async fn the_safety_floor_refuses_changes_nothing_and_an_operator_can_allow_one_
     assert!(refusal.1.contains("\"due\": 150") && refusal.1.contains("\"tenant_rows\": 200"), "{}", refusal.1);
 
     // A permission for fewer rows than due is not enough.
-    let short = f.runbook(&floor, &["anonymize", "--tenant", "acme", "--allow-large-sweep", "149"]);
+    let short = f.runbook(&floor, &["anonymize", "--tenant", "acme", "--allow-large-sweep", "149"]).await;
     assert!(!short.status.success());
     assert_eq!(checksum(f.db()).await, before);
     assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize.refused'").await, 2);
 
-    let allowed = f.runbook_json(&floor, &["anonymize", "--tenant", "acme", "--allow-large-sweep", "150", "--json"]);
+    let allowed =
+        f.runbook_json(&floor, &["anonymize", "--tenant", "acme", "--allow-large-sweep", "150", "--json"]).await;
     assert_eq!((allowed["outcome"].as_str(), allowed["anonymized_total"].as_u64()), (Some("done"), Some(150)));
     assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize.allowed'").await, 1);
     assert_eq!(half_anonymized(f.db()).await, 0);
 
     // Under the default floor (1000 rows) the same share is small enough to go ahead unasked.
     bulk_rows(&f, "initech", 200, 150).await;
-    let unasked = f.runbook_json(&[], &["anonymize", "--tenant", "initech", "--json"]);
+    let unasked = f.runbook_json(&[], &["anonymize", "--tenant", "initech", "--json"]).await;
     assert_eq!(unasked["anonymized_total"].as_u64(), Some(150));
 }
 
@@ -421,7 +427,7 @@ async fn a_sweep_killed_mid_way_leaves_whole_rows_and_the_next_one_finishes() {
     assert_eq!(half_anonymized(f.db()).await, 0, "every row is untouched or fully anonymized");
     assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize'").await, done);
 
-    let rest = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--allow-large-sweep", "4000", "--json"]);
+    let rest = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--allow-large-sweep", "4000", "--json"]).await;
     assert_eq!(rest["anonymized_total"].as_i64(), Some(4000 - done));
     assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE anonymized_at IS NULL").await, 0);
     assert_eq!(half_anonymized(f.db()).await, 0);
@@ -437,7 +443,7 @@ async fn an_invalid_tenant_policy_falls_back_to_the_defaults_with_a_warning() {
          VALUES ('acme', '{\"memory_retention\": {\"soft_ttl_days\": \"soon\", \"superseded_ttl_days\": 7}}')",
     )
     .await;
-    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--dry-run", "--json"]);
+    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--dry-run", "--json"]).await;
     let warnings = report["warnings"].as_array().expect("warnings");
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     let warning = warnings[0].as_str().unwrap_or_default();
@@ -446,7 +452,7 @@ async fn an_invalid_tenant_policy_falls_back_to_the_defaults_with_a_warning() {
     assert_eq!(report["policy"]["superseded_ttl_days"], 7, "the valid one is kept");
     assert_eq!(report["due"], json!({ "soft_deleted": 1, "superseded": 2, "total": 3 }));
     // The human report shows the warning too.
-    let text = f.runbook(&[], &["anonymize", "--tenant", "acme", "--dry-run"]);
+    let text = f.runbook(&[], &["anonymize", "--tenant", "acme", "--dry-run"]).await;
     assert!(String::from_utf8_lossy(&text.stdout).contains("warning: tenant \"acme\": memory_retention.soft_ttl_days"));
 }
 
@@ -466,12 +472,12 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     embed_like_the_provider(&f.db().store(), MODEL, DIMS).await;
     let before = checksum(f.db()).await;
 
-    let dry = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--dry-run", "--json"]);
+    let dry = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--dry-run", "--json"]).await;
     assert_eq!(dry["rows_by_kind"], json!({ "chat_message": 2, "fact": 2, "tool_output": 1 }));
     assert_eq!((dry["tool_outputs"].as_u64(), dry["embeddings"].as_u64()), (Some(1), Some(5)));
     assert_eq!(checksum(f.db()).await, before, "a dry run changes nothing");
 
-    let erased = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]);
+    let erased = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
     assert_eq!(erased["anonymized"].as_u64(), Some(5));
     assert_eq!(erased["anonymized_by_kind"], json!({ "chat_message": 2, "fact": 2, "tool_output": 1 }));
 
@@ -508,7 +514,7 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
         5
     );
 
-    let again = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]);
+    let again = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
     assert_eq!(again["anonymized"].as_u64(), Some(0), "erasing twice finds nothing");
 }
 

@@ -7,6 +7,7 @@ mod embedding;
 mod judge;
 mod quality;
 mod recall_latency;
+mod retention;
 mod writes;
 
 #[derive(Debug, Parser)]
@@ -39,6 +40,8 @@ enum Scenario {
     /// single-hop question: is the newest fact found, above the facts it overrides, and are
     /// those superseded?
     Factconsolidation(judge::FactConsolidationArgs),
+    /// Retention: the safety-floor check on a large tenant and sweep throughput.
+    Retention(retention::Args),
 }
 
 #[tokio::main]
@@ -54,5 +57,6 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Beam(args) => quality::beam(args).await,
         Scenario::JudgeThroughput(args) => judge::throughput(args).await,
         Scenario::Factconsolidation(args) => judge::fact_consolidation(args).await,
+        Scenario::Retention(args) => retention::run(args).await,
     }
 }
