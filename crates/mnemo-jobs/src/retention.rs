@@ -34,6 +34,8 @@ pub struct SweepOptions {
     pub actor: String,
     /// Stop after the batch that ends past this time (the rest is left for a later sweep).
     pub deadline: Option<Instant>,
+    /// A dry run lists the rows it would anonymize (at most [`DRY_RUN_IDS`]).
+    pub list_ids: bool,
 }
 
 impl SweepOptions {
@@ -45,6 +47,7 @@ impl SweepOptions {
             allow_large: None,
             actor: actor.to_owned(),
             deadline: None,
+            list_ids: false,
         }
     }
 }
@@ -86,7 +89,7 @@ pub struct SweepReport {
     /// the sweep was refused or only a dry run).
     pub over_floor: bool,
     pub anonymized: BTreeMap<&'static str, u64>,
-    /// A dry run's rows (at most [`DRY_RUN_IDS`]), by id.
+    /// A dry run's rows (at most [`DRY_RUN_IDS`]), by id, when asked for.
     pub ids: Vec<(Uuid, AnonymizeReason)>,
     pub elapsed: Duration,
 }
@@ -135,7 +138,9 @@ pub async fn sweep_tenant(
         "allowed": options.allow_large,
     });
     if dry_run {
-        report.ids = store.due_rows(tenant, plan.cutoffs, DRY_RUN_IDS).await?;
+        if options.list_ids {
+            report.ids = store.due_rows(tenant, plan.cutoffs, DRY_RUN_IDS).await?;
+        }
     } else if over_floor && !allowed {
         store.audit(tenant, "memory.anonymize.refused", "safety_floor", &options.actor, floor).await?;
         metrics::counter!("mnemo_anonymize_refused_total").increment(1);

@@ -72,6 +72,7 @@ pub async fn anonymize(
     let mut options = SweepOptions::new(settings, "runbook");
     options.dry_run = dry_run;
     options.allow_large = allow_large;
+    options.list_ids = true;
     let mut progress = Progress::new("anonymized");
     let report =
         mnemo_jobs::sweep_tenant(store, tenant.as_str(), &options, |done, due| progress.update(done, due)).await?;
