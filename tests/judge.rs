@@ -38,14 +38,8 @@ struct Fixture {
 impl Fixture {
     async fn start() -> Self {
         let provider = ScriptedEmbeddings::start(DIMS).await;
-        let dims = DIMS.to_string();
-        let env = [
-            (vars::EMBED_PROVIDER, "openai"),
-            (vars::EMBED_MODEL, MODEL),
-            (vars::EMBED_DIMENSIONS, dims.as_str()),
-            (vars::EMBED_BASE_URL, provider.base_url.as_str()),
-        ];
-        Self { app: TestApp::spawn_with(&env).await, chat: ScriptedChat::start().await, provider }
+        let app = TestApp::spawn_with(&provider.env(MODEL)).await;
+        Self { app, chat: ScriptedChat::start().await, provider }
     }
 
     async fn fact(&self, who: &Principal, content: &str) -> Uuid {
@@ -488,21 +482,13 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
 #[tokio::test]
 async fn the_worker_judges_embedded_facts_and_counts_fail_opens() {
     let f = Fixture::start().await;
-    let dims = DIMS.to_string();
-    let worker = WorkerProcess::start(
-        &f.app.db.url,
-        &[
-            (vars::EMBED_PROVIDER, "openai"),
-            (vars::EMBED_MODEL, MODEL),
-            (vars::EMBED_DIMENSIONS, dims.as_str()),
-            (vars::EMBED_BASE_URL, f.provider.base_url.as_str()),
-            (vars::JUDGE_MODEL, "scripted-judge"),
-            (vars::JUDGE_BASE_URL, f.chat.base_url.as_str()),
-            (vars::JUDGE_BATCH_SIZE, "5"),
-        ],
-    )
-    .await
-    .expect("worker");
+    let mut env = f.provider.env(MODEL);
+    env.extend([
+        (vars::JUDGE_MODEL, "scripted-judge".to_owned()),
+        (vars::JUDGE_BASE_URL, f.chat.base_url.clone()),
+        (vars::JUDGE_BATCH_SIZE, "5".to_owned()),
+    ]);
+    let worker = WorkerProcess::start(&f.app.db.url, &env).await.expect("worker");
     let who = principal("acme", Some("u1"), None, None);
     let tokyo = f.fact(&who, "I live in Tokyo").await;
     assert!(wait_until(Duration::from_secs(30), || async { f.row(tokyo).await.judged }).await);

@@ -33,14 +33,8 @@ struct Fixture {
 impl Fixture {
     async fn start(extra: &[(&str, &str)]) -> Self {
         let provider = ScriptedEmbeddings::start(DIMS).await;
-        let dims = DIMS.to_string();
-        let mut env = vec![
-            (vars::EMBED_PROVIDER, "openai"),
-            (vars::EMBED_MODEL, MODEL),
-            (vars::EMBED_DIMENSIONS, dims.as_str()),
-            (vars::EMBED_BASE_URL, provider.base_url.as_str()),
-        ];
-        env.extend_from_slice(extra);
+        let mut env = provider.env(MODEL);
+        env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
         Self { app: TestApp::spawn_with(&env).await, provider }
     }
 
@@ -79,20 +73,14 @@ impl Fixture {
     }
 
     fn env(&self) -> Env {
-        let pairs = self.env_pairs();
-        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        server_env(&self.app.db.url, &pairs)
+        server_env(&self.app.db.url, &self.env_pairs())
     }
 
     /// The database and the scripted provider, as environment variables.
     fn env_pairs(&self) -> Vec<(&'static str, String)> {
-        vec![
-            (vars::DATABASE_URL, self.app.db.url.clone()),
-            (vars::EMBED_PROVIDER, "openai".to_owned()),
-            (vars::EMBED_MODEL, MODEL.to_owned()),
-            (vars::EMBED_DIMENSIONS, DIMS.to_string()),
-            (vars::EMBED_BASE_URL, self.provider.base_url.clone()),
-        ]
+        let mut pairs = self.provider.env(MODEL);
+        pairs.push((vars::DATABASE_URL, self.app.db.url.clone()));
+        pairs
     }
 }
 

@@ -26,14 +26,7 @@ struct Fixture {
 impl Fixture {
     async fn start() -> Self {
         let provider = ScriptedEmbeddings::start(DIMS).await;
-        let app = TestApp::spawn_with(&[
-            (vars::EMBED_PROVIDER, "openai"),
-            (vars::EMBED_MODEL, MODEL),
-            (vars::EMBED_DIMENSIONS, &DIMS.to_string()),
-            (vars::EMBED_BASE_URL, provider.base_url.as_str()),
-        ])
-        .await;
-        Self { app, provider }
+        Self { app: TestApp::spawn_with(&provider.env(MODEL)).await, provider }
     }
 
     fn db(&self) -> &TestDb {
@@ -75,10 +68,7 @@ impl Fixture {
             .args(args)
             .env_clear()
             .env(vars::DATABASE_URL, &self.db().url)
-            .env(vars::EMBED_PROVIDER, "openai")
-            .env(vars::EMBED_MODEL, MODEL)
-            .env(vars::EMBED_DIMENSIONS, DIMS.to_string())
-            .env(vars::EMBED_BASE_URL, &self.provider.base_url)
+            .envs(self.provider.env(MODEL))
             .envs(env.iter().copied())
             .output()
             .await
@@ -523,22 +513,14 @@ async fn the_worker_sweeps_each_tenant_once_per_tick_and_counts_refusals() {
     let f = Fixture::start().await;
     bulk_rows(&f, "acme", 20, 3).await;
     bulk_rows(&f, "globex", 20, 15).await;
-    let dims = DIMS.to_string();
-    let worker = WorkerProcess::start(
-        &f.db().url,
-        &[
-            (vars::EMBED_PROVIDER, "openai"),
-            (vars::EMBED_MODEL, MODEL),
-            (vars::EMBED_DIMENSIONS, dims.as_str()),
-            (vars::EMBED_BASE_URL, f.provider.base_url.as_str()),
-            (vars::WORKER_QUEUES, "retention=2"),
-            (vars::HOUSEKEEPING_INTERVAL_S, "1"),
-            (vars::ANONYMIZE_INTERVAL_S, "2"),
-            (vars::ANONYMIZE_FLOOR_ROWS, "10"),
-        ],
-    )
-    .await
-    .expect("worker");
+    let mut env = f.provider.env(MODEL);
+    env.extend([
+        (vars::WORKER_QUEUES, "retention=2".to_owned()),
+        (vars::HOUSEKEEPING_INTERVAL_S, "1".to_owned()),
+        (vars::ANONYMIZE_INTERVAL_S, "2".to_owned()),
+        (vars::ANONYMIZE_FLOOR_ROWS, "10".to_owned()),
+    ]);
+    let worker = WorkerProcess::start(&f.db().url, &env).await.expect("worker");
     let swept = wait_until(Duration::from_secs(30), || async {
         f.db().count("SELECT count(*) FROM memory_items WHERE tenant_id = 'acme' AND anonymized_at IS NOT NULL").await
             == 3

@@ -67,7 +67,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .execute(pool)
     .await?;
-    sqlx::raw_sql("VACUUM ANALYZE memory_items; VACUUM ANALYZE memory_embeddings").execute(pool).await?;
+    // One statement each: VACUUM cannot run inside the transaction a multi-statement string gets.
+    for table in ["memory_items", "memory_embeddings"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}"))).execute(pool).await?;
+    }
     let load = started.elapsed();
     eprintln!("loaded and vacuumed in {:.0} s", load.as_secs_f64());
 

@@ -157,12 +157,11 @@ pub async fn sweep_tenant(
         }
         report.outcome = SweepOutcome::Done;
         let limit = i64::from(policy.batch_size);
-        let mut done = 0;
+        let (mut done, mut after) = (0, Uuid::nil());
         loop {
-            let batch = store.anonymize_due(tenant, plan.cutoffs, limit, &options.actor).await?;
-            if batch.is_empty() {
-                break;
-            }
+            let batch = store.anonymize_due(tenant, plan.cutoffs, after, limit, &options.actor).await?;
+            let Some(last) = batch.iter().map(|(id, _)| *id).max() else { break };
+            after = last;
             for (_, reason) in &batch {
                 *report.anonymized.entry(reason.as_str()).or_default() += 1;
                 metrics::counter!("mnemo_anonymized_rows_total", "reason" => reason.as_str()).increment(1);
@@ -217,13 +216,19 @@ pub async fn erase_user(
         return Ok(report);
     }
     let total = report.plan.rows();
-    let mut done = 0;
-    // Rows written while the erasure runs are erased too: it stops only when none is left.
+    let (mut done, mut after) = (0, Uuid::nil());
+    // Pages by id, then checks again from the start: rows written while the erasure runs, or
+    // held by another transaction, are erased too. It stops only when none is left.
     loop {
-        let batch = store.erase_user_rows(tenant, user, i64::from(batch_size.max(1)), actor).await?;
-        if batch.is_empty() {
-            break;
-        }
+        let batch = store.erase_user_rows(tenant, user, after, i64::from(batch_size.max(1)), actor).await?;
+        let Some(last) = batch.iter().map(|(id, _)| *id).max() else {
+            if after.is_nil() {
+                break;
+            }
+            after = Uuid::nil();
+            continue;
+        };
+        after = last;
         for (_, kind) in &batch {
             *report.anonymized.entry(kind.clone()).or_default() += 1;
         }

@@ -246,17 +246,20 @@ impl Store {
         Ok(rows.into_iter().map(|(id, r)| (id, reason(&r))).collect())
     }
 
-    /// Anonymizes up to `limit` due rows of `tenant` in one transaction. Rows another sweep
-    /// holds are skipped (it is anonymizing them). Returns each row anonymized with its reason.
+    /// Anonymizes up to `limit` due rows of `tenant` with ids after `after`, in one transaction.
+    /// Rows another sweep holds are skipped (it is anonymizing them). Returns each row anonymized
+    /// with its reason. Callers page by id: the index keeps entries of rows already anonymized
+    /// until vacuum, and starting every batch from the first id would walk them all again.
     pub async fn anonymize_due(
         &self,
         tenant: &str,
         cutoffs: Cutoffs,
+        after: Uuid,
         limit: i64,
         actor: &str,
     ) -> Result<Vec<(Uuid, AnonymizeReason)>, StoreError> {
         let picked = format!(
-            "SELECT m.id, {DUE_REASON} AS reason FROM memory_items m WHERE {}
+            "SELECT m.id, {DUE_REASON} AS reason FROM memory_items m WHERE {} AND m.id > $6
              ORDER BY m.id LIMIT $4 FOR UPDATE SKIP LOCKED",
             due_filter()
         );
@@ -266,6 +269,7 @@ impl Store {
             .bind(cutoffs.superseded_before)
             .bind(limit)
             .bind(actor)
+            .bind(after)
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.into_iter().map(|(id, _, r)| (id, reason(&r))).collect())
@@ -298,23 +302,26 @@ impl Store {
         })
     }
 
-    /// Soft-deletes and anonymizes up to `limit` rows carrying `user`, in one transaction, waiting
-    /// for rows others hold (an erasure must not skip any). Returns (id, source_kind) of each.
+    /// Soft-deletes and anonymizes up to `limit` rows carrying `user` with ids after `after`, in
+    /// one transaction, waiting for rows others hold (an erasure must not skip any). Returns (id,
+    /// source_kind) of each.
     pub async fn erase_user_rows(
         &self,
         tenant: &str,
         user: &str,
+        after: Uuid,
         limit: i64,
         actor: &str,
     ) -> Result<Vec<(Uuid, String)>, StoreError> {
         let picked = "SELECT m.id, 'erasure' AS reason FROM memory_items m
-                      WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL
+                      WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $5
                       ORDER BY m.id LIMIT $3 FOR UPDATE";
         let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(picked, "$4")))
             .bind(tenant)
             .bind(user)
             .bind(limit)
             .bind(actor)
+            .bind(after)
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())

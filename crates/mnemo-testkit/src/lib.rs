@@ -82,7 +82,7 @@ pub fn token(principal: &Principal) -> String {
 }
 
 /// The settings a test server runs with, plus any overrides.
-pub fn server_env(database_url: &str, extra: &[(&str, &str)]) -> Env {
+pub fn server_env<V: AsRef<str>>(database_url: &str, extra: &[(&str, V)]) -> Env {
     let mut pairs = vec![
         (vars::DATABASE_URL.to_owned(), database_url.to_owned()),
         (vars::JWT_SECRET.to_owned(), TEST_JWT_SECRET.to_owned()),
@@ -91,7 +91,7 @@ pub fn server_env(database_url: &str, extra: &[(&str, &str)]) -> Env {
     if let Ok(dir) = std::env::var(vars::LOCAL_MODEL_DIR) {
         pairs.push((vars::LOCAL_MODEL_DIR.to_owned(), dir));
     }
-    pairs.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    pairs.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.as_ref().to_owned())));
     Env::from_pairs(pairs)
 }
 
@@ -169,10 +169,10 @@ pub struct TestApp {
 
 impl TestApp {
     pub async fn spawn() -> Self {
-        Self::spawn_with(&[]).await
+        Self::spawn_with::<&str>(&[]).await
     }
 
-    pub async fn spawn_with(extra_env: &[(&str, &str)]) -> Self {
+    pub async fn spawn_with<V: AsRef<str>>(extra_env: &[(&str, V)]) -> Self {
         let db = TestDb::new().await;
         let settings = ServerSettings::from_env(&server_env(&db.url, extra_env)).expect("test settings");
         // The model loads on the first recall, so tests that never recall do not pay for it.

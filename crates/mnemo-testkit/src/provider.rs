@@ -10,6 +10,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use mnemo_config::vars;
 use serde_json::{Value, json};
 
 /// One scripted answer.
@@ -48,6 +49,16 @@ impl ScriptedEmbeddings {
             .with_state((script.clone(), dimensions));
         let (addr, _) = crate::serve(app).await;
         Self { base_url: format!("http://{addr}/v1"), dimensions, script }
+    }
+
+    /// The settings that make mnemo embed through this server, as model `model`.
+    pub fn env(&self, model: &str) -> Vec<(&'static str, String)> {
+        vec![
+            (vars::EMBED_PROVIDER, "openai".to_owned()),
+            (vars::EMBED_MODEL, model.to_owned()),
+            (vars::EMBED_DIMENSIONS, self.dimensions.to_string()),
+            (vars::EMBED_BASE_URL, self.base_url.clone()),
+        ]
     }
 
     /// Queues answers for the next requests, in order.

@@ -18,7 +18,7 @@ async fn main() -> anyhow::Result<()> {
             "--listen" => vars::WORKER_LISTEN,
             "-h" | "--help" => {
                 println!(
-                    "mnemo-worker [--queues embed=128,judge=40] [--listen 127.0.0.1:9464]\nSettings: MNEMO_* variables (README)."
+                    "mnemo-worker [--queues embed=128,judge=40,retention=1] [--listen 127.0.0.1:9464]\nSettings: MNEMO_* variables (README)."
                 );
                 return Ok(());
             }
