@@ -146,6 +146,7 @@ fn print_sweep(report: &SweepReport, settings: &RetentionSettings) {
         );
     }
     match report.outcome {
+        SweepOutcome::DryRun if plan.due() == 0 => println!("dry run: nothing is due"),
         SweepOutcome::DryRun => {
             println!("dry run: nothing changed. These rows would be anonymized:");
             for (id, reason) in &report.ids {
