@@ -78,10 +78,14 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes jobs that finished (done, or dead) longer than `retention` ago, and judge batch
-    /// records older than a week (`judge tune` reads the last hours).
+    /// Deletes jobs that finished (done, or dead) longer than `retention` ago, judge batch
+    /// records older than a week (`judge tune` reads the last hours), and retention sweep records
+    /// older than 30 days.
     pub async fn prune_finished_jobs(&self, retention: Duration) -> Result<u64, StoreError> {
         sqlx::query("DELETE FROM judge_batches WHERE finished_at < now() - interval '7 days'")
+            .execute(&self.pool)
+            .await?;
+        sqlx::query("DELETE FROM retention_sweeps WHERE scheduled_at < now() - interval '30 days'")
             .execute(&self.pool)
             .await?;
         let pruned = sqlx::query(

@@ -396,9 +396,6 @@ impl Store {
         if !jobs.is_empty() {
             push_tasks(&mut *tx, RETENTION_QUEUE, jobs).await?;
         }
-        sqlx::query("DELETE FROM retention_sweeps WHERE scheduled_at < now() - interval '30 days'")
-            .execute(&mut *tx)
-            .await?;
         tx.commit().await?;
         Ok(tenants.len() as u64)
     }
