@@ -2,12 +2,16 @@
 //! that makes invalid values unrepresentable, and the deterministic `source_ref` rules that make
 //! every write idempotent. No I/O lives here, and nothing here knows JSON or SQL.
 
+// First: its `string_enum!` macro is used by the modules after it.
+#[macro_use]
+mod kinds;
+
 mod embed;
 mod error;
 mod ids;
 mod judge;
-mod kinds;
 mod memory;
+mod names;
 mod principal;
 mod recall;
 mod retention;
@@ -20,6 +24,7 @@ pub use ids::{AgentId, SessionId, TenantId, UserId};
 pub use judge::{Judge, JudgeError, JudgeFuture, JudgeOutcome, Verdict};
 pub use kinds::{FactScope, RecallScope, Scope, SourceKind};
 pub use memory::{Extras, FactKey, Metadata, NewMemory, ScopeError};
+pub use names::{AuditEvent, Queue};
 pub use principal::Principal;
 pub use recall::{MAX_QUERY_BYTES, MAX_TOP_K, RecallClass, RecallRequest, RerankError, RerankFuture, Reranker};
 pub use retention::{AnonymizeReason, MAX_BATCH_SIZE, MAX_TTL_DAYS, RetentionPolicy};
