@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_config::vars;
-use mnemo_core::{FactScope, Judge, Principal};
+use mnemo_core::{FactScope, Judge, Principal, TenantId};
 use mnemo_jobs::{JudgePolicy, judge_batch, judge_pending};
 use mnemo_models::OpenAiJudge;
 use mnemo_store::queue::JudgeJob;
@@ -299,7 +299,8 @@ async fn a_fact_waits_for_the_older_facts_of_its_bucket_to_be_embedded() {
         .fetch_one(&f.app.db.pool)
         .await
         .expect("row");
-    let paris_vector = mnemo_store::NewVector { id: paris, tenant_id: row.0, content_sha256: row.1, embedding: vector };
+    let tenant_id = TenantId::parse(&row.0).expect("tenant");
+    let paris_vector = mnemo_store::NewVector { id: paris, tenant_id, content_sha256: row.1, embedding: vector };
     store.save_vectors(MODEL, vec![paris_vector]).await.expect("save");
     judge_pending(&store, judge.clone(), policy(20), "test").await.expect("judge");
     assert!(!f.row(paris).await.judged, "Tokyo has no vector yet, so Paris waits");
@@ -337,7 +338,7 @@ async fn concurrent_judgements_leave_exactly_one_live_fact_and_one_decision() {
     }
     embed_like_the_provider(&f.app.db.store(), MODEL, DIMS).await;
     // Four workers at once, with duplicate jobs, as a re-queue or a second worker would give.
-    let job = |id: Uuid| JudgeJob { tenant_id: "acme".to_owned(), item_id: id };
+    let job = |id: Uuid| JudgeJob { tenant_id: TenantId::parse("acme").expect("tenant"), item_id: id };
     let all: Vec<JudgeJob> = pairs.iter().flat_map(|(a, b)| [job(*a), job(*b)]).collect();
     let reversed: Vec<JudgeJob> = all.iter().rev().cloned().collect();
     let store = f.app.db.store();
@@ -411,17 +412,18 @@ async fn reasserting_a_superseded_fact_revives_it_and_as_of_reads_follow_the_his
     assert_eq!(events, ["supersede", "revive", "supersede"]);
 
     let store = f.app.db.store();
+    let acme = TenantId::parse("acme").expect("tenant");
     let live_at = |at: Option<DateTime<Utc>>| {
-        let store = store.clone();
+        let (store, acme) = (store.clone(), acme.clone());
         async move {
-            let facts = store.facts("acme", FactScope::User, "u1", at, false).await.expect("facts");
+            let facts = store.facts(&acme, FactScope::User, "u1", at, false).await.expect("facts");
             facts.into_iter().map(|r| r.content).collect::<Vec<_>>()
         }
     };
     assert_eq!(live_at(Some(t1)).await, ["I live in Tokyo"]);
     assert_eq!(live_at(Some(t2)).await, ["I live in Paris"]);
     assert_eq!(live_at(None).await, ["I live in Tokyo"]);
-    let all = store.facts("acme", FactScope::User, "u1", None, true).await.expect("facts");
+    let all = store.facts(&acme, FactScope::User, "u1", None, true).await.expect("facts");
     assert_eq!(all.len(), 2);
 
     // The runbook's admin view shows the chain.

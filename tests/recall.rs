@@ -433,7 +433,7 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
         let keyword = search.keyword(&search_scope, &text, &CommonLexemes::default(), 50).await.expect("keyword");
         let vector = search.vector(&search_scope, &unit_bag_of_words(&text, DIMS), 50).await.expect("vector");
         for (class, ids) in keyword.iter().chain(vector.iter()) {
-            seen.extend(ids.iter().map(|id| (id.to_string(), Some(*class))));
+            seen.extend(ids.iter().map(|id| (id.to_string(), Some(class.as_str()))));
         }
         for (id, class) in seen {
             let owner = owners.get(&id).unwrap_or_else(|| panic!("unknown row {id} (seed {seed})"));

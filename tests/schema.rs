@@ -57,3 +57,28 @@ async fn metrics_are_prometheus_text() {
     let text = reply.body.as_str().expect("text body");
     assert!(text.contains("mnemo_http_requests_total"), "{text}");
 }
+
+/// Invariant 8: every primary, unique and foreign key of a table holding tenant data leads with
+/// `tenant_id`, so the data can be distributed by tenant. Tables without a tenant column are
+/// mnemo's own bookkeeping (housekeeping ticks, judge batches, migrations) and are listed by the
+/// query's filter, not by name.
+#[tokio::test]
+async fn every_key_of_tenant_data_leads_with_the_tenant() {
+    let db = TestDb::new().await;
+    let keys: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT c.conrelid::regclass::text, c.conname, a.attname
+         FROM pg_constraint c
+         JOIN pg_namespace n ON n.oid = c.connamespace AND n.nspname = 'public'
+         JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+         WHERE c.contype IN ('p', 'u', 'f')
+           AND EXISTS (SELECT 1 FROM pg_attribute t
+                       WHERE t.attrelid = c.conrelid AND t.attname = 'tenant_id' AND NOT t.attisdropped)
+         ORDER BY 1, 2",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("keys");
+    assert!(keys.len() >= 8, "the tenant tables' keys were found: {keys:?}");
+    let astray: Vec<_> = keys.iter().filter(|(_, _, first)| first != "tenant_id").collect();
+    assert!(astray.is_empty(), "keys that do not lead with tenant_id: {astray:?}");
+}

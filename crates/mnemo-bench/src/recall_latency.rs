@@ -15,7 +15,7 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_api::{AppState, app};
 use mnemo_config::{Env, RecallSettings, ServerSettings, vars};
-use mnemo_core::{AgentId, Principal, RecallClass, RecallRequest, SessionId, SourceKind, TenantId, UserId};
+use mnemo_core::{AgentId, Principal, RecallClass, RecallRequest, Scope, SessionId, SourceKind, TenantId, UserId};
 use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{SearchScope, Store};
 use pgvector::Vector;
@@ -244,7 +244,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut overlap = Vec::new();
     for v in question_vectors.iter().take(100) {
         let approximate = recall.search().vector(&scope, v, 10).await?;
-        let approximate: HashSet<Uuid> = approximate.get("tenant").into_iter().flatten().copied().collect();
+        let approximate: HashSet<Uuid> = approximate.get(&Scope::Tenant).into_iter().flatten().copied().collect();
         let exact: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT m.id FROM memory_embeddings e JOIN memory_items m ON m.id = e.item_id
              WHERE e.model = $1 AND e.tenant_id = $2 AND m.scope = 'tenant'

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use mnemo_config::{Env, RetentionSettings};
-use mnemo_core::RetentionPolicy;
+use mnemo_core::{RetentionPolicy, TenantId};
 use mnemo_jobs::{SweepOptions, sweep_tenant};
 use serde_json::json;
 
@@ -74,12 +74,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let load = started.elapsed();
     eprintln!("loaded and vacuumed in {:.0} s", load.as_secs_f64());
 
+    let tenant = TenantId::parse(TENANT)?;
     let policy = RetentionPolicy { batch_size: args.batch_size, ..RetentionPolicy::default() };
     let mut checks = Vec::new();
     let mut plan = None;
     for _ in 0..args.checks.max(1) {
         let t = Instant::now();
-        plan = Some(store.sweep_plan(TENANT, &policy).await?);
+        plan = Some(store.sweep_plan(&tenant, &policy).await?);
         checks.push(t.elapsed());
     }
     let plan = plan.ok_or_else(|| anyhow::anyhow!("no floor check ran"))?;
@@ -101,7 +102,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut options = SweepOptions::new(&settings, "bench");
     options.allow_large = Some(plan.due());
     let mut reported = Instant::now();
-    let report = sweep_tenant(&store, TENANT, &options, |done, due| {
+    let report = sweep_tenant(&store, &tenant, &options, |done, due| {
         if reported.elapsed() >= Duration::from_secs(10) {
             reported = Instant::now();
             eprintln!("swept {done}/{due}");
@@ -110,7 +111,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
     let swept = report.anonymized_total();
     let seconds = report.elapsed.as_secs_f64();
-    let left = store.sweep_plan(TENANT, &policy).await?.due();
+    let left = store.sweep_plan(&tenant, &policy).await?.due();
     anyhow::ensure!(swept == plan.due() && left == 0, "swept {swept} of {} due, {left} left", plan.due());
 
     let result = json!({

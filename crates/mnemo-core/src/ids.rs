@@ -41,6 +41,16 @@ macro_rules! id_type {
                 f.write_str(&self.0)
             }
         }
+
+        /// For values read back from storage.
+        impl TryFrom<String> for $name {
+            type Error = InvalidInput;
+
+            fn try_from(raw: String) -> Result<Self, InvalidInput> {
+                parse_id($field, &raw)?;
+                Ok(Self(raw))
+            }
+        }
     };
 }
 

@@ -35,6 +35,15 @@ macro_rules! string_enum {
                 f.write_str(self.as_str())
             }
         }
+
+        /// For values read back from storage.
+        impl TryFrom<String> for $name {
+            type Error = InvalidInput;
+
+            fn try_from(raw: String) -> Result<Self, InvalidInput> {
+                Self::parse(&raw)
+            }
+        }
     };
 }
 

@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::{AgentId, FactScope, InvalidInput, Principal, RecallScope, ScopeError, SessionId, SourceKind, UserId};
+use crate::{
+    AgentId, FactScope, InvalidInput, Principal, RecallScope, Scope, ScopeError, SessionId, SourceKind, UserId,
+};
 
 /// One class of rows a recall searches, bound to the caller's identity. The tenant is implied:
 /// it is always the caller's.
@@ -20,12 +22,13 @@ pub enum RecallClass {
 }
 
 impl RecallClass {
-    pub fn name(&self) -> &'static str {
+    /// The scope of the rows in this class, which also names the class.
+    pub fn scope(&self) -> Scope {
         match self {
-            Self::Session(_) => "session",
-            Self::Tenant => "tenant",
-            Self::User(_) => "user",
-            Self::Agent(_) => "agent",
+            Self::Session(_) => Scope::Session,
+            Self::Tenant => Scope::Tenant,
+            Self::User(_) => Scope::User,
+            Self::Agent(_) => Scope::Agent,
         }
     }
 }
@@ -154,9 +157,9 @@ mod tests {
             .classes(&principal(true, true, true))
             .expect("any")
             .iter()
-            .map(RecallClass::name)
+            .map(RecallClass::scope)
             .collect();
-        assert_eq!(names, ["session", "tenant", "user", "agent"]);
+        assert_eq!(names, Scope::ALL);
     }
 
     #[test]

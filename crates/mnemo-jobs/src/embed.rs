@@ -39,7 +39,7 @@ impl EmbedDispatcher {
             async move {
                 embed_batch(&store, embedder.as_ref(), policy, &jobs).await.map_err(|e| {
                     tracing::warn!(error = %e, jobs = jobs.len(), "embed batch could not be stored; its jobs will run again");
-                    JobError::Store(e.to_string())
+                    JobError::from(e)
                 })
             }
         });
@@ -102,8 +102,8 @@ async fn embed_batch(
 
     if !failures.is_empty() {
         let by_id: HashMap<Uuid, &EmbedJob> = jobs.iter().map(|j| (j.item_id, j)).collect();
-        let ids: Vec<Uuid> = failures.iter().map(|(id, _)| *id).collect();
-        let attempts: HashMap<Uuid, i32> = store.embed_attempts(&ids).await?.into_iter().collect();
+        let failed: Vec<&EmbedJob> = failures.iter().filter_map(|(id, _)| by_id.get(id).copied()).collect();
+        let attempts: HashMap<Uuid, i32> = store.embed_attempts(&failed).await?.into_iter().collect();
         for (id, error) in failures {
             let Some(job) = by_id.get(&id) else { continue };
             let attempt = attempts.get(&id).copied().unwrap_or(0) + 1;

@@ -45,7 +45,7 @@ impl JudgeDispatcher {
             async move {
                 judge_batch(&store, judge, policy, &worker, &jobs).await.map(|_| ()).map_err(|e| {
                     tracing::warn!(error = %e, jobs = jobs.len(), "judge batch could not be stored; its jobs will run again");
-                    JobError::Store(e.to_string())
+                    JobError::from(e)
                 })
             }
         });
@@ -225,6 +225,6 @@ fn judgement(
 /// only at debug.
 fn fail_open(fact: &PendingFact, kind: &'static str, detail: &str) {
     metrics::counter!("mnemo_judge_fail_open_total", "reason" => kind).increment(1);
-    tracing::warn!(item = %fact.id, tenant = fact.tenant_id, reason = kind, "judge failed; nothing retired (fail-open)");
+    tracing::warn!(item = %fact.id, tenant = %fact.tenant_id, reason = kind, "judge failed; nothing retired (fail-open)");
     tracing::debug!(item = %fact.id, detail, "judge failure detail");
 }

@@ -3,6 +3,7 @@
 //! sweeps and user erasure ([`sweep_tenant`], [`erase_user`]), and once-per-tick housekeeping. Every job is idempotent:
 //! running it twice leaves the state running it once leaves.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 mod batcher;
@@ -20,10 +21,12 @@ pub use retention::{
 };
 pub use worker::{run_worker, worker_name};
 
+/// Why a job or the worker failed. Cloneable because a batch's one failure answers every job
+/// of the batch; the store's error is shared, not flattened, so its cause chain stays.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum JobError {
-    #[error("storage failed: {0}")]
-    Store(String),
+    #[error("storage failed")]
+    Store(#[source] Arc<mnemo_store::StoreError>),
     #[error("the worker is shutting down")]
     ShuttingDown,
     #[error("{0}")]
@@ -32,7 +35,35 @@ pub enum JobError {
 
 impl From<mnemo_store::StoreError> for JobError {
     fn from(e: mnemo_store::StoreError) -> Self {
-        Self::Store(e.to_string())
+        Self::Store(Arc::new(e))
+    }
+}
+
+/// What a handler means the worker to do with its job next. Failures a job records itself
+/// (an embed error on its row, a judge fail-open) are `Done`: the job did its work.
+#[derive(Debug)]
+pub enum Next {
+    /// Finished; nothing to run again.
+    Done,
+    /// Run the same job again after the delay, as a new delayed job (apalis itself would retry
+    /// at once and ignores a retry delay).
+    RetryAfter(Duration, JobError),
+    /// It can never succeed: the job is killed (apalis keeps it as `Killed`, not retried).
+    GiveUp(JobError),
+}
+
+impl Next {
+    /// The next step after a handler's result: a store failure is transient (the database may be
+    /// back in a moment), a worker shutting down leaves the job to orphan recovery, and a set-up
+    /// error never heals by itself.
+    pub fn after(result: Result<(), JobError>, attempt: usize) -> Self {
+        match result {
+            Ok(()) => Self::Done,
+            Err(e @ (JobError::Store(_) | JobError::ShuttingDown)) => {
+                Self::RetryAfter(backoff(i32::try_from(attempt).unwrap_or(i32::MAX)), e)
+            }
+            Err(e @ JobError::Setup(_)) => Self::GiveUp(e),
+        }
     }
 }
 

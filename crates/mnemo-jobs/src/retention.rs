@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use mnemo_config::{RetentionSettings, SafetyFloor};
-use mnemo_core::{AnonymizeReason, RetentionPolicy};
+use mnemo_core::{AnonymizeReason, AuditEvent, RetentionPolicy, TenantId, UserId};
 use mnemo_store::queue::RetentionJob;
 use mnemo_store::{ErasurePlan, Store, StoreError, SweepPlan};
 use serde_json::json;
@@ -79,7 +79,7 @@ impl SweepOutcome {
 /// What a sweep found and did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepReport {
-    pub tenant: String,
+    pub tenant: TenantId,
     pub policy: RetentionPolicy,
     /// Policy values that were ignored.
     pub warnings: Vec<String>,
@@ -103,7 +103,7 @@ impl SweepReport {
 /// Sweeps one tenant now. `progress` is called after each batch with (rows done, rows due).
 pub async fn sweep_tenant(
     store: &Store,
-    tenant: &str,
+    tenant: &TenantId,
     options: &SweepOptions,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<SweepReport, StoreError> {
@@ -118,7 +118,7 @@ pub async fn sweep_tenant(
     let allowed = options.allow_large.is_some_and(|n| n >= due);
     let dry_run = options.dry_run || policy.dry_run;
     let mut report = SweepReport {
-        tenant: tenant.to_owned(),
+        tenant: tenant.clone(),
         policy,
         warnings,
         plan,
@@ -142,10 +142,10 @@ pub async fn sweep_tenant(
             report.ids = store.due_rows(tenant, plan.cutoffs, DRY_RUN_IDS).await?;
         }
     } else if over_floor && !allowed {
-        store.audit(tenant, "memory.anonymize.refused", "safety_floor", &options.actor, floor).await?;
+        store.audit(tenant, AuditEvent::AnonymizeRefused, "safety_floor", &options.actor, floor).await?;
         metrics::counter!("mnemo_anonymize_refused_total").increment(1);
         tracing::warn!(
-            tenant,
+            tenant = %tenant,
             due,
             tenant_rows = plan.tenant_rows,
             "retention sweep refused by the safety floor; nothing changed (an operator can allow it: mnemo-runbook anonymize --allow-large-sweep)"
@@ -153,7 +153,7 @@ pub async fn sweep_tenant(
         report.outcome = SweepOutcome::Refused;
     } else {
         if over_floor {
-            store.audit(tenant, "memory.anonymize.allowed", "operator", &options.actor, floor).await?;
+            store.audit(tenant, AuditEvent::AnonymizeAllowed, "operator", &options.actor, floor).await?;
         }
         report.outcome = SweepOutcome::Done;
         let limit = i64::from(policy.batch_size);
@@ -177,7 +177,7 @@ pub async fn sweep_tenant(
     report.elapsed = started.elapsed();
     metrics::counter!("mnemo_retention_sweeps_total", "outcome" => report.outcome.as_str()).increment(1);
     tracing::info!(
-        tenant,
+        tenant = %tenant,
         outcome = report.outcome.as_str(),
         due,
         anonymized = report.anonymized_total(),
@@ -202,8 +202,8 @@ pub struct ErasureReport {
 /// with an audit row for each and one `memory.erase` row naming the user only by a hash.
 pub async fn erase_user(
     store: &Store,
-    tenant: &str,
-    user: &str,
+    tenant: &TenantId,
+    user: &UserId,
     batch_size: u32,
     dry_run: bool,
     actor: &str,
@@ -238,14 +238,14 @@ pub async fn erase_user(
         progress(done, total.max(done));
     }
     let details = json!({
-        "user_sha256": hex::encode(Sha256::digest(user.as_bytes())),
+        "user_sha256": hex::encode(Sha256::digest(user.as_str().as_bytes())),
         "rows": report.anonymized,
         "tool_outputs": report.plan.tool_outputs,
         "embeddings": report.plan.embeddings,
     });
-    store.audit(tenant, "memory.erase", "erasure", actor, details).await?;
+    store.audit(tenant, AuditEvent::Erase, "erasure", actor, details).await?;
     report.elapsed = started.elapsed();
-    tracing::info!(tenant, rows = done, seconds = report.elapsed.as_secs_f64(), "user erased");
+    tracing::info!(tenant = %tenant, rows = done, seconds = report.elapsed.as_secs_f64(), "user erased");
     Ok(report)
 }
 

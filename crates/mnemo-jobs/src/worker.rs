@@ -8,15 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apalis::layers::WorkerBuilderExt;
-use apalis::prelude::{BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
+use apalis::prelude::{AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
+use mnemo_core::Queue;
 use mnemo_core::{Embedder, Judge};
-use mnemo_store::queue::{EMBED_QUEUE, EmbedJob, JUDGE_QUEUE, JudgeJob, RETENTION_QUEUE, RetentionJob};
+use mnemo_store::queue::{EmbedJob, JobArgs, JudgeJob, RetentionJob};
 use mnemo_store::{MIGRATOR, Store};
 
 use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
-use crate::{EmbedDispatcher, EmbedPolicy, JobError, JudgeDispatcher, JudgePolicy, RetentionRunner};
+use crate::{EmbedDispatcher, EmbedPolicy, JobError, JudgeDispatcher, JudgePolicy, Next, RetentionRunner};
 
 /// A name no other process has used or will use: a restarted worker must not inherit the
 /// Running jobs of its previous life, or they would never be re-queued.
@@ -27,19 +28,66 @@ pub fn worker_name() -> String {
     format!("mnemo-{host}-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
 }
 
-async fn handle_embed(job: EmbedJob, dispatcher: Data<EmbedDispatcher>) -> Result<(), BoxDynError> {
-    dispatcher.submit(job).await.map_err(Into::into)
+async fn handle_embed(
+    job: EmbedJob,
+    dispatcher: Data<EmbedDispatcher>,
+    store: Data<Store>,
+    attempt: Attempt,
+) -> Result<(), BoxDynError> {
+    let result = dispatcher.submit(job.clone()).await;
+    finish(&store, &job, Next::after(result, attempt.current())).await
 }
 
-async fn handle_judge(job: JudgeJob, dispatcher: Data<JudgeDispatcher>) -> Result<(), BoxDynError> {
-    dispatcher.submit(job).await.map_err(Into::into)
+async fn handle_judge(
+    job: JudgeJob,
+    dispatcher: Data<JudgeDispatcher>,
+    store: Data<Store>,
+    attempt: Attempt,
+) -> Result<(), BoxDynError> {
+    let result = dispatcher.submit(job.clone()).await;
+    finish(&store, &job, Next::after(result, attempt.current())).await
 }
 
-async fn handle_retention(job: RetentionJob, runner: Data<RetentionRunner>) -> Result<(), BoxDynError> {
-    runner.run(&job).await.map_err(|e| {
-        tracing::warn!(tenant = %job.tenant_id, error = %e, "retention sweep failed; its job will run again");
-        e.into()
-    })
+async fn handle_retention(
+    job: RetentionJob,
+    runner: Data<RetentionRunner>,
+    store: Data<Store>,
+    attempt: Attempt,
+) -> Result<(), BoxDynError> {
+    let result = runner.run(&job).await.map_err(JobError::from);
+    finish(&store, &job, Next::after(result, attempt.current())).await
+}
+
+/// Carries out a handler's next step for its job.
+async fn finish<J: JobArgs>(store: &Store, job: &J, next: Next) -> Result<(), BoxDynError> {
+    let queue = J::QUEUE.as_str();
+    match next {
+        Next::Done => Ok(()),
+        Next::RetryAfter(delay, cause) => {
+            tracing::warn!(queue, error = %with_causes(&cause), delay_ms = delay.as_millis() as u64,
+                "job failed; it runs again later");
+            metrics::counter!("mnemo_job_retries_total", "queue" => queue).increment(1);
+            // When even the retry cannot be queued, the job fails and apalis runs it again at once.
+            store.retry_after(job, delay).await.map_err(Into::into)
+        }
+        Next::GiveUp(cause) => {
+            tracing::error!(queue, error = %with_causes(&cause), "job cannot succeed; given up");
+            metrics::counter!("mnemo_jobs_given_up_total", "queue" => queue).increment(1);
+            Err(AbortError::new(cause).into())
+        }
+    }
+}
+
+/// An error with its causes, for a log line.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// Recall's HNSW index for the model this pool embeds with, built once per database (every
@@ -108,7 +156,7 @@ pub async fn run_worker(
         macro_rules! register_queue {
             ($monitor:expr, $job:ty, $config:expr, $dispatcher:expr, $handler:expr) => {{
                 let config = $config.heartbeat_interval(heartbeat).missed_heartbeats(missed as usize);
-                let (pool, dispatcher) = (store.pool().clone(), $dispatcher);
+                let (pool, dispatcher, store) = (store.pool().clone(), $dispatcher, store.clone());
                 let worker_id = format!("{name}-{queue}");
                 let job_timeout = settings.job_timeout;
                 $monitor.register(move |_| {
@@ -119,6 +167,7 @@ pub async fn run_worker(
                     WorkerBuilder::new(worker_id.clone())
                         .backend(backend)
                         .data(dispatcher.clone())
+                        .data(store.clone())
                         .catch_panic()
                         .concurrency(concurrency)
                         .timeout(job_timeout)
@@ -127,8 +176,9 @@ pub async fn run_worker(
                 })
             }};
         }
-        match queue.as_str() {
-            EMBED_QUEUE => {
+        let queue = Queue::parse(&queue).map_err(|e| JobError::Setup(e.to_string()))?;
+        match queue {
+            Queue::Embed => {
                 let dispatcher = EmbedDispatcher::start(
                     store.clone(),
                     embedder.clone(),
@@ -139,13 +189,13 @@ pub async fn run_worker(
                     },
                 );
                 let config = Config::default()
-                    .queue(EMBED_QUEUE)
+                    .queue(queue.as_str())
                     // Enough jobs in hand for the next batches while one is in the model, but
                     // never more than can run: fetched-but-waiting jobs stop heartbeating.
                     .batch_size(concurrency.min(settings.embed_batch_size * 4));
                 monitor = register_queue!(monitor, EmbedJob, config, dispatcher, handle_embed);
             }
-            JUDGE_QUEUE => {
+            Queue::Judge => {
                 let j = &settings.judge;
                 let policy = JudgePolicy {
                     batch_size: j.batch_size,
@@ -154,20 +204,19 @@ pub async fn run_worker(
                     threshold: j.threshold,
                 };
                 let dispatcher = JudgeDispatcher::start(store.clone(), judge.clone(), policy, name.clone());
-                let config = Config::default().queue(JUDGE_QUEUE).batch_size(concurrency);
+                let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, JudgeJob, config, dispatcher, handle_judge);
             }
-            RETENTION_QUEUE => {
+            Queue::Retention => {
                 let runner = RetentionRunner {
                     store: store.clone(),
                     settings: settings.retention,
                     worker: name.clone(),
                     job_timeout: settings.job_timeout,
                 };
-                let config = Config::default().queue(RETENTION_QUEUE).batch_size(concurrency);
+                let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, RetentionJob, config, runner, handle_retention);
             }
-            other => return Err(JobError::Setup(format!("no handler for queue {other}"))),
         }
     }
 

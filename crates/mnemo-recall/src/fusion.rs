@@ -1,5 +1,6 @@
-//! Reciprocal Rank Fusion: within a class, a row scores `Σ 1/(k + rank)` over the lists it is
-//! in (full text, vectors); across classes, `weight / (k + rank in its class)`. Ranks start at 1.
+//! Reciprocal Rank Fusion: within a class, a row scores `Σ 1/(k + rank)` over the ranked lists it
+//! is in (full text, vectors, and any later signal); across classes, `weight / (k + rank in its
+//! class)`. Ranks start at 1.
 
 use std::collections::HashMap;
 
@@ -11,11 +12,11 @@ use uuid::Uuid;
 pub const RRF_K: f64 = 60.0;
 
 /// Every candidate with its fused score, best first (ties by id, so the order repeats).
-pub fn fuse(classes: &[(RecallClass, f64)], keyword: &Ranked, vector: &Ranked) -> Vec<(Uuid, f64)> {
+pub fn fuse(classes: &[(RecallClass, f64)], lists: &[&Ranked]) -> Vec<(Uuid, f64)> {
     let mut fused = Vec::new();
     for (class, weight) in classes {
         let mut in_class: HashMap<Uuid, f64> = HashMap::new();
-        for list in [keyword.get(class.name()), vector.get(class.name())].into_iter().flatten() {
+        for list in lists.iter().filter_map(|ranked| ranked.get(&class.scope())) {
             for (rank, id) in list.iter().enumerate() {
                 *in_class.entry(*id).or_default() += 1.0 / (RRF_K + rank as f64 + 1.0);
             }
@@ -34,7 +35,7 @@ fn sort(scores: &mut [(Uuid, f64)]) {
 
 #[cfg(test)]
 mod tests {
-    use mnemo_core::SessionId;
+    use mnemo_core::{Scope, SessionId};
 
     use super::*;
 
@@ -44,9 +45,9 @@ mod tests {
 
     #[test]
     fn a_row_in_both_lists_beats_rows_in_one() {
-        let keyword = Ranked::from([("tenant", vec![id(1), id(2)])]);
-        let vector = Ranked::from([("tenant", vec![id(3), id(2)])]);
-        let fused = fuse(&[(RecallClass::Tenant, 1.0)], &keyword, &vector);
+        let keyword = Ranked::from([(Scope::Tenant, vec![id(1), id(2)])]);
+        let vector = Ranked::from([(Scope::Tenant, vec![id(3), id(2)])]);
+        let fused = fuse(&[(RecallClass::Tenant, 1.0)], &[&keyword, &vector]);
         let order: Vec<Uuid> = fused.iter().map(|(id, _)| *id).collect();
         assert_eq!(order, [id(2), id(1), id(3)]);
     }
@@ -54,11 +55,20 @@ mod tests {
     #[test]
     fn class_priors_break_rank_ties_between_classes() {
         let session = RecallClass::Session(SessionId::parse("s").expect("session"));
-        let keyword = Ranked::from([("session", vec![id(1)]), ("tenant", vec![id(2)])]);
-        let fused = fuse(&[(RecallClass::Tenant, 1.0), (session.clone(), 1.3)], &keyword, &Ranked::new());
+        let keyword = Ranked::from([(Scope::Session, vec![id(1)]), (Scope::Tenant, vec![id(2)])]);
+        let fused = fuse(&[(RecallClass::Tenant, 1.0), (session.clone(), 1.3)], &[&keyword]);
         assert_eq!(fused[0].0, id(1));
         assert!((fused[0].1 - 1.3 / 61.0).abs() < 1e-12);
-        let fused = fuse(&[(RecallClass::Tenant, 2.0), (session, 1.3)], &keyword, &Ranked::new());
+        let fused = fuse(&[(RecallClass::Tenant, 2.0), (session, 1.3)], &[&keyword]);
         assert_eq!(fused[0].0, id(2));
+    }
+
+    #[test]
+    fn any_number_of_lists_fuse_and_each_adds_its_share() {
+        let lists: Vec<Ranked> = (0..3).map(|n| Ranked::from([(Scope::Tenant, vec![id(n), id(9)])])).collect();
+        let refs: Vec<&Ranked> = lists.iter().collect();
+        let fused = fuse(&[(RecallClass::Tenant, 1.0)], &refs);
+        assert_eq!(fused[0].0, id(9), "the row in all three lists wins");
+        assert!(fuse(&[(RecallClass::Tenant, 1.0)], &[]).is_empty());
     }
 }

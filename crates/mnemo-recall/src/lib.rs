@@ -147,7 +147,7 @@ impl Recall {
         };
         let (keyword, vector, pending) = tokio::try_join!(keyword, vector, self.search.pending_embeddings(&scope))?;
         let degraded = pending || vector.is_none();
-        let fused = fuse(&classes, &keyword, &vector.unwrap_or_default());
+        let fused = fuse(&classes, &[&keyword, &vector.unwrap_or_default()]);
 
         let use_reranker = request.enable_rerank.then_some(self.reranker.as_ref()).flatten();
         let wanted = if use_reranker.is_some() { MAX_TOP_K.max(request.top_k) } else { request.top_k };

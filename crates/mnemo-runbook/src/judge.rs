@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use clap::Subcommand;
-use mnemo_core::{FactScope, JudgeOutcome};
+use mnemo_core::{FactScope, JudgeOutcome, Queue, TenantId};
 use mnemo_store::{BatchStats, ClearSelection, FactRecord, Store};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -27,8 +27,8 @@ pub enum JudgeCommand {
     },
     /// Facts whose judge failed open (nothing was retired), newest first: ids and reasons only.
     FailOpen {
-        #[arg(long)]
-        tenant: Option<String>,
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: Option<TenantId>,
         /// A time (RFC 3339) or an age like 24h.
         #[arg(long, default_value = "24h", value_parser = parse_time)]
         since: DateTime<Utc>,
@@ -50,8 +50,8 @@ pub enum JudgeCommand {
         /// With --outcome: judged at or after this time (RFC 3339) or age (like 24h).
         #[arg(long, value_parser = parse_time)]
         since: Option<DateTime<Utc>>,
-        #[arg(long)]
-        tenant: Option<String>,
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: Option<TenantId>,
         /// Say which facts would be cleared, and change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -98,11 +98,11 @@ pub async fn run(store: &Store, command: JudgeCommand) -> anyhow::Result<()> {
     match command {
         JudgeCommand::Status { window, json } => status(store, window, json).await,
         JudgeCommand::FailOpen { tenant, since, limit, json } => {
-            let rows = store.fail_open_facts(tenant.as_deref(), since, limit).await?;
+            let rows = store.fail_open_facts(tenant.as_ref(), since, limit).await?;
             if json {
                 let rows: Vec<_> = rows
                     .iter()
-                    .map(|r| json!({"id": r.id, "tenant": r.tenant_id, "judge_at": r.judge_at, "reason": r.reason}))
+                    .map(|r| json!({"id": r.id, "tenant": r.tenant_id.as_str(), "judge_at": r.judge_at, "reason": r.reason}))
                     .collect();
                 println!("{}", json!({ "since": since, "facts": rows }));
                 return Ok(());
@@ -120,7 +120,7 @@ pub async fn run(store: &Store, command: JudgeCommand) -> anyhow::Result<()> {
                 _ if !ids.is_empty() => ClearSelection::Ids(ids),
                 _ => bail!("give --ids, or --outcome with --since"),
             };
-            let rows = store.clear_judgements(&selection, tenant.as_deref(), "runbook", dry_run).await?;
+            let rows = store.clear_judgements(&selection, tenant.as_ref(), "runbook", dry_run).await?;
             if json {
                 let ids: Vec<_> = rows.iter().map(|(id, _)| id).collect();
                 println!("{}", json!({ "dry_run": dry_run, "cleared": rows.len(), "ids": ids }));
@@ -141,7 +141,12 @@ pub async fn run(store: &Store, command: JudgeCommand) -> anyhow::Result<()> {
             let status = store.judge_status(window).await?;
             let workers = match workers {
                 Some(n) => n,
-                None => store.workers(ALIVE_WITHIN).await?.iter().filter(|w| w.alive && w.queue == "judge").count(),
+                None => store
+                    .workers(ALIVE_WITHIN)
+                    .await?
+                    .iter()
+                    .filter(|w| w.alive && w.queue == Queue::Judge.as_str())
+                    .count(),
             };
             let judged: i64 = status.outcomes.iter().map(|(_, n)| n).sum();
             let advice = tune(&TuneInput {
@@ -331,7 +336,7 @@ pub fn tune(input: &TuneInput) -> Advice {
 /// The admin view of one bucket's facts.
 pub async fn facts(
     store: &Store,
-    tenant: &str,
+    tenant: &TenantId,
     scope: FactScope,
     identity: &str,
     as_of: Option<DateTime<Utc>>,

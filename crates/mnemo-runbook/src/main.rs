@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use mnemo_config::{
     DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, RetentionSettings, vars,
 };
-use mnemo_core::{AgentId, FactScope, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId};
+use mnemo_core::{AgentId, AuditEvent, FactScope, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId};
 use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{MIGRATOR, Store};
 
@@ -29,26 +29,26 @@ struct Cli {
 /// Who a command acts as: the identities a token would carry.
 #[derive(Debug, clap::Args)]
 struct Identity {
-    #[arg(long)]
-    tenant: String,
+    #[arg(long, value_parser = TenantId::parse)]
+    tenant: TenantId,
     /// The human user (`sub`); needed for user-scope facts and recall.
-    #[arg(long)]
-    user: Option<String>,
-    #[arg(long)]
-    agent: Option<String>,
+    #[arg(long, value_parser = UserId::parse)]
+    user: Option<UserId>,
+    #[arg(long, value_parser = AgentId::parse)]
+    agent: Option<AgentId>,
     /// The session (`sid`).
-    #[arg(long)]
-    session: Option<String>,
+    #[arg(long, value_parser = SessionId::parse)]
+    session: Option<SessionId>,
 }
 
 impl Identity {
-    fn principal(&self) -> anyhow::Result<Principal> {
-        Ok(Principal {
-            tenant: TenantId::parse(&self.tenant)?,
-            user: self.user.as_deref().map(UserId::parse).transpose()?,
-            agent: self.agent.as_deref().map(AgentId::parse).transpose()?,
-            session: self.session.as_deref().map(SessionId::parse).transpose()?,
-        })
+    fn principal(&self) -> Principal {
+        Principal {
+            tenant: self.tenant.clone(),
+            user: self.user.clone(),
+            agent: self.agent.clone(),
+            session: self.session.clone(),
+        }
     }
 }
 
@@ -93,12 +93,12 @@ enum Command {
     /// The facts of one user or agent with their state and supersede chains (prints content).
     #[command(group(clap::ArgGroup::new("bucket").required(true).args(["user", "agent"])))]
     Facts {
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        user: Option<String>,
-        #[arg(long)]
-        agent: Option<String>,
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        #[arg(long, value_parser = UserId::parse)]
+        user: Option<UserId>,
+        #[arg(long, value_parser = AgentId::parse)]
+        agent: Option<AgentId>,
         /// Show superseded (and anonymized) facts too.
         #[arg(long)]
         include_superseded: bool,
@@ -111,8 +111,8 @@ enum Command {
     /// Sweep one tenant's retired rows now under its retention policy, with a progress bar.
     /// Exits non-zero when the safety floor refuses the sweep.
     Anonymize {
-        #[arg(long)]
-        tenant: String,
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
         /// Report what would be anonymized (counts by reason, ids) and change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -125,10 +125,10 @@ enum Command {
     /// Soft-delete and anonymize every row carrying a user (facts, and session rows written
     /// under their token) now, whatever the TTLs, with audit rows. Reports counts per kind.
     Erase {
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        user: String,
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        #[arg(long, value_parser = UserId::parse)]
+        user: UserId,
         /// Report what would be erased and change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -137,11 +137,11 @@ enum Command {
     },
     /// The audit log, newest first: ids, reasons and counts (never content).
     Audit {
-        #[arg(long)]
-        tenant: Option<String>,
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: Option<TenantId>,
         /// An event such as memory.anonymize, memory.anonymize.refused, memory.delete, supersede.
-        #[arg(long)]
-        event: Option<String>,
+        #[arg(long, value_parser = AuditEvent::parse)]
+        event: Option<AuditEvent>,
         /// Rows about this memory item (as subject or related item).
         #[arg(long)]
         item: Option<uuid::Uuid>,
@@ -182,18 +182,17 @@ async fn main() -> anyhow::Result<()> {
         Command::Status { json } => status(&env, json).await,
         Command::Recall { identity, query, scope, top_k, include_superseded, json } => {
             let request = RecallRequest::new(&query)?.top_k(top_k)?.scope(RecallScope::parse(&scope)?);
-            recall(&env, &identity.principal()?, &request, include_superseded, json).await
+            recall(&env, &identity.principal(), &request, include_superseded, json).await
         }
         Command::Judge { command } => judge::run(&connect(&env).await?, command).await,
         Command::Facts { tenant, user, agent, include_superseded, as_of, json } => {
-            let tenant = TenantId::parse(&tenant)?;
             let (scope, identity) = match (user, agent) {
-                (Some(user), _) => (FactScope::User, UserId::parse(&user)?.as_str().to_owned()),
-                (None, Some(agent)) => (FactScope::Agent, AgentId::parse(&agent)?.as_str().to_owned()),
+                (Some(user), _) => (FactScope::User, user.as_str().to_owned()),
+                (None, Some(agent)) => (FactScope::Agent, agent.as_str().to_owned()),
                 (None, None) => bail!("give --user or --agent"),
             };
             let store = connect(&env).await?;
-            judge::facts(&store, tenant.as_str(), scope, &identity, as_of, include_superseded, json).await
+            judge::facts(&store, &tenant, scope, &identity, as_of, include_superseded, json).await
         }
         Command::Anonymize { tenant, dry_run, allow_large_sweep, json } => {
             let settings = RetentionSettings::from_env(&env)?;
@@ -207,7 +206,7 @@ async fn main() -> anyhow::Result<()> {
             retention::audit(&connect(&env).await?, tenant, event, item, since, limit, json).await
         }
         Command::Token { identity, ttl } => {
-            let principal = identity.principal()?;
+            let principal = identity.principal();
             let Some(secret) = env.get(vars::JWT_SECRET) else {
                 bail!("{} is not set; tokens are signed with it (HS256)", vars::JWT_SECRET);
             };

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use chrono::{DateTime, Utc};
 use mnemo_config::RetentionSettings;
-use mnemo_core::{TenantId, UserId};
+use mnemo_core::{AuditEvent, TenantId, UserId};
 use mnemo_jobs::{DRY_RUN_IDS, ErasureReport, SweepOptions, SweepOutcome, SweepReport};
 use mnemo_store::{AuditFilter, Store};
 use serde_json::{Value, json};
@@ -63,19 +63,17 @@ impl Progress {
 pub async fn anonymize(
     store: &Store,
     settings: &RetentionSettings,
-    tenant: &str,
+    tenant: &TenantId,
     dry_run: bool,
     allow_large: Option<u64>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let tenant = TenantId::parse(tenant)?;
     let mut options = SweepOptions::new(settings, "runbook");
     options.dry_run = dry_run;
     options.allow_large = allow_large;
     options.list_ids = true;
     let mut progress = Progress::new("anonymized");
-    let report =
-        mnemo_jobs::sweep_tenant(store, tenant.as_str(), &options, |done, due| progress.update(done, due)).await?;
+    let report = mnemo_jobs::sweep_tenant(store, tenant, &options, |done, due| progress.update(done, due)).await?;
     progress.finish();
     if json {
         println!("{}", sweep_json(&report));
@@ -101,7 +99,7 @@ fn sweep_json(report: &SweepReport) -> Value {
     let p = &report.policy;
     let ids: Vec<_> = report.ids.iter().map(|(id, reason)| json!({ "id": id, "reason": reason.as_str() })).collect();
     json!({
-        "tenant": report.tenant,
+        "tenant": report.tenant.as_str(),
         "policy": { "soft_ttl_days": p.soft_ttl_days, "superseded_ttl_days": p.superseded_ttl_days,
                     "batch_size": p.batch_size, "dry_run": p.dry_run },
         "warnings": report.warnings,
@@ -173,24 +171,16 @@ fn print_sweep(report: &SweepReport, settings: &RetentionSettings) {
 pub async fn erase(
     store: &Store,
     settings: &RetentionSettings,
-    tenant: &str,
-    user: &str,
+    tenant: &TenantId,
+    user: &UserId,
     dry_run: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    let tenant = TenantId::parse(tenant)?;
-    let user = UserId::parse(user)?;
-    let (policy, _) = store.retention_policy(tenant.as_str(), settings.defaults).await?;
+    let (policy, _) = store.retention_policy(tenant, settings.defaults).await?;
     let mut progress = Progress::new("erased");
-    let report = mnemo_jobs::erase_user(
-        store,
-        tenant.as_str(),
-        user.as_str(),
-        policy.batch_size,
-        dry_run,
-        "runbook",
-        |done, total| progress.update(done, total),
-    )
+    let report = mnemo_jobs::erase_user(store, tenant, user, policy.batch_size, dry_run, "runbook", |done, total| {
+        progress.update(done, total)
+    })
     .await?;
     progress.finish();
     if json {
@@ -231,20 +221,19 @@ fn erasure_json(report: &ErasureReport) -> Value {
 /// `mnemo-runbook audit`: the audit log, newest first.
 pub async fn audit(
     store: &Store,
-    tenant: Option<String>,
-    event: Option<String>,
+    tenant: Option<TenantId>,
+    event: Option<AuditEvent>,
     item: Option<Uuid>,
     since: Option<DateTime<Utc>>,
     limit: i64,
     json: bool,
 ) -> anyhow::Result<()> {
-    let tenant = tenant.map(|t| TenantId::parse(&t).map(|t| t.as_str().to_owned())).transpose()?;
     let entries = store.audit_entries(&AuditFilter { tenant, event, item, since, limit }).await?;
     if json {
         let entries: Vec<_> = entries
             .iter()
             .map(|e| {
-                json!({ "id": e.id, "tenant": e.tenant_id, "event": e.event, "item_id": e.item_id,
+                json!({ "id": e.id, "tenant": e.tenant_id.as_str(), "event": e.event.as_str(), "item_id": e.item_id,
                         "related_item_id": e.related_item_id, "reason": e.reason, "actor": e.actor,
                         "details": e.details, "created_at": e.created_at })
             })

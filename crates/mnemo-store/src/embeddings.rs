@@ -5,20 +5,21 @@
 
 use std::time::Duration;
 
-use apalis_postgres::queries::push_tasks;
 use chrono::{DateTime, Utc};
+use mnemo_core::TenantId;
 use pgvector::Vector;
 use uuid::Uuid;
 
 use crate::judge::push_judge_jobs;
-use crate::queue::{EMBED_QUEUE, EmbedJob, delayed_task, task};
+use crate::queue::{EmbedJob, push, push_after};
 use crate::{Store, StoreError};
 
 /// A row an embed job asked for, as it is now.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct RowToEmbed {
     pub id: Uuid,
-    pub tenant_id: String,
+    #[sqlx(try_from = "String")]
+    pub tenant_id: TenantId,
     pub content: String,
     pub content_sha256: Vec<u8>,
     pub created_at: DateTime<Utc>,
@@ -30,7 +31,7 @@ pub struct RowToEmbed {
 #[derive(Debug, Clone)]
 pub struct NewVector {
     pub id: Uuid,
-    pub tenant_id: String,
+    pub tenant_id: TenantId,
     pub content_sha256: Vec<u8>,
     pub embedding: Vec<f32>,
 }
@@ -39,7 +40,7 @@ const ROWS_TO_EMBED: &str = "
 SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, (e.item_id IS NOT NULL) AS done
 FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
 JOIN memory_items m ON m.id = j.id AND m.tenant_id = j.tenant_id
-LEFT JOIN memory_embeddings e ON e.item_id = m.id AND e.model = $3 AND e.content_sha256 = m.content_sha256
+LEFT JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = $3 AND e.content_sha256 = m.content_sha256
 WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 
 /// Stores vectors only for rows whose content is still what was embedded; a row changed since
@@ -53,14 +54,14 @@ WITH v AS (
 ), saved AS (
     INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256)
     SELECT tenant_id, id, $5, embedding, sha FROM current
-    ON CONFLICT (item_id, model) DO UPDATE
+    ON CONFLICT (tenant_id, item_id, model) DO UPDATE
         SET embedding = EXCLUDED.embedding, content_sha256 = EXCLUDED.content_sha256, embedded_at = now()
-    RETURNING item_id
+    RETURNING tenant_id, item_id
 )
 UPDATE memory_items m SET embedded_model = $5, embed_error = NULL,
     judge_enqueued_at = CASE WHEN m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL
                              THEN now() ELSE m.judge_enqueued_at END
-FROM saved WHERE m.id = saved.item_id
+FROM saved WHERE m.tenant_id = saved.tenant_id AND m.id = saved.item_id
 RETURNING m.id, m.tenant_id, (m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL) AS judge";
 
 impl Store {
@@ -83,7 +84,7 @@ impl Store {
         let mut embeddings = Vec::with_capacity(vectors.len());
         for v in vectors {
             ids.push(v.id);
-            tenants.push(v.tenant_id);
+            tenants.push(v.tenant_id.as_str().to_owned());
             shas.push(v.content_sha256);
             embeddings.push(Vector::from(v.embedding));
         }
@@ -124,25 +125,31 @@ impl Store {
              RETURNING embed_attempts",
         )
         .bind(job.item_id)
-        .bind(&job.tenant_id)
+        .bind(job.tenant_id.as_str())
         .bind(retry_after.is_some())
         .bind(error)
         .bind(retry_after.unwrap_or_default().as_secs_f64())
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(delay) = retry_after {
-            push_tasks(&mut *tx, EMBED_QUEUE, vec![delayed_task(job, delay)?]).await?;
+            push_after(&mut tx, job, delay).await?;
         }
         tx.commit().await?;
         Ok(attempts.unwrap_or(0))
     }
 
-    /// How many times each row has failed so far.
-    pub async fn embed_attempts(&self, ids: &[Uuid]) -> Result<Vec<(Uuid, i32)>, StoreError> {
-        Ok(sqlx::query_as("SELECT id, embed_attempts FROM memory_items WHERE id = ANY($1)")
-            .bind(ids)
-            .fetch_all(&self.pool)
-            .await?)
+    /// How many times the rows of these jobs have failed so far.
+    pub async fn embed_attempts(&self, jobs: &[&EmbedJob]) -> Result<Vec<(Uuid, i32)>, StoreError> {
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
+        let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
+        Ok(sqlx::query_as(
+            "SELECT m.id, m.embed_attempts FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
+             JOIN memory_items m ON m.tenant_id = j.tenant_id AND m.id = j.id",
+        )
+        .bind(ids)
+        .bind(tenants)
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     /// Queues a new embed job for every live row without a vector of `model` whose job was last
@@ -151,7 +158,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let stale: Vec<(Uuid, String, Vec<u8>)> = sqlx::query_as(
             "WITH stale AS (
-                SELECT id FROM memory_items
+                SELECT tenant_id, id FROM memory_items
                 WHERE embed_error IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL
                   AND (embedded_model IS NULL OR embedded_model <> $1)
                   AND embed_enqueued_at < now() - make_interval(secs => $2)
@@ -160,7 +167,7 @@ impl Store {
                 FOR UPDATE SKIP LOCKED
             )
             UPDATE memory_items m SET embed_enqueued_at = now()
-            FROM stale WHERE m.id = stale.id
+            FROM stale WHERE m.tenant_id = stale.tenant_id AND m.id = stale.id
             RETURNING m.id, m.tenant_id, m.content_sha256",
         )
         .bind(model)
@@ -169,15 +176,13 @@ impl Store {
         .fetch_all(&mut *tx)
         .await?;
         let count = stale.len() as u64;
-        if !stale.is_empty() {
-            let jobs = stale
-                .into_iter()
-                .map(|(item_id, tenant_id, sha)| {
-                    task(&EmbedJob { tenant_id, item_id, content_sha256: hex::encode(sha) })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            push_tasks(&mut *tx, EMBED_QUEUE, jobs).await?;
-        }
+        let jobs = stale
+            .into_iter()
+            .map(|(item_id, tenant, sha)| {
+                Ok(EmbedJob { tenant_id: TenantId::parse(&tenant)?, item_id, content_sha256: hex::encode(sha) })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        push(&mut tx, &jobs).await?;
         tx.commit().await?;
         Ok(count)
     }

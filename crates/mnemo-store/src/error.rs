@@ -18,6 +18,9 @@ pub enum StoreError {
     Queue(#[from] apalis_postgres::Error),
     #[error("the store is shutting down")]
     ShuttingDown,
+    /// A value read back from the database no longer parses as its domain type.
+    #[error("a stored value is invalid: {0}")]
+    Stored(#[from] mnemo_core::InvalidInput),
     #[error("job arguments could not be encoded: {0}")]
     Encode(#[from] serde_json::Error),
 }

@@ -7,21 +7,22 @@
 
 use std::time::Duration;
 
-use apalis_postgres::queries::push_tasks;
 use chrono::{DateTime, Utc};
-use mnemo_core::{FactScope, JudgeOutcome};
+use mnemo_core::{AuditEvent, FactScope, JudgeOutcome, TenantId};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::queue::{JUDGE_QUEUE, JudgeJob, delayed_task, task};
+use crate::queue::{JudgeJob, push, push_after};
 use crate::{Store, StoreError};
 
 /// A fact waiting for the judge.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct PendingFact {
     pub id: Uuid,
-    pub tenant_id: String,
-    pub scope: String,
+    #[sqlx(try_from = "String")]
+    pub tenant_id: TenantId,
+    #[sqlx(try_from = "String")]
+    pub scope: FactScope,
     /// The user (user scope) or agent (agent scope) the bucket belongs to.
     pub identity: String,
     pub content: String,
@@ -36,7 +37,10 @@ impl PendingFact {
     /// The column that holds the bucket's identity, as a literal for the statement text (a
     /// parameter would hide the index from the plan).
     fn identity_column(&self) -> &'static str {
-        if self.scope == "agent" { "agent_id" } else { "user_id" }
+        match self.scope {
+            FactScope::User => "user_id",
+            FactScope::Agent => "agent_id",
+        }
     }
 }
 
@@ -86,7 +90,8 @@ pub struct FactRecord {
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct FailOpenFact {
     pub id: Uuid,
-    pub tenant_id: String,
+    #[sqlx(try_from = "String")]
+    pub tenant_id: TenantId,
     pub judge_at: DateTime<Utc>,
     /// The failure's kind, from its audit row.
     pub reason: Option<String>,
@@ -176,7 +181,9 @@ impl Store {
             pending_filter("m")
         );
         let rows: Vec<(String, Uuid)> = sqlx::query_as(AssertSqlSafe(sql)).bind(limit).fetch_all(&self.pool).await?;
-        Ok(rows.into_iter().map(|(tenant_id, item_id)| JudgeJob { tenant_id, item_id }).collect())
+        rows.into_iter()
+            .map(|(tenant, item_id)| Ok(JudgeJob { tenant_id: TenantId::parse(&tenant)?, item_id }))
+            .collect()
     }
 
     /// Live facts of the pending fact's bucket that are older than it (by the start of their
@@ -192,8 +199,8 @@ impl Store {
             "SELECT o.id, o.content, (e.embedding <=> p.embedding)::float8 AS distance
              FROM memory_embeddings p
              JOIN memory_items o ON o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3
-             JOIN memory_embeddings e ON e.item_id = o.id AND e.model = p.model
-             WHERE p.item_id = $4 AND p.model = $5
+             JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = o.id AND e.model = p.model
+             WHERE p.tenant_id = $1 AND p.item_id = $4 AND p.model = $5
                AND o.{LIVE_FACT}
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
                AND (e.embedding <=> p.embedding) < $7
@@ -202,9 +209,9 @@ impl Store {
             column = fact.identity_column(),
         );
         Ok(sqlx::query_as(AssertSqlSafe(sql))
-            .bind(&fact.tenant_id)
+            .bind(fact.tenant_id.as_str())
             .bind(&fact.identity)
-            .bind(&fact.scope)
+            .bind(fact.scope.as_str())
             .bind(fact.id)
             .bind(&fact.embedded_model)
             .bind(fact.valid_from)
@@ -228,9 +235,9 @@ impl Store {
             column = fact.identity_column(),
         );
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(&fact.tenant_id)
+            .bind(fact.tenant_id.as_str())
             .bind(&fact.identity)
-            .bind(&fact.scope)
+            .bind(fact.scope.as_str())
             .bind(&fact.embedded_model)
             .bind(fact.valid_from)
             .bind(fact.id)
@@ -243,11 +250,11 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         sqlx::query("UPDATE memory_items SET judge_enqueued_at = now() WHERE id = $1 AND tenant_id = $2")
             .bind(fact.id)
-            .bind(&fact.tenant_id)
+            .bind(fact.tenant_id.as_str())
             .execute(&mut *tx)
             .await?;
         let job = JudgeJob { tenant_id: fact.tenant_id.clone(), item_id: fact.id };
-        push_tasks(&mut *tx, JUDGE_QUEUE, vec![delayed_task(&job, delay)?]).await?;
+        push_after(&mut tx, &job, delay).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -265,9 +272,9 @@ impl Store {
             column = fact.identity_column(),
         );
         Ok(sqlx::query_as(AssertSqlSafe(sql))
-            .bind(&fact.tenant_id)
+            .bind(fact.tenant_id.as_str())
             .bind(&fact.identity)
-            .bind(&fact.scope)
+            .bind(fact.scope.as_str())
             .bind(key)
             .bind(fact.valid_from)
             .bind(fact.id)
@@ -286,13 +293,18 @@ impl Store {
         judgement: &Judgement,
     ) -> Result<Option<JudgeOutcome>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(LOCK_BUCKET).bind(&fact.tenant_id).bind(&fact.scope).bind(&fact.identity).execute(&mut *tx).await?;
+        sqlx::query(LOCK_BUCKET)
+            .bind(fact.tenant_id.as_str())
+            .bind(fact.scope.as_str())
+            .bind(&fact.identity)
+            .execute(&mut *tx)
+            .await?;
         let still_pending: Option<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT m.id FROM memory_items m WHERE m.id = $1 AND m.tenant_id = $2 AND {} FOR UPDATE",
             pending_filter("m")
         )))
         .bind(fact.id)
-        .bind(&fact.tenant_id)
+        .bind(fact.tenant_id.as_str())
         .fetch_optional(&mut *tx)
         .await?;
         if still_pending.is_none() {
@@ -311,14 +323,15 @@ impl Store {
                     RETURNING o.id
                 )
                 INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, details)
-                SELECT $1, 'supersede', id, $4, $7, 'judge', jsonb_build_object('model', $8::text)
+                SELECT $1, '{supersede}', id, $4, $7, 'judge', jsonb_build_object('model', $8::text)
                 FROM retired
                 RETURNING item_id",
                 column = fact.identity_column(),
+                supersede = AuditEvent::Supersede,
             )))
-            .bind(&fact.tenant_id)
+            .bind(fact.tenant_id.as_str())
             .bind(&fact.identity)
-            .bind(&fact.scope)
+            .bind(fact.scope.as_str())
             .bind(fact.id)
             .bind(&judgement.supersede)
             .bind(fact.valid_from)
@@ -331,7 +344,8 @@ impl Store {
                 outcome = JudgeOutcome::Kept;
             }
         }
-        sqlx::query("UPDATE memory_items SET judge_at = now(), judge_outcome = $2 WHERE id = $1")
+        sqlx::query("UPDATE memory_items SET judge_at = now(), judge_outcome = $3 WHERE tenant_id = $1 AND id = $2")
+            .bind(fact.tenant_id.as_str())
             .bind(fact.id)
             .bind(outcome.as_str())
             .execute(&mut *tx)
@@ -339,14 +353,15 @@ impl Store {
         if outcome == JudgeOutcome::FailOpen {
             sqlx::query(
                 "INSERT INTO audit_log (tenant_id, event, item_id, reason, actor, details)
-                 VALUES ($1, 'judge_fail_open', $2, $3, 'judge',
+                 VALUES ($1, $6, $2, $3, 'judge',
                          jsonb_build_object('model', $4::text, 'candidates', $5::int))",
             )
-            .bind(&fact.tenant_id)
+            .bind(fact.tenant_id.as_str())
             .bind(fact.id)
             .bind(judgement.reason)
             .bind(&judgement.model)
             .bind(i32::try_from(judgement.candidates).unwrap_or(i32::MAX))
+            .bind(AuditEvent::JudgeFailOpen.as_str())
             .execute(&mut *tx)
             .await?;
         }
@@ -379,14 +394,14 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let stale: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
             "WITH stale AS (
-                SELECT m.id FROM memory_items m
+                SELECT m.tenant_id, m.id FROM memory_items m
                 WHERE {} AND (m.judge_enqueued_at IS NULL OR m.judge_enqueued_at < now() - make_interval(secs => $1))
                 ORDER BY m.judge_enqueued_at NULLS FIRST
                 LIMIT $2
                 FOR UPDATE SKIP LOCKED
             )
             UPDATE memory_items m SET judge_enqueued_at = now()
-            FROM stale WHERE m.id = stale.id
+            FROM stale WHERE m.tenant_id = stale.tenant_id AND m.id = stale.id
             RETURNING m.id, m.tenant_id",
             pending_filter("m")
         )))
@@ -451,25 +466,27 @@ impl Store {
     /// Facts whose judge failed open since `since`, newest first, with the failure's kind.
     pub async fn fail_open_facts(
         &self,
-        tenant: Option<&str>,
+        tenant: Option<&TenantId>,
         since: DateTime<Utc>,
         limit: i64,
     ) -> Result<Vec<FailOpenFact>, StoreError> {
-        Ok(sqlx::query_as(
+        Ok(sqlx::query_as(AssertSqlSafe(format!(
             "SELECT m.id, m.tenant_id, m.judge_at, a.reason
              FROM memory_items m
              LEFT JOIN LATERAL (
                 SELECT reason FROM audit_log
-                WHERE tenant_id = m.tenant_id AND item_id = m.id AND event = 'judge_fail_open'
+                WHERE tenant_id = m.tenant_id AND item_id = m.id AND event = '{fail_open}'
                 ORDER BY created_at DESC, id DESC LIMIT 1
              ) a ON true
-             WHERE m.source_kind = 'fact' AND m.judge_at IS NOT NULL AND m.judge_outcome = 'fail_open'
+             WHERE m.source_kind = 'fact' AND m.judge_at IS NOT NULL AND m.judge_outcome = '{outcome}'
                AND m.judge_at >= $1 AND ($2::text IS NULL OR m.tenant_id = $2)
              ORDER BY m.judge_at DESC, m.id
              LIMIT $3",
-        )
+            fail_open = AuditEvent::JudgeFailOpen,
+            outcome = JudgeOutcome::FailOpen,
+        )))
         .bind(since)
-        .bind(tenant)
+        .bind(tenant.map(TenantId::as_str))
         .bind(limit)
         .fetch_all(&self.pool)
         .await?)
@@ -481,7 +498,7 @@ impl Store {
     pub async fn clear_judgements(
         &self,
         selection: &ClearSelection,
-        tenant: Option<&str>,
+        tenant: Option<&TenantId>,
         actor: &str,
         dry_run: bool,
     ) -> Result<Vec<(Uuid, String)>, StoreError> {
@@ -503,7 +520,7 @@ impl Store {
             .bind(&ids)
             .bind(outcome)
             .bind(since)
-            .bind(tenant)
+            .bind(tenant.map(TenantId::as_str))
             .fetch_all(&mut *tx)
             .await?;
         if dry_run || rows.is_empty() {
@@ -513,14 +530,17 @@ impl Store {
         sqlx::query(
             "WITH cleared AS (
                 UPDATE memory_items m SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
-                WHERE m.id = ANY($1)
+                FROM unnest($1::uuid[], $2::text[]) AS c(id, tenant_id)
+                WHERE m.tenant_id = c.tenant_id AND m.id = c.id
                 RETURNING m.id, m.tenant_id
             )
             INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
-            SELECT tenant_id, 'judge_clear', id, 'operator', $2 FROM cleared",
+            SELECT tenant_id, $4, id, 'operator', $3 FROM cleared",
         )
         .bind(&row_ids)
+        .bind(&tenants)
         .bind(actor)
+        .bind(AuditEvent::JudgeClear.as_str())
         .execute(&mut *tx)
         .await?;
         push_judge_jobs(&mut tx, row_ids.into_iter().zip(tenants).collect()).await?;
@@ -533,7 +553,7 @@ impl Store {
     /// as it is now. Retired facts come back only with `include_retired`.
     pub async fn facts(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         scope: FactScope,
         identity: &str,
         as_of: Option<DateTime<Utc>>,
@@ -552,19 +572,22 @@ impl Store {
                             ELSE COALESCE((
                                     SELECT a.event FROM audit_log a
                                     WHERE a.tenant_id = m.tenant_id AND a.item_id = m.id
-                                      AND a.event IN ('supersede', 'memory.delete', 'revive') AND a.created_at <= $4
+                                      AND a.event IN ('{supersede}', '{delete}', '{revive}') AND a.created_at <= $4
                                     ORDER BY a.created_at DESC, a.id DESC LIMIT 1
-                                 ), 'revive') = 'revive'
+                                 ), '{revive}') = '{revive}'
                        END AS live
                 FROM memory_items m
                 WHERE m.tenant_id = $1 AND m.scope = $2 AND m.{column} = $3 AND m.source_kind = 'fact'
                   AND ($4::timestamptz IS NULL OR m.created_at <= $4)
              ) f
              WHERE f.live OR $5
-             ORDER BY f.created_at, f.id"
+             ORDER BY f.created_at, f.id",
+            supersede = AuditEvent::Supersede,
+            delete = AuditEvent::Delete,
+            revive = AuditEvent::Revive,
         );
         Ok(sqlx::query_as(AssertSqlSafe(sql))
-            .bind(tenant)
+            .bind(tenant.as_str())
             .bind(scope.as_str())
             .bind(identity)
             .bind(as_of)
@@ -579,13 +602,9 @@ pub(crate) async fn push_judge_jobs(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     rows: Vec<(Uuid, String)>,
 ) -> Result<(), StoreError> {
-    if rows.is_empty() {
-        return Ok(());
-    }
     let jobs = rows
         .into_iter()
-        .map(|(item_id, tenant_id)| task(&JudgeJob { tenant_id, item_id }))
-        .collect::<Result<Vec<_>, _>>()?;
-    push_tasks(&mut **tx, JUDGE_QUEUE, jobs).await?;
-    Ok(())
+        .map(|(item_id, tenant)| Ok(JudgeJob { tenant_id: TenantId::parse(&tenant)?, item_id }))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    push(tx, &jobs).await
 }

@@ -1,9 +1,8 @@
-use apalis_postgres::queries::push_tasks;
-use mnemo_core::{NewMemory, SourceKind, TenantId, ToolOutputKey};
+use mnemo_core::{AuditEvent, NewMemory, SourceKind, TenantId, ToolOutputKey};
 use uuid::Uuid;
 
 use crate::judge::push_judge_jobs;
-use crate::queue::{EMBED_QUEUE, EmbedJob, task};
+use crate::queue::{EmbedJob, push};
 use crate::{Store, StoreError};
 
 /// The row a write landed on, and whether this write created it.
@@ -49,23 +48,25 @@ JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
 /// judgement is cleared so it is judged again (against the facts that are now older than it),
 /// and an audit row names the fact that had superseded it, if one had. Returns the revived rows,
 /// and whether each has a vector already (then its judge job is queued here; otherwise
-/// embedding queues it).
+/// embedding queues it). `$1` and `$2` are the rows' ids and tenants, `$3` the audit event.
 const REVIVE_FACTS: &str = "
 WITH old AS (
-    SELECT id, superseded_by FROM memory_items
-    WHERE id = ANY($1) AND source_kind = 'fact' AND (superseded_by IS NOT NULL OR deleted_at IS NOT NULL)
-      AND anonymized_at IS NULL
-    FOR UPDATE
+    SELECT m.tenant_id, m.id, m.superseded_by
+    FROM unnest($1::uuid[], $2::text[]) AS r(id, tenant_id)
+    JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
+    WHERE m.source_kind = 'fact' AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL)
+      AND m.anonymized_at IS NULL
+    FOR UPDATE OF m
 ), revived AS (
     UPDATE memory_items m
     SET superseded_by = NULL, superseded_at = NULL, deleted_at = NULL, valid_from = now(), valid_to = NULL,
         judge_at = NULL, judge_outcome = NULL,
         judge_enqueued_at = CASE WHEN m.embedded_model IS NOT NULL THEN now() END
-    FROM old WHERE m.id = old.id
+    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id
     RETURNING m.id, m.tenant_id, old.superseded_by AS successor, m.embedded_model IS NOT NULL AS embedded
 ), audit AS (
     INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
-    SELECT tenant_id, 'revive', id, successor, 'reasserted', 'api' FROM revived
+    SELECT tenant_id, $3, id, successor, 'reasserted', 'api' FROM revived
 )
 SELECT id, tenant_id, embedded FROM revived";
 
@@ -138,7 +139,7 @@ impl Store {
             ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
 
         // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
-        let mut reasserted_facts = Vec::new();
+        let (mut reasserted_facts, mut reasserted_tenants) = (Vec::new(), Vec::new());
         if inserted.len() < rows.len() {
             let existing: Vec<(i64, Uuid, Vec<u8>, bool)> =
                 sqlx::query_as(FIND_ITEMS).bind(&tenants).bind(&kinds).bind(&refs).fetch_all(&mut *tx).await?;
@@ -155,6 +156,7 @@ impl Store {
                     } else {
                         if is_fact {
                             reasserted_facts.push(id);
+                            reasserted_tenants.push(rows[i].tenant.as_str());
                         }
                         Ok(Remembered { id, was_new: false })
                     });
@@ -163,8 +165,12 @@ impl Store {
         }
 
         if !reasserted_facts.is_empty() {
-            let revived: Vec<(Uuid, String, bool)> =
-                sqlx::query_as(REVIVE_FACTS).bind(&reasserted_facts).fetch_all(&mut *tx).await?;
+            let revived: Vec<(Uuid, String, bool)> = sqlx::query_as(REVIVE_FACTS)
+                .bind(&reasserted_facts)
+                .bind(&reasserted_tenants)
+                .bind(AuditEvent::Revive.as_str())
+                .fetch_all(&mut *tx)
+                .await?;
             let to_judge = revived.into_iter().filter(|(_, _, embedded)| *embedded).map(|(id, t, _)| (id, t)).collect();
             push_judge_jobs(&mut tx, to_judge).await?;
         }
@@ -190,19 +196,15 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        if !new.is_empty() {
-            let jobs = new
-                .iter()
-                .map(|(m, id)| {
-                    task(&EmbedJob {
-                        tenant_id: m.tenant.to_string(),
-                        item_id: *id,
-                        content_sha256: hex::encode(m.content_sha256),
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            push_tasks(&mut *tx, EMBED_QUEUE, jobs).await?;
-        }
+        let jobs: Vec<_> = new
+            .iter()
+            .map(|(m, id)| EmbedJob {
+                tenant_id: m.tenant.clone(),
+                item_id: *id,
+                content_sha256: hex::encode(m.content_sha256),
+            })
+            .collect();
+        push(&mut tx, &jobs).await?;
         tx.commit().await?;
         Ok(results)
     }

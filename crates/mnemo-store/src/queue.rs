@@ -5,52 +5,104 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use apalis_core::task::builder::TaskBuilder;
-use apalis_postgres::PgTask;
+use apalis_postgres::queries::push_tasks;
+use mnemo_core::{Queue, TenantId};
 use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::StoreError;
 
-/// Embeds new or changed rows.
-pub const EMBED_QUEUE: &str = "embed";
+/// The arguments of one queue's jobs: which queue they go to is part of their type, so a job can
+/// never be pushed onto another queue's table.
+pub trait JobArgs: Serialize + for<'de> Deserialize<'de> + Send + Sync + Unpin + 'static {
+    const QUEUE: Queue;
+}
 
 /// Embed one memory row. `content_sha256` is the hash the row had when the job was queued, so
 /// a worker can tell that the content changed since and must be embedded again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EmbedJob {
-    pub tenant_id: String,
+    #[serde(with = "tenant")]
+    pub tenant_id: TenantId,
     pub item_id: Uuid,
     pub content_sha256: String,
 }
 
-/// Judges embedded facts against the older facts of their bucket.
-pub const JUDGE_QUEUE: &str = "judge";
-
 /// Judge one fact, if it is still pending.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JudgeJob {
-    pub tenant_id: String,
+    #[serde(with = "tenant")]
+    pub tenant_id: TenantId,
     pub item_id: Uuid,
 }
-
-/// Anonymizes one tenant's retired rows under its retention policy.
-pub const RETENTION_QUEUE: &str = "retention";
 
 /// Sweep one tenant for retention tick `tick` (scheduled once per tenant and tick).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetentionJob {
-    pub tenant_id: String,
+    #[serde(with = "tenant")]
+    pub tenant_id: TenantId,
     pub tick: i64,
 }
 
-pub(crate) fn task<T: Serialize>(args: &T) -> Result<PgTask, StoreError> {
-    Ok(TaskBuilder::new(serde_json::to_vec(args)?).build())
+impl JobArgs for EmbedJob {
+    const QUEUE: Queue = Queue::Embed;
 }
 
-/// A job due after `delay`. apalis stores run_at in whole seconds, truncating: the due time is
-/// rounded up, or a sub-second remainder could make the job due at once.
-pub(crate) fn delayed_task<T: Serialize>(args: &T, delay: Duration) -> Result<PgTask, StoreError> {
+impl JobArgs for JudgeJob {
+    const QUEUE: Queue = Queue::Judge;
+}
+
+impl JobArgs for RetentionJob {
+    const QUEUE: Queue = Queue::Retention;
+}
+
+/// A tenant in job arguments is its string, parsed back on the way out, so a job whose
+/// arguments were edited into an invalid tenant fails to decode instead of running.
+mod tenant {
+    use mnemo_core::TenantId;
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(tenant: &TenantId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(tenant.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TenantId, D::Error> {
+        TenantId::parse(&String::deserialize(d)?).map_err(D::Error::custom)
+    }
+}
+
+/// Pushes jobs onto their own queue with `conn` (a transaction, so they commit with the rows
+/// they are about).
+pub(crate) async fn push<J: JobArgs>(conn: &mut PgConnection, jobs: &[J]) -> Result<(), StoreError> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let tasks = jobs.iter().map(|job| Ok(TaskBuilder::new(serde_json::to_vec(job)?).build()));
+    push_tasks(conn, J::QUEUE.as_str(), tasks.collect::<Result<_, StoreError>>()?).await?;
+    Ok(())
+}
+
+/// Pushes a job due after `delay`. apalis stores run_at in whole seconds, truncating: the due
+/// time is rounded up, or a sub-second remainder could make the job due at once.
+pub(crate) async fn push_after<J: JobArgs>(
+    conn: &mut PgConnection,
+    job: &J,
+    delay: Duration,
+) -> Result<(), StoreError> {
     let due = (SystemTime::now() + delay).duration_since(UNIX_EPOCH).unwrap_or_default();
     let due_secs = due.as_secs() + u64::from(due.subsec_nanos() > 0);
-    Ok(TaskBuilder::new(serde_json::to_vec(args)?).run_at_timestamp(due_secs).build())
+    let task = TaskBuilder::new(serde_json::to_vec(job)?).run_at_timestamp(due_secs).build();
+    push_tasks(conn, J::QUEUE.as_str(), vec![task]).await?;
+    Ok(())
+}
+
+impl crate::Store {
+    /// Queues `job` again on its own queue, due after `delay`: the worker's durable backoff
+    /// (apalis retries a failed job at once and ignores a retry delay).
+    pub async fn retry_after<J: JobArgs>(&self, job: &J, delay: Duration) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        push_after(&mut conn, job, delay).await
+    }
 }

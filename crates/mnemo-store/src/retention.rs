@@ -8,14 +8,13 @@
 
 use std::collections::BTreeMap;
 
-use apalis_postgres::queries::push_tasks;
 use chrono::{DateTime, Utc};
-use mnemo_core::{AnonymizeReason, RetentionPolicy, TenantId, UserId};
+use mnemo_core::{AnonymizeReason, AuditEvent, RetentionPolicy, TenantId, UserId};
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::queue::{RETENTION_QUEUE, RetentionJob, task};
+use crate::queue::{RetentionJob, push};
 use crate::{Store, StoreError};
 
 /// A soft delete's result.
@@ -68,8 +67,10 @@ impl ErasurePlan {
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct AuditEntry {
     pub id: i64,
-    pub tenant_id: String,
-    pub event: String,
+    #[sqlx(try_from = "String")]
+    pub tenant_id: TenantId,
+    #[sqlx(try_from = "String")]
+    pub event: AuditEvent,
     pub item_id: Option<Uuid>,
     pub related_item_id: Option<Uuid>,
     pub reason: Option<String>,
@@ -81,8 +82,8 @@ pub struct AuditEntry {
 /// Which audit rows to read; every field narrows.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AuditFilter {
-    pub tenant: Option<String>,
-    pub event: Option<String>,
+    pub tenant: Option<TenantId>,
+    pub event: Option<AuditEvent>,
     /// Rows about this item, as subject or as the related item.
     pub item: Option<Uuid>,
     pub since: Option<DateTime<Utc>>,
@@ -105,7 +106,7 @@ const DUE_REASON: &str = "CASE WHEN m.deleted_at < $2 THEN 'soft_deleted' ELSE '
 fn anonymize_sql(picked: &str, actor: &str) -> String {
     format!(
         "WITH picked AS ({picked}),
-        vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.item_id = picked.id),
+        vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.tenant_id = $1 AND e.item_id = picked.id),
         payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
         anonymized AS (
             UPDATE memory_items m SET
@@ -135,9 +136,10 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
         ),
         audit AS (
             INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
-            SELECT $1, 'memory.anonymize', id, reason, {actor} FROM anonymized
+            SELECT $1, '{event}', id, reason, {actor} FROM anonymized
         )
-        SELECT id, source_kind, reason FROM anonymized"
+        SELECT id, source_kind, reason FROM anonymized",
+        event = AuditEvent::Anonymize,
     )
 }
 
@@ -163,11 +165,11 @@ impl Store {
                 UPDATE memory_items m
                 SET deleted_at = now(),
                     valid_to = CASE WHEN m.source_kind = 'fact' THEN COALESCE(m.valid_to, now()) END
-                FROM target WHERE m.id = target.id AND NOT target.already
+                FROM target WHERE m.tenant_id = $1 AND m.id = target.id AND NOT target.already
                 RETURNING m.id
             ), audit AS (
                 INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
-                SELECT $1, 'memory.delete', id, $4, 'api' FROM deleted
+                SELECT $1, $5, id, $4, 'api' FROM deleted
             )
             SELECT id, COALESCE(deleted_at, now()), already FROM target",
         )
@@ -175,6 +177,7 @@ impl Store {
         .bind(id)
         .bind(only_user.map(UserId::as_str))
         .bind(requested_by)
+        .bind(AuditEvent::Delete.as_str())
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|(id, deleted_at, already)| Deleted { id, deleted_at, already }))
@@ -184,19 +187,19 @@ impl Store {
     /// warning for every value ignored.
     pub async fn retention_policy(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         defaults: RetentionPolicy,
     ) -> Result<(RetentionPolicy, Vec<String>), StoreError> {
         let settings: Option<Option<Value>> =
             sqlx::query_scalar("SELECT settings -> 'memory_retention' FROM tenant_config WHERE tenant_id = $1")
-                .bind(tenant)
+                .bind(tenant.as_str())
                 .fetch_optional(&self.pool)
                 .await?;
-        Ok(RetentionPolicy::for_tenant(tenant, settings.flatten().as_ref(), defaults))
+        Ok(RetentionPolicy::for_tenant(tenant.as_str(), settings.flatten().as_ref(), defaults))
     }
 
     /// Counts what a sweep of `tenant` under `policy` would anonymize now, and the tenant's rows.
-    pub async fn sweep_plan(&self, tenant: &str, policy: &RetentionPolicy) -> Result<SweepPlan, StoreError> {
+    pub async fn sweep_plan(&self, tenant: &TenantId, policy: &RetentionPolicy) -> Result<SweepPlan, StoreError> {
         let (deleted_before, superseded_before): (DateTime<Utc>, DateTime<Utc>) =
             sqlx::query_as("SELECT now() - make_interval(days => $1), now() - make_interval(days => $2)")
                 .bind(i32::try_from(policy.soft_ttl_days).unwrap_or(i32::MAX))
@@ -208,13 +211,13 @@ impl Store {
             "SELECT count(*) FILTER (WHERE m.deleted_at < $2), count(*) FROM memory_items m WHERE {}",
             due_filter()
         )))
-        .bind(tenant)
+        .bind(tenant.as_str())
         .bind(deleted_before)
         .bind(superseded_before)
         .fetch_one(&self.pool)
         .await?;
         let tenant_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_items WHERE tenant_id = $1")
-            .bind(tenant)
+            .bind(tenant.as_str())
             .fetch_one(&self.pool)
             .await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -229,7 +232,7 @@ impl Store {
     /// Up to `limit` rows a sweep with `cutoffs` would anonymize, with their reasons, by id.
     pub async fn due_rows(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         cutoffs: Cutoffs,
         limit: i64,
     ) -> Result<Vec<(Uuid, AnonymizeReason)>, StoreError> {
@@ -237,7 +240,7 @@ impl Store {
             "SELECT m.id, {DUE_REASON} FROM memory_items m WHERE {} ORDER BY m.id LIMIT $4",
             due_filter()
         )))
-        .bind(tenant)
+        .bind(tenant.as_str())
         .bind(cutoffs.deleted_before)
         .bind(cutoffs.superseded_before)
         .bind(limit)
@@ -252,7 +255,7 @@ impl Store {
     /// until vacuum, and starting every batch from the first id would walk them all again.
     pub async fn anonymize_due(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         cutoffs: Cutoffs,
         after: Uuid,
         limit: i64,
@@ -264,7 +267,7 @@ impl Store {
             due_filter()
         );
         let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(&picked, "$5")))
-            .bind(tenant)
+            .bind(tenant.as_str())
             .bind(cutoffs.deleted_before)
             .bind(cutoffs.superseded_before)
             .bind(limit)
@@ -276,22 +279,22 @@ impl Store {
     }
 
     /// What erasing `user` of `tenant` would anonymize.
-    pub async fn erasure_plan(&self, tenant: &str, user: &str) -> Result<ErasurePlan, StoreError> {
+    pub async fn erasure_plan(&self, tenant: &TenantId, user: &UserId) -> Result<ErasurePlan, StoreError> {
         let kinds: Vec<(String, i64)> = sqlx::query_as(
             "SELECT source_kind, count(*) FROM memory_items WHERE tenant_id = $1 AND user_id = $2 GROUP BY 1 ORDER BY 1",
         )
-        .bind(tenant)
-        .bind(user)
+        .bind(tenant.as_str())
+        .bind(user.as_str())
         .fetch_all(&self.pool)
         .await?;
         let (tool_outputs, embeddings): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM tool_outputs t JOIN memory_items m ON m.id = t.item_id
+            "SELECT (SELECT count(*) FROM tool_outputs t JOIN memory_items m ON m.tenant_id = t.tenant_id AND m.id = t.item_id
                      WHERE t.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2),
-                    (SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.id = e.item_id
-                     WHERE m.tenant_id = $1 AND m.user_id = $2)",
+                    (SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
+                     WHERE e.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2)",
         )
-        .bind(tenant)
-        .bind(user)
+        .bind(tenant.as_str())
+        .bind(user.as_str())
         .fetch_one(&self.pool)
         .await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -307,8 +310,8 @@ impl Store {
     /// source_kind) of each.
     pub async fn erase_user_rows(
         &self,
-        tenant: &str,
-        user: &str,
+        tenant: &TenantId,
+        user: &UserId,
         after: Uuid,
         limit: i64,
         actor: &str,
@@ -317,8 +320,8 @@ impl Store {
                       WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $5
                       ORDER BY m.id LIMIT $3 FOR UPDATE";
         let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(picked, "$4")))
-            .bind(tenant)
-            .bind(user)
+            .bind(tenant.as_str())
+            .bind(user.as_str())
             .bind(limit)
             .bind(actor)
             .bind(after)
@@ -331,15 +334,15 @@ impl Store {
     /// erasure). `details` holds counts and hashes, never content.
     pub async fn audit(
         &self,
-        tenant: &str,
-        event: &str,
+        tenant: &TenantId,
+        event: AuditEvent,
         reason: &str,
         actor: &str,
         details: Value,
     ) -> Result<(), StoreError> {
         sqlx::query("INSERT INTO audit_log (tenant_id, event, reason, actor, details) VALUES ($1, $2, $3, $4, $5)")
-            .bind(tenant)
-            .bind(event)
+            .bind(tenant.as_str())
+            .bind(event.as_str())
             .bind(reason)
             .bind(actor)
             .bind(details)
@@ -360,8 +363,8 @@ impl Store {
              ORDER BY created_at DESC, id DESC
              LIMIT $5",
         )
-        .bind(&filter.tenant)
-        .bind(&filter.event)
+        .bind(filter.tenant.as_ref().map(TenantId::as_str))
+        .bind(filter.event.map(AuditEvent::as_str))
         .bind(filter.item)
         .bind(filter.since)
         .bind(filter.limit)
@@ -391,11 +394,9 @@ impl Store {
         .await?;
         let jobs = tenants
             .iter()
-            .map(|tenant_id| task(&RetentionJob { tenant_id: tenant_id.clone(), tick }))
-            .collect::<Result<Vec<_>, _>>()?;
-        if !jobs.is_empty() {
-            push_tasks(&mut *tx, RETENTION_QUEUE, jobs).await?;
-        }
+            .map(|tenant| Ok(RetentionJob { tenant_id: TenantId::parse(tenant)?, tick }))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        push(&mut tx, &jobs).await?;
         tx.commit().await?;
         Ok(tenants.len() as u64)
     }
@@ -407,7 +408,7 @@ impl Store {
             "UPDATE retention_sweeps SET worker = $3, started_at = now()
              WHERE tenant_id = $1 AND tick = $2 AND finished_at IS NULL",
         )
-        .bind(&job.tenant_id)
+        .bind(job.tenant_id.as_str())
         .bind(job.tick)
         .bind(worker)
         .execute(&self.pool)
@@ -419,8 +420,7 @@ impl Store {
     /// Queues the job again, to go on with a sweep that stopped at its time limit.
     pub async fn continue_retention_sweep(&self, job: &RetentionJob) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
-        push_tasks(&mut *conn, RETENTION_QUEUE, vec![task(job)?]).await?;
-        Ok(())
+        push(&mut conn, std::slice::from_ref(job)).await
     }
 
     /// Adds a sweep job's work to its sweep row; with `result` (done, dry_run, refused), the
@@ -437,7 +437,7 @@ impl Store {
                  finished_at = CASE WHEN $3::text IS NULL THEN NULL ELSE now() END
              WHERE tenant_id = $1 AND tick = $2",
         )
-        .bind(&job.tenant_id)
+        .bind(job.tenant_id.as_str())
         .bind(job.tick)
         .bind(result)
         .bind(i64::try_from(anonymized).unwrap_or(i64::MAX))

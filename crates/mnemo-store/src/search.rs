@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::{RecallClass, SourceKind, TenantId};
+use mnemo_core::{RecallClass, Scope, SourceKind, TenantId};
 use pgvector::Vector;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -27,8 +27,8 @@ pub struct SearchScope<'a> {
     pub include_superseded: bool,
 }
 
-/// Candidates of one class, best first.
-pub type Ranked = HashMap<&'static str, Vec<Uuid>>;
+/// Candidates per class (named by its scope), best first.
+pub type Ranked = HashMap<Scope, Vec<Uuid>>;
 
 /// Lexemes too common to search by, with the fraction of rows holding each.
 #[derive(Debug, Clone, Default)]
@@ -59,28 +59,32 @@ pub struct Search {
     pending_sql: Arc<str>,
 }
 
-/// The classes a statement may search, bound as `$2`–`$5`; `$1` is the tenant, `$6` the kinds,
-/// `$7` whether superseded rows count.
-const SESSION: &str = "$2::text IS NOT NULL AND m.scope = 'session' AND m.session_id = $2";
-const TENANT: &str = "$3 AND m.scope = 'tenant'";
-const USER: &str = "$4::text IS NOT NULL AND m.scope = 'user' AND m.user_id = $4";
-const AGENT: &str = "$5::text IS NOT NULL AND m.scope = 'agent' AND m.agent_id = $5";
+/// The rows of one class a statement may search, each switched on by its bound identity
+/// (`$2`–`$5`); `$1` is the tenant, `$6` the kinds, `$7` whether superseded rows count.
+fn class_filter(class: Scope) -> String {
+    let bound = match class {
+        Scope::Session => "$2::text IS NOT NULL AND m.session_id = $2",
+        Scope::Tenant => "$3",
+        Scope::User => "$4::text IS NOT NULL AND m.user_id = $4",
+        Scope::Agent => "$5::text IS NOT NULL AND m.agent_id = $5",
+    };
+    format!("{bound} AND m.scope = '{class}'")
+}
 /// Live rows of the tenant, of the kinds asked for. The first two conditions are the predicate
 /// of the full-text index and must stay word for word.
 const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($7 OR m.superseded_by IS NULL) \
                     AND m.tenant_id = $1 AND m.source_kind = ANY($6)";
 
-const CLASSES: [(&str, &str); 4] = [("session", SESSION), ("tenant", TENANT), ("user", USER), ("agent", AGENT)];
-
 /// Full text with OR semantics: the query's lexemes less the common ones (`$10`, with their
 /// frequencies in `$11`); when every lexeme is common, the rarest alone. Each class is ranked by
 /// the RUM index's distance (`$8` per class).
 fn keyword_sql() -> String {
-    let branches: Vec<String> = CLASSES
+    let branches: Vec<String> = Scope::ALL
         .iter()
-        .map(|(name, filter)| {
+        .map(|&class| {
+            let filter = class_filter(class);
             format!(
-                "(SELECT '{name}' AS class, m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
+                "(SELECT '{class}' AS class, m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
                   FROM memory_items m
                   WHERE {filter} AND {LIVE} AND m.tsv @@ (SELECT q FROM query)
                   ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $8)"
@@ -110,7 +114,7 @@ fn keyword_sql() -> String {
 /// sees how few rows lack it and uses the embed-pending index (with a parameter it scanned the
 /// table: 60 ms at 120k rows).
 fn pending_sql(model_literal: &str) -> String {
-    let any_class: Vec<String> = CLASSES.iter().map(|(_, filter)| format!("({filter})")).collect();
+    let any_class: Vec<String> = Scope::ALL.iter().map(|&class| format!("({})", class_filter(class))).collect();
     format!(
         "SELECT EXISTS (
             SELECT 1 FROM memory_items m
@@ -130,10 +134,12 @@ impl Store {
         // Identity classes (a session, a user's or an agent's facts) are small: rank them exactly.
         // `+ 0` keeps the planner off the HNSW index, which would have to walk past the whole
         // tenant to find them.
-        let exact = |name: &str, filter: &str| {
+        let exact = |class: Scope| {
+            let filter = class_filter(class);
             format!(
-                "(SELECT '{name}' AS class, m.id, {distance}::float8 AS d
-                  FROM memory_items m JOIN memory_embeddings e ON e.item_id = m.id AND e.model = {model_literal}
+                "(SELECT '{class}' AS class, m.id, {distance}::float8 AS d
+                  FROM memory_items m
+                  JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = {model_literal}
                   WHERE {filter} AND {LIVE}
                   ORDER BY {distance} + 0 LIMIT $8)"
             )
@@ -141,12 +147,17 @@ impl Store {
         // The tenant class is large: an HNSW scan filtered to the tenant, iterative so the filter
         // cannot starve it (see the migration that sets hnsw.iterative_scan).
         let approximate_tenant = format!(
-            "(SELECT 'tenant' AS class, m.id, {distance}::float8 AS d
-              FROM memory_embeddings e JOIN memory_items m ON m.id = e.item_id
-              WHERE e.model = {model_literal} AND e.tenant_id = $1 AND {TENANT} AND {LIVE}
-              ORDER BY {distance} LIMIT $8)"
+            "(SELECT '{tenant}' AS class, m.id, {distance}::float8 AS d
+              FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
+              WHERE e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
+              ORDER BY {distance} LIMIT $8)",
+            tenant = Scope::Tenant,
+            filter = class_filter(Scope::Tenant),
         );
-        let vector_sql = [exact("session", SESSION), approximate_tenant, exact("user", USER), exact("agent", AGENT)]
+        let vector_sql = Scope::ALL
+            .iter()
+            .map(|&class| if class == Scope::Tenant { approximate_tenant.clone() } else { exact(class) })
+            .collect::<Vec<_>>()
             .join("\nUNION ALL\n");
         Search {
             store: self.clone(),
@@ -154,7 +165,7 @@ impl Store {
             dimensions,
             keyword_sql: keyword_sql().into(),
             vector_sql: vector_sql.into(),
-            exact_tenant_sql: exact("tenant", TENANT).into(),
+            exact_tenant_sql: exact(Scope::Tenant).into(),
             pending_sql: pending_sql(&model_literal).into(),
         }
     }
@@ -257,11 +268,11 @@ fn vector_index_name(model: &str, dimensions: usize) -> String {
 macro_rules! bind_scope {
     ($query:expr, $scope:expr) => {{
         let scope: &SearchScope<'_> = $scope;
-        let class = |name: &str| {
-            scope.classes.iter().find_map(|c| match (c, name) {
-                (RecallClass::Session(s), "session") => Some(s.as_str().to_owned()),
-                (RecallClass::User(u), "user") => Some(u.as_str().to_owned()),
-                (RecallClass::Agent(a), "agent") => Some(a.as_str().to_owned()),
+        let class = |wanted: Scope| {
+            scope.classes.iter().find_map(|c| match c {
+                RecallClass::Session(s) if wanted == Scope::Session => Some(s.as_str().to_owned()),
+                RecallClass::User(u) if wanted == Scope::User => Some(u.as_str().to_owned()),
+                RecallClass::Agent(a) if wanted == Scope::Agent => Some(a.as_str().to_owned()),
                 _ => None,
             })
         };
@@ -272,10 +283,10 @@ macro_rules! bind_scope {
         };
         $query
             .bind(scope.tenant.as_str())
-            .bind(class("session"))
+            .bind(class(Scope::Session))
             .bind(scope.classes.contains(&RecallClass::Tenant))
-            .bind(class("user"))
-            .bind(class("agent"))
+            .bind(class(Scope::User))
+            .bind(class(Scope::Agent))
             .bind(kinds)
             .bind(scope.include_superseded)
     }};
@@ -286,8 +297,8 @@ fn rank(mut rows: Vec<(String, Uuid, f64)>) -> Ranked {
     rows.sort_by(|a, b| a.2.total_cmp(&b.2).then(a.1.cmp(&b.1)));
     let mut ranked = Ranked::new();
     for (class, id, _) in rows {
-        if let Some((name, _)) = CLASSES.iter().find(|(name, _)| *name == class) {
-            ranked.entry(name).or_default().push(id);
+        if let Ok(class) = Scope::parse(&class) {
+            ranked.entry(class).or_default().push(id);
         }
     }
     ranked
@@ -331,7 +342,7 @@ impl Search {
         let mut ranked = rank(rows);
         // A tenant whose rows are a sliver of the index can come back short even with iterative
         // scans; then it is small enough to rank exactly.
-        let tenant_short = ranked.get("tenant").map_or(0, Vec::len) < per_class as usize;
+        let tenant_short = ranked.get(&Scope::Tenant).map_or(0, Vec::len) < per_class as usize;
         if scope.classes.contains(&RecallClass::Tenant) && tenant_short {
             let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.exact_tenant_sql))), scope)
                 .bind(per_class)

@@ -118,7 +118,7 @@ pub async fn embed_like_the_provider(store: &mnemo_store::Store, model: &str, di
         .into_iter()
         .map(|(id, tenant_id, content_sha256, content)| mnemo_store::NewVector {
             id,
-            tenant_id,
+            tenant_id: mnemo_core::TenantId::parse(&tenant_id).expect("stored tenant"),
             content_sha256,
             embedding: unit_bag_of_words(&content, dimensions),
         })
