@@ -557,3 +557,44 @@ async fn the_worker_sweeps_each_tenant_once_per_tick_and_counts_refusals() {
     assert!(results.contains(&("acme".to_owned(), Some("done".to_owned()))), "{results:?}");
     assert!(results.contains(&("globex".to_owned(), Some("refused".to_owned()))), "{results:?}");
 }
+
+/// A job whose store fails is not lost and not burnt through apalis' immediate retries: the
+/// worker queues it again after a backoff, as often as it takes, and it finishes once the
+/// database accepts it again.
+#[tokio::test]
+async fn a_sweep_that_cannot_be_recorded_runs_again_later_and_finishes() {
+    let f = Fixture::start().await;
+    bulk_rows(&f, "acme", 20, 3).await;
+    // Finishing a sweep fails until the trigger goes.
+    f.exec(
+        "CREATE FUNCTION refuse_finish() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'sweeps cannot finish now'; END $$;
+         CREATE TRIGGER refuse_finish BEFORE UPDATE ON retention_sweeps
+         FOR EACH ROW WHEN (NEW.finished_at IS NOT NULL) EXECUTE FUNCTION refuse_finish();",
+    )
+    .await;
+    let mut env = f.provider.env(MODEL);
+    env.extend([
+        (vars::WORKER_QUEUES, "retention=1".to_owned()),
+        (vars::HOUSEKEEPING_INTERVAL_S, "1".to_owned()),
+        (vars::ANONYMIZE_INTERVAL_S, "3600".to_owned()),
+    ]);
+    let worker = WorkerProcess::start(&f.db().url, &env).await.expect("worker");
+    let retried =
+        wait_until(Duration::from_secs(30), || async { worker.metric("mnemo_job_retries_total").await >= 3.0 }).await;
+    assert!(retried, "the failing sweep was queued again, more than once");
+    assert_eq!(f.db().count("SELECT count(*) FROM retention_sweeps WHERE finished_at IS NOT NULL").await, 0);
+
+    f.exec("DROP TRIGGER refuse_finish ON retention_sweeps").await;
+    let finished = wait_until(Duration::from_secs(30), || async {
+        f.db().count("SELECT count(*) FROM retention_sweeps WHERE result = 'done'").await == 1
+    })
+    .await;
+    worker.terminate().await.expect("clean stop");
+    assert!(finished, "the retried sweep finished once the database accepted it");
+    assert_eq!(
+        f.db().count("SELECT count(*) FROM memory_items WHERE tenant_id = 'acme' AND anonymized_at IS NOT NULL").await,
+        3
+    );
+    assert_eq!(half_anonymized(f.db()).await, 0);
+}

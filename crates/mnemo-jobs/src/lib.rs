@@ -88,4 +88,18 @@ mod tests {
         }
         assert!(backoff(40) <= Duration::from_secs(450));
     }
+
+    #[test]
+    fn a_store_failure_keeps_its_cause_and_is_retried_later() {
+        let e = JobError::from(mnemo_store::StoreError::ShuttingDown);
+        let source = std::error::Error::source(&e).expect("the store error is the source");
+        assert_eq!(source.to_string(), "the store is shutting down");
+        match Next::after(Err(e), 3) {
+            Next::RetryAfter(delay, _) => assert!(delay >= Duration::from_secs(2) && delay <= Duration::from_secs(6)),
+            other => panic!("a store failure is transient: {other:?}"),
+        }
+        assert!(matches!(Next::after(Err(JobError::ShuttingDown), 1), Next::RetryAfter(..)));
+        assert!(matches!(Next::after(Err(JobError::Setup("no model".into())), 1), Next::GiveUp(_)));
+        assert!(matches!(Next::after(Ok(()), 1), Next::Done));
+    }
 }
