@@ -20,7 +20,7 @@ use env::Problems;
 pub use env::{ConfigError, Env, Secret};
 pub use judge::{JudgeModel, JudgeSettings};
 pub use recall::{ClassWeights, RecallSettings};
-pub use retention::{RetentionSettings, SafetyFloor};
+pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};
 pub use telemetry::{LogFormat, LogSettings, init_tracing, metrics_handle, shutdown_signal};
 pub use worker::{QUEUES, WorkerSettings};

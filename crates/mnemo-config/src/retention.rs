@@ -1,23 +1,8 @@
 use std::time::Duration;
 
-use mnemo_core::{MAX_BATCH_SIZE, MAX_TTL_DAYS, RetentionPolicy};
+use mnemo_core::{MAX_BATCH_SIZE, MAX_TTL_DAYS, RetentionPolicy, SafetyFloor};
 
 use crate::{ConfigError, Env, Problems, vars};
-
-/// The safety floor: a sweep that would anonymize more than `max_fraction` of a tenant's rows
-/// *and* more than `floor_rows` rows is refused unless an operator allows it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SafetyFloor {
-    pub max_fraction: f64,
-    pub floor_rows: u64,
-}
-
-impl SafetyFloor {
-    /// Whether anonymizing `rows` of a tenant holding `tenant_rows` is too large to do unasked.
-    pub fn refuses(&self, rows: u64, tenant_rows: u64) -> bool {
-        rows > self.floor_rows && rows as f64 > self.max_fraction * tenant_rows as f64
-    }
-}
 
 /// Retention: the default policy (a tenant's own policy overrides it field by field), the
 /// safety floor, and how often the workers sweep.
@@ -93,14 +78,5 @@ mod tests {
             (vars::ANONYMIZE_SUP_TTL_DAYS, "-1"),
         ]);
         assert_eq!(RetentionSettings::from_env(&bad).unwrap_err().0.len(), 4);
-    }
-
-    #[test]
-    fn the_floor_needs_both_the_share_and_the_count() {
-        let floor = SafetyFloor { max_fraction: 0.2, floor_rows: 1000 };
-        assert!(!floor.refuses(1000, 1000), "not more than 1000 rows");
-        assert!(floor.refuses(1001, 5000));
-        assert!(!floor.refuses(1001, 5005), "exactly a fifth is allowed");
-        assert!(!floor.refuses(5000, 1_000_000), "a small share of a large tenant");
     }
 }
