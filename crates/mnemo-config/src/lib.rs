@@ -23,4 +23,4 @@ pub use recall::{ClassWeights, RecallSettings};
 pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};
 pub use telemetry::{LogFormat, LogSettings, init_tracing, metrics_handle, shutdown_signal};
-pub use worker::{QUEUES, WorkerSettings};
+pub use worker::WorkerSettings;

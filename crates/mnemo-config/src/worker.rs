@@ -1,6 +1,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use mnemo_core::Queue;
+
 use crate::{
     ConfigError, DatabaseSettings, EmbedSettings, Env, JudgeSettings, LogSettings, Problems, RetentionSettings, vars,
 };
@@ -13,7 +15,7 @@ pub struct WorkerSettings {
     pub judge: JudgeSettings,
     pub retention: RetentionSettings,
     /// Queues this process serves, with the jobs it runs at once on each.
-    pub queues: Vec<(String, usize)>,
+    pub queues: Vec<(Queue, usize)>,
     /// Rows per model call, and how long a batch waits to fill.
     pub embed_batch_size: usize,
     pub embed_max_wait: Duration,
@@ -32,9 +34,6 @@ pub struct WorkerSettings {
     pub log: LogSettings,
 }
 
-/// The queues a worker knows.
-pub const QUEUES: &[&str] = &["embed", "judge", "retention"];
-
 impl WorkerSettings {
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
         let mut problems = Problems::default();
@@ -42,12 +41,13 @@ impl WorkerSettings {
         let embed = EmbedSettings::read(env, &mut problems);
         let judge = JudgeSettings::read(env, &mut problems);
         let retention = RetentionSettings::read(env, &mut problems);
-        // Embed: 4× the batch, so the next batches gather while one is in the model. Judge: 2×
-        // the batch, so the next batch is in hand when one finishes. Retention: one tenant's sweep
-        // at a time per worker; sweeps are long and share the database with everything else.
-        let default_queues = format!("embed=128,judge={},retention=1", judge.batch_size * 2);
-        let queues = parse_queues(env.get(vars::WORKER_QUEUES).unwrap_or(&default_queues), &mut problems);
-        if let Some((_, concurrency)) = queues.iter().find(|(q, _)| q == "judge")
+        let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
+        let default = |queue| default_concurrency(queue, embed_batch_size, &judge);
+        let queues = match env.get(vars::WORKER_QUEUES) {
+            None => Queue::ALL.iter().map(|&q| (q, default(q))).collect(),
+            Some(raw) => parse_queues(raw, default, &mut problems),
+        };
+        if let Some((_, concurrency)) = queues.iter().find(|(q, _)| *q == Queue::Judge)
             && *concurrency < judge.batch_size
         {
             problems.0.push(format!(
@@ -57,7 +57,6 @@ impl WorkerSettings {
                 judge.batch_size
             ));
         }
-        let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
         let embed_max_wait = Duration::from_millis(problems.parsed(env, vars::EMBED_MAX_WAIT_MS, 5u64, "milliseconds"));
         let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);
         let secs = |problems: &mut Problems, name: &str, default: u64| {
@@ -90,18 +89,37 @@ impl WorkerSettings {
     }
 }
 
-/// `embed=32,judge=4`: queue names, each with an optional concurrency (default 8).
-fn parse_queues(raw: &str, problems: &mut Problems) -> Vec<(String, usize)> {
+/// The jobs a queue runs at once unless `MNEMO_WORKER_QUEUES` says otherwise, derived from the
+/// batch sizes they serve so that raising a batch size raises its queue with it.
+fn default_concurrency(queue: Queue, embed_batch_size: usize, judge: &JudgeSettings) -> usize {
+    match queue {
+        // 4× the batch, so the next batches gather while one is in the model.
+        Queue::Embed => 4 * embed_batch_size,
+        // 2× the batch, so the next batch is in hand when one finishes.
+        Queue::Judge => 2 * judge.batch_size,
+        // One tenant's sweep at a time per worker: sweeps are long and share the database with
+        // everything else.
+        Queue::Retention => 1,
+    }
+}
+
+/// `embed=32,judge`: queue names, each with an optional concurrency (else its default).
+fn parse_queues(raw: &str, default: impl Fn(Queue) -> usize, problems: &mut Problems) -> Vec<(Queue, usize)> {
     let mut queues = Vec::new();
     for part in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, concurrency) = part.split_once('=').unwrap_or((part, "8"));
-        if !QUEUES.contains(&name) {
-            problems.0.push(format!("{}: unknown queue {name:?}; known: {}", vars::WORKER_QUEUES, QUEUES.join(", ")));
+        let (name, concurrency) = match part.split_once('=') {
+            Some((name, concurrency)) => (name, Some(concurrency)),
+            None => (part, None),
+        };
+        let Ok(queue) = Queue::parse(name) else {
+            let known: Vec<&str> = Queue::ALL.iter().map(|q| q.as_str()).collect();
+            problems.0.push(format!("{}: unknown queue {name:?}; known: {}", vars::WORKER_QUEUES, known.join(", ")));
             continue;
-        }
-        match concurrency.parse::<usize>() {
-            Ok(n) if n > 0 => queues.push((name.to_owned(), n)),
-            _ => problems.0.push(format!("{}: {part:?} needs a positive concurrency", vars::WORKER_QUEUES)),
+        };
+        match concurrency.map(str::parse::<usize>) {
+            None => queues.push((queue, default(queue))),
+            Some(Ok(n)) if n > 0 => queues.push((queue, n)),
+            Some(_) => problems.0.push(format!("{}: {part:?} needs a positive concurrency", vars::WORKER_QUEUES)),
         }
     }
     if queues.is_empty() && problems.0.is_empty() {
@@ -118,5 +136,24 @@ mod tests {
     fn judge_concurrency_below_its_batch_is_refused() {
         let small = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "embed,judge=4")]);
         assert!(WorkerSettings::from_env(&small).unwrap_err().to_string().contains("never fill"));
+    }
+
+    #[test]
+    fn default_concurrencies_follow_the_batch_sizes() {
+        let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::EMBED_BATCH_SIZE, "50")]);
+        let settings = WorkerSettings::from_env(&env).expect("valid");
+        assert_eq!(settings.queues, [(Queue::Embed, 200), (Queue::Judge, 40), (Queue::Retention, 1)]);
+        let named = env.with(vars::JUDGE_BATCH_SIZE, "30").with(vars::WORKER_QUEUES, "judge,retention=3");
+        let settings = WorkerSettings::from_env(&named).expect("valid");
+        assert_eq!(settings.queues, [(Queue::Judge, 60), (Queue::Retention, 3)]);
+    }
+
+    #[test]
+    fn unknown_queues_and_bad_concurrencies_are_reported() {
+        let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "compact,embed=0")]);
+        let err = WorkerSettings::from_env(&env).unwrap_err();
+        assert_eq!(err.0.len(), 2, "{err}");
+        assert!(err.0[0].contains("unknown queue \"compact\"; known: embed, judge, retention"), "{err}");
+        assert!(err.0[1].contains("\"embed=0\" needs a positive concurrency"), "{err}");
     }
 }

@@ -11,8 +11,8 @@ use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
-use mnemo_core::{Embedder, Judge};
-use mnemo_store::queue::{EMBED_QUEUE, EmbedJob, JUDGE_QUEUE, JudgeJob, RETENTION_QUEUE, RetentionJob};
+use mnemo_core::{Embedder, Judge, Queue};
+use mnemo_store::queue::{EmbedJob, JudgeJob, RetentionJob};
 use mnemo_store::{MIGRATOR, Store};
 
 use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
@@ -127,8 +127,8 @@ pub async fn run_worker(
                 })
             }};
         }
-        match queue.as_str() {
-            EMBED_QUEUE => {
+        match queue {
+            Queue::Embed => {
                 let dispatcher = EmbedDispatcher::start(
                     store.clone(),
                     embedder.clone(),
@@ -139,13 +139,13 @@ pub async fn run_worker(
                     },
                 );
                 let config = Config::default()
-                    .queue(EMBED_QUEUE)
+                    .queue(queue.as_str())
                     // Enough jobs in hand for the next batches while one is in the model, but
                     // never more than can run: fetched-but-waiting jobs stop heartbeating.
                     .batch_size(concurrency.min(settings.embed_batch_size * 4));
                 monitor = register_queue!(monitor, EmbedJob, config, dispatcher, handle_embed);
             }
-            JUDGE_QUEUE => {
+            Queue::Judge => {
                 let j = &settings.judge;
                 let policy = JudgePolicy {
                     batch_size: j.batch_size,
@@ -154,20 +154,19 @@ pub async fn run_worker(
                     threshold: j.threshold,
                 };
                 let dispatcher = JudgeDispatcher::start(store.clone(), judge.clone(), policy, name.clone());
-                let config = Config::default().queue(JUDGE_QUEUE).batch_size(concurrency);
+                let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, JudgeJob, config, dispatcher, handle_judge);
             }
-            RETENTION_QUEUE => {
+            Queue::Retention => {
                 let runner = RetentionRunner {
                     store: store.clone(),
                     settings: settings.retention,
                     worker: name.clone(),
                     job_timeout: settings.job_timeout,
                 };
-                let config = Config::default().queue(RETENTION_QUEUE).batch_size(concurrency);
+                let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, RetentionJob, config, runner, handle_retention);
             }
-            other => return Err(JobError::Setup(format!("no handler for queue {other}"))),
         }
     }
 
