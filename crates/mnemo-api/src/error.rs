@@ -75,7 +75,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
     ("source_ref_conflict", 409, "the source_ref already holds different content"),
-    ("memory_deleted", 409, "the source_ref names a deleted row (facts are revived instead)"),
+    ("memory_deleted", 409, "the source_ref names a deleted row (a deleted fact asserted again is revived instead)"),
     ("payload_too_large", 413, "the request body is over the server's limit"),
     ("unsupported_media_type", 415, "Content-Type is not application/json"),
     ("internal", 500, "something failed inside mnemo; details are in its log"),
@@ -83,49 +83,56 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
 ];
 
 impl ApiError {
+    /// The stable code clients branch on.
     pub fn code(&self) -> &'static str {
-        match self {
-            Self::MalformedJson(_) => "malformed_json",
-            Self::InvalidUtf8 => "invalid_utf8",
-            Self::NotAnObject => "not_an_object",
-            Self::UnknownField(_) => "unknown_field",
-            Self::MissingField(_) => "missing_field",
-            Self::InvalidField { .. } => "invalid_field",
-            Self::TenantInBody(_) => "tenant_in_body",
-            Self::Invalid(invalid) => match invalid {
-                InvalidInput::NulByte { .. } => "nul_byte",
-                InvalidInput::Empty { field: "content" } => "empty_content",
-                InvalidInput::TooLong { field: "content", .. } => "content_too_long",
-                InvalidInput::UnknownValue { .. } => "invalid_value",
-                InvalidInput::Empty { .. }
-                | InvalidInput::TooLong { .. }
-                | InvalidInput::ControlChar { .. }
-                | InvalidInput::OutOfRange { .. } => "invalid_field",
-            },
-            Self::Scope(scope) => match scope {
-                ScopeError::MissingSession(_) => "missing_session",
-                ScopeError::SessionMismatch => "session_mismatch",
-                ScopeError::SessionNotAllowed => "session_not_allowed",
-                ScopeError::MissingIdentity(_) | ScopeError::RecallWithoutSession => "missing_identity",
-            },
-            Self::UnsupportedMediaType => "unsupported_media_type",
-            Self::PayloadTooLarge => "payload_too_large",
-            Self::MissingToken => "missing_token",
-            Self::InvalidToken(_) => "invalid_token",
-            Self::TokenExpired => "token_expired",
-            Self::NotFound => "not_found",
-            Self::MethodNotAllowed => "method_not_allowed",
-            Self::SourceRefConflict => "source_ref_conflict",
-            Self::MemoryDeleted => "memory_deleted",
-            Self::NotReady(_) => "not_ready",
-            Self::Internal(_) => "internal",
-        }
+        self.code_and_status().0
     }
 
     pub fn status(&self) -> StatusCode {
-        let code = self.code();
-        let status = ERROR_CODES.iter().find(|(c, _, _)| *c == code).map_or(500, |(_, status, _)| *status);
-        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        self.code_and_status().1
+    }
+
+    /// Every variant's code and status, spelled out with no fallback, so a new variant does not
+    /// compile until it has both; the tests check each pair is a row of [`ERROR_CODES`].
+    fn code_and_status(&self) -> (&'static str, StatusCode) {
+        const BAD_REQUEST: StatusCode = StatusCode::BAD_REQUEST;
+        const UNAUTHORIZED: StatusCode = StatusCode::UNAUTHORIZED;
+        match self {
+            Self::MalformedJson(_) => ("malformed_json", BAD_REQUEST),
+            Self::InvalidUtf8 => ("invalid_utf8", BAD_REQUEST),
+            Self::NotAnObject => ("not_an_object", BAD_REQUEST),
+            Self::UnknownField(_) => ("unknown_field", BAD_REQUEST),
+            Self::MissingField(_) => ("missing_field", BAD_REQUEST),
+            Self::InvalidField { .. } => ("invalid_field", BAD_REQUEST),
+            Self::TenantInBody(_) => ("tenant_in_body", BAD_REQUEST),
+            Self::Invalid(invalid) => match invalid {
+                InvalidInput::NulByte { .. } => ("nul_byte", BAD_REQUEST),
+                InvalidInput::Empty { field: "content" } => ("empty_content", BAD_REQUEST),
+                InvalidInput::TooLong { field: "content", .. } => ("content_too_long", BAD_REQUEST),
+                InvalidInput::UnknownValue { .. } => ("invalid_value", BAD_REQUEST),
+                InvalidInput::Empty { .. }
+                | InvalidInput::TooLong { .. }
+                | InvalidInput::ControlChar { .. }
+                | InvalidInput::OutOfRange { .. } => ("invalid_field", BAD_REQUEST),
+            },
+            Self::Scope(scope) => match scope {
+                ScopeError::MissingSession(_) => ("missing_session", BAD_REQUEST),
+                ScopeError::SessionNotAllowed => ("session_not_allowed", BAD_REQUEST),
+                ScopeError::SessionMismatch => ("session_mismatch", StatusCode::FORBIDDEN),
+                ScopeError::MissingIdentity(_) | ScopeError::RecallWithoutSession => ("missing_identity", UNAUTHORIZED),
+            },
+            Self::UnsupportedMediaType => ("unsupported_media_type", StatusCode::UNSUPPORTED_MEDIA_TYPE),
+            Self::PayloadTooLarge => ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE),
+            Self::MissingToken => ("missing_token", UNAUTHORIZED),
+            Self::InvalidToken(_) => ("invalid_token", UNAUTHORIZED),
+            Self::TokenExpired => ("token_expired", UNAUTHORIZED),
+            Self::NotFound => ("not_found", StatusCode::NOT_FOUND),
+            Self::MethodNotAllowed => ("method_not_allowed", StatusCode::METHOD_NOT_ALLOWED),
+            Self::SourceRefConflict => ("source_ref_conflict", StatusCode::CONFLICT),
+            Self::MemoryDeleted => ("memory_deleted", StatusCode::CONFLICT),
+            Self::NotReady(_) => ("not_ready", StatusCode::SERVICE_UNAVAILABLE),
+            Self::Internal(_) => ("internal", StatusCode::INTERNAL_SERVER_ERROR),
+        }
     }
 }
 
@@ -161,25 +168,88 @@ impl IntoResponse for ApiError {
 
 #[cfg(test)]
 mod tests {
+    use mnemo_core::{FactScope, SourceKind};
+
     use super::*;
 
-    #[test]
-    fn every_code_has_exactly_one_row_in_the_table() {
-        let mut codes: Vec<&str> = ERROR_CODES.iter().map(|(c, _, _)| *c).collect();
-        codes.sort_unstable();
-        let before = codes.len();
-        codes.dedup();
-        assert_eq!(before, codes.len(), "duplicate codes in ERROR_CODES");
-        let samples = [
+    /// One error of every variant, and of every `InvalidInput` and `ScopeError` variant wrapped
+    /// (twice where the field decides the code). A new variant belongs here too.
+    fn one_of_each() -> Vec<ApiError> {
+        let field = "source_ref";
+        vec![
+            ApiError::MalformedJson("x".into()),
             ApiError::InvalidUtf8,
-            ApiError::Invalid(InvalidInput::NulByte { field: "source_ref" }),
+            ApiError::NotAnObject,
+            ApiError::UnknownField("x".into()),
+            ApiError::MissingField("content"),
+            ApiError::InvalidField { field: "metadata", expected: "an object" },
+            ApiError::TenantInBody("tenant_id".into()),
+            ApiError::Invalid(InvalidInput::Empty { field: "content" }),
+            ApiError::Invalid(InvalidInput::Empty { field }),
+            ApiError::Invalid(InvalidInput::TooLong { field: "content", max: 1, actual: 2 }),
+            ApiError::Invalid(InvalidInput::TooLong { field, max: 1, actual: 2 }),
+            ApiError::Invalid(InvalidInput::NulByte { field }),
+            ApiError::Invalid(InvalidInput::ControlChar { field }),
+            ApiError::Invalid(InvalidInput::OutOfRange { field: "top_k", min: 1, max: 100 }),
+            ApiError::Invalid(InvalidInput::UnknownValue { field: "scope", value: "x".into(), expected: "session" }),
+            ApiError::Scope(ScopeError::MissingSession(SourceKind::ChatMessage)),
             ApiError::Scope(ScopeError::SessionMismatch),
+            ApiError::Scope(ScopeError::SessionNotAllowed),
+            ApiError::Scope(ScopeError::MissingIdentity(FactScope::User)),
+            ApiError::Scope(ScopeError::RecallWithoutSession),
+            ApiError::UnsupportedMediaType,
+            ApiError::PayloadTooLarge,
+            ApiError::MissingToken,
+            ApiError::InvalidToken("x".into()),
+            ApiError::TokenExpired,
+            ApiError::NotFound,
+            ApiError::MethodNotAllowed,
+            ApiError::SourceRefConflict,
+            ApiError::MemoryDeleted,
+            ApiError::NotReady("x".into()),
             ApiError::Internal("x".into()),
-        ];
-        for e in samples {
-            assert!(codes.contains(&e.code()), "{} has no row", e.code());
+        ]
+    }
+
+    #[test]
+    fn every_error_is_a_row_of_the_table_and_every_row_is_used() {
+        let rows: Vec<(&str, u16)> = ERROR_CODES.iter().map(|(code, status, _)| (*code, *status)).collect();
+        let mut codes: Vec<&str> = rows.iter().map(|(code, _)| *code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), rows.len(), "duplicate codes in ERROR_CODES");
+        let produced: Vec<(&str, u16)> = one_of_each().iter().map(|e| (e.code(), e.status().as_u16())).collect();
+        for (error, pair) in one_of_each().iter().zip(&produced) {
+            assert!(rows.contains(pair), "{error:?} answers {pair:?}, which is not a row of ERROR_CODES");
         }
-        assert_eq!(ApiError::Scope(ScopeError::SessionMismatch).status(), StatusCode::FORBIDDEN);
+        for row in &rows {
+            assert!(produced.contains(row), "no error answers {row:?}");
+        }
         assert_eq!(ApiError::Internal("secret detail".into()).to_string(), "internal error");
+    }
+
+    #[test]
+    fn the_readme_lists_exactly_the_table() {
+        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"));
+        let listed: Vec<(String, u16, String)> = readme
+            .lines()
+            .skip_while(|line| line.trim() != "| code | status | meaning |")
+            .skip(2)
+            .take_while(|line| line.starts_with('|'))
+            .map(|line| {
+                let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+                let [code, status, meaning] = cells[..] else { panic!("not a row of three cells: {line}") };
+                let status = status.parse().unwrap_or_else(|_| panic!("not a status: {line}"));
+                (code.trim_matches('`').to_owned(), status, meaning.to_owned())
+            })
+            .collect();
+        let table: Vec<(String, u16, String)> = ERROR_CODES
+            .iter()
+            .map(|(code, status, meaning)| ((*code).to_owned(), *status, (*meaning).to_owned()))
+            .collect();
+        for (readme, row) in listed.iter().zip(&table) {
+            assert_eq!(readme, row, "README.md's error table differs from ERROR_CODES");
+        }
+        assert_eq!(listed.len(), table.len(), "README.md's error table and ERROR_CODES have different lengths");
     }
 }

@@ -2,6 +2,7 @@
 //! A tenant's policy lives in `tenant_config.settings.memory_retention`; a field that is missing
 //! falls back to the deployment's default, and one that is invalid falls back too, with a
 //! warning naming the tenant and the field (a bad policy must not stop retention for everyone).
+//! The safety floor is the rule that refuses a sweep too large to run unasked.
 
 use serde_json::Value;
 
@@ -78,6 +79,21 @@ impl RetentionPolicy {
             ));
         }
         (policy, warnings)
+    }
+}
+
+/// The safety floor: a sweep that would anonymize more than `max_fraction` of a tenant's rows
+/// *and* more than `floor_rows` rows is refused unless an operator allows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SafetyFloor {
+    pub max_fraction: f64,
+    pub floor_rows: u64,
+}
+
+impl SafetyFloor {
+    /// Whether anonymizing `rows` of a tenant holding `tenant_rows` is too large to do unasked.
+    pub fn refuses(&self, rows: u64, tenant_rows: u64) -> bool {
+        rows > self.floor_rows && rows as f64 > self.max_fraction * tenant_rows as f64
     }
 }
 
@@ -159,5 +175,14 @@ mod tests {
             assert_eq!(AnonymizeReason::parse(reason.as_str()), Some(reason));
         }
         assert_eq!(AnonymizeReason::parse("expired"), None);
+    }
+
+    #[test]
+    fn the_floor_needs_both_the_share_and_the_count() {
+        let floor = SafetyFloor { max_fraction: 0.2, floor_rows: 1000 };
+        assert!(!floor.refuses(1000, 1000), "not more than 1000 rows");
+        assert!(floor.refuses(1001, 5000));
+        assert!(!floor.refuses(1001, 5005), "exactly a fifth is allowed");
+        assert!(!floor.refuses(5000, 1_000_000), "a small share of a large tenant");
     }
 }

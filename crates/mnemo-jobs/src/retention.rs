@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use mnemo_config::{RetentionSettings, SafetyFloor};
-use mnemo_core::{AnonymizeReason, AuditEvent, RetentionPolicy, TenantId, UserId};
+use mnemo_config::RetentionSettings;
+use mnemo_core::{AnonymizeReason, AuditEvent, RetentionPolicy, SafetyFloor, TenantId, UserId};
 use mnemo_store::queue::RetentionJob;
 use mnemo_store::{ErasurePlan, Store, StoreError, SweepPlan};
 use serde_json::json;

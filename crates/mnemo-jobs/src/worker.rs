@@ -11,8 +11,7 @@ use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
-use mnemo_core::Queue;
-use mnemo_core::{Embedder, Judge};
+use mnemo_core::{Embedder, Judge, Queue};
 use mnemo_store::queue::{EmbedJob, JobArgs, JudgeJob, RetentionJob};
 use mnemo_store::{MIGRATOR, Store};
 
@@ -176,7 +175,6 @@ pub async fn run_worker(
                 })
             }};
         }
-        let queue = Queue::parse(&queue).map_err(|e| JobError::Setup(e.to_string()))?;
         match queue {
             Queue::Embed => {
                 let dispatcher = EmbedDispatcher::start(

@@ -2,31 +2,41 @@
 //! `--queues` and `--listen` override `MNEMO_WORKER_QUEUES` and `MNEMO_WORKER_LISTEN`.
 
 use anyhow::Context;
+use clap::Parser;
 use mnemo_config::{Env, WorkerSettings, vars};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mnemo-worker",
+    version,
+    about = "mnemo's worker pool: embeds rows, judges facts, sweeps retention. Settings: MNEMO_* variables (README)."
+)]
+struct Cli {
+    /// Queues to serve, each with an optional concurrency, e.g. `embed,judge=60` (overrides
+    /// MNEMO_WORKER_QUEUES; default: every queue, embed at 4 × MNEMO_EMBED_BATCH_SIZE, judge at
+    /// 2 × MNEMO_JUDGE_BATCH_SIZE, retention at 1).
+    #[arg(long, value_name = "QUEUES")]
+    queues: Option<String>,
+    /// Where `/metrics` is served (overrides MNEMO_WORKER_LISTEN; default 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+}
+
+impl Cli {
+    /// The flags as variables over `env`, so the config reports their problems with all others.
+    fn apply(self, mut env: Env) -> Env {
+        for (name, value) in [(vars::WORKER_QUEUES, self.queues), (vars::WORKER_LISTEN, self.listen)] {
+            if let Some(value) = value {
+                env = env.with(name, value);
+            }
+        }
+        env
+    }
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut env = Env::from_process();
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let (flag, value) = match arg.split_once('=') {
-            Some((flag, value)) => (flag.to_owned(), Some(value.to_owned())),
-            None => (arg, None),
-        };
-        let var = match flag.as_str() {
-            "--queues" => vars::WORKER_QUEUES,
-            "--listen" => vars::WORKER_LISTEN,
-            "-h" | "--help" => {
-                println!(
-                    "mnemo-worker [--queues embed=128,judge=40,retention=1] [--listen 127.0.0.1:9464]\nSettings: MNEMO_* variables (README)."
-                );
-                return Ok(());
-            }
-            other => anyhow::bail!("unknown argument {other:?}; try --help"),
-        };
-        let value = value.or_else(|| args.next()).with_context(|| format!("{flag} needs a value"))?;
-        env = env.with(var, value);
-    }
+    let env = Cli::parse().apply(Env::from_process());
     let settings = WorkerSettings::from_env(&env)?;
     mnemo_config::init_tracing(&settings.log);
     let embedder = mnemo_models::embedder(&settings.embed)?;
@@ -34,4 +44,26 @@ async fn main() -> anyhow::Result<()> {
     mnemo_jobs::run_worker(settings, embedder, judge, mnemo_config::shutdown_signal())
         .await
         .context("mnemo-worker failed")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn flags_override_their_variables_and_unknown_ones_are_refused() {
+        let cli = Cli::try_parse_from(["mnemo-worker", "--queues", "judge", "--listen=0.0.0.0:9000"]).expect("valid");
+        let env = cli.apply(Env::from_pairs([(vars::WORKER_QUEUES, "embed"), (vars::WORKER_LISTEN, "x")]));
+        assert_eq!((env.get(vars::WORKER_QUEUES), env.get(vars::WORKER_LISTEN)), (Some("judge"), Some("0.0.0.0:9000")));
+        let kept = Cli::try_parse_from(["mnemo-worker"])
+            .expect("valid")
+            .apply(Env::from_pairs([(vars::WORKER_QUEUES, "embed")]));
+        assert_eq!(kept.get(vars::WORKER_QUEUES), Some("embed"));
+        let unknown = Cli::try_parse_from(["mnemo-worker", "--queue", "embed"]).unwrap_err();
+        assert_eq!(unknown.kind(), ErrorKind::UnknownArgument);
+        let help = Cli::try_parse_from(["mnemo-worker", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+    }
 }

@@ -1,0 +1,97 @@
+use std::time::Duration;
+
+use crate::{ConfigError, Env, Problems, Secret, vars};
+
+/// The OpenAI-compatible chat model that judges contradictions.
+#[derive(Debug, Clone)]
+pub struct JudgeModel {
+    pub name: String,
+    /// Unset means the client library's default (OpenAI itself).
+    pub base_url: Option<String>,
+    pub api_key: Secret<String>,
+    pub timeout: Duration,
+}
+
+/// How the contradiction judge finds candidates and batches its work.
+#[derive(Debug, Clone)]
+pub struct JudgeSettings {
+    /// `None` (an empty `MNEMO_JUDGE_MODEL`) disables the model step; keyed facts still supersede.
+    pub model: Option<JudgeModel>,
+    /// Candidates per pending row.
+    pub topk: usize,
+    /// Cosine-distance cutoff, clamped to [0, 1]: older facts closer than this are candidates.
+    pub threshold: f64,
+    /// Pending rows judged at once (their model calls run side by side).
+    pub batch_size: usize,
+    /// How long a batch waits to fill.
+    pub max_wait: Duration,
+    /// Pending rows whose judge job was queued this long ago get a new job.
+    pub grace: Duration,
+}
+
+impl JudgeSettings {
+    pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
+        let model = env.get(vars::JUDGE_MODEL).map(|name| {
+            let base_url = env.get(vars::JUDGE_BASE_URL).or_else(|| env.get(vars::OPENAI_BASE_URL));
+            let api_key = env.get(vars::JUDGE_API_KEY).or_else(|| env.get(vars::OPENAI_API_KEY)).unwrap_or("");
+            if base_url.is_none() && api_key.is_empty() {
+                problems.0.push(format!(
+                    "{}={name:?} needs {} (or {}) and/or {} (or {})",
+                    vars::JUDGE_MODEL,
+                    vars::JUDGE_BASE_URL,
+                    vars::OPENAI_BASE_URL,
+                    vars::JUDGE_API_KEY,
+                    vars::OPENAI_API_KEY
+                ));
+            }
+            let timeout_ms = problems.parsed(env, vars::JUDGE_TIMEOUT_MS, 20_000u64, "milliseconds").max(1);
+            JudgeModel {
+                name: name.trim().to_owned(),
+                base_url: base_url.map(|u| u.trim().trim_end_matches('/').to_owned()),
+                api_key: Secret::new(api_key.to_owned()),
+                timeout: Duration::from_millis(timeout_ms),
+            }
+        });
+        let topk = problems.parsed(env, vars::JUDGE_TOPK, 5usize, "a whole number");
+        if !(1..=50).contains(&topk) {
+            problems.0.push(format!("{}={topk} must be between 1 and 50", vars::JUDGE_TOPK));
+        }
+        // Clamped rather than refused, as the seed says; not a number at all is still an error.
+        let threshold = problems.parsed(env, vars::JUDGE_THRESHOLD, 0.7f64, "a number");
+        let threshold = if threshold.is_nan() { 0.7 } else { threshold.clamp(0.0, 1.0) };
+        let batch_size = problems.parsed(env, vars::JUDGE_BATCH_SIZE, 20usize, "a whole number");
+        if !(1..=500).contains(&batch_size) {
+            problems.0.push(format!("{}={batch_size} must be between 1 and 500", vars::JUDGE_BATCH_SIZE));
+        }
+        let max_wait = Duration::from_millis(problems.parsed(env, vars::JUDGE_MAX_WAIT_MS, 50u64, "milliseconds"));
+        let grace =
+            Duration::from_secs(problems.parsed(env, vars::JUDGE_GRACE_S, 120u64, "a number of seconds").max(1));
+        Self { model, topk, threshold, batch_size: batch_size.max(1), max_wait, grace }
+    }
+
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        Problems::read_all(env, Self::read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judge_settings_clamp_the_threshold_and_fall_back_to_openai_variables() {
+        let env = Env::from_pairs([
+            (vars::JUDGE_MODEL, "small-judge"),
+            (vars::OPENAI_BASE_URL, "http://llm:8000/v1/"),
+            (vars::JUDGE_THRESHOLD, "1.5"),
+        ]);
+        let settings = JudgeSettings::from_env(&env).expect("valid");
+        let model = settings.model.expect("a model");
+        assert_eq!((model.name.as_str(), model.base_url.as_deref()), ("small-judge", Some("http://llm:8000/v1")));
+        assert_eq!((settings.threshold, settings.topk, settings.batch_size), (1.0, 5, 20));
+        assert!(JudgeSettings::from_env(&Env::default()).expect("disabled").model.is_none());
+        let nowhere = Env::from_pairs([(vars::JUDGE_MODEL, "m"), (vars::JUDGE_THRESHOLD, "close")]);
+        let err = JudgeSettings::from_env(&nowhere).unwrap_err().to_string();
+        assert!(err.contains(vars::JUDGE_BASE_URL) && err.contains(vars::JUDGE_THRESHOLD), "{err}");
+    }
+}

@@ -1,0 +1,104 @@
+use std::time::Duration;
+
+use crate::{ConfigError, Env, Problems, vars};
+
+/// The class priors of weighted Reciprocal Rank Fusion across recall classes. 0 suppresses a
+/// class.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClassWeights {
+    pub session: f64,
+    pub tenant: f64,
+    pub user: f64,
+    pub agent: f64,
+}
+
+impl Default for ClassWeights {
+    fn default() -> Self {
+        Self { session: 1.3, tenant: 1.0, user: 1.1, agent: 1.0 }
+    }
+}
+
+/// How recall searches and ranks.
+#[derive(Debug, Clone)]
+pub struct RecallSettings {
+    pub weights: ClassWeights,
+    /// A TEI-compatible reranker; unset disables rerank.
+    pub reranker_url: Option<String>,
+    pub rerank_timeout: Duration,
+    /// Query lexemes found in more than this fraction of rows are dropped from the full-text half.
+    pub prune_fraction: f64,
+    /// Values that were ignored, to be logged once tracing is up (the weights fall back to their
+    /// defaults rather than stop the server, as the seed says).
+    pub warnings: Vec<String>,
+}
+
+impl Default for RecallSettings {
+    fn default() -> Self {
+        Self {
+            weights: ClassWeights::default(),
+            reranker_url: None,
+            rerank_timeout: Duration::from_millis(1000),
+            prune_fraction: 0.01,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+impl RecallSettings {
+    pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
+        let defaults = Self::default();
+        let mut warnings = Vec::new();
+        let mut weight = |name: &str, default: f64| match env.get(name).map(|raw| (raw, raw.trim().parse::<f64>())) {
+            None => default,
+            Some((_, Ok(w))) if w.is_finite() && w >= 0.0 => w,
+            Some((raw, _)) => {
+                warnings.push(format!("{name}={raw:?} is not a weight of 0 or more; using the default {default}"));
+                default
+            }
+        };
+        let d = defaults.weights;
+        let weights = ClassWeights {
+            session: weight(vars::RECALL_WEIGHT_SESSION, d.session),
+            tenant: weight(vars::RECALL_WEIGHT_TENANT, d.tenant),
+            user: weight(vars::RECALL_WEIGHT_USER, d.user),
+            agent: weight(vars::RECALL_WEIGHT_AGENT, d.agent),
+        };
+        let reranker_url = env.get(vars::RERANKER_URL).map(|u| u.trim().to_owned());
+        if let Some(url) = &reranker_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            problems.0.push(format!("{}={url:?} must be an http:// or https:// URL", vars::RERANKER_URL));
+        }
+        let timeout_ms = problems.parsed(env, vars::RERANKER_TIMEOUT_MS, 1000u64, "milliseconds").max(1);
+        let prune_fraction = problems.parsed(env, vars::RECALL_PRUNE_FRACTION, defaults.prune_fraction, "a fraction");
+        if !(0.0..=1.0).contains(&prune_fraction) {
+            problems.0.push(format!("{} must be between 0 and 1", vars::RECALL_PRUNE_FRACTION));
+        }
+        Self { weights, reranker_url, rerank_timeout: Duration::from_millis(timeout_ms), prune_fraction, warnings }
+    }
+
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        Problems::read_all(env, Self::read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_recall_weights_fall_back_with_a_warning() {
+        let env = Env::from_pairs([
+            (vars::RECALL_WEIGHT_SESSION, "-1"),
+            (vars::RECALL_WEIGHT_USER, "lots"),
+            (vars::RECALL_WEIGHT_AGENT, "0"),
+            (vars::RECALL_WEIGHT_TENANT, "2.5"),
+        ]);
+        let settings = RecallSettings::from_env(&env).expect("weights never stop start-up");
+        assert_eq!(settings.weights, ClassWeights { session: 1.3, tenant: 2.5, user: 1.1, agent: 0.0 });
+        assert_eq!(settings.warnings.len(), 2, "{:?}", settings.warnings);
+        assert!(settings.warnings[0].contains(vars::RECALL_WEIGHT_SESSION));
+        let bad_url = Env::from_pairs([(vars::RERANKER_URL, "tei:80")]);
+        assert!(RecallSettings::from_env(&bad_url).is_err());
+    }
+}

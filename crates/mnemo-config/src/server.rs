@@ -1,0 +1,153 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::{ConfigError, DatabaseSettings, EmbedSettings, Env, LogSettings, Problems, RecallSettings, Secret, vars};
+
+/// How bearer tokens are verified.
+#[derive(Debug, Clone)]
+pub enum JwtKey {
+    /// HS256 with a shared secret.
+    Hmac(Secret<Vec<u8>>),
+    /// RS256 or ES256 with a PEM public key (the algorithm follows the key).
+    PublicKeyPem { path: PathBuf, pem: Vec<u8> },
+}
+
+/// HS256 secrets shorter than this are refused: they can be brute-forced.
+pub const MIN_JWT_SECRET_BYTES: usize = 32;
+
+impl JwtKey {
+    pub(crate) fn read(env: &Env, problems: &mut Problems) -> Option<Self> {
+        match (env.get(vars::JWT_SECRET), env.get(vars::JWT_PUBLIC_KEY_FILE)) {
+            (Some(_), Some(_)) => {
+                problems.0.push(format!("set one of {} and {}, not both", vars::JWT_SECRET, vars::JWT_PUBLIC_KEY_FILE));
+                None
+            }
+            (None, None) => {
+                problems.0.push(format!(
+                    "no token verification key: set {} (HS256) or {} (RS256/ES256)",
+                    vars::JWT_SECRET,
+                    vars::JWT_PUBLIC_KEY_FILE
+                ));
+                None
+            }
+            (Some(secret), None) if secret.len() < MIN_JWT_SECRET_BYTES => {
+                problems.0.push(format!(
+                    "{} is {} bytes; use at least {MIN_JWT_SECRET_BYTES}",
+                    vars::JWT_SECRET,
+                    secret.len()
+                ));
+                None
+            }
+            (Some(secret), None) => Some(Self::Hmac(Secret::new(secret.as_bytes().to_vec()))),
+            (None, Some(path)) => match std::fs::read(path) {
+                Ok(pem) => Some(Self::PublicKeyPem { path: PathBuf::from(path), pem }),
+                Err(e) => {
+                    problems.0.push(format!("{}={path:?} cannot be read: {e}", vars::JWT_PUBLIC_KEY_FILE));
+                    None
+                }
+            },
+        }
+    }
+}
+
+/// Everything `mnemo-server` needs.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    pub database: DatabaseSettings,
+    pub listen: SocketAddr,
+    pub jwt: JwtKey,
+    /// The largest tool output accepted in one write; longer ones are refused with 413.
+    pub max_tool_output_bytes: usize,
+    /// Writes are group-committed: this many transactions in flight at once…
+    pub write_committers: usize,
+    /// …each holding at most this many rows.
+    pub write_max_batch: usize,
+    /// Queries are embedded with the same model as the rows.
+    pub embed: EmbedSettings,
+    pub recall: RecallSettings,
+    pub log: LogSettings,
+}
+
+impl ServerSettings {
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let mut problems = Problems::default();
+        let database = DatabaseSettings::read(env, &mut problems);
+        let listen = problems.parsed(
+            env,
+            vars::LISTEN,
+            SocketAddr::from(([127, 0, 0, 1], 8080)),
+            "an address like 127.0.0.1:8080",
+        );
+        let jwt = JwtKey::read(env, &mut problems);
+        let max_tool_output_bytes = problems.parsed(env, vars::MAX_TOOL_OUTPUT_BYTES, 4 << 20, "a number of bytes");
+        let write_committers = problems.parsed(env, vars::WRITE_COMMITTERS, 2usize, "a whole number");
+        let write_max_batch = problems.parsed(env, vars::WRITE_MAX_BATCH, 64usize, "a whole number");
+        if write_committers == 0 || write_max_batch == 0 {
+            problems.0.push(format!("{} and {} must be at least 1", vars::WRITE_COMMITTERS, vars::WRITE_MAX_BATCH));
+        }
+        if write_committers as u64 >= u64::from(database.max_connections) {
+            problems.0.push(format!(
+                "{}={write_committers} leaves no database connection for reads: keep it below {}={}",
+                vars::WRITE_COMMITTERS,
+                vars::DB_MAX_CONNECTIONS,
+                database.max_connections
+            ));
+        }
+        let embed = EmbedSettings::read(env, &mut problems);
+        let recall = RecallSettings::read(env, &mut problems);
+        let log = LogSettings::read(env, &mut problems);
+        let jwt = jwt.unwrap_or(JwtKey::Hmac(Secret::new(Vec::new())));
+        problems.finish(Self {
+            database,
+            listen,
+            jwt,
+            max_tool_output_bytes,
+            write_committers,
+            write_max_batch,
+            embed,
+            recall,
+            log,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_problems_are_reported_at_once() {
+        let env = Env::from_pairs([(vars::LISTEN, "nowhere"), (vars::DB_MAX_CONNECTIONS, "many")]);
+        let err = ServerSettings::from_env(&env).unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.0.len(), 4, "{text}");
+        for name in [vars::DATABASE_URL, vars::LISTEN, vars::DB_MAX_CONNECTIONS, vars::JWT_SECRET] {
+            assert!(text.contains(name), "{name} missing from: {text}");
+        }
+    }
+
+    #[test]
+    fn database_url_falls_back_and_secrets_do_not_print() {
+        let env = Env::from_pairs([
+            (vars::DATABASE_URL_FALLBACK, "postgres://u:hunter2@localhost/db"),
+            (vars::JWT_SECRET, "0123456789abcdef0123456789abcdef"),
+        ]);
+        let settings = ServerSettings::from_env(&env).expect("valid settings");
+        assert_eq!(settings.database.url.expose(), "postgres://u:hunter2@localhost/db");
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:8080");
+        let printed = format!("{settings:?}");
+        assert!(!printed.contains("hunter2") && !printed.contains("0123456789abcdef"), "{printed}");
+    }
+
+    #[test]
+    fn short_or_double_keys_are_refused() {
+        let short = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::JWT_SECRET, "short")]);
+        assert!(ServerSettings::from_env(&short).unwrap_err().to_string().contains("at least 32"));
+        let both = Env::from_pairs([
+            (vars::DATABASE_URL, "postgres://x"),
+            (vars::JWT_SECRET, "0123456789abcdef0123456789abcdef"),
+            (vars::JWT_PUBLIC_KEY_FILE, "/nonexistent.pem"),
+        ]);
+        assert!(ServerSettings::from_env(&both).unwrap_err().to_string().contains("not both"));
+    }
+}

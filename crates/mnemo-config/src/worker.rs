@@ -1,0 +1,159 @@
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mnemo_core::Queue;
+
+use crate::{
+    ConfigError, DatabaseSettings, EmbedSettings, Env, JudgeSettings, LogSettings, Problems, RetentionSettings, vars,
+};
+
+/// Everything `mnemo-worker` needs.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub database: DatabaseSettings,
+    pub embed: EmbedSettings,
+    pub judge: JudgeSettings,
+    pub retention: RetentionSettings,
+    /// Queues this process serves, with the jobs it runs at once on each.
+    pub queues: Vec<(Queue, usize)>,
+    /// Rows per model call, and how long a batch waits to fill.
+    pub embed_batch_size: usize,
+    pub embed_max_wait: Duration,
+    /// Failed attempts after which a row's embedding is given up (and recorded on the row).
+    pub embed_max_attempts: i32,
+    /// A worker silent this long is presumed dead and its jobs run again elsewhere.
+    pub orphan_timeout: Duration,
+    pub job_timeout: Duration,
+    pub housekeeping_interval: Duration,
+    /// Rows unembedded this long after their job was queued get a new job.
+    pub embed_grace: Duration,
+    /// Finished jobs are kept this long.
+    pub job_retention: Duration,
+    /// Where `/metrics` is served.
+    pub listen: SocketAddr,
+    pub log: LogSettings,
+}
+
+impl WorkerSettings {
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let mut problems = Problems::default();
+        let database = DatabaseSettings::read(env, &mut problems);
+        let embed = EmbedSettings::read(env, &mut problems);
+        let judge = JudgeSettings::read(env, &mut problems);
+        let retention = RetentionSettings::read(env, &mut problems);
+        let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
+        let default = |queue| default_concurrency(queue, embed_batch_size, &judge);
+        let queues = match env.get(vars::WORKER_QUEUES) {
+            None => Queue::ALL.iter().map(|&q| (q, default(q))).collect(),
+            Some(raw) => parse_queues(raw, default, &mut problems),
+        };
+        if let Some((_, concurrency)) = queues.iter().find(|(q, _)| *q == Queue::Judge)
+            && *concurrency < judge.batch_size
+        {
+            problems.0.push(format!(
+                "{}: judge={concurrency} is below {}={}, so a batch could never fill",
+                vars::WORKER_QUEUES,
+                vars::JUDGE_BATCH_SIZE,
+                judge.batch_size
+            ));
+        }
+        let embed_max_wait = Duration::from_millis(problems.parsed(env, vars::EMBED_MAX_WAIT_MS, 5u64, "milliseconds"));
+        let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);
+        let secs = |problems: &mut Problems, name: &str, default: u64| {
+            Duration::from_secs(problems.parsed(env, name, default, "a number of seconds").max(1))
+        };
+        let orphan_timeout = secs(&mut problems, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
+        let job_timeout = secs(&mut problems, vars::JOB_TIMEOUT_S, 120);
+        let housekeeping_interval = secs(&mut problems, vars::HOUSEKEEPING_INTERVAL_S, 10);
+        let embed_grace = secs(&mut problems, vars::EMBED_GRACE_S, 60);
+        let job_retention = secs(&mut problems, vars::JOB_RETENTION_S, 3600);
+        let listen = problems.parsed(env, vars::WORKER_LISTEN, SocketAddr::from(([127, 0, 0, 1], 9464)), "an address");
+        let log = LogSettings::read(env, &mut problems);
+        problems.finish(Self {
+            database,
+            embed,
+            judge,
+            retention,
+            queues,
+            embed_batch_size,
+            embed_max_wait,
+            embed_max_attempts,
+            orphan_timeout,
+            job_timeout,
+            housekeeping_interval,
+            embed_grace,
+            job_retention,
+            listen,
+            log,
+        })
+    }
+}
+
+/// The jobs a queue runs at once unless `MNEMO_WORKER_QUEUES` says otherwise, derived from the
+/// batch sizes they serve so that raising a batch size raises its queue with it.
+fn default_concurrency(queue: Queue, embed_batch_size: usize, judge: &JudgeSettings) -> usize {
+    match queue {
+        // 4× the batch, so the next batches gather while one is in the model.
+        Queue::Embed => 4 * embed_batch_size,
+        // 2× the batch, so the next batch is in hand when one finishes.
+        Queue::Judge => 2 * judge.batch_size,
+        // One tenant's sweep at a time per worker: sweeps are long and share the database with
+        // everything else.
+        Queue::Retention => 1,
+    }
+}
+
+/// `embed=32,judge`: queue names, each with an optional concurrency (else its default).
+fn parse_queues(raw: &str, default: impl Fn(Queue) -> usize, problems: &mut Problems) -> Vec<(Queue, usize)> {
+    let mut queues = Vec::new();
+    for part in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, concurrency) = match part.split_once('=') {
+            Some((name, concurrency)) => (name, Some(concurrency)),
+            None => (part, None),
+        };
+        let Ok(queue) = Queue::parse(name) else {
+            let known: Vec<&str> = Queue::ALL.iter().map(|q| q.as_str()).collect();
+            problems.0.push(format!("{}: unknown queue {name:?}; known: {}", vars::WORKER_QUEUES, known.join(", ")));
+            continue;
+        };
+        match concurrency.map(str::parse::<usize>) {
+            None => queues.push((queue, default(queue))),
+            Some(Ok(n)) if n > 0 => queues.push((queue, n)),
+            Some(_) => problems.0.push(format!("{}: {part:?} needs a positive concurrency", vars::WORKER_QUEUES)),
+        }
+    }
+    if queues.is_empty() && problems.0.is_empty() {
+        problems.0.push(format!("{} names no queue", vars::WORKER_QUEUES));
+    }
+    queues
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judge_concurrency_below_its_batch_is_refused() {
+        let small = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "embed,judge=4")]);
+        assert!(WorkerSettings::from_env(&small).unwrap_err().to_string().contains("never fill"));
+    }
+
+    #[test]
+    fn default_concurrencies_follow_the_batch_sizes() {
+        let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::EMBED_BATCH_SIZE, "50")]);
+        let settings = WorkerSettings::from_env(&env).expect("valid");
+        assert_eq!(settings.queues, [(Queue::Embed, 200), (Queue::Judge, 40), (Queue::Retention, 1)]);
+        let named = env.with(vars::JUDGE_BATCH_SIZE, "30").with(vars::WORKER_QUEUES, "judge,retention=3");
+        let settings = WorkerSettings::from_env(&named).expect("valid");
+        assert_eq!(settings.queues, [(Queue::Judge, 60), (Queue::Retention, 3)]);
+    }
+
+    #[test]
+    fn unknown_queues_and_bad_concurrencies_are_reported() {
+        let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "compact,embed=0")]);
+        let err = WorkerSettings::from_env(&env).unwrap_err();
+        assert_eq!(err.0.len(), 2, "{err}");
+        assert!(err.0[0].contains("unknown queue \"compact\"; known: embed, judge, retention"), "{err}");
+        assert!(err.0[1].contains("\"embed=0\" needs a positive concurrency"), "{err}");
+    }
+}
