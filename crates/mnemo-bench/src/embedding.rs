@@ -3,16 +3,17 @@
 //! latency at a steady write rate. Texts are LoCoMo conversation turns: single turns for short
 //! texts, runs of turns for long ones.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_config::{DatabaseSettings, EmbedSettings, Env, WorkerSettings, vars};
 use mnemo_core::{Embedder, Extras, Judge, MemoryText, NewMemory, SourceRef};
 use mnemo_store::{Store, create_database};
-use serde_json::{Value, json};
+use serde_json::json;
+
+use crate::locomo;
 
 #[derive(Debug, clap::Args)]
 pub struct CorpusArgs {
@@ -57,22 +58,13 @@ pub struct LatencyArgs {
 }
 
 /// Short texts (one turn, "speaker: text") and long ones (consecutive turns, ~200 tokens).
-fn corpus(path: &PathBuf) -> anyhow::Result<(Vec<String>, Vec<String>)> {
-    let raw = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let samples: Vec<Value> = serde_json::from_str(&raw).context("LoCoMo JSON")?;
+fn corpus(path: &Path) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     let mut turns = Vec::new();
-    for sample in &samples {
-        let Some(conversation) = sample["conversation"].as_object() else { continue };
-        let mut sessions: Vec<(&String, &Value)> =
-            conversation.iter().filter(|(k, v)| k.starts_with("session_") && v.is_array()).collect();
-        sessions.sort_by_key(|(k, _)| k.trim_start_matches("session_").parse::<u32>().unwrap_or(0));
-        for (_, session) in sessions {
-            for turn in session.as_array().into_iter().flatten() {
-                if let (Some(speaker), Some(text)) = (turn["speaker"].as_str(), turn["text"].as_str()) {
-                    turns.push(format!("{speaker}: {text}"));
-                }
-            }
-        }
+    for sample in locomo::read(path)? {
+        // Sessions in the order they happened, so a long text is a run of consecutive turns.
+        let mut sessions: Vec<&locomo::Session> = sample.sessions.iter().collect();
+        sessions.sort_by_key(|s| s.number);
+        turns.extend(sessions.into_iter().flat_map(|s| &s.turns).map(locomo::Turn::line));
     }
     anyhow::ensure!(!turns.is_empty(), "no turns in {}", path.display());
     // 60–120 characters is ~15–25 tokens: the short texts.
@@ -299,12 +291,7 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     wait_embedded(&store, embedder.model(), total, Duration::from_secs(600)).await?;
     let _ = stop.send(());
 
-    let lags: Vec<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM e.embedded_at - m.created_at)::float8
-         FROM memory_items m JOIN memory_embeddings e ON e.item_id = m.id",
-    )
-    .fetch_all(store.pool())
-    .await?;
+    let lags = store.embed_lag_seconds().await?;
     let mut h = Histogram::<u64>::new(3)?;
     for lag in &lags {
         h.record((lag * 1e6).max(1.0) as u64)?;

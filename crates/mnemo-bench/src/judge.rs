@@ -221,9 +221,7 @@ pub async fn fact_consolidation(args: FactConsolidationArgs) -> anyhow::Result<(
     eprintln!("settled in {:.0} s", started.elapsed().as_secs_f64());
 
     let recall = Recall::new(store.clone(), embedder, None, RecallSettings::from_env(&env)?);
-    let superseded: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM memory_items WHERE superseded_by IS NOT NULL")
-        .fetch_all(store.pool())
-        .await?;
+    let superseded = store.superseded_ids().await?;
     let mut report = Vec::new();
     // Over every source: questions, new retrieved, new above old, old facts, old superseded.
     let mut all = [0usize; 5];
@@ -270,7 +268,7 @@ pub async fn fact_consolidation(args: FactConsolidationArgs) -> anyhow::Result<(
     }
     let fraction = |part: usize, whole: usize| part as f64 / whole.max(1) as f64;
     let summary = json!({
-        "judge": judge_name,
+        "judge_mode": judge_name,
         "k": args.k,
         "questions": all[0],
         "new_retrieved_at_k": fraction(all[1], all[0]),

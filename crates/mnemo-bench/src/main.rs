@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod embedding;
 mod judge;
+mod locomo;
 mod quality;
 mod recall_latency;
 mod retention;

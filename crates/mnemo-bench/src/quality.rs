@@ -18,6 +18,7 @@ use mnemo_recall::{Halves, Recall, RecallOptions};
 use serde_json::{Value, json};
 
 use crate::embedding::{JudgeQueue, fresh, local_embedder, start_worker, wait_embedded};
+use crate::locomo;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
@@ -123,7 +124,7 @@ async fn ingest(env: &Env, conversations: &[Conversation]) -> anyhow::Result<(Re
     let stop = start_worker(env, &url, 32, embedder.clone(), JudgeQueue::Off)?;
     wait_embedded(&store, embedder.model(), rows, Duration::from_secs(4 * 3600)).await?;
     let _ = stop.send(());
-    sqlx::query("ANALYZE memory_items").execute(store.pool()).await?;
+    store.analyze_memories().await?;
     eprintln!("ingested and embedded in {:.0} s", started.elapsed().as_secs_f64());
     let recall = Recall::new(store, embedder.clone(), None, RecallSettings::from_env(env)?);
     Ok((recall, embedder))
@@ -166,76 +167,35 @@ struct LocomoQuestion {
     gold: Vec<String>,
 }
 
-/// Evidence ids as LoCoMo writes them, read leniently: `D8:6; D9:17` is two ids, `D:11:26` is
-/// D11:26 and `D30:05` is D30:5. Returns the ids and whether the raw form needed normalising.
-fn evidence_ids(raw: &str) -> (Vec<String>, bool) {
-    let mut ids = Vec::new();
-    let mut normalised = false;
-    for piece in raw.split([';', ',', ' ']).map(str::trim).filter(|p| !p.is_empty()) {
-        let numbers: Vec<&str> = piece.trim_start_matches('D').split(':').filter(|n| !n.is_empty()).collect();
-        let parsed: Option<Vec<u32>> = numbers.iter().map(|n| n.parse().ok()).collect();
-        match parsed.as_deref() {
-            Some([session, turn]) if piece.starts_with('D') => {
-                let id = format!("D{session}:{turn}");
-                normalised |= id != piece;
-                ids.push(id);
-            }
-            _ => ids.push(piece.to_owned()), // unreadable: dropped as naming no turn
-        }
-    }
-    normalised |= ids.len() > 1;
-    (ids, normalised)
-}
-
+/// The LoCoMo conversations as rows to write, their questions with gold turns, and how many
+/// evidence strings were normalised and evidence ids dropped.
 fn locomo_data(path: &Path) -> anyhow::Result<(Vec<Conversation>, Vec<LocomoQuestion>, usize, usize)> {
-    let samples = read_json(path)?;
-    let samples = samples.as_array().context("LoCoMo data is a list of samples")?;
     let (mut conversations, mut questions, mut normalised, mut dropped) = (Vec::new(), Vec::new(), 0, 0);
-    for (index, sample) in samples.iter().enumerate() {
-        let name = sample["sample_id"].as_str().map_or_else(|| format!("locomo-{index}"), str::to_owned);
-        let conversation = sample["conversation"].as_object().context("a sample without a conversation")?;
-        let mut turns = Vec::new();
-        for (key, session) in conversation {
-            if !key.starts_with("session_") || !session.is_array() {
-                continue;
-            }
-            for turn in session.as_array().into_iter().flatten() {
-                let (Some(id), Some(speaker), Some(text)) =
-                    (turn["dia_id"].as_str(), turn["speaker"].as_str(), turn["text"].as_str())
-                else {
-                    continue;
-                };
-                let mut content = format!("{speaker}: {text}");
-                if let Some(caption) = turn["blip_caption"].as_str() {
+    for sample in locomo::read(path)? {
+        // A turn without an id cannot be evidence: it is not written.
+        let turns: Vec<(String, String)> = sample
+            .turns()
+            .filter_map(|turn| {
+                let mut content = turn.line();
+                if let Some(caption) = &turn.caption {
                     content.push_str(&format!(" [image: {caption}]"));
                 }
-                turns.push((id.to_owned(), capped(&content)));
-            }
-        }
+                Some((turn.id.clone()?, capped(&content)))
+            })
+            .collect();
         let known: HashSet<&str> = turns.iter().map(|(id, _)| id.as_str()).collect();
-        for qa in sample["qa"].as_array().into_iter().flatten() {
-            let mut gold = Vec::new();
-            for raw in qa["evidence"].as_array().into_iter().flatten().filter_map(Value::as_str) {
-                let (ids, changed) = evidence_ids(raw);
-                normalised += usize::from(changed);
-                for id in ids {
-                    if known.contains(id.as_str()) {
-                        gold.push(id);
-                    } else {
-                        dropped += 1;
-                    }
-                }
-            }
-            gold.sort();
-            gold.dedup();
+        for qa in &sample.qa {
+            let (gold, changed, unknown) = sample.gold(qa, &known);
+            normalised += changed;
+            dropped += unknown;
             questions.push(LocomoQuestion {
                 conversation: conversations.len(),
-                question: qa["question"].as_str().unwrap_or_default().to_owned(),
-                category: qa["category"].as_u64().unwrap_or(0),
+                question: qa.question.clone().unwrap_or_default(),
+                category: qa.category,
                 gold,
             });
         }
-        conversations.push(Conversation { name, turns });
+        conversations.push(Conversation { name: sample.name, turns });
     }
     Ok((conversations, questions, normalised, dropped))
 }
@@ -504,18 +464,4 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
         report["knowledge_update"]["questions"]
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn malformed_evidence_ids_are_normalised() {
-        assert_eq!(evidence_ids("D1:3"), (vec!["D1:3".to_owned()], false));
-        assert_eq!(evidence_ids("D8:6; D9:17"), (vec!["D8:6".to_owned(), "D9:17".to_owned()], true));
-        assert_eq!(evidence_ids("D:11:26"), (vec!["D11:26".to_owned()], true));
-        assert_eq!(evidence_ids("D30:05"), (vec!["D30:5".to_owned()], true));
-        assert_eq!(evidence_ids("session 3").0.len(), 2, "unreadable pieces are kept to be dropped as unknown");
-    }
 }

@@ -1,16 +1,20 @@
 //! Retention: how long the safety-floor check takes on a large tenant, and how fast a sweep
 //! anonymizes. One tenant of `--rows` chat rows (every fifth soft-deleted 40 days ago, so
 //! `--rows / 5` are due), each retired row with a 384-dimension vector as the local model makes,
-//! bulk-loaded with SQL (a load, not a measurement) and then vacuumed and analyzed as autovacuum
-//! would. The floor check is `Store::sweep_plan` (the counts a sweep decides on), timed warm; the
-//! sweep is `mnemo_jobs::sweep_tenant`, the function the worker and the runbook run.
+//! bulk-loaded with `Store::bulk_load` (a load, not a measurement) and then vacuumed and
+//! analyzed as autovacuum would. The floor check is `Store::sweep_plan` (the counts a sweep
+//! decides on), timed warm; the sweep is `mnemo_jobs::sweep_tenant`, the function the worker
+//! and the runbook run.
 
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, TimeDelta, Utc};
 use mnemo_config::{Env, RetentionSettings};
-use mnemo_core::{RetentionPolicy, TenantId};
+use mnemo_core::{MemoryText, RetentionPolicy, Scope, SessionId, SourceKind, SourceRef, TenantId, UserId};
 use mnemo_jobs::{SweepOptions, sweep_tenant};
+use mnemo_store::BulkRow;
 use serde_json::json;
+use uuid::Uuid;
 
 use crate::embedding::fresh;
 
@@ -31,46 +35,55 @@ pub struct Args {
 
 const TENANT: &str = "bench";
 const LOAD_BATCH: u64 = 50_000;
+/// The local model's name and dimension: retired rows carry a vector as it makes them.
+const MODEL: &str = "all-MiniLM-L6-v2";
+const DIMENSIONS: usize = 384;
+const TOPICS: [&str; 5] = [
+    "the quarterly report",
+    "a flight to Lisbon",
+    "the vet visit for the cat",
+    "database migrations",
+    "a birthday dinner",
+];
+
+/// Row `i` of the tenant: a chat message written 60 days ago; every fifth was soft-deleted 40
+/// days ago and keeps its vector until a sweep anonymizes it.
+fn row(tenant: &TenantId, now: DateTime<Utc>, i: u64) -> anyhow::Result<BulkRow> {
+    let deleted = i.is_multiple_of(5);
+    Ok(BulkRow {
+        // Ids in load order, as the write path's time-ordered ids would be.
+        id: Uuid::from_u128((1 << 120) | u128::from(i)),
+        tenant: tenant.clone(),
+        scope: Scope::Session,
+        session: Some(SessionId::parse(&format!("session-{}", i % 1000))?),
+        user: Some(UserId::parse(&format!("user-{}", i % 5000))?),
+        agent: None,
+        kind: SourceKind::ChatMessage,
+        source_ref: SourceRef::parse(&format!("msg-{i}"))?,
+        content: MemoryText::parse(&format!(
+            "message {i} about {}, written the way people write to an assistant, with a few more words",
+            TOPICS[(i % 5) as usize]
+        ))?,
+        created_at: Some(now - TimeDelta::days(60)),
+        deleted_at: deleted.then(|| now - TimeDelta::days(40)),
+        vector: deleted.then(|| vec![0.05; DIMENSIONS]),
+    })
+}
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let env = Env::from_process();
     let (url, store) = fresh(&env).await?;
-    let pool = store.pool();
+    let tenant = TenantId::parse(TENANT)?;
 
     let started = Instant::now();
+    let now = Utc::now();
     for start in (1..=args.rows).step_by(LOAD_BATCH as usize) {
         let end = (start + LOAD_BATCH - 1).min(args.rows);
-        sqlx::query(
-            "INSERT INTO memory_items (id, tenant_id, scope, session_id, user_id, source_kind, source_ref, content,
-                                       content_sha256, event_time, created_at, deleted_at, embedded_model)
-             SELECT ('01' || lpad(to_hex(i), 30, '0'))::uuid, $3, 'session', 'session-' || (i % 1000),
-                    'user-' || (i % 5000), 'chat_message', 'msg-' || i,
-                    'message ' || i || ' about ' || (ARRAY['the quarterly report', 'a flight to Lisbon',
-                        'the vet visit for the cat', 'database migrations', 'a birthday dinner'])[1 + i % 5]
-                        || ', written the way people write to an assistant, with a few more words',
-                    sha256(('m' || i)::bytea), now() - interval '60 days', now() - interval '60 days',
-                    CASE WHEN i % 5 = 0 THEN now() - interval '40 days' END, 'all-MiniLM-L6-v2'
-             FROM generate_series($1::bigint, $2::bigint) AS i",
-        )
-        .bind(i64::try_from(start)?)
-        .bind(i64::try_from(end)?)
-        .bind(TENANT)
-        .execute(pool)
-        .await?;
+        let rows = (start..=end).map(|i| row(&tenant, now, i)).collect::<anyhow::Result<Vec<_>>>()?;
+        store.bulk_load(MODEL, &rows).await?;
         eprintln!("loaded {end}/{} rows ({:.0} s)", args.rows, started.elapsed().as_secs_f64());
     }
-    sqlx::query(
-        "INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256)
-         SELECT m.tenant_id, m.id, 'all-MiniLM-L6-v2', v.embedding, m.content_sha256
-         FROM memory_items m CROSS JOIN (SELECT array_fill(0.05::real, ARRAY[384])::vector AS embedding) v
-         WHERE m.deleted_at IS NOT NULL",
-    )
-    .execute(pool)
-    .await?;
-    // One statement each: VACUUM cannot run inside the transaction a multi-statement string gets.
-    for table in ["memory_items", "memory_embeddings"] {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}"))).execute(pool).await?;
-    }
+    store.vacuum_analyze_memories().await?;
     let load = started.elapsed();
     eprintln!("loaded and vacuumed in {:.0} s", load.as_secs_f64());
 
@@ -93,11 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ms(checks[checks.len() / 2])
     );
 
-    sqlx::query("INSERT INTO tenant_config (tenant_id, settings) VALUES ($1, $2)")
-        .bind(TENANT)
-        .bind(json!({ "memory_retention": { "batch_size": args.batch_size } }))
-        .execute(pool)
-        .await?;
+    store.set_retention_settings(&tenant, &json!({ "batch_size": args.batch_size })).await?;
     let settings = RetentionSettings::from_env(&Env::default())?;
     let mut options = SweepOptions::new(&settings, "bench");
     options.allow_large = Some(plan.due());

@@ -12,9 +12,8 @@ use hdrhistogram::Histogram;
 use mnemo_api::{AppState, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Extras, MemoryText, NewMemory, Principal, SessionId, SourceRef, TenantId, UserId};
-use mnemo_store::{Store, create_database};
+use mnemo_store::{PlainInserts, Store, create_database};
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -85,10 +84,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let url = db.url;
 
     // The plain-INSERT baseline: same server, same connection kind, one commit per row.
-    let plain = PgPoolOptions::new().max_connections(max_concurrency as u32).connect(&url).await?;
-    sqlx::query("CREATE TABLE bench_plain (id uuid PRIMARY KEY, tenant_id text NOT NULL, content text NOT NULL)")
-        .execute(&plain)
-        .await?;
+    let plain = PlainInserts::create(&url, max_concurrency as u32).await?;
 
     // mnemo's API in this process, as a service would run it.
     let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
@@ -116,17 +112,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let duration = Duration::from_secs(args.seconds);
     let mut rows = Vec::new();
     for (round, &concurrency) in args.concurrency.iter().enumerate() {
-        let pool = plain.clone();
+        let table = plain.clone();
         let plain_level = measure(concurrency, duration, move |_| {
-            let pool = pool.clone();
-            async move {
-                sqlx::query("INSERT INTO bench_plain (id, tenant_id, content) VALUES ($1, 'bench', $2)")
-                    .bind(uuid::Uuid::now_v7())
-                    .bind(CONTENT)
-                    .execute(&pool)
-                    .await?;
-                Ok(())
-            }
+            let table = table.clone();
+            async move { Ok(table.insert(CONTENT).await?) }
         })
         .await?;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+mod bulk;
 mod database;
 mod embeddings;
 mod error;
@@ -19,6 +20,7 @@ mod retention;
 mod schema;
 mod search;
 
+pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
 pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;

@@ -259,7 +259,7 @@ fn sql_literal(text: &str) -> String {
 }
 
 /// One index per (model, dimensions); model names may hold any character, so the name hashes it.
-fn vector_index_name(model: &str, dimensions: usize) -> String {
+pub(crate) fn vector_index_name(model: &str, dimensions: usize) -> String {
     let digest = hex::encode(Sha256::digest(model.as_bytes()));
     format!("memory_embeddings_hnsw_{}_{dimensions}", &digest[..12])
 }
@@ -352,6 +352,22 @@ impl Search {
             ranked.extend(rank(rows));
         }
         Ok(ranked)
+    }
+
+    /// The exact nearest neighbours of `vector` in the tenant class (a scan of every vector of
+    /// the tenant, slow on a large one): what the benchmarks compare the HNSW half with.
+    pub async fn exact_tenant(
+        &self,
+        scope: &SearchScope<'_>,
+        vector: &[f32],
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.exact_tenant_sql))), scope)
+            .bind(limit)
+            .bind(Vector::from(vector.to_vec()))
+            .fetch_all(self.store.pool())
+            .await?;
+        Ok(rank(rows).remove(&Scope::Tenant).unwrap_or_default())
     }
 
     /// Whether live rows in the searched classes still wait for a vector of this model.

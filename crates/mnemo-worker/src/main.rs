@@ -49,19 +49,21 @@ async fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use clap::error::ErrorKind;
+    use mnemo_core::Queue;
 
     use super::*;
 
     #[test]
     fn flags_override_their_variables_and_unknown_ones_are_refused() {
-        let cli = Cli::try_parse_from(["mnemo-worker", "--queues", "judge", "--listen=0.0.0.0:9000"]).expect("valid");
-        let env = cli.apply(Env::from_pairs([(vars::WORKER_QUEUES, "embed"), (vars::WORKER_LISTEN, "x")]));
-        assert_eq!((env.get(vars::WORKER_QUEUES), env.get(vars::WORKER_LISTEN)), (Some("judge"), Some("0.0.0.0:9000")));
+        let (judge, embed) = (Queue::Judge.as_str(), Queue::Embed.as_str());
+        let cli = Cli::try_parse_from(["mnemo-worker", "--queues", judge, "--listen=0.0.0.0:9000"]).expect("valid");
+        let env = cli.apply(Env::from_pairs([(vars::WORKER_QUEUES, embed), (vars::WORKER_LISTEN, "x")]));
+        assert_eq!((env.get(vars::WORKER_QUEUES), env.get(vars::WORKER_LISTEN)), (Some(judge), Some("0.0.0.0:9000")));
         let kept = Cli::try_parse_from(["mnemo-worker"])
             .expect("valid")
-            .apply(Env::from_pairs([(vars::WORKER_QUEUES, "embed")]));
-        assert_eq!(kept.get(vars::WORKER_QUEUES), Some("embed"));
-        let unknown = Cli::try_parse_from(["mnemo-worker", "--queue", "embed"]).unwrap_err();
+            .apply(Env::from_pairs([(vars::WORKER_QUEUES, embed)]));
+        assert_eq!(kept.get(vars::WORKER_QUEUES), Some(embed));
+        let unknown = Cli::try_parse_from(["mnemo-worker", "--queue", embed]).unwrap_err();
         assert_eq!(unknown.kind(), ErrorKind::UnknownArgument);
         let help = Cli::try_parse_from(["mnemo-worker", "--help"]).unwrap_err();
         assert_eq!(help.kind(), ErrorKind::DisplayHelp);
