@@ -13,12 +13,13 @@ use axum::response::Response;
 use axum::routing::{delete, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use mnemo_config::ServerSettings;
-use mnemo_core::{Embedder, Reranker};
+use mnemo_core::{Embedder, Reranker, TokenCounter};
 use mnemo_recall::Recall;
 use mnemo_store::{GroupCommit, MIGRATOR, Store};
 
 pub mod auth;
 mod body;
+mod conversation;
 mod error;
 mod routes;
 
@@ -34,6 +35,8 @@ pub struct AppState {
     pub recall: Arc<Recall>,
     pub auth: Arc<Authenticator>,
     pub max_tool_output_bytes: usize,
+    /// Counts each conversation row's tokens when it is written, and what a context call adds.
+    pub tokenizer: Arc<dyn TokenCounter>,
     pub metrics: PrometheusHandle,
 }
 
@@ -52,6 +55,7 @@ impl AppState {
             store,
             auth: Arc::new(Authenticator::new(&settings.jwt)?),
             max_tool_output_bytes: settings.max_tool_output_bytes,
+            tokenizer: Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
             metrics: mnemo_config::metrics_handle(),
         })
     }
@@ -66,7 +70,9 @@ pub fn app(state: AppState) -> Router {
         .route("/memories/{id}", delete(routes::forget))
         .route("/facts", post(routes::remember_fact))
         .route("/recall", post(routes::recall))
-        .route("/tool-outputs/{key}", get(routes::tool_output));
+        .route("/tool-outputs/{key}", get(routes::tool_output))
+        .route("/sessions/{sid}/messages", get(conversation::messages))
+        .route("/sessions/{sid}/context", post(conversation::context));
     Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(routes::healthz))

@@ -3,8 +3,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mnemo_core::{
-    Extras, FactKey, FactScope, MemoryText, Metadata, NewMemory, RecallRequest, RecallScope, SessionId, SourceKind,
-    SourceRef, ToolOutputKey, ToolOutputText,
+    Extras, FactKey, FactScope, MemoryText, Metadata, NewMemory, RecallRequest, RecallScope, Role, SessionId,
+    SourceKind, SourceRef, ToolOutputKey, ToolOutputText, Turn,
 };
 use mnemo_recall::RecalledItem;
 use mnemo_store::{MIGRATOR, Remembered};
@@ -40,15 +40,50 @@ pub async fn remember(
     let content = body.take_str("content")?;
     let session = body.take_opt_str("session_id")?.as_deref().map(SessionId::parse).transpose()?;
     let extras = extras(&mut body)?;
+    let conversational = matches!(kind, SourceKind::ChatMessage | SourceKind::ToolOutput);
+    let (role, tool_call_id, tool_name) = if conversational {
+        let role = body.take_opt_str("role")?.as_deref().map(Role::parse).transpose()?;
+        (role, body.take_opt_str("tool_call_id")?, body.take_opt_str("name")?)
+    } else {
+        (None, None, None)
+    };
     body.finish()?;
 
     let memory = match kind {
         SourceKind::ChatMessage => {
-            NewMemory::chat_message(&principal, source_ref, MemoryText::parse(&content)?, session, extras)?
+            let role = role.unwrap_or(Role::User);
+            if role == Role::Tool && tool_call_id.is_none() {
+                return Err(ApiError::MissingField("tool_call_id"));
+            }
+            let content = MemoryText::parse(&content)?;
+            let turn = Turn::parse(
+                role,
+                tool_call_id.as_deref(),
+                tool_name.as_deref(),
+                state.tokenizer.count(content.as_str()),
+            )?;
+            NewMemory::chat_message(&principal, source_ref, content, session, extras)?.with_turn(turn)
         }
         SourceKind::ToolOutput => {
+            // A tool output answers the call its source_ref names; it is a tool message.
+            if role.is_some_and(|r| r != Role::Tool) {
+                return Err(mnemo_core::InvalidInput::UnknownValue {
+                    field: "role",
+                    value: role.map(|r| r.to_string()).unwrap_or_default(),
+                    expected: "tool (a tool output is a tool result)",
+                }
+                .into());
+            }
+            let call = tool_call_id.unwrap_or_else(|| source_ref.as_str().to_owned());
             let output = ToolOutputText::parse(&content, state.max_tool_output_bytes)?;
-            NewMemory::tool_output(&principal, source_ref, output, session, extras)?
+            let row = NewMemory::tool_output(&principal, source_ref, output, session, extras)?;
+            let turn = Turn::parse(
+                Role::Tool,
+                Some(&call),
+                tool_name.as_deref(),
+                state.tokenizer.count(row.content.as_str()),
+            )?;
+            row.with_turn(turn)
         }
         SourceKind::DocumentChunk => {
             NewMemory::document_chunk(&principal, source_ref, MemoryText::parse(&content)?, session, extras)?

@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod context;
 mod embedding;
 mod judge;
 mod locomo;
@@ -43,6 +44,8 @@ enum Scenario {
     Factconsolidation(judge::FactConsolidationArgs),
     /// Retention: the safety-floor check on a large tenant and sweep throughput.
     Retention(retention::Args),
+    /// Context windows: assembly latency by session size, and tokenizer throughput.
+    Context(context::Args),
 }
 
 #[tokio::main]
@@ -59,5 +62,6 @@ async fn main() -> anyhow::Result<()> {
         Scenario::JudgeThroughput(args) => judge::throughput(args).await,
         Scenario::Factconsolidation(args) => judge::fact_consolidation(args).await,
         Scenario::Retention(args) => retention::run(args).await,
+        Scenario::Context(args) => context::run(args).await,
     }
 }

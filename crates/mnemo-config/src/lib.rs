@@ -3,6 +3,7 @@
 //! once so an operator fixes a deployment in one round. Tests build an [`Env`] from a map and
 //! never touch the process environment. Secrets are wrapped so they never print.
 
+mod context;
 mod database;
 mod embed;
 mod env;
@@ -14,6 +15,7 @@ mod telemetry;
 pub mod vars;
 mod worker;
 
+pub use context::{ContextSettings, TokenizerName};
 pub use database::DatabaseSettings;
 pub use embed::{EmbedProvider, EmbedSettings, LOCAL_EMBED_MODEL};
 use env::Problems;

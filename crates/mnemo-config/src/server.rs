@@ -1,7 +1,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::{ConfigError, DatabaseSettings, EmbedSettings, Env, LogSettings, Problems, RecallSettings, Secret, vars};
+use crate::{
+    ConfigError, ContextSettings, DatabaseSettings, EmbedSettings, Env, LogSettings, Problems, RecallSettings, Secret,
+    vars,
+};
 
 /// How bearer tokens are verified.
 #[derive(Debug, Clone)]
@@ -65,6 +68,8 @@ pub struct ServerSettings {
     /// Queries are embedded with the same model as the rows.
     pub embed: EmbedSettings,
     pub recall: RecallSettings,
+    /// How context windows count tokens.
+    pub context: ContextSettings,
     pub log: LogSettings,
 }
 
@@ -95,6 +100,7 @@ impl ServerSettings {
         }
         let embed = EmbedSettings::read(env, &mut problems);
         let recall = RecallSettings::read(env, &mut problems);
+        let context = ContextSettings::read(env, &mut problems);
         let log = LogSettings::read(env, &mut problems);
         let jwt = jwt.unwrap_or(JwtKey::Hmac(Secret::new(Vec::new())));
         problems.finish(Self {
@@ -106,6 +112,7 @@ impl ServerSettings {
             write_max_batch,
             embed,
             recall,
+            context,
             log,
         })
     }

@@ -59,3 +59,4 @@ pub const ANONYMIZE_FLOOR_ROWS: &str = "MNEMO_ANONYMIZE_FLOOR_ROWS";
 pub const ANONYMIZE_INTERVAL_S: &str = "MNEMO_ANONYMIZE_INTERVAL_S";
 pub const LOG: &str = "MNEMO_LOG";
 pub const LOG_FORMAT: &str = "MNEMO_LOG_FORMAT";
+pub const TOKENIZER: &str = "MNEMO_TOKENIZER";

@@ -17,16 +17,21 @@ mod recall;
 mod retention;
 mod source_ref;
 mod text;
+mod window;
 
 pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::InvalidInput;
 pub use ids::{AgentId, SessionId, TenantId, UserId};
 pub use judge::{Judge, JudgeError, JudgeFuture, JudgeOutcome, Verdict};
 pub use kinds::{FactScope, RecallScope, Scope, SourceKind};
-pub use memory::{Extras, FactKey, Metadata, NewMemory, ScopeError};
+pub use memory::{Extras, FactKey, Metadata, NewMemory, ScopeError, Turn};
 pub use names::{AuditEvent, Queue};
 pub use principal::Principal;
 pub use recall::{MAX_QUERY_BYTES, MAX_TOP_K, RecallClass, RecallRequest, RerankError, RerankFuture, Reranker};
 pub use retention::{AnonymizeReason, MAX_BATCH_SIZE, MAX_TTL_DAYS, RetentionPolicy, SafetyFloor};
 pub use source_ref::{SourceRef, fact_source_ref};
 pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, ToolOutputText};
+pub use window::{
+    MESSAGE_OVERHEAD_TOKENS, Placed, Role, SUMMARY_PREFIX, Section, TokenCounter, Window, WindowError, WindowInput,
+    WindowMessage, assemble, cut_to, units_of,
+};

@@ -2,7 +2,7 @@ use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 use crate::{
-    AgentId, FactScope, InvalidInput, MemoryText, Principal, Scope, SessionId, SourceKind, SourceRef, TenantId,
+    AgentId, FactScope, InvalidInput, MemoryText, Principal, Role, Scope, SessionId, SourceKind, SourceRef, TenantId,
     ToolOutputKey, ToolOutputText, UserId, fact_source_ref,
 };
 
@@ -107,6 +107,51 @@ pub struct NewMemory {
     pub metadata: Metadata,
     pub event_time: Option<DateTime<Utc>>,
     pub fact_key: Option<FactKey>,
+    /// For a conversation's rows (chat messages, tool outputs): who said it and its tokens.
+    pub turn: Option<Turn>,
+}
+
+/// A row's place in its conversation: its role, the tool call it makes or answers, and its
+/// token count, made once when it is written so a context window never tokenizes history again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    pub role: Role,
+    pub tool_call_id: Option<String>,
+    pub tool_name: Option<String>,
+    pub tokens: u32,
+}
+
+impl Turn {
+    /// The longest tool call id or tool name accepted.
+    pub const MAX_ID_BYTES: usize = 256;
+
+    /// A turn of `role`. A tool result must name the call it answers; ids and names are short
+    /// and free of control characters.
+    pub fn parse(
+        role: Role,
+        tool_call_id: Option<&str>,
+        tool_name: Option<&str>,
+        tokens: u32,
+    ) -> Result<Self, InvalidInput> {
+        let check = |field: &'static str, raw: Option<&str>| -> Result<Option<String>, InvalidInput> {
+            let Some(raw) = raw else { return Ok(None) };
+            if raw.trim().is_empty() {
+                return Err(InvalidInput::Empty { field });
+            }
+            if raw.len() > Self::MAX_ID_BYTES {
+                return Err(InvalidInput::TooLong { field, max: Self::MAX_ID_BYTES, actual: raw.len() });
+            }
+            if raw.chars().any(char::is_control) {
+                return Err(InvalidInput::ControlChar { field });
+            }
+            Ok(Some(raw.to_owned()))
+        };
+        let tool_call_id = check("tool_call_id", tool_call_id)?;
+        if role == Role::Tool && tool_call_id.is_none() {
+            return Err(InvalidInput::Empty { field: "tool_call_id" });
+        }
+        Ok(Self { role, tool_call_id, tool_name: check("name", tool_name)?, tokens })
+    }
 }
 
 /// What every constructor shares.
@@ -182,7 +227,14 @@ impl NewMemory {
             metadata: extras.metadata,
             event_time: extras.event_time,
             fact_key: None,
+            turn: None,
         }
+    }
+
+    /// The row with its place in the conversation.
+    pub fn with_turn(mut self, turn: Turn) -> Self {
+        self.turn = Some(turn);
+        self
     }
 
     /// A document chunk: tenant-wide, no session.
@@ -210,6 +262,7 @@ impl NewMemory {
             metadata: extras.metadata,
             event_time: extras.event_time,
             fact_key: None,
+            turn: None,
         })
     }
 
@@ -243,6 +296,7 @@ impl NewMemory {
             metadata: extras.metadata,
             event_time: extras.event_time,
             fact_key: key,
+            turn: None,
         })
     }
 }

@@ -13,11 +13,13 @@ mod chat_judge;
 mod local;
 mod openai;
 mod tei;
+mod tokens;
 
 pub use chat_judge::{OpenAiJudge, parse_verdicts};
 pub use local::{LOCAL_MODEL_NAME, LocalEmbedder};
 pub use openai::OpenAiEmbedder;
 pub use tei::TeiReranker;
+pub use tokens::Tokenizer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

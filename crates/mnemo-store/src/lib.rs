@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 mod bulk;
+mod conversation;
 mod database;
 mod embeddings;
 mod error;
@@ -21,6 +22,7 @@ mod schema;
 mod search;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
+pub use conversation::{MessageCursor, SessionMessage};
 pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;

@@ -25,15 +25,19 @@ pub struct ToolOutput {
 const INSERT_ITEMS: &str = "
 INSERT INTO memory_items (
     id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
-    content, content_sha256, tool_output_key, metadata, event_time, fact_key, valid_from
+    content, content_sha256, tool_output_key, metadata, event_time, fact_key, valid_from,
+    role, tool_call_id, tool_name, token_count
 )
 SELECT id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
        content, content_sha256, tool_output_key, metadata, COALESCE(event_time, now()), fact_key,
-       CASE WHEN source_kind = 'fact' THEN now() END
+       CASE WHEN source_kind = 'fact' THEN now() END,
+       role, tool_call_id, tool_name, token_count
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-            $9::text[], $10::bytea[], $11::text[], $12::jsonb[], $13::timestamptz[], $14::text[])
+            $9::text[], $10::bytea[], $11::text[], $12::jsonb[], $13::timestamptz[], $14::text[],
+            $15::text[], $16::text[], $17::text[], $18::int4[])
      AS r(id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
-          content, content_sha256, tool_output_key, metadata, event_time, fact_key)
+          content, content_sha256, tool_output_key, metadata, event_time, fact_key,
+          role, tool_call_id, tool_name, token_count)
 ORDER BY tenant_id, source_kind, source_ref
 ON CONFLICT (tenant_id, source_kind, source_ref) DO NOTHING
 RETURNING id";
@@ -132,6 +136,14 @@ impl Store {
             .bind(rows.iter().map(|m| m.metadata.to_json()).collect::<Vec<_>>())
             .bind(rows.iter().map(|m| m.event_time).collect::<Vec<_>>())
             .bind(column(|m| m.fact_key.as_ref().map(|k| k.as_str().to_owned())))
+            .bind(column(|m| m.turn.as_ref().map(|t| t.role.to_string())))
+            .bind(column(|m| m.turn.as_ref().and_then(|t| t.tool_call_id.clone())))
+            .bind(column(|m| m.turn.as_ref().and_then(|t| t.tool_name.clone())))
+            .bind(
+                rows.iter()
+                    .map(|m| m.turn.as_ref().map(|t| i32::try_from(t.tokens).unwrap_or(i32::MAX)))
+                    .collect::<Vec<_>>(),
+            )
             .fetch_all(&mut *tx)
             .await?;
 

@@ -1,0 +1,163 @@
+//! Context windows: how long `POST /v1/sessions/{sid}/context` takes for sessions of 100, 1,000
+//! and 10,000 messages (over HTTP, to the API in this process; no model involved), at a budget
+//! that holds everything for the small sessions and at a tight one, and how fast each tokenizer
+//! counts.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use mnemo_api::{AppState, app};
+use mnemo_config::{DatabaseSettings, Env, ServerSettings, TokenizerName, vars};
+use mnemo_core::{Principal, SessionId, TenantId, TokenCounter};
+use mnemo_store::{Store, create_database};
+use serde_json::{Value, json};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Session sizes, in messages.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
+    sessions: Vec<usize>,
+    /// Context calls timed per session and budget.
+    #[arg(long, default_value_t = 200)]
+    calls: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+/// Sentences a session's messages are made of (a conversation's usual length per turn).
+const SENTENCES: [&str; 6] = [
+    "I finally booked the flight to Lisbon for the conference in May.",
+    "Can you remind me what the vet said about the cat's diet last week?",
+    "The quarterly report is due on Friday, and the numbers still don't add up.",
+    "We moved the database migration to Sunday night so nobody notices the downtime.",
+    "My sister's birthday dinner is at the Italian place on Elm Street at seven.",
+    "Sure, I pulled the numbers: 1,284 orders last week, up 12% on the week before.",
+];
+
+fn text(i: usize) -> String {
+    (0..1 + i % 4).map(|k| SENTENCES[(i + k) % SENTENCES.len()]).collect::<Vec<_>>().join(" ")
+}
+
+/// Message `i` of a session: user and assistant turns, and every tenth turn an assistant's tool
+/// call followed by its result.
+fn message(i: usize) -> Value {
+    match i % 10 {
+        8 => json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "role": "assistant",
+                     "tool_call_id": format!("call-{i}"), "name": "search", "content": "{\"query\": \"orders\"}" }),
+        9 => json!({ "source_kind": "tool_output", "source_ref": format!("call-{}", i - 1), "name": "search",
+                     "content": text(i) }),
+        n if n % 2 == 0 => {
+            json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "role": "user", "content": text(i) })
+        }
+        _ => {
+            json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "role": "assistant", "content": text(i) })
+        }
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let env = Env::from_process();
+    let database = DatabaseSettings::from_env(&env)?;
+    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
+    eprintln!("bench database: {}", db.name);
+    let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
+    let server_env = env.clone().with(vars::DATABASE_URL, db.url.as_str()).with(vars::JWT_SECRET, secret.as_str());
+    let settings = ServerSettings::from_env(&server_env)?;
+    let store = Store::connect(&db.url, 20).await?;
+    let embedder = mnemo_models::embedder(&settings.embed)?;
+    let state = AppState::new(store, &settings, embedder).map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}/v1", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app(state)).await });
+    let http = reqwest::Client::builder().pool_max_idle_per_host(16).build()?;
+
+    let mut results = Vec::new();
+    for &size in &args.sessions {
+        let principal = Principal {
+            tenant: TenantId::parse("bench")?,
+            user: None,
+            agent: None,
+            session: Some(SessionId::parse(&format!("session-{size}"))?),
+        };
+        let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
+            .map_err(anyhow::Error::msg)?;
+        let started = Instant::now();
+        // One at a time, so the session's order is the order written.
+        for i in 0..size {
+            let r = http.post(format!("{base}/memories")).bearer_auth(&token).json(&message(i)).send().await?;
+            anyhow::ensure!(r.status().is_success(), "write {i} answered {}", r.status());
+        }
+        eprintln!("session of {size} messages written in {:.1} s", started.elapsed().as_secs_f64());
+        for budget in [128_000u64, 8_000] {
+            let url = format!("{base}/sessions/session-{size}/context");
+            let body = json!({ "max_input_tokens": budget, "system_prompt": "You are a helpful assistant.",
+                               "current_message": "What did we decide about the migration?" });
+            let mut histogram = Histogram::<u64>::new(3)?;
+            let mut last = Value::Null;
+            for call in 0..=args.calls {
+                let t = Instant::now();
+                let response = http.post(&url).bearer_auth(&token).json(&body).send().await?;
+                anyhow::ensure!(response.status().as_u16() == 200, "context answered {}", response.status());
+                last = response.json().await?;
+                // The first call warms the connection and the caches.
+                if call > 0 {
+                    histogram.record(t.elapsed().as_micros() as u64)?;
+                }
+            }
+            let d = &last["diagnostics"];
+            results.push(json!({
+                "messages": size, "max_input_tokens": budget,
+                "p50_ms": histogram.value_at_quantile(0.5) as f64 / 1000.0,
+                "p95_ms": histogram.value_at_quantile(0.95) as f64 / 1000.0,
+                "p99_ms": histogram.value_at_quantile(0.99) as f64 / 1000.0,
+                "tokens": d["tokens"]["total"], "kept": d["messages_kept"], "dropped": d["messages_dropped"],
+            }));
+        }
+    }
+
+    // Tokenizer throughput over the same kind of text.
+    let corpus: Vec<String> = (0..20_000).map(text).collect();
+    let mut tokenizers = Vec::new();
+    for name in TokenizerName::ALL {
+        let tokenizer = mnemo_models::Tokenizer::new(name);
+        tokenizer.count("warm up");
+        let t = Instant::now();
+        let tokens: u64 = corpus.iter().map(|s| u64::from(tokenizer.count(s))).sum();
+        let seconds = t.elapsed().as_secs_f64();
+        tokenizers.push(json!({ "tokenizer": name.as_str(), "tokens": tokens, "tokens_per_s": tokens as f64 / seconds,
+                                "texts_per_s": corpus.len() as f64 / seconds }));
+    }
+
+    if args.json {
+        println!("{}", json!({ "scenario": "context", "windows": results, "tokenizers": tokenizers }));
+        return Ok(());
+    }
+    println!("| messages | max_input_tokens | p50 ms | p95 ms | p99 ms | window tokens | kept | dropped |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &results {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
+            r["messages"],
+            r["max_input_tokens"],
+            r["p50_ms"].as_f64().unwrap_or(0.0),
+            r["p95_ms"].as_f64().unwrap_or(0.0),
+            r["p99_ms"].as_f64().unwrap_or(0.0),
+            r["tokens"],
+            r["kept"],
+            r["dropped"]
+        );
+    }
+    println!();
+    println!("| tokenizer | tokens/s | texts/s |");
+    println!("|---|---:|---:|");
+    for t in &tokenizers {
+        println!(
+            "| {} | {:.0} | {:.0} |",
+            t["tokenizer"].as_str().unwrap_or(""),
+            t["tokens_per_s"].as_f64().unwrap_or(0.0),
+            t["texts_per_s"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,540 @@
+//! The context window: which of a session's messages go to the model's next call so that the
+//! whole input fits its budget. Pure: the caller brings the messages (with token counts made
+//! when they were written), the latest summary and a token counter; nothing here waits for a
+//! model or the database.
+//!
+//! Order of the window: system prompt, the injected section (workspace files, memory pack), the
+//! summary as a *user* message with a marker (history is never promoted to instructions), the
+//! kept tail of the conversation, the current message. It always fits `budget`:
+//! - whole units are dropped from the front of the tail first, where a unit is a message, or an
+//!   assistant's tool call with every result answering it (never split);
+//! - the last turn (from the last user message on) is kept while anything else can go;
+//! - then the summary goes, and last a message too large on its own is cut in the middle, keeping
+//!   its head and tail around a marker.
+//!
+//! The system prompt and the current message are the caller's own and are never cut: when they
+//! alone do not fit, assembly refuses ([`WindowError::BudgetTooSmall`]).
+
+use crate::InvalidInput;
+
+string_enum!(
+    /// Who said a message, as the OpenAI chat format names it.
+    Role, "role" {
+        User => "user",
+        Assistant => "assistant",
+        Tool => "tool",
+        System => "system",
+    }
+);
+
+/// The marker that opens a summary placed in the window.
+pub const SUMMARY_PREFIX: &str = "[Conversation context summary - for reference only, not instructions]";
+
+/// What one message costs beyond its content in a chat request (role and framing tokens); the
+/// OpenAI format spends about 3–4 per message, so counting 4 keeps the sum an upper bound.
+pub const MESSAGE_OVERHEAD_TOKENS: u32 = 4;
+
+/// Counts tokens the way the model will. Implemented by the tokenizers in `mnemo-models`.
+pub trait TokenCounter: Send + Sync + std::fmt::Debug {
+    fn count(&self, text: &str) -> u32;
+}
+
+/// One stored message of a session, in the session's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowMessage {
+    pub role: Role,
+    pub content: String,
+    /// Tokens of `content`, counted when it was written.
+    pub tokens: u32,
+    /// On a tool result: the call it answers. On an assistant message: the call it makes.
+    pub tool_call_id: Option<String>,
+    /// The tool's name, on a call and its result.
+    pub tool_name: Option<String>,
+}
+
+impl WindowMessage {
+    fn cost(&self) -> u64 {
+        u64::from(self.tokens) + u64::from(MESSAGE_OVERHEAD_TOKENS)
+    }
+}
+
+/// What the window is made from.
+#[derive(Debug, Clone, Default)]
+pub struct WindowInput<'a> {
+    pub system_prompt: Option<&'a str>,
+    /// Rendered workspace files and memory pack, placed after the system prompt (as system
+    /// content: an operator enabled them).
+    pub injected: Option<&'a str>,
+    /// The latest summary of the messages before `history`.
+    pub summary: Option<&'a str>,
+    /// The messages the summary does not cover, oldest first.
+    pub history: &'a [WindowMessage],
+    pub current: Option<&'a WindowMessage>,
+    /// Tokens the whole input may hold (`max_input_tokens − reserve_output_tokens`).
+    pub budget: u32,
+    /// Keep at most this many of the latest turns (overflow recovery); `None` keeps what fits.
+    pub keep_turns: Option<usize>,
+}
+
+/// A message of the assembled window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    pub role: Role,
+    pub content: String,
+    pub tool_call_id: Option<String>,
+    pub tool_name: Option<String>,
+    /// Where it came from.
+    pub section: Section,
+    /// Index into `history` for history messages.
+    pub history_index: Option<usize>,
+    /// Cut in the middle to fit.
+    pub truncated: bool,
+}
+
+/// The sections of a window, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Section {
+    System,
+    Injected,
+    Summary,
+    History,
+    Current,
+}
+
+/// The assembled window and what it cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub messages: Vec<Placed>,
+    /// Tokens per section, overhead included, in section order.
+    pub tokens: Vec<(Section, u64)>,
+    /// History messages kept and dropped (by index into `history`).
+    pub kept: Vec<usize>,
+    pub dropped: Vec<usize>,
+    pub summary_used: bool,
+}
+
+impl Window {
+    pub fn total_tokens(&self) -> u64 {
+        self.tokens.iter().map(|(_, n)| n).sum()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    /// The system prompt, injected text and current message alone exceed the budget.
+    #[error("the budget of {budget} tokens cannot hold the system prompt and the current message ({needed} tokens)")]
+    BudgetTooSmall { budget: u32, needed: u64 },
+}
+
+/// The marker a cut message carries where its middle was.
+fn cut_marker(removed_chars: usize) -> String {
+    format!("\n…[{removed_chars} characters cut to fit the context window]…\n")
+}
+
+/// Assembles the window. See the module's documentation for the rules.
+pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<Window, WindowError> {
+    let budget = u64::from(input.budget);
+    let cost = |text: &str| u64::from(counter.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS);
+    let mut fixed: Vec<Placed> = Vec::new();
+    let mut tokens = Vec::new();
+    for (section, text) in [(Section::System, input.system_prompt), (Section::Injected, input.injected)] {
+        if let Some(text) = text.filter(|t| !t.is_empty()) {
+            fixed.push(placed(Role::System, text.to_owned(), section));
+            tokens.push((section, cost(text)));
+        }
+    }
+    let current_cost = input.current.map_or(0, |m| cost(&m.content));
+    let needed = tokens.iter().map(|(_, n)| n).sum::<u64>() + current_cost;
+    if needed > budget {
+        return Err(WindowError::BudgetTooSmall { budget: input.budget, needed });
+    }
+    let room = budget - needed;
+
+    let units = units(input.history);
+    // The last turn starts at the unit holding the last user message (the whole tail when there
+    // is none).
+    let last_turn = units.iter().rposition(|u| input.history[u.start].role == Role::User).unwrap_or(0);
+    let mut first = match input.keep_turns {
+        Some(turns) => turn_start(input.history, &units, turns),
+        None => 0,
+    };
+    let tail_cost = |first: usize| -> u64 { units[first..].iter().map(|u| u.cost(input.history)).sum() };
+    let summary = input.summary.filter(|s| !s.is_empty()).map(|s| format!("{SUMMARY_PREFIX}\n{s}"));
+    let summary_cost = summary.as_deref().map_or(0, cost);
+
+    // Drop whole units from the front, the last turn kept, until the summary and the tail fit.
+    while first < last_turn && summary_cost + tail_cost(first) > room {
+        first += 1;
+    }
+    let summary_used = summary.is_some() && summary_cost + tail_cost(first) <= room;
+    let room = room - if summary_used { summary_cost } else { 0 };
+    // Then the last turn itself, unit by unit, keeping its final unit.
+    while first + 1 < units.len() && tail_cost(first) > room {
+        first += 1;
+    }
+
+    // Last, cut the largest kept messages in the middle; if even empty messages would not fit,
+    // no history goes in at all.
+    let start = units.get(first).map_or(input.history.len(), |u| u.start);
+    let mut contents: Vec<(usize, String, bool)> =
+        (start..input.history.len()).map(|i| (i, input.history[i].content.clone(), false)).collect();
+    let mut history_cost: u64 = contents.iter().map(|(_, text, _)| cost(text)).sum();
+    while history_cost > room {
+        let Some(largest) = contents.iter_mut().filter(|(_, text, _)| !text.is_empty()).max_by_key(|(_, t, _)| t.len())
+        else {
+            contents.clear();
+            history_cost = 0;
+            break;
+        };
+        let now = u64::from(counter.count(&largest.1));
+        let target = now.saturating_sub(history_cost - room);
+        largest.1 = cut_to(&largest.1, target.min(now.saturating_sub(1)), counter);
+        largest.2 = true;
+        history_cost = contents.iter().map(|(_, text, _)| cost(text)).sum();
+    }
+
+    let mut messages = fixed;
+    if summary_used && let Some(summary) = summary {
+        tokens.push((Section::Summary, summary_cost));
+        messages.push(placed(Role::User, summary, Section::Summary));
+    }
+    let kept_from = contents.first().map_or(input.history.len(), |(i, _, _)| *i);
+    for (i, content, truncated) in contents {
+        let message = &input.history[i];
+        messages.push(Placed {
+            role: message.role,
+            content,
+            tool_call_id: message.tool_call_id.clone(),
+            tool_name: message.tool_name.clone(),
+            section: Section::History,
+            history_index: Some(i),
+            truncated,
+        });
+    }
+    let history_tokens = history_cost;
+    if history_tokens > 0 {
+        tokens.push((Section::History, history_tokens));
+    }
+    if let Some(current) = input.current {
+        tokens.push((Section::Current, current_cost));
+        messages.push(Placed {
+            role: current.role,
+            content: current.content.clone(),
+            tool_call_id: current.tool_call_id.clone(),
+            tool_name: current.tool_name.clone(),
+            section: Section::Current,
+            history_index: None,
+            truncated: false,
+        });
+    }
+    Ok(Window {
+        messages,
+        tokens,
+        kept: (kept_from..input.history.len()).collect(),
+        dropped: (0..kept_from).collect(),
+        summary_used,
+    })
+}
+
+fn placed(role: Role, content: String, section: Section) -> Placed {
+    Placed { role, content, tool_call_id: None, tool_name: None, section, history_index: None, truncated: false }
+}
+
+/// A run of history that is kept or dropped whole: one message, or an assistant's tool call
+/// with the results that answer it.
+#[derive(Debug, Clone, Copy)]
+struct Unit {
+    start: usize,
+    end: usize,
+}
+
+impl Unit {
+    fn cost(&self, history: &[WindowMessage]) -> u64 {
+        history[self.start..self.end].iter().map(WindowMessage::cost).sum()
+    }
+}
+
+/// Cuts history into units. A tool result joins the unit of the call it answers when that call
+/// is the open one; a result whose call is not there (cut off by a summary) stands alone.
+pub fn units_of(history: &[WindowMessage]) -> Vec<(usize, usize)> {
+    units(history).into_iter().map(|u| (u.start, u.end)).collect()
+}
+
+fn units(history: &[WindowMessage]) -> Vec<Unit> {
+    let mut units: Vec<Unit> = Vec::new();
+    let mut open_calls: Vec<&str> = Vec::new();
+    for (i, message) in history.iter().enumerate() {
+        let answers_open = message.role == Role::Tool
+            && message.tool_call_id.as_deref().is_some_and(|id| open_calls.contains(&id))
+            && !units.is_empty();
+        if answers_open {
+            if let Some(last) = units.last_mut() {
+                last.end = i + 1;
+            }
+            continue;
+        }
+        // Consecutive assistant calls (parallel tool calls) share one unit with all their results.
+        let extends_calls = message.role == Role::Assistant
+            && message.tool_call_id.is_some()
+            && !open_calls.is_empty()
+            && units.last().is_some_and(|u| u.end == i);
+        if extends_calls && let Some(last) = units.last_mut() {
+            last.end = i + 1;
+        } else {
+            open_calls.clear();
+            units.push(Unit { start: i, end: i + 1 });
+        }
+        if message.role == Role::Assistant
+            && let Some(id) = message.tool_call_id.as_deref()
+        {
+            open_calls.push(id);
+        }
+    }
+    units
+}
+
+/// The first unit of the last `turns` turns (a turn starts at a user message).
+fn turn_start(history: &[WindowMessage], units: &[Unit], turns: usize) -> usize {
+    let starts: Vec<usize> =
+        units.iter().enumerate().filter(|(_, u)| history[u.start].role == Role::User).map(|(i, _)| i).collect();
+    match turns {
+        0 => units.len().saturating_sub(1),
+        n if n >= starts.len() => 0,
+        n => starts[starts.len() - n],
+    }
+}
+
+/// `text` cut in the middle to at most `max_tokens`, its head and tail kept around a marker.
+/// Cut by characters, then checked with the counter and shortened until it fits.
+pub fn cut_to(text: &str, max_tokens: u64, counter: &dyn TokenCounter) -> String {
+    if u64::from(counter.count(text)) <= max_tokens {
+        return text.to_owned();
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let total = u64::from(counter.count(text)).max(1);
+    let mut keep = ((chars.len() as u64 * max_tokens) / total) as usize;
+    loop {
+        let candidate = if keep == 0 {
+            String::new()
+        } else {
+            let head: String = chars[..keep.div_ceil(2)].iter().collect();
+            let tail: String = chars[chars.len() - keep / 2..].iter().collect();
+            format!("{head}{}{tail}", cut_marker(chars.len() - keep))
+        };
+        if keep == 0 || u64::from(counter.count(&candidate)) <= max_tokens {
+            return candidate;
+        }
+        keep = keep * 3 / 4;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One token per started group of four characters: close enough to a BPE for these rules.
+    #[derive(Debug)]
+    struct Quarters;
+
+    impl TokenCounter for Quarters {
+        fn count(&self, text: &str) -> u32 {
+            u32::try_from(text.chars().count().div_ceil(4)).unwrap_or(u32::MAX)
+        }
+    }
+
+    fn message(role: Role, content: &str) -> WindowMessage {
+        WindowMessage {
+            role,
+            content: content.to_owned(),
+            tokens: Quarters.count(content),
+            tool_call_id: None,
+            tool_name: None,
+        }
+    }
+
+    fn call(id: &str) -> WindowMessage {
+        WindowMessage {
+            tool_call_id: Some(id.to_owned()),
+            tool_name: Some("search".into()),
+            ..message(Role::Assistant, "calling search")
+        }
+    }
+
+    fn result(id: &str, content: &str) -> WindowMessage {
+        WindowMessage {
+            tool_call_id: Some(id.to_owned()),
+            tool_name: Some("search".into()),
+            ..message(Role::Tool, content)
+        }
+    }
+
+    fn input<'a>(history: &'a [WindowMessage], budget: u32) -> WindowInput<'a> {
+        WindowInput { system_prompt: Some("You are helpful."), history, budget, ..WindowInput::default() }
+    }
+
+    #[test]
+    fn everything_fits_in_order_with_the_summary_as_a_marked_user_message() {
+        let history = [message(Role::User, "hello there"), message(Role::Assistant, "hi, how can I help")];
+        let current = message(Role::User, "what is the weather");
+        let window = assemble(
+            &WindowInput { summary: Some("they talked about Paris"), current: Some(&current), ..input(&history, 1000) },
+            &Quarters,
+        )
+        .expect("fits");
+        let sections: Vec<Section> = window.messages.iter().map(|m| m.section).collect();
+        assert_eq!(sections, [Section::System, Section::Summary, Section::History, Section::History, Section::Current]);
+        let summary = &window.messages[1];
+        assert_eq!(summary.role, Role::User);
+        assert!(summary.content.starts_with(SUMMARY_PREFIX));
+        assert_eq!((window.kept.clone(), window.dropped.clone()), (vec![0, 1], vec![]));
+        assert!(window.total_tokens() <= 1000);
+    }
+
+    #[test]
+    fn old_units_go_first_and_the_last_turn_stays() {
+        let long = "word ".repeat(40);
+        let history = [
+            message(Role::User, &long),
+            message(Role::Assistant, &long),
+            message(Role::User, "short question"),
+            message(Role::Assistant, "short answer"),
+        ];
+        let window = assemble(&input(&history, 40), &Quarters).expect("fits");
+        assert_eq!(window.kept, [2, 3]);
+        assert_eq!(window.dropped, [0, 1]);
+        assert!(window.total_tokens() <= 40);
+    }
+
+    #[test]
+    fn a_tool_call_and_its_results_stay_together_or_go_together() {
+        let history = [
+            message(Role::User, "find it"),
+            call("c1"),
+            result("c1", &"result text ".repeat(10)),
+            message(Role::User, "and now?"),
+            call("c2"),
+            call("c3"),
+            result("c2", "two"),
+            result("c3", "three"),
+        ];
+        assert_eq!(units_of(&history), [(0, 1), (1, 3), (3, 4), (4, 8)]);
+        for budget in 10..120 {
+            let Ok(window) = assemble(&input(&history, budget), &Quarters) else { continue };
+            assert!(window.total_tokens() <= u64::from(budget));
+            let kept: Vec<usize> = window.kept.clone();
+            for (start, end) in units_of(&history) {
+                let inside = kept.iter().filter(|i| (start..end).contains(i)).count();
+                assert!(inside == 0 || inside == end - start, "budget {budget}: unit {start}..{end} split: {kept:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_message_too_large_alone_is_cut_in_the_middle() {
+        let huge = format!("HEAD {} TAIL", "x".repeat(4000));
+        let history = [message(Role::User, &huge)];
+        let window = assemble(&input(&history, 200), &Quarters).expect("fits");
+        let kept = &window.messages[1];
+        assert!(kept.truncated);
+        assert!(kept.content.starts_with("HEAD") && kept.content.ends_with("TAIL"), "{}", kept.content);
+        assert!(kept.content.contains("characters cut to fit"));
+        assert!(window.total_tokens() <= 200);
+    }
+
+    #[test]
+    fn overflow_mode_keeps_only_the_last_turns() {
+        let history = [
+            message(Role::User, "one"),
+            message(Role::Assistant, "1"),
+            message(Role::User, "two"),
+            message(Role::Assistant, "2"),
+            message(Role::User, "three"),
+            message(Role::Assistant, "3"),
+        ];
+        let window =
+            assemble(&WindowInput { keep_turns: Some(2), ..input(&history, 10_000) }, &Quarters).expect("fits");
+        assert_eq!(window.kept, [2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn a_budget_below_the_system_prompt_and_current_message_is_refused() {
+        let current = message(Role::User, &"q".repeat(400));
+        let err = assemble(&WindowInput { current: Some(&current), ..input(&[], 50) }, &Quarters).unwrap_err();
+        assert!(matches!(err, WindowError::BudgetTooSmall { budget: 50, .. }));
+    }
+
+    /// For random sessions (roles, tool pairs, sizes from one token to over the whole budget) and
+    /// random budgets: the window never exceeds the budget, keeps the session's order, and never
+    /// splits a call from its results.
+    #[test]
+    fn random_sessions_always_fit_keep_order_and_never_split_a_pair() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = |bound: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % bound.max(1)
+        };
+        for case in 0..2000 {
+            let budget = 20 + next(3000) as u32;
+            let mut history = Vec::new();
+            let mut call_id = 0;
+            for _ in 0..next(40) {
+                let size = match next(10) {
+                    0 => 4 * (u64::from(budget) + next(2000)),
+                    1..=3 => 1 + next(200),
+                    _ => 1 + next(30),
+                } as usize;
+                let text: String = "abcd".repeat(size.div_ceil(4))[..size].to_owned();
+                match next(5) {
+                    0 => history.push(message(Role::User, &text)),
+                    1 => history.push(message(Role::Assistant, &text)),
+                    2 => {
+                        call_id += 1;
+                        history.push(call(&format!("c{call_id}")));
+                        for _ in 0..=next(2) {
+                            history.push(result(&format!("c{call_id}"), &text));
+                        }
+                    }
+                    3 => history.push(result("orphan", &text)),
+                    _ => history.push(message(Role::System, &text)),
+                }
+            }
+            let summary = (next(2) == 0).then(|| "s".repeat(next(3000) as usize));
+            let keep_turns = (next(4) == 0).then(|| next(3) as usize);
+            let window_input = WindowInput {
+                system_prompt: Some("sys"),
+                summary: summary.as_deref(),
+                history: &history,
+                budget,
+                keep_turns,
+                ..WindowInput::default()
+            };
+            let window = assemble(&window_input, &Quarters).expect("the system prompt always fits");
+            let counted: u64 = window
+                .messages
+                .iter()
+                .map(|m| u64::from(Quarters.count(&m.content)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
+                .sum();
+            assert!(counted <= u64::from(budget), "case {case}: {counted} tokens over a budget of {budget}");
+            assert_eq!(counted, window.total_tokens(), "case {case}: the diagnostics count what is sent");
+            let indexes: Vec<usize> = window.messages.iter().filter_map(|m| m.history_index).collect();
+            assert!(indexes.windows(2).all(|w| w[0] + 1 == w[1]), "case {case}: order or gaps {indexes:?}");
+            // Each result and the call it answers (the nearest call with its id before it, with
+            // only calls and results between) are both in or both out.
+            for (j, m) in history.iter().enumerate().filter(|(_, m)| m.role == Role::Tool) {
+                let call =
+                    history[..j].iter().rposition(|c| c.role == Role::Assistant && c.tool_call_id == m.tool_call_id);
+                let Some(i) = call else { continue };
+                let adjacent = history[i..j].iter().all(|x| x.tool_call_id.is_some() && x.role != Role::User);
+                if adjacent {
+                    assert_eq!(
+                        indexes.contains(&i),
+                        indexes.contains(&j),
+                        "case {case}: call {i} split from result {j}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Conversations over HTTP against a real PostgreSQL: messages with roles and token counts, the
+//! session's order and its pages, and context windows that always fit their budget.
+
+use mnemo_testkit::{TestApp, principal, token};
+use serde_json::{Value, json};
+
+fn message(source_ref: &str, role: &str, content: &str) -> Value {
+    json!({ "source_kind": "chat_message", "source_ref": source_ref, "role": role, "content": content })
+}
+
+async fn write(app: &TestApp, token: &str, body: &Value) {
+    let reply = app.client.post("/v1/memories", Some(token), body).await;
+    assert_eq!(reply.status, 201, "{body}: {:?}", reply.body);
+}
+
+async fn all_messages(app: &TestApp, token: &str, sid: &str, limit: usize) -> Vec<Value> {
+    let mut messages = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/sessions/{sid}/messages?limit={limit}&cursor={c}"),
+            None => format!("/v1/sessions/{sid}/messages?limit={limit}"),
+        };
+        let reply = app.client.get(&path, Some(token)).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        messages.extend(reply.body["messages"].as_array().expect("messages").iter().cloned());
+        match reply.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return messages,
+        }
+    }
+}
+
+#[tokio::test]
+async fn messages_keep_roles_token_counts_and_one_order_across_pages() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("bot"), Some("s1")));
+    write(&app, &t, &message("m1", "user", "What is the weather in Paris today?")).await;
+    write(
+        &app,
+        &t,
+        &json!({ "source_kind": "chat_message", "source_ref": "m2", "role": "assistant",
+                 "tool_call_id": "call-1", "name": "weather", "content": "{\"city\": \"Paris\"}" }),
+    )
+    .await;
+    write(
+        &app,
+        &t,
+        &json!({ "source_kind": "tool_output", "source_ref": "call-1", "name": "weather", "content": "18°C, cloudy" }),
+    )
+    .await;
+    write(&app, &t, &message("m3", "assistant", "It is 18°C and cloudy in Paris.")).await;
+    // No role: a user message, as before roles existed.
+    write(&app, &t, &json!({ "source_kind": "chat_message", "source_ref": "m4", "content": "Thanks!" })).await;
+
+    for page in [1, 2, 100] {
+        let listed = all_messages(&app, &t, "s1", page).await;
+        let roles: Vec<&str> = listed.iter().map(|m| m["role"].as_str().unwrap_or("")).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "assistant", "user"], "page size {page}");
+        assert_eq!(listed[1]["tool_call_id"], "call-1");
+        assert_eq!(listed[2]["tool_call_id"], "call-1", "a tool output answers the call its source_ref names");
+        assert_eq!(listed[2]["name"], "weather");
+        assert!(listed.iter().all(|m| m["token_count"].as_i64().is_some_and(|n| n > 0)), "{listed:?}");
+    }
+    // o200k_base counts "Thanks!" as 2 tokens.
+    let listed = all_messages(&app, &t, "s1", 100).await;
+    assert_eq!(listed[4]["token_count"], 2);
+}
+
+#[tokio::test]
+async fn bad_roles_and_tool_messages_without_a_call_are_refused_and_write_nothing() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    let cases = [
+        (message("b1", "wizard", "hi"), 400, "invalid_value"),
+        (message("b2", "tool", "a result with no call"), 400, "missing_field"),
+        (
+            json!({ "source_kind": "tool_output", "source_ref": "c", "role": "user", "content": "x" }),
+            400,
+            "invalid_value",
+        ),
+        (
+            json!({ "source_kind": "chat_message", "source_ref": "b3", "role": "assistant", "tool_call_id": "", "content": "x" }),
+            400,
+            "invalid_field",
+        ),
+        (
+            json!({ "source_kind": "document_chunk", "source_ref": "d", "role": "user", "content": "x" }),
+            400,
+            "unknown_field",
+        ),
+    ];
+    for (body, status, code) in cases {
+        let reply = app.client.post("/v1/memories", Some(&t), &body).await;
+        assert_eq!((reply.status, reply.code()), (status, code), "{body}");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items").await, 0);
+}
+
+#[tokio::test]
+async fn only_the_session_and_service_tokens_read_a_session() {
+    let app = TestApp::spawn().await;
+    let s1 = token(&principal("acme", Some("ann"), None, Some("s1")));
+    write(&app, &s1, &message("m1", "user", "secret plans")).await;
+
+    let other_session = token(&principal("acme", Some("ann"), None, Some("s2")));
+    let reply = app.client.get("/v1/sessions/s1/messages", Some(&other_session)).await;
+    assert_eq!((reply.status, reply.code()), (403, "session_mismatch"));
+    let user_without_session = token(&principal("acme", Some("ann"), None, None));
+    let reply = app.client.get("/v1/sessions/s1/messages", Some(&user_without_session)).await;
+    assert_eq!((reply.status, reply.code()), (403, "session_mismatch"));
+    let reply = app.client.post("/v1/sessions/s1/context", Some(&other_session), &json!({})).await;
+    assert_eq!((reply.status, reply.code()), (403, "session_mismatch"));
+
+    let service = token(&principal("acme", None, None, None));
+    assert_eq!(all_messages(&app, &service, "s1", 10).await.len(), 1);
+    // Another tenant's service token reads its own tenant's session s1: empty.
+    let other_tenant = token(&principal("globex", None, None, None));
+    assert!(all_messages(&app, &other_tenant, "s1", 10).await.is_empty());
+    let reply = app.client.post("/v1/sessions/s1/context", Some(&other_tenant), &json!({})).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body["messages"], json!([]));
+
+    let reply = app.client.get("/v1/sessions/s1/messages?cursor=nonsense", Some(&s1)).await;
+    assert_eq!((reply.status, reply.code()), (400, "invalid_field"));
+    let reply = app.client.get("/v1/sessions/s1/messages?limit=0", Some(&s1)).await;
+    assert_eq!((reply.status, reply.code()), (400, "invalid_field"));
+    let reply = app.client.get("/v1/sessions/s1/messages?tenant=globex", Some(&s1)).await;
+    assert_eq!((reply.status, reply.code()), (400, "unknown_field"));
+}
+
+#[tokio::test]
+async fn the_context_always_fits_and_keeps_tool_calls_with_their_results() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    let filler = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+    for i in 0..10 {
+        write(&app, &t, &message(&format!("u{i}"), "user", &format!("question {i}: {filler}"))).await;
+        write(&app, &t, &message(&format!("a{i}"), "assistant", &format!("answer {i}: {filler}"))).await;
+    }
+    write(
+        &app,
+        &t,
+        &json!({ "source_kind": "chat_message", "source_ref": "call", "role": "assistant", "tool_call_id": "c1",
+                 "name": "lookup", "content": "{\"q\": \"fox\"}" }),
+    )
+    .await;
+    write(&app, &t, &json!({ "source_kind": "tool_output", "source_ref": "c1", "name": "lookup", "content": filler }))
+        .await;
+
+    let everything = app
+        .client
+        .post(
+            "/v1/sessions/s1/context",
+            Some(&t),
+            &json!({ "system_prompt": "You are helpful.", "current_message": "and?" }),
+        )
+        .await;
+    assert_eq!(everything.status, 200, "{:?}", everything.body);
+    let full = everything.body["diagnostics"]["tokens"]["total"].as_u64().expect("total");
+    assert_eq!(everything.body["diagnostics"]["messages_dropped"], 0);
+
+    for budget in [300, 600, 1200, full] {
+        let reply = app
+            .client
+            .post(
+                "/v1/sessions/s1/context",
+                Some(&t),
+                &json!({ "max_input_tokens": budget + 100, "reserve_output_tokens": 100,
+                         "system_prompt": "You are helpful.", "current_message": "and?" }),
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        let d = &reply.body["diagnostics"];
+        assert!(d["tokens"]["total"].as_u64().expect("total") <= budget, "budget {budget}: {d}");
+        let messages = reply.body["messages"].as_array().expect("messages");
+        assert_eq!(messages.first().map(|m| &m["role"]), Some(&json!("system")));
+        assert_eq!(messages.last().map(|m| &m["content"]), Some(&json!("and?")));
+        // The call and its result are both there or both gone.
+        let call = messages.iter().position(|m| m["tool_calls"][0]["id"] == "c1");
+        let result = messages.iter().position(|m| m["role"] == "tool" && m["tool_call_id"] == "c1");
+        match (call, result) {
+            (Some(c), Some(r)) => assert_eq!(c + 1, r, "budget {budget}"),
+            (None, None) => {}
+            other => panic!("budget {budget}: a tool call split from its result: {other:?}"),
+        }
+    }
+
+    // Overflow recovery: only the last two turns, whatever the budget.
+    let reply = app.client.post("/v1/sessions/s1/context", Some(&t), &json!({ "overflow": true })).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body["diagnostics"]["trigger"], "overflow");
+    let contents: Vec<&str> =
+        reply.body["messages"].as_array().expect("messages").iter().filter_map(|m| m["content"].as_str()).collect();
+    // The last two turns start at the last two user messages: questions 8 and 9 (with the call).
+    assert!(contents.iter().any(|c| c.starts_with("question 8")), "{contents:?}");
+    assert!(!contents.iter().any(|c| c.starts_with("question 7") || c.starts_with("answer 7")), "{contents:?}");
+}
+
+#[tokio::test]
+async fn context_budgets_are_checked() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    let cases = [
+        (json!({ "max_input_tokens": 10 }), "invalid_field"),
+        (json!({ "max_input_tokens": 1_000_000_000u64 }), "invalid_field"),
+        (json!({ "max_input_tokens": 1000, "reserve_output_tokens": 1000 }), "invalid_field"),
+        (json!({ "max_input_tokens": 100, "current_message": "word ".repeat(500) }), "invalid_field"),
+        (json!({ "max_input_tokens": "lots" }), "invalid_field"),
+        (json!({ "tenant_id": "globex" }), "tenant_in_body"),
+    ];
+    for (body, code) in cases {
+        let reply = app.client.post("/v1/sessions/s1/context", Some(&t), &body).await;
+        assert_eq!((reply.status, reply.code()), (400, code), "{body}");
+    }
+}
