@@ -6,4 +6,6 @@ ALTER TABLE memory_items
     ADD COLUMN role text CHECK (role IN ('user', 'assistant', 'tool', 'system')),
     ADD COLUMN tool_call_id text,
     ADD COLUMN tool_name text,
-    ADD COLUMN token_count integer CHECK (token_count >= 0);
+    ADD COLUMN token_count integer CHECK (token_count >= 0),
+    -- The tokenizer that made token_count: a count by another one is made again when read.
+    ADD COLUMN token_counter text;

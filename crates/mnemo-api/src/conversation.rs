@@ -135,8 +135,12 @@ pub async fn context(
         .iter()
         .map(|m| WindowMessage {
             role: m.role,
-            // A row from before counts were kept is counted now.
-            tokens: m.token_count.and_then(|n| u32::try_from(n).ok()).unwrap_or_else(|| tokenizer.count(&m.content)),
+            // A row counted by another tokenizer, or before counts were kept, is counted now.
+            tokens: m
+                .token_count
+                .filter(|_| m.token_counter.as_deref() == Some(tokenizer.name()))
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or_else(|| tokenizer.count(&m.content)),
             content: m.content.clone(),
             tool_call_id: m.tool_call_id.clone(),
             tool_name: m.tool_name.clone(),

@@ -61,6 +61,7 @@ pub async fn remember(
                 tool_call_id.as_deref(),
                 tool_name.as_deref(),
                 state.tokenizer.count(content.as_str()),
+                state.tokenizer.name(),
             )?;
             NewMemory::chat_message(&principal, source_ref, content, session, extras)?.with_turn(turn)
         }
@@ -82,6 +83,7 @@ pub async fn remember(
                 Some(&call),
                 tool_name.as_deref(),
                 state.tokenizer.count(row.content.as_str()),
+                state.tokenizer.name(),
             )?;
             row.with_turn(turn)
         }

@@ -119,6 +119,8 @@ pub struct Turn {
     pub tool_call_id: Option<String>,
     pub tool_name: Option<String>,
     pub tokens: u32,
+    /// The counter that made `tokens` ([`crate::TokenCounter::name`]).
+    pub counted_by: String,
 }
 
 impl Turn {
@@ -132,6 +134,7 @@ impl Turn {
         tool_call_id: Option<&str>,
         tool_name: Option<&str>,
         tokens: u32,
+        counted_by: &str,
     ) -> Result<Self, InvalidInput> {
         let check = |field: &'static str, raw: Option<&str>| -> Result<Option<String>, InvalidInput> {
             let Some(raw) = raw else { return Ok(None) };
@@ -150,7 +153,7 @@ impl Turn {
         if role == Role::Tool && tool_call_id.is_none() {
             return Err(InvalidInput::Empty { field: "tool_call_id" });
         }
-        Ok(Self { role, tool_call_id, tool_name: check("name", tool_name)?, tokens })
+        Ok(Self { role, tool_call_id, tool_name: check("name", tool_name)?, tokens, counted_by: counted_by.to_owned() })
     }
 }
 

@@ -37,6 +37,8 @@ pub const MESSAGE_OVERHEAD_TOKENS: u32 = 4;
 /// Counts tokens the way the model will. Implemented by the tokenizers in `mnemo-models`.
 pub trait TokenCounter: Send + Sync + std::fmt::Debug {
     fn count(&self, text: &str) -> u32;
+    /// Names the counting, so a count made by another counter is known to be stale.
+    fn name(&self) -> &str;
 }
 
 /// One stored message of a session, in the session's order.
@@ -158,7 +160,12 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
         Some(turns) => turn_start(input.history, &units, turns),
         None => 0,
     };
-    let tail_cost = |first: usize| -> u64 { units[first..].iter().map(|u| u.cost(input.history)).sum() };
+    // What the tail costs from each unit on, from the counts stored with the messages.
+    let mut from_unit = vec![0u64; units.len() + 1];
+    for (i, unit) in units.iter().enumerate().rev() {
+        from_unit[i] = from_unit[i + 1] + unit.cost(input.history);
+    }
+    let tail_cost = |first: usize| from_unit[first.min(units.len())];
     let summary = input.summary.filter(|s| !s.is_empty()).map(|s| format!("{SUMMARY_PREFIX}\n{s}"));
     let summary_cost = summary.as_deref().map_or(0, cost);
 
@@ -173,24 +180,27 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
         first += 1;
     }
 
-    // Last, cut the largest kept messages in the middle; if even empty messages would not fit,
-    // no history goes in at all.
+    // Last, cut the largest kept messages in the middle (counting only what is cut); if even
+    // empty messages would not fit, no history goes in at all.
     let start = units.get(first).map_or(input.history.len(), |u| u.start);
-    let mut contents: Vec<(usize, String, bool)> =
-        (start..input.history.len()).map(|i| (i, input.history[i].content.clone(), false)).collect();
-    let mut history_cost: u64 = contents.iter().map(|(_, text, _)| cost(text)).sum();
+    let mut contents: Vec<Kept> =
+        (start..input.history.len()).map(|i| Kept { index: i, text: None, cost: input.history[i].cost() }).collect();
+    let mut history_cost: u64 = contents.iter().map(|k| k.cost).sum();
     while history_cost > room {
-        let Some(largest) = contents.iter_mut().filter(|(_, text, _)| !text.is_empty()).max_by_key(|(_, t, _)| t.len())
+        let Some(largest) =
+            contents.iter_mut().filter(|k| k.cost > u64::from(MESSAGE_OVERHEAD_TOKENS)).max_by_key(|k| k.cost)
         else {
             contents.clear();
             history_cost = 0;
             break;
         };
-        let now = u64::from(counter.count(&largest.1));
-        let target = now.saturating_sub(history_cost - room);
-        largest.1 = cut_to(&largest.1, target.min(now.saturating_sub(1)), counter);
-        largest.2 = true;
-        history_cost = contents.iter().map(|(_, text, _)| cost(text)).sum();
+        let now = largest.cost - u64::from(MESSAGE_OVERHEAD_TOKENS);
+        let target = now.saturating_sub(history_cost - room).min(now - 1);
+        let text = largest.text.take().unwrap_or_else(|| input.history[largest.index].content.clone());
+        let text = cut_to(&text, target, counter);
+        history_cost = history_cost - largest.cost + cost(&text);
+        largest.cost = cost(&text);
+        largest.text = Some(text);
     }
 
     let mut messages = fixed;
@@ -198,16 +208,17 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
         tokens.push((Section::Summary, summary_cost));
         messages.push(placed(Role::User, summary, Section::Summary));
     }
-    let kept_from = contents.first().map_or(input.history.len(), |(i, _, _)| *i);
-    for (i, content, truncated) in contents {
-        let message = &input.history[i];
+    let kept_from = contents.first().map_or(input.history.len(), |k| k.index);
+    for kept in contents {
+        let message = &input.history[kept.index];
+        let truncated = kept.text.is_some();
         messages.push(Placed {
             role: message.role,
-            content,
+            content: kept.text.unwrap_or_else(|| message.content.clone()),
             tool_call_id: message.tool_call_id.clone(),
             tool_name: message.tool_name.clone(),
             section: Section::History,
-            history_index: Some(i),
+            history_index: Some(kept.index),
             truncated,
         });
     }
@@ -234,6 +245,13 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
         dropped: (0..kept_from).collect(),
         summary_used,
     })
+}
+
+/// A history message going into the window: its text when it was cut, and what it costs.
+struct Kept {
+    index: usize,
+    text: Option<String>,
+    cost: u64,
 }
 
 fn placed(role: Role, content: String, section: Section) -> Placed {
@@ -339,6 +357,10 @@ mod tests {
     impl TokenCounter for Quarters {
         fn count(&self, text: &str) -> u32 {
             u32::try_from(text.chars().count().div_ceil(4)).unwrap_or(u32::MAX)
+        }
+
+        fn name(&self) -> &str {
+            "quarters"
         }
     }
 

@@ -28,10 +28,6 @@ impl Tokenizer {
         };
         Self { name, bpe }
     }
-
-    pub fn name(&self) -> TokenizerName {
-        self.name
-    }
 }
 
 impl TokenCounter for Tokenizer {
@@ -42,6 +38,10 @@ impl TokenCounter for Tokenizer {
             None => (text.chars().count() * 2).div_ceil(7),
         };
         u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    fn name(&self) -> &str {
+        self.name.as_str()
     }
 }
 

@@ -20,6 +20,8 @@ pub struct SessionMessage {
     pub tool_name: Option<String>,
     /// `None` for rows written before token counts were kept.
     pub token_count: Option<i32>,
+    /// The tokenizer that made `token_count`.
+    pub token_counter: Option<String>,
     pub event_time: DateTime<Utc>,
 }
 
@@ -44,7 +46,7 @@ SELECT m.id, m.source_kind,
        COALESCE(m.role, CASE m.source_kind WHEN 'tool_output' THEN 'tool' ELSE 'user' END) AS role,
        m.content,
        COALESCE(m.tool_call_id, CASE m.source_kind WHEN 'tool_output' THEN m.source_ref END) AS tool_call_id,
-       m.tool_name, m.token_count, m.event_time
+       m.tool_name, m.token_count, m.token_counter, m.event_time
 FROM memory_items m
 WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
   AND m.source_kind IN ('chat_message', 'tool_output')

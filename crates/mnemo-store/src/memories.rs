@@ -26,18 +26,18 @@ const INSERT_ITEMS: &str = "
 INSERT INTO memory_items (
     id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
     content, content_sha256, tool_output_key, metadata, event_time, fact_key, valid_from,
-    role, tool_call_id, tool_name, token_count
+    role, tool_call_id, tool_name, token_count, token_counter
 )
 SELECT id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
        content, content_sha256, tool_output_key, metadata, COALESCE(event_time, now()), fact_key,
        CASE WHEN source_kind = 'fact' THEN now() END,
-       role, tool_call_id, tool_name, token_count
+       role, tool_call_id, tool_name, token_count, token_counter
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
             $9::text[], $10::bytea[], $11::text[], $12::jsonb[], $13::timestamptz[], $14::text[],
-            $15::text[], $16::text[], $17::text[], $18::int4[])
+            $15::text[], $16::text[], $17::text[], $18::int4[], $19::text[])
      AS r(id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
           content, content_sha256, tool_output_key, metadata, event_time, fact_key,
-          role, tool_call_id, tool_name, token_count)
+          role, tool_call_id, tool_name, token_count, token_counter)
 ORDER BY tenant_id, source_kind, source_ref
 ON CONFLICT (tenant_id, source_kind, source_ref) DO NOTHING
 RETURNING id";
@@ -144,6 +144,7 @@ impl Store {
                     .map(|m| m.turn.as_ref().map(|t| i32::try_from(t.tokens).unwrap_or(i32::MAX)))
                     .collect::<Vec<_>>(),
             )
+            .bind(column(|m| m.turn.as_ref().map(|t| t.counted_by.clone())))
             .fetch_all(&mut *tx)
             .await?;
 
