@@ -39,21 +39,22 @@ fn text(i: usize) -> String {
     (0..1 + i % 4).map(|k| SENTENCES[(i + k) % SENTENCES.len()]).collect::<Vec<_>>().join(" ")
 }
 
-/// Message `i` of a session: user and assistant turns, and every tenth turn an assistant's tool
-/// call followed by its result.
-fn message(i: usize) -> Value {
-    match i % 10 {
-        8 => json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "role": "assistant",
-                     "tool_call_id": format!("call-{i}"), "name": "search", "content": "{\"query\": \"orders\"}" }),
-        9 => json!({ "source_kind": "tool_output", "source_ref": format!("call-{}", i - 1), "name": "search",
-                     "content": text(i) }),
-        n if n % 2 == 0 => {
-            json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "role": "user", "content": text(i) })
-        }
-        _ => {
-            json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "role": "assistant", "content": text(i) })
-        }
+/// Message `i` of session `s`: user and assistant turns, and every tenth turn an assistant's tool
+/// call followed by its result. Source refs name the session: they are unique per tenant.
+fn message(s: usize, i: usize) -> Value {
+    let (kind, source_ref, role) = match i % 10 {
+        8 => ("chat_message", format!("s{s}-m{i}"), "assistant"),
+        9 => ("tool_output", format!("s{s}-call-{}", i - 1), "tool"),
+        n if n % 2 == 0 => ("chat_message", format!("s{s}-m{i}"), "user"),
+        _ => ("chat_message", format!("s{s}-m{i}"), "assistant"),
+    };
+    let mut body = json!({ "source_kind": kind, "source_ref": source_ref, "role": role, "content": text(i) });
+    if i % 10 == 8 {
+        body["tool_call_id"] = json!(format!("s{s}-call-{i}"));
+        body["name"] = json!("search");
+        body["content"] = json!("{\"query\": \"orders\"}");
     }
+    body
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -85,8 +86,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let started = Instant::now();
         // One at a time, so the session's order is the order written.
         for i in 0..size {
-            let r = http.post(format!("{base}/memories")).bearer_auth(&token).json(&message(i)).send().await?;
-            anyhow::ensure!(r.status().is_success(), "write {i} answered {}", r.status());
+            let r = http.post(format!("{base}/memories")).bearer_auth(&token).json(&message(size, i)).send().await?;
+            anyhow::ensure!(r.status().as_u16() == 201, "write {i} answered {}", r.status());
         }
         eprintln!("session of {size} messages written in {:.1} s", started.elapsed().as_secs_f64());
         for budget in [128_000u64, 8_000] {
