@@ -5,11 +5,13 @@
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use chrono::{DateTime, Utc};
+use std::time::Duration;
+
 use mnemo_core::{
-    InvalidInput, Placed, Principal, Role, ScopeError, Section, SessionId, Window, WindowError, WindowInput,
-    WindowMessage, assemble,
+    CompactionTrigger, InvalidInput, MESSAGE_OVERHEAD_TOKENS, Placed, Principal, Role, ScopeError, Section, SessionId,
+    Window, WindowError, WindowInput, WindowMessage, assemble, tail_suffices,
 };
-use mnemo_store::{MessageCursor, SessionMessage};
+use mnemo_store::{MessageCursor, SessionMessage, SessionState};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -21,7 +23,7 @@ use crate::{ApiError, AppState};
 const MAX_PAGE: usize = 1000;
 const DEFAULT_PAGE: usize = 100;
 /// The most history one context call reads; a longer session needs compaction to be complete.
-const MAX_HISTORY: i64 = 100_000;
+const MAX_HISTORY: usize = 100_000;
 /// Budgets a context call accepts: below the smallest nothing useful fits; the largest is past
 /// any model's window, so a larger one is a mistake.
 const MIN_INPUT_TOKENS: i64 = 64;
@@ -103,6 +105,9 @@ fn invalid_cursor() -> ApiError {
 
 /// `POST /v1/sessions/{sid}/context`: the messages to send for the next model call, in the
 /// OpenAI chat format, within `max_input_tokens − reserve_output_tokens`, with what it cost.
+/// Never waits for a model: when a trigger fires, a `compact` job is queued and the answer is the
+/// best window there is now (the previous summary and the tail that fits); `wait_ms` lets a
+/// caller wait that long for the job's summary.
 pub async fn context(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
@@ -127,25 +132,13 @@ pub async fn context(
     let system_prompt = body.take_opt_str("system_prompt")?;
     let current = body.take_opt_str("current_message")?;
     let overflow = body.take_opt_bool("overflow")?.unwrap_or(false);
+    let wait_ms = body.take_opt_usize("wait_ms")?.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(InvalidInput::OutOfRange { field: "wait_ms", min: 0, max: MAX_WAIT_MS as i64 }.into());
+    }
     body.finish()?;
 
-    let stored = state.store.session_messages(&principal.tenant, &session, None, MAX_HISTORY).await?;
     let tokenizer = state.tokenizer.as_ref();
-    let history: Vec<WindowMessage> = stored
-        .iter()
-        .map(|m| WindowMessage {
-            role: m.role,
-            // A row counted by another tokenizer, or before counts were kept, is counted now.
-            tokens: m
-                .token_count
-                .filter(|_| m.token_counter.as_deref() == Some(tokenizer.name()))
-                .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or_else(|| tokenizer.count(&m.content)),
-            content: m.content.clone(),
-            tool_call_id: m.tool_call_id.clone(),
-            tool_name: m.tool_name.clone(),
-        })
-        .collect();
     let current = current.map(|content| WindowMessage {
         role: Role::User,
         tokens: tokenizer.count(&content),
@@ -153,16 +146,145 @@ pub async fn context(
         tool_call_id: None,
         tool_name: None,
     });
-    let budget = u32::try_from(max_input - reserve).unwrap_or(u32::MAX);
-    let input = WindowInput {
+    let request = Request {
         system_prompt: system_prompt.as_deref(),
+        current: current.as_ref(),
+        budget: u32::try_from(max_input - reserve).unwrap_or(u32::MAX),
+        keep_turns: overflow.then_some(state.context.keep_pairs),
+        trigger_tokens: (state.context.trigger_ratio * max_input as f64) as u64,
+        trigger_messages: state.context.trigger_messages,
+    };
+    let mut session_state = state.store.session_state(&principal.tenant, &session).await?;
+    let mut built = build(&state, &principal, &session, &session_state, &request).await?;
+    let trigger = if built.since_compaction == 0 {
+        None
+    } else if overflow {
+        Some(CompactionTrigger::Overflow)
+    } else if request.trigger_tokens > 0 && built.history_tokens > request.trigger_tokens {
+        Some(CompactionTrigger::Tokens)
+    } else if request.trigger_messages > 0 && built.since_compaction > request.trigger_messages {
+        Some(CompactionTrigger::Messages)
+    } else {
+        None
+    };
+    if let Some(trigger) = trigger {
+        state.store.request_compaction(&principal.tenant, &session, trigger).await?;
+        session_state.pending = Some(session_state.pending.unwrap_or(trigger));
+    }
+    if wait_ms > 0 && session_state.pending.is_some() {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+        let before = session_state.through;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(WAIT_POLL.min(deadline - tokio::time::Instant::now())).await;
+            let now = state.store.session_state(&principal.tenant, &session).await?;
+            if now.through != before || now.pending.is_none() {
+                built = build(&state, &principal, &session, &now, &request).await?;
+                session_state = now;
+                break;
+            }
+        }
+    }
+    metrics::histogram!("mnemo_context_tokens").record(built.window.total_tokens() as f64);
+    let compaction = if session_state.pending.is_some() {
+        "scheduled"
+    } else if built.window.summary_used {
+        "used"
+    } else {
+        "none"
+    };
+    Ok(Json(window_json(&built, &session_state, request.budget, compaction, trigger)))
+}
+
+/// The longest a context call waits for a summary.
+const MAX_WAIT_MS: usize = 30_000;
+/// How often a waiting context call looks for the summary.
+const WAIT_POLL: Duration = Duration::from_millis(25);
+
+/// What a context call asks for.
+struct Request<'a> {
+    system_prompt: Option<&'a str>,
+    current: Option<&'a WindowMessage>,
+    budget: u32,
+    keep_turns: Option<usize>,
+    /// History tokens (summary included) past which compaction is asked for; 0 never.
+    trigger_tokens: u64,
+    /// Messages since the last compaction past which compaction is asked for; 0 never.
+    trigger_messages: usize,
+}
+
+/// A window and what it was made from.
+struct Built {
+    window: Window,
+    /// The messages read, oldest first (the window's history indexes point here).
+    read: Vec<SessionMessage>,
+    /// Messages after the last compaction, and the tokens of those and the summary (counted
+    /// exactly when every message was read, else at least what was read, past the triggers).
+    since_compaction: usize,
+    history_tokens: u64,
+}
+
+/// Reads the session's newest messages, a page at a time, until they are enough for the window
+/// and the triggers ([`tail_suffices`]), and assembles the window from them.
+async fn build(
+    state: &AppState,
+    principal: &Principal,
+    session: &SessionId,
+    session_state: &SessionState,
+    request: &Request<'_>,
+) -> Result<Built, ApiError> {
+    let tokenizer = state.tokenizer.as_ref();
+    let summary = session_state.summary.as_ref().map(|s| s.content.as_str());
+    let summary_tokens = summary.map_or(0, |s| u64::from(tokenizer.count(s)));
+    let fixed: u64 = [request.system_prompt, request.current.map(|m| m.content.as_str())]
+        .into_iter()
+        .flatten()
+        .map(|text| u64::from(tokenizer.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
+        .sum();
+    let room = u64::from(request.budget).saturating_sub(fixed);
+
+    let mut read: Vec<SessionMessage> = Vec::new();
+    let mut newest_first: Vec<WindowMessage> = Vec::new();
+    let mut read_tokens = 0u64;
+    let mut page = FIRST_PAGE;
+    let exhausted = loop {
+        let before = read.last().map(SessionMessage::cursor);
+        let rows = state
+            .store
+            .session_messages_newest_first(&principal.tenant, session, session_state.through, before, page)
+            .await?;
+        let last_page = rows.len() < page as usize;
+        for row in rows {
+            let message = row.to_window(tokenizer);
+            read_tokens += message.cost();
+            newest_first.push(message);
+            read.push(row);
+        }
+        let enough = tail_suffices(&newest_first, room, request.keep_turns)
+            && (request.trigger_messages == 0 || read.len() > request.trigger_messages)
+            && (request.trigger_tokens == 0 || summary_tokens + read_tokens > request.trigger_tokens);
+        if last_page || enough || read.len() >= MAX_HISTORY {
+            break last_page;
+        }
+        page = (page * 4).min(MAX_PAGE_READ);
+    };
+    read.reverse();
+    newest_first.reverse();
+    let history = newest_first;
+    let since_compaction = if exhausted {
+        read.len()
+    } else {
+        let count = state.store.count_session_messages(&principal.tenant, session, session_state.through).await?;
+        usize::try_from(count).unwrap_or(usize::MAX)
+    };
+    let input = WindowInput {
+        system_prompt: request.system_prompt,
         // The seam for workspace files and the memory pack (later issues).
         injected: None,
-        summary: None,
+        summary,
         history: &history,
-        current: current.as_ref(),
-        budget,
-        keep_turns: overflow.then_some(2),
+        current: request.current,
+        budget: request.budget,
+        keep_turns: request.keep_turns,
     };
     let window = assemble(&input, tokenizer).map_err(|e| match e {
         WindowError::BudgetTooSmall { .. } => ApiError::InvalidField {
@@ -170,11 +292,21 @@ pub async fn context(
             expected: "large enough for the system prompt and the current message",
         },
     })?;
-    metrics::histogram!("mnemo_context_tokens").record(window.total_tokens() as f64);
-    Ok(Json(window_json(&window, &stored, budget, overflow)))
+    Ok(Built { window, read, since_compaction, history_tokens: summary_tokens + read_tokens })
 }
 
-fn window_json(window: &Window, stored: &[SessionMessage], budget: u32, overflow: bool) -> Value {
+/// The first page of a context read, and the largest: pages grow fourfold while more is needed.
+const FIRST_PAGE: i64 = 128;
+const MAX_PAGE_READ: i64 = 4096;
+
+fn window_json(
+    built: &Built,
+    session_state: &SessionState,
+    budget: u32,
+    compaction: &str,
+    trigger: Option<CompactionTrigger>,
+) -> Value {
+    let window = &built.window;
     let tokens: serde_json::Map<String, Value> = window
         .tokens
         .iter()
@@ -186,20 +318,27 @@ fn window_json(window: &Window, stored: &[SessionMessage], budget: u32, overflow
         .iter()
         .filter(|m| m.truncated)
         .filter_map(|m| m.history_index)
-        .map(|i| json!(stored[i].id))
+        .map(|i| json!(built.read[i].id))
         .collect();
+    let summary = session_state
+        .summary
+        .as_ref()
+        .filter(|_| window.summary_used)
+        .map(|s| json!({ "id": s.id, "through_message": s.through }));
     json!({
         "messages": openai_messages(&window.messages),
         "diagnostics": {
             "budget": budget,
             "tokens": tokens,
-            "summary": Value::Null,
+            "summary": summary,
+            "window_starts_after": session_state.through.map(|c| c.id),
+            "messages_since_compaction": built.since_compaction,
             "messages_kept": window.kept.len(),
-            "messages_dropped": window.dropped.len(),
-            "first_kept": window.kept.first().map(|&i| stored[i].id),
+            "messages_dropped": built.since_compaction.saturating_sub(window.kept.len()),
+            "first_kept": window.kept.first().map(|&i| built.read[i].id),
             "truncated": truncated,
-            "compaction": "none",
-            "trigger": if overflow { json!("overflow") } else { Value::Null },
+            "compaction": compaction,
+            "trigger": trigger.map(CompactionTrigger::as_str),
         },
     })
 }

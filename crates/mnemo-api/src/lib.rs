@@ -12,7 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
-use mnemo_config::ServerSettings;
+use mnemo_config::{ContextSettings, ServerSettings};
 use mnemo_core::{Embedder, Reranker, TokenCounter};
 use mnemo_recall::Recall;
 use mnemo_store::{GroupCommit, MIGRATOR, Store};
@@ -37,6 +37,8 @@ pub struct AppState {
     pub max_tool_output_bytes: usize,
     /// Counts each conversation row's tokens when it is written, and what a context call adds.
     pub tokenizer: Arc<dyn TokenCounter>,
+    /// When a context call asks for compaction, and what overflow recovery keeps.
+    pub context: ContextSettings,
     pub metrics: PrometheusHandle,
 }
 
@@ -56,6 +58,7 @@ impl AppState {
             auth: Arc::new(Authenticator::new(&settings.jwt)?),
             max_tool_output_bytes: settings.max_tool_output_bytes,
             tokenizer: Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
+            context: settings.context.clone(),
             metrics: mnemo_config::metrics_handle(),
         })
     }

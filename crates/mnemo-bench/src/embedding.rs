@@ -192,9 +192,15 @@ pub(crate) fn start_worker(
         .with(vars::WORKER_QUEUES, queues)
         .with(vars::WORKER_LISTEN, "127.0.0.1:0");
     let settings = WorkerSettings::from_env(&env)?;
+    let models = mnemo_jobs::Models {
+        embedder,
+        judge,
+        summarizer: None,
+        counter: std::sync::Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
+    };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        if let Err(e) = mnemo_jobs::run_worker(settings, embedder, judge, async move {
+        if let Err(e) = mnemo_jobs::run_worker(settings, models, async move {
             let _ = stopped.await;
         })
         .await

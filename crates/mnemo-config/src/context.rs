@@ -1,3 +1,4 @@
+use crate::chat_model::{ChatModel, ChatModelVars};
 use crate::{ConfigError, Env, Problems, vars};
 
 /// How tokens are counted for context windows (`MNEMO_TOKENIZER`).
@@ -23,24 +24,51 @@ impl TokenizerName {
     }
 }
 
-/// Context windows: how tokens are counted.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Context windows and their compaction. The API server reads the triggers and the tokenizer;
+/// the worker reads what compaction keeps and the model that summarizes.
+#[derive(Debug, Clone)]
 pub struct ContextSettings {
     pub tokenizer: TokenizerName,
+    /// Compact when a session's history passes this fraction of the caller's `max_input_tokens`
+    /// (0 disables).
+    pub trigger_ratio: f64,
+    /// Compact when more than this many messages came since the last compaction (0 disables).
+    pub trigger_messages: usize,
+    /// Turns compaction leaves verbatim.
+    pub keep_pairs: usize,
+    /// When set, compaction leaves this many tokens of the newest messages instead.
+    pub keep_tokens: Option<u64>,
+    /// The summary's `max_tokens`.
+    pub summary_max_tokens: u32,
+    /// The most tokens of messages one summarizing call reads; more are summarized in steps,
+    /// each bringing the summary up to date.
+    pub chunk_tokens: u64,
+    /// The model that summarizes; `None` makes compaction truncate.
+    pub model: Option<ChatModel>,
 }
 
 impl Default for ContextSettings {
     fn default() -> Self {
-        Self { tokenizer: TokenizerName::O200kBase }
+        Self {
+            tokenizer: TokenizerName::O200kBase,
+            trigger_ratio: 0.75,
+            trigger_messages: 50,
+            keep_pairs: 2,
+            keep_tokens: None,
+            summary_max_tokens: 300,
+            chunk_tokens: 8000,
+            model: None,
+        }
     }
 }
 
 impl ContextSettings {
     pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
-        let mut settings = Self::default();
+        let defaults = Self::default();
+        let mut tokenizer = defaults.tokenizer;
         if let Some(raw) = env.get(vars::TOKENIZER) {
             match TokenizerName::ALL.into_iter().find(|t| t.as_str() == raw.trim()) {
-                Some(tokenizer) => settings.tokenizer = tokenizer,
+                Some(found) => tokenizer = found,
                 None => {
                     let known: Vec<&str> = TokenizerName::ALL.iter().map(|t| t.as_str()).collect();
                     problems.0.push(format!(
@@ -51,7 +79,49 @@ impl ContextSettings {
                 }
             }
         }
-        settings
+        let trigger_ratio = problems.parsed(env, vars::COMPACT_TRIGGER_RATIO, defaults.trigger_ratio, "a number");
+        if !(0.0..=1.0).contains(&trigger_ratio) {
+            problems.0.push(format!("{}={trigger_ratio} must be between 0 and 1", vars::COMPACT_TRIGGER_RATIO));
+        }
+        let trigger_messages =
+            problems.parsed(env, vars::COMPACT_TRIGGER_MESSAGES, defaults.trigger_messages, "a whole number");
+        let keep_pairs = problems.parsed(env, vars::COMPACT_KEEP_PAIRS, defaults.keep_pairs, "a whole number");
+        let keep_tokens = match problems.parsed(env, vars::COMPACT_KEEP_TOKENS, 0u64, "a whole number") {
+            0 => None,
+            n => Some(n),
+        };
+        let summary_max_tokens =
+            problems.parsed(env, vars::COMPACT_SUMMARY_MAX_TOKENS, defaults.summary_max_tokens, "a whole number");
+        if !(50..=8000).contains(&summary_max_tokens) {
+            problems
+                .0
+                .push(format!("{}={summary_max_tokens} must be between 50 and 8000", vars::COMPACT_SUMMARY_MAX_TOKENS));
+        }
+        let chunk_tokens = problems.parsed(env, vars::COMPACT_CHUNK_TOKENS, defaults.chunk_tokens, "a whole number");
+        if chunk_tokens < 500 {
+            problems.0.push(format!("{}={chunk_tokens} must be at least 500", vars::COMPACT_CHUNK_TOKENS));
+        }
+        let model = ChatModel::read(
+            env,
+            problems,
+            ChatModelVars {
+                model: vars::LLM_MODEL,
+                base_url: vars::LLM_BASE_URL,
+                api_key: vars::LLM_API_KEY,
+                timeout_ms: vars::LLM_TIMEOUT_MS,
+            },
+            30_000,
+        );
+        Self {
+            tokenizer,
+            trigger_ratio,
+            trigger_messages,
+            keep_pairs,
+            keep_tokens,
+            summary_max_tokens,
+            chunk_tokens,
+            model,
+        }
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
@@ -73,5 +143,33 @@ mod tests {
         assert_eq!(chars.tokenizer, TokenizerName::CharEstimate);
         let err = ContextSettings::from_env(&Env::from_pairs([(vars::TOKENIZER, "gpt2")])).unwrap_err();
         assert!(err.to_string().contains("unknown tokenizer"), "{err}");
+    }
+
+    #[test]
+    fn compaction_defaults_off_switches_and_bad_values() {
+        let defaults = ContextSettings::from_env(&Env::default()).expect("ok");
+        assert_eq!((defaults.trigger_ratio, defaults.trigger_messages, defaults.keep_pairs), (0.75, 50, 2));
+        assert_eq!((defaults.keep_tokens, defaults.summary_max_tokens), (None, 300));
+        assert!(defaults.model.is_none());
+        let off = ContextSettings::from_env(&Env::from_pairs([
+            (vars::COMPACT_TRIGGER_RATIO, "0"),
+            (vars::COMPACT_TRIGGER_MESSAGES, "0"),
+            (vars::COMPACT_KEEP_TOKENS, "2000"),
+            (vars::LLM_MODEL, "small"),
+            (vars::OPENAI_BASE_URL, "http://llm:8000/v1/"),
+        ]))
+        .expect("ok");
+        assert_eq!((off.trigger_ratio, off.trigger_messages, off.keep_tokens), (0.0, 0, Some(2000)));
+        assert_eq!(off.model.expect("a model").base_url.as_deref(), Some("http://llm:8000/v1"));
+        let err = ContextSettings::from_env(&Env::from_pairs([
+            (vars::COMPACT_TRIGGER_RATIO, "1.5"),
+            (vars::COMPACT_SUMMARY_MAX_TOKENS, "10"),
+            (vars::LLM_MODEL, "small"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        for name in [vars::COMPACT_TRIGGER_RATIO, vars::COMPACT_SUMMARY_MAX_TOKENS, vars::LLM_BASE_URL] {
+            assert!(err.contains(name), "{err}");
+        }
     }
 }

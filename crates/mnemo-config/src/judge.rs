@@ -1,22 +1,13 @@
 use std::time::Duration;
 
-use crate::{ConfigError, Env, Problems, Secret, vars};
-
-/// The OpenAI-compatible chat model that judges contradictions.
-#[derive(Debug, Clone)]
-pub struct JudgeModel {
-    pub name: String,
-    /// Unset means the client library's default (OpenAI itself).
-    pub base_url: Option<String>,
-    pub api_key: Secret<String>,
-    pub timeout: Duration,
-}
+use crate::chat_model::{ChatModel, ChatModelVars};
+use crate::{ConfigError, Env, Problems, vars};
 
 /// How the contradiction judge finds candidates and batches its work.
 #[derive(Debug, Clone)]
 pub struct JudgeSettings {
     /// `None` (an empty `MNEMO_JUDGE_MODEL`) disables the model step; keyed facts still supersede.
-    pub model: Option<JudgeModel>,
+    pub model: Option<ChatModel>,
     /// Candidates per pending row.
     pub topk: usize,
     /// Cosine-distance cutoff, clamped to [0, 1]: older facts closer than this are candidates.
@@ -31,27 +22,17 @@ pub struct JudgeSettings {
 
 impl JudgeSettings {
     pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
-        let model = env.get(vars::JUDGE_MODEL).map(|name| {
-            let base_url = env.get(vars::JUDGE_BASE_URL).or_else(|| env.get(vars::OPENAI_BASE_URL));
-            let api_key = env.get(vars::JUDGE_API_KEY).or_else(|| env.get(vars::OPENAI_API_KEY)).unwrap_or("");
-            if base_url.is_none() && api_key.is_empty() {
-                problems.0.push(format!(
-                    "{}={name:?} needs {} (or {}) and/or {} (or {})",
-                    vars::JUDGE_MODEL,
-                    vars::JUDGE_BASE_URL,
-                    vars::OPENAI_BASE_URL,
-                    vars::JUDGE_API_KEY,
-                    vars::OPENAI_API_KEY
-                ));
-            }
-            let timeout_ms = problems.parsed(env, vars::JUDGE_TIMEOUT_MS, 20_000u64, "milliseconds").max(1);
-            JudgeModel {
-                name: name.trim().to_owned(),
-                base_url: base_url.map(|u| u.trim().trim_end_matches('/').to_owned()),
-                api_key: Secret::new(api_key.to_owned()),
-                timeout: Duration::from_millis(timeout_ms),
-            }
-        });
+        let model = ChatModel::read(
+            env,
+            problems,
+            ChatModelVars {
+                model: vars::JUDGE_MODEL,
+                base_url: vars::JUDGE_BASE_URL,
+                api_key: vars::JUDGE_API_KEY,
+                timeout_ms: vars::JUDGE_TIMEOUT_MS,
+            },
+            20_000,
+        );
         let topk = problems.parsed(env, vars::JUDGE_TOPK, 5usize, "a whole number");
         if !(1..=50).contains(&topk) {
             problems.0.push(format!("{}={topk} must be between 1 and 50", vars::JUDGE_TOPK));

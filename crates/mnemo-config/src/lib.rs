@@ -3,6 +3,7 @@
 //! once so an operator fixes a deployment in one round. Tests build an [`Env`] from a map and
 //! never touch the process environment. Secrets are wrapped so they never print.
 
+mod chat_model;
 mod context;
 mod database;
 mod embed;
@@ -15,12 +16,13 @@ mod telemetry;
 pub mod vars;
 mod worker;
 
+pub use chat_model::ChatModel;
 pub use context::{ContextSettings, TokenizerName};
 pub use database::DatabaseSettings;
 pub use embed::{EmbedProvider, EmbedSettings, LOCAL_EMBED_MODEL};
 use env::Problems;
 pub use env::{ConfigError, Env, Secret};
-pub use judge::{JudgeModel, JudgeSettings};
+pub use judge::JudgeSettings;
 pub use recall::{ClassWeights, RecallSettings};
 pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};

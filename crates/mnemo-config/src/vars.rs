@@ -60,3 +60,15 @@ pub const ANONYMIZE_INTERVAL_S: &str = "MNEMO_ANONYMIZE_INTERVAL_S";
 pub const LOG: &str = "MNEMO_LOG";
 pub const LOG_FORMAT: &str = "MNEMO_LOG_FORMAT";
 pub const TOKENIZER: &str = "MNEMO_TOKENIZER";
+/// The chat model later jobs share (compaction); its base URL and key fall back to
+/// `OPENAI_BASE_URL` and `OPENAI_API_KEY`.
+pub const LLM_MODEL: &str = "MNEMO_LLM_MODEL";
+pub const LLM_BASE_URL: &str = "MNEMO_LLM_BASE_URL";
+pub const LLM_API_KEY: &str = "MNEMO_LLM_API_KEY";
+pub const LLM_TIMEOUT_MS: &str = "MNEMO_LLM_TIMEOUT_MS";
+pub const COMPACT_TRIGGER_RATIO: &str = "MNEMO_COMPACT_TRIGGER_RATIO";
+pub const COMPACT_TRIGGER_MESSAGES: &str = "MNEMO_COMPACT_TRIGGER_MESSAGES";
+pub const COMPACT_KEEP_PAIRS: &str = "MNEMO_COMPACT_KEEP_PAIRS";
+pub const COMPACT_KEEP_TOKENS: &str = "MNEMO_COMPACT_KEEP_TOKENS";
+pub const COMPACT_SUMMARY_MAX_TOKENS: &str = "MNEMO_COMPACT_SUMMARY_MAX_TOKENS";
+pub const COMPACT_CHUNK_TOKENS: &str = "MNEMO_COMPACT_CHUNK_TOKENS";

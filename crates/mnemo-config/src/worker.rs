@@ -4,7 +4,8 @@ use std::time::Duration;
 use mnemo_core::Queue;
 
 use crate::{
-    ConfigError, DatabaseSettings, EmbedSettings, Env, JudgeSettings, LogSettings, Problems, RetentionSettings, vars,
+    ConfigError, ContextSettings, DatabaseSettings, EmbedSettings, Env, JudgeSettings, LogSettings, Problems,
+    RetentionSettings, vars,
 };
 
 /// Everything `mnemo-worker` needs.
@@ -14,6 +15,8 @@ pub struct WorkerSettings {
     pub embed: EmbedSettings,
     pub judge: JudgeSettings,
     pub retention: RetentionSettings,
+    /// What compaction keeps, and the model that summarizes.
+    pub context: ContextSettings,
     /// Queues this process serves, with the jobs it runs at once on each.
     pub queues: Vec<(Queue, usize)>,
     /// Rows per model call, and how long a batch waits to fill.
@@ -41,6 +44,7 @@ impl WorkerSettings {
         let embed = EmbedSettings::read(env, &mut problems);
         let judge = JudgeSettings::read(env, &mut problems);
         let retention = RetentionSettings::read(env, &mut problems);
+        let context = ContextSettings::read(env, &mut problems);
         let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
         let default = |queue| default_concurrency(queue, embed_batch_size, &judge);
         let queues = match env.get(vars::WORKER_QUEUES) {
@@ -74,6 +78,7 @@ impl WorkerSettings {
             embed,
             judge,
             retention,
+            context,
             queues,
             embed_batch_size,
             embed_max_wait,
@@ -100,6 +105,8 @@ fn default_concurrency(queue: Queue, embed_batch_size: usize, judge: &JudgeSetti
         // One tenant's sweep at a time per worker: sweeps are long and share the database with
         // everything else.
         Queue::Retention => 1,
+        // Sessions compact independently; each job mostly waits on the model.
+        Queue::Compact => 8,
     }
 }
 
@@ -142,7 +149,10 @@ mod tests {
     fn default_concurrencies_follow_the_batch_sizes() {
         let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::EMBED_BATCH_SIZE, "50")]);
         let settings = WorkerSettings::from_env(&env).expect("valid");
-        assert_eq!(settings.queues, [(Queue::Embed, 200), (Queue::Judge, 40), (Queue::Retention, 1)]);
+        assert_eq!(
+            settings.queues,
+            [(Queue::Embed, 200), (Queue::Judge, 40), (Queue::Retention, 1), (Queue::Compact, 8)]
+        );
         let named = env.with(vars::JUDGE_BATCH_SIZE, "30").with(vars::WORKER_QUEUES, "judge,retention=3");
         let settings = WorkerSettings::from_env(&named).expect("valid");
         assert_eq!(settings.queues, [(Queue::Judge, 60), (Queue::Retention, 3)]);
@@ -150,10 +160,10 @@ mod tests {
 
     #[test]
     fn unknown_queues_and_bad_concurrencies_are_reported() {
-        let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "compact,embed=0")]);
+        let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "compaction,embed=0")]);
         let err = WorkerSettings::from_env(&env).unwrap_err();
         assert_eq!(err.0.len(), 2, "{err}");
-        assert!(err.0[0].contains("unknown queue \"compact\"; known: embed, judge, retention"), "{err}");
+        assert!(err.0[0].contains("unknown queue \"compaction\"; known: embed, judge, retention, compact"), "{err}");
         assert!(err.0[1].contains("\"embed=0\" needs a positive concurrency"), "{err}");
     }
 }

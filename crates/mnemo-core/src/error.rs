@@ -28,3 +28,19 @@ impl InvalidInput {
         }
     }
 }
+
+/// Why a model call failed (the judge, the summarizer): a short stable label for metrics, audit
+/// rows and compaction records ("timeout", "http_5xx", "truncated", "unparsable", …) and a
+/// detail that never holds content.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {detail}")]
+pub struct ModelFailure {
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+impl ModelFailure {
+    pub fn new(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self { kind, detail: detail.into() }
+    }
+}

@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::ModelFailure;
+
 /// The judge's decision about one older fact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -52,22 +54,7 @@ impl std::fmt::Display for JudgeOutcome {
     }
 }
 
-/// Why a judge call failed: a short stable label for metrics and the audit row ("timeout",
-/// "http_5xx", "truncated", "unparsable", "invented_ids", …) and a detail that never holds content.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{kind}: {detail}")]
-pub struct JudgeError {
-    pub kind: &'static str,
-    pub detail: String,
-}
-
-impl JudgeError {
-    pub fn new(kind: &'static str, detail: impl Into<String>) -> Self {
-        Self { kind, detail: detail.into() }
-    }
-}
-
-pub type JudgeFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Verdict>, JudgeError>> + Send + 'a>>;
+pub type JudgeFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Verdict>, ModelFailure>> + Send + 'a>>;
 
 /// Decides, for each older fact, whether a new fact supersedes it: one verdict per candidate, in
 /// the candidates' order. A candidate the model said nothing about is kept; an answer that

@@ -6,6 +6,7 @@
 #[macro_use]
 mod kinds;
 
+mod compaction;
 mod embed;
 mod error;
 mod ids;
@@ -19,10 +20,14 @@ mod source_ref;
 mod text;
 mod window;
 
+pub use compaction::{
+    CompactionOutcome, CompactionTrigger, Keep, SUMMARY_SECTIONS, Summarizer, SummaryFuture, TOOL_PREVIEW_CHARS,
+    TranscriptLine, check_summary, compaction_cut, preview, summary_source_ref, transcript,
+};
 pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
-pub use error::InvalidInput;
+pub use error::{InvalidInput, ModelFailure};
 pub use ids::{AgentId, SessionId, TenantId, UserId};
-pub use judge::{Judge, JudgeError, JudgeFuture, JudgeOutcome, Verdict};
+pub use judge::{Judge, JudgeFuture, JudgeOutcome, Verdict};
 pub use kinds::{FactScope, RecallScope, Scope, SourceKind};
 pub use memory::{Extras, FactKey, Metadata, NewMemory, ScopeError, Turn};
 pub use names::{AuditEvent, Queue};
@@ -33,5 +38,5 @@ pub use source_ref::{SourceRef, fact_source_ref};
 pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, ToolOutputText};
 pub use window::{
     MESSAGE_OVERHEAD_TOKENS, Placed, Role, SUMMARY_PREFIX, Section, TokenCounter, Window, WindowError, WindowInput,
-    WindowMessage, assemble, cut_to, units_of,
+    WindowMessage, assemble, cut_to, tail_suffices, units_of,
 };

@@ -234,6 +234,35 @@ impl NewMemory {
         }
     }
 
+    /// A session's summary, written by compaction under the identities of the messages it
+    /// summarizes (so erasing their user erases it too).
+    pub fn session_summary(
+        tenant: TenantId,
+        session: SessionId,
+        user: Option<UserId>,
+        agent: Option<AgentId>,
+        source_ref: SourceRef,
+        content: MemoryText,
+        event_time: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            tenant,
+            scope: Scope::Session,
+            session: Some(session),
+            user,
+            agent,
+            kind: SourceKind::SessionSummary,
+            source_ref,
+            content_sha256: sha256(content.as_str()),
+            content,
+            tool_output: None,
+            metadata: Metadata::default(),
+            event_time: Some(event_time),
+            fact_key: None,
+            turn: None,
+        }
+    }
+
     /// The row with its place in the conversation.
     pub fn with_turn(mut self, turn: Turn) -> Self {
         self.turn = Some(turn);

@@ -12,6 +12,7 @@ string_enum!(
         Embed => "embed",
         Judge => "judge",
         Retention => "retention",
+        Compact => "compact",
     }
 );
 
@@ -43,6 +44,6 @@ mod tests {
         for e in AuditEvent::ALL {
             assert_eq!(AuditEvent::parse(e.as_str()), Ok(*e));
         }
-        assert!(Queue::parse("compact").is_err());
+        assert!(Queue::parse("compaction").is_err());
     }
 }

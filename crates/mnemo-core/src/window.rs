@@ -55,7 +55,8 @@ pub struct WindowMessage {
 }
 
 impl WindowMessage {
-    fn cost(&self) -> u64 {
+    /// What the message costs in a window: its tokens and the per-message overhead.
+    pub fn cost(&self) -> u64 {
         u64::from(self.tokens) + u64::from(MESSAGE_OVERHEAD_TOKENS)
     }
 }
@@ -261,13 +262,13 @@ fn placed(role: Role, content: String, section: Section) -> Placed {
 /// A run of history that is kept or dropped whole: one message, or an assistant's tool call
 /// with the results that answer it.
 #[derive(Debug, Clone, Copy)]
-struct Unit {
-    start: usize,
-    end: usize,
+pub(crate) struct Unit {
+    pub start: usize,
+    pub end: usize,
 }
 
 impl Unit {
-    fn cost(&self, history: &[WindowMessage]) -> u64 {
+    pub(crate) fn cost(&self, history: &[WindowMessage]) -> u64 {
         history[self.start..self.end].iter().map(WindowMessage::cost).sum()
     }
 }
@@ -278,7 +279,7 @@ pub fn units_of(history: &[WindowMessage]) -> Vec<(usize, usize)> {
     units(history).into_iter().map(|u| (u.start, u.end)).collect()
 }
 
-fn units(history: &[WindowMessage]) -> Vec<Unit> {
+pub(crate) fn units(history: &[WindowMessage]) -> Vec<Unit> {
     let mut units: Vec<Unit> = Vec::new();
     let mut open_calls: Vec<&str> = Vec::new();
     for (i, message) in history.iter().enumerate() {
@@ -311,15 +312,34 @@ fn units(history: &[WindowMessage]) -> Vec<Unit> {
     units
 }
 
-/// The first unit of the last `turns` turns (a turn starts at a user message).
+/// The units that start a turn: those opening with a user message.
+pub(crate) fn turn_starts(history: &[WindowMessage], units: &[Unit]) -> Vec<usize> {
+    units.iter().enumerate().filter(|(_, u)| history[u.start].role == Role::User).map(|(i, _)| i).collect()
+}
+
+/// The first unit of the last `turns` turns.
 fn turn_start(history: &[WindowMessage], units: &[Unit], turns: usize) -> usize {
-    let starts: Vec<usize> =
-        units.iter().enumerate().filter(|(_, u)| history[u.start].role == Role::User).map(|(i, _)| i).collect();
+    let starts = turn_starts(history, units);
     match turns {
         0 => units.len().saturating_sub(1),
-        n if n >= starts.len() => 0,
+        n if n > starts.len() => 0,
         n => starts[starts.len() - n],
     }
+}
+
+/// Whether the newest messages of a session, `newest_first`, are enough history for [`assemble`]
+/// to give the window the whole session would: they cost more than `room` (so everything older
+/// would be dropped anyway), or hold the `keep_turns` turns an overflow window keeps, and the
+/// oldest of them opens a turn (a user message), so no unit or turn is cut short. A reader
+/// fetches the newest messages page by page until this holds or the session is exhausted.
+pub fn tail_suffices(newest_first: &[WindowMessage], room: u64, keep_turns: Option<usize>) -> bool {
+    let Some(oldest) = newest_first.last() else { return false };
+    if oldest.role != Role::User {
+        return false;
+    }
+    let over_room = newest_first.iter().map(WindowMessage::cost).sum::<u64>() > room;
+    let turns = newest_first.iter().filter(|m| m.role == Role::User).count();
+    over_room || keep_turns.is_some_and(|n| turns >= n.max(1))
 }
 
 /// `text` cut in the middle to at most `max_tokens`, its head and tail kept around a marker.
@@ -558,5 +578,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Assembling from the shortest tail that [`tail_suffices`] accepts gives the same window as
+    /// assembling from the whole session.
+    #[test]
+    fn a_sufficient_tail_assembles_the_same_window_as_the_whole_session() {
+        let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+        let mut next = |bound: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % bound.max(1)
+        };
+        let mut partial_reads = 0;
+        for case in 0..2000 {
+            let budget = 30 + next(600) as u32;
+            let mut history = Vec::new();
+            for i in 0..next(80) {
+                let bound = if next(8) == 0 { 200 } else { 12 };
+                let text = "abcd".repeat(1 + next(bound) as usize);
+                match next(4) {
+                    0 | 1 => history.push(message(if next(2) == 0 { Role::User } else { Role::Assistant }, &text)),
+                    2 => {
+                        history.push(call(&format!("c{i}")));
+                        history.push(result(&format!("c{i}"), &text));
+                    }
+                    _ => history.push(result("orphan", &text)),
+                }
+            }
+            let summary = (next(2) == 0).then(|| "s".repeat(next(400) as usize));
+            let keep_turns = (next(3) == 0).then(|| next(3) as usize);
+            let whole = WindowInput { summary: summary.as_deref(), keep_turns, ..input(&history, budget) };
+            let room = u64::from(budget) - u64::from(Quarters.count("You are helpful.") + MESSAGE_OVERHEAD_TOKENS);
+            let newest_first: Vec<WindowMessage> = history.iter().rev().cloned().collect();
+            let read = (1..=history.len()).find(|&n| tail_suffices(&newest_first[..n], room, keep_turns));
+            let Some(read) = read else { continue };
+            partial_reads += usize::from(read < history.len());
+            let tail = &history[history.len() - read..];
+            let from_tail = assemble(&WindowInput { history: tail, ..whole.clone() }, &Quarters).expect("fits");
+            let from_whole = assemble(&whole, &Quarters).expect("fits");
+            let offset = history.len() - read;
+            let shifted: Vec<Option<usize>> =
+                from_tail.messages.iter().map(|m| m.history_index.map(|i| i + offset)).collect();
+            let expected: Vec<Option<usize>> = from_whole.messages.iter().map(|m| m.history_index).collect();
+            assert_eq!(
+                shifted,
+                expected,
+                "case {case}: read {read} of {}: {history:?} {keep_turns:?} {budget} {:?}",
+                history.len(),
+                summary.as_ref().map(String::len)
+            );
+            let texts = |w: &Window| w.messages.iter().map(|m| m.content.clone()).collect::<Vec<_>>();
+            assert_eq!(texts(&from_tail), texts(&from_whole), "case {case}");
+        }
+        assert!(partial_reads > 100, "only {partial_reads} cases read less than the whole session");
     }
 }

@@ -7,19 +7,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod batcher;
+mod compact;
 mod embed;
 mod housekeeping;
 mod judge;
 mod retention;
 mod worker;
 
+pub use compact::{CompactPlan, CompactPolicy, CompactReport, Compactor};
 pub use embed::{EmbedDispatcher, EmbedPolicy};
 pub use housekeeping::{HousekeepingPolicy, run_housekeeping};
 pub use judge::{BatchReport, JudgeDispatcher, JudgePolicy, judge_batch, judge_pending};
 pub use retention::{
     DRY_RUN_IDS, ErasureReport, RetentionRunner, SweepOptions, SweepOutcome, SweepReport, erase_user, sweep_tenant,
 };
-pub use worker::{run_worker, worker_name};
+pub use worker::{Models, run_worker, worker_name};
 
 /// Why a job or the worker failed. Cloneable because a batch's one failure answers every job
 /// of the batch; the store's error is shared, not flattened, so its cause chain stays.

@@ -11,12 +11,15 @@ use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
-use mnemo_core::{Embedder, Judge, Queue};
-use mnemo_store::queue::{EmbedJob, JobArgs, JudgeJob, RetentionJob};
+use mnemo_core::{Embedder, Judge, Queue, Summarizer, TokenCounter};
+use mnemo_store::queue::{CompactJob, EmbedJob, JobArgs, JudgeJob, RetentionJob};
 use mnemo_store::{MIGRATOR, Store};
 
 use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
-use crate::{EmbedDispatcher, EmbedPolicy, JobError, JudgeDispatcher, JudgePolicy, Next, RetentionRunner};
+use crate::{
+    CompactPolicy, Compactor, EmbedDispatcher, EmbedPolicy, JobError, JudgeDispatcher, JudgePolicy, Next,
+    RetentionRunner,
+};
 
 /// A name no other process has used or will use: a restarted worker must not inherit the
 /// Running jobs of its previous life, or they would never be re-queued.
@@ -44,6 +47,16 @@ async fn handle_judge(
     attempt: Attempt,
 ) -> Result<(), BoxDynError> {
     let result = dispatcher.submit(job.clone()).await;
+    finish(&store, &job, Next::after(result, attempt.current())).await
+}
+
+async fn handle_compact(
+    job: CompactJob,
+    compactor: Data<Compactor>,
+    store: Data<Store>,
+    attempt: Attempt,
+) -> Result<(), BoxDynError> {
+    let result = compactor.run(&job).await.map(|_| ());
     finish(&store, &job, Next::after(result, attempt.current())).await
 }
 
@@ -103,13 +116,25 @@ async fn build_vector_index(store: Store, model: String, dimensions: usize) {
     }
 }
 
+/// The models a pool works with.
+#[derive(Debug, Clone)]
+pub struct Models {
+    pub embedder: Arc<dyn Embedder>,
+    /// `None` when the judge's model step is off.
+    pub judge: Option<Arc<dyn Judge>>,
+    /// `None` when no chat model is configured: compaction truncates.
+    pub summarizer: Option<Arc<dyn Summarizer>>,
+    /// Counts tokens as context windows do.
+    pub counter: Arc<dyn TokenCounter>,
+}
+
 /// Runs the pool until `shutdown` resolves.
 pub async fn run_worker(
     settings: WorkerSettings,
-    embedder: Arc<dyn Embedder>,
-    judge: Option<Arc<dyn Judge>>,
+    models: Models,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), JobError> {
+    let Models { embedder, judge, summarizer, counter } = models;
     // Handlers wait on the dispatcher without holding a connection: a small pool serves the
     // backend's fetches, acks and heartbeats, the batches, housekeeping and the gauges.
     let store = Store::connect(settings.database.url.expose(), settings.database.max_connections.max(8)).await?;
@@ -122,6 +147,7 @@ pub async fn run_worker(
         worker = %name,
         model = embedder.model(),
         judge = judge.as_ref().map_or("disabled", |j| j.model()),
+        summarizer = summarizer.as_ref().map_or("none (compaction truncates)", |s| s.model()),
         queues = ?settings.queues,
         "mnemo-worker starting"
     );
@@ -214,6 +240,16 @@ pub async fn run_worker(
                 };
                 let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, RetentionJob, config, runner, handle_retention);
+            }
+            Queue::Compact => {
+                let compactor = Compactor {
+                    store: store.clone(),
+                    summarizer: summarizer.clone(),
+                    counter: counter.clone(),
+                    policy: CompactPolicy::from_settings(&settings.context),
+                };
+                let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
+                monitor = register_queue!(monitor, CompactJob, config, compactor, handle_compact);
             }
         }
     }

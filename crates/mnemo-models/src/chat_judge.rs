@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
-use mnemo_core::{Judge, JudgeError, JudgeFuture, Verdict};
+use mnemo_core::{Judge, JudgeFuture, ModelFailure, Verdict};
 use serde_json::{Value, json};
 
 use crate::ModelError;
@@ -75,7 +75,7 @@ impl OpenAiJudge {
         })
     }
 
-    async fn decide(&self, fact: &str, candidates: &[String]) -> Result<Vec<Verdict>, JudgeError> {
+    async fn decide(&self, fact: &str, candidates: &[String]) -> Result<Vec<Verdict>, ModelFailure> {
         let mut format = Format::from_level(self.format.load(Ordering::Relaxed));
         loop {
             match self.ask(fact, candidates, format).await {
@@ -120,11 +120,11 @@ impl OpenAiJudge {
         let answer: Value = self.client.chat().create_byot(request).await.map_err(classify)?;
         let choice = &answer["choices"][0];
         if choice["finish_reason"].as_str() == Some("length") {
-            return Err(Refusal::Other(JudgeError::new("truncated", "the answer hit max_tokens")));
+            return Err(Refusal::Other(ModelFailure::new("truncated", "the answer hit max_tokens")));
         }
         match choice["message"]["content"].as_str() {
             Some(content) if !content.trim().is_empty() => Ok(content.to_owned()),
-            _ => Err(Refusal::Other(JudgeError::new("unparsable", "the answer has no message content"))),
+            _ => Err(Refusal::Other(ModelFailure::new("unparsable", "the answer has no message content"))),
         }
     }
 }
@@ -141,29 +141,17 @@ impl Judge for OpenAiJudge {
 
 /// Whether a failed call may succeed with a less constrained answer format.
 enum Refusal {
-    Format(JudgeError),
-    Other(JudgeError),
+    Format(ModelFailure),
+    Other(ModelFailure),
 }
 
 /// A server that refuses the request (400, 422, some answer 500) may be refusing the format; a
 /// timeout, an unreachable server, a missing model, a bad key or a rate limit will not change.
 fn classify(e: OpenAIError) -> Refusal {
-    match e {
-        OpenAIError::Reqwest(e) if e.is_timeout() => Refusal::Other(JudgeError::new("timeout", e.to_string())),
-        OpenAIError::Reqwest(e) => Refusal::Other(JudgeError::new("connection", e.to_string())),
-        OpenAIError::ApiError(api) => {
-            let status = api.status_code.as_u16();
-            let detail = format!("HTTP {status}: {}", api.api_error.message.chars().take(200).collect::<String>());
-            match status {
-                404 => Refusal::Other(JudgeError::new("model_missing", detail)),
-                401 | 403 => Refusal::Other(JudgeError::new("unauthorized", detail)),
-                429 => Refusal::Other(JudgeError::new("http_429", detail)),
-                500..=599 => Refusal::Format(JudgeError::new("http_5xx", detail)),
-                _ => Refusal::Format(JudgeError::new("http_4xx", detail)),
-            }
-        }
-        OpenAIError::JSONDeserialize(e, _) => Refusal::Other(JudgeError::new("malformed_response", e.to_string())),
-        other => Refusal::Other(JudgeError::new("client", other.to_string())),
+    let failure = crate::openai::failure(e);
+    match failure.kind {
+        "http_5xx" | "http_4xx" => Refusal::Format(failure),
+        _ => Refusal::Other(failure),
     }
 }
 
@@ -211,13 +199,13 @@ fn schema(candidates: usize) -> Value {
 
 /// One verdict per candidate from the answer's text. Missing candidates are kept; a candidate
 /// given both decisions is kept; labels that name no candidate are ignored.
-pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, JudgeError> {
+pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, ModelFailure> {
     let decisions = match json_in(content) {
         Some(value) => decisions_in(&value),
         None => decisions_in_lines(content),
     };
     let Some(decisions) = decisions else {
-        return Err(JudgeError::new("unparsable", format!("no decisions in a {}-byte answer", content.len())));
+        return Err(ModelFailure::new("unparsable", format!("no decisions in a {}-byte answer", content.len())));
     };
     let mut verdicts: Vec<Option<Verdict>> = vec![None; candidates];
     let mut conflicted = vec![false; candidates];
@@ -234,7 +222,7 @@ pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, 
         }
     }
     if !decisions.is_empty() && invented == decisions.len() {
-        return Err(JudgeError::new("invented_ids", format!("{invented} decisions name no candidate")));
+        return Err(ModelFailure::new("invented_ids", format!("{invented} decisions name no candidate")));
     }
     Ok(verdicts
         .into_iter()

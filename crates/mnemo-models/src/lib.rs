@@ -6,16 +6,18 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Once};
 
-use mnemo_config::{EmbedProvider, EmbedSettings, JudgeSettings};
-use mnemo_core::{Embedder, Judge};
+use mnemo_config::{ContextSettings, EmbedProvider, EmbedSettings, JudgeSettings};
+use mnemo_core::{Embedder, Judge, Summarizer};
 
 mod chat_judge;
+mod chat_summary;
 mod local;
 mod openai;
 mod tei;
 mod tokens;
 
 pub use chat_judge::{OpenAiJudge, parse_verdicts};
+pub use chat_summary::{OpenAiSummarizer, SUMMARIZE_MARKER};
 pub use local::{LOCAL_MODEL_NAME, LocalEmbedder};
 pub use openai::OpenAiEmbedder;
 pub use tei::TeiReranker;
@@ -53,6 +55,14 @@ pub fn judge(settings: &JudgeSettings) -> Result<Option<Arc<dyn Judge>>, ModelEr
     let Some(model) = &settings.model else { return Ok(None) };
     let judge = OpenAiJudge::new(model.base_url.as_deref(), model.api_key.expose(), &model.name, model.timeout)?;
     Ok(Some(Arc::new(judge)))
+}
+
+/// The model that summarizes sessions; `None` when none is configured (compaction truncates).
+pub fn summarizer(settings: &ContextSettings) -> Result<Option<Arc<dyn Summarizer>>, ModelError> {
+    let Some(model) = &settings.model else { return Ok(None) };
+    let summarizer =
+        OpenAiSummarizer::new(model.base_url.as_deref(), model.api_key.expose(), &model.name, model.timeout)?;
+    Ok(Some(Arc::new(summarizer)))
 }
 
 /// HTTPS to providers uses rustls with ring, which is already in the build for PostgreSQL TLS.

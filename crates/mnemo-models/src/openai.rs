@@ -9,7 +9,7 @@ use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
 use async_openai::middleware::ReqwestService;
 use async_openai::types::embeddings::{CreateEmbeddingRequestArgs, EmbeddingInput};
-use mnemo_core::{EmbedError, EmbedFuture, Embedder};
+use mnemo_core::{EmbedError, EmbedFuture, Embedder, ModelFailure};
 
 use crate::ModelError;
 
@@ -145,5 +145,26 @@ impl Embedder for OpenAiEmbedder {
             }
             Ok(vectors)
         })
+    }
+}
+
+/// A failed chat call as a [`ModelFailure`]: a stable label and a detail without content.
+pub(crate) fn failure(e: OpenAIError) -> ModelFailure {
+    match e {
+        OpenAIError::Reqwest(e) if e.is_timeout() => ModelFailure::new("timeout", e.to_string()),
+        OpenAIError::Reqwest(e) => ModelFailure::new("connection", e.to_string()),
+        OpenAIError::ApiError(api) => {
+            let status = api.status_code.as_u16();
+            let detail = format!("HTTP {status}: {}", api.api_error.message.chars().take(200).collect::<String>());
+            match status {
+                404 => ModelFailure::new("model_missing", detail),
+                401 | 403 => ModelFailure::new("unauthorized", detail),
+                429 => ModelFailure::new("http_429", detail),
+                500..=599 => ModelFailure::new("http_5xx", detail),
+                _ => ModelFailure::new("http_4xx", detail),
+            }
+        }
+        OpenAIError::JSONDeserialize(e, _) => ModelFailure::new("malformed_response", e.to_string()),
+        other => ModelFailure::new("client", other.to_string()),
     }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use mnemo_config::{
-    DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, RetentionSettings, vars,
+    ContextSettings, DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, RetentionSettings,
+    vars,
 };
 use mnemo_core::{AgentId, AuditEvent, FactScope, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId};
 use mnemo_recall::{Recall, RecallOptions};
@@ -14,12 +15,13 @@ use mnemo_store::{MIGRATOR, Store};
 
 mod judge;
 mod retention;
+mod session;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "mnemo-runbook",
     version,
-    about = "Operate mnemo: migrations, status, tokens, recall, the judge, facts, retention and the audit log."
+    about = "Operate mnemo: migrations, status, tokens, recall, the judge, sessions, facts, retention and the audit log."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -89,6 +91,11 @@ enum Command {
     Judge {
         #[command(subcommand)]
         command: judge::JudgeCommand,
+    },
+    /// A session's conversation: its messages, compactions and pending compaction; compact now.
+    Session {
+        #[command(subcommand)]
+        command: session::SessionCommand,
     },
     /// The facts of one user or agent with their state and supersede chains (prints content).
     #[command(group(clap::ArgGroup::new("bucket").required(true).args(["user", "agent"])))]
@@ -185,6 +192,9 @@ async fn main() -> anyhow::Result<()> {
             recall(&env, &identity.principal(), &request, include_superseded, json).await
         }
         Command::Judge { command } => judge::run(&connect(&env).await?, command).await,
+        Command::Session { command } => {
+            session::run(&connect(&env).await?, &ContextSettings::from_env(&env)?, command).await
+        }
         Command::Facts { tenant, user, agent, include_superseded, as_of, json } => {
             let (scope, identity) = match (user, agent) {
                 (Some(user), _) => (FactScope::User, user.as_str().to_owned()),

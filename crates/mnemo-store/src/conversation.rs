@@ -1,10 +1,16 @@
 //! A session's conversation: its chat messages and tool outputs in the one order every reader
-//! uses (event time, then write order: ids are time-ordered UUIDv7s), and its latest summary.
+//! uses (event time, then write order: ids are time-ordered UUIDv7s), and its compactions: where
+//! the window starts, the summary in effect, and the compaction asked for.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::{Role, SessionId, SourceKind, TenantId};
+use mnemo_core::{
+    CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter, WindowMessage,
+};
 use uuid::Uuid;
 
+use crate::queue::{CompactJob, push};
 use crate::{Store, StoreError};
 
 /// One message of a session, as stored.
@@ -23,6 +29,8 @@ pub struct SessionMessage {
     /// The tokenizer that made `token_count`.
     pub token_counter: Option<String>,
     pub event_time: DateTime<Utc>,
+    pub user_id: Option<String>,
+    pub agent_id: Option<String>,
 }
 
 /// Where a page of messages starts: after this message.
@@ -36,24 +44,162 @@ impl SessionMessage {
     pub fn cursor(&self) -> MessageCursor {
         MessageCursor { event_time: self.event_time, id: self.id }
     }
+
+    /// The message as a context window or a compaction reads it. Its stored token count is used
+    /// when `counter` made it; a row counted by another counter, or before counts were kept, is
+    /// counted now.
+    pub fn to_window(&self, counter: &dyn TokenCounter) -> WindowMessage {
+        let stored = self
+            .token_count
+            .filter(|_| self.token_counter.as_deref() == Some(counter.name()))
+            .and_then(|n| u32::try_from(n).ok());
+        WindowMessage {
+            role: self.role,
+            tokens: stored.unwrap_or_else(|| counter.count(&self.content)),
+            content: self.content.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            tool_name: self.tool_name.clone(),
+        }
+    }
 }
 
-/// The session's live chat messages and tool outputs. A row written before roles were kept
-/// reads as what its kind implies: a chat message from the user, a tool output answering the
-/// call its source_ref names.
-const SESSION_MESSAGES: &str = "
-SELECT m.id, m.source_kind,
+/// The session's live chat messages and tool outputs after `($3, $4)` (when given) and before
+/// `($5, $6)` (when given). A row written before roles were kept reads as what its kind implies:
+/// a chat message from the user, a tool output answering the call its source_ref names.
+macro_rules! session_messages {
+    ($order:literal) => {
+        concat!(
+            "SELECT m.id, m.source_kind,
        COALESCE(m.role, CASE m.source_kind WHEN 'tool_output' THEN 'tool' ELSE 'user' END) AS role,
        m.content,
        COALESCE(m.tool_call_id, CASE m.source_kind WHEN 'tool_output' THEN m.source_ref END) AS tool_call_id,
-       m.tool_name, m.token_count, m.token_counter, m.event_time
+       m.tool_name, m.token_count, m.token_counter, m.event_time, m.user_id, m.agent_id
 FROM memory_items m
 WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
   AND m.source_kind IN ('chat_message', 'tool_output')
   AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
   AND ($3::timestamptz IS NULL OR (m.event_time, m.id) > ($3, $4))
-ORDER BY m.event_time, m.id
-LIMIT $5";
+  AND ($5::timestamptz IS NULL OR (m.event_time, m.id) < ($5, $6))
+ORDER BY ",
+            $order,
+            "
+LIMIT $7"
+        )
+    };
+}
+
+const SESSION_MESSAGES: &str = session_messages!("m.event_time, m.id");
+const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC, m.id DESC");
+
+/// How many live messages the session has after `($3, $4)`.
+const COUNT_MESSAGES: &str = "
+SELECT count(*) FROM memory_items m
+WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
+  AND m.source_kind IN ('chat_message', 'tool_output')
+  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+  AND ($3::timestamptz IS NULL OR (m.event_time, m.id) > ($3, $4))";
+
+/// The latest compaction (where the window starts), the summary in effect with it, and the
+/// compaction asked for, if any.
+const SESSION_STATE: &str = "
+SELECT c.through_id, c.through_time, c.summary_id, s.content AS summary,
+       (SELECT sc.through_id FROM session_compactions sc
+        WHERE sc.tenant_id = $1 AND sc.session_id = $2 AND sc.summary_id = c.summary_id
+        ORDER BY sc.through_time, sc.through_id LIMIT 1) AS summary_through,
+       r.trigger AS pending
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT * FROM session_compactions
+    WHERE tenant_id = $1 AND session_id = $2
+    ORDER BY through_time DESC, through_id DESC LIMIT 1
+) c ON true
+LEFT JOIN memory_items s
+    ON s.tenant_id = $1 AND s.id = c.summary_id AND s.deleted_at IS NULL AND s.anonymized_at IS NULL
+LEFT JOIN session_compaction_requests r ON r.tenant_id = $1 AND r.session_id = $2";
+
+/// Asks for a compaction unless one is asked for already; a request older than `$4` seconds
+/// (its job gave up, or no worker serves the queue) is asked again.
+const REQUEST_COMPACTION: &str = "
+INSERT INTO session_compaction_requests AS r (tenant_id, session_id, trigger) VALUES ($1, $2, $3)
+ON CONFLICT (tenant_id, session_id) DO UPDATE SET trigger = EXCLUDED.trigger, requested_at = now()
+WHERE r.requested_at < now() - make_interval(secs => $4)
+RETURNING true";
+
+const RECORD_COMPACTION: &str = "
+INSERT INTO session_compactions
+    (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING";
+
+const CLEAR_REQUEST: &str = "DELETE FROM session_compaction_requests WHERE tenant_id = $1 AND session_id = $2";
+
+const SESSION_COMPACTIONS: &str = "
+SELECT through_id, through_time, messages, outcome, reason, summary_id, model, trigger, created_at
+FROM session_compactions WHERE tenant_id = $1 AND session_id = $2
+ORDER BY through_time, through_id";
+
+/// A compaction asked for again after this long without being done.
+pub const STALE_REQUEST: Duration = Duration::from_secs(300);
+
+/// Where a session's context window starts and what comes before it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionState {
+    /// The last message the latest compaction covered; the window starts after it.
+    pub through: Option<MessageCursor>,
+    pub summary: Option<SessionSummary>,
+    /// The trigger of a compaction asked for and not yet done.
+    pub pending: Option<CompactionTrigger>,
+}
+
+/// The summary in effect: a `session_summary` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSummary {
+    pub id: Uuid,
+    pub content: String,
+    /// The last message it summarizes.
+    pub through: Uuid,
+}
+
+#[derive(sqlx::FromRow)]
+struct StateRow {
+    through_id: Option<Uuid>,
+    through_time: Option<DateTime<Utc>>,
+    summary_id: Option<Uuid>,
+    summary: Option<String>,
+    summary_through: Option<Uuid>,
+    pending: Option<String>,
+}
+
+/// One compaction, as recorded.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Compaction {
+    pub through_id: Uuid,
+    pub through_time: DateTime<Utc>,
+    /// Messages it covered.
+    pub messages: i32,
+    #[sqlx(try_from = "String")]
+    pub outcome: CompactionOutcome,
+    /// Why it truncated: `no_model` or the model failure's label.
+    pub reason: Option<String>,
+    /// The summary in effect after it.
+    pub summary_id: Option<Uuid>,
+    pub model: Option<String>,
+    #[sqlx(try_from = "String")]
+    pub trigger: CompactionTrigger,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What a compaction job records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewCompaction {
+    pub through: MessageCursor,
+    pub messages: i32,
+    pub outcome: CompactionOutcome,
+    pub reason: Option<String>,
+    pub summary_id: Option<Uuid>,
+    pub model: Option<String>,
+    pub trigger: CompactionTrigger,
+}
 
 impl Store {
     /// Up to `limit` messages of the session after `after`, in the session's order.
@@ -64,12 +210,137 @@ impl Store {
         after: Option<MessageCursor>,
         limit: i64,
     ) -> Result<Vec<SessionMessage>, StoreError> {
-        Ok(sqlx::query_as(SESSION_MESSAGES)
+        self.read_messages(SESSION_MESSAGES, tenant, session, after, None, limit).await
+    }
+
+    /// Up to `limit` messages of the session after `after` and before `before`, newest first:
+    /// a context window reads only the tail its budget can hold.
+    pub async fn session_messages_newest_first(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        after: Option<MessageCursor>,
+        before: Option<MessageCursor>,
+        limit: i64,
+    ) -> Result<Vec<SessionMessage>, StoreError> {
+        self.read_messages(SESSION_MESSAGES_NEWEST_FIRST, tenant, session, after, before, limit).await
+    }
+
+    async fn read_messages(
+        &self,
+        sql: &'static str,
+        tenant: &TenantId,
+        session: &SessionId,
+        after: Option<MessageCursor>,
+        before: Option<MessageCursor>,
+        limit: i64,
+    ) -> Result<Vec<SessionMessage>, StoreError> {
+        Ok(sqlx::query_as(sql)
             .bind(tenant.as_str())
             .bind(session.as_str())
             .bind(after.map(|c| c.event_time))
             .bind(after.map(|c| c.id))
+            .bind(before.map(|c| c.event_time))
+            .bind(before.map(|c| c.id))
             .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// How many messages the session has after `after`.
+    pub async fn count_session_messages(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        after: Option<MessageCursor>,
+    ) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(COUNT_MESSAGES)
+            .bind(tenant.as_str())
+            .bind(session.as_str())
+            .bind(after.map(|c| c.event_time))
+            .bind(after.map(|c| c.id))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Where the session's window starts, its summary, and the compaction asked for.
+    pub async fn session_state(&self, tenant: &TenantId, session: &SessionId) -> Result<SessionState, StoreError> {
+        let row: StateRow =
+            sqlx::query_as(SESSION_STATE).bind(tenant.as_str()).bind(session.as_str()).fetch_one(&self.pool).await?;
+        let through = row.through_time.zip(row.through_id).map(|(event_time, id)| MessageCursor { event_time, id });
+        let summary = match (row.summary_id, row.summary, row.summary_through) {
+            (Some(id), Some(content), Some(through)) => Some(SessionSummary { id, content, through }),
+            _ => None,
+        };
+        let pending = row.pending.map(CompactionTrigger::try_from).transpose().map_err(StoreError::Stored)?;
+        Ok(SessionState { through, summary, pending })
+    }
+
+    /// Asks for a compaction of the session and queues its job, unless one is asked for already.
+    /// True when this call queued the job.
+    pub async fn request_compaction(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        trigger: CompactionTrigger,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let queued: Option<bool> = sqlx::query_scalar(REQUEST_COMPACTION)
+            .bind(tenant.as_str())
+            .bind(session.as_str())
+            .bind(trigger.as_str())
+            .bind(STALE_REQUEST.as_secs_f64())
+            .fetch_optional(&mut *tx)
+            .await?;
+        if queued.is_some() {
+            let job = CompactJob { tenant_id: tenant.clone(), session_id: session.clone(), trigger };
+            push(&mut tx, &[job]).await?;
+        }
+        tx.commit().await?;
+        Ok(queued.is_some())
+    }
+
+    /// Records a compaction (once: a retried job finds its record made) and clears the request.
+    pub async fn record_compaction(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        compaction: &NewCompaction,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(RECORD_COMPACTION)
+            .bind(tenant.as_str())
+            .bind(session.as_str())
+            .bind(compaction.through.id)
+            .bind(compaction.through.event_time)
+            .bind(compaction.messages)
+            .bind(compaction.outcome.as_str())
+            .bind(compaction.reason.as_deref())
+            .bind(compaction.summary_id)
+            .bind(compaction.model.as_deref())
+            .bind(compaction.trigger.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Clears the session's compaction request: its job found nothing to compact.
+    pub async fn clear_compaction_request(&self, tenant: &TenantId, session: &SessionId) -> Result<(), StoreError> {
+        sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The session's compactions, oldest first.
+    pub async fn session_compactions(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+    ) -> Result<Vec<Compaction>, StoreError> {
+        Ok(sqlx::query_as(SESSION_COMPACTIONS)
+            .bind(tenant.as_str())
+            .bind(session.as_str())
             .fetch_all(&self.pool)
             .await?)
     }

@@ -22,7 +22,9 @@ mod schema;
 mod search;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
-pub use conversation::{MessageCursor, SessionMessage};
+pub use conversation::{
+    Compaction, MessageCursor, NewCompaction, STALE_REQUEST, SessionMessage, SessionState, SessionSummary,
+};
 pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use apalis_core::task::builder::TaskBuilder;
 use apalis_postgres::queries::push_tasks;
-use mnemo_core::{Queue, TenantId};
+use mnemo_core::{CompactionTrigger, Queue, SessionId, TenantId};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -23,7 +23,7 @@ pub trait JobArgs: Serialize + for<'de> Deserialize<'de> + Send + Sync + Unpin +
 /// a worker can tell that the content changed since and must be embedded again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EmbedJob {
-    #[serde(with = "tenant")]
+    #[serde(with = "parsed")]
     pub tenant_id: TenantId,
     pub item_id: Uuid,
     pub content_sha256: String,
@@ -32,7 +32,7 @@ pub struct EmbedJob {
 /// Judge one fact, if it is still pending.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JudgeJob {
-    #[serde(with = "tenant")]
+    #[serde(with = "parsed")]
     pub tenant_id: TenantId,
     pub item_id: Uuid,
 }
@@ -40,9 +40,20 @@ pub struct JudgeJob {
 /// Sweep one tenant for retention tick `tick` (scheduled once per tenant and tick).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetentionJob {
-    #[serde(with = "tenant")]
+    #[serde(with = "parsed")]
     pub tenant_id: TenantId,
     pub tick: i64,
+}
+
+/// Compact one session's conversation: summarize what comes before the turns it keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactJob {
+    #[serde(with = "parsed")]
+    pub tenant_id: TenantId,
+    #[serde(with = "parsed")]
+    pub session_id: SessionId,
+    #[serde(with = "parsed")]
+    pub trigger: CompactionTrigger,
 }
 
 impl JobArgs for EmbedJob {
@@ -57,19 +68,29 @@ impl JobArgs for RetentionJob {
     const QUEUE: Queue = Queue::Retention;
 }
 
-/// A tenant in job arguments is its string, parsed back on the way out, so a job whose
-/// arguments were edited into an invalid tenant fails to decode instead of running.
-mod tenant {
-    use mnemo_core::TenantId;
+impl JobArgs for CompactJob {
+    const QUEUE: Queue = Queue::Compact;
+}
+
+/// Ids and names in job arguments are their strings, parsed back on the way out, so a job whose
+/// arguments were edited into an invalid value fails to decode instead of running.
+mod parsed {
+    use std::fmt::Display;
+
+    use mnemo_core::InvalidInput;
     use serde::de::Error;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(tenant: &TenantId, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(tenant.as_str())
+    pub fn serialize<T: Display, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TenantId, D::Error> {
-        TenantId::parse(&String::deserialize(d)?).map_err(D::Error::custom)
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: TryFrom<String, Error = InvalidInput>,
+        D: Deserializer<'de>,
+    {
+        T::try_from(String::deserialize(d)?).map_err(D::Error::custom)
     }
 }
 

@@ -1,7 +1,8 @@
-//! A scripted OpenAI-compatible chat server for the contradiction judge: `POST
-//! /v1/chat/completions` answered as the protocol does. When healthy it decides by a rule a test
-//! can predict: an existing fact is superseded when it starts with the same three words as the
-//! new fact ("I live in Tokyo" → "I live in Paris"), and kept otherwise. Scripted answers fail as
+//! A scripted OpenAI-compatible chat server for the contradiction judge and the session
+//! summarizer: `POST /v1/chat/completions` answered as the protocol does. When healthy it
+//! answers by rules a test can predict: an existing fact is superseded when it starts with the
+//! same three words as the new fact ("I live in Tokyo" → "I live in Paris"), and kept otherwise;
+//! a summary says how many new messages it covered and whether it built on a previous one. Scripted answers fail as
 //! a test says, one per request; a server can also refuse `json_schema` for good, as some
 //! "compatible" servers do, or answer every request after a fixed delay (for benchmarks).
 
@@ -102,6 +103,21 @@ fn prompt_facts(body: &Value) -> (String, Vec<(String, String)>) {
     (new_fact, existing)
 }
 
+/// A summary a test can predict: how many new messages it covered, whether it built on a
+/// previous summary, and the start of the last new message.
+fn summary_of(body: &Value) -> String {
+    let prompt = body["messages"][1]["content"].as_str().unwrap_or_default();
+    let (previous, new) = prompt.split_once("NEW MESSAGES:\n").unwrap_or(("", prompt));
+    let lines: Vec<&str> = new.lines().filter(|l| l.starts_with('[')).collect();
+    let builds_on = if previous.contains("(none)") { "the start" } else { "the previous summary" };
+    let last: String = lines.last().copied().unwrap_or_default().chars().take(80).collect();
+    format!(
+        "SESSION INTENT: go on with the conversation\nSUMMARY: {} new messages since {builds_on}; last: {last}\n\
+ARTIFACTS: none\nNEXT STEPS: none",
+        lines.len()
+    )
+}
+
 fn first_words(text: &str) -> Vec<String> {
     text.split_whitespace().take(3).map(str::to_lowercase).collect()
 }
@@ -132,6 +148,7 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
             json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
         return (StatusCode::INTERNAL_SERVER_ERROR, Json(error)).into_response();
     }
+    let summarizing = body["messages"][0]["content"].as_str().is_some_and(|s| s.contains("SESSION INTENT"));
     let (new_fact, existing) = prompt_facts(&body);
     match answer {
         Some(ChatAnswer::Status(code)) => {
@@ -156,6 +173,9 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
             return completion(&text[..limit.min(text.len())], "length");
         }
         None => {}
+    }
+    if summarizing {
+        return completion(&summary_of(&body), "stop");
     }
     let new_words = first_words(&new_fact);
     let decisions: Vec<Value> = existing

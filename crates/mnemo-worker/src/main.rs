@@ -1,6 +1,8 @@
 //! `mnemo-worker`: the worker pool. Configuration comes from `MNEMO_*` environment variables;
 //! `--queues` and `--listen` override `MNEMO_WORKER_QUEUES` and `MNEMO_WORKER_LISTEN`.
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use clap::Parser;
 use mnemo_config::{Env, WorkerSettings, vars};
@@ -9,12 +11,12 @@ use mnemo_config::{Env, WorkerSettings, vars};
 #[command(
     name = "mnemo-worker",
     version,
-    about = "mnemo's worker pool: embeds rows, judges facts, sweeps retention. Settings: MNEMO_* variables (README)."
+    about = "mnemo's worker pool: embeds rows, judges facts, sweeps retention, compacts sessions. Settings: MNEMO_* variables (README)."
 )]
 struct Cli {
     /// Queues to serve, each with an optional concurrency, e.g. `embed,judge=60` (overrides
     /// MNEMO_WORKER_QUEUES; default: every queue, embed at 4 × MNEMO_EMBED_BATCH_SIZE, judge at
-    /// 2 × MNEMO_JUDGE_BATCH_SIZE, retention at 1).
+    /// 2 × MNEMO_JUDGE_BATCH_SIZE, retention at 1, compact at 8).
     #[arg(long, value_name = "QUEUES")]
     queues: Option<String>,
     /// Where `/metrics` is served (overrides MNEMO_WORKER_LISTEN; default 127.0.0.1:9464).
@@ -39,11 +41,13 @@ async fn main() -> anyhow::Result<()> {
     let env = Cli::parse().apply(Env::from_process());
     let settings = WorkerSettings::from_env(&env)?;
     mnemo_config::init_tracing(&settings.log);
-    let embedder = mnemo_models::embedder(&settings.embed)?;
-    let judge = mnemo_models::judge(&settings.judge)?;
-    mnemo_jobs::run_worker(settings, embedder, judge, mnemo_config::shutdown_signal())
-        .await
-        .context("mnemo-worker failed")
+    let models = mnemo_jobs::Models {
+        embedder: mnemo_models::embedder(&settings.embed)?,
+        judge: mnemo_models::judge(&settings.judge)?,
+        summarizer: mnemo_models::summarizer(&settings.context)?,
+        counter: Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
+    };
+    mnemo_jobs::run_worker(settings, models, mnemo_config::shutdown_signal()).await.context("mnemo-worker failed")
 }
 
 #[cfg(test)]

@@ -1,0 +1,249 @@
+//! Compaction's rules, without I/O: where a session is cut (what a summary covers and what stays
+//! verbatim), the pre-pass that shortens long tool traffic before a model reads it, what a
+//! summary must look like, and the trait summarizing models implement.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::window::{Role, WindowMessage, turn_starts, units};
+use crate::{InvalidInput, ModelFailure, SessionId};
+
+/// The sections a summary has, in order, each opening a line.
+pub const SUMMARY_SECTIONS: [&str; 4] = ["SESSION INTENT", "SUMMARY", "ARTIFACTS", "NEXT STEPS"];
+
+/// Tool-call arguments and tool results longer than this are cut to a preview before a model
+/// reads them: their head and tail are what a summary needs.
+pub const TOOL_PREVIEW_CHARS: usize = 2000;
+
+string_enum!(
+    /// Why a session is compacted: its history passed `MNEMO_COMPACT_TRIGGER_RATIO` of the
+    /// caller's budget (tokens), more than `MNEMO_COMPACT_TRIGGER_MESSAGES` messages came since
+    /// the last compaction (messages), the caller's model refused the context as too long
+    /// (overflow), or an operator asked (`mnemo-runbook session compact`).
+    CompactionTrigger, "trigger" {
+        Tokens => "tokens",
+        Messages => "messages",
+        Overflow => "overflow",
+        Operator => "operator",
+    }
+);
+
+string_enum!(
+    /// How a compaction ended: a model summarized the messages it covered, incrementally from
+    /// the previous summary, or (no model, or the model failed) they were truncated: left out of
+    /// the window, unsummarized. Either way the window starts after them.
+    CompactionOutcome, "outcome" {
+        Summarized => "summarized",
+        Truncated => "truncated",
+    }
+);
+
+/// What compaction leaves verbatim at the end of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// The last N turns (a turn starts at a user message).
+    Turns(usize),
+    /// As many of the newest messages as fit in this many tokens (at least one unit).
+    Tokens(u64),
+}
+
+/// Where compaction cuts `history` (the messages after the previous cut, oldest first): the
+/// index of the first message kept. Everything before it is summarized. Never inside a tool
+/// call and its results; 0 means there is nothing to summarize.
+pub fn compaction_cut(history: &[WindowMessage], keep: Keep) -> usize {
+    let units = units(history);
+    let Some(last) = units.len().checked_sub(1) else { return 0 };
+    let first_kept = match keep {
+        Keep::Turns(n) => {
+            let starts = turn_starts(history, &units);
+            match n {
+                0 => last + 1,
+                n if n > starts.len() => 0,
+                n => starts[starts.len() - n],
+            }
+        }
+        Keep::Tokens(budget) => {
+            let mut first = last;
+            let mut spent = units[last].cost(history);
+            while first > 0 && spent + units[first - 1].cost(history) <= budget {
+                first -= 1;
+                spent += units[first].cost(history);
+            }
+            first
+        }
+    };
+    units.get(first_kept).map_or(history.len(), |u| u.start)
+}
+
+/// `text` cut to its first and last characters around a marker when it is longer than
+/// `max_chars` characters.
+pub fn preview(text: &str, max_chars: usize) -> String {
+    let total = text.chars().count();
+    if total <= max_chars {
+        return text.to_owned();
+    }
+    let head: String = text.chars().take(max_chars.div_ceil(2)).collect();
+    let tail: String = text.chars().skip(total - max_chars / 2).collect();
+    format!("{head}\n…[{} characters omitted]…\n{tail}", total - max_chars)
+}
+
+/// The messages a summarizer reads: tool traffic previewed (a tool call's arguments are its
+/// content), everything else verbatim.
+pub fn transcript(messages: &[WindowMessage]) -> Vec<TranscriptLine> {
+    messages
+        .iter()
+        .map(|m| {
+            let tool_traffic = m.role == Role::Tool || (m.role == Role::Assistant && m.tool_call_id.is_some());
+            TranscriptLine {
+                role: m.role,
+                tool_name: m.tool_name.clone(),
+                is_call: m.role == Role::Assistant && m.tool_call_id.is_some(),
+                content: if tool_traffic { preview(&m.content, TOOL_PREVIEW_CHARS) } else { m.content.clone() },
+            }
+        })
+        .collect()
+}
+
+/// One message as a summarizer reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranscriptLine {
+    pub role: Role,
+    pub tool_name: Option<String>,
+    /// An assistant's tool call (its content is the call's arguments).
+    pub is_call: bool,
+    pub content: String,
+}
+
+impl TranscriptLine {
+    /// `[user] …`, `[assistant → search] …` for a call, `[tool search] …` for a result.
+    pub fn render(&self) -> String {
+        let name = self.tool_name.as_deref().unwrap_or("tool");
+        match (self.role, self.is_call) {
+            (Role::Assistant, true) => format!("[assistant calls {name}] {}", self.content),
+            (Role::Tool, _) => format!("[tool {name} result] {}", self.content),
+            (role, _) => format!("[{role}] {}", self.content),
+        }
+    }
+}
+
+/// A summary as a model wrote it, checked: every section is there, in order, each opening a
+/// line. Anything else is garbage and changes nothing.
+pub fn check_summary(text: &str) -> Result<String, ModelFailure> {
+    let text = text.trim();
+    let mut from = 0;
+    for section in SUMMARY_SECTIONS {
+        let found = text[from..].match_indices(section).find(|(at, _)| {
+            from + at == 0 || text.as_bytes()[from + at - 1] == b'\n' || is_markup_before(text, from + at)
+        });
+        match found {
+            Some((at, _)) => from += at + section.len(),
+            None => return Err(ModelFailure::new("unparsable", format!("the summary has no {section} section"))),
+        }
+    }
+    Ok(text.to_owned())
+}
+
+/// Markdown a model may put before a heading on its line (`## `, `**`, `- `).
+fn is_markup_before(text: &str, at: usize) -> bool {
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    text[line_start..at].chars().all(|c| matches!(c, '#' | '*' | '-' | ' ' | '_'))
+}
+
+/// The source_ref of the summary that covers a session through `through` (the id of the last
+/// message it covers): a retried or duplicated job lands on the same row.
+pub fn summary_source_ref(session: &SessionId, through: impl std::fmt::Display) -> crate::SourceRef {
+    crate::SourceRef::parse(&format!("session-summary:{session}:{through}"))
+        .expect("a session id and a uuid make a valid source_ref")
+}
+
+pub type SummaryFuture<'a> = Pin<Box<dyn Future<Output = Result<String, ModelFailure>> + Send + 'a>>;
+
+/// Writes a session's summary: the previous summary (if any) brought up to date with the
+/// messages after it, within `max_tokens`, in [`SUMMARY_SECTIONS`]. Implementations bound the
+/// answer and check it with [`check_summary`].
+pub trait Summarizer: Send + Sync + std::fmt::Debug {
+    /// The model's name, as recorded with each compaction.
+    fn model(&self) -> &str;
+
+    fn summarize<'a>(
+        &'a self,
+        previous: Option<&'a str>,
+        messages: &'a [TranscriptLine],
+        max_tokens: u32,
+    ) -> SummaryFuture<'a>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(role: Role, content: &str, call: Option<&str>) -> WindowMessage {
+        WindowMessage {
+            role,
+            content: content.to_owned(),
+            tokens: content.len().div_ceil(4) as u32,
+            tool_call_id: call.map(str::to_owned),
+            tool_name: call.map(|_| "search".to_owned()),
+        }
+    }
+
+    #[test]
+    fn the_cut_keeps_the_last_turns_and_never_splits_a_tool_call() {
+        let history = [
+            m(Role::User, "one", None),
+            m(Role::Assistant, "1", None),
+            m(Role::User, "two", None),
+            m(Role::Assistant, "{\"q\":1}", Some("c1")),
+            m(Role::Tool, "found", Some("c1")),
+            m(Role::Assistant, "2", None),
+            m(Role::User, "three", None),
+            m(Role::Assistant, "3", None),
+        ];
+        assert_eq!(compaction_cut(&history, Keep::Turns(2)), 2);
+        assert_eq!(compaction_cut(&history, Keep::Turns(1)), 6);
+        assert_eq!(compaction_cut(&history, Keep::Turns(3)), 0);
+        assert_eq!(compaction_cut(&history, Keep::Turns(9)), 0);
+        assert_eq!(compaction_cut(&history, Keep::Turns(0)), 8);
+        // Tokens: each message costs its tokens + 4. The last two cost 6 + 5; the call and its
+        // result (6 + 6) go together or not at all.
+        assert_eq!(compaction_cut(&history, Keep::Tokens(11)), 6);
+        assert_eq!(compaction_cut(&history, Keep::Tokens(16)), 5);
+        assert_eq!(compaction_cut(&history, Keep::Tokens(27)), 5);
+        assert_eq!(compaction_cut(&history, Keep::Tokens(28)), 3);
+        // One unit is always kept, however small the budget.
+        assert_eq!(compaction_cut(&history, Keep::Tokens(1)), 7);
+        assert_eq!(compaction_cut(&[], Keep::Turns(2)), 0);
+    }
+
+    #[test]
+    fn long_tool_traffic_is_previewed_and_the_rest_is_verbatim() {
+        let long = format!("HEAD{}TAIL", "x".repeat(5000));
+        let lines = transcript(&[
+            m(Role::User, &long, None),
+            m(Role::Assistant, &long, Some("c")),
+            m(Role::Tool, &long, Some("c")),
+        ]);
+        assert_eq!(lines[0].content, long);
+        for line in &lines[1..] {
+            assert!(line.content.starts_with("HEAD") && line.content.ends_with("TAIL"));
+            assert!(line.content.chars().count() < TOOL_PREVIEW_CHARS + 60, "{}", line.content.len());
+        }
+        assert_eq!(lines[1].render().split(']').next(), Some("[assistant calls search"));
+        assert_eq!(preview("short", 10), "short");
+    }
+
+    #[test]
+    fn a_summary_needs_its_four_sections_in_order() {
+        let good = "SESSION INTENT: plan a trip\nSUMMARY: chose Lisbon\nARTIFACTS: none\nNEXT STEPS: book";
+        assert_eq!(check_summary(&format!("  {good}\n")).as_deref(), Ok(good));
+        assert!(check_summary("## SESSION INTENT\nx\n**SUMMARY**\ny\n- ARTIFACTS\nz\nNEXT STEPS\nw").is_ok());
+        for bad in [
+            "",
+            "I cannot help with that.",
+            "SUMMARY: x\nSESSION INTENT: y\nARTIFACTS\nNEXT STEPS",
+            "SESSION INTENT: the SUMMARY ARTIFACTS NEXT STEPS",
+        ] {
+            assert_eq!(check_summary(bad).map_err(|e| e.kind), Err("unparsable"), "{bad:?}");
+        }
+    }
+}

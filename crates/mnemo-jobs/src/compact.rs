@@ -1,0 +1,177 @@
+//! The `compact` job: brings a session's summary up to date so its context window stays small,
+//! off the request path.
+//!
+//! It reads the messages after the previous compaction, keeps the last turns verbatim
+//! (`MNEMO_COMPACT_KEEP_PAIRS`, or `MNEMO_COMPACT_KEEP_TOKENS`), and hands the rest to the model
+//! with the previous summary, long tool traffic previewed, in steps of at most
+//! `MNEMO_COMPACT_CHUNK_TOKENS`, so a call's cost does not grow with the session. The summary is
+//! a `session_summary` row whose source_ref names the session and the last message it covers:
+//! a retried or duplicated job lands on the same row, and the compaction record is keyed the
+//! same way. With no model, or when the model fails, it truncates instead: the window starts
+//! after those messages, unsummarized. Stored messages are never changed either way.
+
+use std::sync::Arc;
+
+use mnemo_config::ContextSettings;
+use mnemo_core::{
+    AgentId, CompactionOutcome, Keep, MemoryText, ModelFailure, NewMemory, SessionId, Summarizer, TenantId,
+    TokenCounter, TranscriptLine, UserId, WindowMessage, compaction_cut, cut_to, summary_source_ref, transcript,
+};
+use mnemo_store::queue::CompactJob;
+use mnemo_store::{NewCompaction, SessionMessage, SessionState, Store};
+
+use crate::JobError;
+
+/// The most messages one job reads; a longer backlog is compacted over several jobs.
+const MAX_MESSAGES: i64 = 20_000;
+
+/// What compaction keeps and how it calls the model.
+#[derive(Debug, Clone, Copy)]
+pub struct CompactPolicy {
+    pub keep: Keep,
+    pub summary_max_tokens: u32,
+    pub chunk_tokens: u64,
+}
+
+impl CompactPolicy {
+    pub fn from_settings(settings: &ContextSettings) -> Self {
+        Self {
+            keep: settings.keep_tokens.map_or(Keep::Turns(settings.keep_pairs), Keep::Tokens),
+            summary_max_tokens: settings.summary_max_tokens,
+            chunk_tokens: settings.chunk_tokens,
+        }
+    }
+}
+
+/// What a compaction of a session would cover, before any model is asked.
+#[derive(Debug, Clone)]
+pub struct CompactPlan {
+    pub state: SessionState,
+    /// The messages after the previous compaction, oldest first.
+    pub messages: Vec<SessionMessage>,
+    pub history: Vec<WindowMessage>,
+    /// The first message kept verbatim: `messages[..cut]` are compacted.
+    pub cut: usize,
+}
+
+/// Runs compact jobs.
+#[derive(Debug, Clone)]
+pub struct Compactor {
+    pub store: Store,
+    pub summarizer: Option<Arc<dyn Summarizer>>,
+    pub counter: Arc<dyn TokenCounter>,
+    pub policy: CompactPolicy,
+}
+
+/// What one job did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompactReport {
+    /// Nothing before the kept turns: the request is cleared.
+    NothingToCompact,
+    /// `messages` were compacted, summarized or truncated (with the reason).
+    Compacted { messages: usize, outcome: CompactionOutcome, reason: Option<String> },
+}
+
+impl Compactor {
+    /// Where a compaction of the session would cut now.
+    pub async fn plan(&self, tenant: &TenantId, session: &SessionId) -> Result<CompactPlan, JobError> {
+        let state = self.store.session_state(tenant, session).await?;
+        let messages = self.store.session_messages(tenant, session, state.through, MAX_MESSAGES).await?;
+        let history: Vec<_> = messages.iter().map(|m| m.to_window(self.counter.as_ref())).collect();
+        let cut = compaction_cut(&history, self.policy.keep);
+        Ok(CompactPlan { state, messages, history, cut })
+    }
+
+    pub async fn run(&self, job: &CompactJob) -> Result<CompactReport, JobError> {
+        let (tenant, session) = (&job.tenant_id, &job.session_id);
+        let CompactPlan { state, messages: stored, history, cut } = self.plan(tenant, session).await?;
+        let Some(last) = stored[..cut].last() else {
+            self.store.clear_compaction_request(tenant, session).await?;
+            return Ok(CompactReport::NothingToCompact);
+        };
+        let previous = state.summary.as_ref();
+        let (outcome, reason, summary_id, model) = match &self.summarizer {
+            None => (CompactionOutcome::Truncated, Some("no_model".to_owned()), previous.map(|s| s.id), None),
+            Some(model) => {
+                let lines = transcript(&history[..cut]);
+                match self.summarize(model.as_ref(), previous.map(|s| s.content.as_str()), &lines).await {
+                    Ok(text) => {
+                        let row = NewMemory::session_summary(
+                            tenant.clone(),
+                            session.clone(),
+                            last.user_id.as_deref().and_then(|u| UserId::parse(u).ok()),
+                            last.agent_id.as_deref().and_then(|a| AgentId::parse(a).ok()),
+                            summary_source_ref(session, last.id.simple()),
+                            MemoryText::parse(&text)
+                                .map_err(|e| JobError::Setup(format!("the summary cannot be stored: {e}")))?,
+                            last.event_time,
+                        );
+                        let written = self.store.remember(&row).await?;
+                        (CompactionOutcome::Summarized, None, Some(written.id), Some(model.model().to_owned()))
+                    }
+                    Err(failure) => {
+                        tracing::warn!(tenant = %tenant, kind = failure.kind, detail = failure.detail,
+                            "the summary failed; compaction truncates");
+                        (
+                            CompactionOutcome::Truncated,
+                            Some(failure.kind.to_owned()),
+                            previous.map(|s| s.id),
+                            Some(model.model().to_owned()),
+                        )
+                    }
+                }
+            }
+        };
+        let record = NewCompaction {
+            through: last.cursor(),
+            messages: i32::try_from(cut).unwrap_or(i32::MAX),
+            outcome,
+            reason: reason.clone(),
+            summary_id,
+            model,
+            trigger: job.trigger,
+        };
+        self.store.record_compaction(tenant, session, &record).await?;
+        metrics::counter!("mnemo_compactions_total", "outcome" => outcome.as_str()).increment(1);
+        tracing::info!(tenant = %tenant, messages = cut, outcome = outcome.as_str(), trigger = job.trigger.as_str(),
+            "session compacted");
+        Ok(CompactReport::Compacted { messages: cut, outcome, reason })
+    }
+
+    /// The previous summary brought up to date with `lines`, a chunk of at most
+    /// `chunk_tokens` at a time.
+    async fn summarize(
+        &self,
+        model: &dyn Summarizer,
+        previous: Option<&str>,
+        lines: &[TranscriptLine],
+    ) -> Result<String, ModelFailure> {
+        let mut summary = previous.map(str::to_owned);
+        for chunk in self.chunks(lines) {
+            summary = Some(model.summarize(summary.as_deref(), &chunk, self.policy.summary_max_tokens).await?);
+        }
+        summary.ok_or_else(|| ModelFailure::new("empty", "nothing to summarize"))
+    }
+
+    /// `lines` in runs of at most `chunk_tokens`; a line longer than that alone is cut to fit.
+    fn chunks(&self, lines: &[TranscriptLine]) -> Vec<Vec<TranscriptLine>> {
+        let limit = self.policy.chunk_tokens;
+        let mut chunks: Vec<Vec<TranscriptLine>> = Vec::new();
+        let mut spent = 0u64;
+        for line in lines {
+            let mut line = line.clone();
+            let mut tokens = u64::from(self.counter.count(&line.render()));
+            if tokens > limit {
+                line.content = cut_to(&line.content, limit.saturating_sub(32), self.counter.as_ref());
+                tokens = u64::from(self.counter.count(&line.render()));
+            }
+            if chunks.is_empty() || spent + tokens > limit {
+                chunks.push(Vec::new());
+                spent = 0;
+            }
+            spent += tokens;
+            chunks.last_mut().expect("a chunk was pushed").push(line);
+        }
+        chunks
+    }
+}

@@ -1,0 +1,197 @@
+//! A session's conversation for operators: its messages (roles, token counts, tool pairing;
+//! content only with `--content`), its compactions and the one pending, and compaction on demand.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Subcommand;
+use mnemo_config::ContextSettings;
+use mnemo_core::{CompactionTrigger, SessionId, TenantId};
+use mnemo_jobs::{CompactPlan, CompactPolicy, CompactReport, Compactor};
+use mnemo_store::Store;
+use mnemo_store::queue::CompactJob;
+use serde_json::{Value, json};
+
+/// The most messages `session show` lists.
+const SHOW_LIMIT: i64 = 10_000;
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Messages in order with roles and token counts, the compactions with the messages they
+    /// cover, and the compaction pending.
+    Show {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        #[arg(long, value_parser = SessionId::parse)]
+        session: SessionId,
+        /// Print each message's content too (first 120 characters).
+        #[arg(long)]
+        content: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compact the session: queue a compact job for the workers, or with --now run it here with
+    /// the configured model (MNEMO_LLM_*). --dry-run says what would be compacted.
+    Compact {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        #[arg(long, value_parser = SessionId::parse)]
+        session: SessionId,
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, conflicts_with = "dry_run")]
+        now: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn run(store: &Store, settings: &ContextSettings, command: SessionCommand) -> anyhow::Result<()> {
+    match command {
+        SessionCommand::Show { tenant, session, content, json } => show(store, &tenant, &session, content, json).await,
+        SessionCommand::Compact { tenant, session, dry_run, now, json } => {
+            compact(store, settings, &tenant, &session, dry_run, now, json).await
+        }
+    }
+}
+
+async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bool, json: bool) -> anyhow::Result<()> {
+    let messages = store.session_messages(tenant, session, None, SHOW_LIMIT).await?;
+    let compactions = store.session_compactions(tenant, session).await?;
+    let state = store.session_state(tenant, session).await?;
+    let cutoff = state.through.map(|c| c.id);
+    let window_from = messages.iter().position(|m| Some(m.id) == cutoff).map_or(0, |i| i + 1);
+    if json {
+        let messages: Vec<Value> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let mut row = json!({
+                    "id": m.id, "role": m.role.as_str(), "token_count": m.token_count,
+                    "tool_call_id": m.tool_call_id, "name": m.tool_name, "event_time": m.event_time,
+                    "compacted": i < window_from,
+                });
+                if content {
+                    row["content"] = json!(m.content);
+                }
+                row
+            })
+            .collect();
+        let compactions: Vec<Value> = compactions
+            .iter()
+            .map(|c| {
+                json!({ "through_message": c.through_id, "messages": c.messages, "outcome": c.outcome.as_str(),
+                    "reason": c.reason, "summary_id": c.summary_id, "model": c.model,
+                    "trigger": c.trigger.as_str(), "at": c.created_at })
+            })
+            .collect();
+        let report = json!({
+            "messages": messages,
+            "compactions": compactions,
+            "summary_id": state.summary.as_ref().map(|s| s.id),
+            "pending": state.pending.map(CompactionTrigger::as_str),
+        });
+        println!("{report}");
+        return Ok(());
+    }
+    println!(
+        "{} messages{}",
+        messages.len(),
+        if messages.len() as i64 == SHOW_LIMIT { " (first ones only)" } else { "" }
+    );
+    for (i, m) in messages.iter().enumerate() {
+        let tool = match (&m.tool_call_id, &m.tool_name) {
+            (Some(id), name) => format!(" {}#{id}", name.as_deref().unwrap_or("tool")),
+            _ => String::new(),
+        };
+        let tokens = m.token_count.map_or("?".to_owned(), |n| n.to_string());
+        let mark = if i < window_from { "compacted" } else { "window" };
+        print!("{}  {} {:<9} {:>6} tok  {mark}{tool}", m.id, m.event_time.format("%Y-%m-%d %H:%M:%S"), m.role, tokens);
+        if content {
+            print!("  {}", m.content.chars().take(120).collect::<String>().replace('\n', " "));
+        }
+        println!();
+    }
+    println!("\n{} compactions", compactions.len());
+    for c in &compactions {
+        println!(
+            "  through {} ({} messages): {}{}, trigger {}, summary {}, at {}",
+            c.through_id,
+            c.messages,
+            c.outcome,
+            c.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
+            c.trigger,
+            c.summary_id.map_or("-".to_owned(), |id| id.to_string()),
+            c.created_at.format("%Y-%m-%d %H:%M:%S"),
+        );
+    }
+    match state.pending {
+        Some(trigger) => println!("pending: a compaction asked for ({trigger})"),
+        None => println!("pending: none"),
+    }
+    Ok(())
+}
+
+async fn compact(
+    store: &Store,
+    settings: &ContextSettings,
+    tenant: &TenantId,
+    session: &SessionId,
+    dry_run: bool,
+    now: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let compactor = Compactor {
+        store: store.clone(),
+        summarizer: mnemo_models::summarizer(settings)?,
+        counter: Arc::new(mnemo_models::Tokenizer::new(settings.tokenizer)),
+        policy: CompactPolicy::from_settings(settings),
+    };
+    if dry_run {
+        let CompactPlan { messages, history, cut, .. } = compactor.plan(tenant, session).await?;
+        let tokens: u64 = history[..cut].iter().map(|m| m.cost()).sum();
+        let way = if compactor.summarizer.is_some() { "summarize" } else { "truncate (no MNEMO_LLM_MODEL)" };
+        let (first, last) = (messages[..cut].first().map(|m| m.id), messages[..cut].last().map(|m| m.id));
+        if json {
+            println!(
+                "{}",
+                json!({ "dry_run": true, "messages": cut, "tokens": tokens, "first": first, "through": last,
+                    "kept": messages.len() - cut, "would": if compactor.summarizer.is_some() { "summarize" } else { "truncate" } })
+            );
+        } else if cut == 0 {
+            println!("nothing to compact: the {} messages since the last compaction are all kept", messages.len());
+        } else {
+            println!(
+                "would {way} {cut} messages ({tokens} tokens), {} through {}, and keep {}",
+                first.map(|id| id.to_string()).unwrap_or_default(),
+                last.map(|id| id.to_string()).unwrap_or_default(),
+                messages.len() - cut
+            );
+        }
+        return Ok(());
+    }
+    if now {
+        let job =
+            CompactJob { tenant_id: tenant.clone(), session_id: session.clone(), trigger: CompactionTrigger::Operator };
+        let report = compactor.run(&job).await.context("compaction failed")?;
+        let (messages, outcome, reason) = match &report {
+            CompactReport::NothingToCompact => (0, "nothing", None),
+            CompactReport::Compacted { messages, outcome, reason } => (*messages, outcome.as_str(), reason.clone()),
+        };
+        if json {
+            println!("{}", json!({ "messages": messages, "outcome": outcome, "reason": reason }));
+        } else {
+            println!("{outcome}: {messages} messages{}", reason.map(|r| format!(" ({r})")).unwrap_or_default());
+        }
+        return Ok(());
+    }
+    let queued = store.request_compaction(tenant, session, CompactionTrigger::Operator).await?;
+    if json {
+        println!("{}", json!({ "queued": queued }));
+    } else if queued {
+        println!("queued: a worker serving the compact queue will compact the session");
+    } else {
+        println!("a compaction is already pending for this session");
+    }
+    Ok(())
+}

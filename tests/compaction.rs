@@ -1,0 +1,435 @@
+//! Compaction against a real PostgreSQL, the real worker binary and the testkit's scripted chat
+//! server: triggers and their off switches, what is kept, the incremental prompt, one summary
+//! row per compaction however often the job runs, truncation when the model fails, overflow
+//! recovery, and isolation between sessions and tenants.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mnemo_config::{ContextSettings, Env, TokenizerName, vars};
+use mnemo_core::{CompactionOutcome, CompactionTrigger, Keep, SUMMARY_PREFIX, SessionId, TenantId};
+use mnemo_jobs::{CompactPolicy, CompactReport, Compactor};
+use mnemo_store::queue::CompactJob;
+use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token};
+use serde_json::{Value, json};
+
+fn llm_env(chat: &ScriptedChat) -> Vec<(&'static str, String)> {
+    vec![
+        (vars::LLM_MODEL, "scripted-summarizer".to_owned()),
+        (vars::LLM_BASE_URL, chat.base_url.clone()),
+        (vars::LLM_API_KEY, "test".to_owned()),
+        (vars::LLM_TIMEOUT_MS, "1500".to_owned()),
+    ]
+}
+
+/// Writes a chat message. Source refs are unique per tenant, so each gets a fresh suffix.
+async fn say(app: &TestApp, token: &str, source_ref: &str, role: &str, content: &str) {
+    let source_ref = format!("{source_ref}-{}", uuid::Uuid::now_v7().simple());
+    let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "role": role, "content": content });
+    let reply = app.client.post("/v1/memories", Some(token), &body).await;
+    assert_eq!(reply.status, 201, "{body}: {:?}", reply.body);
+}
+
+/// `turns` user/assistant pairs, numbered from `from`.
+async fn turns(app: &TestApp, token: &str, from: usize, turns: usize) {
+    for i in from..from + turns {
+        say(app, token, &format!("u{i}"), "user", &format!("question {i} about the trip to Lisbon")).await;
+        say(app, token, &format!("a{i}"), "assistant", &format!("answer {i}: take the early train")).await;
+    }
+}
+
+async fn context(app: &TestApp, token: &str, sid: &str, body: Value) -> Value {
+    let reply = app.client.post(&format!("/v1/sessions/{sid}/context"), Some(token), &body).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    reply.body
+}
+
+fn contents(context: &Value) -> Vec<String> {
+    context["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// A compactor in this process, as the worker builds one, over `settings`.
+fn compactor(app: &TestApp, settings: &ContextSettings) -> Compactor {
+    Compactor {
+        store: app.db.store(),
+        summarizer: mnemo_models::summarizer(settings).expect("summarizer"),
+        counter: Arc::new(mnemo_models::Tokenizer::new(TokenizerName::O200kBase)),
+        policy: CompactPolicy::from_settings(settings),
+    }
+}
+
+fn settings(pairs: Vec<(&'static str, String)>) -> ContextSettings {
+    ContextSettings::from_env(&Env::from_pairs(pairs)).expect("settings")
+}
+
+fn job(tenant: &str, session: &str) -> CompactJob {
+    CompactJob {
+        tenant_id: TenantId::parse(tenant).expect("tenant"),
+        session_id: SessionId::parse(session).expect("session"),
+        trigger: CompactionTrigger::Messages,
+    }
+}
+
+async fn compact_jobs(app: &TestApp) -> i64 {
+    app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'compact'").await
+}
+
+#[tokio::test]
+async fn a_session_past_its_trigger_is_answered_at_once_and_the_worker_brings_the_summary() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_MESSAGES, "6"), (vars::COMPACT_TRIGGER_RATIO, "0")]).await;
+    let t = token(&principal("acme", Some("ann"), None, Some("s1")));
+    turns(&app, &t, 0, 5).await;
+
+    // Past the trigger: the answer comes at once, with every message (they fit), and a job.
+    let first = context(&app, &t, "s1", json!({})).await;
+    assert_eq!(first["diagnostics"]["compaction"], "scheduled");
+    assert_eq!(first["diagnostics"]["trigger"], "messages");
+    assert_eq!(first["messages"].as_array().map(Vec::len), Some(10));
+    // Asking again while it is pending queues nothing more.
+    let again = context(&app, &t, "s1", json!({})).await;
+    assert_eq!(again["diagnostics"]["compaction"], "scheduled");
+    assert_eq!(compact_jobs(&app).await, 1);
+
+    let worker = WorkerProcess::start(
+        &app.db.url,
+        &[&llm_env(&chat)[..], &[(vars::WORKER_QUEUES, "compact".to_owned())]].concat(),
+    )
+    .await
+    .expect("worker");
+    let done = context(&app, &t, "s1", json!({ "wait_ms": 20_000 })).await;
+    assert_eq!(done["diagnostics"]["compaction"], "used", "{done}");
+    let texts = contents(&done);
+    // The summary, as a user message with the marker, then the last two turns verbatim.
+    assert_eq!(done["messages"][0]["role"], "user");
+    assert!(texts[0].starts_with(SUMMARY_PREFIX), "{}", texts[0]);
+    assert!(texts[0].contains("6 new messages since the start"), "{}", texts[0]);
+    assert_eq!(
+        &texts[1..],
+        [
+            "question 3 about the trip to Lisbon",
+            "answer 3: take the early train",
+            "question 4 about the trip to Lisbon",
+            "answer 4: take the early train"
+        ]
+    );
+    assert_eq!(done["diagnostics"]["messages_since_compaction"], 4);
+    assert!(done["diagnostics"]["summary"]["id"].is_string());
+    let requests = chat.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0]["max_tokens"], 300);
+    let prompt = requests[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(prompt.starts_with("PREVIOUS SUMMARY:\n(none)"), "{prompt}");
+    assert!(prompt.contains("[user] question 0") && prompt.contains("[assistant] answer 2"), "{prompt}");
+    assert!(!prompt.contains("question 3"), "kept turns are not summarized: {prompt}");
+
+    // Later messages: the next summary is built from the previous one and only the new messages.
+    turns(&app, &t, 5, 3).await;
+    let next = context(&app, &t, "s1", json!({ "wait_ms": 20_000 })).await;
+    assert_eq!(next["diagnostics"]["compaction"], "used", "{next}");
+    let requests = chat.requests();
+    assert_eq!(requests.len(), 2);
+    let prompt = requests[1]["messages"][1]["content"].as_str().expect("prompt");
+    let (previous, new) = prompt.split_once("NEW MESSAGES:").expect("two parts");
+    assert!(previous.starts_with("PREVIOUS SUMMARY:\nSESSION INTENT"), "{prompt}");
+    assert!(!new.contains("question 0") && !new.contains("answer 2"), "{prompt}");
+    assert!(new.contains("question 3") && new.contains("answer 5"), "{prompt}");
+    assert!(!new.contains("question 6"), "{prompt}");
+    assert!(contents(&next)[0].contains("6 new messages since the previous summary"));
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary'").await, 2);
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compactions WHERE outcome = 'summarized'").await, 2);
+    // Nothing was lost: every message is still stored and listed.
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'chat_message'").await, 16);
+    // The summary is a row like any other: it gets embedded.
+    drop(worker);
+}
+
+#[tokio::test]
+async fn each_trigger_fires_past_its_threshold_and_zero_turns_it_off() {
+    // Tokens: 40 words a message, a 2,000-token budget, 0.5 of it.
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0.5"), (vars::COMPACT_TRIGGER_MESSAGES, "0")]).await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    let words = "word ".repeat(40);
+    say(&app, &t, "m0", "user", &words).await;
+    let under = context(&app, &t, "s1", json!({ "max_input_tokens": 2000 })).await;
+    assert_eq!(
+        (under["diagnostics"]["compaction"].as_str(), under["diagnostics"]["trigger"].as_str()),
+        (Some("none"), None)
+    );
+    for i in 1..30 {
+        say(&app, &t, &format!("m{i}"), if i % 2 == 0 { "user" } else { "assistant" }, &words).await;
+    }
+    let over = context(&app, &t, "s1", json!({ "max_input_tokens": 2000 })).await;
+    assert_eq!(over["diagnostics"]["trigger"], "tokens", "{over}");
+    assert_eq!(over["diagnostics"]["compaction"], "scheduled");
+    assert!(over["diagnostics"]["tokens"]["total"].as_u64().expect("total") <= 2000);
+    // Same history, a budget it is small against: no trigger.
+    let roomy = context(&app, &t, "s1", json!({ "max_input_tokens": 100_000 })).await;
+    assert!(roomy["diagnostics"]["trigger"].is_null(), "{roomy}");
+
+    // Messages: more than 3 since the last compaction.
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "3")]).await;
+    turns(&app, &t, 0, 1).await;
+    say(&app, &t, "u1", "user", "one more").await;
+    let three = context(&app, &t, "s1", json!({})).await;
+    assert!(three["diagnostics"]["trigger"].is_null(), "3 is not more than 3: {three}");
+    say(&app, &t, "a1", "assistant", "and a reply").await;
+    let four = context(&app, &t, "s1", json!({})).await;
+    assert_eq!(four["diagnostics"]["trigger"], "messages");
+
+    // Both off: nothing is ever scheduled, however long or full the session.
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "0")]).await;
+    for i in 0..60 {
+        say(&app, &t, &format!("m{i}"), "user", &words).await;
+    }
+    let off = context(&app, &t, "s1", json!({ "max_input_tokens": 500 })).await;
+    assert_eq!(off["diagnostics"]["compaction"], "none");
+    assert!(off["diagnostics"]["trigger"].is_null());
+    assert_eq!(compact_jobs(&app).await, 0);
+    assert!(off["diagnostics"]["tokens"]["total"].as_u64().expect("total") <= 500);
+}
+
+#[tokio::test]
+async fn keep_pairs_and_keep_tokens_never_split_a_tool_call_from_its_results() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 2).await;
+    say(&app, &t, "u2", "user", "look it up").await;
+    let call = json!({ "source_kind": "chat_message", "source_ref": "call", "role": "assistant",
+        "tool_call_id": "c1", "name": "search", "content": "{\"q\": \"Lisbon trains\"}" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &call).await.status, 201);
+    let long_result = format!("RESULT-HEAD {} RESULT-TAIL", "timetable ".repeat(600));
+    let result = json!({ "source_kind": "tool_output", "source_ref": "c1", "name": "search", "content": long_result });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &result).await.status, 201);
+    say(&app, &t, "a2", "assistant", "the 7:05 train").await;
+
+    // Keep a few tokens: the final answer alone is under them, the tool result is far over; the
+    // cut falls after the whole call and result, never between them.
+    let keep = settings([llm_env(&chat), vec![(vars::COMPACT_KEEP_TOKENS, "50".to_owned())]].concat());
+    assert_eq!(CompactPolicy::from_settings(&keep).keep, Keep::Tokens(50));
+    let report = compactor(&app, &keep).run(&job("acme", "s1")).await.expect("compaction");
+    assert_eq!(report, CompactReport::Compacted { messages: 7, outcome: CompactionOutcome::Summarized, reason: None });
+    let after = context(&app, &t, "s1", json!({})).await;
+    assert_eq!(contents(&after)[1..], ["the 7:05 train"]);
+    // The pre-pass cut the long result to a preview before the model read it.
+    let prompt = chat.requests()[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(prompt.contains("RESULT-HEAD") && prompt.contains("RESULT-TAIL") && prompt.contains("characters omitted"));
+    assert!(prompt.len() < long_result.len(), "the result went to the model whole");
+    assert!(prompt.contains("[assistant calls search] {\"q\": \"Lisbon trains\"}"), "{prompt}");
+
+    // Keep pairs: a fresh session whose last turn holds the call; it stays whole with its result.
+    let t2 = token(&principal("acme", None, None, Some("s2")));
+    turns(&app, &t2, 0, 3).await;
+    say(&app, &t2, "u9", "user", "look it up").await;
+    let call2 = json!({ "source_kind": "chat_message", "source_ref": "call2", "role": "assistant",
+        "tool_call_id": "c2", "name": "search", "content": "{\"q\": \"Porto trains\"}" });
+    let result2 = json!({ "source_kind": "tool_output", "source_ref": "c2", "name": "search", "content": "7:05" });
+    for body in [call2, result2] {
+        assert_eq!(app.client.post("/v1/memories", Some(&t2), &body).await.status, 201);
+    }
+    let pairs = settings([llm_env(&chat), vec![(vars::COMPACT_KEEP_PAIRS, "1".to_owned())]].concat());
+    let report = compactor(&app, &pairs).run(&job("acme", "s2")).await.expect("compaction");
+    assert!(matches!(report, CompactReport::Compacted { messages: 6, .. }), "{report:?}");
+    let after = context(&app, &t2, "s2", json!({})).await;
+    let roles: Vec<&str> =
+        after["messages"].as_array().expect("messages").iter().map(|m| m["role"].as_str().unwrap_or("")).collect();
+    assert_eq!(roles, ["user", "user", "assistant", "tool"], "{after}");
+    assert_eq!(after["messages"][2]["tool_calls"][0]["id"], "c2");
+}
+
+#[tokio::test]
+async fn a_duplicated_or_retried_job_leaves_one_summary_and_one_record() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 5).await;
+    let settings = settings(llm_env(&chat));
+    let (a, b) = (compactor(&app, &settings), compactor(&app, &settings));
+    // Slow enough that both read the session before either records its compaction.
+    chat.delay_every_answer(Duration::from_millis(300));
+    // Two at once (a duplicated job), then the same job again (a retry).
+    let once = job("acme", "s1");
+    let (first, second) = tokio::join!(a.run(&once), b.run(&once));
+    assert!(matches!(first.expect("first"), CompactReport::Compacted { messages: 6, .. }));
+    assert!(matches!(second.expect("second"), CompactReport::Compacted { messages: 6, .. }));
+    assert_eq!(a.run(&job("acme", "s1")).await.expect("retry"), CompactReport::NothingToCompact);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary'").await, 1);
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 1);
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compaction_requests").await, 0);
+    // The summary row's source_ref names the session and the last message it covers.
+    let source_ref: String =
+        sqlx::query_scalar("SELECT source_ref FROM memory_items WHERE source_kind = 'session_summary'")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("summary");
+    let through: uuid::Uuid =
+        sqlx::query_scalar("SELECT through_id FROM session_compactions").fetch_one(&app.db.pool).await.expect("record");
+    assert_eq!(source_ref, format!("session-summary:s1:{}", through.simple()));
+    // It is queued for embedding like every row (one embed job per row), so recall finds it.
+    let rows = app.db.count("SELECT count(*) FROM memory_items").await;
+    assert_eq!(rows, 11);
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'embed'").await, rows);
+}
+
+#[tokio::test]
+async fn a_failing_hanging_or_garbage_model_truncates_and_loses_nothing() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let settings = settings(llm_env(&chat));
+    let cases: [(&str, ChatAnswer, &str); 5] = [
+        ("s1", ChatAnswer::Status(500), "http_5xx"),
+        ("s2", ChatAnswer::Hang(Duration::from_secs(3)), "timeout"),
+        ("s3", ChatAnswer::Content("Sure! Here is a summary: they talked.".into()), "unparsable"),
+        ("s4", ChatAnswer::Runaway, "truncated"),
+        ("s5", ChatAnswer::Malformed, "unparsable"),
+    ];
+    for (sid, answer, reason) in cases {
+        let t = token(&principal("acme", None, None, Some(sid)));
+        turns(&app, &t, 0, 4).await;
+        chat.then([answer]);
+        let report =
+            compactor(&app, &settings).run(&job("acme", sid)).await.expect("a failed model is not a failed job");
+        assert_eq!(
+            report,
+            CompactReport::Compacted {
+                messages: 4,
+                outcome: CompactionOutcome::Truncated,
+                reason: Some(reason.into())
+            },
+            "{sid}"
+        );
+        let window = context(&app, &t, sid, json!({})).await;
+        assert_eq!(contents(&window).len(), 4, "{sid}: the window starts after the truncated messages");
+        assert!(window["diagnostics"]["summary"].is_null());
+        let listed = app.client.get(&format!("/v1/sessions/{sid}/messages"), Some(&t)).await;
+        assert_eq!(listed.body["messages"].as_array().map(Vec::len), Some(8), "{sid}: every message is still there");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary'").await, 0);
+
+    // No model at all: truncation, recorded as such.
+    let t = token(&principal("acme", None, None, Some("s6")));
+    turns(&app, &t, 0, 3).await;
+    let none = compactor(&app, &ContextSettings::default()).run(&job("acme", "s6")).await.expect("truncation");
+    assert_eq!(
+        none,
+        CompactReport::Compacted {
+            messages: 2,
+            outcome: CompactionOutcome::Truncated,
+            reason: Some("no_model".into())
+        }
+    );
+}
+
+#[tokio::test]
+async fn overflow_keeps_the_summary_and_the_last_turns_and_schedules_compaction() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_MESSAGES, "0"), (vars::COMPACT_TRIGGER_RATIO, "0")]).await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 3).await;
+    compactor(&app, &settings(llm_env(&chat))).run(&job("acme", "s1")).await.expect("first compaction");
+    turns(&app, &t, 3, 4).await;
+
+    let normal = context(&app, &t, "s1", json!({})).await;
+    assert_eq!(normal["diagnostics"]["compaction"], "used");
+    assert_eq!(contents(&normal).len(), 1 + 12, "summary and every message since");
+    let overflow = context(&app, &t, "s1", json!({ "overflow": true })).await;
+    assert_eq!(overflow["diagnostics"]["trigger"], "overflow");
+    assert_eq!(overflow["diagnostics"]["compaction"], "scheduled");
+    let texts = contents(&overflow);
+    assert!(texts[0].starts_with(SUMMARY_PREFIX));
+    assert_eq!(
+        &texts[1..],
+        [
+            "question 5 about the trip to Lisbon",
+            "answer 5: take the early train",
+            "question 6 about the trip to Lisbon",
+            "answer 6: take the early train"
+        ]
+    );
+    assert_eq!(chat.requests().len(), 1, "overflow recovery never calls a model");
+    let trigger: String = sqlx::query_scalar("SELECT trigger FROM session_compaction_requests")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("request");
+    assert_eq!(trigger, "overflow");
+}
+
+#[tokio::test]
+async fn compaction_stays_inside_its_session_and_tenant() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let mine = token(&principal("acme", None, None, Some("s1")));
+    let neighbour = token(&principal("acme", None, None, Some("s2")));
+    let other_tenant = token(&principal("globex", None, None, Some("s1")));
+    for t in [&mine, &neighbour, &other_tenant] {
+        turns(&app, t, 0, 4).await;
+    }
+    compactor(&app, &settings(llm_env(&chat))).run(&job("acme", "s1")).await.expect("compaction");
+    assert_eq!(contents(&context(&app, &mine, "s1", json!({})).await).len(), 5);
+    for (t, sid) in [(&neighbour, "s2"), (&other_tenant, "s1")] {
+        let window = context(&app, t, sid, json!({})).await;
+        assert_eq!(contents(&window).len(), 8, "{sid}");
+        assert!(window["diagnostics"]["summary"].is_null());
+        assert!(window["diagnostics"]["window_starts_after"].is_null());
+    }
+    // Another session's token cannot read or trigger this one's context.
+    let reply = app.client.post("/v1/sessions/s1/context", Some(&neighbour), &json!({ "overflow": true })).await;
+    assert_eq!((reply.status, reply.code()), (403, "session_mismatch"));
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compaction_requests").await, 0);
+}
+
+/// Runs the runbook without blocking this test's runtime (the scripted server lives on it).
+async fn runbook(app: &TestApp, env: &[(&str, String)], args: &[&str]) -> Value {
+    let output = tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+        .args(args)
+        .env_clear()
+        .env(vars::DATABASE_URL, &app.db.url)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .await
+        .expect("runbook runs");
+    assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+#[tokio::test]
+async fn the_runbook_shows_a_session_and_compacts_it_on_demand() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 4).await;
+    let args = |command: &'static str, extra: &[&'static str]| {
+        [&["session", command, "--tenant", "acme", "--session", "s1", "--json"], extra].concat()
+    };
+
+    let plan = runbook(&app, &[], &args("compact", &["--dry-run"])).await;
+    assert_eq!(
+        (plan["messages"].as_u64(), plan["kept"].as_u64(), plan["would"].as_str()),
+        (Some(4), Some(4), Some("truncate"))
+    );
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 0, "a dry run changes nothing");
+    assert_eq!(runbook(&app, &[], &args("compact", &[])).await["queued"], true);
+    assert_eq!(runbook(&app, &[], &args("compact", &[])).await["queued"], false, "one request per session");
+    let shown = runbook(&app, &[], &args("show", &[])).await;
+    assert_eq!(shown["pending"], "operator");
+    assert!(shown["messages"][0].get("content").is_none(), "content only with --content");
+
+    let now = runbook(&app, &llm_env(&chat), &args("compact", &["--now"])).await;
+    assert_eq!((now["messages"].as_u64(), now["outcome"].as_str()), (Some(4), Some("summarized")));
+    let shown = runbook(&app, &[], &args("show", &["--content"])).await;
+    assert!(shown["pending"].is_null());
+    let compacted: Vec<bool> =
+        shown["messages"].as_array().expect("messages").iter().map(|m| m["compacted"] == true).collect();
+    assert_eq!(compacted, [true, true, true, true, false, false, false, false]);
+    assert_eq!(shown["messages"][0]["content"], "question 0 about the trip to Lisbon");
+    assert_eq!(shown["compactions"][0]["outcome"], "summarized");
+    assert_eq!(shown["compactions"][0]["trigger"], "operator");
+    assert_eq!(shown["compactions"][0]["summary_id"], shown["summary_id"]);
+}
