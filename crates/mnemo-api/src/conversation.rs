@@ -11,7 +11,7 @@ use mnemo_core::{
     CompactionTrigger, InvalidInput, MESSAGE_OVERHEAD_TOKENS, Placed, Principal, Role, ScopeError, Section, SessionId,
     Window, WindowError, WindowInput, WindowMessage, assemble, tail_suffices,
 };
-use mnemo_store::{MessageCursor, SessionMessage, SessionState};
+use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -167,9 +167,12 @@ pub async fn context(
     } else {
         None
     };
-    if let Some(trigger) = trigger {
+    // One request per session at a time: while one is pending (and not stale) nothing is written.
+    if let Some(trigger) = trigger
+        && session_state.pending.is_none_or(|p| p.is_stale())
+    {
         state.store.request_compaction(&principal.tenant, &session, trigger).await?;
-        session_state.pending = Some(session_state.pending.unwrap_or(trigger));
+        session_state.pending = Some(PendingCompaction { trigger, since: chrono::Utc::now() });
     }
     if wait_ms > 0 && session_state.pending.is_some() {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);

@@ -1,16 +1,21 @@
 //! Context windows: how long `POST /v1/sessions/{sid}/context` takes for sessions of 100, 1,000
 //! and 10,000 messages (over HTTP, to the API in this process; no model involved), at a budget
-//! that holds everything for the small sessions and at a tight one, and how fast each tokenizer
-//! counts.
+//! that holds everything for the small sessions and at a tight one; what a compaction job costs
+//! beyond its model calls, against the scripted model with a fixed delay; and how fast each
+//! tokenizer counts.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_api::{AppState, app};
-use mnemo_config::{DatabaseSettings, Env, ServerSettings, TokenizerName, vars};
-use mnemo_core::{Principal, SessionId, TenantId, TokenCounter};
+use mnemo_config::{ContextSettings, DatabaseSettings, Env, ServerSettings, TokenizerName, vars};
+use mnemo_core::{CompactionOutcome, CompactionTrigger, Principal, SessionId, TenantId, TokenCounter};
+use mnemo_jobs::{CompactPolicy, CompactReport, Compactor};
+use mnemo_store::queue::CompactJob;
 use mnemo_store::{Store, create_database};
+use mnemo_testkit::ScriptedChat;
 use serde_json::{Value, json};
 
 #[derive(Debug, clap::Args)]
@@ -21,6 +26,12 @@ pub struct Args {
     /// Context calls timed per session and budget.
     #[arg(long, default_value_t = 200)]
     calls: usize,
+    /// Compaction jobs timed against the scripted model, per delay.
+    #[arg(long, default_value_t = 20)]
+    compactions: usize,
+    /// The scripted model's fixed delays, in milliseconds.
+    #[arg(long, value_delimiter = ',', default_value = "0,200")]
+    model_delays_ms: Vec<u64>,
     #[arg(long)]
     json: bool,
 }
@@ -67,7 +78,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let settings = ServerSettings::from_env(&server_env)?;
     let store = Store::connect(&db.url, 20).await?;
     let embedder = mnemo_models::embedder(&settings.embed)?;
-    let state = AppState::new(store, &settings, embedder).map_err(anyhow::Error::msg)?;
+    let state = AppState::new(store.clone(), &settings, embedder).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}/v1", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app(state)).await });
@@ -117,6 +128,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
+    let mut compactions = Vec::new();
+    for &delay in &args.model_delays_ms {
+        let timing =
+            compaction_overhead(&http, &base, &secret, &store, &settings.context, delay, args.compactions).await?;
+        compactions.push(timing);
+    }
+
     // Tokenizer throughput over the same kind of text.
     let corpus: Vec<String> = (0..20_000).map(text).collect();
     let mut tokenizers = Vec::new();
@@ -131,7 +149,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     if args.json {
-        println!("{}", json!({ "scenario": "context", "windows": results, "tokenizers": tokenizers }));
+        println!(
+            "{}",
+            json!({ "scenario": "context", "windows": results, "tokenizers": tokenizers, "compactions": compactions })
+        );
         return Ok(());
     }
     println!("| messages | max_input_tokens | p50 ms | p95 ms | p99 ms | window tokens | kept | dropped |");
@@ -150,6 +171,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     println!();
+    println!(
+        "| model delay ms | jobs | messages/job | model calls/job | job p50 ms | job p95 ms | overhead p50 ms | overhead p95 ms |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for c in &compactions {
+        println!(
+            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            c["model_delay_ms"],
+            c["jobs"],
+            c["messages_per_job"],
+            c["model_calls_per_job"],
+            c["job_p50_ms"].as_f64().unwrap_or(0.0),
+            c["job_p95_ms"].as_f64().unwrap_or(0.0),
+            c["overhead_p50_ms"].as_f64().unwrap_or(0.0),
+            c["overhead_p95_ms"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!();
     println!("| tokenizer | tokens/s | texts/s |");
     println!("|---|---:|---:|");
     for t in &tokenizers {
@@ -161,4 +200,80 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Messages per session a timed compaction covers (it keeps the last two turns).
+const COMPACTED_SESSION: usize = 60;
+
+/// Times compaction jobs against the testkit's scripted model answering after `delay_ms`: each
+/// job compacts a fresh session of [`COMPACTED_SESSION`] messages. Its overhead is the job's wall
+/// time less the model's delay on each of its calls: reading, the pre-pass, writing the summary
+/// row and the record.
+async fn compaction_overhead(
+    http: &reqwest::Client,
+    base: &str,
+    secret: &str,
+    store: &Store,
+    context: &ContextSettings,
+    delay_ms: u64,
+    jobs: usize,
+) -> anyhow::Result<Value> {
+    let chat = ScriptedChat::start().await;
+    chat.delay_every_answer(Duration::from_millis(delay_ms));
+    let env = Env::from_pairs([
+        (vars::LLM_MODEL, "scripted"),
+        (vars::LLM_BASE_URL, chat.base_url.as_str()),
+        (vars::LLM_API_KEY, "bench"),
+    ]);
+    let model = ContextSettings::from_env(&env)?;
+    let compactor = Compactor {
+        store: store.clone(),
+        summarizer: mnemo_models::summarizer(&model)?,
+        counter: Arc::new(mnemo_models::Tokenizer::new(context.tokenizer)),
+        policy: CompactPolicy::from_settings(context),
+    };
+    let (mut job_times, mut overheads) = (Histogram::<u64>::new(3)?, Histogram::<u64>::new(3)?);
+    let (mut messages, mut calls) = (0usize, 0usize);
+    for j in 0..jobs {
+        let sid = format!("compact-{delay_ms}-{j}");
+        let principal = Principal {
+            tenant: TenantId::parse("bench")?,
+            user: None,
+            agent: None,
+            session: Some(SessionId::parse(&sid)?),
+        };
+        let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
+            .map_err(anyhow::Error::msg)?;
+        for i in 0..COMPACTED_SESSION {
+            let mut body = message(1_000_000 + j * 1000 + delay_ms as usize * 100_000, i);
+            body["session_id"] = json!(sid);
+            let r = http.post(format!("{base}/memories")).bearer_auth(&token).json(&body).send().await?;
+            anyhow::ensure!(r.status().as_u16() == 201, "write {i} answered {}", r.status());
+        }
+        let before = chat.requests().len();
+        let job = CompactJob {
+            tenant_id: principal.tenant.clone(),
+            session_id: SessionId::parse(&sid)?,
+            trigger: CompactionTrigger::Operator,
+        };
+        let t = Instant::now();
+        let report = compactor.run(&job).await?;
+        let elapsed = t.elapsed();
+        let CompactReport::Compacted { messages: covered, outcome: CompactionOutcome::Summarized, .. } = report else {
+            anyhow::bail!("compaction did not summarize: {report:?}");
+        };
+        let made = chat.requests().len() - before;
+        messages += covered;
+        calls += made;
+        job_times.record(elapsed.as_micros() as u64)?;
+        let model_time = Duration::from_millis(delay_ms * made as u64);
+        overheads.record(elapsed.saturating_sub(model_time).as_micros() as u64)?;
+    }
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(json!({
+        "model_delay_ms": delay_ms, "jobs": jobs,
+        "messages_per_job": messages / jobs.max(1), "model_calls_per_job": calls / jobs.max(1),
+        "job_p50_ms": ms(&job_times, 0.5), "job_p95_ms": ms(&job_times, 0.95),
+        "overhead_p50_ms": ms(&overheads, 0.5), "overhead_p95_ms": ms(&overheads, 0.95),
+    }))
 }

@@ -89,7 +89,8 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
             "messages": messages,
             "compactions": compactions,
             "summary_id": state.summary.as_ref().map(|s| s.id),
-            "pending": state.pending.map(CompactionTrigger::as_str),
+            "pending": state.pending.map(|p| p.trigger.as_str()),
+            "pending_since": state.pending.map(|p| p.since),
         });
         println!("{report}");
         return Ok(());
@@ -126,7 +127,9 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
         );
     }
     match state.pending {
-        Some(trigger) => println!("pending: a compaction asked for ({trigger})"),
+        Some(p) => {
+            println!("pending: a compaction asked for ({}) at {}", p.trigger, p.since.format("%Y-%m-%d %H:%M:%S"))
+        }
         None => println!("pending: none"),
     }
     Ok(())

@@ -106,7 +106,7 @@ SELECT c.through_id, c.through_time, c.summary_id, s.content AS summary,
        (SELECT sc.through_id FROM session_compactions sc
         WHERE sc.tenant_id = $1 AND sc.session_id = $2 AND sc.summary_id = c.summary_id
         ORDER BY sc.through_time, sc.through_id LIMIT 1) AS summary_through,
-       r.trigger AS pending
+       r.trigger AS pending, r.requested_at AS pending_since
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
     SELECT * FROM session_compactions
@@ -147,8 +147,22 @@ pub struct SessionState {
     /// The last message the latest compaction covered; the window starts after it.
     pub through: Option<MessageCursor>,
     pub summary: Option<SessionSummary>,
-    /// The trigger of a compaction asked for and not yet done.
-    pub pending: Option<CompactionTrigger>,
+    /// A compaction asked for and not yet done.
+    pub pending: Option<PendingCompaction>,
+}
+
+/// A compaction asked for and not yet done.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PendingCompaction {
+    pub trigger: CompactionTrigger,
+    pub since: DateTime<Utc>,
+}
+
+impl PendingCompaction {
+    /// Asked for so long ago that its job gave up or no worker serves the queue: ask again.
+    pub fn is_stale(&self) -> bool {
+        Utc::now().signed_duration_since(self.since).to_std().is_ok_and(|age| age > STALE_REQUEST)
+    }
 }
 
 /// The summary in effect: a `session_summary` row.
@@ -168,6 +182,7 @@ struct StateRow {
     summary: Option<String>,
     summary_through: Option<Uuid>,
     pending: Option<String>,
+    pending_since: Option<DateTime<Utc>>,
 }
 
 /// One compaction, as recorded.
@@ -272,7 +287,13 @@ impl Store {
             (Some(id), Some(content), Some(through)) => Some(SessionSummary { id, content, through }),
             _ => None,
         };
-        let pending = row.pending.map(CompactionTrigger::try_from).transpose().map_err(StoreError::Stored)?;
+        let pending = match (row.pending, row.pending_since) {
+            (Some(trigger), Some(since)) => Some(PendingCompaction {
+                trigger: CompactionTrigger::try_from(trigger).map_err(StoreError::Stored)?,
+                since,
+            }),
+            _ => None,
+        };
         Ok(SessionState { through, summary, pending })
     }
 

@@ -23,7 +23,8 @@ mod search;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
 pub use conversation::{
-    Compaction, MessageCursor, NewCompaction, STALE_REQUEST, SessionMessage, SessionState, SessionSummary,
+    Compaction, MessageCursor, NewCompaction, PendingCompaction, STALE_REQUEST, SessionMessage, SessionState,
+    SessionSummary,
 };
 pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
