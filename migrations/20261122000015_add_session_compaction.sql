@@ -34,3 +34,10 @@ CREATE TABLE session_compaction_requests (
     requested_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, session_id)
 );
+
+-- A session's live conversation in its one order: context calls read its newest messages
+-- backwards from here, and count what follows a compaction, without sorting or visiting rows
+-- that are not messages. On a large table build it CONCURRENTLY first (docs/runbook.md).
+CREATE INDEX IF NOT EXISTS memory_items_conversation_idx ON memory_items (tenant_id, session_id, event_time, id)
+    WHERE scope = 'session' AND source_kind IN ('chat_message', 'tool_output')
+      AND deleted_at IS NULL AND anonymized_at IS NULL;

@@ -268,7 +268,12 @@ async fn build(
         if last_page || enough || read.len() >= MAX_HISTORY {
             break last_page;
         }
-        page = (page * 4).min(MAX_PAGE_READ);
+        // The next page: what the budget and the triggers still need, at the average cost so far.
+        let average = (read_tokens / read.len().max(1) as u64).max(1);
+        let tokens_short = (room + 1).max(request.trigger_tokens + 1).saturating_sub(read_tokens);
+        let rows_short =
+            (tokens_short / average + 1).max((request.trigger_messages + 1).saturating_sub(read.len()) as u64);
+        page = i64::try_from(rows_short + rows_short / 8 + 8).unwrap_or(MAX_PAGE_READ).clamp(FIRST_PAGE, MAX_PAGE_READ);
     };
     read.reverse();
     newest_first.reverse();
@@ -298,7 +303,8 @@ async fn build(
     Ok(Built { window, read, since_compaction, history_tokens: summary_tokens + read_tokens })
 }
 
-/// The first page of a context read, and the largest: pages grow fourfold while more is needed.
+/// The first page of a context read, and the largest; pages between are sized by what is still
+/// needed.
 const FIRST_PAGE: i64 = 128;
 const MAX_PAGE_READ: i64 = 4096;
 

@@ -63,8 +63,9 @@ impl SessionMessage {
     }
 }
 
-/// The session's live chat messages and tool outputs after `($3, $4)` (when given) and before
-/// `($5, $6)` (when given). A row written before roles were kept reads as what its kind implies:
+/// The session's live chat messages and tool outputs after `($3, $4)` and before `($5, $6)`
+/// (open ends when not given: bounds, not `IS NULL OR`, so a generic plan still reads the index
+/// as a range). A row written before roles were kept reads as what its kind implies:
 /// a chat message from the user, a tool output answering the call its source_ref names.
 macro_rules! session_messages {
     ($order:literal) => {
@@ -78,8 +79,8 @@ FROM memory_items m
 WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
   AND m.source_kind IN ('chat_message', 'tool_output')
   AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
-  AND ($3::timestamptz IS NULL OR (m.event_time, m.id) > ($3, $4))
-  AND ($5::timestamptz IS NULL OR (m.event_time, m.id) < ($5, $6))
+  AND (m.event_time, m.id) > (COALESCE($3, '-infinity'), COALESCE($4, '00000000-0000-0000-0000-000000000000'))
+  AND (m.event_time, m.id) < (COALESCE($5, 'infinity'), COALESCE($6, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
 ORDER BY ",
             $order,
             "
@@ -97,7 +98,7 @@ SELECT count(*) FROM memory_items m
 WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
   AND m.source_kind IN ('chat_message', 'tool_output')
   AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
-  AND ($3::timestamptz IS NULL OR (m.event_time, m.id) > ($3, $4))";
+  AND (m.event_time, m.id) > (COALESCE($3, '-infinity'), COALESCE($4, '00000000-0000-0000-0000-000000000000'))";
 
 /// The latest compaction (where the window starts), the summary in effect with it, and the
 /// compaction asked for, if any.
