@@ -112,34 +112,12 @@ pub async fn context(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
     Path(sid): Path<String>,
-    mut body: JsonObject,
+    body: JsonObject,
 ) -> Result<Json<Value>, ApiError> {
     let session = session_for(&principal, &sid)?;
-    let max_input =
-        body.take_opt_usize("max_input_tokens")?.map_or(DEFAULT_INPUT_TOKENS, |n| n.try_into().unwrap_or(i64::MAX));
-    if !(MIN_INPUT_TOKENS..=MAX_INPUT_TOKENS).contains(&max_input) {
-        return Err(InvalidInput::OutOfRange {
-            field: "max_input_tokens",
-            min: MIN_INPUT_TOKENS,
-            max: MAX_INPUT_TOKENS,
-        }
-        .into());
-    }
-    let reserve = body.take_opt_usize("reserve_output_tokens")?.map_or(0, |n| n.try_into().unwrap_or(i64::MAX));
-    if reserve >= max_input {
-        return Err(InvalidInput::OutOfRange { field: "reserve_output_tokens", min: 0, max: max_input - 1 }.into());
-    }
-    let system_prompt = body.take_opt_str("system_prompt")?;
-    let current = body.take_opt_str("current_message")?;
-    let overflow = body.take_opt_bool("overflow")?.unwrap_or(false);
-    let wait_ms = body.take_opt_usize("wait_ms")?.unwrap_or(0);
-    if wait_ms > MAX_WAIT_MS {
-        return Err(InvalidInput::OutOfRange { field: "wait_ms", min: 0, max: MAX_WAIT_MS as i64 }.into());
-    }
-    body.finish()?;
-
+    let asked = ContextBody::parse(body)?;
     let tokenizer = state.tokenizer.as_ref();
-    let current = current.map(|content| WindowMessage {
+    let current = asked.current_message.map(|content| WindowMessage {
         role: Role::User,
         tokens: tokenizer.count(&content),
         content,
@@ -147,26 +125,16 @@ pub async fn context(
         tool_name: None,
     });
     let request = Request {
-        system_prompt: system_prompt.as_deref(),
+        system_prompt: asked.system_prompt.as_deref(),
         current: current.as_ref(),
-        budget: u32::try_from(max_input - reserve).unwrap_or(u32::MAX),
-        keep_turns: overflow.then_some(state.context.keep_pairs),
-        trigger_tokens: (state.context.trigger_ratio * max_input as f64) as u64,
+        budget: u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX),
+        keep_turns: asked.overflow.then_some(state.context.keep_pairs),
+        trigger_tokens: (state.context.trigger_ratio * asked.max_input_tokens as f64) as u64,
         trigger_messages: state.context.trigger_messages,
     };
     let mut session_state = state.store.session_state(&principal.tenant, &session).await?;
     let mut built = build(&state, &principal, &session, &session_state, &request).await?;
-    let trigger = if built.since_compaction == 0 {
-        None
-    } else if overflow {
-        Some(CompactionTrigger::Overflow)
-    } else if request.trigger_tokens > 0 && built.history_tokens > request.trigger_tokens {
-        Some(CompactionTrigger::Tokens)
-    } else if request.trigger_messages > 0 && built.since_compaction > request.trigger_messages {
-        Some(CompactionTrigger::Messages)
-    } else {
-        None
-    };
+    let trigger = fired(&built, &request, asked.overflow);
     // One request per session at a time: while one is pending (and not stale) nothing is written.
     if let Some(trigger) = trigger
         && session_state.pending.is_none_or(|p| p.is_stale())
@@ -174,13 +142,12 @@ pub async fn context(
         state.store.request_compaction(&principal.tenant, &session, trigger).await?;
         session_state.pending = Some(PendingCompaction { trigger, since: chrono::Utc::now() });
     }
-    if wait_ms > 0 && session_state.pending.is_some() {
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
-        let before = session_state.through;
+    if asked.wait_ms > 0 && session_state.pending.is_some() {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(asked.wait_ms);
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(WAIT_POLL.min(deadline - tokio::time::Instant::now())).await;
             let now = state.store.session_state(&principal.tenant, &session).await?;
-            if now.through != before || now.pending.is_none() {
+            if now.through != session_state.through || now.pending.is_none() {
                 built = build(&state, &principal, &session, &now, &request).await?;
                 session_state = now;
                 break;
@@ -199,7 +166,64 @@ pub async fn context(
 }
 
 /// The longest a context call waits for a summary.
-const MAX_WAIT_MS: usize = 30_000;
+const MAX_WAIT_MS: u64 = 30_000;
+
+/// A context call's body, checked.
+struct ContextBody {
+    max_input_tokens: i64,
+    reserve_output_tokens: i64,
+    system_prompt: Option<String>,
+    current_message: Option<String>,
+    overflow: bool,
+    wait_ms: u64,
+}
+
+impl ContextBody {
+    fn parse(mut body: JsonObject) -> Result<Self, ApiError> {
+        let tokens = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let max_input_tokens = body.take_opt_usize("max_input_tokens")?.map_or(DEFAULT_INPUT_TOKENS, tokens);
+        if !(MIN_INPUT_TOKENS..=MAX_INPUT_TOKENS).contains(&max_input_tokens) {
+            let (min, max) = (MIN_INPUT_TOKENS, MAX_INPUT_TOKENS);
+            return Err(InvalidInput::OutOfRange { field: "max_input_tokens", min, max }.into());
+        }
+        let reserve_output_tokens = body.take_opt_usize("reserve_output_tokens")?.map_or(0, tokens);
+        if reserve_output_tokens >= max_input_tokens {
+            let max = max_input_tokens - 1;
+            return Err(InvalidInput::OutOfRange { field: "reserve_output_tokens", min: 0, max }.into());
+        }
+        let wait_ms = body.take_opt_usize("wait_ms")?.map_or(0, |n| u64::try_from(n).unwrap_or(u64::MAX));
+        if wait_ms > MAX_WAIT_MS {
+            return Err(InvalidInput::OutOfRange { field: "wait_ms", min: 0, max: MAX_WAIT_MS as i64 }.into());
+        }
+        let parsed = Self {
+            max_input_tokens,
+            reserve_output_tokens,
+            system_prompt: body.take_opt_str("system_prompt")?,
+            current_message: body.take_opt_str("current_message")?,
+            overflow: body.take_opt_bool("overflow")?.unwrap_or(false),
+            wait_ms,
+        };
+        body.finish()?;
+        Ok(parsed)
+    }
+}
+
+/// The trigger this call fires, if any: overflow recovery always compacts; otherwise the history's
+/// tokens (summary included) past their share of the budget, or too many messages since the last
+/// compaction. A trigger at 0 is off.
+fn fired(built: &Built, request: &Request<'_>, overflow: bool) -> Option<CompactionTrigger> {
+    if built.since_compaction == 0 {
+        None
+    } else if overflow {
+        Some(CompactionTrigger::Overflow)
+    } else if request.trigger_tokens > 0 && built.history_tokens > request.trigger_tokens {
+        Some(CompactionTrigger::Tokens)
+    } else if request.trigger_messages > 0 && built.since_compaction > request.trigger_messages {
+        Some(CompactionTrigger::Messages)
+    } else {
+        None
+    }
+}
 /// How often a waiting context call looks for the summary.
 const WAIT_POLL: Duration = Duration::from_millis(25);
 

@@ -90,36 +90,34 @@ impl Compactor {
             return Ok(CompactReport::NothingToCompact);
         };
         let previous = state.summary.as_ref();
-        let (outcome, reason, summary_id, model) = match &self.summarizer {
-            None => (CompactionOutcome::Truncated, Some("no_model".to_owned()), previous.map(|s| s.id), None),
+        let summary = match &self.summarizer {
+            None => Err(ModelFailure::new("no_model", "MNEMO_LLM_MODEL is not set")),
             Some(model) => {
                 let lines = transcript(&history[..cut]);
-                match self.summarize(model.as_ref(), previous.map(|s| s.content.as_str()), &lines).await {
-                    Ok(text) => {
-                        let row = NewMemory::session_summary(
-                            tenant.clone(),
-                            session.clone(),
-                            last.user_id.as_deref().and_then(|u| UserId::parse(u).ok()),
-                            last.agent_id.as_deref().and_then(|a| AgentId::parse(a).ok()),
-                            summary_source_ref(session, last.id.simple()),
-                            MemoryText::parse(&text)
-                                .map_err(|e| JobError::Setup(format!("the summary cannot be stored: {e}")))?,
-                            last.event_time,
-                        );
-                        let written = self.store.remember(&row).await?;
-                        (CompactionOutcome::Summarized, None, Some(written.id), Some(model.model().to_owned()))
-                    }
-                    Err(failure) => {
-                        tracing::warn!(tenant = %tenant, kind = failure.kind, detail = failure.detail,
-                            "the summary failed; compaction truncates");
-                        (
-                            CompactionOutcome::Truncated,
-                            Some(failure.kind.to_owned()),
-                            previous.map(|s| s.id),
-                            Some(model.model().to_owned()),
-                        )
-                    }
+                self.summarize(model.as_ref(), previous.map(|s| s.content.as_str()), &lines).await
+            }
+        };
+        let (outcome, reason, summary_id) = match summary {
+            Ok(text) => {
+                let row = NewMemory::session_summary(
+                    tenant.clone(),
+                    session.clone(),
+                    last.user_id.as_deref().and_then(|u| UserId::parse(u).ok()),
+                    last.agent_id.as_deref().and_then(|a| AgentId::parse(a).ok()),
+                    summary_source_ref(session, last.id.simple()),
+                    text,
+                    last.event_time,
+                );
+                let written = self.store.remember(&row).await?;
+                (CompactionOutcome::Summarized, None, Some(written.id))
+            }
+            Err(failure) => {
+                if self.summarizer.is_some() {
+                    tracing::warn!(tenant = %tenant, kind = failure.kind, detail = failure.detail,
+                        "the summary failed; compaction truncates");
                 }
+                // A truncation keeps the summary in effect: it still covers what it covered.
+                (CompactionOutcome::Truncated, Some(failure.kind.to_owned()), previous.map(|s| s.id))
             }
         };
         let record = NewCompaction {
@@ -128,7 +126,7 @@ impl Compactor {
             outcome,
             reason: reason.clone(),
             summary_id,
-            model,
+            model: self.summarizer.as_ref().map(|m| m.model().to_owned()),
             trigger: job.trigger,
         };
         self.store.record_compaction(tenant, session, &record).await?;
@@ -145,12 +143,13 @@ impl Compactor {
         model: &dyn Summarizer,
         previous: Option<&str>,
         lines: &[TranscriptLine],
-    ) -> Result<String, ModelFailure> {
+    ) -> Result<MemoryText, ModelFailure> {
         let mut summary = previous.map(str::to_owned);
         for chunk in self.chunks(lines) {
             summary = Some(model.summarize(summary.as_deref(), &chunk, self.policy.summary_max_tokens).await?);
         }
-        summary.ok_or_else(|| ModelFailure::new("empty", "nothing to summarize"))
+        let summary = summary.ok_or_else(|| ModelFailure::new("empty", "nothing to summarize"))?;
+        MemoryText::parse(&summary).map_err(|e| ModelFailure::new("unstorable", e.to_string()))
     }
 
     /// `lines` in runs of at most `chunk_tokens`; a line longer than that alone is cut to fit.
