@@ -384,6 +384,16 @@ mod tests {
         }
     }
 
+    /// A seeded xorshift: `next(bound)` is below `bound`, the same sequence every run.
+    fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |bound| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % bound.max(1)
+        }
+    }
+
     fn message(role: Role, content: &str) -> WindowMessage {
         WindowMessage {
             role,
@@ -510,13 +520,7 @@ mod tests {
     /// splits a call from its results.
     #[test]
     fn random_sessions_always_fit_keep_order_and_never_split_a_pair() {
-        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
-        let mut next = |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % bound.max(1)
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15_u64);
         for case in 0..2000 {
             let budget = 20 + next(3000) as u32;
             let mut history = Vec::new();
@@ -584,13 +588,7 @@ mod tests {
     /// assembling from the whole session.
     #[test]
     fn a_sufficient_tail_assembles_the_same_window_as_the_whole_session() {
-        let mut seed = 0x2545_F491_4F6C_DD1D_u64;
-        let mut next = |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % bound.max(1)
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D_u64);
         let mut partial_reads = 0;
         for case in 0..2000 {
             let budget = 30 + next(600) as u32;
