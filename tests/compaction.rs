@@ -72,6 +72,7 @@ fn job(tenant: &str, session: &str) -> CompactJob {
         tenant_id: TenantId::parse(tenant).expect("tenant"),
         session_id: SessionId::parse(session).expect("session"),
         trigger: CompactionTrigger::Messages,
+        keep_at_most: None,
     }
 }
 
@@ -172,15 +173,30 @@ async fn each_trigger_fires_past_its_threshold_and_zero_turns_it_off() {
     let roomy = context(&app, &t, "s1", json!({ "max_input_tokens": 100_000 })).await;
     assert!(roomy["diagnostics"]["trigger"].is_null(), "{roomy}");
 
-    // Messages: more than 3 since the last compaction.
-    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "3")]).await;
-    turns(&app, &t, 0, 1).await;
-    say(&app, &t, "u1", "user", "one more").await;
-    let three = context(&app, &t, "s1", json!({})).await;
-    assert!(three["diagnostics"]["trigger"].is_null(), "3 is not more than 3: {three}");
-    say(&app, &t, "a1", "assistant", "and a reply").await;
-    let four = context(&app, &t, "s1", json!({})).await;
-    assert_eq!(four["diagnostics"]["trigger"], "messages");
+    // Messages: more than 5 since the last compaction (and more than the two turns it keeps).
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "5")]).await;
+    turns(&app, &t, 0, 2).await;
+    say(&app, &t, "u2", "user", "one more").await;
+    let five = context(&app, &t, "s1", json!({})).await;
+    assert!(five["diagnostics"]["trigger"].is_null(), "5 is not more than 5: {five}");
+    say(&app, &t, "a2", "assistant", "and a reply").await;
+    let six = context(&app, &t, "s1", json!({})).await;
+    assert_eq!(six["diagnostics"]["trigger"], "messages");
+    // Past the trigger but nothing before the kept turns: a compaction would cover nothing, so
+    // none is asked for.
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "5")]).await;
+    say(&app, &t, "u0", "user", "look these up").await;
+    for i in 0..4 {
+        let call = json!({ "source_kind": "chat_message", "source_ref": format!("call{i}"), "role": "assistant",
+            "tool_call_id": format!("c{i}"), "name": "search", "content": "{}" });
+        let result = json!({ "source_kind": "tool_output", "source_ref": format!("c{i}"), "name": "search", "content": "found" });
+        for body in [call, result] {
+            assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+        }
+    }
+    let one_turn = context(&app, &t, "s1", json!({})).await;
+    assert!(one_turn["diagnostics"]["trigger"].is_null(), "{one_turn}");
+    assert_eq!(compact_jobs(&app).await, 0);
 
     // Both off: nothing is ever scheduled, however long or full the session.
     let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "0")]).await;
@@ -251,8 +267,11 @@ async fn a_duplicated_or_retried_job_leaves_one_summary_and_one_record() {
     turns(&app, &t, 0, 5).await;
     let settings = settings(llm_env(&chat));
     let (a, b) = (compactor(&app, &settings), compactor(&app, &settings));
-    // Slow enough that both read the session before either records its compaction.
+    // Slow enough that both read the session before either records its compaction, and two
+    // different summaries, as a real model would write.
     chat.delay_every_answer(Duration::from_millis(300));
+    let summary = |n: u8| format!("SESSION INTENT: trip\nSUMMARY: version {n}\nARTIFACTS: none\nNEXT STEPS: none");
+    chat.then([ChatAnswer::Content(summary(1)), ChatAnswer::Content(summary(2))]);
     // Two at once (a duplicated job), then the same job again (a retry).
     let once = job("acme", "s1");
     let (first, second) = tokio::join!(a.run(&once), b.run(&once));
@@ -275,6 +294,55 @@ async fn a_duplicated_or_retried_job_leaves_one_summary_and_one_record() {
     let rows = app.db.count("SELECT count(*) FROM memory_items").await;
     assert_eq!(rows, 11);
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'embed'").await, rows);
+}
+
+#[tokio::test]
+async fn a_long_backlog_is_compacted_over_several_jobs_and_a_long_agent_turn_is_cut_by_tokens() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 150).await;
+    // 500-token chunks: a job summarizes at most four of them (about 2,000 tokens of the
+    // session's 4,000), then asks for the next job; each builds on the summary before it.
+    let small = settings([llm_env(&chat), vec![(vars::COMPACT_CHUNK_TOKENS, "500".to_owned())]].concat());
+    let mut covered = Vec::new();
+    loop {
+        let calls_before = chat.requests().len();
+        match compactor(&app, &small).run(&job("acme", "s1")).await.expect("job") {
+            CompactReport::Compacted { messages, .. } => covered.push(messages),
+            CompactReport::NothingToCompact => break,
+        }
+        assert!(chat.requests().len() - calls_before <= 4, "at most four model calls a job");
+        let pending = app.db.count("SELECT count(*) FROM session_compaction_requests").await;
+        assert_eq!(pending, i64::from(covered.iter().sum::<usize>() < 296), "the rest is asked for: {covered:?}");
+    }
+    assert!(covered.len() >= 2, "{covered:?}");
+    assert_eq!(covered.iter().sum::<usize>(), 296, "everything but the last two turns: {covered:?}");
+    let prompt = chat.requests()[4]["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(prompt.starts_with("PREVIOUS SUMMARY:\nSESSION INTENT"), "{prompt}");
+
+    // One user message and a long run of tool calls: the kept turn alone is the whole session,
+    // so a caller's budget bounds what is kept, cut between calls, never inside one.
+    let t2 = token(&principal("acme", None, None, Some("s2")));
+    say(&app, &t2, "u", "user", "research the trains").await;
+    for i in 0..20 {
+        let call = json!({ "source_kind": "chat_message", "source_ref": format!("s2-call{i}"), "role": "assistant",
+            "tool_call_id": format!("s2-c{i}"), "name": "search", "content": "{\"page\": 1}" });
+        let result = json!({ "source_kind": "tool_output", "source_ref": format!("s2-c{i}"), "name": "search",
+            "content": "a timetable ".repeat(10) });
+        for body in [call, result] {
+            assert_eq!(app.client.post("/v1/memories", Some(&t2), &body).await.status, 201);
+        }
+    }
+    let by_turns = compactor(&app, &settings(llm_env(&chat)));
+    let nothing = by_turns.run(&job("acme", "s2")).await.expect("turns only");
+    assert_eq!(nothing, CompactReport::NothingToCompact);
+    let bounded = by_turns.run(&CompactJob { keep_at_most: Some(200), ..job("acme", "s2") }).await.expect("bounded");
+    let CompactReport::Compacted { messages: cut, .. } = bounded else { panic!("{bounded:?}") };
+    assert_eq!(cut % 2, 1, "the user message and whole call pairs: {cut}");
+    let after = context(&app, &t2, "s2", json!({})).await;
+    assert_eq!(after["messages"][1]["role"], "assistant", "{after}");
+    assert!(after["messages"][1]["tool_calls"].is_array(), "the window starts at a call, not a result");
 }
 
 #[tokio::test]

@@ -124,28 +124,32 @@ pub async fn context(
         tool_call_id: None,
         tool_name: None,
     });
+    let budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
     let request = Request {
         system_prompt: asked.system_prompt.as_deref(),
         current: current.as_ref(),
-        budget: u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX),
+        budget,
         keep_turns: asked.overflow.then_some(state.context.keep_pairs),
-        trigger_tokens: (state.context.trigger_ratio * asked.max_input_tokens as f64) as u64,
+        trigger_tokens: (state.context.trigger_ratio * f64::from(budget)) as u64,
         trigger_messages: state.context.trigger_messages,
     };
     let mut session_state = state.store.session_state(&principal.tenant, &session).await?;
     let mut built = build(&state, &principal, &session, &session_state, &request).await?;
-    let trigger = fired(&built, &request, asked.overflow);
+    let trigger = fired(&built, &request, asked.overflow, state.context.keep_pairs);
     // One request per session at a time: while one is pending (and not stale) nothing is written.
     if let Some(trigger) = trigger
         && session_state.pending.is_none_or(|p| p.is_stale())
     {
-        state.store.request_compaction(&principal.tenant, &session, trigger).await?;
+        let keep_at_most = Some(u64::from(budget / 2));
+        state.store.request_compaction(&principal.tenant, &session, trigger, keep_at_most).await?;
         session_state.pending = Some(PendingCompaction { trigger, since: chrono::Utc::now() });
     }
-    if asked.wait_ms > 0 && session_state.pending.is_some() {
+    if asked.wait_ms > 0 && session_state.pending.is_some_and(|p| !p.is_stale()) {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(asked.wait_ms);
+        let mut poll = WAIT_POLL;
         while tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(WAIT_POLL.min(deadline - tokio::time::Instant::now())).await;
+            tokio::time::sleep(poll.min(deadline - tokio::time::Instant::now())).await;
+            poll = (poll * 2).min(MAX_WAIT_POLL);
             let now = state.store.session_state(&principal.tenant, &session).await?;
             if now.through != session_state.through || now.pending.is_none() {
                 built = build(&state, &principal, &session, &now, &request).await?;
@@ -210,9 +214,15 @@ impl ContextBody {
 
 /// The trigger this call fires, if any: overflow recovery always compacts; otherwise the history's
 /// tokens (summary included) past their share of the budget, or too many messages since the last
-/// compaction. A trigger at 0 is off.
-fn fired(built: &Built, request: &Request<'_>, overflow: bool) -> Option<CompactionTrigger> {
-    if built.since_compaction == 0 {
+/// compaction. A trigger at 0 is off. Nothing fires when a compaction would find nothing to
+/// cover: the kept turns are all there is, and they fit in half the budget (what a compaction
+/// keeps at most).
+fn fired(built: &Built, request: &Request<'_>, overflow: bool, keep_pairs: usize) -> Option<CompactionTrigger> {
+    let turns_read = built.read.iter().filter(|m| m.role == Role::User).count();
+    let more_than_kept = turns_read > keep_pairs
+        || (built.read.len() < built.since_compaction && turns_read == keep_pairs)
+        || built.history_tokens > u64::from(request.budget / 2);
+    if built.since_compaction == 0 || !more_than_kept {
         None
     } else if overflow {
         Some(CompactionTrigger::Overflow)
@@ -224,8 +234,10 @@ fn fired(built: &Built, request: &Request<'_>, overflow: bool) -> Option<Compact
         None
     }
 }
-/// How often a waiting context call looks for the summary.
-const WAIT_POLL: Duration = Duration::from_millis(25);
+/// How often a waiting context call looks for the summary: soon at first (a compaction without
+/// a model takes milliseconds), then less often.
+const WAIT_POLL: Duration = Duration::from_millis(20);
+const MAX_WAIT_POLL: Duration = Duration::from_millis(250);
 
 /// What a context call asks for.
 struct Request<'a> {

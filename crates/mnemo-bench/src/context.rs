@@ -259,6 +259,7 @@ async fn compaction_overhead(
             tenant_id: principal.tenant.clone(),
             session_id: SessionId::parse(&sid)?,
             trigger: CompactionTrigger::Operator,
+            keep_at_most: None,
         };
         let t = Instant::now();
         let report = compactor.run(&job).await?;

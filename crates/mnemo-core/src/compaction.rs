@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::window::{Role, WindowMessage, turn_starts, units};
+use crate::window::{Role, WindowMessage, turn_start, units};
 use crate::{InvalidInput, ModelFailure, SessionId};
 
 /// The sections a summary has, in order, each opening a line.
@@ -54,14 +54,8 @@ pub fn compaction_cut(history: &[WindowMessage], keep: Keep) -> usize {
     let units = units(history);
     let Some(last) = units.len().checked_sub(1) else { return 0 };
     let first_kept = match keep {
-        Keep::Turns(n) => {
-            let starts = turn_starts(history, &units);
-            match n {
-                0 => last + 1,
-                n if n > starts.len() => 0,
-                n => starts[starts.len() - n],
-            }
-        }
+        Keep::Turns(0) => last + 1,
+        Keep::Turns(n) => turn_start(history, &units, n),
         Keep::Tokens(budget) => {
             let mut first = last;
             let mut spent = units[last].cost(history);
@@ -73,6 +67,21 @@ pub fn compaction_cut(history: &[WindowMessage], keep: Keep) -> usize {
         }
     };
     units.get(first_kept).map_or(history.len(), |u| u.start)
+}
+
+/// The end of the longest run of whole units from the start of `history` that costs at most
+/// `max_tokens`, but at least one unit: how much of a backlog one job summarizes.
+pub fn units_within(history: &[WindowMessage], max_tokens: u64) -> usize {
+    let mut spent = 0u64;
+    let mut end = 0;
+    for unit in units(history) {
+        spent += unit.cost(history);
+        if spent > max_tokens && end > 0 {
+            break;
+        }
+        end = unit.end;
+    }
+    end
 }
 
 /// `text` cut to its first and last characters around a marker when it is longer than
@@ -213,6 +222,12 @@ mod tests {
         // One unit is always kept, however small the budget.
         assert_eq!(compaction_cut(&history, Keep::Tokens(1)), 7);
         assert_eq!(compaction_cut(&[], Keep::Turns(2)), 0);
+        // A job's share: whole units up to the tokens, at least one.
+        assert_eq!(units_within(&history, 15), 3);
+        assert_eq!(units_within(&history, 26), 3);
+        assert_eq!(units_within(&history, 27), 5);
+        assert_eq!(units_within(&history, 1), 1);
+        assert_eq!(units_within(&history[..0], 10), 0);
     }
 
     #[test]

@@ -22,7 +22,7 @@ mod window;
 
 pub use compaction::{
     CompactionOutcome, CompactionTrigger, Keep, SUMMARY_SECTIONS, Summarizer, SummaryFuture, TOOL_PREVIEW_CHARS,
-    TranscriptLine, check_summary, compaction_cut, preview, summary_source_ref, transcript,
+    TranscriptLine, check_summary, compaction_cut, preview, summary_source_ref, transcript, units_within,
 };
 pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::{InvalidInput, ModelFailure};

@@ -312,14 +312,11 @@ pub(crate) fn units(history: &[WindowMessage]) -> Vec<Unit> {
     units
 }
 
-/// The units that start a turn: those opening with a user message.
-pub(crate) fn turn_starts(history: &[WindowMessage], units: &[Unit]) -> Vec<usize> {
-    units.iter().enumerate().filter(|(_, u)| history[u.start].role == Role::User).map(|(i, _)| i).collect()
-}
-
-/// The first unit of the last `turns` turns.
-fn turn_start(history: &[WindowMessage], units: &[Unit], turns: usize) -> usize {
-    let starts = turn_starts(history, units);
+/// The first unit of the last `turns` turns (a turn starts at a unit opening with a user
+/// message); the whole history when it has fewer, its last unit for none.
+pub(crate) fn turn_start(history: &[WindowMessage], units: &[Unit], turns: usize) -> usize {
+    let starts: Vec<usize> =
+        units.iter().enumerate().filter(|(_, u)| history[u.start].role == Role::User).map(|(i, _)| i).collect();
     match turns {
         0 => units.len().saturating_sub(1),
         n if n > starts.len() => 0,
@@ -329,17 +326,17 @@ fn turn_start(history: &[WindowMessage], units: &[Unit], turns: usize) -> usize 
 
 /// Whether the newest messages of a session, `newest_first`, are enough history for [`assemble`]
 /// to give the window the whole session would: they cost more than `room` (so everything older
-/// would be dropped anyway), or hold the `keep_turns` turns an overflow window keeps, and the
-/// oldest of them opens a turn (a user message), so no unit or turn is cut short. A reader
+/// would be dropped anyway) and the oldest of them starts a unit, or they hold the `keep_turns`
+/// turns an overflow window keeps from a user message on. A reader
 /// fetches the newest messages page by page until this holds or the session is exhausted.
 pub fn tail_suffices(newest_first: &[WindowMessage], room: u64, keep_turns: Option<usize>) -> bool {
     let Some(oldest) = newest_first.last() else { return false };
-    if oldest.role != Role::User {
-        return false;
-    }
+    // A tool result, or a call that may continue a run of parallel calls, can belong to a unit
+    // that starts further back; anything else starts one.
+    let starts_unit = oldest.role != Role::Tool && !(oldest.role == Role::Assistant && oldest.tool_call_id.is_some());
     let over_room = newest_first.iter().map(WindowMessage::cost).sum::<u64>() > room;
     let turns = newest_first.iter().filter(|m| m.role == Role::User).count();
-    over_room || keep_turns.is_some_and(|n| turns >= n.max(1))
+    (starts_unit && over_room) || (oldest.role == Role::User && keep_turns.is_some_and(|n| turns >= n.max(1)))
 }
 
 /// `text` cut in the middle to at most `max_tokens`, its head and tail kept around a marker.

@@ -16,14 +16,19 @@ use mnemo_config::ContextSettings;
 use mnemo_core::{
     AgentId, CompactionOutcome, Keep, MemoryText, ModelFailure, NewMemory, SessionId, Summarizer, TenantId,
     TokenCounter, TranscriptLine, UserId, WindowMessage, compaction_cut, cut_to, summary_source_ref, transcript,
+    units_within,
 };
 use mnemo_store::queue::CompactJob;
-use mnemo_store::{NewCompaction, SessionMessage, SessionState, Store};
+use mnemo_store::{NewCompaction, SessionMessage, SessionState, Store, StoreError};
 
 use crate::JobError;
 
 /// The most messages one job reads; a longer backlog is compacted over several jobs.
 const MAX_MESSAGES: i64 = 20_000;
+
+/// The most chunks one job summarizes (each one model call), so a job ends well within
+/// `MNEMO_JOB_TIMEOUT_S`; the rest of a backlog goes to the next job.
+const MAX_CHUNKS_PER_JOB: u64 = 4;
 
 /// What compaction keeps and how it calls the model.
 #[derive(Debug, Clone, Copy)]
@@ -73,18 +78,29 @@ pub enum CompactReport {
 }
 
 impl Compactor {
-    /// Where a compaction of the session would cut now.
-    pub async fn plan(&self, tenant: &TenantId, session: &SessionId) -> Result<CompactPlan, JobError> {
+    /// Where a compaction of the session would cut now: before the kept turns (or tokens), and
+    /// before `keep_at_most` tokens when the kept turns are longer (one long agent turn), but
+    /// never past what one job summarizes ([`MAX_CHUNKS_PER_JOB`] chunks).
+    pub async fn plan(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        keep_at_most: Option<u64>,
+    ) -> Result<CompactPlan, JobError> {
         let state = self.store.session_state(tenant, session).await?;
         let messages = self.store.session_messages(tenant, session, state.through, MAX_MESSAGES).await?;
         let history: Vec<_> = messages.iter().map(|m| m.to_window(self.counter.as_ref())).collect();
-        let cut = compaction_cut(&history, self.policy.keep);
+        let cut = compaction_cut(&history, self.policy.keep)
+            .max(keep_at_most.map_or(0, |tokens| compaction_cut(&history, Keep::Tokens(tokens))));
+        let per_job = self.policy.chunk_tokens.saturating_mul(MAX_CHUNKS_PER_JOB);
+        let cut = units_within(&history[..cut], per_job);
         Ok(CompactPlan { state, messages, history, cut })
     }
 
     pub async fn run(&self, job: &CompactJob) -> Result<CompactReport, JobError> {
         let (tenant, session) = (&job.tenant_id, &job.session_id);
-        let CompactPlan { state, messages: stored, history, cut } = self.plan(tenant, session).await?;
+        let CompactPlan { state, messages: stored, history, cut } =
+            self.plan(tenant, session, job.keep_at_most).await?;
         let Some(last) = stored[..cut].last() else {
             self.store.clear_compaction_request(tenant, session).await?;
             return Ok(CompactReport::NothingToCompact);
@@ -108,13 +124,25 @@ impl Compactor {
                     text,
                     last.event_time,
                 );
-                let written = self.store.remember(&row).await?;
-                (CompactionOutcome::Summarized, None, Some(written.id))
+                match self.store.remember(&row).await {
+                    Ok(written) => (CompactionOutcome::Summarized, None, Some(written.id)),
+                    // A duplicated or retried job summarized the same messages first (a model
+                    // rarely writes the same words twice): its row is the summary.
+                    Err(StoreError::SourceRefConflict { existing }) => {
+                        (CompactionOutcome::Summarized, None, Some(existing))
+                    }
+                    // That row was deleted since: these messages go unsummarized.
+                    Err(StoreError::SourceRefDeleted { .. }) => {
+                        (CompactionOutcome::Truncated, Some("summary_deleted".to_owned()), previous.map(|s| s.id))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             Err(failure) => {
                 if self.summarizer.is_some() {
-                    tracing::warn!(tenant = %tenant, kind = failure.kind, detail = failure.detail,
-                        "the summary failed; compaction truncates");
+                    // The detail may quote a provider's error message, which may quote the input.
+                    tracing::warn!(tenant = %tenant, kind = failure.kind, "the summary failed; compaction truncates");
+                    tracing::debug!(tenant = %tenant, detail = failure.detail, "summary failure detail");
                 }
                 // A truncation keeps the summary in effect: it still covers what it covered.
                 (CompactionOutcome::Truncated, Some(failure.kind.to_owned()), previous.map(|s| s.id))
@@ -130,6 +158,10 @@ impl Compactor {
             trigger: job.trigger,
         };
         self.store.record_compaction(tenant, session, &record).await?;
+        // A backlog longer than one job's share continues in the next job.
+        if cut < compaction_cut(&history, self.policy.keep) {
+            self.store.request_compaction(tenant, session, job.trigger, job.keep_at_most).await?;
+        }
         metrics::counter!("mnemo_compactions_total", "outcome" => outcome.as_str()).increment(1);
         tracing::info!(tenant = %tenant, messages = cut, outcome = outcome.as_str(), trigger = job.trigger.as_str(),
             "session compacted");

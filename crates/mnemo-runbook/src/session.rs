@@ -59,17 +59,17 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
     let messages = store.session_messages(tenant, session, None, SHOW_LIMIT).await?;
     let compactions = store.session_compactions(tenant, session).await?;
     let state = store.session_state(tenant, session).await?;
-    let cutoff = state.through.map(|c| c.id);
-    let window_from = messages.iter().position(|m| Some(m.id) == cutoff).map_or(0, |i| i + 1);
+    // Compacted: at or before the last message compacted (which may itself be deleted since).
+    let compacted =
+        |m: &mnemo_store::SessionMessage| state.through.is_some_and(|c| (m.event_time, m.id) <= (c.event_time, c.id));
     if json {
         let messages: Vec<Value> = messages
             .iter()
-            .enumerate()
-            .map(|(i, m)| {
+            .map(|m| {
                 let mut row = json!({
                     "id": m.id, "role": m.role.as_str(), "token_count": m.token_count,
                     "tool_call_id": m.tool_call_id, "name": m.tool_name, "event_time": m.event_time,
-                    "compacted": i < window_from,
+                    "compacted": compacted(m),
                 });
                 if content {
                     row["content"] = json!(m.content);
@@ -100,13 +100,13 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
         messages.len(),
         if messages.len() as i64 == SHOW_LIMIT { " (first ones only)" } else { "" }
     );
-    for (i, m) in messages.iter().enumerate() {
+    for m in &messages {
         let tool = match (&m.tool_call_id, &m.tool_name) {
             (Some(id), name) => format!(" {}#{id}", name.as_deref().unwrap_or("tool")),
             _ => String::new(),
         };
         let tokens = m.token_count.map_or("?".to_owned(), |n| n.to_string());
-        let mark = if i < window_from { "compacted" } else { "window" };
+        let mark = if compacted(m) { "compacted" } else { "window" };
         print!("{}  {} {:<9} {:>6} tok  {mark}{tool}", m.id, m.event_time.format("%Y-%m-%d %H:%M:%S"), m.role, tokens);
         if content {
             print!("  {}", m.content.chars().take(120).collect::<String>().replace('\n', " "));
@@ -151,21 +151,22 @@ async fn compact(
         policy: CompactPolicy::from_settings(settings),
     };
     if dry_run {
-        let CompactPlan { messages, history, cut, .. } = compactor.plan(tenant, session).await?;
+        let CompactPlan { messages, history, cut, .. } = compactor.plan(tenant, session, None).await?;
         let tokens: u64 = history[..cut].iter().map(|m| m.cost()).sum();
-        let way = if compactor.summarizer.is_some() { "summarize" } else { "truncate (no MNEMO_LLM_MODEL)" };
+        let way = if compactor.summarizer.is_some() { "summarize" } else { "truncate" };
         let (first, last) = (messages[..cut].first().map(|m| m.id), messages[..cut].last().map(|m| m.id));
         if json {
             println!(
                 "{}",
                 json!({ "dry_run": true, "messages": cut, "tokens": tokens, "first": first, "through": last,
-                    "kept": messages.len() - cut, "would": if compactor.summarizer.is_some() { "summarize" } else { "truncate" } })
+                    "kept": messages.len() - cut, "would": way })
             );
         } else if cut == 0 {
             println!("nothing to compact: the {} messages since the last compaction are all kept", messages.len());
         } else {
+            let hint = if compactor.summarizer.is_some() { "" } else { " (no MNEMO_LLM_MODEL)" };
             println!(
-                "would {way} {cut} messages ({tokens} tokens), {} through {}, and keep {}",
+                "would {way}{hint} {cut} messages ({tokens} tokens), {} through {}, and keep {}",
                 first.map(|id| id.to_string()).unwrap_or_default(),
                 last.map(|id| id.to_string()).unwrap_or_default(),
                 messages.len() - cut
@@ -174,8 +175,12 @@ async fn compact(
         return Ok(());
     }
     if now {
-        let job =
-            CompactJob { tenant_id: tenant.clone(), session_id: session.clone(), trigger: CompactionTrigger::Operator };
+        let job = CompactJob {
+            tenant_id: tenant.clone(),
+            session_id: session.clone(),
+            trigger: CompactionTrigger::Operator,
+            keep_at_most: None,
+        };
         let report = compactor.run(&job).await.context("compaction failed")?;
         let (messages, outcome, reason) = match &report {
             CompactReport::NothingToCompact => (0, "nothing", None),
@@ -188,7 +193,7 @@ async fn compact(
         }
         return Ok(());
     }
-    let queued = store.request_compaction(tenant, session, CompactionTrigger::Operator).await?;
+    let queued = store.request_compaction(tenant, session, CompactionTrigger::Operator, None).await?;
     if json {
         println!("{}", json!({ "queued": queued }));
     } else if queued {

@@ -63,10 +63,22 @@ impl SessionMessage {
     }
 }
 
-/// The session's live chat messages and tool outputs after `($3, $4)` and before `($5, $6)`
-/// (open ends when not given: bounds, not `IS NULL OR`, so a generic plan still reads the index
-/// as a range). A row written before roles were kept reads as what its kind implies:
-/// a chat message from the user, a tool output answering the call its source_ref names.
+/// The session's live chat messages and tool outputs after `($3, $4)` (the start when not
+/// given): bounds, not `IS NULL OR`, so a generic plan still reads the index as a range.
+macro_rules! conversation_rows {
+    () => {
+        "
+FROM memory_items m
+WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
+  AND m.source_kind IN ('chat_message', 'tool_output')
+  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+  AND (m.event_time, m.id) > (COALESCE($3, '-infinity'), COALESCE($4, '00000000-0000-0000-0000-000000000000'))"
+    };
+}
+
+/// Those messages before `($5, $6)` (the end when not given), in `$order`, at most `$7`. A row
+/// written before roles were kept reads as what its kind implies: a chat message from the user,
+/// a tool output answering the call its source_ref names.
 macro_rules! session_messages {
     ($order:literal) => {
         concat!(
@@ -74,12 +86,9 @@ macro_rules! session_messages {
        COALESCE(m.role, CASE m.source_kind WHEN 'tool_output' THEN 'tool' ELSE 'user' END) AS role,
        m.content,
        COALESCE(m.tool_call_id, CASE m.source_kind WHEN 'tool_output' THEN m.source_ref END) AS tool_call_id,
-       m.tool_name, m.token_count, m.token_counter, m.event_time, m.user_id, m.agent_id
-FROM memory_items m
-WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
-  AND m.source_kind IN ('chat_message', 'tool_output')
-  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
-  AND (m.event_time, m.id) > (COALESCE($3, '-infinity'), COALESCE($4, '00000000-0000-0000-0000-000000000000'))
+       m.tool_name, m.token_count, m.token_counter, m.event_time, m.user_id, m.agent_id",
+            conversation_rows!(),
+            "
   AND (m.event_time, m.id) < (COALESCE($5, 'infinity'), COALESCE($6, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
 ORDER BY ",
             $order,
@@ -91,14 +100,7 @@ LIMIT $7"
 
 const SESSION_MESSAGES: &str = session_messages!("m.event_time, m.id");
 const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC, m.id DESC");
-
-/// How many live messages the session has after `($3, $4)`.
-const COUNT_MESSAGES: &str = "
-SELECT count(*) FROM memory_items m
-WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
-  AND m.source_kind IN ('chat_message', 'tool_output')
-  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
-  AND (m.event_time, m.id) > (COALESCE($3, '-infinity'), COALESCE($4, '00000000-0000-0000-0000-000000000000'))";
+const COUNT_MESSAGES: &str = concat!("SELECT count(*)", conversation_rows!());
 
 /// The latest compaction (where the window starts), the summary in effect with it, and the
 /// compaction asked for, if any.
@@ -115,7 +117,8 @@ LEFT JOIN LATERAL (
     ORDER BY through_time DESC, through_id DESC LIMIT 1
 ) c ON true
 LEFT JOIN memory_items s
-    ON s.tenant_id = $1 AND s.id = c.summary_id AND s.deleted_at IS NULL AND s.anonymized_at IS NULL
+    ON s.tenant_id = $1 AND s.id = c.summary_id AND s.session_id = $2 AND s.source_kind = 'session_summary'
+   AND s.deleted_at IS NULL AND s.anonymized_at IS NULL
 LEFT JOIN session_compaction_requests r ON r.tenant_id = $1 AND r.session_id = $2";
 
 /// Asks for a compaction unless one is asked for already; a request older than `$4` seconds
@@ -126,10 +129,17 @@ ON CONFLICT (tenant_id, session_id) DO UPDATE SET trigger = EXCLUDED.trigger, re
 WHERE r.requested_at < now() - make_interval(secs => $4)
 RETURNING true";
 
+/// Records a compaction unless one through the same or a later message is recorded already: of
+/// two jobs that ran side by side, the one that covered less is not recorded (its summary row
+/// stays, unused).
 const RECORD_COMPACTION: &str = "
 INSERT INTO session_compactions
     (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10
+WHERE NOT EXISTS (
+    SELECT 1 FROM session_compactions
+    WHERE tenant_id = $1 AND session_id = $2 AND (through_time, through_id) >= ($4, $3)
+)
 ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING";
 
 const CLEAR_REQUEST: &str = "DELETE FROM session_compaction_requests WHERE tenant_id = $1 AND session_id = $2";
@@ -298,13 +308,14 @@ impl Store {
         Ok(SessionState { through, summary, pending })
     }
 
-    /// Asks for a compaction of the session and queues its job, unless one is asked for already.
-    /// True when this call queued the job.
+    /// Asks for a compaction of the session and queues its job, unless one is asked for already
+    /// (and not stale). True when this call queued the job.
     pub async fn request_compaction(
         &self,
         tenant: &TenantId,
         session: &SessionId,
         trigger: CompactionTrigger,
+        keep_at_most: Option<u64>,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let queued: Option<bool> = sqlx::query_scalar(REQUEST_COMPACTION)
@@ -315,7 +326,7 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         if queued.is_some() {
-            let job = CompactJob { tenant_id: tenant.clone(), session_id: session.clone(), trigger };
+            let job = CompactJob { tenant_id: tenant.clone(), session_id: session.clone(), trigger, keep_at_most };
             push(&mut tx, &[job]).await?;
         }
         tx.commit().await?;

@@ -54,6 +54,10 @@ pub struct CompactJob {
     pub session_id: SessionId,
     #[serde(with = "parsed")]
     pub trigger: CompactionTrigger,
+    /// When the turns compaction keeps are longer than this many tokens (one long agent turn),
+    /// it keeps this many instead: half the budget of the context call that asked.
+    #[serde(default)]
+    pub keep_at_most: Option<u64>,
 }
 
 impl JobArgs for EmbedJob {
