@@ -111,6 +111,16 @@ impl JsonObject {
         }
     }
 
+    pub fn take_opt_i64(&mut self, field: &'static str) -> Result<Option<i64>, ApiError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                n.as_i64().map(Some).ok_or(ApiError::InvalidField { field, expected: "an integer" })
+            }
+            Some(_) => Err(ApiError::InvalidField { field, expected: "an integer" }),
+        }
+    }
+
     pub fn take_opt_str_list(&mut self, field: &'static str) -> Result<Option<Vec<String>>, ApiError> {
         let expected = "a list of strings";
         match self.take(field) {

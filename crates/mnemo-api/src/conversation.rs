@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use mnemo_core::{
     CompactionTrigger, InvalidInput, MESSAGE_OVERHEAD_TOKENS, Placed, Principal, Role, ScopeError, Section, SessionId,
-    Window, WindowError, WindowInput, WindowMessage, assemble, tail_suffices,
+    Window, WindowError, WindowInput, WindowMessage, Workspace, assemble, tail_suffices,
 };
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
 use serde_json::{Value, json};
@@ -125,8 +125,17 @@ pub async fn context(
         tool_name: None,
     });
     let budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
+    // The token's agent workspace: its enabled files, within their share of the budget.
+    let injected = match Workspace::of(&principal) {
+        Ok(workspace) => {
+            let share = state.workspace.prompt_max_tokens.min(u64::from(budget / 2));
+            Some(crate::workspace::rendered_files(&state, &workspace, share).await?).filter(|s| !s.is_empty())
+        }
+        Err(_) => None,
+    };
     let request = Request {
         system_prompt: asked.system_prompt.as_deref(),
+        injected: injected.as_deref(),
         current: current.as_ref(),
         budget,
         keep_turns: asked.overflow.then_some(state.context.keep_pairs),
@@ -242,6 +251,8 @@ const MAX_WAIT_POLL: Duration = Duration::from_millis(250);
 /// What a context call asks for.
 struct Request<'a> {
     system_prompt: Option<&'a str>,
+    /// The agent's enabled workspace files, rendered.
+    injected: Option<&'a str>,
     current: Option<&'a WindowMessage>,
     budget: u32,
     keep_turns: Option<usize>,
@@ -274,7 +285,7 @@ async fn build(
     let tokenizer = state.tokenizer.as_ref();
     let summary = session_state.summary.as_ref().map(|s| s.content.as_str());
     let summary_tokens = summary.map_or(0, |s| u64::from(tokenizer.count(s)));
-    let fixed: u64 = [request.system_prompt, request.current.map(|m| m.content.as_str())]
+    let fixed: u64 = [request.system_prompt, request.injected, request.current.map(|m| m.content.as_str())]
         .into_iter()
         .flatten()
         .map(|text| u64::from(tokenizer.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
@@ -322,8 +333,8 @@ async fn build(
     };
     let input = WindowInput {
         system_prompt: request.system_prompt,
-        // The seam for workspace files and the memory pack (later issues).
-        injected: None,
+        // The workspace files; the memory pack of a later issue joins them here.
+        injected: request.injected,
         summary,
         history: &history,
         current: request.current,

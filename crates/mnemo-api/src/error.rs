@@ -45,6 +45,10 @@ pub enum ApiError {
     SourceRefConflict,
     #[error("source_ref names a memory that was deleted; it is anonymized after the retention period")]
     MemoryDeleted,
+    #[error("old_text is not in the file")]
+    EditTextNotFound,
+    #[error("old_text is in the file {0} times: make it unique, or set replace_all")]
+    EditTextAmbiguous(usize),
     #[error("not ready: {0}")]
     NotReady(String),
     /// The detail is logged, never sent.
@@ -63,7 +67,16 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("invalid_value", 400, "a field has a value outside its allowed set (source_kind, scope)"),
     ("tenant_in_body", 400, "the body names a tenant; the tenant comes only from the token"),
     ("empty_content", 400, "content is empty or only white space"),
-    ("content_too_long", 400, "content is over its limit (16 KiB; tool outputs: MNEMO_MAX_TOOL_OUTPUT_BYTES)"),
+    (
+        "content_too_long",
+        400,
+        "content is over its limit (16 KiB; tool outputs: MNEMO_MAX_TOOL_OUTPUT_BYTES; workspace files: MNEMO_WORKSPACE_MAX_FILE_BYTES)",
+    ),
+    (
+        "invalid_path",
+        400,
+        "a workspace path is not a relative .md path of at most 4 levels and 200 bytes without .., backslashes or control characters",
+    ),
     ("nul_byte", 400, "a string contains a NUL character"),
     ("missing_session", 400, "a session-scoped write has no session_id and the token no sid"),
     ("session_not_allowed", 400, "a tenant-scoped write names a session"),
@@ -76,6 +89,12 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("method_not_allowed", 405, "the route exists with another method"),
     ("source_ref_conflict", 409, "the source_ref already holds different content"),
     ("memory_deleted", 409, "the source_ref names a deleted row (a deleted fact asserted again is revived instead)"),
+    ("edit_text_not_found", 409, "a workspace edit's old_text is not in the file"),
+    (
+        "edit_text_ambiguous",
+        409,
+        "a workspace edit's old_text is in the file more than once and replace_all is not set",
+    ),
     ("payload_too_large", 413, "the request body is over the server's limit"),
     ("unsupported_media_type", 415, "Content-Type is not application/json"),
     ("internal", 500, "something failed inside mnemo; details are in its log"),
@@ -110,6 +129,7 @@ impl ApiError {
                 InvalidInput::Empty { field: "content" } => ("empty_content", BAD_REQUEST),
                 InvalidInput::TooLong { field: "content", .. } => ("content_too_long", BAD_REQUEST),
                 InvalidInput::UnknownValue { .. } => ("invalid_value", BAD_REQUEST),
+                InvalidInput::BadPath { .. } => ("invalid_path", BAD_REQUEST),
                 InvalidInput::Empty { .. }
                 | InvalidInput::TooLong { .. }
                 | InvalidInput::ControlChar { .. }
@@ -119,7 +139,10 @@ impl ApiError {
                 ScopeError::MissingSession(_) => ("missing_session", BAD_REQUEST),
                 ScopeError::SessionNotAllowed => ("session_not_allowed", BAD_REQUEST),
                 ScopeError::SessionMismatch => ("session_mismatch", StatusCode::FORBIDDEN),
-                ScopeError::MissingIdentity(_) | ScopeError::RecallWithoutSession => ("missing_identity", UNAUTHORIZED),
+                ScopeError::MissingIdentity(_)
+                | ScopeError::RecallWithoutSession
+                | ScopeError::WorkspaceNeedsAgent
+                | ScopeError::WorkspaceNeedsUser => ("missing_identity", UNAUTHORIZED),
             },
             Self::UnsupportedMediaType => ("unsupported_media_type", StatusCode::UNSUPPORTED_MEDIA_TYPE),
             Self::PayloadTooLarge => ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE),
@@ -130,6 +153,8 @@ impl ApiError {
             Self::MethodNotAllowed => ("method_not_allowed", StatusCode::METHOD_NOT_ALLOWED),
             Self::SourceRefConflict => ("source_ref_conflict", StatusCode::CONFLICT),
             Self::MemoryDeleted => ("memory_deleted", StatusCode::CONFLICT),
+            Self::EditTextNotFound => ("edit_text_not_found", StatusCode::CONFLICT),
+            Self::EditTextAmbiguous(_) => ("edit_text_ambiguous", StatusCode::CONFLICT),
             Self::NotReady(_) => ("not_ready", StatusCode::SERVICE_UNAVAILABLE),
             Self::Internal(_) => ("internal", StatusCode::INTERNAL_SERVER_ERROR),
         }
@@ -197,6 +222,11 @@ mod tests {
             ApiError::Scope(ScopeError::SessionNotAllowed),
             ApiError::Scope(ScopeError::MissingIdentity(FactScope::User)),
             ApiError::Scope(ScopeError::RecallWithoutSession),
+            ApiError::Scope(ScopeError::WorkspaceNeedsAgent),
+            ApiError::Scope(ScopeError::WorkspaceNeedsUser),
+            ApiError::Invalid(InvalidInput::BadPath { reason: "x" }),
+            ApiError::EditTextNotFound,
+            ApiError::EditTextAmbiguous(2),
             ApiError::UnsupportedMediaType,
             ApiError::PayloadTooLarge,
             ApiError::MissingToken,

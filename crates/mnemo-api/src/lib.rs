@@ -12,7 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
-use mnemo_config::{ContextSettings, ServerSettings};
+use mnemo_config::{ContextSettings, ServerSettings, WorkspaceSettings};
 use mnemo_core::{Embedder, Reranker, TokenCounter};
 use mnemo_recall::Recall;
 use mnemo_store::{GroupCommit, MIGRATOR, Store};
@@ -22,6 +22,7 @@ mod body;
 mod conversation;
 mod error;
 mod routes;
+mod workspace;
 
 pub use auth::{Authenticator, Claims};
 pub use error::{ApiError, ERROR_CODES};
@@ -39,6 +40,8 @@ pub struct AppState {
     pub tokenizer: Arc<dyn TokenCounter>,
     /// When a context call asks for compaction, and what overflow recovery keeps.
     pub context: ContextSettings,
+    /// Workspace files: their size limit, the core files' templates, their share of a prompt.
+    pub workspace: WorkspaceSettings,
     pub metrics: PrometheusHandle,
 }
 
@@ -59,6 +62,7 @@ impl AppState {
             max_tool_output_bytes: settings.max_tool_output_bytes,
             tokenizer: Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
             context: settings.context.clone(),
+            workspace: settings.workspace.clone(),
             metrics: mnemo_config::metrics_handle(),
         })
     }
@@ -75,7 +79,17 @@ pub fn app(state: AppState) -> Router {
         .route("/recall", post(routes::recall))
         .route("/tool-outputs/{key}", get(routes::tool_output))
         .route("/sessions/{sid}/messages", get(conversation::messages))
-        .route("/sessions/{sid}/context", post(conversation::context));
+        .route("/sessions/{sid}/context", post(conversation::context))
+        .route("/workspace/files", get(workspace::list))
+        .route(
+            "/workspace/files/{*path}",
+            get(workspace::read)
+                .put(workspace::write)
+                .patch(workspace::patch)
+                .delete(workspace::delete)
+                .post(workspace::edit),
+        )
+        .route("/workspace/prompt", get(workspace::prompt));
     Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(routes::healthz))

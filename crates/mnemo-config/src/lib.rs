@@ -15,6 +15,7 @@ mod server;
 mod telemetry;
 pub mod vars;
 mod worker;
+mod workspace;
 
 pub use chat_model::ChatModel;
 pub use context::{ContextSettings, TokenizerName};
@@ -28,3 +29,4 @@ pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};
 pub use telemetry::{LogFormat, LogSettings, init_tracing, metrics_handle, shutdown_signal};
 pub use worker::WorkerSettings;
+pub use workspace::WorkspaceSettings;

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use crate::{
     ConfigError, ContextSettings, DatabaseSettings, EmbedSettings, Env, LogSettings, Problems, RecallSettings, Secret,
-    vars,
+    WorkspaceSettings, vars,
 };
 
 /// How bearer tokens are verified.
@@ -68,8 +68,10 @@ pub struct ServerSettings {
     /// Queries are embedded with the same model as the rows.
     pub embed: EmbedSettings,
     pub recall: RecallSettings,
-    /// How context windows count tokens.
+    /// How context windows count tokens and when they ask for compaction.
     pub context: ContextSettings,
+    /// Agent workspaces: file sizes, the core files' templates, their share of a prompt.
+    pub workspace: WorkspaceSettings,
     pub log: LogSettings,
 }
 
@@ -101,6 +103,7 @@ impl ServerSettings {
         let embed = EmbedSettings::read(env, &mut problems);
         let recall = RecallSettings::read(env, &mut problems);
         let context = ContextSettings::read(env, &mut problems);
+        let workspace = WorkspaceSettings::read(env, &mut problems);
         let log = LogSettings::read(env, &mut problems);
         let jwt = jwt.unwrap_or(JwtKey::Hmac(Secret::new(Vec::new())));
         problems.finish(Self {
@@ -113,6 +116,7 @@ impl ServerSettings {
             embed,
             recall,
             context,
+            workspace,
             log,
         })
     }

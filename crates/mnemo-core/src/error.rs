@@ -14,6 +14,8 @@ pub enum InvalidInput {
     OutOfRange { field: &'static str, min: i64, max: i64 },
     #[error("{field} has an unknown value {value:?}; expected one of {expected}")]
     UnknownValue { field: &'static str, value: String, expected: &'static str },
+    #[error("invalid workspace path: {reason}")]
+    BadPath { reason: &'static str },
 }
 
 impl InvalidInput {
@@ -25,6 +27,7 @@ impl InvalidInput {
             | Self::ControlChar { field }
             | Self::OutOfRange { field, .. }
             | Self::UnknownValue { field, .. } => field,
+            Self::BadPath { .. } => "path",
         }
     }
 }

@@ -19,6 +19,7 @@ mod retention;
 mod source_ref;
 mod text;
 mod window;
+mod workspace;
 
 pub use compaction::{
     CompactionOutcome, CompactionTrigger, Keep, SUMMARY_SECTIONS, Summarizer, SummaryFuture, TOOL_PREVIEW_CHARS,
@@ -39,4 +40,7 @@ pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, T
 pub use window::{
     MESSAGE_OVERHEAD_TOKENS, Placed, Role, SUMMARY_PREFIX, Section, TokenCounter, Window, WindowError, WindowInput,
     WindowMessage, assemble, cut_to, tail_suffices, units_of,
+};
+pub use workspace::{
+    CORE_FILES, FileKey, FileOwner, MAX_PATH_BYTES, MAX_PATH_DEPTH, PromptFile, Workspace, WorkspacePath, render_files,
 };

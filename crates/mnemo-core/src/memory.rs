@@ -86,6 +86,10 @@ pub enum ScopeError {
     MissingIdentity(FactScope),
     #[error("scope session searches the token's session: use a token with a sid claim")]
     RecallWithoutSession,
+    #[error("workspace files belong to an agent: use a token with an agent claim")]
+    WorkspaceNeedsAgent,
+    #[error("this workspace file is about a user: use a token with a sub claim")]
+    WorkspaceNeedsUser,
 }
 
 /// A validated row to remember: its scope and identities follow the rules of its kind, and its

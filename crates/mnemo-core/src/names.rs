@@ -29,6 +29,7 @@ string_enum!(
         AnonymizeRefused => "memory.anonymize.refused",
         AnonymizeAllowed => "memory.anonymize.allowed",
         Erase => "memory.erase",
+        WorkspaceChange => "workspace.change",
     }
 );
 

@@ -20,6 +20,7 @@ pub mod queue;
 mod retention;
 mod schema;
 mod search;
+mod workspace;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
 pub use conversation::{
@@ -39,6 +40,7 @@ pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, Swee
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};
 pub use sqlx::PgPool;
+pub use workspace::{DEFAULT_SORT_ORDER, Edited, FileMeta, FileVersion, WorkspaceFile, Written};
 
 /// The database behind mnemo. Cheap to clone: it is a handle to a connection pool.
 #[derive(Debug, Clone)]

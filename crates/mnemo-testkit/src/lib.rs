@@ -143,6 +143,14 @@ impl Client {
         self.send(self.http.delete(format!("{}{path}", self.base)), token).await
     }
 
+    pub async fn put(&self, path: &str, token: Option<&str>, body: &Value) -> Reply {
+        self.send(self.http.put(format!("{}{path}", self.base)).json(body), token).await
+    }
+
+    pub async fn patch(&self, path: &str, token: Option<&str>, body: &Value) -> Reply {
+        self.send(self.http.patch(format!("{}{path}", self.base)).json(body), token).await
+    }
+
     async fn send(&self, mut request: reqwest::RequestBuilder, token: Option<&str>) -> Reply {
         if let Some(token) = token {
             request = request.bearer_auth(token);

@@ -1,0 +1,238 @@
+//! An agent's workspace files over HTTP, for the agent and user the token names: list, read,
+//! replace, find-and-replace, enable and order, delete, and the enabled files rendered for a
+//! prompt. Every operation is one store call, which the MCP server of a later issue calls too.
+
+use axum::Json;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use mnemo_core::{FileKey, InvalidInput, PromptFile, Workspace, WorkspacePath, render_files};
+use mnemo_store::{Edited, FileMeta, WorkspaceFile, Written};
+use serde_json::{Value, json};
+
+use crate::auth::Authenticated;
+use crate::body::JsonObject;
+use crate::{ApiError, AppState};
+
+/// Who changed a file through the API, in its version and audit rows.
+const ACTOR: &str = "api";
+/// `sort_order` values accepted.
+const SORT_ORDERS: std::ops::RangeInclusive<i64> = -10_000..=10_000;
+
+/// The workspace the token reaches, its core files created on first use.
+async fn workspace(state: &AppState, principal: &mnemo_core::Principal) -> Result<Workspace, ApiError> {
+    let workspace = Workspace::of(principal)?;
+    state.store.ensure_core_files(&workspace, &state.workspace.templates).await?;
+    Ok(workspace)
+}
+
+async fn file_key(state: &AppState, principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiError> {
+    let path = WorkspacePath::parse(raw)?;
+    Ok(workspace(state, principal).await?.file(path)?)
+}
+
+fn meta_json(m: &FileMeta) -> Value {
+    json!({
+        "path": m.path.as_str(), "size_bytes": m.size_bytes, "enabled": m.enabled, "sort_order": m.sort_order,
+        "version": m.version, "updated_at": m.updated_at, "owner": if m.user_id.is_empty() { "agent" } else { "user" },
+    })
+}
+
+fn file_json(f: &WorkspaceFile) -> Value {
+    json!({
+        "path": f.path.as_str(), "content": f.content, "size_bytes": f.size_bytes, "enabled": f.enabled,
+        "sort_order": f.sort_order, "version": f.version, "created_at": f.created_at, "updated_at": f.updated_at,
+    })
+}
+
+/// Content is bounded by `MNEMO_WORKSPACE_MAX_FILE_BYTES` and holds no NUL.
+fn check_content(state: &AppState, content: &str) -> Result<(), ApiError> {
+    if content.len() > state.workspace.max_file_bytes {
+        let (max, actual) = (state.workspace.max_file_bytes, content.len());
+        return Err(InvalidInput::TooLong { field: "content", max, actual }.into());
+    }
+    if content.contains('\0') {
+        return Err(InvalidInput::NulByte { field: "content" }.into());
+    }
+    Ok(())
+}
+
+/// `GET /v1/workspace/files?prefix=`: the live files, by sort order.
+pub async fn list(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let mut prefix = String::new();
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("prefix", raw) => {
+                prefix = percent_decode(raw).ok_or(ApiError::InvalidField {
+                    field: "prefix",
+                    expected: "a percent-encoded UTF-8 path prefix",
+                })?
+            }
+            (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
+        }
+    }
+    let workspace = workspace(&state, &principal).await?;
+    let files = state.store.list_files(&workspace, &prefix).await?;
+    Ok(Json(json!({ "files": files.iter().map(meta_json).collect::<Vec<_>>() })))
+}
+
+/// `GET /v1/workspace/files/{path}`.
+pub async fn read(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(path): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let key = file_key(&state, &principal, &path).await?;
+    let file = state.store.read_file(&key).await?.ok_or(ApiError::NotFound)?;
+    Ok(Json(file_json(&file)))
+}
+
+/// `PUT /v1/workspace/files/{path}` `{content}`: replaces the whole file (201 when it is new).
+pub async fn write(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(path): Path<String>,
+    mut body: JsonObject,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let content = body.take_opt_str("content")?.ok_or(ApiError::MissingField("content"))?;
+    body.finish()?;
+    check_content(&state, &content)?;
+    let key = file_key(&state, &principal, &path).await?;
+    let (status, result, version) = match state.store.write_file(&key, &content, ACTOR).await? {
+        Written::Created { version } => (StatusCode::CREATED, "created", version),
+        Written::Overwritten { version } => (StatusCode::OK, "overwritten", version),
+    };
+    let answer =
+        json!({ "path": key.path.as_str(), "result": result, "bytes_written": content.len(), "version": version });
+    Ok((status, Json(answer)))
+}
+
+/// `POST /v1/workspace/files/{path}/edit` `{old_text, new_text, replace_all?}`: exact
+/// find-and-replace; 409 when the text is not there, or is there more than once without
+/// `replace_all`.
+pub async fn edit(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(path): Path<String>,
+    mut body: JsonObject,
+) -> Result<Json<Value>, ApiError> {
+    let path = path.strip_suffix("/edit").ok_or(ApiError::NotFound)?;
+    let old = body.take_str("old_text")?;
+    let new = body.take_opt_str("new_text")?.ok_or(ApiError::MissingField("new_text"))?;
+    let replace_all = body.take_opt_bool("replace_all")?.unwrap_or(false);
+    body.finish()?;
+    if old.is_empty() {
+        return Err(InvalidInput::Empty { field: "old_text" }.into());
+    }
+    check_content(&state, &new)?;
+    let key = file_key(&state, &principal, path).await?;
+    let max = state.workspace.max_file_bytes;
+    match state.store.edit_file(&key, &old, &new, replace_all, max, ACTOR).await? {
+        Edited::Replaced { count, version } => {
+            Ok(Json(json!({ "path": key.path.as_str(), "replaced": count, "version": version })))
+        }
+        Edited::NoSuchFile => Err(ApiError::NotFound),
+        Edited::TextNotFound => Err(ApiError::EditTextNotFound),
+        Edited::Ambiguous { count } => Err(ApiError::EditTextAmbiguous(count)),
+        Edited::TooLarge { bytes } => Err(InvalidInput::TooLong { field: "content", max, actual: bytes }.into()),
+    }
+}
+
+/// `PATCH /v1/workspace/files/{path}` `{enabled?, sort_order?}`.
+pub async fn patch(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(path): Path<String>,
+    mut body: JsonObject,
+) -> Result<Json<Value>, ApiError> {
+    let enabled = body.take_opt_bool("enabled")?;
+    let sort_order = match body.take_opt_i64("sort_order")? {
+        Some(n) if !SORT_ORDERS.contains(&n) => {
+            let (min, max) = (*SORT_ORDERS.start(), *SORT_ORDERS.end());
+            return Err(InvalidInput::OutOfRange { field: "sort_order", min, max }.into());
+        }
+        n => n.map(|n| n as i32),
+    };
+    body.finish()?;
+    if enabled.is_none() && sort_order.is_none() {
+        return Err(ApiError::MissingField("enabled"));
+    }
+    let key = file_key(&state, &principal, &path).await?;
+    let file = state.store.patch_file(&key, enabled, sort_order, ACTOR).await?.ok_or(ApiError::NotFound)?;
+    let mut answer = file_json(&file);
+    answer.as_object_mut().map(|o| o.remove("content"));
+    Ok(Json(answer))
+}
+
+/// `DELETE /v1/workspace/files/{path}`: soft; its versions stay and the runbook restores them.
+pub async fn delete(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(path): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let key = file_key(&state, &principal, &path).await?;
+    let version = state.store.delete_file(&key, ACTOR).await?.ok_or(ApiError::NotFound)?;
+    Ok(Json(json!({ "path": key.path.as_str(), "deleted": true, "version": version })))
+}
+
+/// `GET /v1/workspace/prompt?max_tokens=`: the enabled files in sort order as `--- NAME ---`
+/// blocks, within the budget (default `MNEMO_WORKSPACE_PROMPT_MAX_TOKENS`).
+pub async fn prompt(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let mut budget = state.workspace.prompt_max_tokens;
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("max_tokens", raw) => {
+                budget = raw.parse().ok().filter(|n| (1..=1_000_000).contains(n)).ok_or(ApiError::InvalidField {
+                    field: "max_tokens",
+                    expected: "a whole number from 1 to 1000000",
+                })?
+            }
+            (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
+        }
+    }
+    let workspace = workspace(&state, &principal).await?;
+    let prompt = rendered_files(&state, &workspace, budget).await?;
+    let tokens = state.tokenizer.count(&prompt);
+    Ok(Json(json!({ "prompt": prompt, "tokens": tokens })))
+}
+
+/// The workspace's enabled files rendered within `budget` tokens: what `/prompt` answers and
+/// what a context window injects after the system prompt.
+pub async fn rendered_files(state: &AppState, workspace: &Workspace, budget: u64) -> Result<String, ApiError> {
+    let files = state.store.enabled_files(workspace).await?;
+    let files: Vec<PromptFile<'_>> =
+        files.iter().map(|f| PromptFile { path: f.path.as_str(), content: &f.content }).collect();
+    Ok(render_files(&files, budget, state.tokenizer.as_ref()))
+}
+
+/// `%XX` escapes and `+` decoded; `None` for invalid escapes or UTF-8.
+fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}

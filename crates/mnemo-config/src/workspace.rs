@@ -1,0 +1,73 @@
+use std::path::PathBuf;
+
+use mnemo_core::{CORE_FILES, WorkspacePath};
+
+use crate::{ConfigError, Env, Problems, vars};
+
+/// Agent workspaces: how large a file may be, what the core files start as, and how much of a
+/// prompt the files may take.
+#[derive(Debug, Clone)]
+pub struct WorkspaceSettings {
+    pub max_file_bytes: usize,
+    /// The content each core file is created with, in `CORE_FILES` order.
+    pub templates: Vec<(WorkspacePath, String)>,
+    /// The most tokens the enabled files take in a prompt.
+    pub prompt_max_tokens: u64,
+}
+
+/// What the core files say until someone writes them.
+fn default_template(name: &str) -> &'static str {
+    match name {
+        "AGENTS.md" => "# AGENTS.md\n\nHow this agent works: its role, its tools and the rules it follows.\n",
+        "SOUL.md" => "# SOUL.md\n\nThe agent's personality, tone and values.\n",
+        "PROFILE.md" => "# PROFILE.md\n\nWhat the agent knows about this user: name, preferences, context.\n",
+        _ => "# MEMORY.md\n\nLong-term memory: durable facts and decisions worth keeping across sessions.\n",
+    }
+}
+
+impl WorkspaceSettings {
+    pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
+        let max_file_bytes = problems.parsed(env, vars::WORKSPACE_MAX_FILE_BYTES, 256 * 1024usize, "a number of bytes");
+        if !(1024..=16 * 1024 * 1024).contains(&max_file_bytes) {
+            problems
+                .0
+                .push(format!("{}={max_file_bytes} must be between 1024 and 16777216", vars::WORKSPACE_MAX_FILE_BYTES));
+        }
+        let prompt_max_tokens = problems.parsed(env, vars::WORKSPACE_PROMPT_MAX_TOKENS, 4000u64, "a whole number");
+        let dir = env.get(vars::WORKSPACE_TEMPLATES_DIR).map(PathBuf::from);
+        let templates = CORE_FILES
+            .iter()
+            .map(|(name, _)| {
+                let path = WorkspacePath::parse(name).expect("core file names are valid paths");
+                let content = match &dir {
+                    Some(dir) => std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| {
+                        problems.0.push(format!("{}: cannot read {name}: {e}", vars::WORKSPACE_TEMPLATES_DIR));
+                        String::new()
+                    }),
+                    None => default_template(name).to_owned(),
+                };
+                (path, content)
+            })
+            .collect();
+        Self { max_file_bytes, templates, prompt_max_tokens }
+    }
+
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        Problems::read_all(env, Self::read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_come_built_in_or_from_a_directory() {
+        let settings = WorkspaceSettings::from_env(&Env::default()).expect("defaults");
+        assert_eq!(settings.max_file_bytes, 262_144);
+        assert!(settings.templates[3].1.starts_with("# MEMORY.md"));
+        let missing = Env::from_pairs([(vars::WORKSPACE_TEMPLATES_DIR, "/nonexistent-mnemo-templates")]);
+        let err = WorkspaceSettings::from_env(&missing).unwrap_err().to_string();
+        assert!(err.contains("cannot read AGENTS.md"), "{err}");
+    }
+}

@@ -1,0 +1,259 @@
+//! An agent's workspace: markdown files kept per tenant and agent, and per user where the
+//! content is about a user. The ownership rule: `PROFILE.md`, `MEMORY.md` and everything under
+//! `memory/` (daily notes, their archive) belong to the (agent, user) pair, so one user's
+//! profile never reaches another user; every other file (`AGENTS.md`, `SOUL.md`, files an agent
+//! adds) belongs to the agent and is shared by its users.
+//!
+//! Paths are relative, `.md`, without `..`, backslashes or control characters, bounded in
+//! length and depth. Rendering for a prompt is pure: the enabled files in sort order, in the
+//! seeds' `--- FILENAME ---` format, within a token budget.
+
+use chrono::NaiveDate;
+
+use crate::{AgentId, InvalidInput, Principal, ScopeError, TenantId, TokenCounter, UserId, cut_to};
+
+/// The longest path accepted, in bytes, and the most segments.
+pub const MAX_PATH_BYTES: usize = 200;
+pub const MAX_PATH_DEPTH: usize = 4;
+
+/// The files every workspace starts with, enabled, in this order, with their sort orders.
+pub const CORE_FILES: [(&str, i32); 4] = [("AGENTS.md", 0), ("SOUL.md", 1), ("PROFILE.md", 2), ("MEMORY.md", 3)];
+
+/// A checked workspace path such as `MEMORY.md` or `memory/2026-04-01.md`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkspacePath(String);
+
+/// Who a workspace file belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOwner {
+    /// The agent: shared by all its users.
+    Agent,
+    /// The (agent, user) pair.
+    User,
+}
+
+impl WorkspacePath {
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        let bad = |reason| Err(InvalidInput::BadPath { reason });
+        if raw.is_empty() {
+            return bad("the path is empty");
+        }
+        if raw.len() > MAX_PATH_BYTES {
+            return bad("the path is over 200 bytes");
+        }
+        if raw.chars().any(char::is_control) {
+            return bad("the path has a control character");
+        }
+        if raw.contains('\\') {
+            return bad("the path has a backslash");
+        }
+        if raw.starts_with('/') {
+            return bad("the path is absolute");
+        }
+        if !raw.ends_with(".md") {
+            return bad("only .md files");
+        }
+        let segments: Vec<&str> = raw.split('/').collect();
+        if segments.len() > MAX_PATH_DEPTH {
+            return bad("the path is more than 4 levels deep");
+        }
+        if segments.iter().any(|s| s.is_empty() || *s == "." || *s == "..") {
+            return bad("the path has an empty, . or .. segment");
+        }
+        if segments.last().is_some_and(|name| name.len() <= 3) {
+            return bad("the file name is empty");
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn owner(&self) -> FileOwner {
+        if self.0 == "PROFILE.md" || self.0 == "MEMORY.md" || self.0.starts_with("memory/") {
+            FileOwner::User
+        } else {
+            FileOwner::Agent
+        }
+    }
+
+    /// The daily note of `day`: `memory/YYYY-MM-DD.md`.
+    pub fn daily_note(day: NaiveDate) -> Self {
+        Self(format!("memory/{}.md", day.format("%Y-%m-%d")))
+    }
+
+    /// The day of a daily note (`memory/YYYY-MM-DD.md`), if this is one.
+    pub fn note_day(&self) -> Option<NaiveDate> {
+        let name = self.0.strip_prefix("memory/")?.strip_suffix(".md")?;
+        NaiveDate::parse_from_str(name, "%Y-%m-%d").ok()
+    }
+
+    /// The sort order a core file starts with.
+    pub fn core_sort_order(&self) -> Option<i32> {
+        CORE_FILES.iter().find(|(name, _)| *name == self.0).map(|(_, order)| *order)
+    }
+}
+
+impl std::fmt::Display for WorkspacePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// For values read back from storage.
+impl TryFrom<String> for WorkspacePath {
+    type Error = InvalidInput;
+
+    fn try_from(raw: String) -> Result<Self, InvalidInput> {
+        Self::parse(&raw)
+    }
+}
+
+/// One workspace file, as the caller's token reaches it: its tenant and agent, and its user when
+/// the file is about a user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileKey {
+    pub tenant: TenantId,
+    pub agent: AgentId,
+    /// `None` for the agent's own files.
+    pub user: Option<UserId>,
+    pub path: WorkspacePath,
+}
+
+/// The tenant, agent and user whose workspace a token reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    pub tenant: TenantId,
+    pub agent: AgentId,
+    /// Without a user, only the agent's own files are reachable.
+    pub user: Option<UserId>,
+}
+
+impl Workspace {
+    /// The workspace of the token's agent (claim `agent`) and user (claim `sub`).
+    pub fn of(principal: &Principal) -> Result<Self, ScopeError> {
+        let agent = principal.agent.clone().ok_or(ScopeError::WorkspaceNeedsAgent)?;
+        Ok(Self { tenant: principal.tenant.clone(), agent, user: principal.user.clone() })
+    }
+
+    /// The key of `path` here: a file about a user needs the token's user.
+    pub fn file(&self, path: WorkspacePath) -> Result<FileKey, ScopeError> {
+        let user = match path.owner() {
+            FileOwner::Agent => None,
+            FileOwner::User => Some(self.user.clone().ok_or(ScopeError::WorkspaceNeedsUser)?),
+        };
+        Ok(FileKey { tenant: self.tenant.clone(), agent: self.agent.clone(), user, path })
+    }
+}
+
+/// A file to render: its path and content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptFile<'a> {
+    pub path: &'a str,
+    pub content: &'a str,
+}
+
+/// `files` (enabled, in sort order) as `--- NAME ---` blocks within `budget` tokens: a file that
+/// does not fit whole is cut in the middle to what is left, and the files after it are left out.
+/// Empty files are skipped.
+pub fn render_files(files: &[PromptFile<'_>], budget: u64, counter: &dyn TokenCounter) -> String {
+    let mut out = String::new();
+    let mut left = budget;
+    for file in files.iter().filter(|f| !f.content.trim().is_empty()) {
+        let header = format!("--- {} ---\n", file.path);
+        let header_tokens = u64::from(counter.count(&header)) + 1;
+        if left <= header_tokens + 8 {
+            break;
+        }
+        let body = cut_to(file.content.trim_end(), left - header_tokens - 1, counter);
+        let block = format!("{header}{body}\n\n");
+        left = left.saturating_sub(u64::from(counter.count(&block)));
+        out.push_str(&block);
+        if body.len() < file.content.trim_end().len() {
+            break;
+        }
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Words;
+
+    impl TokenCounter for Words {
+        fn count(&self, text: &str) -> u32 {
+            text.split_whitespace().count() as u32
+        }
+
+        fn name(&self) -> &str {
+            "words"
+        }
+    }
+
+    #[test]
+    fn paths_are_relative_markdown_and_bounded() {
+        for good in ["MEMORY.md", "memory/2026-04-01.md", "notes/a b.md", "memory/archive/2026-01-01.md"] {
+            assert!(WorkspacePath::parse(good).is_ok(), "{good}");
+        }
+        let bad = [
+            "",
+            "/etc/passwd.md",
+            "\\\\server\\share.md",
+            "notes\\a.md",
+            "../MEMORY.md",
+            "memory/../../x.md",
+            "./MEMORY.md",
+            "a//b.md",
+            "MEMORY.txt",
+            "MEMORY",
+            ".md",
+            "memory/.md",
+            "a\u{7}.md",
+            "a/b/c/d/e.md",
+        ];
+        for raw in bad {
+            assert!(matches!(WorkspacePath::parse(raw), Err(InvalidInput::BadPath { .. })), "{raw:?}");
+        }
+        let long = format!("{}.md", "x".repeat(MAX_PATH_BYTES));
+        assert!(WorkspacePath::parse(&long).is_err());
+    }
+
+    #[test]
+    fn files_about_a_user_belong_to_the_pair() {
+        let owner = |p: &str| WorkspacePath::parse(p).expect("valid").owner();
+        assert_eq!(owner("PROFILE.md"), FileOwner::User);
+        assert_eq!(owner("MEMORY.md"), FileOwner::User);
+        assert_eq!(owner("memory/2026-04-01.md"), FileOwner::User);
+        assert_eq!(owner("AGENTS.md"), FileOwner::Agent);
+        assert_eq!(owner("SOUL.md"), FileOwner::Agent);
+        assert_eq!(owner("tools/search.md"), FileOwner::Agent);
+        let day = NaiveDate::from_ymd_opt(2026, 4, 1).expect("date");
+        assert_eq!(WorkspacePath::daily_note(day).as_str(), "memory/2026-04-01.md");
+        assert_eq!(WorkspacePath::daily_note(day).note_day(), Some(day));
+        assert_eq!(WorkspacePath::parse("MEMORY.md").expect("valid").core_sort_order(), Some(3));
+    }
+
+    #[test]
+    fn rendering_keeps_order_skips_empty_files_and_fits_the_budget() {
+        let files = [
+            PromptFile { path: "AGENTS.md", content: "Be brief." },
+            PromptFile { path: "SOUL.md", content: "  " },
+            PromptFile { path: "MEMORY.md", content: "Alice lives in Lyon." },
+        ];
+        assert_eq!(
+            render_files(&files, 1000, &Words),
+            "--- AGENTS.md ---\nBe brief.\n\n--- MEMORY.md ---\nAlice lives in Lyon."
+        );
+        let long = "word ".repeat(500);
+        let files = [PromptFile { path: "MEMORY.md", content: &long }, PromptFile { path: "X.md", content: "x" }];
+        let rendered = render_files(&files, 100, &Words);
+        assert!(Words.count(&rendered) <= 100, "{}", Words.count(&rendered));
+        assert!(rendered.starts_with("--- MEMORY.md ---") && !rendered.contains("X.md"));
+        assert_eq!(render_files(&files, 3, &Words), "");
+    }
+}

@@ -1,0 +1,407 @@
+//! Workspace files: the current state of each file and every state it had. Each change runs in
+//! one transaction, serialized per file by an advisory lock: the new current row, its version
+//! row, and an audit row naming the actor (ids, the path, sizes; never content).
+
+use chrono::{DateTime, Utc};
+use mnemo_core::{AuditEvent, FileKey, Workspace, WorkspacePath};
+use serde_json::json;
+use sqlx::{PgConnection, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::{Store, StoreError};
+
+/// A file's state without its content.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct FileMeta {
+    #[sqlx(try_from = "String")]
+    pub path: WorkspacePath,
+    pub size_bytes: i32,
+    pub enabled: bool,
+    pub sort_order: i32,
+    pub version: i32,
+    pub updated_at: DateTime<Utc>,
+    /// '' for the agent's own files.
+    pub user_id: String,
+}
+
+/// A file with its content.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct WorkspaceFile {
+    #[sqlx(try_from = "String")]
+    pub path: WorkspacePath,
+    pub content: String,
+    pub size_bytes: i32,
+    pub enabled: bool,
+    pub sort_order: i32,
+    pub version: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One state a file had.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct FileVersion {
+    pub version: i32,
+    pub size_bytes: i32,
+    pub enabled: bool,
+    pub sort_order: i32,
+    pub deleted: bool,
+    pub actor: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// How a write landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Created { version: i32 },
+    Overwritten { version: i32 },
+}
+
+/// How a find-and-replace ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edited {
+    Replaced {
+        count: usize,
+        version: i32,
+    },
+    NoSuchFile,
+    TextNotFound,
+    /// Found this many times, and `replace_all` was not asked for.
+    Ambiguous {
+        count: usize,
+    },
+    /// The edited file would be this many bytes, over the limit.
+    TooLarge {
+        bytes: usize,
+    },
+}
+
+/// The sort order of a file that is not a core file, unless a caller sets one.
+pub const DEFAULT_SORT_ORDER: i32 = 100;
+
+const LOCK_FILE: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2 || '/' || $3 || '/' || $4, 0))";
+
+const CURRENT: &str = "
+SELECT path, content, size_bytes, enabled, sort_order, version, created_at, updated_at, deleted_at IS NOT NULL AS deleted
+FROM workspace_files WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4";
+
+const UPSERT: &str = "
+INSERT INTO workspace_files (tenant_id, agent_id, user_id, path, id, content, size_bytes, enabled, sort_order, version, deleted_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, CASE WHEN $11 THEN now() END)
+ON CONFLICT (tenant_id, agent_id, user_id, path) DO UPDATE SET
+    content = EXCLUDED.content, size_bytes = EXCLUDED.size_bytes, enabled = EXCLUDED.enabled,
+    sort_order = EXCLUDED.sort_order, version = EXCLUDED.version, deleted_at = EXCLUDED.deleted_at,
+    updated_at = now()
+RETURNING id";
+
+const INSERT_VERSION: &str = "
+INSERT INTO workspace_file_versions (tenant_id, agent_id, user_id, path, version, content, enabled, sort_order, deleted, actor)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+const AUDIT: &str = "
+INSERT INTO audit_log (tenant_id, event, item_id, reason, actor, details) VALUES ($1, $2, $3, $4, $5, $6)";
+
+const LIST: &str = "
+SELECT path, size_bytes, enabled, sort_order, version, updated_at, user_id
+FROM workspace_files
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id IN ('', $3) AND deleted_at IS NULL
+  AND starts_with(path, $4)
+ORDER BY sort_order, path";
+
+const ENABLED: &str = "
+SELECT path, content, size_bytes, enabled, sort_order, version, created_at, updated_at
+FROM workspace_files
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id IN ('', $3) AND deleted_at IS NULL AND enabled
+ORDER BY sort_order, path";
+
+const HISTORY: &str = "
+SELECT version, octet_length(content) AS size_bytes, enabled, sort_order, deleted, actor, created_at
+FROM workspace_file_versions
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4
+ORDER BY version";
+
+const VERSION_CONTENT: &str = "
+SELECT content FROM workspace_file_versions
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4 AND version = $5";
+
+#[derive(sqlx::FromRow)]
+struct Current {
+    #[sqlx(flatten)]
+    file: WorkspaceFile,
+    deleted: bool,
+}
+
+/// The state a change leaves a file in.
+struct NewState<'a> {
+    content: &'a str,
+    enabled: bool,
+    sort_order: i32,
+    deleted: bool,
+}
+
+fn user_column(key: &FileKey) -> &str {
+    key.user.as_ref().map_or("", |u| u.as_str())
+}
+
+impl Store {
+    /// Creates the core files the workspace lacks (never recreating one that was deleted), with
+    /// the given contents.
+    pub async fn ensure_core_files(
+        &self,
+        workspace: &Workspace,
+        templates: &[(WorkspacePath, String)],
+    ) -> Result<(), StoreError> {
+        for (path, content) in templates {
+            let Ok(key) = workspace.file(path.clone()) else { continue };
+            let mut tx = self.pool.begin().await?;
+            lock(&mut tx, &key).await?;
+            if current(&mut tx, &key).await?.is_none() {
+                let state = NewState {
+                    content,
+                    enabled: true,
+                    sort_order: path.core_sort_order().unwrap_or(0),
+                    deleted: false,
+                };
+                apply(&mut tx, &key, &state, 1, "created", "api").await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// The workspace's live files under `prefix`, by sort order: the agent's and, with a user,
+    /// that user's.
+    pub async fn list_files(&self, workspace: &Workspace, prefix: &str) -> Result<Vec<FileMeta>, StoreError> {
+        Ok(sqlx::query_as(LIST)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(workspace.user.as_ref().map(|u| u.as_str()))
+            .bind(prefix)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// The enabled live files, by sort order, for a prompt.
+    pub async fn enabled_files(&self, workspace: &Workspace) -> Result<Vec<WorkspaceFile>, StoreError> {
+        Ok(sqlx::query_as(ENABLED)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(workspace.user.as_ref().map(|u| u.as_str()))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// The live file, if there is one.
+    pub async fn read_file(&self, key: &FileKey) -> Result<Option<WorkspaceFile>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(current(&mut conn, key).await?.filter(|c| !c.deleted).map(|c| c.file))
+    }
+
+    /// Replaces the file's content, creating it (disabled, unless it is a core file) if needed.
+    pub async fn write_file(&self, key: &FileKey, content: &str, actor: &str) -> Result<Written, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        lock(&mut tx, key).await?;
+        let written = match current(&mut tx, key).await? {
+            Some(c) if !c.deleted => {
+                let state =
+                    NewState { content, enabled: c.file.enabled, sort_order: c.file.sort_order, deleted: false };
+                apply(&mut tx, key, &state, c.file.version + 1, "overwritten", actor).await?;
+                Written::Overwritten { version: c.file.version + 1 }
+            }
+            previous => {
+                let version = previous.map_or(1, |c| c.file.version + 1);
+                let core = key.path.core_sort_order();
+                let state = NewState {
+                    content,
+                    enabled: core.is_some(),
+                    sort_order: core.unwrap_or(DEFAULT_SORT_ORDER),
+                    deleted: false,
+                };
+                apply(&mut tx, key, &state, version, "created", actor).await?;
+                Written::Created { version }
+            }
+        };
+        tx.commit().await?;
+        Ok(written)
+    }
+
+    /// Replaces `old` with `new` in the file: once, or everywhere with `replace_all`.
+    pub async fn edit_file(
+        &self,
+        key: &FileKey,
+        old: &str,
+        new: &str,
+        replace_all: bool,
+        max_bytes: usize,
+        actor: &str,
+    ) -> Result<Edited, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        lock(&mut tx, key).await?;
+        let Some(c) = current(&mut tx, key).await?.filter(|c| !c.deleted) else { return Ok(Edited::NoSuchFile) };
+        let count = c.file.content.matches(old).count();
+        let edited = match count {
+            0 => Edited::TextNotFound,
+            n if n > 1 && !replace_all => Edited::Ambiguous { count: n },
+            n => {
+                let content = c.file.content.replacen(old, new, if replace_all { usize::MAX } else { 1 });
+                if content.len() > max_bytes {
+                    return Ok(Edited::TooLarge { bytes: content.len() });
+                }
+                let state = NewState {
+                    content: &content,
+                    enabled: c.file.enabled,
+                    sort_order: c.file.sort_order,
+                    deleted: false,
+                };
+                apply(&mut tx, key, &state, c.file.version + 1, "edited", actor).await?;
+                Edited::Replaced { count: n, version: c.file.version + 1 }
+            }
+        };
+        tx.commit().await?;
+        Ok(edited)
+    }
+
+    /// Sets the file's `enabled` and `sort_order`; `None` when there is no such live file.
+    pub async fn patch_file(
+        &self,
+        key: &FileKey,
+        enabled: Option<bool>,
+        sort_order: Option<i32>,
+        actor: &str,
+    ) -> Result<Option<WorkspaceFile>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        lock(&mut tx, key).await?;
+        let Some(c) = current(&mut tx, key).await?.filter(|c| !c.deleted) else { return Ok(None) };
+        let state = NewState {
+            content: &c.file.content,
+            enabled: enabled.unwrap_or(c.file.enabled),
+            sort_order: sort_order.unwrap_or(c.file.sort_order),
+            deleted: false,
+        };
+        apply(&mut tx, key, &state, c.file.version + 1, "patched", actor).await?;
+        let patched = current(&mut tx, key).await?.map(|c| c.file);
+        tx.commit().await?;
+        Ok(patched)
+    }
+
+    /// Soft-deletes the file (its versions stay); the new version, or `None` when there is no
+    /// such live file.
+    pub async fn delete_file(&self, key: &FileKey, actor: &str) -> Result<Option<i32>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        lock(&mut tx, key).await?;
+        let Some(c) = current(&mut tx, key).await?.filter(|c| !c.deleted) else { return Ok(None) };
+        let state = NewState {
+            content: &c.file.content,
+            enabled: c.file.enabled,
+            sort_order: c.file.sort_order,
+            deleted: true,
+        };
+        apply(&mut tx, key, &state, c.file.version + 1, "deleted", actor).await?;
+        tx.commit().await?;
+        Ok(Some(c.file.version + 1))
+    }
+
+    /// Every state the file had, oldest first (empty when it never existed).
+    pub async fn file_history(&self, key: &FileKey) -> Result<Vec<FileVersion>, StoreError> {
+        Ok(sqlx::query_as(HISTORY)
+            .bind(key.tenant.as_str())
+            .bind(key.agent.as_str())
+            .bind(user_column(key))
+            .bind(key.path.as_str())
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Makes version `version`'s content current again, as a new version (undeleting the file);
+    /// `None` when there is no such version.
+    pub async fn restore_file(&self, key: &FileKey, version: i32, actor: &str) -> Result<Option<i32>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        lock(&mut tx, key).await?;
+        let content: Option<String> = sqlx::query_scalar(VERSION_CONTENT)
+            .bind(key.tenant.as_str())
+            .bind(key.agent.as_str())
+            .bind(user_column(key))
+            .bind(key.path.as_str())
+            .bind(version)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let (Some(content), Some(c)) = (content, current(&mut tx, key).await?) else { return Ok(None) };
+        let state =
+            NewState { content: &content, enabled: c.file.enabled, sort_order: c.file.sort_order, deleted: false };
+        apply(&mut tx, key, &state, c.file.version + 1, "restored", actor).await?;
+        tx.commit().await?;
+        Ok(Some(c.file.version + 1))
+    }
+}
+
+async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), StoreError> {
+    sqlx::query(LOCK_FILE)
+        .bind(key.tenant.as_str())
+        .bind(key.agent.as_str())
+        .bind(user_column(key))
+        .bind(key.path.as_str())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn current(conn: &mut PgConnection, key: &FileKey) -> Result<Option<Current>, StoreError> {
+    Ok(sqlx::query_as(CURRENT)
+        .bind(key.tenant.as_str())
+        .bind(key.agent.as_str())
+        .bind(user_column(key))
+        .bind(key.path.as_str())
+        .fetch_optional(conn)
+        .await?)
+}
+
+/// Writes the file's new state as version `version`, its version row and its audit row.
+async fn apply(
+    tx: &mut Transaction<'_, Postgres>,
+    key: &FileKey,
+    state: &NewState<'_>,
+    version: i32,
+    change: &str,
+    actor: &str,
+) -> Result<(), StoreError> {
+    let (tenant, agent, user, path) = (key.tenant.as_str(), key.agent.as_str(), user_column(key), key.path.as_str());
+    let size = i32::try_from(state.content.len()).unwrap_or(i32::MAX);
+    let id: Uuid = sqlx::query_scalar(UPSERT)
+        .bind(tenant)
+        .bind(agent)
+        .bind(user)
+        .bind(path)
+        .bind(Uuid::now_v7())
+        .bind(state.content)
+        .bind(size)
+        .bind(state.enabled)
+        .bind(state.sort_order)
+        .bind(version)
+        .bind(state.deleted)
+        .fetch_one(&mut **tx)
+        .await?;
+    sqlx::query(INSERT_VERSION)
+        .bind(tenant)
+        .bind(agent)
+        .bind(user)
+        .bind(path)
+        .bind(version)
+        .bind(state.content)
+        .bind(state.enabled)
+        .bind(state.sort_order)
+        .bind(state.deleted)
+        .bind(actor)
+        .execute(&mut **tx)
+        .await?;
+    let details = json!({ "path": path, "agent": agent, "user": user, "version": version, "bytes": size });
+    sqlx::query(AUDIT)
+        .bind(tenant)
+        .bind(AuditEvent::WorkspaceChange.as_str())
+        .bind(id)
+        .bind(change)
+        .bind(actor)
+        .bind(details)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

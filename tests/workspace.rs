@@ -1,0 +1,209 @@
+//! Agent workspace files over HTTP against a real PostgreSQL: the core files on first use, every
+//! operation and its answers, every bad path, versions and audit rows, the prompt and the
+//! context window's workspace section, and isolation between tenants, agents and users.
+
+use mnemo_core::{AgentId, FileKey, TenantId, UserId, WorkspacePath};
+use mnemo_testkit::{TestApp, principal, token};
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+fn files(reply: &Value) -> Vec<(String, i64, bool)> {
+    reply["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| {
+            (f["path"].as_str().unwrap_or("").to_owned(), f["sort_order"].as_i64().unwrap_or(-1), f["enabled"] == true)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let listed = app.client.get("/v1/workspace/files", Some(&t)).await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    let expected = [("AGENTS.md", 0), ("SOUL.md", 1), ("PROFILE.md", 2), ("MEMORY.md", 3)];
+    assert_eq!(files(&listed.body), expected.map(|(p, o)| (p.to_owned(), o, true)));
+    let memory = app.client.get("/v1/workspace/files/MEMORY.md", Some(&t)).await;
+    assert!(memory.body["content"].as_str().unwrap_or("").starts_with("# MEMORY.md"));
+
+    let note = "/v1/workspace/files/memory/2026-04-01.md";
+    let created = app.client.put(note, Some(&t), &json!({ "content": "# 2026-04-01\n- booked the train\n" })).await;
+    assert_eq!((created.status, created.body["result"].as_str()), (201, Some("created")), "{:?}", created.body);
+    assert_eq!(created.body["bytes_written"], 32);
+    let again =
+        app.client.put(note, Some(&t), &json!({ "content": "# 2026-04-01\n- booked the train\n- packed\n" })).await;
+    assert_eq!(
+        (again.status, again.body["result"].as_str(), again.body["version"].as_i64()),
+        (200, Some("overwritten"), Some(2))
+    );
+    let read = app.client.get(note, Some(&t)).await;
+    assert_eq!((read.body["enabled"].as_bool(), read.body["sort_order"].as_i64()), (Some(false), Some(100)));
+
+    let edit = format!("{note}/edit");
+    let missing = app.client.post(&edit, Some(&t), &json!({ "old_text": "plane", "new_text": "x" })).await;
+    assert_eq!((missing.status, missing.code()), (409, "edit_text_not_found"));
+    let twice = app.client.post(&edit, Some(&t), &json!({ "old_text": "- ", "new_text": "* " })).await;
+    assert_eq!((twice.status, twice.code()), (409, "edit_text_ambiguous"));
+    let all =
+        app.client.post(&edit, Some(&t), &json!({ "old_text": "- ", "new_text": "* ", "replace_all": true })).await;
+    assert_eq!((all.status, all.body["replaced"].as_i64()), (200, Some(2)), "{:?}", all.body);
+    let once = app.client.post(&edit, Some(&t), &json!({ "old_text": "packed", "new_text": "packed light" })).await;
+    assert_eq!(once.body["replaced"], 1);
+    let read = app.client.get(note, Some(&t)).await;
+    assert_eq!(read.body["content"], "# 2026-04-01\n* booked the train\n* packed light\n");
+
+    let patched = app.client.patch(note, Some(&t), &json!({ "enabled": true, "sort_order": 4 })).await;
+    assert_eq!((patched.status, patched.body["enabled"].as_bool()), (200, Some(true)), "{:?}", patched.body);
+    let under = app.client.get("/v1/workspace/files?prefix=memory%2F", Some(&t)).await;
+    assert_eq!(files(&under.body), [("memory/2026-04-01.md".to_owned(), 4, true)]);
+
+    let deleted = app.client.delete(note, Some(&t)).await;
+    assert_eq!((deleted.status, deleted.body["deleted"].as_bool()), (200, Some(true)));
+    assert_eq!(app.client.get(note, Some(&t)).await.status, 404);
+    assert_eq!(app.client.delete(note, Some(&t)).await.status, 404);
+    assert_eq!(files(&app.client.get("/v1/workspace/files", Some(&t)).await.body).len(), 4);
+
+    // Every state is kept, and each change has an audit row naming the actor, without content.
+    let key = FileKey {
+        tenant: TenantId::parse("acme").expect("tenant"),
+        agent: AgentId::parse("helper").expect("agent"),
+        user: Some(UserId::parse("ann").expect("user")),
+        path: WorkspacePath::parse("memory/2026-04-01.md").expect("path"),
+    };
+    let history = app.db.store().file_history(&key).await.expect("history");
+    let versions: Vec<(i32, bool)> = history.iter().map(|v| (v.version, v.deleted)).collect();
+    assert_eq!(versions, [(1, false), (2, false), (3, false), (4, false), (5, false), (6, true)]);
+    assert!(history.iter().all(|v| v.actor == "api"));
+    let restored = app.db.store().restore_file(&key, 2, "runbook").await.expect("restore");
+    assert_eq!(restored, Some(7));
+    let read = app.client.get(note, Some(&t)).await;
+    assert_eq!(read.body["content"], "# 2026-04-01\n- booked the train\n- packed\n");
+    let audit = app.db.count("SELECT count(*) FROM audit_log WHERE event = 'workspace.change'").await;
+    assert_eq!(audit, 4 + 7, "four core files and seven changes");
+    let leaked = app.db.count("SELECT count(*) FROM audit_log WHERE details::text LIKE '%booked%'").await;
+    assert_eq!(leaked, 0);
+}
+
+#[tokio::test]
+async fn bad_paths_large_files_and_missing_identities_are_refused_and_write_nothing() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let _ = app.client.get("/v1/workspace/files", Some(&t)).await;
+    let before = app.db.count("SELECT count(*) FROM workspace_file_versions").await;
+    for path in [
+        "notes.txt",
+        "..%2FMEMORY.md",
+        "a%2F..%2FMEMORY.md",
+        "%2Fetc%2Fx.md",
+        "a%5Cb.md",
+        "a%07b.md",
+        "a/b/c/d/e.md",
+        "a//b.md",
+        ".md",
+    ] {
+        let reply = app.client.put(&format!("/v1/workspace/files/{path}"), Some(&t), &json!({ "content": "x" })).await;
+        assert_eq!((reply.status, reply.code()), (400, "invalid_path"), "{path}: {:?}", reply.body);
+    }
+    let long = format!("/v1/workspace/files/{}.md", "x".repeat(201));
+    assert_eq!(app.client.put(&long, Some(&t), &json!({ "content": "x" })).await.code(), "invalid_path");
+    let big = "x".repeat(256 * 1024 + 1);
+    let reply = app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &json!({ "content": big })).await;
+    assert_eq!((reply.status, reply.code()), (400, "content_too_long"));
+    let reply = app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &json!({ "content": "a\u{0}b" })).await;
+    assert_eq!((reply.status, reply.code()), (400, "nul_byte"));
+    let reply = app.client.patch("/v1/workspace/files/MEMORY.md", Some(&t), &json!({ "sort_order": 99_999 })).await;
+    assert_eq!((reply.status, reply.code()), (400, "invalid_field"));
+    let reply = app
+        .client
+        .post("/v1/workspace/files/MEMORY.md/edit", Some(&t), &json!({ "old_text": "", "new_text": "x" }))
+        .await;
+    assert_eq!((reply.status, reply.code()), (400, "invalid_field"));
+    assert_eq!(app.db.count("SELECT count(*) FROM workspace_file_versions").await, before);
+
+    // No agent claim: no workspace. No user claim: the agent's files only.
+    let no_agent = token(&principal("acme", Some("ann"), None, None));
+    let reply = app.client.get("/v1/workspace/files", Some(&no_agent)).await;
+    assert_eq!((reply.status, reply.code()), (401, "missing_identity"));
+    let agent_only = token(&principal("acme", None, Some("helper"), None));
+    let reply = app.client.get("/v1/workspace/files/PROFILE.md", Some(&agent_only)).await;
+    assert_eq!((reply.status, reply.code()), (401, "missing_identity"));
+    let reply = app.client.get("/v1/workspace/files", Some(&agent_only)).await;
+    assert_eq!(files(&reply.body).iter().map(|f| f.0.as_str()).collect::<Vec<_>>(), ["AGENTS.md", "SOUL.md"]);
+}
+
+#[tokio::test]
+async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_injects_it() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    for (path, content) in [("AGENTS.md", "Answer in French."), ("SOUL.md", ""), ("MEMORY.md", "Ann takes trains.")] {
+        let reply =
+            app.client.put(&format!("/v1/workspace/files/{path}"), Some(&t), &json!({ "content": content })).await;
+        assert!(reply.status < 300, "{:?}", reply.body);
+    }
+    let reply = app.client.put("/v1/workspace/files/notes.md", Some(&t), &json!({ "content": "disabled" })).await;
+    assert_eq!(reply.status, 201);
+    let prompt = app.client.get("/v1/workspace/prompt", Some(&t)).await;
+    let text = prompt.body["prompt"].as_str().expect("prompt");
+    assert!(text.starts_with("--- AGENTS.md ---\nAnswer in French.\n\n--- PROFILE.md ---\n"), "{text}");
+    assert!(text.ends_with("--- MEMORY.md ---\nAnn takes trains."), "{text}");
+    assert!(!text.contains("SOUL.md") && !text.contains("disabled"), "{text}");
+
+    let body = json!({ "source_kind": "chat_message", "source_ref": "m1", "role": "user", "content": "hello" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+    let window = app.client.post("/v1/sessions/s1/context", Some(&t), &json!({ "system_prompt": "Be kind." })).await;
+    let messages = window.body["messages"].as_array().expect("messages");
+    assert_eq!(messages[0]["content"], "Be kind.");
+    assert_eq!((messages[1]["role"].as_str(), messages[1]["content"].as_str()), (Some("system"), Some(text)));
+    assert_eq!(messages[2]["content"], "hello");
+    assert!(window.body["diagnostics"]["tokens"]["injected"].as_u64().is_some_and(|n| n > 0));
+}
+
+/// Random tenants, agents and users write files; each then reads what its token reaches and
+/// finds exactly its agent's files and its own user files, never another's.
+#[tokio::test]
+async fn files_never_cross_tenants_agents_or_users() {
+    let app = TestApp::spawn().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let (tenants, agents, users) = (["t1", "t2"], ["a1", "a2"], ["u1", "u2", "u3"]);
+    let mut written: Vec<(&str, &str, &str, String, String)> = Vec::new();
+    for i in 0..24 {
+        let (tenant, agent, user) =
+            (tenants[rng.random_range(0..2)], agents[rng.random_range(0..2)], users[rng.random_range(0..3)]);
+        let path = ["PROFILE.md", "AGENTS.md", "memory/2026-04-01.md", "tools.md"][rng.random_range(0..4)];
+        let content = format!("secret {i} of {tenant}/{agent}/{user}");
+        let t = token(&principal(tenant, Some(user), Some(agent), None));
+        let reply =
+            app.client.put(&format!("/v1/workspace/files/{path}"), Some(&t), &json!({ "content": content })).await;
+        assert!(reply.status < 300, "{:?}", reply.body);
+        written.push((tenant, agent, user, path.to_owned(), content));
+    }
+    for tenant in tenants {
+        for agent in agents {
+            for user in users {
+                let t = token(&principal(tenant, Some(user), Some(agent), None));
+                for path in ["PROFILE.md", "AGENTS.md", "memory/2026-04-01.md", "tools.md"] {
+                    let reply = app.client.get(&format!("/v1/workspace/files/{path}"), Some(&t)).await;
+                    let agent_file = path == "AGENTS.md" || path == "tools.md";
+                    // The last write this token's tenant, agent (and user, for user files) made.
+                    let expected = written
+                        .iter()
+                        .rev()
+                        .find(|w| w.0 == tenant && w.1 == agent && w.3 == path && (agent_file || w.2 == user))
+                        .map(|w| w.4.clone());
+                    match expected {
+                        Some(content) => {
+                            assert_eq!(reply.body["content"], content.as_str(), "{tenant}/{agent}/{user} {path}")
+                        }
+                        None => {
+                            let content = reply.body["content"].as_str().unwrap_or("");
+                            assert!(!content.contains("secret"), "{tenant}/{agent}/{user} {path} read {content}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
