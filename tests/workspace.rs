@@ -207,3 +207,55 @@ async fn files_never_cross_tenants_agents_or_users() {
         }
     }
 }
+
+async fn runbook(app: &TestApp, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+        .args(args)
+        .env_clear()
+        .env(mnemo_config::vars::DATABASE_URL, &app.db.url)
+        .output()
+        .await
+        .expect("runbook runs")
+}
+
+#[tokio::test]
+async fn the_runbook_lists_prints_and_restores_any_version() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    for content in ["first profile", "second profile"] {
+        let reply = app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &json!({ "content": content })).await;
+        assert!(reply.status < 300);
+    }
+    let owner = ["--tenant", "acme", "--agent", "helper", "--user", "ann"];
+    let ls = runbook(&app, &[&["workspace", "ls"][..], &owner, &["--json"]].concat()).await;
+    let listed: Value = serde_json::from_slice(&ls.stdout).expect("json");
+    assert_eq!(listed["files"].as_array().map(Vec::len), Some(4));
+    let history =
+        runbook(&app, &[&["workspace", "history"][..], &owner, &["--path", "PROFILE.md", "--json"]].concat()).await;
+    let history: Value = serde_json::from_slice(&history.stdout).expect("json");
+    let versions: Vec<i64> =
+        history["versions"].as_array().expect("versions").iter().filter_map(|v| v["version"].as_i64()).collect();
+    assert_eq!(versions, [1, 2, 3], "the template, then two writes");
+    let cat =
+        runbook(&app, &[&["workspace", "cat"][..], &owner, &["--path", "PROFILE.md", "--version", "2"]].concat()).await;
+    assert_eq!(String::from_utf8_lossy(&cat.stdout), "first profile");
+    let restore = runbook(
+        &app,
+        &[&["workspace", "restore"][..], &owner, &["--path", "PROFILE.md", "--version", "2", "--json"]].concat(),
+    )
+    .await;
+    assert!(restore.status.success(), "{}", String::from_utf8_lossy(&restore.stderr));
+    let read = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
+    assert_eq!((read.body["content"].as_str(), read.body["version"].as_i64()), (Some("first profile"), Some(4)));
+    let actor =
+        app.db.count("SELECT count(*) FROM audit_log WHERE event = 'workspace.change' AND actor = 'runbook'").await;
+    assert_eq!(actor, 1);
+    // Without --user a user's file is refused, and nothing changes.
+    let refused = runbook(
+        &app,
+        &["workspace", "restore", "--tenant", "acme", "--agent", "helper", "--path", "PROFILE.md", "--version", "2"],
+    )
+    .await;
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--user"));
+}

@@ -16,12 +16,13 @@ use mnemo_store::{MIGRATOR, Store};
 mod judge;
 mod retention;
 mod session;
+mod workspace;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "mnemo-runbook",
     version,
-    about = "Operate mnemo: migrations, status, tokens, recall, the judge, sessions, facts, retention and the audit log."
+    about = "Operate mnemo: migrations, status, tokens, recall, the judge, sessions, workspaces, facts, retention and the audit log."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -96,6 +97,11 @@ enum Command {
     Session {
         #[command(subcommand)]
         command: session::SessionCommand,
+    },
+    /// An agent's workspace files: list, print, history, restore.
+    Workspace {
+        #[command(subcommand)]
+        command: workspace::WorkspaceCommand,
     },
     /// The facts of one user or agent with their state and supersede chains (prints content).
     #[command(group(clap::ArgGroup::new("bucket").required(true).args(["user", "agent"])))]
@@ -192,6 +198,7 @@ async fn main() -> anyhow::Result<()> {
             recall(&env, &identity.principal(), &request, include_superseded, json).await
         }
         Command::Judge { command } => judge::run(&connect(&env).await?, command).await,
+        Command::Workspace { command } => workspace::run(&connect(&env).await?, command).await,
         Command::Session { command } => {
             session::run(&connect(&env).await?, &ContextSettings::from_env(&env)?, command).await
         }

@@ -312,19 +312,24 @@ impl Store {
             .await?)
     }
 
-    /// Makes version `version`'s content current again, as a new version (undeleting the file);
-    /// `None` when there is no such version.
-    pub async fn restore_file(&self, key: &FileKey, version: i32, actor: &str) -> Result<Option<i32>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        lock(&mut tx, key).await?;
-        let content: Option<String> = sqlx::query_scalar(VERSION_CONTENT)
+    /// The content of one version of the file.
+    pub async fn file_version_content(&self, key: &FileKey, version: i32) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar(VERSION_CONTENT)
             .bind(key.tenant.as_str())
             .bind(key.agent.as_str())
             .bind(user_column(key))
             .bind(key.path.as_str())
             .bind(version)
-            .fetch_optional(&mut *tx)
-            .await?;
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Makes version `version`'s content current again, as a new version (undeleting the file);
+    /// `None` when there is no such version.
+    pub async fn restore_file(&self, key: &FileKey, version: i32, actor: &str) -> Result<Option<i32>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        lock(&mut tx, key).await?;
+        let content = self.file_version_content(key, version).await?;
         let (Some(content), Some(c)) = (content, current(&mut tx, key).await?) else { return Ok(None) };
         let state =
             NewState { content: &content, enabled: c.file.enabled, sort_order: c.file.sort_order, deleted: false };
