@@ -145,11 +145,23 @@ async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_inject
     }
     let reply = app.client.put("/v1/workspace/files/notes.md", Some(&t), &json!({ "content": "disabled" })).await;
     assert_eq!(reply.status, 201);
+    // Today's note, yesterday's, and one older than the recent days.
+    let today = chrono::Utc::now().date_naive();
+    for (days_ago, text) in [(0, "- booked Lisbon"), (1, "- compared trains"), (30, "- long ago")] {
+        let day = today - chrono::Days::new(days_ago);
+        let path = format!("/v1/workspace/files/memory/{}.md", day.format("%Y-%m-%d"));
+        assert_eq!(app.client.put(&path, Some(&t), &json!({ "content": text })).await.status, 201);
+    }
     let prompt = app.client.get("/v1/workspace/prompt", Some(&t)).await;
     let text = prompt.body["prompt"].as_str().expect("prompt");
     assert!(text.starts_with("--- AGENTS.md ---\nAnswer in French.\n\n--- PROFILE.md ---\n"), "{text}");
-    assert!(text.ends_with("--- MEMORY.md ---\nAnn takes trains."), "{text}");
-    assert!(!text.contains("SOUL.md") && !text.contains("disabled"), "{text}");
+    let yesterday = (today - chrono::Days::new(1)).format("%Y-%m-%d");
+    let memory = format!(
+        "# Memory\n\n## Long-term Memory\nAnn takes trains.\n\n## Today's Notes\n- booked Lisbon\n\n\
+## Recent Context\n### {yesterday}\n- compared trains"
+    );
+    assert!(text.ends_with(&memory), "{text}");
+    assert!(!text.contains("SOUL.md") && !text.contains("disabled") && !text.contains("long ago"), "{text}");
 
     let body = json!({ "source_kind": "chat_message", "source_ref": "m1", "role": "user", "content": "hello" });
     assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);

@@ -129,7 +129,7 @@ pub async fn context(
     let injected = match Workspace::of(&principal) {
         Ok(workspace) => {
             let share = state.workspace.prompt_max_tokens.min(u64::from(budget / 2));
-            Some(crate::workspace::rendered_files(&state, &workspace, share).await?).filter(|s| !s.is_empty())
+            Some(crate::workspace::workspace_prompt(&state, &workspace, share).await?).filter(|s| !s.is_empty())
         }
         Err(_) => None,
     };

@@ -5,7 +5,7 @@
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
-use mnemo_core::{FileKey, InvalidInput, PromptFile, Workspace, WorkspacePath, render_files};
+use mnemo_core::{FileKey, InvalidInput, MemoryNotes, PromptFile, Workspace, WorkspacePath, render_prompt};
 use mnemo_store::{Edited, FileMeta, WorkspaceFile, Written};
 use serde_json::{Value, json};
 
@@ -179,7 +179,8 @@ pub async fn delete(
 }
 
 /// `GET /v1/workspace/prompt?max_tokens=`: the enabled files in sort order as `--- NAME ---`
-/// blocks, within the budget (default `MNEMO_WORKSPACE_PROMPT_MAX_TOKENS`).
+/// blocks and the memory sections, within the budget (default
+/// `MNEMO_WORKSPACE_PROMPT_MAX_TOKENS`).
 pub async fn prompt(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
@@ -198,18 +199,27 @@ pub async fn prompt(
         }
     }
     let workspace = workspace(&state, &principal).await?;
-    let prompt = rendered_files(&state, &workspace, budget).await?;
+    let prompt = workspace_prompt(&state, &workspace, budget).await?;
     let tokens = state.tokenizer.count(&prompt);
     Ok(Json(json!({ "prompt": prompt, "tokens": tokens })))
 }
 
-/// The workspace's enabled files rendered within `budget` tokens: what `/prompt` answers and
-/// what a context window injects after the system prompt.
-pub async fn rendered_files(state: &AppState, workspace: &Workspace, budget: u64) -> Result<String, ApiError> {
+/// The workspace's part of a prompt within `budget` tokens: the enabled files, then the memory
+/// sections (MEMORY.md if enabled, today's note and the notes of the days before it, in UTC).
+/// What `/prompt` answers and what a context window injects after the system prompt.
+pub async fn workspace_prompt(state: &AppState, workspace: &Workspace, budget: u64) -> Result<String, ApiError> {
+    let today = chrono::Utc::now().date_naive();
+    let since = today - chrono::Days::new(u64::from(state.workspace.recent_days));
     let files = state.store.enabled_files(workspace).await?;
+    let notes = state.store.daily_notes(workspace, since).await?;
+    let memory = MemoryNotes {
+        long_term: files.iter().find(|f| f.path.as_str() == "MEMORY.md").map(|f| f.content.as_str()),
+        today: notes.iter().find(|(day, _)| *day == today).map(|(_, text)| text.as_str()),
+        recent: notes.iter().filter(|(day, _)| *day < today).map(|(day, text)| (*day, text.as_str())).collect(),
+    };
     let files: Vec<PromptFile<'_>> =
         files.iter().map(|f| PromptFile { path: f.path.as_str(), content: &f.content }).collect();
-    Ok(render_files(&files, budget, state.tokenizer.as_ref()))
+    Ok(render_prompt(&files, &memory, budget, state.tokenizer.as_ref()))
 }
 
 /// `%XX` escapes and `+` decoded; `None` for invalid escapes or UTF-8.

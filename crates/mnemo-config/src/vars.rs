@@ -76,3 +76,5 @@ pub const WORKSPACE_MAX_FILE_BYTES: &str = "MNEMO_WORKSPACE_MAX_FILE_BYTES";
 /// A directory holding AGENTS.md, SOUL.md, PROFILE.md and MEMORY.md: what the core files start as.
 pub const WORKSPACE_TEMPLATES_DIR: &str = "MNEMO_WORKSPACE_TEMPLATES_DIR";
 pub const WORKSPACE_PROMPT_MAX_TOKENS: &str = "MNEMO_WORKSPACE_PROMPT_MAX_TOKENS";
+/// Days of daily notes a prompt's `## Recent Context` holds.
+pub const MEMORY_RECENT_DAYS: &str = "MNEMO_MEMORY_RECENT_DAYS";

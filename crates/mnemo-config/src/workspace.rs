@@ -13,6 +13,8 @@ pub struct WorkspaceSettings {
     pub templates: Vec<(WorkspacePath, String)>,
     /// The most tokens the enabled files take in a prompt.
     pub prompt_max_tokens: u64,
+    /// Days of daily notes under `## Recent Context`.
+    pub recent_days: u32,
 }
 
 /// What the core files say until someone writes them.
@@ -34,6 +36,10 @@ impl WorkspaceSettings {
                 .push(format!("{}={max_file_bytes} must be between 1024 and 16777216", vars::WORKSPACE_MAX_FILE_BYTES));
         }
         let prompt_max_tokens = problems.parsed(env, vars::WORKSPACE_PROMPT_MAX_TOKENS, 4000u64, "a whole number");
+        let recent_days = problems.parsed(env, vars::MEMORY_RECENT_DAYS, 7u32, "a whole number of days");
+        if recent_days > 366 {
+            problems.0.push(format!("{}={recent_days} must be at most 366", vars::MEMORY_RECENT_DAYS));
+        }
         let dir = env.get(vars::WORKSPACE_TEMPLATES_DIR).map(PathBuf::from);
         let templates = CORE_FILES
             .iter()
@@ -49,7 +55,7 @@ impl WorkspaceSettings {
                 (path, content)
             })
             .collect();
-        Self { max_file_bytes, templates, prompt_max_tokens }
+        Self { max_file_bytes, templates, prompt_max_tokens, recent_days }
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {

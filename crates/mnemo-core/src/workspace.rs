@@ -178,6 +178,57 @@ pub fn render_files(files: &[PromptFile<'_>], budget: u64, counter: &dyn TokenCo
     out
 }
 
+/// The memory part of a prompt, as golemcore's agents lay it out: `MEMORY.md` under
+/// `## Long-term Memory`, today's note under `## Today's Notes`, and the notes of the days before
+/// (newest first) under `## Recent Context`, one `###` per day. Empty parts are left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemoryNotes<'a> {
+    pub long_term: Option<&'a str>,
+    pub today: Option<&'a str>,
+    /// Earlier days' notes, newest first.
+    pub recent: Vec<(NaiveDate, &'a str)>,
+}
+
+/// The whole workspace part of a prompt within `budget` tokens: the enabled files as
+/// `--- NAME ---` blocks (`MEMORY.md` and daily notes excepted: they are the memory part),
+/// then `# Memory` with its sections. What does not fit is cut, the memory part first.
+pub fn render_prompt(
+    files: &[PromptFile<'_>],
+    memory: &MemoryNotes<'_>,
+    budget: u64,
+    counter: &dyn TokenCounter,
+) -> String {
+    let files: Vec<PromptFile<'_>> =
+        files.iter().filter(|f| f.path != "MEMORY.md" && !f.path.starts_with("memory/")).cloned().collect();
+    let mut sections: Vec<String> = Vec::new();
+    let mut part = |title: &str, text: &str| {
+        if !text.trim().is_empty() {
+            sections.push(format!("{title}\n{}", text.trim()));
+        }
+    };
+    part("## Long-term Memory", memory.long_term.unwrap_or(""));
+    part("## Today's Notes", memory.today.unwrap_or(""));
+    let recent: Vec<String> = memory
+        .recent
+        .iter()
+        .filter(|(_, text)| !text.trim().is_empty())
+        .map(|(day, text)| format!("### {}\n{}", day.format("%Y-%m-%d"), text.trim()))
+        .collect();
+    part("## Recent Context", &recent.join("\n\n"));
+    let rendered = render_files(&files, budget, counter);
+    if sections.is_empty() {
+        return rendered;
+    }
+    let used = u64::from(counter.count(&rendered));
+    let memory_text = format!("# Memory\n\n{}", sections.join("\n\n"));
+    let left = budget.saturating_sub(used + 2);
+    if left < 16 {
+        return rendered;
+    }
+    let memory_text = cut_to(&memory_text, left, counter);
+    if rendered.is_empty() { memory_text } else { format!("{rendered}\n\n{memory_text}") }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,5 +306,28 @@ mod tests {
         assert!(Words.count(&rendered) <= 100, "{}", Words.count(&rendered));
         assert!(rendered.starts_with("--- MEMORY.md ---") && !rendered.contains("X.md"));
         assert_eq!(render_files(&files, 3, &Words), "");
+    }
+
+    #[test]
+    fn the_memory_part_follows_the_files_with_its_sections() {
+        let files = [
+            PromptFile { path: "AGENTS.md", content: "Be brief." },
+            PromptFile { path: "MEMORY.md", content: "Ann takes trains." },
+            PromptFile { path: "memory/2026-04-01.md", content: "ignored as a file" },
+        ];
+        let day = |d| NaiveDate::from_ymd_opt(2026, 4, d).expect("date");
+        let memory = MemoryNotes {
+            long_term: Some("Ann takes trains."),
+            today: Some("- booked Lisbon"),
+            recent: vec![(day(1), "- asked about trains"), (day(2), "  ")],
+        };
+        let prompt = render_prompt(&files, &memory, 1000, &Words);
+        assert_eq!(
+            prompt,
+            "--- AGENTS.md ---\nBe brief.\n\n# Memory\n\n## Long-term Memory\nAnn takes trains.\n\n\
+## Today's Notes\n- booked Lisbon\n\n## Recent Context\n### 2026-04-01\n- asked about trains"
+        );
+        assert_eq!(render_prompt(&files, &MemoryNotes::default(), 1000, &Words), "--- AGENTS.md ---\nBe brief.");
+        assert!(Words.count(&render_prompt(&files, &memory, 20, &Words)) <= 20);
     }
 }

@@ -2,7 +2,7 @@
 //! one transaction, serialized per file by an advisory lock: the new current row, its version
 //! row, and an audit row naming the actor (ids, the path, sizes; never content).
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use mnemo_core::{AuditEvent, FileKey, Workspace, WorkspacePath};
 use serde_json::json;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -114,6 +114,13 @@ FROM workspace_files
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id IN ('', $3) AND deleted_at IS NULL AND enabled
 ORDER BY sort_order, path";
 
+/// The user's live daily notes (`memory/YYYY-MM-DD.md`) from the day in `$4` on.
+const DAILY_NOTES: &str = "
+SELECT path, content FROM workspace_files
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
+  AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path >= $4
+ORDER BY path DESC";
+
 const HISTORY: &str = "
 SELECT version, octet_length(content) AS size_bytes, enabled, sort_order, deleted, actor, created_at
 FROM workspace_file_versions
@@ -189,6 +196,26 @@ impl Store {
             .bind(workspace.user.as_ref().map(|u| u.as_str()))
             .fetch_all(&self.pool)
             .await?)
+    }
+
+    /// The user's daily notes from `since` on, newest first (none without a user).
+    pub async fn daily_notes(
+        &self,
+        workspace: &Workspace,
+        since: NaiveDate,
+    ) -> Result<Vec<(NaiveDate, String)>, StoreError> {
+        let Some(user) = &workspace.user else { return Ok(Vec::new()) };
+        let rows: Vec<(String, String)> = sqlx::query_as(DAILY_NOTES)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user.as_str())
+            .bind(WorkspacePath::daily_note(since).as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(path, content)| Some((WorkspacePath::parse(&path).ok()?.note_day()?, content)))
+            .collect())
     }
 
     /// The live file, if there is one.
