@@ -4,12 +4,13 @@
 
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 use mnemo_core::{
     CompactionTrigger, InvalidInput, MESSAGE_OVERHEAD_TOKENS, Placed, Principal, Role, ScopeError, Section, SessionId,
-    Window, WindowError, WindowInput, WindowMessage, Workspace, assemble, tail_suffices,
+    TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble, tail_suffices,
 };
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
 use serde_json::{Value, json};
@@ -449,4 +450,63 @@ fn openai_messages(placed: &[Placed]) -> Vec<Value> {
         out.push(message);
     }
     out
+}
+
+/// `POST /v1/sessions/{sid}/complete` `{trigger_source: web|channel|cron}`: the conversation is
+/// over; if it passes the gates, its extraction is asked for (once per session and last
+/// message). 202 with `{queued, skipped}`: `skipped` names the gate that stopped it.
+pub async fn complete(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(sid): Path<String>,
+    mut body: JsonObject,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let source = body.take_opt_str("trigger_source")?.ok_or(ApiError::MissingField("trigger_source"))?;
+    let source = match TriggerSource::parse(&source)? {
+        TriggerSource::Manual => {
+            return Err(ApiError::InvalidField { field: "trigger_source", expected: "web, channel or cron" });
+        }
+        source => source,
+    };
+    body.finish()?;
+    ask_extraction(&state, &principal, &sid, source).await
+}
+
+/// `POST /v1/sessions/{sid}/extract`: extract the conversation now, past the gates (still once
+/// per session and last message, and never while the user's extraction is cooling down).
+pub async fn extract(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(sid): Path<String>,
+    body: JsonObject,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    body.finish()?;
+    ask_extraction(&state, &principal, &sid, TriggerSource::Manual).await
+}
+
+async fn ask_extraction(
+    state: &AppState,
+    principal: &Principal,
+    sid: &str,
+    source: TriggerSource,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let session = session_for(principal, sid)?;
+    let workspace = Workspace::of(principal)?;
+    if workspace.user.is_none() {
+        return Err(ScopeError::WorkspaceNeedsUser.into());
+    }
+    let answer = |queued: bool, skipped: Option<&str>| {
+        Ok((StatusCode::ACCEPTED, Json(json!({ "queued": queued, "skipped": skipped }))))
+    };
+    if !state.workspace.extraction.enabled {
+        return answer(false, Some("disabled"));
+    }
+    let messages = state.store.session_messages(&principal.tenant, &session, None, MAX_HISTORY as i64).await?;
+    let spoken: Vec<(Role, &str)> = messages.iter().map(|m| (m.role, m.content.as_str())).collect();
+    if let Some(gate) = state.workspace.extraction.gates.refuse(source, &spoken) {
+        return answer(false, Some(gate));
+    }
+    let Some(last) = messages.last() else { return answer(false, Some("no_messages")) };
+    let queued = state.store.request_extraction(&workspace, &session, last.cursor(), source).await?;
+    answer(queued, if queued { None } else { Some("already_asked") })
 }

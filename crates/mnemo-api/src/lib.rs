@@ -80,6 +80,8 @@ pub fn app(state: AppState) -> Router {
         .route("/tool-outputs/{key}", get(routes::tool_output))
         .route("/sessions/{sid}/messages", get(conversation::messages))
         .route("/sessions/{sid}/context", post(conversation::context))
+        .route("/sessions/{sid}/complete", post(conversation::complete))
+        .route("/sessions/{sid}/extract", post(conversation::extract))
         .route("/workspace/files", get(workspace::list))
         .route(
             "/workspace/files/{*path}",

@@ -196,6 +196,7 @@ pub(crate) fn start_worker(
         embedder,
         judge,
         summarizer: None,
+        extractor: None,
         counter: std::sync::Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

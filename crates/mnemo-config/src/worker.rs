@@ -5,7 +5,7 @@ use mnemo_core::Queue;
 
 use crate::{
     ConfigError, ContextSettings, DatabaseSettings, EmbedSettings, Env, JudgeSettings, LogSettings, Problems,
-    RetentionSettings, vars,
+    RetentionSettings, WorkspaceSettings, vars,
 };
 
 /// Everything `mnemo-worker` needs.
@@ -15,8 +15,10 @@ pub struct WorkerSettings {
     pub embed: EmbedSettings,
     pub judge: JudgeSettings,
     pub retention: RetentionSettings,
-    /// What compaction keeps, and the model that summarizes.
+    /// What compaction keeps, and the model that summarizes (and extracts).
     pub context: ContextSettings,
+    /// Workspace files and extraction.
+    pub workspace: WorkspaceSettings,
     /// Queues this process serves, with the jobs it runs at once on each.
     pub queues: Vec<(Queue, usize)>,
     /// Rows per model call, and how long a batch waits to fill.
@@ -45,6 +47,7 @@ impl WorkerSettings {
         let judge = JudgeSettings::read(env, &mut problems);
         let retention = RetentionSettings::read(env, &mut problems);
         let context = ContextSettings::read(env, &mut problems);
+        let workspace = WorkspaceSettings::read(env, &mut problems);
         let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
         let default = |queue| default_concurrency(queue, embed_batch_size, &judge);
         let queues = match env.get(vars::WORKER_QUEUES) {
@@ -79,6 +82,7 @@ impl WorkerSettings {
             judge,
             retention,
             context,
+            workspace,
             queues,
             embed_batch_size,
             embed_max_wait,
@@ -107,6 +111,9 @@ fn default_concurrency(queue: Queue, embed_batch_size: usize, judge: &JudgeSetti
         Queue::Retention => 1,
         // Sessions compact independently; each job mostly waits on the model.
         Queue::Compact => 8,
+        // Extractions of different users run side by side; one user's wait on each other in
+        // the database, not here.
+        Queue::Extract => 4,
     }
 }
 
@@ -151,7 +158,7 @@ mod tests {
         let settings = WorkerSettings::from_env(&env).expect("valid");
         assert_eq!(
             settings.queues,
-            [(Queue::Embed, 200), (Queue::Judge, 40), (Queue::Retention, 1), (Queue::Compact, 8)]
+            [(Queue::Embed, 200), (Queue::Judge, 40), (Queue::Retention, 1), (Queue::Compact, 8), (Queue::Extract, 4)]
         );
         let named = env.with(vars::JUDGE_BATCH_SIZE, "30").with(vars::WORKER_QUEUES, "judge,retention=3");
         let settings = WorkerSettings::from_env(&named).expect("valid");
@@ -163,7 +170,10 @@ mod tests {
         let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "compaction,embed=0")]);
         let err = WorkerSettings::from_env(&env).unwrap_err();
         assert_eq!(err.0.len(), 2, "{err}");
-        assert!(err.0[0].contains("unknown queue \"compaction\"; known: embed, judge, retention, compact"), "{err}");
+        assert!(
+            err.0[0].contains("unknown queue \"compaction\"; known: embed, judge, retention, compact, extract"),
+            "{err}"
+        );
         assert!(err.0[1].contains("\"embed=0\" needs a positive concurrency"), "{err}");
     }
 }

@@ -1,6 +1,8 @@
 use std::path::PathBuf;
 
-use mnemo_core::{CORE_FILES, WorkspacePath};
+use std::time::Duration;
+
+use mnemo_core::{CORE_FILES, Gates, WorkspacePath};
 
 use crate::{ConfigError, Env, Problems, vars};
 
@@ -15,6 +17,21 @@ pub struct WorkspaceSettings {
     pub prompt_max_tokens: u64,
     /// Days of daily notes under `## Recent Context`.
     pub recent_days: u32,
+    pub extraction: ExtractionSettings,
+}
+
+/// Extraction after a conversation.
+#[derive(Debug, Clone)]
+pub struct ExtractionSettings {
+    /// Off: completed conversations are not extracted (the endpoint says so).
+    pub enabled: bool,
+    pub gates: Gates,
+    /// The least time between two extractions of one (agent, user).
+    pub cooldown: Duration,
+    /// Failed attempts after which a conversation is given up (and listed by the runbook).
+    pub max_attempts: i32,
+    /// Let extraction replace MEMORY.md too (MateClaw); by default only consolidation does.
+    pub update_memory: bool,
 }
 
 /// What the core files say until someone writes them.
@@ -55,7 +72,25 @@ impl WorkspaceSettings {
                 (path, content)
             })
             .collect();
-        Self { max_file_bytes, templates, prompt_max_tokens, recent_days }
+        let bool_var =
+            |problems: &mut Problems, name: &str, default: bool| problems.parsed(env, name, default, "true or false");
+        let extraction = ExtractionSettings {
+            enabled: bool_var(problems, vars::EXTRACT_ENABLED, true),
+            gates: Gates {
+                skip_cron: bool_var(problems, vars::EXTRACT_SKIP_CRON, true),
+                min_messages: problems.parsed(env, vars::EXTRACT_MIN_MESSAGES, 4usize, "a whole number"),
+                min_last_user_chars: problems.parsed(env, vars::EXTRACT_MIN_USER_CHARS, 10usize, "a whole number"),
+            },
+            cooldown: Duration::from_secs(problems.parsed(
+                env,
+                vars::EXTRACT_COOLDOWN_S,
+                300u64,
+                "a number of seconds",
+            )),
+            max_attempts: problems.parsed(env, vars::EXTRACT_MAX_ATTEMPTS, 3i32, "a whole number").max(1),
+            update_memory: bool_var(problems, vars::EXTRACT_UPDATE_MEMORY, false),
+        };
+        Self { max_file_bytes, templates, prompt_max_tokens, recent_days, extraction }
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {

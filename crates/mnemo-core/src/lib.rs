@@ -9,6 +9,7 @@ mod kinds;
 mod compaction;
 mod embed;
 mod error;
+mod extraction;
 mod ids;
 mod judge;
 mod memory;
@@ -27,6 +28,11 @@ pub use compaction::{
 };
 pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::{InvalidInput, ModelFailure};
+pub use extraction::{
+    ExtractedFact, Extraction, ExtractionFuture, ExtractionInput, Extractor, Gates, MAX_DAILY_ENTRY_CHARS,
+    MAX_EXTRACTED_FACTS, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_MESSAGES, TriggerSource, extracted_fact,
+    extraction_transcript, with_daily_entry,
+};
 pub use ids::{AgentId, SessionId, TenantId, UserId};
 pub use judge::{Judge, JudgeFuture, JudgeOutcome, Verdict};
 pub use kinds::{FactScope, RecallScope, Scope, SourceKind};

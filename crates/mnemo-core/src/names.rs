@@ -13,6 +13,7 @@ string_enum!(
         Judge => "judge",
         Retention => "retention",
         Compact => "compact",
+        Extract => "extract",
     }
 );
 

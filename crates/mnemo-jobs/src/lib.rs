@@ -9,6 +9,7 @@ use std::time::Duration;
 mod batcher;
 mod compact;
 mod embed;
+mod extract;
 mod housekeeping;
 mod judge;
 mod retention;
@@ -16,6 +17,7 @@ mod worker;
 
 pub use compact::{CompactPlan, CompactPolicy, CompactReport, Compactor};
 pub use embed::{EmbedDispatcher, EmbedPolicy};
+pub use extract::{ExtractReport, ExtractRunner};
 pub use housekeeping::{HousekeepingPolicy, run_housekeeping};
 pub use judge::{BatchReport, JudgeDispatcher, JudgePolicy, judge_batch, judge_pending};
 pub use retention::{

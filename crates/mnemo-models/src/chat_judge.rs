@@ -200,7 +200,7 @@ fn schema(candidates: usize) -> Value {
 /// One verdict per candidate from the answer's text. Missing candidates are kept; a candidate
 /// given both decisions is kept; labels that name no candidate are ignored.
 pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, ModelFailure> {
-    let decisions = match json_in(content) {
+    let decisions = match crate::openai::json_in(content) {
         Some(value) => decisions_in(&value),
         None => decisions_in_lines(content),
     };
@@ -229,21 +229,6 @@ pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, 
         .zip(conflicted)
         .map(|(v, conflicted)| if conflicted { Verdict::Keep } else { v.unwrap_or(Verdict::Keep) })
         .collect())
-}
-
-/// The first JSON value in the text: the whole text, or from the first `{` or `[` to the last
-/// matching bracket (prose and code fences around it are skipped).
-fn json_in(content: &str) -> Option<Value> {
-    if let Ok(v) = serde_json::from_str(content.trim()) {
-        return Some(v);
-    }
-    let mut brackets = [('{', '}'), ('[', ']')];
-    // The outermost value opens first: `[{…}]` is a list, not its first object.
-    brackets.sort_by_key(|(open, _)| content.find(*open).unwrap_or(usize::MAX));
-    brackets.into_iter().find_map(|(open, close)| {
-        let (start, end) = (content.find(open)?, content.rfind(close)?);
-        (start < end).then(|| serde_json::from_str(&content[start..=end]).ok()).flatten()
-    })
 }
 
 /// `{"decisions": [...]}`, a bare list of `{id, decision}`, or an `{id: decision}` map.

@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Once};
 
 use mnemo_config::{ContextSettings, EmbedProvider, EmbedSettings, JudgeSettings};
-use mnemo_core::{Embedder, Judge, Summarizer};
+use mnemo_core::{Embedder, Extractor, Judge, Summarizer};
 
+mod chat_extract;
 mod chat_judge;
 mod chat_summary;
 mod local;
@@ -16,6 +17,7 @@ mod openai;
 mod tei;
 mod tokens;
 
+pub use chat_extract::{EXTRACT_MARKER, OpenAiExtractor, parse_extraction};
 pub use chat_judge::{OpenAiJudge, parse_verdicts};
 pub use chat_summary::{OpenAiSummarizer, SUMMARIZE_MARKER};
 pub use local::{LOCAL_MODEL_NAME, LocalEmbedder};
@@ -63,6 +65,19 @@ pub fn summarizer(settings: &ContextSettings) -> Result<Option<Arc<dyn Summarize
     let summarizer =
         OpenAiSummarizer::new(model.base_url.as_deref(), model.api_key.expose(), &model.name, model.timeout)?;
     Ok(Some(Arc::new(summarizer)))
+}
+
+/// The model that extracts memories after conversations; `None` when none is configured.
+pub fn extractor(settings: &ContextSettings, max_file_bytes: usize) -> Result<Option<Arc<dyn Extractor>>, ModelError> {
+    let Some(model) = &settings.model else { return Ok(None) };
+    let extractor = OpenAiExtractor::new(
+        model.base_url.as_deref(),
+        model.api_key.expose(),
+        &model.name,
+        model.timeout,
+        max_file_bytes,
+    )?;
+    Ok(Some(Arc::new(extractor)))
 }
 
 /// HTTPS to providers uses rustls with ring, which is already in the build for PostgreSQL TLS.

@@ -10,6 +10,7 @@ use async_openai::error::OpenAIError;
 use async_openai::middleware::ReqwestService;
 use async_openai::types::embeddings::{CreateEmbeddingRequestArgs, EmbeddingInput};
 use mnemo_core::{EmbedError, EmbedFuture, Embedder, ModelFailure};
+use serde_json::Value;
 
 use crate::ModelError;
 
@@ -167,4 +168,19 @@ pub(crate) fn failure(e: OpenAIError) -> ModelFailure {
         OpenAIError::JSONDeserialize(e, _) => ModelFailure::new("malformed_response", e.to_string()),
         other => ModelFailure::new("client", other.to_string()),
     }
+}
+
+/// The first JSON value in the text: the whole text, or from the first `{` or `[` to the last
+/// matching bracket (prose and code fences around it are skipped).
+pub(crate) fn json_in(content: &str) -> Option<Value> {
+    if let Ok(v) = serde_json::from_str(content.trim()) {
+        return Some(v);
+    }
+    let mut brackets = [('{', '}'), ('[', ']')];
+    // The outermost value opens first: `[{…}]` is a list, not its first object.
+    brackets.sort_by_key(|(open, _)| content.find(*open).unwrap_or(usize::MAX));
+    brackets.into_iter().find_map(|(open, close)| {
+        let (start, end) = (content.find(open)?, content.rfind(close)?);
+        (start < end).then(|| serde_json::from_str(&content[start..=end]).ok()).flatten()
+    })
 }

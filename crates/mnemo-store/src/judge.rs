@@ -598,10 +598,7 @@ impl Store {
 }
 
 /// Queues one judge job per (row, tenant), inside the caller's transaction.
-pub(crate) async fn push_judge_jobs(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    rows: Vec<(Uuid, String)>,
-) -> Result<(), StoreError> {
+pub(crate) async fn push_judge_jobs(tx: &mut sqlx::PgConnection, rows: Vec<(Uuid, String)>) -> Result<(), StoreError> {
     let jobs = rows
         .into_iter()
         .map(|(item_id, tenant)| Ok(JudgeJob { tenant_id: TenantId::parse(&tenant)?, item_id }))

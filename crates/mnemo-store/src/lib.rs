@@ -12,6 +12,7 @@ mod conversation;
 mod database;
 mod embeddings;
 mod error;
+mod extraction;
 mod group_commit;
 mod judge;
 mod memories;
@@ -30,6 +31,7 @@ pub use conversation::{
 pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
+pub use extraction::{Claim, ExtractionChanges, PendingExtraction};
 pub use group_commit::GroupCommit;
 pub use judge::{
     BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, JudgeStatus, Judgement, PendingFact,

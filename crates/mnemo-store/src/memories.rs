@@ -1,4 +1,5 @@
 use mnemo_core::{AuditEvent, NewMemory, SourceKind, TenantId, ToolOutputKey};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::judge::push_judge_jobs;
@@ -114,110 +115,8 @@ impl Store {
         &self,
         rows: &[&NewMemory],
     ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
-        let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::now_v7()).collect();
-        let column = |f: fn(&NewMemory) -> Option<String>| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
-        let tenants = column(|m| Some(m.tenant.to_string()));
-        let kinds = column(|m| Some(m.kind.to_string()));
-        let refs = column(|m| Some(m.source_ref.to_string()));
-
         let mut tx = self.pool.begin().await?;
-        let inserted: Vec<Uuid> = sqlx::query_scalar(INSERT_ITEMS)
-            .bind(&ids)
-            .bind(&tenants)
-            .bind(column(|m| Some(m.scope.to_string())))
-            .bind(column(|m| m.session.as_ref().map(ToString::to_string)))
-            .bind(column(|m| m.user.as_ref().map(ToString::to_string)))
-            .bind(column(|m| m.agent.as_ref().map(ToString::to_string)))
-            .bind(&kinds)
-            .bind(&refs)
-            .bind(column(|m| Some(m.content.as_str().to_owned())))
-            .bind(rows.iter().map(|m| m.content_sha256.to_vec()).collect::<Vec<_>>())
-            .bind(column(|m| m.tool_output.as_ref().map(|(key, _)| key.to_string())))
-            .bind(rows.iter().map(|m| m.metadata.to_json()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|m| m.event_time).collect::<Vec<_>>())
-            .bind(column(|m| m.fact_key.as_ref().map(|k| k.as_str().to_owned())))
-            .bind(column(|m| m.turn.as_ref().map(|t| t.role.to_string())))
-            .bind(column(|m| m.turn.as_ref().and_then(|t| t.tool_call_id.clone())))
-            .bind(column(|m| m.turn.as_ref().and_then(|t| t.tool_name.clone())))
-            .bind(
-                rows.iter()
-                    .map(|m| m.turn.as_ref().map(|t| i32::try_from(t.tokens).unwrap_or(i32::MAX)))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(column(|m| m.turn.as_ref().map(|t| t.counted_by.clone())))
-            .fetch_all(&mut *tx)
-            .await?;
-
-        let mut results: Vec<Option<Result<Remembered, StoreError>>> =
-            ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
-
-        // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
-        let (mut reasserted_facts, mut reasserted_tenants) = (Vec::new(), Vec::new());
-        if inserted.len() < rows.len() {
-            let existing: Vec<(i64, Uuid, Vec<u8>, bool)> =
-                sqlx::query_as(FIND_ITEMS).bind(&tenants).bind(&kinds).bind(&refs).fetch_all(&mut *tx).await?;
-            for (ord, id, sha, deleted) in existing {
-                let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
-                if let Some(slot @ None) = results.get_mut(i) {
-                    let is_fact = rows[i].kind == SourceKind::Fact;
-                    *slot = Some(if sha != rows[i].content_sha256 {
-                        Err(StoreError::SourceRefConflict { existing: id })
-                    } else if deleted && !is_fact {
-                        // A fact is asserted again by its user; a message or chunk under a
-                        // deleted row's key is a retry that must not bring the row back.
-                        Err(StoreError::SourceRefDeleted { existing: id })
-                    } else {
-                        if is_fact {
-                            reasserted_facts.push(id);
-                            reasserted_tenants.push(rows[i].tenant.as_str());
-                        }
-                        Ok(Remembered { id, was_new: false })
-                    });
-                }
-            }
-        }
-
-        if !reasserted_facts.is_empty() {
-            let revived: Vec<(Uuid, String, bool)> = sqlx::query_as(REVIVE_FACTS)
-                .bind(&reasserted_facts)
-                .bind(&reasserted_tenants)
-                .bind(AuditEvent::Revive.as_str())
-                .fetch_all(&mut *tx)
-                .await?;
-            let to_judge = revived.into_iter().filter(|(_, _, embedded)| *embedded).map(|(id, t, _)| (id, t)).collect();
-            push_judge_jobs(&mut tx, to_judge).await?;
-        }
-
-        let new: Vec<(&NewMemory, Uuid)> =
-            rows.iter().zip(&ids).filter(|(_, id)| inserted.contains(id)).map(|(m, id)| (*m, *id)).collect();
-        let elided: Vec<(&NewMemory, Uuid)> = new.iter().filter(|(m, _)| m.tool_output.is_some()).copied().collect();
-        if !elided.is_empty() {
-            let (mut tenants, mut keys, mut items, mut payloads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for (m, id) in &elided {
-                if let Some((key, full)) = &m.tool_output {
-                    tenants.push(m.tenant.as_str());
-                    keys.push(key.as_str());
-                    items.push(*id);
-                    payloads.push(full.as_str());
-                }
-            }
-            sqlx::query(INSERT_TOOL_OUTPUTS)
-                .bind(tenants)
-                .bind(keys)
-                .bind(items)
-                .bind(payloads)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let jobs: Vec<_> = new
-            .iter()
-            .map(|(m, id)| EmbedJob {
-                tenant_id: m.tenant.clone(),
-                item_id: *id,
-                content_sha256: hex::encode(m.content_sha256),
-            })
-            .collect();
-        push(&mut tx, &jobs).await?;
+        let results = insert_in(&mut tx, rows).await?;
         tx.commit().await?;
         Ok(results)
     }
@@ -235,4 +134,111 @@ impl Store {
         .await?;
         Ok(row.map(|(item_id, content)| ToolOutput { key: key.clone(), item_id, content }))
     }
+}
+
+/// One round of inserts on `tx` (see [`Store::remember_many`]): the rows, their revivals, full
+/// tool outputs, embed and judge jobs. Other writes that must commit with rows (an extraction's
+/// facts) call it on their own transaction.
+pub(crate) async fn insert_in(
+    tx: &mut PgConnection,
+    rows: &[&NewMemory],
+) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+    let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::now_v7()).collect();
+    let column = |f: fn(&NewMemory) -> Option<String>| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
+    let tenants = column(|m| Some(m.tenant.to_string()));
+    let kinds = column(|m| Some(m.kind.to_string()));
+    let refs = column(|m| Some(m.source_ref.to_string()));
+
+    let inserted: Vec<Uuid> = sqlx::query_scalar(INSERT_ITEMS)
+        .bind(&ids)
+        .bind(&tenants)
+        .bind(column(|m| Some(m.scope.to_string())))
+        .bind(column(|m| m.session.as_ref().map(ToString::to_string)))
+        .bind(column(|m| m.user.as_ref().map(ToString::to_string)))
+        .bind(column(|m| m.agent.as_ref().map(ToString::to_string)))
+        .bind(&kinds)
+        .bind(&refs)
+        .bind(column(|m| Some(m.content.as_str().to_owned())))
+        .bind(rows.iter().map(|m| m.content_sha256.to_vec()).collect::<Vec<_>>())
+        .bind(column(|m| m.tool_output.as_ref().map(|(key, _)| key.to_string())))
+        .bind(rows.iter().map(|m| m.metadata.to_json()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|m| m.event_time).collect::<Vec<_>>())
+        .bind(column(|m| m.fact_key.as_ref().map(|k| k.as_str().to_owned())))
+        .bind(column(|m| m.turn.as_ref().map(|t| t.role.to_string())))
+        .bind(column(|m| m.turn.as_ref().and_then(|t| t.tool_call_id.clone())))
+        .bind(column(|m| m.turn.as_ref().and_then(|t| t.tool_name.clone())))
+        .bind(
+            rows.iter()
+                .map(|m| m.turn.as_ref().map(|t| i32::try_from(t.tokens).unwrap_or(i32::MAX)))
+                .collect::<Vec<_>>(),
+        )
+        .bind(column(|m| m.turn.as_ref().map(|t| t.counted_by.clone())))
+        .fetch_all(&mut *tx)
+        .await?;
+
+    let mut results: Vec<Option<Result<Remembered, StoreError>>> =
+        ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
+
+    // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
+    let (mut reasserted_facts, mut reasserted_tenants) = (Vec::new(), Vec::new());
+    if inserted.len() < rows.len() {
+        let existing: Vec<(i64, Uuid, Vec<u8>, bool)> =
+            sqlx::query_as(FIND_ITEMS).bind(&tenants).bind(&kinds).bind(&refs).fetch_all(&mut *tx).await?;
+        for (ord, id, sha, deleted) in existing {
+            let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
+            if let Some(slot @ None) = results.get_mut(i) {
+                let is_fact = rows[i].kind == SourceKind::Fact;
+                *slot = Some(if sha != rows[i].content_sha256 {
+                    Err(StoreError::SourceRefConflict { existing: id })
+                } else if deleted && !is_fact {
+                    // A fact is asserted again by its user; a message or chunk under a
+                    // deleted row's key is a retry that must not bring the row back.
+                    Err(StoreError::SourceRefDeleted { existing: id })
+                } else {
+                    if is_fact {
+                        reasserted_facts.push(id);
+                        reasserted_tenants.push(rows[i].tenant.as_str());
+                    }
+                    Ok(Remembered { id, was_new: false })
+                });
+            }
+        }
+    }
+
+    if !reasserted_facts.is_empty() {
+        let revived: Vec<(Uuid, String, bool)> = sqlx::query_as(REVIVE_FACTS)
+            .bind(&reasserted_facts)
+            .bind(&reasserted_tenants)
+            .bind(AuditEvent::Revive.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let to_judge = revived.into_iter().filter(|(_, _, embedded)| *embedded).map(|(id, t, _)| (id, t)).collect();
+        push_judge_jobs(tx, to_judge).await?;
+    }
+
+    let new: Vec<(&NewMemory, Uuid)> =
+        rows.iter().zip(&ids).filter(|(_, id)| inserted.contains(id)).map(|(m, id)| (*m, *id)).collect();
+    let elided: Vec<(&NewMemory, Uuid)> = new.iter().filter(|(m, _)| m.tool_output.is_some()).copied().collect();
+    if !elided.is_empty() {
+        let (mut tenants, mut keys, mut items, mut payloads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (m, id) in &elided {
+            if let Some((key, full)) = &m.tool_output {
+                tenants.push(m.tenant.as_str());
+                keys.push(key.as_str());
+                items.push(*id);
+                payloads.push(full.as_str());
+            }
+        }
+        sqlx::query(INSERT_TOOL_OUTPUTS).bind(tenants).bind(keys).bind(items).bind(payloads).execute(&mut *tx).await?;
+    }
+    let jobs: Vec<_> = new
+        .iter()
+        .map(|(m, id)| EmbedJob {
+            tenant_id: m.tenant.clone(),
+            item_id: *id,
+            content_sha256: hex::encode(m.content_sha256),
+        })
+        .collect();
+    push(tx, &jobs).await?;
+    Ok(results)
 }

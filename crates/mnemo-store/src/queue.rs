@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use apalis_core::task::builder::TaskBuilder;
 use apalis_postgres::queries::push_tasks;
-use mnemo_core::{CompactionTrigger, Queue, SessionId, TenantId};
+use mnemo_core::{AgentId, CompactionTrigger, Queue, SessionId, TenantId, UserId};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -58,6 +58,21 @@ pub struct CompactJob {
     /// it keeps this many instead: half the budget of the context call that asked.
     #[serde(default)]
     pub keep_at_most: Option<u64>,
+}
+
+/// Extract memories from the (agent, user)'s completed conversations that wait.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtractJob {
+    #[serde(with = "parsed")]
+    pub tenant_id: TenantId,
+    #[serde(with = "parsed")]
+    pub agent_id: AgentId,
+    #[serde(with = "parsed")]
+    pub user_id: UserId,
+}
+
+impl JobArgs for ExtractJob {
+    const QUEUE: Queue = Queue::Extract;
 }
 
 impl JobArgs for EmbedJob {

@@ -132,18 +132,18 @@ SELECT content FROM workspace_file_versions
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4 AND version = $5";
 
 #[derive(sqlx::FromRow)]
-struct Current {
+pub(crate) struct Current {
     #[sqlx(flatten)]
-    file: WorkspaceFile,
-    deleted: bool,
+    pub file: WorkspaceFile,
+    pub deleted: bool,
 }
 
 /// The state a change leaves a file in.
-struct NewState<'a> {
-    content: &'a str,
-    enabled: bool,
-    sort_order: i32,
-    deleted: bool,
+pub(crate) struct NewState<'a> {
+    pub content: &'a str,
+    pub enabled: bool,
+    pub sort_order: i32,
+    pub deleted: bool,
 }
 
 fn user_column(key: &FileKey) -> &str {
@@ -366,7 +366,7 @@ impl Store {
     }
 }
 
-async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), StoreError> {
+pub(crate) async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), StoreError> {
     sqlx::query(LOCK_FILE)
         .bind(key.tenant.as_str())
         .bind(key.agent.as_str())
@@ -377,7 +377,7 @@ async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), S
     Ok(())
 }
 
-async fn current(conn: &mut PgConnection, key: &FileKey) -> Result<Option<Current>, StoreError> {
+pub(crate) async fn current(conn: &mut PgConnection, key: &FileKey) -> Result<Option<Current>, StoreError> {
     Ok(sqlx::query_as(CURRENT)
         .bind(key.tenant.as_str())
         .bind(key.agent.as_str())
@@ -388,7 +388,7 @@ async fn current(conn: &mut PgConnection, key: &FileKey) -> Result<Option<Curren
 }
 
 /// Writes the file's new state as version `version`, its version row and its audit row.
-async fn apply(
+pub(crate) async fn apply(
     tx: &mut Transaction<'_, Postgres>,
     key: &FileKey,
     state: &NewState<'_>,

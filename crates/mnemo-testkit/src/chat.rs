@@ -2,7 +2,8 @@
 //! summarizer: `POST /v1/chat/completions` answered as the protocol does. When healthy it
 //! answers by rules a test can predict: an existing fact is superseded when it starts with the
 //! same three words as the new fact ("I live in Tokyo" → "I live in Paris"), and kept otherwise;
-//! a summary says how many new messages it covered and whether it built on a previous one. Scripted answers fail as
+//! a summary says how many new messages it covered and whether it built on a previous one; an
+//! extraction follows the conversation's `remember:` and `my name is` lines. Scripted answers fail as
 //! a test says, one per request; a server can also refuse `json_schema` for good, as some
 //! "compatible" servers do, or answer every request after a fixed delay (for benchmarks).
 
@@ -118,6 +119,36 @@ ARTIFACTS: none\nNEXT STEPS: none",
     )
 }
 
+/// An extraction a test can predict, from the conversation's user lines: `remember: TEXT` (or
+/// `remember KEY: TEXT`) is a user fact, `my name is NAME` updates the profile, and the daily
+/// entry counts the lines and quotes the start of the last one.
+fn extraction_of(body: &Value) -> Value {
+    let prompt = body["messages"][1]["content"].as_str().unwrap_or_default();
+    let conversation = prompt.split_once("CONVERSATION:\n").map_or("", |(_, c)| c);
+    let lines: Vec<&str> = conversation.lines().filter(|l| l.starts_with('[')).collect();
+    let users: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("[user] ")).collect();
+    let facts: Vec<Value> = users
+        .iter()
+        .filter_map(|u| u.strip_prefix("remember"))
+        .filter_map(|rest| rest.split_once(':'))
+        .map(|(key, text)| {
+            let key = key.trim();
+            json!({ "content": text.trim(), "scope": "user", "key": if key.is_empty() { Value::Null } else { json!(key) } })
+        })
+        .collect();
+    let name =
+        users.iter().find_map(|u| u.split_once("my name is ").map(|(_, n)| n.split_whitespace().next().unwrap_or("")));
+    let last: String = users.last().copied().unwrap_or_default().chars().take(60).collect();
+    json!({
+        "should_update": !lines.is_empty(),
+        "reason": "scripted",
+        "daily_entry": format!("- {} messages; last: {last}", lines.len()),
+        "profile_update": name.map_or(String::new(), |n| format!("# PROFILE.md\n\nName: {n}\n")),
+        "memory_update": "",
+        "facts": facts,
+    })
+}
+
 fn first_words(text: &str) -> Vec<String> {
     text.split_whitespace().take(3).map(str::to_lowercase).collect()
 }
@@ -148,7 +179,9 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
             json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
         return (StatusCode::INTERNAL_SERVER_ERROR, Json(error)).into_response();
     }
-    let summarizing = body["messages"][0]["content"].as_str().is_some_and(|s| s.contains("SESSION INTENT"));
+    let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+    let summarizing = system.contains("SESSION INTENT");
+    let extracting = system.contains("should remember after a conversation");
     let (new_fact, existing) = prompt_facts(&body);
     match answer {
         Some(ChatAnswer::Status(code)) => {
@@ -176,6 +209,9 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
     }
     if summarizing {
         return completion(&summary_of(&body), "stop");
+    }
+    if extracting {
+        return completion(&extraction_of(&body).to_string(), "stop");
     }
     let new_words = first_words(&new_fact);
     let decisions: Vec<Value> = existing

@@ -1,0 +1,213 @@
+//! Extraction after a conversation: which conversations are worth it (the gates), what the model
+//! reads (a bounded transcript and the user's current files), what it may answer (bounded), and
+//! how a daily entry is added to today's note. Pure: the job brings the messages and the files.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use chrono::NaiveDate;
+
+use crate::{FactKey, FactScope, InvalidInput, MemoryText, ModelFailure, Role};
+
+string_enum!(
+    /// Where a completed conversation came from: a chat UI, a messaging channel, a scheduled
+    /// run (skipped by default: nobody said anything), or an explicit extract call.
+    TriggerSource, "trigger_source" {
+        Web => "web",
+        Channel => "channel",
+        Cron => "cron",
+        Manual => "manual",
+    }
+);
+
+/// The most user and assistant messages the model reads, and how long each may be.
+pub const TRANSCRIPT_MESSAGES: usize = 30;
+pub const TRANSCRIPT_MESSAGE_CHARS: usize = 2000;
+/// The most facts one extraction may add, and the longest daily entry.
+pub const MAX_EXTRACTED_FACTS: usize = 20;
+pub const MAX_DAILY_ENTRY_CHARS: usize = 4000;
+
+/// The gates a completed conversation passes before it is extracted (MateClaw's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gates {
+    pub skip_cron: bool,
+    pub min_messages: usize,
+    pub min_last_user_chars: usize,
+}
+
+impl Default for Gates {
+    fn default() -> Self {
+        Self { skip_cron: true, min_messages: 4, min_last_user_chars: 10 }
+    }
+}
+
+impl Gates {
+    /// Why the conversation is not extracted, or `None` when it passes. A manual extract passes
+    /// every gate.
+    pub fn refuse(&self, source: TriggerSource, messages: &[(Role, &str)]) -> Option<&'static str> {
+        if source == TriggerSource::Manual {
+            return None;
+        }
+        if self.skip_cron && source == TriggerSource::Cron {
+            return Some("cron_conversation");
+        }
+        let spoken: Vec<&(Role, &str)> =
+            messages.iter().filter(|(role, _)| matches!(role, Role::User | Role::Assistant)).collect();
+        if spoken.len() < self.min_messages {
+            return Some("too_few_messages");
+        }
+        let last_user = spoken.iter().rev().find(|(role, _)| *role == Role::User);
+        if last_user.is_none_or(|(_, text)| text.trim().chars().count() < self.min_last_user_chars) {
+            return Some("last_user_message_too_short");
+        }
+        None
+    }
+}
+
+/// The last [`TRANSCRIPT_MESSAGES`] user and assistant messages, each cut at
+/// [`TRANSCRIPT_MESSAGE_CHARS`] characters with `... [truncated]`, as `[role] text` lines.
+pub fn extraction_transcript(messages: &[(Role, &str)]) -> String {
+    let spoken: Vec<&(Role, &str)> =
+        messages.iter().filter(|(role, _)| matches!(role, Role::User | Role::Assistant)).collect();
+    let start = spoken.len().saturating_sub(TRANSCRIPT_MESSAGES);
+    spoken[start..]
+        .iter()
+        .map(|(role, text)| {
+            let cut: String = text.chars().take(TRANSCRIPT_MESSAGE_CHARS).collect();
+            let more = if cut.len() < text.len() { "... [truncated]" } else { "" };
+            format!("[{role}] {cut}{more}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What the model reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractionInput {
+    pub transcript: String,
+    pub profile: String,
+    pub memory: String,
+    pub today_note: String,
+    pub today: NaiveDate,
+}
+
+/// A fact the model proposes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractedFact {
+    pub content: MemoryText,
+    pub scope: FactScope,
+    pub key: Option<FactKey>,
+}
+
+/// What the model answered, checked.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Extraction {
+    pub should_update: bool,
+    pub reason: String,
+    pub daily_entry: Option<String>,
+    pub profile_update: Option<String>,
+    pub memory_update: Option<String>,
+    pub facts: Vec<ExtractedFact>,
+}
+
+impl Extraction {
+    /// Checks the parts a model filled: bounded lengths and counts, valid facts. A violation
+    /// is the model's failure: nothing of the answer is used.
+    pub fn check(self, max_file_bytes: usize) -> Result<Self, ModelFailure> {
+        let invalid = |what: &str| ModelFailure::new("invalid_answer", what.to_owned());
+        if self.facts.len() > MAX_EXTRACTED_FACTS {
+            return Err(invalid("more facts than allowed"));
+        }
+        if self.daily_entry.as_ref().is_some_and(|e| e.chars().count() > MAX_DAILY_ENTRY_CHARS) {
+            return Err(invalid("the daily entry is too long"));
+        }
+        for text in [&self.profile_update, &self.memory_update].into_iter().flatten() {
+            if text.len() > max_file_bytes || text.contains('\0') {
+                return Err(invalid("a file update is too large or holds a NUL"));
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// A fact as the model wrote it, checked like one from `POST /v1/facts`.
+pub fn extracted_fact(content: &str, scope: &str, key: Option<&str>) -> Result<ExtractedFact, InvalidInput> {
+    Ok(ExtractedFact {
+        content: MemoryText::parse(content)?,
+        scope: FactScope::parse(scope)?,
+        key: key.map(FactKey::parse).transpose()?,
+    })
+}
+
+/// `note` (today's, or `None` when it does not exist yet) with `entry` added as a paragraph; a
+/// new note opens with a `# YYYY-MM-DD` heading.
+pub fn with_daily_entry(note: Option<&str>, day: NaiveDate, entry: &str) -> String {
+    let base = match note {
+        Some(text) if !text.trim().is_empty() => text.trim_end().to_owned(),
+        _ => format!("# {}", day.format("%Y-%m-%d")),
+    };
+    format!("{base}\n\n{}\n", entry.trim())
+}
+
+pub type ExtractionFuture<'a> = Pin<Box<dyn Future<Output = Result<Extraction, ModelFailure>> + Send + 'a>>;
+
+/// Reads a conversation and the user's files, and proposes what to remember. Implementations
+/// bound the answer and parse it tolerantly; an answer they cannot read is an error.
+pub trait Extractor: Send + Sync + std::fmt::Debug {
+    fn model(&self) -> &str;
+
+    fn extract<'a>(&'a self, input: &'a ExtractionInput) -> ExtractionFuture<'a>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates_follow_mateclaws_defaults() {
+        let gates = Gates::default();
+        let talk = [
+            (Role::User, "I am moving to Lyon"),
+            (Role::Assistant, "Congratulations!"),
+            (Role::Tool, "x"),
+            (Role::User, "when is the train?"),
+            (Role::Assistant, "At 7:05."),
+        ];
+        assert_eq!(gates.refuse(TriggerSource::Web, &talk), None);
+        assert_eq!(gates.refuse(TriggerSource::Cron, &talk), Some("cron_conversation"));
+        assert_eq!(gates.refuse(TriggerSource::Web, &talk[..3]), Some("too_few_messages"));
+        let short = [talk[0], talk[1], (Role::User, "ok thanks"), talk[4]];
+        assert_eq!(gates.refuse(TriggerSource::Channel, &short), Some("last_user_message_too_short"));
+        assert_eq!(gates.refuse(TriggerSource::Manual, &short[..1]), None);
+    }
+
+    #[test]
+    fn the_transcript_is_bounded() {
+        let long = "x".repeat(3000);
+        let mut messages: Vec<(Role, &str)> = (0..40).map(|_| (Role::User, "hi")).collect();
+        messages.push((Role::Tool, "tool output"));
+        messages.push((Role::Assistant, &long));
+        let transcript = extraction_transcript(&messages);
+        assert_eq!(transcript.lines().count(), 30);
+        assert!(transcript.ends_with(&format!("[assistant] {}... [truncated]", "x".repeat(2000))));
+        assert!(!transcript.contains("tool output"));
+    }
+
+    #[test]
+    fn daily_entries_append_under_the_days_heading() {
+        let day = NaiveDate::from_ymd_opt(2026, 4, 1).expect("date");
+        let first = with_daily_entry(None, day, "Booked the train.");
+        assert_eq!(first, "# 2026-04-01\n\nBooked the train.\n");
+        assert_eq!(with_daily_entry(Some(&first), day, " Packed. "), "# 2026-04-01\n\nBooked the train.\n\nPacked.\n");
+    }
+
+    #[test]
+    fn answers_are_bounded() {
+        let fact = extracted_fact("Ann lives in Lyon", "user", Some("home_city")).expect("valid");
+        let too_many = Extraction { facts: vec![fact; MAX_EXTRACTED_FACTS + 1], ..Extraction::default() };
+        assert_eq!(too_many.check(1000).map_err(|e| e.kind), Err("invalid_answer"));
+        let huge = Extraction { profile_update: Some("p".repeat(2000)), ..Extraction::default() };
+        assert!(huge.check(1000).is_err());
+        assert!(extracted_fact("x", "session", None).is_err());
+    }
+}

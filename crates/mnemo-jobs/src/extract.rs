@@ -1,0 +1,170 @@
+//! The `extract` job: what an agent learns from its user's completed conversations, as one
+//! durable run per (agent, user) at a time.
+//!
+//! The run and its cooldown are held in the database (`extraction_runs`), so they hold across
+//! worker processes and restarts; a job that finds the run held or cooling waits as a delayed
+//! job. It takes every conversation of the pair still pending, so a conversation that arrived
+//! meanwhile is coalesced into this run, never dropped. The model reads the last 30 messages and
+//! the user's PROFILE.md, MEMORY.md and today's note; its checked answer is applied in one
+//! transaction (today's note, the profile, optionally the memory, facts as `POST /v1/facts`
+//! writes them). A failure writes nothing, is recorded, and runs again with backoff until the
+//! last attempt, after which the conversations are `failed` for the runbook to list.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use mnemo_config::ExtractionSettings;
+use mnemo_core::{
+    ExtractionInput, Extractor, Extras, NewMemory, Principal, Role, Workspace, WorkspacePath, extraction_transcript,
+};
+use mnemo_store::queue::ExtractJob;
+use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Store};
+
+use crate::{JobError, backoff};
+
+/// The most messages read from one conversation.
+const MAX_MESSAGES: i64 = 10_000;
+
+/// Runs extract jobs.
+#[derive(Debug, Clone)]
+pub struct ExtractRunner {
+    pub store: Store,
+    pub extractor: Option<Arc<dyn Extractor>>,
+    /// This worker, named in the run it holds.
+    pub worker: String,
+    pub settings: ExtractionSettings,
+    pub max_file_bytes: usize,
+    /// A run held longer than this is presumed dead (its worker was killed).
+    pub stale_after: Duration,
+}
+
+/// What one job did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExtractReport {
+    /// Nothing was pending.
+    Nothing,
+    /// The run is held or cooling: the job waits this long as a delayed job.
+    Waiting(Duration),
+    /// No model is configured: the conversations are `disabled`, nothing changed.
+    Disabled {
+        conversations: usize,
+    },
+    /// The model saw nothing worth keeping.
+    NoUpdate {
+        conversations: usize,
+    },
+    Applied {
+        conversations: usize,
+        facts: usize,
+    },
+    /// The model failed (`reason`); `final` when the conversations are given up.
+    Failed {
+        reason: String,
+        last_attempt: bool,
+    },
+}
+
+impl ExtractRunner {
+    pub async fn run(&self, job: &ExtractJob) -> Result<ExtractReport, JobError> {
+        let workspace =
+            Workspace { tenant: job.tenant_id.clone(), agent: job.agent_id.clone(), user: Some(job.user_id.clone()) };
+        if let Claim::Wait(wait) =
+            self.store.claim_extraction(&workspace, &self.worker, self.settings.cooldown, self.stale_after).await?
+        {
+            self.store.retry_after(job, wait).await?;
+            return Ok(ExtractReport::Waiting(wait));
+        }
+        let pending = self.store.pending_extractions(&workspace).await?;
+        if pending.is_empty() {
+            self.store.finish_extraction(&workspace, &[], "pending", "", false).await?;
+            return Ok(ExtractReport::Nothing);
+        }
+        let conversations = pending.len();
+        let Some(extractor) = &self.extractor else {
+            self.store.finish_extraction(&workspace, &pending, "disabled", "no_model", false).await?;
+            return Ok(ExtractReport::Disabled { conversations });
+        };
+        let input = self.input(&workspace, &pending).await?;
+        let extraction = match extractor.extract(&input).await {
+            Ok(extraction) => extraction,
+            Err(failure) => {
+                let attempt = pending.iter().map(|p| p.attempts).max().unwrap_or(0) + 1;
+                let last_attempt = attempt >= self.settings.max_attempts;
+                let status = if last_attempt { "failed" } else { "pending" };
+                tracing::warn!(tenant = %job.tenant_id, kind = failure.kind, attempt, last_attempt,
+                    "extraction failed; nothing was written");
+                self.store.finish_extraction(&workspace, &pending, status, failure.kind, true).await?;
+                if !last_attempt {
+                    self.store.retry_after(job, backoff(attempt)).await?;
+                }
+                return Ok(ExtractReport::Failed { reason: failure.kind.to_owned(), last_attempt });
+            }
+        };
+        if !extraction.should_update {
+            self.store.finish_extraction(&workspace, &pending, "done", &extraction.reason, true).await?;
+            return Ok(ExtractReport::NoUpdate { conversations });
+        }
+        let principal = Principal {
+            tenant: job.tenant_id.clone(),
+            user: Some(job.user_id.clone()),
+            agent: Some(job.agent_id.clone()),
+            session: None,
+        };
+        let facts: Vec<NewMemory> = extraction
+            .facts
+            .iter()
+            .filter_map(|f| {
+                NewMemory::fact(&principal, f.scope, f.content.clone(), f.key.clone(), Extras::default()).ok()
+            })
+            .collect();
+        let changes = ExtractionChanges {
+            day: Some(input.today),
+            daily_entry: extraction.daily_entry,
+            profile: extraction.profile_update,
+            memory: extraction.memory_update.filter(|_| self.settings.update_memory),
+            reason: extraction.reason,
+            facts,
+        };
+        self.store.apply_extraction(&workspace, &pending, &changes).await?;
+        let facts = changes.facts.len();
+        metrics::counter!("mnemo_extractions_total", "outcome" => "applied").increment(1);
+        tracing::info!(tenant = %job.tenant_id, conversations, facts, "extraction applied");
+        Ok(ExtractReport::Applied { conversations, facts })
+    }
+
+    /// The transcript of the pending conversations (each up to its last message when completed)
+    /// and the user's files as they are now.
+    async fn input(&self, workspace: &Workspace, pending: &[PendingExtraction]) -> Result<ExtractionInput, JobError> {
+        let mut messages: Vec<(Role, String)> = Vec::new();
+        for p in pending {
+            let rows = self.store.session_messages(&workspace.tenant, &p.session_id, None, MAX_MESSAGES).await?;
+            let through = p.through();
+            messages.extend(
+                rows.into_iter()
+                    .filter(|m| (m.event_time, m.id) <= (through.event_time, through.id))
+                    .map(|m| (m.role, m.content)),
+            );
+        }
+        let borrowed: Vec<(Role, &str)> = messages.iter().map(|(role, text)| (*role, text.as_str())).collect();
+        let today = Utc::now().date_naive();
+        let read = |path: WorkspacePath| {
+            let key = workspace.file(path);
+            async move {
+                match key {
+                    Ok(key) => {
+                        Ok::<_, JobError>(self.store.read_file(&key).await?.map(|f| f.content).unwrap_or_default())
+                    }
+                    Err(_) => Ok(String::new()),
+                }
+            }
+        };
+        Ok(ExtractionInput {
+            transcript: extraction_transcript(&borrowed),
+            profile: read(WorkspacePath::parse("PROFILE.md").expect("valid")).await?,
+            memory: read(WorkspacePath::parse("MEMORY.md").expect("valid")).await?,
+            today_note: read(WorkspacePath::daily_note(today)).await?,
+            today,
+        })
+    }
+}

@@ -1,0 +1,300 @@
+//! Extraction's state: the completed conversations waiting to be extracted, the one run per
+//! (agent, user) and its cooldown, and applying an extraction in one transaction (the daily
+//! note, the profile, the memory, the facts, the conversations marked done).
+
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use mnemo_core::{NewMemory, SessionId, TriggerSource, Workspace, WorkspacePath, with_daily_entry};
+use sqlx::{Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::memories::insert_in;
+use crate::queue::{ExtractJob, push};
+use crate::workspace::{NewState, apply, current, lock};
+use crate::{MessageCursor, Store, StoreError};
+
+/// Who wrote workspace changes made by extraction, in versions and audit rows.
+const ACTOR: &str = "extraction";
+
+const REQUEST: &str = "
+INSERT INTO memory_extractions (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING
+RETURNING true";
+
+/// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead) and the
+/// cooldown since the last one has passed.
+const CLAIM: &str = "
+INSERT INTO extraction_runs AS r (tenant_id, agent_id, user_id, running_since, running_by)
+VALUES ($1, $2, $3, now(), $4)
+ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET running_since = now(), running_by = $4
+WHERE (r.running_since IS NULL OR r.running_since < now() - make_interval(secs => $6))
+  AND (r.last_finished_at IS NULL OR r.last_finished_at <= now() - make_interval(secs => $5))
+RETURNING true";
+
+/// How long until the run can be taken: the cooldown left, or a little while when it is held.
+const WAIT: &str = "
+SELECT GREATEST(
+    COALESCE(EXTRACT(EPOCH FROM last_finished_at + make_interval(secs => $4) - now()), 0),
+    CASE WHEN running_since IS NOT NULL THEN 1 ELSE 0 END
+)::float8
+FROM extraction_runs WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3";
+
+const PENDING: &str = "
+SELECT session_id, through_id, through_time, trigger_source, attempts
+FROM memory_extractions
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND status = 'pending'
+ORDER BY through_time, through_id";
+
+/// Ends the (agent, user)'s run; `$4` starts its cooldown.
+const RELEASE: &str = "
+UPDATE extraction_runs SET running_since = NULL, running_by = NULL,
+    last_finished_at = CASE WHEN $4 THEN now() ELSE last_finished_at END
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3";
+
+/// Marks the conversations `$2`/`$3` (sessions, last messages) with `$4` (a status) and `$5` (a
+/// reason); `$6` counts an attempt.
+const MARK: &str = "
+UPDATE memory_extractions m
+SET status = $4, reason = $5, attempts = attempts + $6::int,
+    finished_at = CASE WHEN $4 = 'pending' THEN NULL ELSE now() END
+FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
+WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id AND m.status = 'pending'";
+
+/// A completed conversation waiting for extraction.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct PendingExtraction {
+    #[sqlx(try_from = "String")]
+    pub session_id: SessionId,
+    pub through_id: Uuid,
+    pub through_time: DateTime<Utc>,
+    #[sqlx(try_from = "String")]
+    pub trigger_source: TriggerSource,
+    pub attempts: i32,
+}
+
+impl PendingExtraction {
+    pub fn through(&self) -> MessageCursor {
+        MessageCursor { event_time: self.through_time, id: self.through_id }
+    }
+}
+
+/// Whether an extraction may run now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Claim {
+    Claimed,
+    /// Another run holds the (agent, user), or its cooldown lasts this long yet.
+    Wait(Duration),
+}
+
+/// What an extraction changes, checked.
+#[derive(Debug, Clone, Default)]
+pub struct ExtractionChanges {
+    pub day: Option<NaiveDate>,
+    pub daily_entry: Option<String>,
+    pub profile: Option<String>,
+    pub memory: Option<String>,
+    pub facts: Vec<NewMemory>,
+    /// The model's short reason.
+    pub reason: String,
+}
+
+fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
+    pending.iter().map(|p| (p.session_id.to_string(), p.through_id)).unzip()
+}
+
+fn user(workspace: &Workspace) -> Result<&str, StoreError> {
+    workspace
+        .user
+        .as_ref()
+        .map(|u| u.as_str())
+        .ok_or(StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
+}
+
+impl Store {
+    /// Asks for the extraction of a completed conversation (once per session and last message)
+    /// and queues the (agent, user)'s job. True when this call asked.
+    pub async fn request_extraction(
+        &self,
+        workspace: &Workspace,
+        session: &SessionId,
+        through: MessageCursor,
+        source: TriggerSource,
+    ) -> Result<bool, StoreError> {
+        let user = user(workspace)?;
+        let mut tx = self.pool.begin().await?;
+        let asked: Option<bool> = sqlx::query_scalar(REQUEST)
+            .bind(workspace.tenant.as_str())
+            .bind(session.as_str())
+            .bind(through.id)
+            .bind(through.event_time)
+            .bind(workspace.agent.as_str())
+            .bind(user)
+            .bind(source.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        if asked.is_some() {
+            let job = ExtractJob {
+                tenant_id: workspace.tenant.clone(),
+                agent_id: workspace.agent.clone(),
+                user_id: workspace.user.clone().expect("checked above"),
+            };
+            push(&mut tx, &[job]).await?;
+        }
+        tx.commit().await?;
+        Ok(asked.is_some())
+    }
+
+    /// Takes the (agent, user)'s run for `worker`, or says how long to wait.
+    pub async fn claim_extraction(
+        &self,
+        workspace: &Workspace,
+        worker: &str,
+        cooldown: Duration,
+        stale: Duration,
+    ) -> Result<Claim, StoreError> {
+        let (tenant, agent, user) = (workspace.tenant.as_str(), workspace.agent.as_str(), user(workspace)?);
+        let claimed: Option<bool> = sqlx::query_scalar(CLAIM)
+            .bind(tenant)
+            .bind(agent)
+            .bind(user)
+            .bind(worker)
+            .bind(cooldown.as_secs_f64())
+            .bind(stale.as_secs_f64())
+            .fetch_optional(&self.pool)
+            .await?;
+        if claimed.is_some() {
+            return Ok(Claim::Claimed);
+        }
+        let wait: Option<f64> = sqlx::query_scalar(WAIT)
+            .bind(tenant)
+            .bind(agent)
+            .bind(user)
+            .bind(cooldown.as_secs_f64())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(Claim::Wait(Duration::from_secs_f64(wait.unwrap_or(1.0).clamp(0.5, 3600.0))))
+    }
+
+    /// The (agent, user)'s conversations waiting for extraction, oldest first.
+    pub async fn pending_extractions(&self, workspace: &Workspace) -> Result<Vec<PendingExtraction>, StoreError> {
+        Ok(sqlx::query_as(PENDING)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user(workspace)?)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Ends a run that changed nothing: the conversations get `status` (`pending` again after a
+    /// failed attempt, `failed` after the last, `disabled` without a model, `done` when the model
+    /// saw nothing worth keeping) and `reason`; a `done` or `disabled` run starts the cooldown.
+    pub async fn finish_extraction(
+        &self,
+        workspace: &Workspace,
+        pending: &[PendingExtraction],
+        status: &str,
+        reason: &str,
+        attempt: bool,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        mark(&mut tx, workspace, pending, status, reason, attempt).await?;
+        release(&mut tx, workspace, status == "done" || status == "disabled").await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Applies an extraction in one transaction: today's note gets the entry, PROFILE.md and
+    /// MEMORY.md are replaced when given, the facts are written as `POST /v1/facts` writes them
+    /// (embedded, then judged), the conversations are done and the cooldown starts.
+    pub async fn apply_extraction(
+        &self,
+        workspace: &Workspace,
+        pending: &[PendingExtraction],
+        changes: &ExtractionChanges,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if let (Some(day), Some(entry)) = (changes.day, &changes.daily_entry) {
+            let key = file(workspace, WorkspacePath::daily_note(day))?;
+            lock(&mut tx, &key).await?;
+            let now = current(&mut tx, &key).await?;
+            let existing = now.as_ref().filter(|c| !c.deleted).map(|c| c.file.content.as_str());
+            let content = with_daily_entry(existing, day, entry);
+            let state = NewState {
+                content: &content,
+                enabled: now.as_ref().is_some_and(|c| c.file.enabled),
+                sort_order: now.as_ref().map_or(crate::DEFAULT_SORT_ORDER, |c| c.file.sort_order),
+                deleted: false,
+            };
+            let version = now.as_ref().map_or(1, |c| c.file.version + 1);
+            apply(&mut tx, &key, &state, version, if existing.is_some() { "appended" } else { "created" }, ACTOR)
+                .await?;
+        }
+        for (name, text) in [("PROFILE.md", &changes.profile), ("MEMORY.md", &changes.memory)] {
+            let Some(text) = text else { continue };
+            let path = WorkspacePath::parse(name).expect("core file names are valid");
+            let key = file(workspace, path.clone())?;
+            lock(&mut tx, &key).await?;
+            let now = current(&mut tx, &key).await?;
+            let state = NewState {
+                content: text,
+                enabled: now.as_ref().is_none_or(|c| c.file.enabled),
+                sort_order: now.as_ref().map_or(path.core_sort_order().unwrap_or(0), |c| c.file.sort_order),
+                deleted: false,
+            };
+            let version = now.as_ref().map_or(1, |c| c.file.version + 1);
+            apply(&mut tx, &key, &state, version, "overwritten", ACTOR).await?;
+        }
+        let facts: Vec<&NewMemory> = changes.facts.iter().collect();
+        for result in insert_in(&mut tx, &facts).await? {
+            match result {
+                // A fact the user already has (or had, deleted: it is revived) is as good.
+                Some(Ok(_)) | Some(Err(StoreError::SourceRefDeleted { .. })) => {}
+                Some(Err(e)) => return Err(e),
+                // Its key belonged to a transaction that rolled back: the job runs again.
+                None => return Err(StoreError::Database(sqlx::Error::RowNotFound)),
+            }
+        }
+        mark(&mut tx, workspace, pending, "done", &changes.reason, true).await?;
+        release(&mut tx, workspace, true).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+fn file(workspace: &Workspace, path: WorkspacePath) -> Result<mnemo_core::FileKey, StoreError> {
+    workspace.file(path).map_err(|_| StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
+}
+
+async fn mark(
+    tx: &mut Transaction<'_, Postgres>,
+    workspace: &Workspace,
+    pending: &[PendingExtraction],
+    status: &str,
+    reason: &str,
+    attempt: bool,
+) -> Result<(), StoreError> {
+    let (sessions, throughs) = keys(pending);
+    sqlx::query(MARK)
+        .bind(workspace.tenant.as_str())
+        .bind(&sessions)
+        .bind(&throughs)
+        .bind(status)
+        .bind(reason)
+        .bind(i32::from(attempt))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn release(tx: &mut Transaction<'_, Postgres>, workspace: &Workspace, cooldown: bool) -> Result<(), StoreError> {
+    sqlx::query(RELEASE)
+        .bind(workspace.tenant.as_str())
+        .bind(workspace.agent.as_str())
+        .bind(user(workspace)?)
+        .bind(cooldown)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

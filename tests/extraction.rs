@@ -1,0 +1,248 @@
+//! Extraction after a conversation against a real PostgreSQL, the scripted chat server and the
+//! real worker binary: the gates, one request per conversation, the run and cooldown held in the
+//! database, conversations coalesced rather than dropped, answers that write nothing, and facts
+//! that are embedded, judged and recalled.
+
+use std::time::Duration;
+
+use mnemo_config::{ContextSettings, Env, WorkspaceSettings, vars};
+use mnemo_core::{AgentId, TenantId, UserId};
+use mnemo_jobs::{ExtractReport, ExtractRunner};
+use mnemo_store::queue::ExtractJob;
+use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token, wait_until};
+use serde_json::{Value, json};
+
+fn llm_env(chat: &ScriptedChat) -> Vec<(&'static str, String)> {
+    vec![
+        (vars::LLM_MODEL, "scripted-extractor".to_owned()),
+        (vars::LLM_BASE_URL, chat.base_url.clone()),
+        (vars::LLM_API_KEY, "test".to_owned()),
+        (vars::LLM_TIMEOUT_MS, "1500".to_owned()),
+    ]
+}
+
+async fn say(app: &TestApp, token: &str, role: &str, content: &str) {
+    let source_ref = format!("m-{}", uuid::Uuid::now_v7().simple());
+    let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "role": role, "content": content });
+    let reply = app.client.post("/v1/memories", Some(token), &body).await;
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+}
+
+/// A conversation that passes the gates, with a fact to remember.
+async fn conversation(app: &TestApp, token: &str, fact: &str) {
+    say(app, token, "user", "hello, my name is Ann and I plan a trip").await;
+    say(app, token, "assistant", "Nice to meet you, Ann.").await;
+    say(app, token, "user", &format!("remember {fact}")).await;
+    say(app, token, "assistant", "Noted.").await;
+}
+
+async fn complete(app: &TestApp, token: &str, sid: &str, source: &str) -> Value {
+    let reply = app
+        .client
+        .post(&format!("/v1/sessions/{sid}/complete"), Some(token), &json!({ "trigger_source": source }))
+        .await;
+    assert_eq!(reply.status, 202, "{:?}", reply.body);
+    reply.body
+}
+
+fn job() -> ExtractJob {
+    ExtractJob {
+        tenant_id: TenantId::parse("acme").expect("tenant"),
+        agent_id: AgentId::parse("helper").expect("agent"),
+        user_id: UserId::parse("ann").expect("user"),
+    }
+}
+
+fn runner(app: &TestApp, chat: Option<&ScriptedChat>, extra: &[(&'static str, &str)]) -> ExtractRunner {
+    let mut pairs: Vec<(&str, String)> = chat.map(llm_env).unwrap_or_default();
+    pairs.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    let env = Env::from_pairs(pairs);
+    let workspace = WorkspaceSettings::from_env(&env).expect("workspace settings");
+    ExtractRunner {
+        store: app.db.store(),
+        extractor: mnemo_models::extractor(
+            &ContextSettings::from_env(&env).expect("context"),
+            workspace.max_file_bytes,
+        )
+        .expect("extractor"),
+        worker: format!("test-{}", uuid::Uuid::new_v4().simple()),
+        settings: workspace.extraction,
+        max_file_bytes: workspace.max_file_bytes,
+        stale_after: Duration::from_secs(60),
+    }
+}
+
+fn today_note() -> String {
+    format!("/v1/workspace/files/memory/{}.md", chrono::Utc::now().date_naive().format("%Y-%m-%d"))
+}
+
+#[tokio::test]
+async fn gates_decide_and_a_conversation_is_asked_for_once() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    say(&app, &t, "user", "I would like to plan a trip").await;
+    say(&app, &t, "assistant", "Sure.").await;
+    assert_eq!(complete(&app, &t, "s1", "web").await["skipped"], "too_few_messages");
+    say(&app, &t, "user", "ok").await;
+    say(&app, &t, "assistant", "Anything else?").await;
+    assert_eq!(complete(&app, &t, "s1", "channel").await["skipped"], "last_user_message_too_short");
+    say(&app, &t, "user", "yes, book the early train please").await;
+    assert_eq!(complete(&app, &t, "s1", "cron").await["skipped"], "cron_conversation");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions").await, 0);
+
+    let first = complete(&app, &t, "s1", "web").await;
+    assert_eq!((first["queued"].as_bool(), first["skipped"].is_null()), (Some(true), true));
+    assert_eq!(complete(&app, &t, "s1", "web").await["skipped"], "already_asked");
+    let manual = app.client.post("/v1/sessions/s1/extract", Some(&t), &json!({})).await;
+    assert_eq!(manual.body["skipped"], "already_asked", "the same last message: {:?}", manual.body);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions").await, 1);
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'extract'").await, 1);
+
+    // A manual extract passes the gates; a token without a user or agent has no workspace.
+    let s2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    say(&app, &s2, "user", "hi").await;
+    let manual = app.client.post("/v1/sessions/s2/extract", Some(&s2), &json!({})).await;
+    assert_eq!((manual.status, manual.body["queued"].as_bool()), (202, Some(true)));
+    let agentless = token(&principal("acme", Some("ann"), None, Some("s1")));
+    let reply =
+        app.client.post("/v1/sessions/s1/complete", Some(&agentless), &json!({ "trigger_source": "web" })).await;
+    assert_eq!((reply.status, reply.code()), (401, "missing_identity"));
+    let reply = app.client.post("/v1/sessions/s1/complete", Some(&t), &json!({ "trigger_source": "manual" })).await;
+    assert_eq!((reply.status, reply.code()), (400, "invalid_field"));
+    let reply = app.client.post("/v1/sessions/s1/complete", Some(&t), &json!({})).await;
+    assert_eq!((reply.status, reply.code()), (400, "missing_field"));
+
+    let off = TestApp::spawn_with(&[(vars::EXTRACT_ENABLED, "false")]).await;
+    conversation(&off, &t, "x: y").await;
+    assert_eq!(complete(&off, &t, "s1", "web").await["skipped"], "disabled");
+}
+
+#[tokio::test]
+async fn the_worker_writes_todays_note_the_profile_and_facts_that_are_embedded_judged_and_recalled() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    assert_eq!(complete(&app, &t, "s1", "web").await["queued"], true);
+    let env = [&llm_env(&chat)[..], &[(vars::WORKER_QUEUES, "extract,embed,judge".to_owned())]].concat();
+    let _worker = WorkerProcess::start(&app.db.url, &env).await.expect("worker");
+    let done = wait_until(Duration::from_secs(30), || async {
+        app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await == 1
+    })
+    .await;
+    assert!(done, "the extraction did not finish");
+    let note = app.client.get(&today_note(), Some(&t)).await;
+    let text = note.body["content"].as_str().expect("today's note");
+    assert!(
+        text.starts_with(&format!("# {}\n\n- 4 messages; last: remember home_city", chrono::Utc::now().date_naive())),
+        "{text}"
+    );
+    let profile = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
+    assert_eq!(profile.body["content"], "# PROFILE.md\n\nName: Ann\n");
+    let judged = wait_until(Duration::from_secs(30), || async {
+        app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact' AND fact_key = 'home_city' AND judge_at IS NOT NULL").await == 1
+    })
+    .await;
+    assert!(judged, "the fact was not embedded and judged");
+    let recalled =
+        app.client.post("/v1/recall", Some(&t), &json!({ "query": "Where does Ann live?", "scope": "user" })).await;
+    assert_eq!(recalled.body["items"][0]["content"], "Ann lives in Lyon", "{:?}", recalled.body);
+    // The workspace changes name their actor.
+    let actors = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'extraction'").await;
+    assert_eq!(actors, 2, "today's note and the profile");
+}
+
+#[tokio::test]
+async fn one_run_at_a_time_with_a_cooldown_and_conversations_that_wait_are_coalesced() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let cooldown = [(vars::EXTRACT_COOLDOWN_S, "2")];
+    let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t1, ": first trip").await;
+    complete(&app, &t1, "s1", "web").await;
+
+    // Two runners at once (two workers): the database lets one run; the other waits.
+    chat.delay_every_answer(Duration::from_millis(300));
+    let (a, b) = (runner(&app, Some(&chat), &cooldown), runner(&app, Some(&chat), &cooldown));
+    let once = job();
+    let (ra, rb) = tokio::join!(a.run(&once), b.run(&once));
+    let reports = [ra.expect("a"), rb.expect("b")];
+    assert_eq!(
+        reports.iter().filter(|r| matches!(r, ExtractReport::Applied { conversations: 1, .. })).count(),
+        1,
+        "{reports:?}"
+    );
+    assert_eq!(reports.iter().filter(|r| matches!(r, ExtractReport::Waiting(_))).count(), 1, "{reports:?}");
+    assert_eq!(chat.requests().len(), 1);
+
+    // Two more conversations during the cooldown wait, and one later run takes both.
+    for sid in ["s2", "s3"] {
+        let t = token(&principal("acme", Some("ann"), Some("helper"), Some(sid)));
+        conversation(&app, &t, &format!(": trip {sid}")).await;
+        complete(&app, &t, sid, "web").await;
+    }
+    assert!(matches!(a.run(&job()).await.expect("cooling"), ExtractReport::Waiting(_)));
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let coalesced = a.run(&job()).await.expect("after the cooldown");
+    assert!(matches!(coalesced, ExtractReport::Applied { conversations: 2, .. }), "{coalesced:?}");
+    assert_eq!(chat.requests().len(), 2, "two conversations, one model call");
+    let prompt = chat.requests()[1]["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(prompt.contains("trip s2") && prompt.contains("trip s3"), "{prompt}");
+    // A job that runs again (duplicated, retried) finds nothing pending and writes nothing.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(a.run(&job()).await.expect("again"), ExtractReport::Nothing);
+    let note = app.client.get(&today_note(), Some(&t1)).await;
+    let entries = note.body["content"].as_str().expect("note").matches("messages; last:").count();
+    assert_eq!(entries, 2, "one entry per run: {:?}", note.body);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, 3);
+}
+
+#[tokio::test]
+async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_last_attempt() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_MAX_ATTEMPTS, "4"), (vars::EXTRACT_COOLDOWN_S, "0")]);
+    let invented = json!({ "should_update": true, "facts": [{ "content": "x", "scope": "session" }] }).to_string();
+    let cases = [
+        (ChatAnswer::Malformed, "unparsable"),
+        (ChatAnswer::Runaway, "truncated"),
+        (ChatAnswer::Content(invented), "invalid_answer"),
+        (ChatAnswer::Status(503), "http_5xx"),
+    ];
+    let versions_before = app.db.count("SELECT count(*) FROM workspace_file_versions").await;
+    for (i, (answer, reason)) in cases.into_iter().enumerate() {
+        // A 5xx may be the server refusing json_object: it is asked once more without it.
+        if reason == "http_5xx" {
+            chat.then([answer.clone()]);
+        }
+        chat.then([answer]);
+        let report = runner.run(&job()).await.expect("a failed model is not a failed job");
+        assert_eq!(report, ExtractReport::Failed { reason: reason.into(), last_attempt: i == 3 }, "case {i}");
+        assert_eq!(app.db.count("SELECT count(*) FROM workspace_file_versions").await, versions_before, "case {i}");
+        assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await, 0);
+    }
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'failed' AND attempts = 4").await,
+        1
+    );
+    // Retries were queued as delayed jobs until the last attempt.
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'extract'").await, 1 + 3);
+
+    // A fenced answer is read; no model at all records `disabled` and changes nothing.
+    let s2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    conversation(&app, &s2, ": fenced").await;
+    complete(&app, &s2, "s2", "web").await;
+    let fenced =
+        "```json\n{\"should_update\": true, \"reason\": \"r\", \"daily_entry\": \"fenced entry\", \"facts\": []}\n```";
+    chat.then([ChatAnswer::Content(fenced.into())]);
+    assert!(matches!(runner.run(&job()).await.expect("fenced"), ExtractReport::Applied { conversations: 1, facts: 0 }));
+    let s3 = token(&principal("acme", Some("ann"), Some("helper"), Some("s3")));
+    conversation(&app, &s3, ": nobody extracts this").await;
+    complete(&app, &s3, "s3", "web").await;
+    let none = self::runner(&app, None, &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    assert_eq!(none.run(&job()).await.expect("disabled"), ExtractReport::Disabled { conversations: 1 });
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'disabled'").await, 1);
+}
