@@ -69,6 +69,7 @@ fn runner(app: &TestApp, chat: Option<&ScriptedChat>, extra: &[(&'static str, &s
         settings: workspace.extraction,
         max_file_bytes: workspace.max_file_bytes,
         stale_after: Duration::from_secs(60),
+        consolidation_throttle: workspace.consolidation.throttle,
     }
 }
 
@@ -195,6 +196,8 @@ async fn one_run_at_a_time_with_a_cooldown_and_conversations_that_wait_are_coale
     let entries = note.body["content"].as_str().expect("note").matches("messages; last:").count();
     assert_eq!(entries, 2, "one entry per run: {:?}", note.body);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, 3);
+    // Each run changed today's note; consolidation was asked for once (throttled).
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 1);
 }
 
 #[tokio::test]

@@ -85,6 +85,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("token_expired", 401, "the token's exp has passed"),
     ("missing_identity", 401, "the scope needs a user (sub), agent or session (sid) claim the token lacks"),
     ("session_mismatch", 403, "the token is bound to another session"),
+    ("agent_mismatch", 403, "the path names an agent other than the token's"),
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
     ("source_ref_conflict", 409, "the source_ref already holds different content"),
@@ -139,6 +140,7 @@ impl ApiError {
                 ScopeError::MissingSession(_) => ("missing_session", BAD_REQUEST),
                 ScopeError::SessionNotAllowed => ("session_not_allowed", BAD_REQUEST),
                 ScopeError::SessionMismatch => ("session_mismatch", StatusCode::FORBIDDEN),
+                ScopeError::AgentMismatch => ("agent_mismatch", StatusCode::FORBIDDEN),
                 ScopeError::MissingIdentity(_)
                 | ScopeError::RecallWithoutSession
                 | ScopeError::WorkspaceNeedsAgent
@@ -224,6 +226,7 @@ mod tests {
             ApiError::Scope(ScopeError::RecallWithoutSession),
             ApiError::Scope(ScopeError::WorkspaceNeedsAgent),
             ApiError::Scope(ScopeError::WorkspaceNeedsUser),
+            ApiError::Scope(ScopeError::AgentMismatch),
             ApiError::Invalid(InvalidInput::BadPath { reason: "x" }),
             ApiError::EditTextNotFound,
             ApiError::EditTextAmbiguous(2),

@@ -91,7 +91,8 @@ pub fn app(state: AppState) -> Router {
                 .delete(workspace::delete)
                 .post(workspace::edit),
         )
-        .route("/workspace/prompt", get(workspace::prompt));
+        .route("/workspace/prompt", get(workspace::prompt))
+        .route("/agents/{agent}/consolidate", post(workspace::consolidate));
     Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(routes::healthz))

@@ -5,7 +5,7 @@
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
-use mnemo_core::{FileKey, InvalidInput, MemoryNotes, PromptFile, Workspace, WorkspacePath, render_prompt};
+use mnemo_core::{FileKey, InvalidInput, MemoryNotes, PromptFile, ScopeError, Workspace, WorkspacePath, render_prompt};
 use mnemo_store::{Edited, FileMeta, WorkspaceFile, Written};
 use serde_json::{Value, json};
 
@@ -245,4 +245,24 @@ fn percent_decode(raw: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+/// `POST /v1/agents/{agent}/consolidate`: consolidate the token's user's daily notes into
+/// MEMORY.md now (one run at a time per agent and user; the job queues behind a running one).
+pub async fn consolidate(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    Path(agent): Path<String>,
+    body: JsonObject,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    body.finish()?;
+    let workspace = Workspace::of(&principal)?;
+    if workspace.agent.as_str() != agent {
+        return Err(ScopeError::AgentMismatch.into());
+    }
+    if workspace.user.is_none() {
+        return Err(ScopeError::WorkspaceNeedsUser.into());
+    }
+    let queued = state.store.request_consolidation(&workspace, None).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "queued": queued }))))
 }

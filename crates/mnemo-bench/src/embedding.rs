@@ -197,6 +197,7 @@ pub(crate) fn start_worker(
         judge,
         summarizer: None,
         extractor: None,
+        consolidator: None,
         counter: std::sync::Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -114,6 +114,8 @@ fn default_concurrency(queue: Queue, embed_batch_size: usize, judge: &JudgeSetti
         // Extractions of different users run side by side; one user's wait on each other in
         // the database, not here.
         Queue::Extract => 4,
+        // Nightly work, mostly waiting on the model.
+        Queue::Consolidate => 2,
     }
 }
 
@@ -158,7 +160,14 @@ mod tests {
         let settings = WorkerSettings::from_env(&env).expect("valid");
         assert_eq!(
             settings.queues,
-            [(Queue::Embed, 200), (Queue::Judge, 40), (Queue::Retention, 1), (Queue::Compact, 8), (Queue::Extract, 4)]
+            [
+                (Queue::Embed, 200),
+                (Queue::Judge, 40),
+                (Queue::Retention, 1),
+                (Queue::Compact, 8),
+                (Queue::Extract, 4),
+                (Queue::Consolidate, 2)
+            ]
         );
         let named = env.with(vars::JUDGE_BATCH_SIZE, "30").with(vars::WORKER_QUEUES, "judge,retention=3");
         let settings = WorkerSettings::from_env(&named).expect("valid");
@@ -171,7 +180,9 @@ mod tests {
         let err = WorkerSettings::from_env(&env).unwrap_err();
         assert_eq!(err.0.len(), 2, "{err}");
         assert!(
-            err.0[0].contains("unknown queue \"compaction\"; known: embed, judge, retention, compact, extract"),
+            err.0[0].contains(
+                "unknown queue \"compaction\"; known: embed, judge, retention, compact, extract, consolidate"
+            ),
             "{err}"
         );
         assert!(err.0[1].contains("\"embed=0\" needs a positive concurrency"), "{err}");

@@ -18,6 +18,18 @@ pub struct WorkspaceSettings {
     /// Days of daily notes under `## Recent Context`.
     pub recent_days: u32,
     pub extraction: ExtractionSettings,
+    pub consolidation: ConsolidationSettings,
+}
+
+/// Consolidation of daily notes into MEMORY.md.
+#[derive(Debug, Clone)]
+pub struct ConsolidationSettings {
+    /// Only notes of this many recent days are read.
+    pub day_range: u32,
+    /// MEMORY.md is replaced only by a result within this many tokens.
+    pub max_memory_tokens: u64,
+    /// Extraction asks for a consolidation at most this often per (agent, user).
+    pub throttle: Duration,
 }
 
 /// Extraction after a conversation.
@@ -90,7 +102,19 @@ impl WorkspaceSettings {
             max_attempts: problems.parsed(env, vars::EXTRACT_MAX_ATTEMPTS, 3i32, "a whole number").max(1),
             update_memory: bool_var(problems, vars::EXTRACT_UPDATE_MEMORY, false),
         };
-        Self { max_file_bytes, templates, prompt_max_tokens, recent_days, extraction }
+        let consolidation = ConsolidationSettings {
+            day_range: problems.parsed(env, vars::CONSOLIDATE_DAY_RANGE, 7u32, "a whole number of days").clamp(1, 366),
+            max_memory_tokens: problems
+                .parsed(env, vars::CONSOLIDATE_MAX_MEMORY_TOKENS, 4000u64, "a whole number")
+                .max(100),
+            throttle: Duration::from_secs(problems.parsed(
+                env,
+                vars::CONSOLIDATE_THROTTLE_S,
+                1800u64,
+                "a number of seconds",
+            )),
+        };
+        Self { max_file_bytes, templates, prompt_max_tokens, recent_days, extraction, consolidation }
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {

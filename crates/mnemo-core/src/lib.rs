@@ -7,6 +7,7 @@
 mod kinds;
 
 mod compaction;
+mod consolidation;
 mod embed;
 mod error;
 mod extraction;
@@ -26,6 +27,7 @@ pub use compaction::{
     CompactionOutcome, CompactionTrigger, Keep, SUMMARY_SECTIONS, Summarizer, SummaryFuture, TOOL_PREVIEW_CHARS,
     TranscriptLine, check_summary, compaction_cut, preview, summary_source_ref, transcript, units_within,
 };
+pub use consolidation::{Consolidation, ConsolidationFuture, ConsolidationInput, Consolidator};
 pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::{InvalidInput, ModelFailure};
 pub use extraction::{

@@ -90,6 +90,8 @@ pub enum ScopeError {
     WorkspaceNeedsAgent,
     #[error("this workspace file is about a user: use a token with a sub claim")]
     WorkspaceNeedsUser,
+    #[error("the token names another agent")]
+    AgentMismatch,
 }
 
 /// A validated row to remember: its scope and identities follow the rules of its kind, and its

@@ -14,6 +14,7 @@ string_enum!(
         Retention => "retention",
         Compact => "compact",
         Extract => "extract",
+        Consolidate => "consolidate",
     }
 );
 

@@ -37,6 +37,8 @@ pub struct ExtractRunner {
     pub max_file_bytes: usize,
     /// A run held longer than this is presumed dead (its worker was killed).
     pub stale_after: Duration,
+    /// An extraction asks for a consolidation at most this often per (agent, user).
+    pub consolidation_throttle: Duration,
 }
 
 /// What one job did.
@@ -127,6 +129,10 @@ impl ExtractRunner {
             facts,
         };
         self.store.apply_extraction(&workspace, &pending, &changes).await?;
+        // The day's notes changed: consolidation follows, at most once per throttle period.
+        if changes.daily_entry.is_some() {
+            self.store.request_consolidation(&workspace, Some(self.consolidation_throttle)).await?;
+        }
         let facts = changes.facts.len();
         metrics::counter!("mnemo_extractions_total", "outcome" => "applied").increment(1);
         tracing::info!(tenant = %job.tenant_id, conversations, facts, "extraction applied");

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 mod batcher;
 mod compact;
+mod consolidate;
 mod embed;
 mod extract;
 mod housekeeping;
@@ -16,6 +17,7 @@ mod retention;
 mod worker;
 
 pub use compact::{CompactPlan, CompactPolicy, CompactReport, Compactor};
+pub use consolidate::{ConsolidateReport, ConsolidateRunner};
 pub use embed::{EmbedDispatcher, EmbedPolicy};
 pub use extract::{ExtractReport, ExtractRunner};
 pub use housekeeping::{HousekeepingPolicy, run_housekeeping};

@@ -11,14 +11,14 @@ use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
-use mnemo_core::{Embedder, Extractor, Judge, Queue, Summarizer, TokenCounter};
-use mnemo_store::queue::{CompactJob, EmbedJob, ExtractJob, JobArgs, JudgeJob, RetentionJob};
+use mnemo_core::{Consolidator, Embedder, Extractor, Judge, Queue, Summarizer, TokenCounter};
+use mnemo_store::queue::{CompactJob, ConsolidateJob, EmbedJob, ExtractJob, JobArgs, JudgeJob, RetentionJob};
 use mnemo_store::{MIGRATOR, Store};
 
 use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
 use crate::{
-    CompactPolicy, Compactor, EmbedDispatcher, EmbedPolicy, ExtractRunner, JobError, JudgeDispatcher, JudgePolicy,
-    Next, RetentionRunner,
+    CompactPolicy, Compactor, ConsolidateRunner, EmbedDispatcher, EmbedPolicy, ExtractRunner, JobError,
+    JudgeDispatcher, JudgePolicy, Next, RetentionRunner,
 };
 
 /// A name no other process has used or will use: a restarted worker must not inherit the
@@ -63,6 +63,16 @@ async fn handle_compact(
 async fn handle_extract(
     job: ExtractJob,
     runner: Data<ExtractRunner>,
+    store: Data<Store>,
+    attempt: Attempt,
+) -> Result<(), BoxDynError> {
+    let result = runner.run(&job).await.map(|_| ());
+    finish(&store, &job, Next::after(result, attempt.current())).await
+}
+
+async fn handle_consolidate(
+    job: ConsolidateJob,
+    runner: Data<ConsolidateRunner>,
     store: Data<Store>,
     attempt: Attempt,
 ) -> Result<(), BoxDynError> {
@@ -136,6 +146,8 @@ pub struct Models {
     pub summarizer: Option<Arc<dyn Summarizer>>,
     /// `None` when no chat model is configured: extraction is disabled.
     pub extractor: Option<Arc<dyn Extractor>>,
+    /// `None` when no chat model is configured: consolidation is disabled.
+    pub consolidator: Option<Arc<dyn Consolidator>>,
     /// Counts tokens as context windows do.
     pub counter: Arc<dyn TokenCounter>,
 }
@@ -146,7 +158,7 @@ pub async fn run_worker(
     models: Models,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), JobError> {
-    let Models { embedder, judge, summarizer, extractor, counter } = models;
+    let Models { embedder, judge, summarizer, extractor, consolidator, counter } = models;
     // Handlers wait on the dispatcher without holding a connection: a small pool serves the
     // backend's fetches, acks and heartbeats, the batches, housekeeping and the gauges.
     let store = Store::connect(settings.database.url.expose(), settings.database.max_connections.max(8)).await?;
@@ -271,9 +283,22 @@ pub async fn run_worker(
                     settings: settings.workspace.extraction.clone(),
                     max_file_bytes: settings.workspace.max_file_bytes,
                     stale_after: settings.job_timeout * 2,
+                    consolidation_throttle: settings.workspace.consolidation.throttle,
                 };
                 let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, ExtractJob, config, runner, handle_extract);
+            }
+            Queue::Consolidate => {
+                let runner = ConsolidateRunner {
+                    store: store.clone(),
+                    consolidator: consolidator.clone(),
+                    counter: counter.clone(),
+                    worker: name.clone(),
+                    settings: settings.workspace.consolidation.clone(),
+                    stale_after: settings.job_timeout * 2,
+                };
+                let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
+                monitor = register_queue!(monitor, ConsolidateJob, config, runner, handle_consolidate);
             }
         }
     }

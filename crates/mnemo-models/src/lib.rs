@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Once};
 
 use mnemo_config::{ContextSettings, EmbedProvider, EmbedSettings, JudgeSettings};
-use mnemo_core::{Embedder, Extractor, Judge, Summarizer};
+use mnemo_core::{Consolidator, Embedder, Extractor, Judge, Summarizer};
 
+mod chat_consolidate;
 mod chat_extract;
 mod chat_judge;
 mod chat_summary;
@@ -17,6 +18,7 @@ mod openai;
 mod tei;
 mod tokens;
 
+pub use chat_consolidate::{CONSOLIDATE_MARKER, OpenAiConsolidator, parse_consolidation};
 pub use chat_extract::{EXTRACT_MARKER, OpenAiExtractor, parse_extraction};
 pub use chat_judge::{OpenAiJudge, parse_verdicts};
 pub use chat_summary::{OpenAiSummarizer, SUMMARIZE_MARKER};
@@ -78,6 +80,14 @@ pub fn extractor(settings: &ContextSettings, max_file_bytes: usize) -> Result<Op
         max_file_bytes,
     )?;
     Ok(Some(Arc::new(extractor)))
+}
+
+/// The model that consolidates daily notes into MEMORY.md; `None` when none is configured.
+pub fn consolidator(settings: &ContextSettings) -> Result<Option<Arc<dyn Consolidator>>, ModelError> {
+    let Some(model) = &settings.model else { return Ok(None) };
+    let consolidator =
+        OpenAiConsolidator::new(model.base_url.as_deref(), model.api_key.expose(), &model.name, model.timeout)?;
+    Ok(Some(Arc::new(consolidator)))
 }
 
 /// HTTPS to providers uses rustls with ring, which is already in the build for PostgreSQL TLS.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 mod bulk;
+mod consolidation;
 mod conversation;
 mod database;
 mod embeddings;
@@ -24,6 +25,7 @@ mod search;
 mod workspace;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
+pub use consolidation::ChangedNote;
 pub use conversation::{
     Compaction, MessageCursor, NewCompaction, PendingCompaction, STALE_REQUEST, SessionMessage, SessionState,
     SessionSummary,

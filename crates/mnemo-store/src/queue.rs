@@ -71,6 +71,21 @@ pub struct ExtractJob {
     pub user_id: UserId,
 }
 
+/// Consolidate the (agent, user)'s daily notes into MEMORY.md.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsolidateJob {
+    #[serde(with = "parsed")]
+    pub tenant_id: TenantId,
+    #[serde(with = "parsed")]
+    pub agent_id: AgentId,
+    #[serde(with = "parsed")]
+    pub user_id: UserId,
+}
+
+impl JobArgs for ConsolidateJob {
+    const QUEUE: Queue = Queue::Consolidate;
+}
+
 impl JobArgs for ExtractJob {
     const QUEUE: Queue = Queue::Extract;
 }

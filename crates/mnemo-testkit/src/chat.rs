@@ -149,6 +149,17 @@ fn extraction_of(body: &Value) -> Value {
     })
 }
 
+/// A consolidation a test can predict: MEMORY.md names the days of the notes it read.
+fn consolidation_of(body: &Value) -> Value {
+    let prompt = body["messages"][1]["content"].as_str().unwrap_or_default();
+    let days: Vec<&str> = prompt.lines().filter_map(|l| l.strip_prefix("### ")).collect();
+    json!({
+        "should_update": true,
+        "reason": "scripted",
+        "memory_content": format!("# MEMORY.md\n\n- consolidated {}\n", days.join(", ")),
+    })
+}
+
 fn first_words(text: &str) -> Vec<String> {
     text.split_whitespace().take(3).map(str::to_lowercase).collect()
 }
@@ -182,6 +193,7 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
     let system = body["messages"][0]["content"].as_str().unwrap_or_default();
     let summarizing = system.contains("SESSION INTENT");
     let extracting = system.contains("should remember after a conversation");
+    let consolidating = system.contains("You curate the long-term memory");
     let (new_fact, existing) = prompt_facts(&body);
     match answer {
         Some(ChatAnswer::Status(code)) => {
@@ -212,6 +224,9 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
     }
     if extracting {
         return completion(&extraction_of(&body).to_string(), "stop");
+    }
+    if consolidating {
+        return completion(&consolidation_of(&body).to_string(), "stop");
     }
     let new_words = first_words(&new_fact);
     let decisions: Vec<Value> = existing

@@ -16,7 +16,7 @@ use mnemo_config::{Env, WorkerSettings, vars};
 struct Cli {
     /// Queues to serve, each with an optional concurrency, e.g. `embed,judge=60` (overrides
     /// MNEMO_WORKER_QUEUES; default: every queue, embed at 4 × MNEMO_EMBED_BATCH_SIZE, judge at
-    /// 2 × MNEMO_JUDGE_BATCH_SIZE, retention at 1, compact at 8, extract at 4).
+    /// 2 × MNEMO_JUDGE_BATCH_SIZE, retention at 1, compact at 8, extract at 4, consolidate at 2).
     #[arg(long, value_name = "QUEUES")]
     queues: Option<String>,
     /// Where `/metrics` is served (overrides MNEMO_WORKER_LISTEN; default 127.0.0.1:9464).
@@ -46,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
         judge: mnemo_models::judge(&settings.judge)?,
         summarizer: mnemo_models::summarizer(&settings.context)?,
         extractor: mnemo_models::extractor(&settings.context, settings.workspace.max_file_bytes)?,
+        consolidator: mnemo_models::consolidator(&settings.context)?,
         counter: Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
     };
     mnemo_jobs::run_worker(settings, models, mnemo_config::shutdown_signal()).await.context("mnemo-worker failed")

@@ -1,0 +1,168 @@
+//! Consolidation's state per (agent, user): requests (throttled when extraction asks), the one
+//! run at a time, the watermark, and applying a new MEMORY.md with the watermark in one
+//! transaction.
+
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use mnemo_core::{Workspace, WorkspacePath};
+
+use crate::queue::{ConsolidateJob, push};
+use crate::workspace::{NewState, apply, current, lock};
+use crate::{Store, StoreError};
+
+/// Who wrote MEMORY.md changes made by consolidation, in versions and audit rows.
+const ACTOR: &str = "consolidation";
+
+/// Asks for a run unless one was asked for within `$4` seconds (NULL: always).
+const REQUEST: &str = "
+INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, last_requested_at) VALUES ($1, $2, $3, now())
+ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_requested_at = now()
+WHERE $4::float8 IS NULL OR s.last_requested_at IS NULL OR s.last_requested_at < now() - make_interval(secs => $4)
+RETURNING true";
+
+/// Takes the run when nobody holds it (or its holder is presumed dead); answers the watermark.
+const CLAIM: &str = "
+INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, running_since, running_by)
+VALUES ($1, $2, $3, now(), $4)
+ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET running_since = now(), running_by = $4
+WHERE s.running_since IS NULL OR s.running_since < now() - make_interval(secs => $5)
+RETURNING watermark";
+
+/// The user's live daily notes changed after `$4`, of days from `$5` on, oldest first.
+const CHANGED_NOTES: &str = "
+SELECT path, content, updated_at FROM workspace_files
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
+  AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path >= $5 AND updated_at > $4
+ORDER BY path";
+
+/// Ends the run: `$4` the new watermark (NULL keeps it), `$5` the outcome, `$6` its reason.
+const FINISH: &str = "
+UPDATE consolidation_state SET running_since = NULL, running_by = NULL, last_finished_at = now(),
+    watermark = COALESCE($4, watermark), last_outcome = $5, last_reason = $6
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3";
+
+/// A daily note to consolidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangedNote {
+    pub day: NaiveDate,
+    pub content: String,
+    pub updated_at: DateTime<Utc>,
+}
+
+fn user(workspace: &Workspace) -> Result<&str, StoreError> {
+    workspace
+        .user
+        .as_ref()
+        .map(|u| u.as_str())
+        .ok_or(StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
+}
+
+impl Store {
+    /// Asks for a consolidation of the (agent, user) and queues its job, unless one was asked
+    /// for within `throttle` (`None`: always). True when this call queued the job.
+    pub async fn request_consolidation(
+        &self,
+        workspace: &Workspace,
+        throttle: Option<Duration>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let asked: Option<bool> = sqlx::query_scalar(REQUEST)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user(workspace)?)
+            .bind(throttle.map(|t| t.as_secs_f64()))
+            .fetch_optional(&mut *tx)
+            .await?;
+        if asked.is_some() {
+            let job = ConsolidateJob {
+                tenant_id: workspace.tenant.clone(),
+                agent_id: workspace.agent.clone(),
+                user_id: workspace.user.clone().expect("checked above"),
+            };
+            push(&mut tx, &[job]).await?;
+        }
+        tx.commit().await?;
+        Ok(asked.is_some())
+    }
+
+    /// Takes the (agent, user)'s consolidation run; its watermark, or `None` when it is held.
+    pub async fn claim_consolidation(
+        &self,
+        workspace: &Workspace,
+        worker: &str,
+        stale: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(sqlx::query_scalar(CLAIM)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user(workspace)?)
+            .bind(worker)
+            .bind(stale.as_secs_f64())
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// The daily notes changed after `watermark`, of days from `since` on, oldest first.
+    pub async fn notes_changed_since(
+        &self,
+        workspace: &Workspace,
+        watermark: DateTime<Utc>,
+        since: NaiveDate,
+    ) -> Result<Vec<ChangedNote>, StoreError> {
+        let rows: Vec<(String, String, DateTime<Utc>)> = sqlx::query_as(CHANGED_NOTES)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user(workspace)?)
+            .bind(watermark)
+            .bind(WorkspacePath::daily_note(since).as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(path, content, updated_at)| {
+                Some(ChangedNote { day: WorkspacePath::parse(&path).ok()?.note_day()?, content, updated_at })
+            })
+            .collect())
+    }
+
+    /// Ends the run: replaces MEMORY.md when `memory` is given and moves the watermark when
+    /// given, in one transaction, recording the outcome and its reason.
+    pub async fn finish_consolidation(
+        &self,
+        workspace: &Workspace,
+        memory: Option<&str>,
+        watermark: Option<DateTime<Utc>>,
+        outcome: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(content) = memory {
+            let path = WorkspacePath::parse("MEMORY.md").expect("a valid path");
+            let key = workspace
+                .file(path.clone())
+                .map_err(|_| StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))?;
+            lock(&mut tx, &key).await?;
+            let now = current(&mut tx, &key).await?;
+            let state = NewState {
+                content,
+                enabled: now.as_ref().is_none_or(|c| c.file.enabled),
+                sort_order: now.as_ref().map_or(path.core_sort_order().unwrap_or(0), |c| c.file.sort_order),
+                deleted: false,
+            };
+            let version = now.as_ref().map_or(1, |c| c.file.version + 1);
+            apply(&mut tx, &key, &state, version, "overwritten", ACTOR).await?;
+        }
+        sqlx::query(FINISH)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user(workspace)?)
+            .bind(watermark)
+            .bind(outcome)
+            .bind(reason)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,127 @@
+//! Consolidation of daily notes into MEMORY.md against a real PostgreSQL and the scripted chat
+//! server: the watermark, the day range, the budget, failures that change nothing, one run at a
+//! time, throttled requests from extraction, and the endpoint.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mnemo_config::{ContextSettings, Env, TokenizerName, WorkspaceSettings, vars};
+use mnemo_core::{AgentId, TenantId, UserId, Workspace};
+use mnemo_jobs::{ConsolidateReport, ConsolidateRunner};
+use mnemo_store::queue::ConsolidateJob;
+use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, principal, token};
+use serde_json::json;
+
+fn runner(app: &TestApp, chat: &ScriptedChat, extra: &[(&'static str, &str)]) -> ConsolidateRunner {
+    let mut pairs = vec![
+        (vars::LLM_MODEL, "scripted".to_owned()),
+        (vars::LLM_BASE_URL, chat.base_url.clone()),
+        (vars::LLM_API_KEY, "test".to_owned()),
+    ];
+    pairs.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    let env = Env::from_pairs(pairs);
+    ConsolidateRunner {
+        store: app.db.store(),
+        consolidator: mnemo_models::consolidator(&ContextSettings::from_env(&env).expect("context")).expect("model"),
+        counter: Arc::new(mnemo_models::Tokenizer::new(TokenizerName::O200kBase)),
+        worker: format!("test-{}", uuid::Uuid::new_v4().simple()),
+        settings: WorkspaceSettings::from_env(&env).expect("workspace").consolidation,
+        stale_after: Duration::from_secs(60),
+    }
+}
+
+fn job() -> ConsolidateJob {
+    ConsolidateJob {
+        tenant_id: TenantId::parse("acme").expect("tenant"),
+        agent_id: AgentId::parse("helper").expect("agent"),
+        user_id: UserId::parse("ann").expect("user"),
+    }
+}
+
+fn day(days_ago: u64) -> String {
+    (chrono::Utc::now().date_naive() - chrono::Days::new(days_ago)).format("%Y-%m-%d").to_string()
+}
+
+async fn note(app: &TestApp, t: &str, days_ago: u64, text: &str) {
+    let path = format!("/v1/workspace/files/memory/{}.md", day(days_ago));
+    let reply = app.client.put(&path, Some(t), &json!({ "content": text })).await;
+    assert!(reply.status < 300, "{:?}", reply.body);
+}
+
+async fn memory(app: &TestApp, t: &str) -> String {
+    let reply = app.client.get("/v1/workspace/files/MEMORY.md", Some(t)).await;
+    reply.body["content"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only_on_success() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- booked Lisbon").await;
+    note(&app, &t, 1, "- compared trains").await;
+    note(&app, &t, 20, "- long ago").await;
+    let runner = runner(&app, &chat, &[(vars::CONSOLIDATE_MAX_MEMORY_TOKENS, "200")]);
+
+    // Over budget: nothing changes, and the notes are read again next time.
+    let before = memory(&app, &t).await;
+    chat.then([ChatAnswer::Content(
+        json!({ "should_update": true, "reason": "r", "memory_content": "word ".repeat(1000) }).to_string(),
+    )]);
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Failed { reason: "over_budget".into() });
+    chat.then([ChatAnswer::Malformed]);
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Failed { reason: "unparsable".into() });
+    assert_eq!(memory(&app, &t).await, before);
+
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 2 });
+    assert_eq!(memory(&app, &t).await, format!("# MEMORY.md\n\n- consolidated {}, {}\n", day(1), day(0)));
+    let prompt =
+        chat.requests().last().expect("a request")["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(prompt.contains("- booked Lisbon") && !prompt.contains("long ago"), "{prompt}");
+    assert!(chat.requests()[0]["messages"][0]["content"].as_str().unwrap_or("").contains("under 800 characters"));
+
+    // Nothing new since the watermark; then one changed note is read alone.
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
+    note(&app, &t, 0, "- booked Lisbon\n- packed").await;
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 });
+    // A model that keeps MEMORY.md as it is still moves the watermark.
+    note(&app, &t, 1, "- compared trains again").await;
+    chat.then([ChatAnswer::Content(json!({ "should_update": false, "reason": "nothing new" }).to_string())]);
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Kept { notes: 1 });
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
+    let actors = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'consolidation'").await;
+    assert_eq!(actors, 2);
+}
+
+#[tokio::test]
+async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_agent() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- booked Lisbon").await;
+    let (a, b) = (runner(&app, &chat, &[]), runner(&app, &chat, &[]));
+    chat.delay_every_answer(Duration::from_millis(300));
+    let once = job();
+    let (ra, rb) = tokio::join!(a.run(&once), b.run(&once));
+    let reports = [ra.expect("a"), rb.expect("b")];
+    assert!(reports.contains(&ConsolidateReport::Updated { notes: 1 }), "{reports:?}");
+    assert!(reports.contains(&ConsolidateReport::Held), "{reports:?}");
+
+    let workspace = Workspace {
+        tenant: TenantId::parse("acme").expect("tenant"),
+        agent: AgentId::parse("helper").expect("agent"),
+        user: Some(UserId::parse("ann").expect("user")),
+    };
+    let store = app.db.store();
+    let throttle = Some(Duration::from_secs(1800));
+    assert!(store.request_consolidation(&workspace, throttle).await.expect("first"));
+    assert!(!store.request_consolidation(&workspace, throttle).await.expect("throttled"));
+    let reply = app.client.post("/v1/agents/helper/consolidate", Some(&t), &json!({})).await;
+    assert_eq!((reply.status, reply.body["queued"].as_bool()), (202, Some(true)), "by hand, never throttled");
+    let reply = app.client.post("/v1/agents/other/consolidate", Some(&t), &json!({})).await;
+    assert_eq!((reply.status, reply.code()), (403, "agent_mismatch"));
+    let agent_only = token(&principal("acme", None, Some("helper"), None));
+    let reply = app.client.post("/v1/agents/helper/consolidate", Some(&agent_only), &json!({})).await;
+    assert_eq!((reply.status, reply.code()), (401, "missing_identity"));
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2 + 1);
+}
