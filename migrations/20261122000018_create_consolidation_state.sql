@@ -10,6 +10,8 @@ CREATE TABLE consolidation_state (
     running_since     timestamptz,
     running_by        text,
     last_requested_at timestamptz,
+    -- The schedule's fire time last acted on (MNEMO_CONSOLIDATE_CRON).
+    last_scheduled_at timestamptz,
     last_finished_at  timestamptz,
     last_outcome      text,
     last_reason       text,

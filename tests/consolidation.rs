@@ -125,3 +125,37 @@ async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_ag
     assert_eq!((reply.status, reply.code()), (401, "missing_identity"));
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2 + 1);
 }
+
+#[tokio::test]
+async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
+    let app = TestApp::spawn().await;
+    for (user, agent) in [("ann", "helper"), ("bob", "helper"), ("ann", "coach")] {
+        let t = token(&principal("acme", Some(user), Some(agent), None));
+        note(&app, &t, 0, "- a note").await;
+    }
+    // A pair with no daily notes is not consolidated.
+    let quiet = token(&principal("acme", Some("cid"), Some("helper"), None));
+    assert_eq!(app.client.get("/v1/workspace/files", Some(&quiet)).await.status, 200);
+    let store = app.db.store();
+    let schedule = mnemo_core::CronSchedule::parse("0 2 * * *").expect("valid");
+    let fire = schedule.last_fire(chrono::Utc::now()).expect("a fire");
+    let night_before = fire - chrono::Duration::days(1);
+    assert_eq!(store.schedule_consolidations(night_before).await.expect("schedule"), 3);
+    assert_eq!(store.schedule_consolidations(night_before).await.expect("again"), 0, "once per fire, across workers");
+
+    // Housekeeping does it on its tick, for the last fire.
+    let policy = mnemo_jobs::HousekeepingPolicy {
+        interval: Duration::from_secs(1),
+        model: "m".into(),
+        embed_grace: Duration::from_secs(60),
+        judge_grace: Duration::from_secs(60),
+        job_retention: Duration::from_secs(3600),
+        dead_worker_after: Duration::from_secs(60),
+        retention_interval: Duration::from_secs(3600),
+        consolidate_cron: Some(schedule),
+    };
+    let done = mnemo_jobs::run_housekeeping(&store, "w", &policy).await.expect("housekeeping").expect("won the tick");
+    assert_eq!(done.consolidations_scheduled, 3);
+    assert_eq!(store.schedule_consolidations(fire).await.expect("same fire"), 0);
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 6);
+}

@@ -88,3 +88,6 @@ pub const EXTRACT_UPDATE_MEMORY: &str = "MNEMO_EXTRACT_UPDATE_MEMORY";
 pub const CONSOLIDATE_DAY_RANGE: &str = "MNEMO_CONSOLIDATE_DAY_RANGE";
 pub const CONSOLIDATE_MAX_MEMORY_TOKENS: &str = "MNEMO_CONSOLIDATE_MAX_MEMORY_TOKENS";
 pub const CONSOLIDATE_THROTTLE_S: &str = "MNEMO_CONSOLIDATE_THROTTLE_S";
+/// When consolidation runs for every (agent, user) with daily notes: a five-field cron
+/// expression in UTC; `off` turns it off.
+pub const CONSOLIDATE_CRON: &str = "MNEMO_CONSOLIDATE_CRON";

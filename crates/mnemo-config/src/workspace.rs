@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use std::time::Duration;
 
-use mnemo_core::{CORE_FILES, Gates, WorkspacePath};
+use mnemo_core::{CORE_FILES, CronSchedule, Gates, WorkspacePath};
 
 use crate::{ConfigError, Env, Problems, vars};
 
@@ -30,6 +30,8 @@ pub struct ConsolidationSettings {
     pub max_memory_tokens: u64,
     /// Extraction asks for a consolidation at most this often per (agent, user).
     pub throttle: Duration,
+    /// When every (agent, user) with daily notes is consolidated (UTC); `None` never.
+    pub schedule: Option<CronSchedule>,
 }
 
 /// Extraction after a conversation.
@@ -113,6 +115,16 @@ impl WorkspaceSettings {
                 1800u64,
                 "a number of seconds",
             )),
+            schedule: match env.get(vars::CONSOLIDATE_CRON).map(str::trim) {
+                Some("off") => None,
+                raw => match CronSchedule::parse(raw.unwrap_or("0 2 * * *")) {
+                    Ok(schedule) => Some(schedule),
+                    Err(e) => {
+                        problems.0.push(format!("{}: {e}", vars::CONSOLIDATE_CRON));
+                        None
+                    }
+                },
+            },
         };
         Self { max_file_bytes, templates, prompt_max_tokens, recent_days, extraction, consolidation }
     }
@@ -131,6 +143,11 @@ mod tests {
         let settings = WorkspaceSettings::from_env(&Env::default()).expect("defaults");
         assert_eq!(settings.max_file_bytes, 262_144);
         assert!(settings.templates[3].1.starts_with("# MEMORY.md"));
+        assert!(settings.consolidation.schedule.is_some(), "nightly by default");
+        let off = WorkspaceSettings::from_env(&Env::from_pairs([(vars::CONSOLIDATE_CRON, "off")])).expect("off");
+        assert!(off.consolidation.schedule.is_none());
+        let bad = WorkspaceSettings::from_env(&Env::from_pairs([(vars::CONSOLIDATE_CRON, "every night")]));
+        assert!(bad.unwrap_err().to_string().contains(vars::CONSOLIDATE_CRON));
         let missing = Env::from_pairs([(vars::WORKSPACE_TEMPLATES_DIR, "/nonexistent-mnemo-templates")]);
         let err = WorkspaceSettings::from_env(&missing).unwrap_err().to_string();
         assert!(err.contains("cannot read AGENTS.md"), "{err}");

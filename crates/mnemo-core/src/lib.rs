@@ -8,6 +8,7 @@ mod kinds;
 
 mod compaction;
 mod consolidation;
+mod cron;
 mod embed;
 mod error;
 mod extraction;
@@ -28,6 +29,7 @@ pub use compaction::{
     TranscriptLine, check_summary, compaction_cut, preview, summary_source_ref, transcript, units_within,
 };
 pub use consolidation::{Consolidation, ConsolidationFuture, ConsolidationInput, Consolidator};
+pub use cron::CronSchedule;
 pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::{InvalidInput, ModelFailure};
 pub use extraction::{

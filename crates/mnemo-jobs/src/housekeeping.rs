@@ -3,6 +3,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use chrono::Utc;
+use mnemo_core::CronSchedule;
 use mnemo_store::{Housekeeping, Store};
 
 use crate::JobError;
@@ -18,6 +20,8 @@ pub struct HousekeepingPolicy {
     pub dead_worker_after: Duration,
     /// How often each tenant's retired rows are swept.
     pub retention_interval: Duration,
+    /// When every (agent, user) with daily notes is consolidated; `None` never.
+    pub consolidate_cron: Option<CronSchedule>,
 }
 
 /// The current tick number: wall-clock time in whole intervals, the same on every machine.
@@ -42,6 +46,10 @@ pub async fn run_housekeeping(
         pruned_jobs: store.prune_finished_jobs(policy.job_retention).await?,
         removed_workers: store.remove_stale_workers(policy.dead_worker_after).await?,
         retention_scheduled: store.schedule_retention(tick_number(policy.retention_interval)).await?,
+        consolidations_scheduled: match policy.consolidate_cron.as_ref().and_then(|c| c.last_fire(Utc::now())) {
+            Some(fire) => store.schedule_consolidations(fire).await?,
+            None => 0,
+        },
     };
     store.finish_housekeeping_tick(tick, done).await?;
     if done != Housekeeping::default() {
@@ -51,6 +59,7 @@ pub async fn run_housekeeping(
             pruned_jobs = done.pruned_jobs,
             removed_workers = done.removed_workers,
             retention_scheduled = done.retention_scheduled,
+            consolidations_scheduled = done.consolidations_scheduled,
             "housekeeping"
         );
     }

@@ -190,6 +190,7 @@ pub async fn run_worker(
             job_retention: settings.job_retention,
             dead_worker_after: settings.orphan_timeout * 3,
             retention_interval: settings.retention.interval,
+            consolidate_cron: settings.workspace.consolidation.schedule.clone(),
         },
     ));
 

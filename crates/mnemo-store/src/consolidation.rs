@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use mnemo_core::{Workspace, WorkspacePath};
+use mnemo_core::{AgentId, TenantId, UserId, Workspace, WorkspacePath};
 
 use crate::queue::{ConsolidateJob, push};
 use crate::workspace::{NewState, apply, current, lock};
@@ -20,6 +20,17 @@ INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, last_request
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_requested_at = now()
 WHERE $4::float8 IS NULL OR s.last_requested_at IS NULL OR s.last_requested_at < now() - make_interval(secs => $4)
 RETURNING true";
+
+/// Every (agent, user) with daily notes whose schedule fired at `$1` and was not acted on yet:
+/// marked, and returned to be queued. Cross-tenant: housekeeping finds the work, each job
+/// carries its own tenant.
+const SCHEDULE: &str = "
+INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, last_scheduled_at, last_requested_at)
+SELECT DISTINCT tenant_id, agent_id, user_id, $1::timestamptz, now() FROM workspace_files
+WHERE user_id <> '' AND deleted_at IS NULL AND starts_with(path, 'memory/')
+ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_scheduled_at = $1, last_requested_at = now()
+WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
+RETURNING tenant_id, agent_id, user_id";
 
 /// Takes the run when nobody holds it (or its holder is presumed dead); answers the watermark.
 const CLAIM: &str = "
@@ -84,6 +95,26 @@ impl Store {
         }
         tx.commit().await?;
         Ok(asked.is_some())
+    }
+
+    /// Queues a consolidation for every (agent, user) with daily notes whose schedule fired at
+    /// `fire` and was not acted on yet; how many.
+    pub async fn schedule_consolidations(&self, fire: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let due: Vec<(String, String, String)> = sqlx::query_as(SCHEDULE).bind(fire).fetch_all(&mut *tx).await?;
+        let jobs = due
+            .iter()
+            .map(|(tenant, agent, user)| {
+                Ok(ConsolidateJob {
+                    tenant_id: TenantId::parse(tenant)?,
+                    agent_id: AgentId::parse(agent)?,
+                    user_id: UserId::parse(user)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        push(&mut tx, &jobs).await?;
+        tx.commit().await?;
+        Ok(jobs.len() as u64)
     }
 
     /// Takes the (agent, user)'s consolidation run; its watermark, or `None` when it is held.

@@ -47,6 +47,8 @@ pub struct Housekeeping {
     pub removed_workers: u64,
     /// Tenants whose retention sweep was scheduled.
     pub retention_scheduled: u64,
+    /// (agent, user) pairs whose nightly consolidation was queued.
+    pub consolidations_scheduled: u64,
 }
 
 impl Store {
