@@ -153,6 +153,11 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
         dead_worker_after: Duration::from_secs(60),
         retention_interval: Duration::from_secs(3600),
         consolidate_cron: Some(schedule),
+        maintenance: mnemo_config::MaintenanceSettings {
+            interval: Duration::from_secs(3600),
+            note_retention_days: 0,
+            session_retention_days: 0,
+        },
     };
     let done = mnemo_jobs::run_housekeeping(&store, "w", &policy).await.expect("housekeeping").expect("won the tick");
     assert_eq!(done.consolidations_scheduled, 3);

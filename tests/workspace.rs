@@ -271,3 +271,54 @@ async fn the_runbook_lists_prints_and_restores_any_version() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--user"));
 }
+
+#[tokio::test]
+async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per_interval() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let today = chrono::Utc::now().date_naive();
+    let (old, recent) = (today - chrono::Days::new(100), today - chrono::Days::new(10));
+    for day in [old, recent] {
+        let path = format!("/v1/workspace/files/memory/{}.md", day.format("%Y-%m-%d"));
+        assert_eq!(
+            app.client.put(&path, Some(&t), &json!({ "content": format!("# {day}\n- notes") })).await.status,
+            201
+        );
+    }
+    let long_ago = (chrono::Utc::now() - chrono::Duration::days(200)).to_rfc3339();
+    for (source_ref, event_time) in [("old", Some(long_ago)), ("new", None)] {
+        let mut body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": "hello" });
+        if let Some(time) = event_time {
+            body["event_time"] = json!(time);
+        }
+        assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+    }
+
+    let store = app.db.store();
+    assert!(store.claim_maintenance(1, "w1").await.expect("claim"));
+    assert!(!store.claim_maintenance(1, "w2").await.expect("claimed already"), "once per interval across workers");
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
+    let old_path = format!("/v1/workspace/files/memory/{}.md", old.format("%Y-%m-%d"));
+    assert_eq!(app.client.get(&old_path, Some(&t)).await.status, 404);
+    let archived =
+        app.client.get(&format!("/v1/workspace/files/memory/archive/{}.md", old.format("%Y-%m-%d")), Some(&t)).await;
+    assert_eq!(
+        (archived.body["enabled"].as_bool(), archived.body["content"].as_str()),
+        (Some(false), Some(format!("# {old}\n- notes").as_str()))
+    );
+    let recent_path = format!("/v1/workspace/files/memory/{}.md", recent.format("%Y-%m-%d"));
+    assert_eq!(app.client.get(&recent_path, Some(&t)).await.status, 200);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("again"), 0);
+    let by_maintenance = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'maintenance'").await;
+    assert_eq!(by_maintenance, 2, "the archive copy and the note's delete");
+
+    assert_eq!(store.prune_old_sessions(180, 10_000).await.expect("prune"), 1);
+    assert_eq!(store.prune_old_sessions(180, 10_000).await.expect("again"), 0);
+    let listed = app.client.get("/v1/sessions/s1/messages", Some(&t)).await;
+    assert_eq!(listed.body["messages"].as_array().map(Vec::len), Some(1));
+    let audited = app
+        .db
+        .count("SELECT count(*) FROM audit_log WHERE reason = 'session_retention' AND actor = 'maintenance'")
+        .await;
+    assert_eq!(audited, 1);
+}

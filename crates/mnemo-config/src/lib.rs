@@ -29,4 +29,4 @@ pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};
 pub use telemetry::{LogFormat, LogSettings, init_tracing, metrics_handle, shutdown_signal};
 pub use worker::WorkerSettings;
-pub use workspace::{ConsolidationSettings, ExtractionSettings, WorkspaceSettings};
+pub use workspace::{ConsolidationSettings, ExtractionSettings, MaintenanceSettings, WorkspaceSettings};

@@ -91,3 +91,6 @@ pub const CONSOLIDATE_THROTTLE_S: &str = "MNEMO_CONSOLIDATE_THROTTLE_S";
 /// When consolidation runs for every (agent, user) with daily notes: a five-field cron
 /// expression in UTC; `off` turns it off.
 pub const CONSOLIDATE_CRON: &str = "MNEMO_CONSOLIDATE_CRON";
+pub const MAINTENANCE_INTERVAL_S: &str = "MNEMO_MAINTENANCE_INTERVAL_S";
+pub const DAILY_NOTE_RETENTION_DAYS: &str = "MNEMO_DAILY_NOTE_RETENTION_DAYS";
+pub const SESSION_RETENTION_DAYS: &str = "MNEMO_SESSION_RETENTION_DAYS";

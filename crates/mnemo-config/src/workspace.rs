@@ -19,6 +19,17 @@ pub struct WorkspaceSettings {
     pub recent_days: u32,
     pub extraction: ExtractionSettings,
     pub consolidation: ConsolidationSettings,
+    pub maintenance: MaintenanceSettings,
+}
+
+/// Background maintenance on the housekeeping schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaintenanceSettings {
+    pub interval: Duration,
+    /// Daily notes older than this many days move to `memory/archive/` (0: never).
+    pub note_retention_days: u32,
+    /// Session messages older than this many days are soft-deleted (0: never).
+    pub session_retention_days: u32,
 }
 
 /// Consolidation of daily notes into MEMORY.md.
@@ -126,7 +137,19 @@ impl WorkspaceSettings {
                 },
             },
         };
-        Self { max_file_bytes, templates, prompt_max_tokens, recent_days, extraction, consolidation }
+        let maintenance = MaintenanceSettings {
+            interval: Duration::from_secs(
+                problems.parsed(env, vars::MAINTENANCE_INTERVAL_S, 6 * 3600u64, "a number of seconds").max(1),
+            ),
+            note_retention_days: problems.parsed(env, vars::DAILY_NOTE_RETENTION_DAYS, 90u32, "a whole number of days"),
+            session_retention_days: problems.parsed(
+                env,
+                vars::SESSION_RETENTION_DAYS,
+                180u32,
+                "a whole number of days",
+            ),
+        };
+        Self { max_file_bytes, templates, prompt_max_tokens, recent_days, extraction, consolidation, maintenance }
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {

@@ -4,8 +4,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::Utc;
+use mnemo_config::MaintenanceSettings;
 use mnemo_core::CronSchedule;
-use mnemo_store::{Housekeeping, Store};
+use mnemo_store::{Housekeeping, Maintained, Store};
 
 use crate::JobError;
 
@@ -22,6 +23,8 @@ pub struct HousekeepingPolicy {
     pub retention_interval: Duration,
     /// When every (agent, user) with daily notes is consolidated; `None` never.
     pub consolidate_cron: Option<CronSchedule>,
+    /// Archiving old daily notes and pruning old session messages.
+    pub maintenance: MaintenanceSettings,
 }
 
 /// The current tick number: wall-clock time in whole intervals, the same on every machine.
@@ -52,6 +55,7 @@ pub async fn run_housekeeping(
         },
     };
     store.finish_housekeeping_tick(tick, done).await?;
+    maintain(store, worker, &policy.maintenance).await?;
     if done != Housekeeping::default() {
         tracing::info!(
             tick,
@@ -66,6 +70,26 @@ pub async fn run_housekeeping(
     metrics::counter!("mnemo_housekeeping_runs_total").increment(1);
     metrics::counter!("mnemo_housekeeping_requeued_total").increment(done.requeued);
     Ok(Some(done))
+}
+
+/// Archives old daily notes and prunes old session messages, once per maintenance interval
+/// across all workers, a bounded batch of each per run (the next run goes on).
+async fn maintain(store: &Store, worker: &str, settings: &MaintenanceSettings) -> Result<(), JobError> {
+    let tick = tick_number(settings.interval);
+    if !store.claim_maintenance(tick, worker).await? {
+        return Ok(());
+    }
+    let mut done = Maintained::default();
+    if settings.note_retention_days > 0 {
+        let before = Utc::now().date_naive() - chrono::Days::new(u64::from(settings.note_retention_days));
+        done.archived = store.archive_daily_notes(before, 1000).await?;
+    }
+    if settings.session_retention_days > 0 {
+        done.pruned = store.prune_old_sessions(settings.session_retention_days, 10_000).await?;
+    }
+    store.finish_maintenance(tick, done).await?;
+    tracing::info!(tick, archived = done.archived, pruned = done.pruned, "maintenance");
+    Ok(())
 }
 
 /// Tries every interval until `stop` resolves.

@@ -191,6 +191,7 @@ pub async fn run_worker(
             dead_worker_after: settings.orphan_timeout * 3,
             retention_interval: settings.retention.interval,
             consolidate_cron: settings.workspace.consolidation.schedule.clone(),
+            maintenance: settings.workspace.maintenance,
         },
     ));
 

@@ -16,6 +16,7 @@ mod error;
 mod extraction;
 mod group_commit;
 mod judge;
+mod maintenance;
 mod memories;
 mod ops;
 pub mod queue;
@@ -38,6 +39,7 @@ pub use group_commit::GroupCommit;
 pub use judge::{
     BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, JudgeStatus, Judgement, PendingFact,
 };
+pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, SweepPlan};

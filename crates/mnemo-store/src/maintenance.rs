@@ -1,0 +1,122 @@
+//! Background maintenance, once per interval across all workers: daily notes older than their
+//! retention move to `memory/archive/` (disabled, still readable, every step versioned with the
+//! actor `maintenance`), and session messages older than theirs are soft-deleted, with audit
+//! rows, so the retention sweep anonymizes them. Both statements are cross-tenant by design
+//! (housekeeping finds the work); each file move names its own tenant, agent and user.
+
+use chrono::NaiveDate;
+use mnemo_core::{AgentId, AuditEvent, FileKey, TenantId, UserId, WorkspacePath};
+
+use crate::workspace::{NewState, apply, current, lock};
+use crate::{DEFAULT_SORT_ORDER, Store, StoreError};
+
+const ACTOR: &str = "maintenance";
+
+const CLAIM: &str = "INSERT INTO maintenance_runs (tick, worker) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+const FINISH: &str = "UPDATE maintenance_runs SET archived = $2, pruned = $3, finished_at = now() WHERE tick = $1";
+
+/// Live daily notes of days before `$1` (a path bound), at most `$2`.
+const OLD_NOTES: &str = "
+SELECT tenant_id, agent_id, user_id, path FROM workspace_files
+WHERE user_id <> '' AND deleted_at IS NULL
+  AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path < $1
+LIMIT $2";
+
+/// Soft-deletes at most `$2` live session messages older than `$1` days, with an audit row each.
+const PRUNE_SESSIONS: &str = "
+WITH old AS (
+    SELECT tenant_id, id FROM memory_items
+    WHERE scope = 'session' AND source_kind IN ('chat_message', 'tool_output')
+      AND deleted_at IS NULL AND anonymized_at IS NULL AND event_time < now() - make_interval(days => $1)
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    UPDATE memory_items m SET deleted_at = now()
+    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id
+    RETURNING m.tenant_id, m.id
+), audit AS (
+    INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+    SELECT tenant_id, $3, id, 'session_retention', 'maintenance' FROM deleted
+)
+SELECT count(*) FROM deleted";
+
+/// What one maintenance run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Maintained {
+    pub archived: u64,
+    pub pruned: u64,
+}
+
+impl Store {
+    /// Claims maintenance run `tick` for `worker`; exactly one caller per tick gets `true`.
+    pub async fn claim_maintenance(&self, tick: i64, worker: &str) -> Result<bool, StoreError> {
+        let claimed = sqlx::query(CLAIM).bind(tick).bind(worker).execute(&self.pool).await?;
+        Ok(claimed.rows_affected() == 1)
+    }
+
+    pub async fn finish_maintenance(&self, tick: i64, done: Maintained) -> Result<(), StoreError> {
+        sqlx::query(FINISH).bind(tick).bind(done.archived as i64).bind(done.pruned as i64).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Moves at most `limit` daily notes of days before `before` to `memory/archive/`, one
+    /// transaction each: the archive copy (disabled) and the note's soft delete.
+    pub async fn archive_daily_notes(&self, before: NaiveDate, limit: i64) -> Result<u64, StoreError> {
+        let old: Vec<(String, String, String, String)> = sqlx::query_as(OLD_NOTES)
+            .bind(WorkspacePath::daily_note(before).as_str())
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut archived = 0;
+        for (tenant, agent, user, path) in old {
+            let note = WorkspacePath::parse(&path).map_err(StoreError::Stored)?;
+            let Some(day) = note.note_day() else { continue };
+            let archive = WorkspacePath::parse(&format!("memory/archive/{}.md", day.format("%Y-%m-%d")))
+                .map_err(StoreError::Stored)?;
+            let key = |path: WorkspacePath| -> Result<FileKey, StoreError> {
+                Ok(FileKey {
+                    tenant: TenantId::parse(&tenant).map_err(StoreError::Stored)?,
+                    agent: AgentId::parse(&agent).map_err(StoreError::Stored)?,
+                    user: Some(UserId::parse(&user).map_err(StoreError::Stored)?),
+                    path,
+                })
+            };
+            let (from, to) = (key(note)?, key(archive)?);
+            let mut tx = self.pool.begin().await?;
+            lock(&mut tx, &from).await?;
+            lock(&mut tx, &to).await?;
+            let Some(note) = current(&mut tx, &from).await?.filter(|c| !c.deleted) else { continue };
+            let existing = current(&mut tx, &to).await?;
+            let copy = NewState {
+                content: &note.file.content,
+                enabled: false,
+                sort_order: DEFAULT_SORT_ORDER,
+                deleted: false,
+            };
+            apply(&mut tx, &to, &copy, existing.map_or(1, |c| c.file.version + 1), "archived", ACTOR).await?;
+            let gone = NewState {
+                content: &note.file.content,
+                enabled: note.file.enabled,
+                sort_order: note.file.sort_order,
+                deleted: true,
+            };
+            apply(&mut tx, &from, &gone, note.file.version + 1, "deleted", ACTOR).await?;
+            tx.commit().await?;
+            archived += 1;
+        }
+        Ok(archived)
+    }
+
+    /// Soft-deletes at most `limit` session messages older than `days` days (the retention
+    /// sweep anonymizes them later); how many.
+    pub async fn prune_old_sessions(&self, days: u32, limit: i64) -> Result<u64, StoreError> {
+        let pruned: i64 = sqlx::query_scalar(PRUNE_SESSIONS)
+            .bind(i32::try_from(days).unwrap_or(i32::MAX))
+            .bind(limit)
+            .bind(AuditEvent::Delete.as_str())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(pruned as u64)
+    }
+}
