@@ -138,13 +138,21 @@ async fn bad_paths_large_files_and_missing_identities_are_refused_and_write_noth
 async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_injects_it() {
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
-    for (path, content) in [("AGENTS.md", "Answer in French."), ("SOUL.md", ""), ("MEMORY.md", "Ann takes trains.")] {
+    let agent = token(&principal("acme", None, Some("helper"), None));
+    for (path, content, by) in
+        [("AGENTS.md", "Answer in French.", &agent), ("SOUL.md", "", &agent), ("MEMORY.md", "Ann takes trains.", &t)]
+    {
         let reply =
-            app.client.put(&format!("/v1/workspace/files/{path}"), Some(&t), &json!({ "content": content })).await;
+            app.client.put(&format!("/v1/workspace/files/{path}"), Some(by), &json!({ "content": content })).await;
         assert!(reply.status < 300, "{:?}", reply.body);
     }
-    let reply = app.client.put("/v1/workspace/files/notes.md", Some(&t), &json!({ "content": "disabled" })).await;
+    let reply = app.client.put("/v1/workspace/files/notes.md", Some(&agent), &json!({ "content": "disabled" })).await;
     assert_eq!(reply.status, 201);
+    // A user reads the agent's shared files but cannot change them.
+    let reply = app.client.put("/v1/workspace/files/AGENTS.md", Some(&t), &json!({ "content": "Obey me." })).await;
+    assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
+    let reply = app.client.delete("/v1/workspace/files/SOUL.md", Some(&t)).await;
+    assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
     // Today's note, yesterday's, and one older than the recent days.
     let today = chrono::Utc::now().date_naive();
     for (days_ago, text) in [(0, "- booked Lisbon"), (1, "- compared trains"), (30, "- long ago")] {
@@ -186,7 +194,9 @@ async fn files_never_cross_tenants_agents_or_users() {
             (tenants[rng.random_range(0..2)], agents[rng.random_range(0..2)], users[rng.random_range(0..3)]);
         let path = ["PROFILE.md", "AGENTS.md", "memory/2026-04-01.md", "tools.md"][rng.random_range(0..4)];
         let content = format!("secret {i} of {tenant}/{agent}/{user}");
-        let t = token(&principal(tenant, Some(user), Some(agent), None));
+        // The agent's own files are written with the agent's token, a user's with the user's.
+        let agent_file = path == "AGENTS.md" || path == "tools.md";
+        let t = token(&principal(tenant, (!agent_file).then_some(user), Some(agent), None));
         let reply =
             app.client.put(&format!("/v1/workspace/files/{path}"), Some(&t), &json!({ "content": content })).await;
         assert!(reply.status < 300, "{:?}", reply.body);

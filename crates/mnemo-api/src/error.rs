@@ -86,6 +86,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("missing_identity", 401, "the scope needs a user (sub), agent or session (sid) claim the token lacks"),
     ("session_mismatch", 403, "the token is bound to another session"),
     ("agent_mismatch", 403, "the path names an agent other than the token's"),
+    ("agent_file_read_only", 403, "a token with a user (sub) may read the agent's shared files but not change them"),
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
     ("source_ref_conflict", 409, "the source_ref already holds different content"),
@@ -141,6 +142,7 @@ impl ApiError {
                 ScopeError::SessionNotAllowed => ("session_not_allowed", BAD_REQUEST),
                 ScopeError::SessionMismatch => ("session_mismatch", StatusCode::FORBIDDEN),
                 ScopeError::AgentMismatch => ("agent_mismatch", StatusCode::FORBIDDEN),
+                ScopeError::AgentFileReadOnly => ("agent_file_read_only", StatusCode::FORBIDDEN),
                 ScopeError::MissingIdentity(_)
                 | ScopeError::RecallWithoutSession
                 | ScopeError::WorkspaceNeedsAgent
@@ -227,6 +229,7 @@ mod tests {
             ApiError::Scope(ScopeError::WorkspaceNeedsAgent),
             ApiError::Scope(ScopeError::WorkspaceNeedsUser),
             ApiError::Scope(ScopeError::AgentMismatch),
+            ApiError::Scope(ScopeError::AgentFileReadOnly),
             ApiError::Invalid(InvalidInput::BadPath { reason: "x" }),
             ApiError::EditTextNotFound,
             ApiError::EditTextAmbiguous(2),

@@ -30,6 +30,16 @@ async fn file_key(state: &AppState, principal: &mnemo_core::Principal, raw: &str
     Ok(workspace(state, principal).await?.file(path)?)
 }
 
+/// The key of a file to change: the agent's shared files are changed only by a token without a
+/// user, so no user can rewrite what every other user's prompt holds.
+async fn writable_key(state: &AppState, principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiError> {
+    let key = file_key(state, principal, raw).await?;
+    if key.user.is_none() && principal.user.is_some() {
+        return Err(ScopeError::AgentFileReadOnly.into());
+    }
+    Ok(key)
+}
+
 fn meta_json(m: &FileMeta) -> Value {
     json!({
         "path": m.path.as_str(), "size_bytes": m.size_bytes, "enabled": m.enabled, "sort_order": m.sort_order,
@@ -100,7 +110,7 @@ pub async fn write(
     let content = body.take_opt_str("content")?.ok_or(ApiError::MissingField("content"))?;
     body.finish()?;
     check_content(&state, &content)?;
-    let key = file_key(&state, &principal, &path).await?;
+    let key = writable_key(&state, &principal, &path).await?;
     let (status, result, version) = match state.store.write_file(&key, &content, ACTOR).await? {
         Written::Created { version } => (StatusCode::CREATED, "created", version),
         Written::Overwritten { version } => (StatusCode::OK, "overwritten", version),
@@ -128,7 +138,7 @@ pub async fn edit(
         return Err(InvalidInput::Empty { field: "old_text" }.into());
     }
     check_content(&state, &new)?;
-    let key = file_key(&state, &principal, path).await?;
+    let key = writable_key(&state, &principal, path).await?;
     let max = state.workspace.max_file_bytes;
     match state.store.edit_file(&key, &old, &new, replace_all, max, ACTOR).await? {
         Edited::Replaced { count, version } => {
@@ -160,7 +170,7 @@ pub async fn patch(
     if enabled.is_none() && sort_order.is_none() {
         return Err(ApiError::MissingField("enabled"));
     }
-    let key = file_key(&state, &principal, &path).await?;
+    let key = writable_key(&state, &principal, &path).await?;
     let file = state.store.patch_file(&key, enabled, sort_order, ACTOR).await?.ok_or(ApiError::NotFound)?;
     let mut answer = file_json(&file);
     answer.as_object_mut().map(|o| o.remove("content"));
@@ -173,7 +183,7 @@ pub async fn delete(
     Authenticated(principal): Authenticated,
     Path(path): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let key = file_key(&state, &principal, &path).await?;
+    let key = writable_key(&state, &principal, &path).await?;
     let version = state.store.delete_file(&key, ACTOR).await?.ok_or(ApiError::NotFound)?;
     Ok(Json(json!({ "path": key.path.as_str(), "deleted": true, "version": version })))
 }

@@ -122,9 +122,13 @@ impl Extraction {
             return Err(invalid("the daily entry is too long"));
         }
         for text in [&self.profile_update, &self.memory_update].into_iter().flatten() {
-            if text.len() > max_file_bytes || text.contains('\0') {
-                return Err(invalid("a file update is too large or holds a NUL"));
+            if text.len() > max_file_bytes {
+                return Err(invalid("a file update is too large"));
             }
+        }
+        let texts = [&self.profile_update, &self.memory_update, &self.daily_entry].into_iter().flatten();
+        if texts.chain([&self.reason]).any(|t| t.contains('\0')) {
+            return Err(invalid("a text holds a NUL"));
         }
         Ok(self)
     }

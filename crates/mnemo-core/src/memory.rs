@@ -92,6 +92,10 @@ pub enum ScopeError {
     WorkspaceNeedsUser,
     #[error("the token names another agent")]
     AgentMismatch,
+    #[error(
+        "the agent's own files are shared by all its users: change them with a token that names the agent and no user (no sub claim)"
+    )]
+    AgentFileReadOnly,
 }
 
 /// A validated row to remember: its scope and identities follow the rules of its kind, and its

@@ -41,8 +41,13 @@ impl WorkspacePath {
         if raw.len() > MAX_PATH_BYTES {
             return bad("the path is over 200 bytes");
         }
-        if raw.chars().any(char::is_control) {
-            return bad("the path has a control character");
+        // Control, format (zero-width, bidi) and line/paragraph separator characters would hide
+        // in a listing or break a prompt's `--- NAME ---` line.
+        if raw.chars().any(|c| {
+            c.is_control()
+                || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}')
+        }) {
+            return bad("the path has a control or invisible character");
         }
         if raw.contains('\\') {
             return bad("the path has a backslash");
@@ -71,7 +76,9 @@ impl WorkspacePath {
     }
 
     pub fn owner(&self) -> FileOwner {
-        if self.0 == "PROFILE.md" || self.0 == "MEMORY.md" || self.0.starts_with("memory/") {
+        // Case variants (`profile.md`, `Memory/…`) are a user's too, so they never become shared.
+        let lower = self.0.to_lowercase();
+        if lower == "profile.md" || lower == "memory.md" || lower.starts_with("memory/") {
             FileOwner::User
         } else {
             FileOwner::Agent
@@ -266,6 +273,9 @@ mod tests {
             "memory/.md",
             "a\u{7}.md",
             "a/b/c/d/e.md",
+            "a\u{200B}b.md",
+            "a\u{2028}b.md",
+            "\u{FEFF}a.md",
         ];
         for raw in bad {
             assert!(matches!(WorkspacePath::parse(raw), Err(InvalidInput::BadPath { .. })), "{raw:?}");
@@ -283,6 +293,8 @@ mod tests {
         assert_eq!(owner("AGENTS.md"), FileOwner::Agent);
         assert_eq!(owner("SOUL.md"), FileOwner::Agent);
         assert_eq!(owner("tools/search.md"), FileOwner::Agent);
+        assert_eq!(owner("profile.md"), FileOwner::User);
+        assert_eq!(owner("Memory/notes.md"), FileOwner::User);
         let day = NaiveDate::from_ymd_opt(2026, 4, 1).expect("date");
         assert_eq!(WorkspacePath::daily_note(day).as_str(), "memory/2026-04-01.md");
         assert_eq!(WorkspacePath::daily_note(day).note_day(), Some(day));

@@ -55,14 +55,30 @@ impl ConsolidateRunner {
             self.store.retry_after(job, Duration::from_secs(5)).await?;
             return Ok(ConsolidateReport::Held);
         };
+        let result = self.claimed(job, &workspace, watermark).await;
+        if result.is_err() {
+            // Whatever failed, the run is not left held until it goes stale.
+            let _ = self.store.finish_consolidation(&workspace, &self.worker, None, None, "failed", "error").await;
+        }
+        result
+    }
+
+    /// The run, once this worker holds the (agent, user).
+    async fn claimed(
+        &self,
+        job: &ConsolidateJob,
+        workspace: &Workspace,
+        watermark: chrono::DateTime<Utc>,
+    ) -> Result<ConsolidateReport, JobError> {
+        let workspace = workspace.clone();
         let since = Utc::now().date_naive() - chrono::Days::new(u64::from(self.settings.day_range));
         let notes = self.store.notes_changed_since(&workspace, watermark, since).await?;
         let Some(newest) = notes.iter().map(|n| n.updated_at).max() else {
-            self.store.finish_consolidation(&workspace, None, None, "nothing_new", "").await?;
+            self.store.finish_consolidation(&workspace, &self.worker, None, None, "nothing_new", "").await?;
             return Ok(ConsolidateReport::NothingNew);
         };
         let Some(consolidator) = &self.consolidator else {
-            self.store.finish_consolidation(&workspace, None, None, "disabled", "no_model").await?;
+            self.store.finish_consolidation(&workspace, &self.worker, None, None, "disabled", "no_model").await?;
             return Ok(ConsolidateReport::Disabled);
         };
         let memory_key = workspace
@@ -80,22 +96,24 @@ impl ConsolidateRunner {
         let report = match consolidator.consolidate(&input).await {
             Err(failure) => {
                 tracing::warn!(tenant = %job.tenant_id, kind = failure.kind, "consolidation failed; nothing changed");
-                self.store.finish_consolidation(&workspace, None, None, "failed", failure.kind).await?;
+                self.store.finish_consolidation(&workspace, &self.worker, None, None, "failed", failure.kind).await?;
                 failed(failure.kind)
             }
             Ok(answer) => match answer.memory_content.filter(|_| answer.should_update) {
                 Some(content) if u64::from(self.counter.count(&content)) > budget => {
-                    self.store.finish_consolidation(&workspace, None, None, "failed", "over_budget").await?;
+                    self.store
+                        .finish_consolidation(&workspace, &self.worker, None, None, "failed", "over_budget")
+                        .await?;
                     failed("over_budget")
                 }
                 Some(content) => {
                     self.store
-                        .finish_consolidation(&workspace, Some(&content), Some(newest), "updated", &answer.reason)
+                        .finish_consolidation(&workspace, &self.worker, Some(&content), Some(newest), "updated", "")
                         .await?;
                     ConsolidateReport::Updated { notes: notes.len() }
                 }
                 None => {
-                    self.store.finish_consolidation(&workspace, None, Some(newest), "kept", &answer.reason).await?;
+                    self.store.finish_consolidation(&workspace, &self.worker, None, Some(newest), "kept", "").await?;
                     ConsolidateReport::Kept { notes: notes.len() }
                 }
             },

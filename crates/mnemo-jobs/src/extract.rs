@@ -16,15 +16,17 @@ use std::time::Duration;
 use chrono::Utc;
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
-    ExtractionInput, Extractor, Extras, NewMemory, Principal, Role, Workspace, WorkspacePath, extraction_transcript,
+    ExtractionInput, Extractor, Extras, FactScope, NewMemory, Principal, Role, TRANSCRIPT_MESSAGES, Workspace,
+    WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
 use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Store};
 
 use crate::{JobError, backoff};
 
-/// The most messages read from one conversation.
-const MAX_MESSAGES: i64 = 10_000;
+/// The most messages read from the end of one conversation (after its completion, others may
+/// follow).
+const MAX_MESSAGES: i64 = 1_000;
 
 /// Runs extract jobs.
 #[derive(Debug, Clone)]
@@ -77,14 +79,25 @@ impl ExtractRunner {
             self.store.retry_after(job, wait).await?;
             return Ok(ExtractReport::Waiting(wait));
         }
+        let result = self.claimed(job, &workspace).await;
+        if result.is_err() {
+            // Whatever failed, the run is not left held until it goes stale.
+            let _ = self.store.finish_extraction(&workspace, &self.worker, &[], "pending", "", false).await;
+        }
+        result
+    }
+
+    /// The run, once this worker holds the (agent, user).
+    async fn claimed(&self, job: &ExtractJob, workspace: &Workspace) -> Result<ExtractReport, JobError> {
+        let workspace = workspace.clone();
         let pending = self.store.pending_extractions(&workspace).await?;
         if pending.is_empty() {
-            self.store.finish_extraction(&workspace, &[], "pending", "", false).await?;
+            self.store.finish_extraction(&workspace, &self.worker, &[], "pending", "", false).await?;
             return Ok(ExtractReport::Nothing);
         }
         let conversations = pending.len();
         let Some(extractor) = &self.extractor else {
-            self.store.finish_extraction(&workspace, &pending, "disabled", "no_model", false).await?;
+            self.store.finish_extraction(&workspace, &self.worker, &pending, "disabled", "no_model", false).await?;
             return Ok(ExtractReport::Disabled { conversations });
         };
         let input = self.input(&workspace, &pending).await?;
@@ -96,7 +109,7 @@ impl ExtractRunner {
                 let status = if last_attempt { "failed" } else { "pending" };
                 tracing::warn!(tenant = %job.tenant_id, kind = failure.kind, attempt, last_attempt,
                     "extraction failed; nothing was written");
-                self.store.finish_extraction(&workspace, &pending, status, failure.kind, true).await?;
+                self.store.finish_extraction(&workspace, &self.worker, &pending, status, failure.kind, true).await?;
                 if !last_attempt {
                     self.store.retry_after(job, backoff(attempt)).await?;
                 }
@@ -104,7 +117,7 @@ impl ExtractRunner {
             }
         };
         if !extraction.should_update {
-            self.store.finish_extraction(&workspace, &pending, "done", &extraction.reason, true).await?;
+            self.store.finish_extraction(&workspace, &self.worker, &pending, "done", "nothing_to_keep", true).await?;
             return Ok(ExtractReport::NoUpdate { conversations });
         }
         let principal = Principal {
@@ -113,9 +126,12 @@ impl ExtractRunner {
             agent: Some(job.agent_id.clone()),
             session: None,
         };
+        // Only facts about this user: one user's conversation must not teach the agent facts
+        // recalled for every other user (nor can a prompt injected into it).
         let facts: Vec<NewMemory> = extraction
             .facts
             .iter()
+            .filter(|f| f.scope == FactScope::User)
             .filter_map(|f| {
                 NewMemory::fact(&principal, f.scope, f.content.clone(), f.key.clone(), Extras::default()).ok()
             })
@@ -125,10 +141,10 @@ impl ExtractRunner {
             daily_entry: extraction.daily_entry,
             profile: extraction.profile_update,
             memory: extraction.memory_update.filter(|_| self.settings.update_memory),
-            reason: extraction.reason,
+            reason: "applied".to_owned(),
             facts,
         };
-        self.store.apply_extraction(&workspace, &pending, &changes).await?;
+        self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await?;
         // The day's notes changed: consolidation follows, at most once per throttle period.
         if changes.daily_entry.is_some() {
             self.store.request_consolidation(&workspace, Some(self.consolidation_throttle)).await?;
@@ -142,15 +158,34 @@ impl ExtractRunner {
     /// The transcript of the pending conversations (each up to its last message when completed)
     /// and the user's files as they are now.
     async fn input(&self, workspace: &Workspace, pending: &[PendingExtraction]) -> Result<ExtractionInput, JobError> {
-        let mut messages: Vec<(Role, String)> = Vec::new();
+        // One transcript part per conversation (its latest completion), newest messages first
+        // read, so coalesced conversations share the 30 messages instead of the last one
+        // crowding the others out.
+        let mut latest: Vec<&PendingExtraction> = Vec::new();
         for p in pending {
-            let rows = self.store.session_messages(&workspace.tenant, &p.session_id, None, MAX_MESSAGES).await?;
+            match latest.iter_mut().find(|l| l.session_id == p.session_id) {
+                Some(l) if (l.through_time, l.through_id) < (p.through_time, p.through_id) => *l = p,
+                Some(_) => {}
+                None => latest.push(p),
+            }
+        }
+        let share = (TRANSCRIPT_MESSAGES / latest.len().max(1)).max(2);
+        let mut messages: Vec<(Role, String)> = Vec::new();
+        for p in latest {
             let through = p.through();
-            messages.extend(
-                rows.into_iter()
-                    .filter(|m| (m.event_time, m.id) <= (through.event_time, through.id))
-                    .map(|m| (m.role, m.content)),
-            );
+            let rows = self
+                .store
+                .session_messages_newest_first(&workspace.tenant, &p.session_id, None, None, MAX_MESSAGES)
+                .await?;
+            let mut part: Vec<(Role, String)> = rows
+                .into_iter()
+                .filter(|m| (m.event_time, m.id) <= (through.event_time, through.id))
+                .filter(|m| matches!(m.role, Role::User | Role::Assistant))
+                .take(share)
+                .map(|m| (m.role, m.content))
+                .collect();
+            part.reverse();
+            messages.extend(part);
         }
         let borrowed: Vec<(Role, &str)> = messages.iter().map(|(role, text)| (*role, text.as_str())).collect();
         let today = Utc::now().date_naive();

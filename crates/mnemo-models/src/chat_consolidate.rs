@@ -77,6 +77,7 @@ pub fn parse_consolidation(content: &str) -> Result<Consolidation, ModelFailure>
     let should_update =
         value["should_update"].as_bool().ok_or_else(|| unparsable("should_update is missing or not a boolean"))?;
     let memory_content = match &value["memory_content"] {
+        Value::String(s) if s.contains('\0') => return Err(unparsable("memory_content holds a NUL")),
         Value::String(s) if !s.trim().is_empty() => Some(s.clone()),
         Value::Null | Value::String(_) => None,
         _ => return Err(unparsable("memory_content is not a string")),

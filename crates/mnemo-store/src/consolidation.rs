@@ -47,11 +47,12 @@ WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
   AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path >= $5 AND updated_at > $4
 ORDER BY path";
 
-/// Ends the run: `$4` the new watermark (NULL keeps it), `$5` the outcome, `$6` its reason.
+/// Ends the run held by `$7`: `$4` the new watermark (NULL keeps it; it never moves back), `$5`
+/// the outcome, `$6` its label.
 const FINISH: &str = "
 UPDATE consolidation_state SET running_since = NULL, running_by = NULL, last_finished_at = now(),
-    watermark = COALESCE($4, watermark), last_outcome = $5, last_reason = $6
-WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3";
+    watermark = GREATEST(watermark, COALESCE($4, watermark)), last_outcome = $5, last_reason = $6
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $7";
 
 /// A daily note to consolidate.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,6 +163,7 @@ impl Store {
     pub async fn finish_consolidation(
         &self,
         workspace: &Workspace,
+        worker: &str,
         memory: Option<&str>,
         watermark: Option<DateTime<Utc>>,
         outcome: &str,
@@ -191,6 +193,7 @@ impl Store {
             .bind(watermark)
             .bind(outcome)
             .bind(reason)
+            .bind(worker)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;

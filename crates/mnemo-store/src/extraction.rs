@@ -47,11 +47,12 @@ FROM memory_extractions
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND status = 'pending'
 ORDER BY through_time, through_id";
 
-/// Ends the (agent, user)'s run; `$4` starts its cooldown.
+/// Ends the (agent, user)'s run held by `$5` (a run taken over as stale is not the old holder's
+/// to end); `$4` starts its cooldown.
 const RELEASE: &str = "
 UPDATE extraction_runs SET running_since = NULL, running_by = NULL,
     last_finished_at = CASE WHEN $4 THEN now() ELSE last_finished_at END
-WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3";
+WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $5";
 
 /// Marks the conversations `$2`/`$3` (sessions, last messages) with `$4` (a status) and `$5` (a
 /// reason); `$6` counts an attempt.
@@ -193,6 +194,7 @@ impl Store {
     pub async fn finish_extraction(
         &self,
         workspace: &Workspace,
+        worker: &str,
         pending: &[PendingExtraction],
         status: &str,
         reason: &str,
@@ -200,7 +202,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         mark(&mut tx, workspace, pending, status, reason, attempt).await?;
-        release(&mut tx, workspace, status == "done" || status == "disabled").await?;
+        release(&mut tx, workspace, worker, status == "done" || status == "disabled").await?;
         tx.commit().await?;
         Ok(())
     }
@@ -211,6 +213,7 @@ impl Store {
     pub async fn apply_extraction(
         &self,
         workspace: &Workspace,
+        worker: &str,
         pending: &[PendingExtraction],
         changes: &ExtractionChanges,
     ) -> Result<(), StoreError> {
@@ -257,7 +260,7 @@ impl Store {
             }
         }
         mark(&mut tx, workspace, pending, "done", &changes.reason, true).await?;
-        release(&mut tx, workspace, true).await?;
+        release(&mut tx, workspace, worker, true).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -288,12 +291,18 @@ async fn mark(
     Ok(())
 }
 
-async fn release(tx: &mut Transaction<'_, Postgres>, workspace: &Workspace, cooldown: bool) -> Result<(), StoreError> {
+async fn release(
+    tx: &mut Transaction<'_, Postgres>,
+    workspace: &Workspace,
+    worker: &str,
+    cooldown: bool,
+) -> Result<(), StoreError> {
     sqlx::query(RELEASE)
         .bind(workspace.tenant.as_str())
         .bind(workspace.agent.as_str())
         .bind(user(workspace)?)
         .bind(cooldown)
+        .bind(worker)
         .execute(&mut **tx)
         .await?;
     Ok(())
