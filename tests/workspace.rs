@@ -332,3 +332,28 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
         .await;
     assert_eq!(audited, 1);
 }
+
+#[tokio::test]
+async fn erasing_a_user_removes_their_workspace_files_with_every_version_and_keeps_others() {
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), None));
+    for (t, who) in [(&ann, "ann"), (&bob, "bob")] {
+        for content in [format!("{who} v1"), format!("{who} v2")] {
+            let reply = app.client.put("/v1/workspace/files/PROFILE.md", Some(t), &json!({ "content": content })).await;
+            assert!(reply.status < 300);
+        }
+    }
+    let store = app.db.store();
+    let (tenant, user) = (TenantId::parse("acme").expect("tenant"), UserId::parse("ann").expect("user"));
+    let plan = store.erasure_plan(&tenant, &user).await.expect("plan");
+    assert_eq!(plan.workspace_files, 2, "PROFILE.md and MEMORY.md");
+    mnemo_jobs::erase_user(&store, &tenant, &user, 100, false, "runbook", |_, _| {}).await.expect("erase");
+    let left = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE content LIKE 'ann%'").await;
+    assert_eq!(left, 0, "no version of ann's files is left");
+    assert_eq!(app.db.count("SELECT count(*) FROM workspace_files WHERE user_id = 'ann'").await, 0);
+    let bobs = app.client.get("/v1/workspace/files/PROFILE.md", Some(&bob)).await;
+    assert_eq!(bobs.body["content"], "bob v2");
+    let raw_ids = app.db.count("SELECT count(*) FROM audit_log WHERE details::text LIKE '%\"ann\"%'").await;
+    assert_eq!(raw_ids, 0, "audit rows name users only by a hash");
+}

@@ -237,9 +237,11 @@ pub async fn erase_user(
         done += batch.len() as u64;
         progress(done, total.max(done));
     }
+    let workspace_files = store.erase_user_workspace(tenant, user).await?;
     let details = json!({
         "user_sha256": hex::encode(Sha256::digest(user.as_str().as_bytes())),
         "rows": report.anonymized,
+        "workspace_files": workspace_files,
         "tool_outputs": report.plan.tool_outputs,
         "embeddings": report.plan.embeddings,
     });

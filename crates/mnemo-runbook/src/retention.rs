@@ -190,11 +190,12 @@ pub async fn erase(
     let plan = &report.plan;
     let kinds: Vec<String> = plan.rows_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!(
-        "user {user} of tenant {tenant}: {} rows ({}), {} tool output payloads, {} vectors",
+        "user {user} of tenant {tenant}: {} rows ({}), {} tool output payloads, {} vectors, {} workspace files",
         plan.rows(),
         if kinds.is_empty() { "none".to_owned() } else { kinds.join(", ") },
         plan.tool_outputs,
-        plan.embeddings
+        plan.embeddings,
+        plan.workspace_files
     );
     if dry_run {
         println!("dry run: nothing changed");
@@ -212,6 +213,7 @@ fn erasure_json(report: &ErasureReport) -> Value {
         "rows": report.plan.rows(),
         "tool_outputs": report.plan.tool_outputs,
         "embeddings": report.plan.embeddings,
+        "workspace_files": report.plan.workspace_files,
         "anonymized_by_kind": report.anonymized,
         "anonymized": report.anonymized.values().sum::<u64>(),
         "seconds": report.elapsed.as_secs_f64(),

@@ -55,6 +55,9 @@ pub struct ErasurePlan {
     pub rows_by_kind: BTreeMap<String, u64>,
     pub tool_outputs: u64,
     pub embeddings: u64,
+    /// The user's workspace files (PROFILE.md, MEMORY.md, daily notes), removed with every
+    /// version.
+    pub workspace_files: u64,
 }
 
 impl ErasurePlan {
@@ -297,12 +300,41 @@ impl Store {
         .bind(user.as_str())
         .fetch_one(&self.pool)
         .await?;
+        let workspace_files: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM workspace_files WHERE tenant_id = $1 AND user_id = $2")
+                .bind(tenant.as_str())
+                .bind(user.as_str())
+                .fetch_one(&self.pool)
+                .await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         Ok(ErasurePlan {
             rows_by_kind: kinds.into_iter().map(|(kind, count)| (kind, n(count))).collect(),
             tool_outputs: n(tool_outputs),
             embeddings: n(embeddings),
+            workspace_files: n(workspace_files),
         })
+    }
+
+    /// Removes the user's workspace files with every version, and their extraction and
+    /// consolidation state, in one transaction: an erasure keeps no copy of what they said.
+    /// Returns the files removed.
+    pub async fn erase_user_workspace(&self, tenant: &TenantId, user: &UserId) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for table in ["workspace_file_versions", "memory_extractions", "extraction_runs", "consolidation_state"] {
+            sqlx::query(AssertSqlSafe(format!("DELETE FROM {table} WHERE tenant_id = $1 AND user_id = $2")))
+                .bind(tenant.as_str())
+                .bind(user.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let files = sqlx::query("DELETE FROM workspace_files WHERE tenant_id = $1 AND user_id = $2")
+            .bind(tenant.as_str())
+            .bind(user.as_str())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(files)
     }
 
     /// Soft-deletes and anonymizes up to `limit` rows carrying `user` with ids after `after`, in

@@ -5,6 +5,7 @@
 use chrono::{DateTime, NaiveDate, Utc};
 use mnemo_core::{AuditEvent, FileKey, Workspace, WorkspacePath};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
@@ -425,7 +426,10 @@ pub(crate) async fn apply(
         .bind(actor)
         .execute(&mut **tx)
         .await?;
-    let details = json!({ "path": path, "agent": agent, "user": user, "version": version, "bytes": size });
+    // The user by a hash, as erasure names them: the audit log outlives an erasure.
+    let user_sha256 = (!user.is_empty()).then(|| hex::encode(Sha256::digest(user.as_bytes())));
+    let details =
+        json!({ "path": path, "agent": agent, "user_sha256": user_sha256, "version": version, "bytes": size });
     sqlx::query(AUDIT)
         .bind(tenant)
         .bind(AuditEvent::WorkspaceChange.as_str())
