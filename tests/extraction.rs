@@ -249,3 +249,27 @@ async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_las
     assert_eq!(none.run(&job()).await.expect("disabled"), ExtractReport::Disabled { conversations: 1 });
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'disabled'").await, 1);
 }
+
+#[tokio::test]
+async fn the_runbook_reports_memory_status_per_agent_and_user() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, ": a trip").await;
+    complete(&app, &t, "s1", "web").await;
+    runner(&app, Some(&chat), &[]).run(&job()).await.expect("extraction");
+    let output = tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+        .args(["memory", "status", "--tenant", "acme", "--json"])
+        .env_clear()
+        .env(vars::DATABASE_URL, &app.db.url)
+        .output()
+        .await
+        .expect("runbook runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let status: Value = serde_json::from_slice(&output.stdout).expect("json");
+    let pair = &status["pairs"][0];
+    assert_eq!((pair["agent"].as_str(), pair["user"].as_str()), (Some("helper"), Some("ann")));
+    assert_eq!((pair["pending"].as_i64(), pair["failed"].as_i64()), (Some(0), Some(0)));
+    assert!(pair["last_extraction"].is_string(), "{status}");
+    assert!(pair["extraction_running_since"].is_null());
+}

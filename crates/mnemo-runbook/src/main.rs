@@ -14,6 +14,7 @@ use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{MIGRATOR, Store};
 
 mod judge;
+mod memory;
 mod retention;
 mod session;
 mod workspace;
@@ -97,6 +98,11 @@ enum Command {
     Session {
         #[command(subcommand)]
         command: session::SessionCommand,
+    },
+    /// Extraction and consolidation state per agent and user.
+    Memory {
+        #[command(subcommand)]
+        command: memory::MemoryCommand,
     },
     /// An agent's workspace files: list, print, history, restore.
     Workspace {
@@ -199,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Judge { command } => judge::run(&connect(&env).await?, command).await,
         Command::Workspace { command } => workspace::run(&connect(&env).await?, command).await,
+        Command::Memory { command } => memory::run(&connect(&env).await?, command).await,
         Command::Session { command } => {
             session::run(&connect(&env).await?, &ContextSettings::from_env(&env)?, command).await
         }

@@ -307,3 +307,45 @@ async fn release(
         .await?;
     Ok(())
 }
+
+/// The memory jobs' state of one (agent, user), for operators.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct MemoryStatus {
+    pub agent_id: String,
+    pub user_id: String,
+    pub pending: i64,
+    pub failed: i64,
+    pub last_extraction: Option<DateTime<Utc>>,
+    pub extraction_running_since: Option<DateTime<Utc>>,
+    pub consolidation_watermark: Option<DateTime<Utc>>,
+    pub last_consolidation: Option<DateTime<Utc>>,
+    pub last_consolidation_outcome: Option<String>,
+    pub last_consolidation_reason: Option<String>,
+}
+
+/// Every (agent, user) of the tenant with extraction or consolidation state.
+const MEMORY_STATUS: &str = "
+WITH pairs AS (
+    SELECT agent_id, user_id FROM memory_extractions WHERE tenant_id = $1
+    UNION SELECT agent_id, user_id FROM extraction_runs WHERE tenant_id = $1
+    UNION SELECT agent_id, user_id FROM consolidation_state WHERE tenant_id = $1
+)
+SELECT p.agent_id, p.user_id,
+       (SELECT count(*) FROM memory_extractions m WHERE m.tenant_id = $1 AND m.agent_id = p.agent_id
+          AND m.user_id = p.user_id AND m.status = 'pending') AS pending,
+       (SELECT count(*) FROM memory_extractions m WHERE m.tenant_id = $1 AND m.agent_id = p.agent_id
+          AND m.user_id = p.user_id AND m.status = 'failed') AS failed,
+       r.last_finished_at AS last_extraction, r.running_since AS extraction_running_since,
+       c.watermark AS consolidation_watermark, c.last_finished_at AS last_consolidation,
+       c.last_outcome AS last_consolidation_outcome, c.last_reason AS last_consolidation_reason
+FROM pairs p
+LEFT JOIN extraction_runs r ON r.tenant_id = $1 AND r.agent_id = p.agent_id AND r.user_id = p.user_id
+LEFT JOIN consolidation_state c ON c.tenant_id = $1 AND c.agent_id = p.agent_id AND c.user_id = p.user_id
+ORDER BY p.agent_id, p.user_id";
+
+impl Store {
+    /// Extraction and consolidation state per (agent, user) of the tenant.
+    pub async fn memory_status(&self, tenant: &mnemo_core::TenantId) -> Result<Vec<MemoryStatus>, StoreError> {
+        Ok(sqlx::query_as(MEMORY_STATUS).bind(tenant.as_str()).fetch_all(&self.pool).await?)
+    }
+}

@@ -34,7 +34,7 @@ pub use conversation::{
 pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
-pub use extraction::{Claim, ExtractionChanges, PendingExtraction};
+pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};
 pub use group_commit::GroupCommit;
 pub use judge::{
     BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, JudgeStatus, Judgement, PendingFact,
