@@ -273,3 +273,39 @@ async fn the_runbook_reports_memory_status_per_agent_and_user() {
     assert!(pair["last_extraction"].is_string(), "{status}");
     assert!(pair["extraction_running_since"].is_null());
 }
+
+#[tokio::test]
+async fn the_runbook_dry_run_shows_the_proposal_and_writes_nothing() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    let args =
+        ["memory", "extract", "--tenant", "acme", "--agent", "helper", "--user", "ann", "--session", "s1", "--json"];
+    let run = |extra: &'static [&'static str]| {
+        let env = llm_env(&chat);
+        let url = app.db.url.clone();
+        async move {
+            tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+                .args(args)
+                .args(extra)
+                .env_clear()
+                .env(vars::DATABASE_URL, url)
+                .envs(env)
+                .output()
+                .await
+                .expect("runbook runs")
+        }
+    };
+    let dry = run(&["--dry-run"]).await;
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    let proposal: Value = serde_json::from_slice(&dry.stdout).expect("json");
+    assert_eq!(proposal["facts"][0]["content"], "Ann lives in Lyon", "{proposal}");
+    assert_eq!(proposal["profile_update"], "# PROFILE.md\n\nName: Ann\n");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions").await, 0);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await, 0);
+    let queued = run(&[]).await;
+    let queued: Value = serde_json::from_slice(&queued.stdout).expect("json");
+    assert_eq!(queued["queued"], true);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE trigger_source = 'manual'").await, 1);
+}

@@ -155,6 +155,28 @@ impl ExtractRunner {
         Ok(ExtractReport::Applied { conversations, facts })
     }
 
+    /// What the model would propose for `session` (up to its last message) now, applying
+    /// nothing: the runbook's dry run. `None` when the session has no messages or no model is
+    /// configured.
+    pub async fn propose(
+        &self,
+        workspace: &Workspace,
+        session: &mnemo_core::SessionId,
+    ) -> Result<Option<Result<mnemo_core::Extraction, mnemo_core::ModelFailure>>, JobError> {
+        let Some(extractor) = &self.extractor else { return Ok(None) };
+        let last = self.store.session_messages_newest_first(&workspace.tenant, session, None, None, 1).await?;
+        let Some(last) = last.first() else { return Ok(None) };
+        let conversation = PendingExtraction {
+            session_id: session.clone(),
+            through_id: last.id,
+            through_time: last.event_time,
+            trigger_source: mnemo_core::TriggerSource::Manual,
+            attempts: 0,
+        };
+        let input = self.input(workspace, &[conversation]).await?;
+        Ok(Some(extractor.extract(&input).await))
+    }
+
     /// The transcript of the pending conversations (each up to its last message when completed)
     /// and the user's files as they are now.
     async fn input(&self, workspace: &Workspace, pending: &[PendingExtraction]) -> Result<ExtractionInput, JobError> {

@@ -99,7 +99,7 @@ enum Command {
         #[command(subcommand)]
         command: session::SessionCommand,
     },
-    /// Extraction and consolidation state per agent and user.
+    /// Extraction and consolidation: state per agent and user, extracting a conversation.
     Memory {
         #[command(subcommand)]
         command: memory::MemoryCommand,
@@ -205,7 +205,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Judge { command } => judge::run(&connect(&env).await?, command).await,
         Command::Workspace { command } => workspace::run(&connect(&env).await?, command).await,
-        Command::Memory { command } => memory::run(&connect(&env).await?, command).await,
+        Command::Memory { command } => memory::run(&connect(&env).await?, &env, command).await,
         Command::Session { command } => {
             session::run(&connect(&env).await?, &ContextSettings::from_env(&env)?, command).await
         }

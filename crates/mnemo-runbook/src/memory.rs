@@ -1,13 +1,32 @@
-//! The memory jobs for operators: extraction and consolidation state per agent and user, and an
-//! extraction's proposed changes without applying them.
+//! The memory jobs for operators: extraction and consolidation state per agent and user, and
+//! extracting a conversation by hand, or only seeing what the model would change.
 
+use anyhow::bail;
 use clap::Subcommand;
-use mnemo_core::TenantId;
+use mnemo_config::{ContextSettings, Env, WorkspaceSettings};
+use mnemo_core::{AgentId, SessionId, TenantId, TriggerSource, UserId, Workspace};
+use mnemo_jobs::ExtractRunner;
 use mnemo_store::Store;
 use serde_json::{Value, json};
 
 #[derive(Debug, Subcommand)]
 pub enum MemoryCommand {
+    /// Extract a session's conversation: queue it past the gates, or with --dry-run print what
+    /// the model (MNEMO_LLM_*) would change, applying nothing (prints content).
+    Extract {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        #[arg(long, value_parser = AgentId::parse)]
+        agent: AgentId,
+        #[arg(long, value_parser = UserId::parse)]
+        user: UserId,
+        #[arg(long, value_parser = SessionId::parse)]
+        session: SessionId,
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Per agent and user: conversations waiting for extraction and failed for good, the last
     /// extraction and a run in progress, the consolidation watermark and its last outcome.
     Status {
@@ -18,8 +37,53 @@ pub enum MemoryCommand {
     },
 }
 
-pub async fn run(store: &Store, command: MemoryCommand) -> anyhow::Result<()> {
+pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Result<()> {
     match command {
+        MemoryCommand::Extract { tenant, agent, user, session, dry_run, json } => {
+            let workspace = Workspace { tenant, agent, user: Some(user) };
+            if !dry_run {
+                let last = store.session_messages_newest_first(&workspace.tenant, &session, None, None, 1).await?;
+                let Some(last) = last.first() else { bail!("the session has no messages") };
+                let queued =
+                    store.request_extraction(&workspace, &session, last.cursor(), TriggerSource::Manual).await?;
+                if json {
+                    println!("{}", json!({ "queued": queued }));
+                } else if queued {
+                    println!("queued: a worker serving the extract queue will extract the conversation");
+                } else {
+                    println!("already asked for this conversation (same last message)");
+                }
+                return Ok(());
+            }
+            let context = ContextSettings::from_env(env)?;
+            let settings = WorkspaceSettings::from_env(env)?;
+            let runner = ExtractRunner {
+                store: store.clone(),
+                extractor: mnemo_models::extractor(&context, settings.max_file_bytes)?,
+                worker: "runbook".into(),
+                settings: settings.extraction,
+                max_file_bytes: settings.max_file_bytes,
+                stale_after: std::time::Duration::from_secs(600),
+                consolidation_throttle: settings.consolidation.throttle,
+            };
+            let Some(proposal) = runner.propose(&workspace, &session).await? else {
+                bail!("nothing to propose: no MNEMO_LLM_MODEL, or the session has no messages");
+            };
+            let proposal = proposal.map_err(|f| anyhow::anyhow!("the model failed: {f}"))?;
+            let facts: Vec<Value> = proposal
+                .facts
+                .iter()
+                .map(|f| json!({ "content": f.content.as_str(), "scope": f.scope.as_str(), "key": f.key.as_ref().map(|k| k.as_str()) }))
+                .collect();
+            let report = json!({ "dry_run": true, "should_update": proposal.should_update, "reason": proposal.reason,
+                "daily_entry": proposal.daily_entry, "profile_update": proposal.profile_update,
+                "memory_update": proposal.memory_update, "facts": facts });
+            if json {
+                println!("{report}");
+            } else {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+        }
         MemoryCommand::Status { tenant, json } => {
             let rows = store.memory_status(&tenant).await?;
             if json {
