@@ -17,3 +17,11 @@ CREATE TABLE consolidation_state (
     last_reason       text,
     PRIMARY KEY (tenant_id, agent_id, user_id)
 );
+
+-- Each fire of the consolidation schedule, claimed by the one worker that schedules it, so the
+-- scan for pairs with daily notes runs once per fire, not on every housekeeping tick.
+CREATE TABLE consolidation_fires (
+    fire      timestamptz PRIMARY KEY,
+    scheduled integer     NOT NULL DEFAULT 0,
+    at        timestamptz NOT NULL DEFAULT now()
+);

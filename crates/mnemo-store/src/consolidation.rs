@@ -102,6 +102,15 @@ impl Store {
     /// `fire` and was not acted on yet; how many.
     pub async fn schedule_consolidations(&self, fire: DateTime<Utc>) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
+        // Once per fire across workers and ticks: only the claimant scans.
+        let claimed = sqlx::query("INSERT INTO consolidation_fires (fire) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(fire)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if claimed == 0 {
+            return Ok(0);
+        }
         let due: Vec<(String, String, String)> = sqlx::query_as(SCHEDULE).bind(fire).fetch_all(&mut *tx).await?;
         let jobs = due
             .iter()
@@ -114,6 +123,11 @@ impl Store {
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         push(&mut tx, &jobs).await?;
+        sqlx::query("UPDATE consolidation_fires SET scheduled = $2 WHERE fire = $1")
+            .bind(fire)
+            .bind(i32::try_from(jobs.len()).unwrap_or(i32::MAX))
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(jobs.len() as u64)
     }
