@@ -8,7 +8,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use mnemo_core::{AgentId, TenantId, UserId, Workspace, WorkspacePath};
 
 use crate::queue::{ConsolidateJob, push};
-use crate::workspace::{NewState, apply, current, lock};
+use crate::workspace::{replace_core_file, user_of};
 use crate::{Store, StoreError};
 
 /// Who wrote MEMORY.md changes made by consolidation, in versions and audit rows.
@@ -62,14 +62,6 @@ pub struct ChangedNote {
     pub updated_at: DateTime<Utc>,
 }
 
-fn user(workspace: &Workspace) -> Result<&str, StoreError> {
-    workspace
-        .user
-        .as_ref()
-        .map(|u| u.as_str())
-        .ok_or(StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
-}
-
 impl Store {
     /// Asks for a consolidation of the (agent, user) and queues its job, unless one was asked
     /// for within `throttle` (`None`: always). True when this call queued the job.
@@ -82,7 +74,7 @@ impl Store {
         let asked: Option<bool> = sqlx::query_scalar(REQUEST)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
-            .bind(user(workspace)?)
+            .bind(user_of(workspace)?)
             .bind(throttle.map(|t| t.as_secs_f64()))
             .fetch_optional(&mut *tx)
             .await?;
@@ -142,7 +134,7 @@ impl Store {
         Ok(sqlx::query_scalar(CLAIM)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
-            .bind(user(workspace)?)
+            .bind(user_of(workspace)?)
             .bind(worker)
             .bind(stale.as_secs_f64())
             .fetch_optional(&self.pool)
@@ -159,7 +151,7 @@ impl Store {
         let rows: Vec<(String, String, DateTime<Utc>)> = sqlx::query_as(CHANGED_NOTES)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
-            .bind(user(workspace)?)
+            .bind(user_of(workspace)?)
             .bind(watermark)
             .bind(WorkspacePath::daily_note(since).as_str())
             .fetch_all(&self.pool)
@@ -185,25 +177,12 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         if let Some(content) = memory {
-            let path = WorkspacePath::parse("MEMORY.md").expect("a valid path");
-            let key = workspace
-                .file(path.clone())
-                .map_err(|_| StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))?;
-            lock(&mut tx, &key).await?;
-            let now = current(&mut tx, &key).await?;
-            let state = NewState {
-                content,
-                enabled: now.as_ref().is_none_or(|c| c.file.enabled),
-                sort_order: now.as_ref().map_or(path.core_sort_order().unwrap_or(0), |c| c.file.sort_order),
-                deleted: false,
-            };
-            let version = now.as_ref().map_or(1, |c| c.file.version + 1);
-            apply(&mut tx, &key, &state, version, "overwritten", ACTOR).await?;
+            replace_core_file(&mut tx, workspace, "MEMORY.md", content, ACTOR).await?;
         }
         sqlx::query(FINISH)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
-            .bind(user(workspace)?)
+            .bind(user_of(workspace)?)
             .bind(watermark)
             .bind(outcome)
             .bind(reason)

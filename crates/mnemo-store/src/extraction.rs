@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::memories::insert_in;
 use crate::queue::{ExtractJob, push};
-use crate::workspace::{NewState, apply, current, lock};
+use crate::workspace::{NewState, apply, current, key_in, lock, replace_core_file, user_of};
 use crate::{MessageCursor, Store, StoreError};
 
 /// Who wrote workspace changes made by extraction, in versions and audit rows.
@@ -105,14 +105,6 @@ fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
     pending.iter().map(|p| (p.session_id.to_string(), p.through_id)).unzip()
 }
 
-fn user(workspace: &Workspace) -> Result<&str, StoreError> {
-    workspace
-        .user
-        .as_ref()
-        .map(|u| u.as_str())
-        .ok_or(StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
-}
-
 impl Store {
     /// Asks for the extraction of a completed conversation (once per session and last message)
     /// and queues the (agent, user)'s job. True when this call asked.
@@ -123,7 +115,7 @@ impl Store {
         through: MessageCursor,
         source: TriggerSource,
     ) -> Result<bool, StoreError> {
-        let user = user(workspace)?;
+        let user = user_of(workspace)?;
         let mut tx = self.pool.begin().await?;
         let asked: Option<bool> = sqlx::query_scalar(REQUEST)
             .bind(workspace.tenant.as_str())
@@ -155,7 +147,7 @@ impl Store {
         cooldown: Duration,
         stale: Duration,
     ) -> Result<Claim, StoreError> {
-        let (tenant, agent, user) = (workspace.tenant.as_str(), workspace.agent.as_str(), user(workspace)?);
+        let (tenant, agent, user) = (workspace.tenant.as_str(), workspace.agent.as_str(), user_of(workspace)?);
         let claimed: Option<bool> = sqlx::query_scalar(CLAIM)
             .bind(tenant)
             .bind(agent)
@@ -183,7 +175,7 @@ impl Store {
         Ok(sqlx::query_as(PENDING)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
-            .bind(user(workspace)?)
+            .bind(user_of(workspace)?)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -219,7 +211,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         if let (Some(day), Some(entry)) = (changes.day, &changes.daily_entry) {
-            let key = file(workspace, WorkspacePath::daily_note(day))?;
+            let key = key_in(workspace, WorkspacePath::daily_note(day))?;
             lock(&mut tx, &key).await?;
             let now = current(&mut tx, &key).await?;
             let existing = now.as_ref().filter(|c| !c.deleted).map(|c| c.file.content.as_str());
@@ -235,19 +227,9 @@ impl Store {
                 .await?;
         }
         for (name, text) in [("PROFILE.md", &changes.profile), ("MEMORY.md", &changes.memory)] {
-            let Some(text) = text else { continue };
-            let path = WorkspacePath::parse(name).expect("core file names are valid");
-            let key = file(workspace, path.clone())?;
-            lock(&mut tx, &key).await?;
-            let now = current(&mut tx, &key).await?;
-            let state = NewState {
-                content: text,
-                enabled: now.as_ref().is_none_or(|c| c.file.enabled),
-                sort_order: now.as_ref().map_or(path.core_sort_order().unwrap_or(0), |c| c.file.sort_order),
-                deleted: false,
-            };
-            let version = now.as_ref().map_or(1, |c| c.file.version + 1);
-            apply(&mut tx, &key, &state, version, "overwritten", ACTOR).await?;
+            if let Some(text) = text {
+                replace_core_file(&mut tx, workspace, name, text, ACTOR).await?;
+            }
         }
         let facts: Vec<&NewMemory> = changes.facts.iter().collect();
         for result in insert_in(&mut tx, &facts).await? {
@@ -264,10 +246,6 @@ impl Store {
         tx.commit().await?;
         Ok(())
     }
-}
-
-fn file(workspace: &Workspace, path: WorkspacePath) -> Result<mnemo_core::FileKey, StoreError> {
-    workspace.file(path).map_err(|_| StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
 }
 
 async fn mark(
@@ -300,7 +278,7 @@ async fn release(
     sqlx::query(RELEASE)
         .bind(workspace.tenant.as_str())
         .bind(workspace.agent.as_str())
-        .bind(user(workspace)?)
+        .bind(user_of(workspace)?)
         .bind(cooldown)
         .bind(worker)
         .execute(&mut **tx)

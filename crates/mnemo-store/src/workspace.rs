@@ -367,6 +367,44 @@ impl Store {
     }
 }
 
+/// The workspace's user, for state kept per (agent, user): a workspace without one is the
+/// caller's mistake.
+pub(crate) fn user_of(workspace: &Workspace) -> Result<&str, StoreError> {
+    workspace
+        .user
+        .as_ref()
+        .map(|u| u.as_str())
+        .ok_or(StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
+}
+
+/// The key of `path` in `workspace`, for jobs acting for its user.
+pub(crate) fn key_in(workspace: &Workspace, path: WorkspacePath) -> Result<FileKey, StoreError> {
+    workspace.file(path).map_err(|_| StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
+}
+
+/// Replaces core file `name` (PROFILE.md, MEMORY.md) with `content` inside `tx`, as a new version
+/// written by `actor`; a missing file is created enabled at its core sort order.
+pub(crate) async fn replace_core_file(
+    tx: &mut Transaction<'_, Postgres>,
+    workspace: &Workspace,
+    name: &str,
+    content: &str,
+    actor: &str,
+) -> Result<(), StoreError> {
+    let path = WorkspacePath::parse(name).expect("core file names are valid paths");
+    let key = key_in(workspace, path.clone())?;
+    lock(tx, &key).await?;
+    let now = current(tx, &key).await?;
+    let state = NewState {
+        content,
+        enabled: now.as_ref().is_none_or(|c| c.file.enabled),
+        sort_order: now.as_ref().map_or(path.core_sort_order().unwrap_or(0), |c| c.file.sort_order),
+        deleted: false,
+    };
+    let version = now.as_ref().map_or(1, |c| c.file.version + 1);
+    apply(tx, &key, &state, version, "overwritten", actor).await
+}
+
 pub(crate) async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), StoreError> {
     sqlx::query(LOCK_FILE)
         .bind(key.tenant.as_str())
