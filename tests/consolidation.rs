@@ -138,10 +138,11 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
     assert_eq!(app.client.get("/v1/workspace/files", Some(&quiet)).await.status, 200);
     let store = app.db.store();
     let schedule = mnemo_core::CronSchedule::parse("0 2 * * *").expect("valid");
-    let fire = schedule.last_fire(chrono::Utc::now()).expect("a fire");
+    let fire = schedule.last_fire(chrono::Utc::now().naive_utc()).expect("a fire");
     let night_before = fire - chrono::Duration::days(1);
-    assert_eq!(store.schedule_consolidations(night_before).await.expect("schedule"), 3);
-    assert_eq!(store.schedule_consolidations(night_before).await.expect("again"), 0, "once per fire, across workers");
+    assert_eq!(store.schedule_consolidations("UTC", night_before).await.expect("schedule"), 3);
+    let again = store.schedule_consolidations("UTC", night_before).await.expect("again");
+    assert_eq!(again, 0, "once per fire, across workers");
 
     // Housekeeping does it on its tick, for the last fire.
     let policy = mnemo_jobs::HousekeepingPolicy {
@@ -161,6 +162,67 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
     };
     let done = mnemo_jobs::run_housekeeping(&store, "w", &policy).await.expect("housekeeping").expect("won the tick");
     assert_eq!(done.consolidations_scheduled, 3);
-    assert_eq!(store.schedule_consolidations(fire).await.expect("same fire"), 0);
+    assert_eq!(store.schedule_consolidations("UTC", fire).await.expect("same fire"), 0);
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 6);
+}
+
+#[tokio::test]
+async fn a_tenants_time_zone_decides_the_day_of_its_notes_and_when_its_schedule_fires() {
+    let app = TestApp::spawn().await;
+    let store = app.db.store();
+    let tenant = |t: &str| TenantId::parse(t).expect("tenant");
+    assert_eq!(store.tenant_today(&tenant("acme")).await.expect("today").0, "UTC");
+    for unknown in ["Mars/Olympus_Mons", "PST", "EST5EDT", "+05", ""] {
+        assert!(!store.set_time_zone(&tenant("acme"), unknown).await.expect("set"), "{unknown:?}");
+    }
+    // UTC+14 and UTC-11 the whole year: their days differ from UTC's for half of each day.
+    assert!(store.set_time_zone(&tenant("acme"), "Pacific/Kiritimati").await.expect("set"));
+    assert!(store.set_time_zone(&tenant("globex"), "Pacific/Pago_Pago").await.expect("set"));
+    let local_day = |hours: i64| (chrono::Utc::now() + chrono::Duration::hours(hours)).date_naive();
+    let (zone, today) = store.tenant_today(&tenant("acme")).await.expect("today");
+    assert_eq!((zone.as_str(), today), ("Pacific/Kiritimati", local_day(14)));
+    assert_eq!(store.tenant_today(&tenant("globex")).await.expect("today").1, local_day(-11));
+    // A name set by hand that PostgreSQL does not know counts as UTC.
+    sqlx::query(
+        "INSERT INTO tenant_config (tenant_id, settings) VALUES ('initech', '{\"time_zone\": \"Nowhere/Land\"}')",
+    )
+    .execute(store.pool())
+    .await
+    .expect("insert");
+    assert_eq!(store.tenant_today(&tenant("initech")).await.expect("today"), ("UTC".to_owned(), local_day(0)));
+
+    // The prompt's "today" is the tenant's.
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let path = format!("/v1/workspace/files/memory/{}.md", local_day(14));
+    app.client.put(&path, Some(&t), &json!({ "content": "- the date line is behind us" })).await;
+    let prompt = app.client.get("/v1/workspace/prompt", Some(&t)).await;
+    let text = prompt.body["prompt"].as_str().unwrap_or_default();
+    assert!(text.contains("## Today's Notes\n- the date line is behind us"), "{text}");
+
+    // Each zone's schedule fires at its own wall-clock time, for its own tenants only.
+    for tenant in ["globex", "initech"] {
+        let t = token(&principal(tenant, Some("ann"), Some("helper"), None));
+        note(&app, &t, 0, "- a note").await;
+    }
+    let clocks = store.zone_clocks().await.expect("clocks");
+    let zones: Vec<&str> = clocks.iter().map(|(zone, _)| zone.as_str()).collect();
+    assert_eq!(zones, ["Pacific/Kiritimati", "Pacific/Pago_Pago", "UTC"]);
+    let schedule = mnemo_core::CronSchedule::parse("0 2 * * *").expect("valid");
+    let mut queued = Vec::new();
+    for (zone, now) in &clocks {
+        let fire = schedule.last_fire(*now).expect("a fire");
+        queued.push(store.schedule_consolidations(zone, fire).await.expect("schedule"));
+    }
+    assert_eq!(queued, [1, 1, 1], "acme, globex, and initech under UTC");
+    let fires: Vec<(String, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT zone, fire FROM consolidation_fires ORDER BY zone")
+            .fetch_all(store.pool())
+            .await
+            .expect("fires");
+    let at_two = |(zone, fire): &(String, chrono::DateTime<chrono::Utc>), offset: i64| {
+        assert_eq!((*fire + chrono::Duration::hours(offset)).format("%H:%M").to_string(), "02:00", "{zone}");
+    };
+    at_two(&fires[0], 14);
+    at_two(&fires[1], -11);
+    at_two(&fires[2], 0);
 }

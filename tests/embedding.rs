@@ -193,7 +193,13 @@ async fn housekeeping_fires_once_per_tick_across_workers() {
     let ticks = db.count("SELECT count(*) FROM housekeeping_ticks").await;
     let runs = a.metric("mnemo_housekeeping_runs_total").await + b.metric("mnemo_housekeeping_runs_total").await;
     assert!(ticks >= 4, "only {ticks} ticks in 6 s");
-    assert_eq!(runs as i64, ticks, "each tick ran exactly once across both workers");
+    // A tick's row is written when it is claimed and its metric when it ends: the one tick in
+    // flight when we read may be counted in the first and not yet in the second.
+    let runs = runs as i64;
+    assert!(
+        runs <= ticks && runs >= ticks - 1,
+        "{runs} runs for {ticks} ticks: each tick runs once across both workers"
+    );
     let workers = db.count("SELECT count(DISTINCT worker) FROM housekeeping_ticks").await;
     assert!(workers >= 1);
     a.kill().await;

@@ -145,9 +145,14 @@ async fn the_worker_writes_todays_note_the_profile_and_facts_that_are_embedded_j
     })
     .await;
     assert!(judged, "the fact was not embedded and judged");
-    let recalled =
-        app.client.post("/v1/recall", Some(&t), &json!({ "query": "Where does Ann live?", "scope": "user" })).await;
+    let facts = json!({ "query": "Where does Ann live?", "scope": "user", "source_kinds": ["fact"] });
+    let recalled = app.client.post("/v1/recall", Some(&t), &facts).await;
     assert_eq!(recalled.body["items"][0]["content"], "Ann lives in Lyon", "{:?}", recalled.body);
+    // Today's note is recallable too, in the same class.
+    let notes = json!({ "query": "Where does Ann live?", "scope": "user", "source_kinds": ["workspace_note"] });
+    let recalled = app.client.post("/v1/recall", Some(&t), &notes).await;
+    let entry = recalled.body["items"][0]["content"].as_str().unwrap_or_default();
+    assert!(entry.contains("- 4 messages; last: remember home_city"), "{:?}", recalled.body);
     // The workspace changes name their actor.
     let actors = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'extraction'").await;
     assert_eq!(actors, 2, "today's note and the profile");

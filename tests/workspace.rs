@@ -2,8 +2,11 @@
 //! operation and its answers, every bad path, versions and audit rows, the prompt and the
 //! context window's workspace section, and isolation between tenants, agents and users.
 
+use std::time::Duration;
+
+use mnemo_config::vars;
 use mnemo_core::{AgentId, FileKey, TenantId, UserId, WorkspacePath};
-use mnemo_testkit::{TestApp, principal, token};
+use mnemo_testkit::{TestApp, WorkerProcess, principal, token, wait_until};
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
@@ -356,4 +359,93 @@ async fn erasing_a_user_removes_their_workspace_files_with_every_version_and_kee
     assert_eq!(bobs.body["content"], "bob v2");
     let raw_ids = app.db.count("SELECT count(*) FROM audit_log WHERE details::text LIKE '%\"ann\"%'").await;
     assert_eq!(raw_ids, 0, "audit rows name users only by a hash");
+}
+
+/// The live recall pieces of a file, by id.
+async fn pieces(app: &TestApp, path: &str) -> Vec<uuid::Uuid> {
+    sqlx::query_scalar(
+        "SELECT id FROM memory_items WHERE source_kind = 'workspace_note' AND deleted_at IS NULL
+         AND metadata ->> 'path' = $1 ORDER BY source_ref",
+    )
+    .bind(path)
+    .fetch_all(app.db.store().pool())
+    .await
+    .expect("pieces")
+}
+
+#[tokio::test]
+async fn memory_and_daily_notes_are_recalled_in_the_users_class_and_reindexed_when_they_change() {
+    let app = TestApp::spawn().await;
+    let _worker = WorkerProcess::start(&app.db.url, &[(vars::WORKER_QUEUES, "embed")]).await.expect("worker");
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), None));
+    // A template MEMORY.md is boilerplate: nothing of it is indexed.
+    app.client.get("/v1/workspace/files", Some(&ann)).await;
+    assert!(pieces(&app, "MEMORY.md").await.is_empty());
+
+    let cats = format!("Ann's cat is called Miso and sleeps on the radiator. {}", "She is an old cat. ".repeat(50));
+    let trains = format!("Ann prefers window seats on night trains. {}", "Trains are her habit. ".repeat(50));
+    let memory = format!("# MEMORY.md\n\n{cats}\n\n{trains}\n");
+    let put = app.client.put("/v1/workspace/files/MEMORY.md", Some(&ann), &json!({ "content": memory })).await;
+    assert_eq!(put.status, 200, "{:?}", put.body);
+    let note = "/v1/workspace/files/memory/2026-04-01.md";
+    app.client.put(note, Some(&ann), &json!({ "content": "# 2026-04-01\n\n- Ann booked a ferry to Corsica.\n" })).await;
+    let before = pieces(&app, "MEMORY.md").await;
+    assert_eq!((before.len(), pieces(&app, "memory/2026-04-01.md").await.len()), (2, 1));
+    let embedded = wait_until(Duration::from_secs(30), || async {
+        app.db
+            .count("SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note' AND embedded_model IS NULL")
+            .await
+            == 0
+    })
+    .await;
+    assert!(embedded, "the pieces were not embedded");
+
+    let recall = |t: String, query: &'static str| {
+        let client = app.client.clone();
+        async move { client.post("/v1/recall", Some(&t), &json!({ "query": query, "scope": "user" })).await.body }
+    };
+    let found = recall(ann.clone(), "What is the name of Ann's cat?").await;
+    assert_eq!(found["items"][0]["source_kind"], "workspace_note", "{found:?}");
+    assert!(found["items"][0]["content"].as_str().unwrap_or("").contains("Miso"), "{found:?}");
+    let found = recall(ann.clone(), "ferry to Corsica").await;
+    assert!(found["items"][0]["source_ref"].as_str().unwrap_or("").contains(":memory/2026-04-01.md@v1#"), "{found:?}");
+    // Another user of the same agent, and the same user in another tenant, find none of it.
+    for other in
+        [principal("acme", Some("bob"), Some("helper"), None), principal("globex", Some("ann"), Some("helper"), None)]
+    {
+        let found = recall(token(&other), "What is the name of Ann's cat?").await;
+        assert_eq!(found["items"].as_array().map(Vec::len), Some(0), "{found:?}");
+    }
+
+    // Editing the second paragraph keeps the first piece's row and replaces the second's.
+    let edit = app
+        .client
+        .post(
+            "/v1/workspace/files/MEMORY.md/edit",
+            Some(&ann),
+            &json!({ "old_text": "night trains", "new_text": "day trains" }),
+        )
+        .await;
+    assert_eq!(edit.status, 200, "{:?}", edit.body);
+    let after = pieces(&app, "MEMORY.md").await;
+    assert_eq!(after.len(), 2);
+    assert!(after.contains(&before[0]) && !after.contains(&before[1]), "{before:?} → {after:?}");
+    let retired = app
+        .db
+        .count("SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note' AND deleted_at IS NOT NULL")
+        .await;
+    assert_eq!(retired, 1);
+
+    // Deleting a note retires its pieces; restoring it brings them back as new rows.
+    app.client.delete(note, Some(&ann)).await;
+    assert!(pieces(&app, "memory/2026-04-01.md").await.is_empty());
+    let store = app.db.store();
+    let key = FileKey {
+        tenant: TenantId::parse("acme").expect("id"),
+        agent: AgentId::parse("helper").expect("id"),
+        user: Some(UserId::parse("ann").expect("id")),
+        path: WorkspacePath::parse("memory/2026-04-01.md").expect("path"),
+    };
+    store.restore_file(&key, 1, "runbook").await.expect("restore");
+    assert_eq!(pieces(&app, "memory/2026-04-01.md").await.len(), 1);
 }

@@ -90,11 +90,11 @@ pub async fn remember(
         SourceKind::DocumentChunk => {
             NewMemory::document_chunk(&principal, source_ref, MemoryText::parse(&content)?, session, extras)?
         }
-        SourceKind::Fact | SourceKind::SessionSummary => {
+        SourceKind::Fact | SourceKind::SessionSummary | SourceKind::WorkspaceNote => {
             return Err(mnemo_core::InvalidInput::UnknownValue {
                 field: "source_kind",
                 value: kind.to_string(),
-                expected: "chat_message tool_output document_chunk (facts go to POST /v1/facts)",
+                expected: "chat_message tool_output document_chunk (facts go to POST /v1/facts, notes to the workspace)",
             }
             .into());
         }

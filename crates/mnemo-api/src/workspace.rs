@@ -215,10 +215,11 @@ pub async fn prompt(
 }
 
 /// The workspace's part of a prompt within `budget` tokens: the enabled files, then the memory
-/// sections (MEMORY.md if enabled, today's note and the notes of the days before it, in UTC).
+/// sections (MEMORY.md if enabled, today's note and the notes of the days before it, by the
+/// tenant's time zone).
 /// What `/prompt` answers and what a context window injects after the system prompt.
 pub async fn workspace_prompt(state: &AppState, workspace: &Workspace, budget: u64) -> Result<String, ApiError> {
-    let today = chrono::Utc::now().date_naive();
+    let (_, today) = state.store.tenant_today(&workspace.tenant).await?;
     let since = today - chrono::Days::new(u64::from(state.workspace.recent_days));
     let files = state.store.enabled_files(workspace).await?;
     let notes = state.store.daily_notes(workspace, since).await?;

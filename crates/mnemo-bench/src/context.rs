@@ -69,21 +69,55 @@ fn message(s: usize, i: usize) -> Value {
     body
 }
 
+/// The API served in this process on a fresh database, and a client for it.
+pub(crate) struct LocalApi {
+    /// `http://127.0.0.1:PORT/v1`.
+    pub base: String,
+    pub store: Store,
+    pub settings: ServerSettings,
+    pub http: reqwest::Client,
+    secret: String,
+}
+
+impl LocalApi {
+    pub async fn start(env: &Env) -> anyhow::Result<Self> {
+        let database = DatabaseSettings::from_env(env)?;
+        let db =
+            create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
+        eprintln!("bench database: {}", db.name);
+        let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        let server_env = env.clone().with(vars::DATABASE_URL, db.url.as_str()).with(vars::JWT_SECRET, secret.as_str());
+        let settings = ServerSettings::from_env(&server_env)?;
+        let store = Store::connect(&db.url, 20).await?;
+        let embedder = mnemo_models::embedder(&settings.embed)?;
+        let state = AppState::new(store.clone(), &settings, embedder).map_err(anyhow::Error::msg)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}/v1", listener.local_addr()?);
+        tokio::spawn(async move { axum::serve(listener, app(state)).await });
+        let http = reqwest::Client::builder().pool_max_idle_per_host(16).build()?;
+        Ok(Self { base, store, settings, http, secret })
+    }
+
+    /// A token for `principal`, valid for an hour.
+    pub fn token(&self, principal: &Principal) -> anyhow::Result<String> {
+        mnemo_api::auth::sign_hs256(self.secret.as_bytes(), principal, Duration::from_secs(3600))
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// Posts `body` to `path` (under `/v1`) and checks the status.
+    pub async fn post(&self, path: &str, token: &str, body: &Value, expect: u16) -> anyhow::Result<Value> {
+        let r = self.http.post(format!("{}{path}", self.base)).bearer_auth(token).json(body).send().await?;
+        let status = r.status().as_u16();
+        let reply: Value = r.json().await.unwrap_or(Value::Null);
+        anyhow::ensure!(status == expect, "{path} answered {status}: {reply}");
+        Ok(reply)
+    }
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let env = Env::from_process();
-    let database = DatabaseSettings::from_env(&env)?;
-    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
-    eprintln!("bench database: {}", db.name);
-    let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let server_env = env.clone().with(vars::DATABASE_URL, db.url.as_str()).with(vars::JWT_SECRET, secret.as_str());
-    let settings = ServerSettings::from_env(&server_env)?;
-    let store = Store::connect(&db.url, 20).await?;
-    let embedder = mnemo_models::embedder(&settings.embed)?;
-    let state = AppState::new(store.clone(), &settings, embedder).map_err(anyhow::Error::msg)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}/v1", listener.local_addr()?);
-    tokio::spawn(async move { axum::serve(listener, app(state)).await });
-    let http = reqwest::Client::builder().pool_max_idle_per_host(16).build()?;
+    let api = LocalApi::start(&env).await?;
+    let (base, store, http) = (&api.base, &api.store, &api.http);
 
     let mut results = Vec::new();
     for &size in &args.sessions {
@@ -93,8 +127,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             agent: None,
             session: Some(SessionId::parse(&format!("session-{size}"))?),
         };
-        let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
-            .map_err(anyhow::Error::msg)?;
+        let token = api.token(&principal)?;
         let started = Instant::now();
         // One at a time, so the session's order is the order written.
         for i in 0..size {
@@ -134,8 +167,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut compactions = Vec::new();
     for &delay in &args.model_delays_ms {
-        let timing =
-            compaction_overhead(&http, &base, &secret, &store, &settings.context, delay, args.compactions).await?;
+        let timing = compaction_overhead(&api, &api.settings.context, delay, args.compactions).await?;
         compactions.push(timing);
     }
 
@@ -214,10 +246,7 @@ const COMPACTED_SESSION: usize = 60;
 /// time less the model's delay on each of its calls: reading, the pre-pass, writing the summary
 /// row and the record.
 async fn compaction_overhead(
-    http: &reqwest::Client,
-    base: &str,
-    secret: &str,
-    store: &Store,
+    api: &LocalApi,
     context: &ContextSettings,
     delay_ms: u64,
     jobs: usize,
@@ -231,7 +260,7 @@ async fn compaction_overhead(
     ]);
     let model = ContextSettings::from_env(&env)?;
     let compactor = Compactor {
-        store: store.clone(),
+        store: api.store.clone(),
         summarizer: mnemo_models::summarizer(&model)?,
         counter: Arc::new(mnemo_models::Tokenizer::new(context.tokenizer)),
         policy: CompactPolicy::from_settings(context),
@@ -246,13 +275,11 @@ async fn compaction_overhead(
             agent: None,
             session: Some(SessionId::parse(&sid)?),
         };
-        let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
-            .map_err(anyhow::Error::msg)?;
+        let token = api.token(&principal)?;
         for i in 0..COMPACTED_SESSION {
             let mut body = message(1_000_000 + j * 1000 + delay_ms as usize * 100_000, i);
             body["session_id"] = json!(sid);
-            let r = http.post(format!("{base}/memories")).bearer_auth(&token).json(&body).send().await?;
-            anyhow::ensure!(r.status().as_u16() == 201, "write {i} answered {}", r.status());
+            api.post("/memories", &token, &body, 201).await?;
         }
         let before = chat.requests().len();
         let job = CompactJob {

@@ -10,6 +10,7 @@ mod locomo;
 mod quality;
 mod recall_latency;
 mod retention;
+mod workspace;
 mod writes;
 
 #[derive(Debug, Parser)]
@@ -46,6 +47,15 @@ enum Scenario {
     Retention(retention::Args),
     /// Context windows: assembly latency by session size, and tokenizer throughput.
     Context(context::Args),
+    /// Workspace memory: extraction and consolidation jobs/s against a model with a fixed delay,
+    /// and prompt assembly latency with a year of daily notes.
+    Workspace(workspace::Args),
+    /// Serve the testkit's scripted chat model on a local port until stopped: a predictable
+    /// MNEMO_LLM_BASE_URL for trying compaction, extraction and consolidation without a model.
+    ScriptedChat {
+        #[arg(long, default_value_t = 8090)]
+        port: u16,
+    },
 }
 
 #[tokio::main]
@@ -63,5 +73,12 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Factconsolidation(args) => judge::fact_consolidation(args).await,
         Scenario::Retention(args) => retention::run(args).await,
         Scenario::Context(args) => context::run(args).await,
+        Scenario::Workspace(args) => workspace::run(args).await,
+        Scenario::ScriptedChat { port } => {
+            let chat = mnemo_testkit::ScriptedChat::start_on(port).await;
+            eprintln!("scripted chat model at {} (any model name); Ctrl-C stops it", chat.base_url);
+            tokio::signal::ctrl_c().await?;
+            Ok(())
+        }
     }
 }

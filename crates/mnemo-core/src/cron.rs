@@ -1,8 +1,9 @@
-//! Five-field cron expressions (`minute hour day-of-month month day-of-week`, UTC): `*`, numbers,
+//! Five-field cron expressions (`minute hour day-of-month month day-of-week`, read as wall-clock
+//! time in whatever zone the caller evaluates them in): `*`, numbers,
 //! ranges `a-b`, steps `*/n` and `a-b/n`, and lists of those. Day of month and day of week follow
 //! cron's rule: when both are restricted, either may match.
 
-use chrono::{DateTime, Datelike, Days, NaiveDate, NaiveTime, TimeZone, Timelike, Utc};
+use chrono::{Datelike, Days, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
 
 use crate::InvalidInput;
 
@@ -86,9 +87,10 @@ impl CronSchedule {
         }
     }
 
-    /// The latest time the schedule fired at or before `now`, within the last 366 days.
-    pub fn last_fire(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let today = now.date_naive();
+    /// The latest wall-clock time the schedule fired at or before `now` (wall-clock time in the
+    /// same zone), within the last 366 days.
+    pub fn last_fire(&self, now: NaiveDateTime) -> Option<NaiveDateTime> {
+        let today = now.date();
         for back in 0..=366u64 {
             let date = today.checked_sub_days(Days::new(back))?;
             if !self.runs_on(date) {
@@ -100,7 +102,7 @@ impl CronSchedule {
                 NaiveTime::from_hms_opt(h, *minute, 0)
             });
             if let Some(time) = fire {
-                return Some(Utc.from_utc_datetime(&date.and_time(time)));
+                return Some(date.and_time(time));
             }
         }
         None
@@ -111,8 +113,8 @@ impl CronSchedule {
 mod tests {
     use super::*;
 
-    fn at(raw: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(raw).expect("time").with_timezone(&Utc)
+    fn at(raw: &str) -> NaiveDateTime {
+        NaiveDateTime::parse_from_str(raw, "%Y-%m-%dT%H:%M:%SZ").expect("time")
     }
 
     #[test]

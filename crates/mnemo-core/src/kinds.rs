@@ -55,6 +55,7 @@ string_enum!(
         DocumentChunk => "document_chunk",
         Fact => "fact",
         SessionSummary => "session_summary",
+        WorkspaceNote => "workspace_note",
     }
 );
 
@@ -93,6 +94,7 @@ impl SourceKind {
         match self {
             Self::ChatMessage | Self::ToolOutput | Self::SessionSummary => Some(Scope::Session),
             Self::DocumentChunk => Some(Scope::Tenant),
+            Self::WorkspaceNote => Some(Scope::User),
             Self::Fact => None,
         }
     }

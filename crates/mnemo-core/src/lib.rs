@@ -52,6 +52,6 @@ pub use window::{
     WindowMessage, assemble, cut_to, tail_suffices, units_of,
 };
 pub use workspace::{
-    CORE_FILES, FileKey, FileOwner, MAX_PATH_BYTES, MAX_PATH_DEPTH, MemoryNotes, PromptFile, Workspace, WorkspacePath,
-    render_files, render_prompt,
+    CORE_FILES, FileKey, FileOwner, MAX_PATH_BYTES, MAX_PATH_DEPTH, MemoryNotes, NOTE_CHUNK_BYTES, PromptFile,
+    Workspace, WorkspacePath, note_chunks, render_files, render_prompt,
 };

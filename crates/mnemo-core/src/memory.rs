@@ -2,8 +2,8 @@ use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 use crate::{
-    AgentId, FactScope, InvalidInput, MemoryText, Principal, Role, Scope, SessionId, SourceKind, SourceRef, TenantId,
-    ToolOutputKey, ToolOutputText, UserId, fact_source_ref,
+    AgentId, FactScope, FileKey, InvalidInput, MemoryText, Principal, Role, Scope, SessionId, SourceKind, SourceRef,
+    TenantId, ToolOutputKey, ToolOutputText, UserId, fact_source_ref,
 };
 
 /// Caller-supplied metadata: a JSON object of at most 16 KiB with no NUL anywhere (PostgreSQL's
@@ -271,6 +271,33 @@ impl NewMemory {
             fact_key: None,
             turn: None,
         }
+    }
+
+    /// A piece of a user's recallable workspace file (`MEMORY.md`, a daily note) as of `version`,
+    /// in the user's class under the file's agent. The source_ref names the version that first
+    /// held the piece: `workspace:{sha256(agent, user)[:16]}:{path}@v{version}#{index}`.
+    pub fn workspace_note(key: &FileKey, version: i32, index: usize, chunk: &str) -> Result<Self, InvalidInput> {
+        let content = MemoryText::parse(chunk)?;
+        let owner = key.user.as_ref().map_or("", |u| u.as_str());
+        let who = hex::encode(Sha256::digest(format!("{}\0{owner}", key.agent).as_bytes()));
+        let source_ref = SourceRef::parse(&format!("workspace:{}:{}@v{version}#{index}", &who[..16], key.path))?;
+        let metadata = serde_json::json!({ "path": key.path.as_str(), "version": version });
+        Ok(Self {
+            tenant: key.tenant.clone(),
+            scope: Scope::User,
+            session: None,
+            user: key.user.clone(),
+            agent: Some(key.agent.clone()),
+            kind: SourceKind::WorkspaceNote,
+            source_ref,
+            content_sha256: sha256(content.as_str()),
+            content,
+            tool_output: None,
+            metadata: Metadata::parse(metadata)?,
+            event_time: None,
+            fact_key: None,
+            turn: None,
+        })
     }
 
     /// The row with its place in the conversation.

@@ -96,6 +96,11 @@ impl WorkspacePath {
         NaiveDate::parse_from_str(name, "%Y-%m-%d").ok()
     }
 
+    /// Whether recall searches this file (when it is a user's): `MEMORY.md` and the daily notes.
+    pub fn is_recallable(&self) -> bool {
+        self.0 == "MEMORY.md" || self.note_day().is_some()
+    }
+
     /// The sort order a core file starts with.
     pub fn core_sort_order(&self) -> Option<i32> {
         CORE_FILES.iter().find(|(name, _)| *name == self.0).map(|(_, order)| *order)
@@ -152,6 +157,35 @@ impl Workspace {
         };
         Ok(FileKey { tenant: self.tenant.clone(), agent: self.agent.clone(), user, path })
     }
+}
+
+/// The most bytes one recall chunk of a file holds.
+pub const NOTE_CHUNK_BYTES: usize = 1500;
+
+/// `content` in pieces of at most `max` bytes for recall, cut between paragraphs where it can,
+/// else between lines, else between characters. Pieces are greedy from the start, so appending
+/// to a file changes only its last pieces. Pieces with nothing but headings (an empty template,
+/// a note's `# YYYY-MM-DD`) say nothing to recall and are left out.
+pub fn note_chunks(content: &str, max: usize) -> Vec<&str> {
+    let mut chunks = Vec::new();
+    let mut rest = content;
+    while !rest.trim().is_empty() {
+        let mut end = rest.len();
+        if end > max {
+            let head = &rest[..rest.floor_char_boundary(max)];
+            end = [head.rfind("\n\n").map(|i| i + 2), head.rfind('\n').map(|i| i + 1)]
+                .into_iter()
+                .flatten()
+                .find(|&i| i > 0)
+                .unwrap_or(head.len().max(rest.ceil_char_boundary(1)));
+        }
+        let (chunk, tail) = rest.split_at(end);
+        if chunk.lines().any(|line| !line.trim().is_empty() && !line.trim_start().starts_with('#')) {
+            chunks.push(chunk.trim());
+        }
+        rest = tail;
+    }
+    chunks
 }
 
 /// A file to render: its path and content.
@@ -299,6 +333,28 @@ mod tests {
         assert_eq!(WorkspacePath::daily_note(day).as_str(), "memory/2026-04-01.md");
         assert_eq!(WorkspacePath::daily_note(day).note_day(), Some(day));
         assert_eq!(WorkspacePath::parse("MEMORY.md").expect("valid").core_sort_order(), Some(3));
+    }
+
+    #[test]
+    fn notes_are_cut_between_paragraphs_within_the_limit() {
+        let text = "# 2026-04-01\n\n- one\n- two\n\n- three is longer\n";
+        assert_eq!(note_chunks(text, 1000), vec![text.trim()]);
+        assert_eq!(note_chunks(text, 20), vec!["- one\n- two", "- three is longer"]);
+        // No break anywhere: characters, never inside one.
+        let word = "é".repeat(10);
+        let pieces = note_chunks(&word, 5);
+        assert!(pieces.iter().all(|p| p.len() <= 5 && !p.is_empty()), "{pieces:?}");
+        assert_eq!(pieces.concat(), word);
+        assert!(note_chunks("  \n\n ", 10).is_empty());
+        assert!(note_chunks("# MEMORY\n\n## People\n", 100).is_empty());
+        // Appending changes only the end.
+        let longer = format!("{text}\n- four\n");
+        let (a, b) = (note_chunks(text, 20), note_chunks(&longer, 20));
+        assert_eq!(a[..1], b[..1]);
+        assert!(WorkspacePath::parse("MEMORY.md").expect("valid").is_recallable());
+        assert!(WorkspacePath::parse("memory/2026-04-01.md").expect("valid").is_recallable());
+        assert!(!WorkspacePath::parse("memory/archive/2026-04-01.md").expect("valid").is_recallable());
+        assert!(!WorkspacePath::parse("PROFILE.md").expect("valid").is_recallable());
     }
 
     #[test]

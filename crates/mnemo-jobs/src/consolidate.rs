@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use mnemo_config::ConsolidationSettings;
-use mnemo_core::{ConsolidationInput, Consolidator, TokenCounter, Workspace, WorkspacePath};
+use mnemo_core::{
+    Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath,
+};
 use mnemo_store::Store;
 use mnemo_store::queue::ConsolidateJob;
 
@@ -63,6 +65,45 @@ impl ConsolidateRunner {
         result
     }
 
+    /// What the model would be asked now, without taking the run: the notes changed since the
+    /// watermark and MEMORY.md (`None`: nothing new), and the model's answer (`None`: no model).
+    /// Nothing is applied.
+    pub async fn propose(
+        &self,
+        workspace: &Workspace,
+    ) -> Result<Option<(ConsolidationInput, Option<Result<Consolidation, ModelFailure>>)>, JobError> {
+        let watermark = self.store.consolidation_watermark(workspace).await?;
+        let Some((input, _)) = self.input(workspace, watermark).await? else { return Ok(None) };
+        let Some(consolidator) = &self.consolidator else { return Ok(Some((input, None))) };
+        let answer = consolidator.consolidate(&input).await;
+        Ok(Some((input, Some(answer))))
+    }
+
+    /// The model's input: the notes changed since `watermark` within the day range (by the
+    /// tenant's calendar) and MEMORY.md, with the newest note's change time; `None` when no note
+    /// changed.
+    async fn input(
+        &self,
+        workspace: &Workspace,
+        watermark: chrono::DateTime<Utc>,
+    ) -> Result<Option<(ConsolidationInput, chrono::DateTime<Utc>)>, JobError> {
+        let (_, today) = self.store.tenant_today(&workspace.tenant).await?;
+        let since = today - chrono::Days::new(u64::from(self.settings.day_range));
+        let notes = self.store.notes_changed_since(workspace, watermark, since).await?;
+        let Some(newest) = notes.iter().map(|n| n.updated_at).max() else { return Ok(None) };
+        let memory_key = workspace
+            .file(WorkspacePath::parse("MEMORY.md").expect("a valid path"))
+            .map_err(|e| JobError::Setup(e.to_string()))?;
+        let memory = self.store.read_file(&memory_key).await?.map(|f| f.content).unwrap_or_default();
+        let input = ConsolidationInput {
+            memory,
+            notes: notes.into_iter().map(|n| (n.day, n.content)).collect(),
+            // Told to the model in characters, which it can count; checked in tokens.
+            max_chars: usize::try_from(self.settings.max_memory_tokens * 4).unwrap_or(usize::MAX),
+        };
+        Ok(Some((input, newest)))
+    }
+
     /// The run, once this worker holds the (agent, user).
     async fn claimed(
         &self,
@@ -71,9 +112,7 @@ impl ConsolidateRunner {
         watermark: chrono::DateTime<Utc>,
     ) -> Result<ConsolidateReport, JobError> {
         let workspace = workspace.clone();
-        let since = Utc::now().date_naive() - chrono::Days::new(u64::from(self.settings.day_range));
-        let notes = self.store.notes_changed_since(&workspace, watermark, since).await?;
-        let Some(newest) = notes.iter().map(|n| n.updated_at).max() else {
+        let Some((input, newest)) = self.input(&workspace, watermark).await? else {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "nothing_new", "").await?;
             return Ok(ConsolidateReport::NothingNew);
         };
@@ -81,17 +120,8 @@ impl ConsolidateRunner {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "disabled", "no_model").await?;
             return Ok(ConsolidateReport::Disabled);
         };
-        let memory_key = workspace
-            .file(WorkspacePath::parse("MEMORY.md").expect("a valid path"))
-            .map_err(|e| JobError::Setup(e.to_string()))?;
-        let memory = self.store.read_file(&memory_key).await?.map(|f| f.content).unwrap_or_default();
         let budget = self.settings.max_memory_tokens;
-        let input = ConsolidationInput {
-            memory,
-            notes: notes.iter().map(|n| (n.day, n.content.clone())).collect(),
-            // Told to the model in characters, which it can count; checked below in tokens.
-            max_chars: usize::try_from(budget * 4).unwrap_or(usize::MAX),
-        };
+        let notes = input.notes.len();
         let failed = |reason: &str| ConsolidateReport::Failed { reason: reason.to_owned() };
         let report = match consolidator.consolidate(&input).await {
             Err(failure) => {
@@ -110,15 +140,15 @@ impl ConsolidateRunner {
                     self.store
                         .finish_consolidation(&workspace, &self.worker, Some(&content), Some(newest), "updated", "")
                         .await?;
-                    ConsolidateReport::Updated { notes: notes.len() }
+                    ConsolidateReport::Updated { notes }
                 }
                 None => {
                     self.store.finish_consolidation(&workspace, &self.worker, None, Some(newest), "kept", "").await?;
-                    ConsolidateReport::Kept { notes: notes.len() }
+                    ConsolidateReport::Kept { notes }
                 }
             },
         };
-        tracing::info!(tenant = %job.tenant_id, notes = notes.len(), ?report, "consolidation finished");
+        tracing::info!(tenant = %job.tenant_id, notes, ?report, "consolidation finished");
         Ok(report)
     }
 }

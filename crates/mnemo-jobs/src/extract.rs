@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
     ExtractionInput, Extractor, Extras, FactScope, NewMemory, Principal, Role, TRANSCRIPT_MESSAGES, Workspace,
@@ -210,7 +209,7 @@ impl ExtractRunner {
             messages.extend(part);
         }
         let borrowed: Vec<(Role, &str)> = messages.iter().map(|(role, text)| (*role, text.as_str())).collect();
-        let today = Utc::now().date_naive();
+        let (_, today) = self.store.tenant_today(&workspace.tenant).await?;
         let read = |path: WorkspacePath| {
             let key = workspace.file(path);
             async move {

@@ -49,10 +49,7 @@ pub async fn run_housekeeping(
         pruned_jobs: store.prune_finished_jobs(policy.job_retention).await?,
         removed_workers: store.remove_stale_workers(policy.dead_worker_after).await?,
         retention_scheduled: store.schedule_retention(tick_number(policy.retention_interval)).await?,
-        consolidations_scheduled: match policy.consolidate_cron.as_ref().and_then(|c| c.last_fire(Utc::now())) {
-            Some(fire) => store.schedule_consolidations(fire).await?,
-            None => 0,
-        },
+        consolidations_scheduled: schedule_consolidations(store, policy.consolidate_cron.as_ref()).await?,
     };
     store.finish_housekeeping_tick(tick, done).await?;
     maintain(store, worker, &policy.maintenance).await?;
@@ -70,6 +67,18 @@ pub async fn run_housekeeping(
     metrics::counter!("mnemo_housekeeping_runs_total").increment(1);
     metrics::counter!("mnemo_housekeeping_requeued_total").increment(done.requeued);
     Ok(Some(done))
+}
+
+/// Queues the consolidations whose schedule fired: in each tenant's own time zone.
+async fn schedule_consolidations(store: &Store, cron: Option<&CronSchedule>) -> Result<u64, JobError> {
+    let Some(cron) = cron else { return Ok(0) };
+    let mut scheduled = 0;
+    for (zone, now) in store.zone_clocks().await? {
+        if let Some(fire) = cron.last_fire(now) {
+            scheduled += store.schedule_consolidations(&zone, fire).await?;
+        }
+    }
+    Ok(scheduled)
 }
 
 /// Archives old daily notes and prunes old session messages, once per maintenance interval

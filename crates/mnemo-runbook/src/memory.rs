@@ -1,11 +1,14 @@
-//! The memory jobs for operators: extraction and consolidation state per agent and user, and
-//! extracting a conversation by hand, or only seeing what the model would change.
+//! The memory jobs for operators: extraction and consolidation state per agent and user,
+//! extracting or consolidating by hand, or only seeing what the model would change, and a
+//! tenant's time zone.
+
+use std::sync::Arc;
 
 use anyhow::bail;
 use clap::Subcommand;
 use mnemo_config::{ContextSettings, Env, WorkspaceSettings};
 use mnemo_core::{AgentId, SessionId, TenantId, TriggerSource, UserId, Workspace};
-use mnemo_jobs::ExtractRunner;
+use mnemo_jobs::{ConsolidateRunner, ExtractRunner};
 use mnemo_store::Store;
 use serde_json::{Value, json};
 
@@ -24,6 +27,31 @@ pub enum MemoryCommand {
         session: SessionId,
         #[arg(long)]
         dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Consolidate an agent and user's daily notes into MEMORY.md: queue it now (never
+    /// throttled), or with --dry-run print the notes the model would read and its proposed
+    /// MEMORY.md, applying nothing (prints content).
+    Consolidate {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        #[arg(long, value_parser = AgentId::parse)]
+        agent: AgentId,
+        #[arg(long, value_parser = UserId::parse)]
+        user: UserId,
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A tenant's time zone (an IANA name; UTC by default), which decides the day of a daily
+    /// note and when the consolidation schedule fires: print it, or set it with --set.
+    TimeZone {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        #[arg(long, value_name = "ZONE")]
+        set: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -82,6 +110,54 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 println!("{report}");
             } else {
                 println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+        }
+        MemoryCommand::Consolidate { tenant, agent, user, dry_run, json } => {
+            let workspace = Workspace { tenant, agent, user: Some(user) };
+            if !dry_run {
+                store.request_consolidation(&workspace, None).await?;
+                if json {
+                    println!("{}", json!({ "queued": true }));
+                } else {
+                    println!("queued: a worker serving the consolidate queue will consolidate the notes");
+                }
+                return Ok(());
+            }
+            let context = ContextSettings::from_env(env)?;
+            let settings = WorkspaceSettings::from_env(env)?;
+            let runner = ConsolidateRunner {
+                store: store.clone(),
+                consolidator: mnemo_models::consolidator(&context)?,
+                counter: Arc::new(mnemo_models::Tokenizer::new(context.tokenizer)),
+                worker: "runbook".into(),
+                settings: settings.consolidation,
+                stale_after: std::time::Duration::from_secs(600),
+            };
+            let Some((input, answer)) = runner.propose(&workspace).await? else {
+                bail!("nothing to consolidate: no daily note changed since the watermark within the day range");
+            };
+            let Some(answer) = answer else { bail!("no model: set MNEMO_LLM_MODEL (and MNEMO_LLM_BASE_URL)") };
+            let answer = answer.map_err(|f| anyhow::anyhow!("the model failed: {f}"))?;
+            let days: Vec<String> = input.notes.iter().map(|(day, _)| day.to_string()).collect();
+            let report = json!({ "dry_run": true, "notes": days, "should_update": answer.should_update,
+                "reason": answer.reason, "memory_content": answer.memory_content });
+            if json {
+                println!("{report}");
+            } else {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+        }
+        MemoryCommand::TimeZone { tenant, set, json } => {
+            if let Some(zone) = &set
+                && !store.set_time_zone(&tenant, zone).await?
+            {
+                bail!("unknown time zone {zone:?}: give an IANA name such as Europe/Paris or America/New_York");
+            }
+            let (zone, today) = store.tenant_today(&tenant).await?;
+            if json {
+                println!("{}", json!({ "tenant": tenant.as_str(), "time_zone": zone, "today": today }));
+            } else {
+                println!("{tenant}: {zone} (today there: {today})");
             }
         }
         MemoryCommand::Status { tenant, json } => {

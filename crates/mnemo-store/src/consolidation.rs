@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use mnemo_core::{AgentId, TenantId, UserId, Workspace, WorkspacePath};
 
 use crate::queue::{ConsolidateJob, push};
@@ -21,13 +21,14 @@ ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_requested_at = now
 WHERE $4::float8 IS NULL OR s.last_requested_at IS NULL OR s.last_requested_at < now() - make_interval(secs => $4)
 RETURNING true";
 
-/// Every (agent, user) with daily notes whose schedule fired at `$1` and was not acted on yet:
-/// marked, and returned to be queued. Cross-tenant: housekeeping finds the work, each job
-/// carries its own tenant.
+/// Every (agent, user) with daily notes, of a tenant in zone `$2`, whose schedule fired at `$1`
+/// and was not acted on yet: marked, and returned to be queued. Cross-tenant: housekeeping finds
+/// the work, each job carries its own tenant.
 const SCHEDULE: &str = "
 INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, last_scheduled_at, last_requested_at)
 SELECT DISTINCT tenant_id, agent_id, user_id, $1::timestamptz, now() FROM workspace_files
 WHERE user_id <> '' AND deleted_at IS NULL AND starts_with(path, 'memory/')
+  AND tenant_id IN (SELECT t FROM (SELECT DISTINCT tenant_id AS t FROM workspace_files) ts WHERE tenant_time_zone(t) = $2)
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_scheduled_at = $1, last_requested_at = now()
 WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
 RETURNING tenant_id, agent_id, user_id";
@@ -90,20 +91,29 @@ impl Store {
         Ok(asked.is_some())
     }
 
-    /// Queues a consolidation for every (agent, user) with daily notes whose schedule fired at
-    /// `fire` and was not acted on yet; how many.
-    pub async fn schedule_consolidations(&self, fire: DateTime<Utc>) -> Result<u64, StoreError> {
+    /// Queues a consolidation for every (agent, user) with daily notes, of the tenants in `zone`,
+    /// whose schedule fired at `local_fire` (wall-clock time in `zone`) and was not acted on yet;
+    /// how many.
+    pub async fn schedule_consolidations(&self, zone: &str, local_fire: NaiveDateTime) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
+        let fire: DateTime<Utc> = sqlx::query_scalar("SELECT $1::timestamp AT TIME ZONE $2")
+            .bind(local_fire)
+            .bind(zone)
+            .fetch_one(&mut *tx)
+            .await?;
         // Once per fire across workers and ticks: only the claimant scans.
-        let claimed = sqlx::query("INSERT INTO consolidation_fires (fire) VALUES ($1) ON CONFLICT DO NOTHING")
-            .bind(fire)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+        let claimed =
+            sqlx::query("INSERT INTO consolidation_fires (zone, fire) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                .bind(zone)
+                .bind(fire)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
         if claimed == 0 {
             return Ok(0);
         }
-        let due: Vec<(String, String, String)> = sqlx::query_as(SCHEDULE).bind(fire).fetch_all(&mut *tx).await?;
+        let due: Vec<(String, String, String)> =
+            sqlx::query_as(SCHEDULE).bind(fire).bind(zone).fetch_all(&mut *tx).await?;
         let jobs = due
             .iter()
             .map(|(tenant, agent, user)| {
@@ -115,7 +125,8 @@ impl Store {
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         push(&mut tx, &jobs).await?;
-        sqlx::query("UPDATE consolidation_fires SET scheduled = $2 WHERE fire = $1")
+        sqlx::query("UPDATE consolidation_fires SET scheduled = $3 WHERE zone = $1 AND fire = $2")
+            .bind(zone)
             .bind(fire)
             .bind(i32::try_from(jobs.len()).unwrap_or(i32::MAX))
             .execute(&mut *tx)
@@ -139,6 +150,19 @@ impl Store {
             .bind(stale.as_secs_f64())
             .fetch_optional(&self.pool)
             .await?)
+    }
+
+    /// The (agent, user)'s watermark: notes changed after it are not consolidated yet.
+    pub async fn consolidation_watermark(&self, workspace: &Workspace) -> Result<DateTime<Utc>, StoreError> {
+        let watermark: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT watermark FROM consolidation_state WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3",
+        )
+        .bind(workspace.tenant.as_str())
+        .bind(workspace.agent.as_str())
+        .bind(user_of(workspace)?)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(watermark.unwrap_or(DateTime::UNIX_EPOCH))
     }
 
     /// The daily notes changed after `watermark`, of days from `since` on, oldest first.

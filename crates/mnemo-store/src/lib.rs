@@ -23,6 +23,7 @@ pub mod queue;
 mod retention;
 mod schema;
 mod search;
+mod time_zone;
 mod workspace;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};

@@ -1,14 +1,19 @@
 //! Workspace files: the current state of each file and every state it had. Each change runs in
 //! one transaction, serialized per file by an advisory lock: the new current row, its version
-//! row, and an audit row naming the actor (ids, the path, sizes; never content).
+//! row, and an audit row naming the actor (ids, the path, sizes; never content). A user's
+//! `MEMORY.md` and daily notes are also recall rows (kind `workspace_note`), re-indexed in that
+//! same transaction.
+
+use std::collections::HashSet;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use mnemo_core::{AuditEvent, FileKey, Workspace, WorkspacePath};
+use mnemo_core::{AuditEvent, FileKey, NOTE_CHUNK_BYTES, NewMemory, Workspace, WorkspacePath, note_chunks};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::memories::insert_in;
 use crate::{Store, StoreError};
 
 /// A file's state without its content.
@@ -77,6 +82,10 @@ pub enum Edited {
     },
 }
 
+/// The change that creates a core file from its template: its content is boilerplate, so recall
+/// does not index it.
+const FROM_TEMPLATE: &str = "created_from_template";
+
 /// The sort order of a file that is not a core file, unless a caller sets one.
 pub const DEFAULT_SORT_ORDER: i32 = 100;
 
@@ -121,6 +130,14 @@ SELECT path, content FROM workspace_files
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
   AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path >= $4
 ORDER BY path DESC";
+
+/// A recallable file's live pieces: ids and content hashes.
+const LIVE_PIECES: &str = "
+SELECT id, content_sha256 FROM memory_items
+WHERE tenant_id = $1 AND source_kind = 'workspace_note' AND user_id = $2 AND agent_id = $3
+  AND metadata ->> 'path' = $4 AND deleted_at IS NULL";
+
+const RETIRE_PIECES: &str = "UPDATE memory_items SET deleted_at = now() WHERE tenant_id = $1 AND id = ANY($2)";
 
 const HISTORY: &str = "
 SELECT version, octet_length(content) AS size_bytes, enabled, sort_order, deleted, actor, created_at
@@ -170,7 +187,7 @@ impl Store {
                     sort_order: path.core_sort_order().unwrap_or(0),
                     deleted: false,
                 };
-                apply(&mut tx, &key, &state, 1, "created", "api").await?;
+                apply(&mut tx, &key, &state, 1, FROM_TEMPLATE, "api").await?;
             }
             tx.commit().await?;
         }
@@ -477,5 +494,46 @@ pub(crate) async fn apply(
         .bind(details)
         .execute(&mut **tx)
         .await?;
+    if change != FROM_TEMPLATE {
+        reindex(tx, key, state, version).await?;
+    }
+    Ok(())
+}
+
+/// Keeps recall's pieces of a user's `MEMORY.md` or daily note in step with the file's new state:
+/// pieces it still has keep their rows (and vectors), pieces it lost are retired (soft-deleted,
+/// for retention), new pieces become rows queued for embedding.
+async fn reindex(
+    tx: &mut Transaction<'_, Postgres>,
+    key: &FileKey,
+    state: &NewState<'_>,
+    version: i32,
+) -> Result<(), StoreError> {
+    let Some(user) = key.user.as_ref().filter(|_| key.path.is_recallable()) else { return Ok(()) };
+    let live: Vec<(Uuid, Vec<u8>)> = sqlx::query_as(LIVE_PIECES)
+        .bind(key.tenant.as_str())
+        .bind(user.as_str())
+        .bind(key.agent.as_str())
+        .bind(key.path.as_str())
+        .fetch_all(&mut **tx)
+        .await?;
+    let pieces = if state.deleted { Vec::new() } else { note_chunks(state.content, NOTE_CHUNK_BYTES) };
+    let mut wanted = HashSet::new();
+    let mut rows = Vec::new();
+    for (index, piece) in pieces.into_iter().enumerate() {
+        let sha = Sha256::digest(piece.as_bytes()).to_vec();
+        if wanted.insert(sha.clone()) && !live.iter().any(|(_, s)| *s == sha) {
+            rows.push(NewMemory::workspace_note(key, version, index, piece)?);
+        }
+    }
+    let mut kept = HashSet::new();
+    let retired: Vec<Uuid> =
+        live.iter().filter(|(_, sha)| !(wanted.contains(sha) && kept.insert(sha))).map(|(id, _)| *id).collect();
+    if !retired.is_empty() {
+        sqlx::query(RETIRE_PIECES).bind(key.tenant.as_str()).bind(&retired).execute(&mut **tx).await?;
+    }
+    for result in insert_in(tx, &rows.iter().collect::<Vec<_>>()).await? {
+        result.unwrap_or(Err(StoreError::Database(sqlx::Error::RowNotFound)))?;
+    }
     Ok(())
 }

@@ -49,11 +49,16 @@ pub struct ScriptedChat {
 
 impl ScriptedChat {
     pub async fn start() -> Self {
+        Self::start_on(0).await
+    }
+
+    /// On local port `port` (0: a free one), for a walk-through without a real model.
+    pub async fn start_on(port: u16) -> Self {
         let script = Arc::new(Mutex::new(Script::default()));
         let app = axum::Router::new()
             .route("/v1/chat/completions", axum::routing::post(completions))
             .with_state(script.clone());
-        let (addr, _) = crate::serve(app).await;
+        let (addr, _) = crate::serve_on(port, app).await;
         Self { base_url: format!("http://{addr}/v1"), script }
     }
 

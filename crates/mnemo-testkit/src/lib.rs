@@ -199,7 +199,12 @@ impl Drop for TestApp {
 
 /// Serves `router` on a free local port until the task is aborted or the test ends.
 pub(crate) async fn serve(router: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    serve_on(0, router).await
+}
+
+/// Serves `router` on local port `port` (0: a free one).
+pub(crate) async fn serve_on(port: u16, router: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let server = tokio::spawn(async move { axum::serve(listener, router).await.expect("test server") });
     (addr, server)

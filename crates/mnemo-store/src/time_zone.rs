@@ -1,0 +1,50 @@
+//! A tenant's time zone (`tenant_config.settings.time_zone`, an IANA name such as
+//! `Europe/Paris`; UTC when unset or unknown): which day a daily note belongs to, which notes a
+//! prompt calls today's and recent, and when the consolidation schedule fires. Names and
+//! arithmetic are PostgreSQL's tz database (SQL function `tenant_time_zone`), so mnemo ships no
+//! second copy.
+
+use chrono::{NaiveDate, NaiveDateTime};
+use mnemo_core::TenantId;
+
+use crate::{Store, StoreError};
+
+/// Every zone some tenant is in (UTC always), with the wall-clock time there now.
+const ZONE_CLOCKS: &str = "
+SELECT zone, now() AT TIME ZONE zone FROM (
+    SELECT tenant_time_zone(tenant_id) AS zone FROM tenant_config WHERE settings ? 'time_zone'
+    UNION SELECT 'UTC'
+) zones ORDER BY zone";
+
+impl Store {
+    /// Sets the tenant's time zone. False, changing nothing, when PostgreSQL does not know the
+    /// name (abbreviations and offsets such as `PST` or `+05` are refused too: they ignore
+    /// daylight saving time).
+    pub async fn set_time_zone(&self, tenant: &TenantId, zone: &str) -> Result<bool, StoreError> {
+        let set = sqlx::query(
+            "INSERT INTO tenant_config (tenant_id, settings)
+             SELECT $1, jsonb_build_object('time_zone', $2::text)
+             WHERE EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = $2 AND name ~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)+$|^UTC$')
+             ON CONFLICT (tenant_id) DO UPDATE
+             SET settings = tenant_config.settings || EXCLUDED.settings, updated_at = now()",
+        )
+        .bind(tenant.as_str())
+        .bind(zone)
+        .execute(&self.pool)
+        .await?;
+        Ok(set.rows_affected() == 1)
+    }
+
+    /// The tenant's time zone and today's date there.
+    pub async fn tenant_today(&self, tenant: &TenantId) -> Result<(String, NaiveDate), StoreError> {
+        Ok(sqlx::query_as("SELECT zone, (now() AT TIME ZONE zone)::date FROM tenant_time_zone($1) AS zone")
+            .bind(tenant.as_str())
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Every zone some tenant is in (UTC always), with the wall-clock time there now.
+    pub async fn zone_clocks(&self) -> Result<Vec<(String, NaiveDateTime)>, StoreError> {
+        Ok(sqlx::query_as(ZONE_CLOCKS).fetch_all(&self.pool).await?)
+    }
+}
