@@ -226,3 +226,29 @@ async fn a_tenants_time_zone_decides_the_day_of_its_notes_and_when_its_schedule_
     at_two(&fires[1], -11);
     at_two(&fires[2], 0);
 }
+
+#[tokio::test]
+async fn memory_edited_during_the_model_call_is_kept_and_the_notes_are_read_again() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- a note").await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let runner = runner(&app, &chat, &[]);
+    let edited = json!({ "content": "# MEMORY.md\n\n- written by hand\n" });
+    let once = job();
+    let (report, put) = tokio::join!(runner.run(&once), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &edited).await
+    });
+    assert!(put.status < 300, "{:?}", put.body);
+    assert_eq!(report.expect("run"), ConsolidateReport::Failed { reason: "memory_changed".to_owned() });
+    assert_eq!(memory(&app, &t).await, "# MEMORY.md\n\n- written by hand\n");
+    let watermark = app.db.count("SELECT count(*) FROM consolidation_state WHERE watermark > '1970-01-02'").await;
+    assert_eq!(watermark, 0, "the watermark stays");
+
+    chat.delay_every_answer(Duration::ZERO);
+    assert_eq!(runner.run(&job()).await.expect("rerun"), ConsolidateReport::Updated { notes: 1 });
+    let last = chat.requests().last().cloned().expect("a request");
+    assert!(last.to_string().contains("written by hand"), "the model saw the edit");
+}

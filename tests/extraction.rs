@@ -314,3 +314,43 @@ async fn the_runbook_dry_run_shows_the_proposal_and_writes_nothing() {
     assert_eq!(queued["queued"], true);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE trigger_source = 'manual'").await, 1);
 }
+
+#[tokio::test]
+async fn an_edit_made_during_the_model_call_is_never_overwritten() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    // The user edits PROFILE.md while the model is answering.
+    chat.delay_every_answer(Duration::from_millis(600));
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let edited = json!({ "content": "# PROFILE.md\n\nName: Annie (edited by hand)\n" });
+    let once = job();
+    let (report, put) = tokio::join!(runner.run(&once), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &edited).await
+    });
+    assert!(put.status < 300, "{:?}", put.body);
+    assert_eq!(report.expect("run"), ExtractReport::Failed { reason: "file_changed".to_owned(), last_attempt: false });
+    let profile = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
+    assert_eq!(profile.body["content"], edited["content"], "the edit stays");
+    let note = app.client.get(&today_note(), Some(&t)).await;
+    assert_eq!(note.status, 404, "nothing of the run was written: {:?}", note.body);
+    let pending =
+        app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'pending' AND attempts = 0").await;
+    assert_eq!(pending, 1, "the conversation waits for the next run, no attempt spent");
+
+    // The next run shows the model the edited profile and applies.
+    chat.delay_every_answer(Duration::ZERO);
+    assert!(matches!(runner.run(&job()).await.expect("rerun"), ExtractReport::Applied { .. }));
+    let last = chat.requests().last().cloned().expect("a request");
+    assert!(last.to_string().contains("Annie (edited by hand)"), "the model saw the edit");
+    let actors: Vec<String> =
+        sqlx::query_scalar("SELECT actor FROM workspace_file_versions WHERE path = 'PROFILE.md' ORDER BY version")
+            .fetch_all(app.db.store().pool())
+            .await
+            .expect("versions");
+    assert_eq!(actors.last().map(String::as_str), Some("extraction"));
+    assert!(actors.contains(&"api".to_owned()));
+}

@@ -12,8 +12,8 @@ use mnemo_config::ConsolidationSettings;
 use mnemo_core::{
     Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath,
 };
-use mnemo_store::Store;
 use mnemo_store::queue::ConsolidateJob;
+use mnemo_store::{Replacement, Store, StoreError};
 
 use crate::JobError;
 
@@ -73,20 +73,15 @@ impl ConsolidateRunner {
         workspace: &Workspace,
     ) -> Result<Option<(ConsolidationInput, Option<Result<Consolidation, ModelFailure>>)>, JobError> {
         let watermark = self.store.consolidation_watermark(workspace).await?;
-        let Some((input, _)) = self.input(workspace, watermark).await? else { return Ok(None) };
+        let Some(Read { input, .. }) = self.input(workspace, watermark).await? else { return Ok(None) };
         let Some(consolidator) = &self.consolidator else { return Ok(Some((input, None))) };
         let answer = consolidator.consolidate(&input).await;
         Ok(Some((input, Some(answer))))
     }
 
-    /// The model's input: the notes changed since `watermark` within the day range (by the
-    /// tenant's calendar) and MEMORY.md, with the newest note's change time; `None` when no note
-    /// changed.
-    async fn input(
-        &self,
-        workspace: &Workspace,
-        watermark: chrono::DateTime<Utc>,
-    ) -> Result<Option<(ConsolidationInput, chrono::DateTime<Utc>)>, JobError> {
+    /// What a run reads: the notes changed since `watermark` within the day range (by the
+    /// tenant's calendar) and MEMORY.md; `None` when no note changed.
+    async fn input(&self, workspace: &Workspace, watermark: chrono::DateTime<Utc>) -> Result<Option<Read>, JobError> {
         let (_, today) = self.store.tenant_today(&workspace.tenant).await?;
         let since = today - chrono::Days::new(u64::from(self.settings.day_range));
         let notes = self.store.notes_changed_since(workspace, watermark, since).await?;
@@ -94,14 +89,15 @@ impl ConsolidateRunner {
         let memory_key = workspace
             .file(WorkspacePath::parse("MEMORY.md").expect("a valid path"))
             .map_err(|e| JobError::Setup(e.to_string()))?;
-        let memory = self.store.read_file(&memory_key).await?.map(|f| f.content).unwrap_or_default();
+        let (memory, memory_version) =
+            self.store.read_file(&memory_key).await?.map_or((String::new(), None), |f| (f.content, Some(f.version)));
         let input = ConsolidationInput {
             memory,
             notes: notes.into_iter().map(|n| (n.day, n.content)).collect(),
             // Told to the model in characters, which it can count; checked in tokens.
             max_chars: usize::try_from(self.settings.max_memory_tokens * 4).unwrap_or(usize::MAX),
         };
-        Ok(Some((input, newest)))
+        Ok(Some(Read { input, newest, memory_version }))
     }
 
     /// The run, once this worker holds the (agent, user).
@@ -112,7 +108,7 @@ impl ConsolidateRunner {
         watermark: chrono::DateTime<Utc>,
     ) -> Result<ConsolidateReport, JobError> {
         let workspace = workspace.clone();
-        let Some((input, newest)) = self.input(&workspace, watermark).await? else {
+        let Some(Read { input, newest, memory_version }) = self.input(&workspace, watermark).await? else {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "nothing_new", "").await?;
             return Ok(ConsolidateReport::NothingNew);
         };
@@ -137,10 +133,24 @@ impl ConsolidateRunner {
                     failed("over_budget")
                 }
                 Some(content) => {
-                    self.store
-                        .finish_consolidation(&workspace, &self.worker, Some(&content), Some(newest), "updated", "")
-                        .await?;
-                    ConsolidateReport::Updated { notes }
+                    let replacement = Replacement { content, read_version: memory_version };
+                    let finished = self
+                        .store
+                        .finish_consolidation(&workspace, &self.worker, Some(&replacement), Some(newest), "updated", "")
+                        .await;
+                    match finished {
+                        Ok(()) => ConsolidateReport::Updated { notes },
+                        // MEMORY.md changed during the model call: it is kept, the watermark
+                        // stays, and the run goes again over the same notes.
+                        Err(StoreError::FileChanged { .. }) => {
+                            self.store
+                                .finish_consolidation(&workspace, &self.worker, None, None, "failed", "memory_changed")
+                                .await?;
+                            self.store.retry_after(job, Duration::from_secs(1)).await?;
+                            failed("memory_changed")
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
                 }
                 None => {
                     self.store.finish_consolidation(&workspace, &self.worker, None, Some(newest), "kept", "").await?;
@@ -151,4 +161,12 @@ impl ConsolidateRunner {
         tracing::info!(tenant = %job.tenant_id, notes, ?report, "consolidation finished");
         Ok(report)
     }
+}
+
+/// What a run reads: the model's input, the newest note's change time (where a success moves the
+/// watermark), and the version of MEMORY.md shown (`None`: no live file).
+struct Read {
+    input: ConsolidationInput,
+    newest: chrono::DateTime<Utc>,
+    memory_version: Option<i32>,
 }

@@ -19,7 +19,7 @@ use mnemo_core::{
     WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
-use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Store};
+use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Store, StoreError};
 
 use crate::{JobError, backoff};
 
@@ -99,7 +99,7 @@ impl ExtractRunner {
             self.store.finish_extraction(&workspace, &self.worker, &pending, "disabled", "no_model", false).await?;
             return Ok(ExtractReport::Disabled { conversations });
         };
-        let input = self.input(&workspace, &pending).await?;
+        let (input, read) = self.input(&workspace, &pending).await?;
         let extraction = match extractor.extract(&input).await {
             Ok(extraction) => extraction,
             Err(failure) => {
@@ -138,12 +138,28 @@ impl ExtractRunner {
         let changes = ExtractionChanges {
             day: Some(input.today),
             daily_entry: extraction.daily_entry,
-            profile: extraction.profile_update,
-            memory: extraction.memory_update.filter(|_| self.settings.update_memory),
+            profile: extraction.profile_update.map(|content| Replacement { content, read_version: read.profile }),
+            memory: extraction
+                .memory_update
+                .filter(|_| self.settings.update_memory)
+                .map(|content| Replacement { content, read_version: read.memory }),
             reason: "applied".to_owned(),
             facts,
         };
-        self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await?;
+        match self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await {
+            Ok(()) => {}
+            // Someone changed the profile (or memory) during the model call: nothing was
+            // written, and the next run shows the model the new version.
+            Err(StoreError::FileChanged { .. }) => {
+                self.store
+                    .finish_extraction(&workspace, &self.worker, &pending, "pending", "file_changed", false)
+                    .await?;
+                self.store.retry_after(job, Duration::from_secs(1)).await?;
+                tracing::info!(tenant = %job.tenant_id, "a file changed during the extraction's model call; running again");
+                return Ok(ExtractReport::Failed { reason: "file_changed".to_owned(), last_attempt: false });
+            }
+            Err(e) => return Err(e.into()),
+        }
         // The day's notes changed: consolidation follows, at most once per throttle period.
         if changes.daily_entry.is_some() {
             self.store.request_consolidation(&workspace, Some(self.consolidation_throttle)).await?;
@@ -172,13 +188,17 @@ impl ExtractRunner {
             trigger_source: mnemo_core::TriggerSource::Manual,
             attempts: 0,
         };
-        let input = self.input(workspace, &[conversation]).await?;
+        let (input, _) = self.input(workspace, &[conversation]).await?;
         Ok(Some(extractor.extract(&input).await))
     }
 
     /// The transcript of the pending conversations (each up to its last message when completed)
-    /// and the user's files as they are now.
-    async fn input(&self, workspace: &Workspace, pending: &[PendingExtraction]) -> Result<ExtractionInput, JobError> {
+    /// and the user's files as they are now, with the versions of PROFILE.md and MEMORY.md read.
+    async fn input(
+        &self,
+        workspace: &Workspace,
+        pending: &[PendingExtraction],
+    ) -> Result<(ExtractionInput, ReadVersions), JobError> {
         // One transcript part per conversation (its latest completion), newest messages first
         // read, so coalesced conversations share the 30 messages instead of the last one
         // crowding the others out.
@@ -214,19 +234,33 @@ impl ExtractRunner {
             let key = workspace.file(path);
             async move {
                 match key {
-                    Ok(key) => {
-                        Ok::<_, JobError>(self.store.read_file(&key).await?.map(|f| f.content).unwrap_or_default())
-                    }
-                    Err(_) => Ok(String::new()),
+                    Ok(key) => Ok::<_, JobError>(
+                        self.store
+                            .read_file(&key)
+                            .await?
+                            .map_or((String::new(), None), |f| (f.content, Some(f.version))),
+                    ),
+                    Err(_) => Ok((String::new(), None)),
                 }
             }
         };
-        Ok(ExtractionInput {
+        let (profile, profile_version) = read(WorkspacePath::parse("PROFILE.md").expect("valid")).await?;
+        let (memory, memory_version) = read(WorkspacePath::parse("MEMORY.md").expect("valid")).await?;
+        let input = ExtractionInput {
             transcript: extraction_transcript(&borrowed),
-            profile: read(WorkspacePath::parse("PROFILE.md").expect("valid")).await?,
-            memory: read(WorkspacePath::parse("MEMORY.md").expect("valid")).await?,
-            today_note: read(WorkspacePath::daily_note(today)).await?,
+            profile,
+            memory,
+            today_note: read(WorkspacePath::daily_note(today)).await?.0,
             today,
-        })
+        };
+        Ok((input, ReadVersions { profile: profile_version, memory: memory_version }))
     }
+}
+
+/// The versions of PROFILE.md and MEMORY.md the model was shown (`None`: no live file), so a
+/// replacement never overwrites a change made during the model call.
+#[derive(Debug, Clone, Copy)]
+struct ReadVersions {
+    profile: Option<i32>,
+    memory: Option<i32>,
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use mnemo_core::{AgentId, TenantId, UserId, Workspace, WorkspacePath};
 
 use crate::queue::{ConsolidateJob, push};
-use crate::workspace::{replace_core_file, user_of};
+use crate::workspace::{Replacement, replace_core_file, user_of};
 use crate::{Store, StoreError};
 
 /// Who wrote MEMORY.md changes made by consolidation, in versions and audit rows.
@@ -194,14 +194,14 @@ impl Store {
         &self,
         workspace: &Workspace,
         worker: &str,
-        memory: Option<&str>,
+        memory: Option<&Replacement>,
         watermark: Option<DateTime<Utc>>,
         outcome: &str,
         reason: &str,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        if let Some(content) = memory {
-            replace_core_file(&mut tx, workspace, "MEMORY.md", content, ACTOR).await?;
+        if let Some(replacement) = memory {
+            replace_core_file(&mut tx, workspace, "MEMORY.md", replacement, ACTOR).await?;
         }
         sqlx::query(FINISH)
             .bind(workspace.tenant.as_str())

@@ -8,6 +8,10 @@ pub enum StoreError {
     /// The source_ref names a row that was deleted; it is not brought back.
     #[error("source_ref names a deleted row ({existing})")]
     SourceRefDeleted { existing: Uuid },
+    /// A model's replacement for a file was made from a version that is no longer current
+    /// (someone changed the file during the model call); nothing was written.
+    #[error("{path} changed after it was read")]
+    FileChanged { path: String },
     #[error("invalid database URL: {0}")]
     Config(#[source] sqlx::Error),
     #[error("database error: {0}")]

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::memories::insert_in;
 use crate::queue::{ExtractJob, push};
-use crate::workspace::{NewState, apply, current, key_in, lock, replace_core_file, user_of};
+use crate::workspace::{NewState, Replacement, apply, current, key_in, lock, replace_core_file, user_of};
 use crate::{MessageCursor, Store, StoreError};
 
 /// Who wrote workspace changes made by extraction, in versions and audit rows.
@@ -94,8 +94,8 @@ pub enum Claim {
 pub struct ExtractionChanges {
     pub day: Option<NaiveDate>,
     pub daily_entry: Option<String>,
-    pub profile: Option<String>,
-    pub memory: Option<String>,
+    pub profile: Option<Replacement>,
+    pub memory: Option<Replacement>,
     pub facts: Vec<NewMemory>,
     /// The model's short reason.
     pub reason: String,
@@ -226,9 +226,9 @@ impl Store {
             apply(&mut tx, &key, &state, version, if existing.is_some() { "appended" } else { "created" }, ACTOR)
                 .await?;
         }
-        for (name, text) in [("PROFILE.md", &changes.profile), ("MEMORY.md", &changes.memory)] {
-            if let Some(text) = text {
-                replace_core_file(&mut tx, workspace, name, text, ACTOR).await?;
+        for (name, replacement) in [("PROFILE.md", &changes.profile), ("MEMORY.md", &changes.memory)] {
+            if let Some(replacement) = replacement {
+                replace_core_file(&mut tx, workspace, name, replacement, ACTOR).await?;
             }
         }
         let facts: Vec<&NewMemory> = changes.facts.iter().collect();

@@ -47,7 +47,7 @@ pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, Swee
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};
 pub use sqlx::PgPool;
-pub use workspace::{DEFAULT_SORT_ORDER, Edited, FileMeta, FileVersion, WorkspaceFile, Written};
+pub use workspace::{DEFAULT_SORT_ORDER, Edited, FileMeta, FileVersion, Replacement, WorkspaceFile, Written};
 
 /// The database behind mnemo. Cheap to clone: it is a handle to a connection pool.
 #[derive(Debug, Clone)]

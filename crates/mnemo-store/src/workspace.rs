@@ -399,19 +399,33 @@ pub(crate) fn key_in(workspace: &Workspace, path: WorkspacePath) -> Result<FileK
     workspace.file(path).map_err(|_| StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))
 }
 
-/// Replaces core file `name` (PROFILE.md, MEMORY.md) with `content` inside `tx`, as a new version
-/// written by `actor`; a missing file is created enabled at its core sort order.
+/// A model's new content for a core file, and the version of the file it was made from (`None`:
+/// there was no live file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replacement {
+    pub content: String,
+    pub read_version: Option<i32>,
+}
+
+/// Replaces core file `name` (PROFILE.md, MEMORY.md) inside `tx`, as a new version written by
+/// `actor`, if the file is still at the version the replacement was made from (else
+/// [`StoreError::FileChanged`]: an edit made during the model call is never overwritten); a
+/// missing file is created enabled at its core sort order.
 pub(crate) async fn replace_core_file(
     tx: &mut Transaction<'_, Postgres>,
     workspace: &Workspace,
     name: &str,
-    content: &str,
+    replacement: &Replacement,
     actor: &str,
 ) -> Result<(), StoreError> {
     let path = WorkspacePath::parse(name).expect("core file names are valid paths");
     let key = key_in(workspace, path.clone())?;
     lock(tx, &key).await?;
     let now = current(tx, &key).await?;
+    if now.as_ref().filter(|c| !c.deleted).map(|c| c.file.version) != replacement.read_version {
+        return Err(StoreError::FileChanged { path: name.to_owned() });
+    }
+    let content = replacement.content.as_str();
     let state = NewState {
         content,
         enabled: now.as_ref().is_none_or(|c| c.file.enabled),
