@@ -252,3 +252,36 @@ async fn memory_edited_during_the_model_call_is_kept_and_the_notes_are_read_agai
     let last = chat.requests().last().cloned().expect("a request");
     assert!(last.to_string().contains("written by hand"), "the model saw the edit");
 }
+
+#[tokio::test]
+async fn a_note_committed_after_a_run_read_the_others_is_consolidated_by_the_next_run() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 1, "- yesterday").await;
+    note(&app, &t, 0, "- today").await;
+    let runner = runner(&app, &chat, &[]);
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 2 });
+
+    // Yesterday's note changes in a transaction that began before today's note changed and
+    // commits only after a run has read today's note.
+    let store = app.db.store();
+    let mut slow = store.pool().begin().await.expect("begin");
+    sqlx::query(
+        "UPDATE workspace_files SET content = content || '- late\n', version = version + 1, updated_at = now()
+         WHERE path = $1",
+    )
+    .bind(format!("memory/{}.md", day(1)))
+    .execute(&mut *slow)
+    .await
+    .expect("update");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    note(&app, &t, 0, "- today\n- and more").await;
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 });
+    slow.commit().await.expect("commit");
+
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 }, "the late note");
+    let prompt = chat.requests().last().expect("a request")["messages"][1]["content"].as_str().unwrap_or("").to_owned();
+    assert!(prompt.contains("- late"), "{prompt}");
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
+}

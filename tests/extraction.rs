@@ -354,3 +354,26 @@ async fn an_edit_made_during_the_model_call_is_never_overwritten() {
     assert_eq!(actors.last().map(String::as_str), Some("extraction"));
     assert!(actors.contains(&"api".to_owned()));
 }
+
+#[tokio::test]
+async fn an_entry_that_would_overfill_todays_note_is_left_out_and_the_rest_applies() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let full = format!("# today\n\n{}\n", "x".repeat(1000));
+    let put = app.client.put(&today_note(), Some(&t), &json!({ "content": full })).await;
+    assert!(put.status < 300, "{:?}", put.body);
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    let runner = runner(&app, Some(&chat), &[(vars::WORKSPACE_MAX_FILE_BYTES, "1024")]);
+    assert!(matches!(runner.run(&job()).await.expect("run"), ExtractReport::Applied { facts: 1, .. }));
+    let note = app.client.get(&today_note(), Some(&t)).await;
+    assert_eq!(note.body["content"], full, "the note stays within the file limit");
+    let profile = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
+    assert_eq!(profile.body["content"], "# PROFILE.md\n\nName: Ann\n");
+    let reason: String = sqlx::query_scalar("SELECT reason FROM memory_extractions WHERE status = 'done'")
+        .fetch_one(app.db.store().pool())
+        .await
+        .expect("reason");
+    assert_eq!(reason, "daily_note_full");
+}

@@ -7,13 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use mnemo_config::ConsolidationSettings;
 use mnemo_core::{
     Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath,
 };
 use mnemo_store::queue::ConsolidateJob;
-use mnemo_store::{Replacement, Store, StoreError};
+use mnemo_store::{ChangedNote, Replacement, Store, StoreError};
 
 use crate::JobError;
 
@@ -53,11 +52,11 @@ impl ConsolidateRunner {
     pub async fn run(&self, job: &ConsolidateJob) -> Result<ConsolidateReport, JobError> {
         let workspace =
             Workspace { tenant: job.tenant_id.clone(), agent: job.agent_id.clone(), user: Some(job.user_id.clone()) };
-        let Some(watermark) = self.store.claim_consolidation(&workspace, &self.worker, self.stale_after).await? else {
+        if !self.store.claim_consolidation(&workspace, &self.worker, self.stale_after).await? {
             self.store.retry_after(job, Duration::from_secs(5)).await?;
             return Ok(ConsolidateReport::Held);
-        };
-        let result = self.claimed(job, &workspace, watermark).await;
+        }
+        let result = self.claimed(job, &workspace).await;
         if result.is_err() {
             // Whatever failed, the run is not left held until it goes stale.
             let _ = self.store.finish_consolidation(&workspace, &self.worker, None, None, "failed", "error").await;
@@ -72,20 +71,21 @@ impl ConsolidateRunner {
         &self,
         workspace: &Workspace,
     ) -> Result<Option<(ConsolidationInput, Option<Result<Consolidation, ModelFailure>>)>, JobError> {
-        let watermark = self.store.consolidation_watermark(workspace).await?;
-        let Some(Read { input, .. }) = self.input(workspace, watermark).await? else { return Ok(None) };
+        let Some(Read { input, .. }) = self.input(workspace).await? else { return Ok(None) };
         let Some(consolidator) = &self.consolidator else { return Ok(Some((input, None))) };
         let answer = consolidator.consolidate(&input).await;
         Ok(Some((input, Some(answer))))
     }
 
-    /// What a run reads: the notes changed since `watermark` within the day range (by the
-    /// tenant's calendar) and MEMORY.md; `None` when no note changed.
-    async fn input(&self, workspace: &Workspace, watermark: chrono::DateTime<Utc>) -> Result<Option<Read>, JobError> {
+    /// What a run reads: the notes within the day range (by the tenant's calendar) changed since
+    /// consolidation last read them, and MEMORY.md; `None` when no note changed.
+    async fn input(&self, workspace: &Workspace) -> Result<Option<Read>, JobError> {
         let (_, today) = self.store.tenant_today(&workspace.tenant).await?;
         let since = today - chrono::Days::new(u64::from(self.settings.day_range));
-        let notes = self.store.notes_changed_since(workspace, watermark, since).await?;
-        let Some(newest) = notes.iter().map(|n| n.updated_at).max() else { return Ok(None) };
+        let notes = self.store.notes_to_consolidate(workspace, since).await?;
+        if notes.is_empty() {
+            return Ok(None);
+        }
         let memory_key = workspace
             .file(WorkspacePath::parse("MEMORY.md").expect("a valid path"))
             .map_err(|e| JobError::Setup(e.to_string()))?;
@@ -93,22 +93,17 @@ impl ConsolidateRunner {
             self.store.read_file(&memory_key).await?.map_or((String::new(), None), |f| (f.content, Some(f.version)));
         let input = ConsolidationInput {
             memory,
-            notes: notes.into_iter().map(|n| (n.day, n.content)).collect(),
+            notes: notes.iter().map(|n| (n.day, n.content.clone())).collect(),
             // Told to the model in characters, which it can count; checked in tokens.
             max_chars: usize::try_from(self.settings.max_memory_tokens * 4).unwrap_or(usize::MAX),
         };
-        Ok(Some(Read { input, newest, memory_version }))
+        Ok(Some(Read { input, notes, memory_version }))
     }
 
     /// The run, once this worker holds the (agent, user).
-    async fn claimed(
-        &self,
-        job: &ConsolidateJob,
-        workspace: &Workspace,
-        watermark: chrono::DateTime<Utc>,
-    ) -> Result<ConsolidateReport, JobError> {
+    async fn claimed(&self, job: &ConsolidateJob, workspace: &Workspace) -> Result<ConsolidateReport, JobError> {
         let workspace = workspace.clone();
-        let Some(Read { input, newest, memory_version }) = self.input(&workspace, watermark).await? else {
+        let Some(Read { input, notes: read, memory_version }) = self.input(&workspace).await? else {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "nothing_new", "").await?;
             return Ok(ConsolidateReport::NothingNew);
         };
@@ -136,7 +131,7 @@ impl ConsolidateRunner {
                     let replacement = Replacement { content, read_version: memory_version };
                     let finished = self
                         .store
-                        .finish_consolidation(&workspace, &self.worker, Some(&replacement), Some(newest), "updated", "")
+                        .finish_consolidation(&workspace, &self.worker, Some(&replacement), Some(&read), "updated", "")
                         .await;
                     match finished {
                         Ok(()) => ConsolidateReport::Updated { notes },
@@ -153,7 +148,7 @@ impl ConsolidateRunner {
                     }
                 }
                 None => {
-                    self.store.finish_consolidation(&workspace, &self.worker, None, Some(newest), "kept", "").await?;
+                    self.store.finish_consolidation(&workspace, &self.worker, None, Some(&read), "kept", "").await?;
                     ConsolidateReport::Kept { notes }
                 }
             },
@@ -163,10 +158,10 @@ impl ConsolidateRunner {
     }
 }
 
-/// What a run reads: the model's input, the newest note's change time (where a success moves the
-/// watermark), and the version of MEMORY.md shown (`None`: no live file).
+/// What a run reads: the model's input, the notes at the versions read (recorded as consolidated
+/// when the run succeeds), and the version of MEMORY.md shown (`None`: no live file).
 struct Read {
     input: ConsolidationInput,
-    newest: chrono::DateTime<Utc>,
+    notes: Vec<ChangedNote>,
     memory_version: Option<i32>,
 }

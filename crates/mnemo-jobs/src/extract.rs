@@ -145,6 +145,7 @@ impl ExtractRunner {
                 .map(|content| Replacement { content, read_version: read.memory }),
             reason: "applied".to_owned(),
             facts,
+            max_note_bytes: self.max_file_bytes,
         };
         match self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await {
             Ok(()) => {}

@@ -33,33 +33,44 @@ ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_scheduled_at = $1,
 WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
 RETURNING tenant_id, agent_id, user_id";
 
-/// Takes the run when nobody holds it (or its holder is presumed dead); answers the watermark.
+/// Takes the run when nobody holds it (or its holder is presumed dead).
 const CLAIM: &str = "
 INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, running_since, running_by)
 VALUES ($1, $2, $3, now(), $4)
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET running_since = now(), running_by = $4
 WHERE s.running_since IS NULL OR s.running_since < now() - make_interval(secs => $5)
-RETURNING watermark";
+RETURNING true";
 
-/// The user's live daily notes changed after `$4`, of days from `$5` on, oldest first.
+/// The user's live daily notes of days from `$4` on at a version consolidation has not read,
+/// oldest first.
 const CHANGED_NOTES: &str = "
-SELECT path, content, updated_at FROM workspace_files
-WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
-  AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path >= $5 AND updated_at > $4
-ORDER BY path";
+SELECT w.path, w.content, w.version, w.updated_at FROM workspace_files w
+LEFT JOIN consolidation_state s USING (tenant_id, agent_id, user_id)
+WHERE w.tenant_id = $1 AND w.agent_id = $2 AND w.user_id = $3 AND w.deleted_at IS NULL
+  AND w.path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND w.path >= $4
+  AND w.version > COALESCE((s.consolidated ->> w.path)::int, 0)
+ORDER BY w.path";
 
-/// Ends the run held by `$7`: `$4` the new watermark (NULL keeps it; it never moves back), `$5`
-/// the outcome, `$6` its label.
+/// Ends the run held by `$7`: `$4` the notes' versions now consolidated (`{}` for none; entries
+/// of notes no longer live are dropped), `$5` the outcome, `$6` its label, `$8` the newest
+/// change consolidated (the watermark never moves back).
 const FINISH: &str = "
-UPDATE consolidation_state SET running_since = NULL, running_by = NULL, last_finished_at = now(),
-    watermark = GREATEST(watermark, COALESCE($4, watermark)), last_outcome = $5, last_reason = $6
+UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_finished_at = now(),
+    consolidated = (
+        SELECT COALESCE(jsonb_object_agg(e.key, e.value), '{}'::jsonb)
+        FROM jsonb_each(s.consolidated || $4::jsonb) AS e
+        WHERE EXISTS (SELECT 1 FROM workspace_files w
+                      WHERE w.tenant_id = s.tenant_id AND w.agent_id = s.agent_id AND w.user_id = s.user_id
+                        AND w.path = e.key AND w.deleted_at IS NULL)),
+    watermark = GREATEST(watermark, COALESCE($8, watermark)), last_outcome = $5, last_reason = $6
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $7";
 
-/// A daily note to consolidate.
+/// A daily note to consolidate, at the version read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChangedNote {
     pub day: NaiveDate,
     pub content: String,
+    pub version: i32,
     pub updated_at: DateTime<Utc>,
 }
 
@@ -135,67 +146,55 @@ impl Store {
         Ok(jobs.len() as u64)
     }
 
-    /// Takes the (agent, user)'s consolidation run; its watermark, or `None` when it is held.
+    /// Takes the (agent, user)'s consolidation run; false when another holds it.
     pub async fn claim_consolidation(
         &self,
         workspace: &Workspace,
         worker: &str,
         stale: Duration,
-    ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        Ok(sqlx::query_scalar(CLAIM)
+    ) -> Result<bool, StoreError> {
+        let claimed: Option<bool> = sqlx::query_scalar(CLAIM)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
             .bind(user_of(workspace)?)
             .bind(worker)
             .bind(stale.as_secs_f64())
             .fetch_optional(&self.pool)
-            .await?)
+            .await?;
+        Ok(claimed.is_some())
     }
 
-    /// The (agent, user)'s watermark: notes changed after it are not consolidated yet.
-    pub async fn consolidation_watermark(&self, workspace: &Workspace) -> Result<DateTime<Utc>, StoreError> {
-        let watermark: Option<DateTime<Utc>> = sqlx::query_scalar(
-            "SELECT watermark FROM consolidation_state WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3",
-        )
-        .bind(workspace.tenant.as_str())
-        .bind(workspace.agent.as_str())
-        .bind(user_of(workspace)?)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(watermark.unwrap_or(DateTime::UNIX_EPOCH))
-    }
-
-    /// The daily notes changed after `watermark`, of days from `since` on, oldest first.
-    pub async fn notes_changed_since(
+    /// The daily notes of days from `since` on that consolidation has not read at their current
+    /// version, oldest first.
+    pub async fn notes_to_consolidate(
         &self,
         workspace: &Workspace,
-        watermark: DateTime<Utc>,
         since: NaiveDate,
     ) -> Result<Vec<ChangedNote>, StoreError> {
-        let rows: Vec<(String, String, DateTime<Utc>)> = sqlx::query_as(CHANGED_NOTES)
+        let rows: Vec<(String, String, i32, DateTime<Utc>)> = sqlx::query_as(CHANGED_NOTES)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
             .bind(user_of(workspace)?)
-            .bind(watermark)
             .bind(WorkspacePath::daily_note(since).as_str())
             .fetch_all(&self.pool)
             .await?;
         Ok(rows
             .into_iter()
-            .filter_map(|(path, content, updated_at)| {
-                Some(ChangedNote { day: WorkspacePath::parse(&path).ok()?.note_day()?, content, updated_at })
+            .filter_map(|(path, content, version, updated_at)| {
+                Some(ChangedNote { day: WorkspacePath::parse(&path).ok()?.note_day()?, content, version, updated_at })
             })
             .collect())
     }
 
-    /// Ends the run: replaces MEMORY.md when `memory` is given and moves the watermark when
-    /// given, in one transaction, recording the outcome and its reason.
+    /// Ends the run in one transaction: replaces MEMORY.md when `memory` is given, records the
+    /// notes `read` as consolidated when given (so a run that failed leaves them to the next),
+    /// and the outcome and its reason.
     pub async fn finish_consolidation(
         &self,
         workspace: &Workspace,
         worker: &str,
         memory: Option<&Replacement>,
-        watermark: Option<DateTime<Utc>>,
+        read: Option<&[ChangedNote]>,
         outcome: &str,
         reason: &str,
     ) -> Result<(), StoreError> {
@@ -203,14 +202,18 @@ impl Store {
         if let Some(replacement) = memory {
             replace_core_file(&mut tx, workspace, "MEMORY.md", replacement, ACTOR).await?;
         }
+        let read = read.unwrap_or_default();
+        let versions: serde_json::Map<String, serde_json::Value> =
+            read.iter().map(|n| (WorkspacePath::daily_note(n.day).to_string(), n.version.into())).collect();
         sqlx::query(FINISH)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
             .bind(user_of(workspace)?)
-            .bind(watermark)
+            .bind(serde_json::Value::Object(versions))
             .bind(outcome)
             .bind(reason)
             .bind(worker)
+            .bind(read.iter().map(|n| n.updated_at).max())
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;

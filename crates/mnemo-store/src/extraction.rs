@@ -99,6 +99,9 @@ pub struct ExtractionChanges {
     pub facts: Vec<NewMemory>,
     /// The model's short reason.
     pub reason: String,
+    /// The largest a workspace file may be: an entry that would take today's note past it is
+    /// not added (the rest applies), as an API write past it is refused.
+    pub max_note_bytes: usize,
 }
 
 fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
@@ -199,9 +202,10 @@ impl Store {
         Ok(())
     }
 
-    /// Applies an extraction in one transaction: today's note gets the entry, PROFILE.md and
-    /// MEMORY.md are replaced when given, the facts are written as `POST /v1/facts` writes them
-    /// (embedded, then judged), the conversations are done and the cooldown starts.
+    /// Applies an extraction in one transaction: today's note gets the entry (unless the note is
+    /// full: the conversations' reason is then `daily_note_full`), PROFILE.md and MEMORY.md are
+    /// replaced when given, the facts are written as `POST /v1/facts` writes them (embedded, then
+    /// judged), the conversations are done and the cooldown starts.
     pub async fn apply_extraction(
         &self,
         workspace: &Workspace,
@@ -210,21 +214,27 @@ impl Store {
         changes: &ExtractionChanges,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
+        let mut reason = changes.reason.as_str();
         if let (Some(day), Some(entry)) = (changes.day, &changes.daily_entry) {
             let key = key_in(workspace, WorkspacePath::daily_note(day))?;
             lock(&mut tx, &key).await?;
             let now = current(&mut tx, &key).await?;
             let existing = now.as_ref().filter(|c| !c.deleted).map(|c| c.file.content.as_str());
             let content = with_daily_entry(existing, day, entry);
-            let state = NewState {
-                content: &content,
-                enabled: now.as_ref().is_some_and(|c| c.file.enabled),
-                sort_order: now.as_ref().map_or(crate::DEFAULT_SORT_ORDER, |c| c.file.sort_order),
-                deleted: false,
-            };
-            let version = now.as_ref().map_or(1, |c| c.file.version + 1);
-            apply(&mut tx, &key, &state, version, if existing.is_some() { "appended" } else { "created" }, ACTOR)
-                .await?;
+            if content.len() > changes.max_note_bytes {
+                tracing::warn!(tenant = %workspace.tenant, "today's note is full: the extraction's entry was not added");
+                reason = "daily_note_full";
+            } else {
+                let state = NewState {
+                    content: &content,
+                    enabled: now.as_ref().is_some_and(|c| c.file.enabled),
+                    sort_order: now.as_ref().map_or(crate::DEFAULT_SORT_ORDER, |c| c.file.sort_order),
+                    deleted: false,
+                };
+                let version = now.as_ref().map_or(1, |c| c.file.version + 1);
+                let change = if existing.is_some() { "appended" } else { "created" };
+                apply(&mut tx, &key, &state, version, change, ACTOR).await?;
+            }
         }
         for (name, replacement) in [("PROFILE.md", &changes.profile), ("MEMORY.md", &changes.memory)] {
             if let Some(replacement) = replacement {
@@ -241,7 +251,7 @@ impl Store {
                 None => return Err(StoreError::Database(sqlx::Error::RowNotFound)),
             }
         }
-        mark(&mut tx, workspace, pending, "done", &changes.reason, true).await?;
+        mark(&mut tx, workspace, pending, "done", reason, true).await?;
         release(&mut tx, workspace, worker, true).await?;
         tx.commit().await?;
         Ok(())
