@@ -377,3 +377,47 @@ async fn an_entry_that_would_overfill_todays_note_is_left_out_and_the_rest_appli
         .expect("reason");
     assert_eq!(reason, "daily_note_full");
 }
+
+#[tokio::test]
+async fn two_worker_processes_run_one_extraction_at_a_time_per_user_and_lose_no_conversation() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    chat.delay_every_answer(Duration::from_millis(700));
+    let mut env = llm_env(&chat);
+    env.push((vars::WORKER_QUEUES, "extract".to_owned()));
+    env.push((vars::EXTRACT_COOLDOWN_S, "1".to_owned()));
+    let workers = [
+        WorkerProcess::start(&app.db.url, &env).await.expect("worker a"),
+        WorkerProcess::start(&app.db.url, &env).await.expect("worker b"),
+    ];
+    let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t1, ": first trip").await;
+    complete(&app, &t1, "s1", "web").await;
+    assert!(wait_until(Duration::from_secs(20), || async { !chat.requests().is_empty() }).await, "no run started");
+    let first_call = std::time::Instant::now();
+    // Completed while the first run is with the model: their jobs reach the other worker, which
+    // must wait for the run and the cooldown, then extract both in one run.
+    for sid in ["s2", "s3"] {
+        let t = token(&principal("acme", Some("ann"), Some("helper"), Some(sid)));
+        conversation(&app, &t, &format!(": trip {sid}")).await;
+        complete(&app, &t, sid, "web").await;
+    }
+    let second = wait_until(Duration::from_secs(30), || async { chat.requests().len() >= 2 }).await;
+    assert!(second, "the waiting conversations were never extracted");
+    // The second run began after the first one's model call (0.7 s) and the cooldown (1 s).
+    let gap = first_call.elapsed();
+    assert!(gap >= Duration::from_millis(1600), "the second run began {gap:?} after the first");
+    let done = wait_until(Duration::from_secs(30), || async {
+        app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await == 3
+    })
+    .await;
+    assert!(done, "not every conversation was extracted");
+    let requests = chat.requests();
+    assert_eq!(requests.len(), 2, "the waiting conversations were extracted together");
+    let prompt = requests[1]["messages"][1]["content"].as_str().unwrap_or_default();
+    assert!(prompt.contains("trip s2") && prompt.contains("trip s3"), "{prompt}");
+    assert_eq!(app.db.count("SELECT count(*) FROM extraction_runs WHERE running_since IS NOT NULL").await, 0);
+    for worker in workers {
+        worker.kill().await;
+    }
+}
