@@ -332,27 +332,20 @@ async fn an_edit_made_during_the_model_call_is_never_overwritten() {
         app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &edited).await
     });
     assert!(put.status < 300, "{:?}", put.body);
-    assert_eq!(report.expect("run"), ExtractReport::Failed { reason: "file_changed".to_owned(), last_attempt: false });
+    // The stale profile is dropped; the note and the fact, which conflict with nothing, apply.
+    assert!(matches!(report.expect("run"), ExtractReport::Applied { facts: 1, .. }));
     let profile = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
     assert_eq!(profile.body["content"], edited["content"], "the edit stays");
     let note = app.client.get(&today_note(), Some(&t)).await;
-    assert_eq!(note.status, 404, "nothing of the run was written: {:?}", note.body);
-    let pending =
-        app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'pending' AND attempts = 0").await;
-    assert_eq!(pending, 1, "the conversation waits for the next run, no attempt spent");
-
-    // The next run shows the model the edited profile and applies.
-    chat.delay_every_answer(Duration::ZERO);
-    assert!(matches!(runner.run(&job()).await.expect("rerun"), ExtractReport::Applied { .. }));
-    let last = chat.requests().last().cloned().expect("a request");
-    assert!(last.to_string().contains("Annie (edited by hand)"), "the model saw the edit");
-    let actors: Vec<String> =
-        sqlx::query_scalar("SELECT actor FROM workspace_file_versions WHERE path = 'PROFILE.md' ORDER BY version")
-            .fetch_all(app.db.store().pool())
-            .await
-            .expect("versions");
-    assert_eq!(actors.last().map(String::as_str), Some("extraction"));
-    assert!(actors.contains(&"api".to_owned()));
+    assert!(note.body["content"].as_str().unwrap_or_default().contains("remember home_city"), "{:?}", note.body);
+    let reason: String = sqlx::query_scalar("SELECT reason FROM memory_extractions WHERE status = 'done'")
+        .fetch_one(app.db.store().pool())
+        .await
+        .expect("reason");
+    assert_eq!(reason, "file_changed");
+    let by_extraction =
+        "SELECT count(*) FROM workspace_file_versions WHERE path = 'PROFILE.md' AND actor = 'extraction'";
+    assert_eq!(app.db.count(by_extraction).await, 0);
 }
 
 #[tokio::test]

@@ -324,6 +324,10 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
     assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("again"), 0);
     let by_maintenance = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'maintenance'").await;
     assert_eq!(by_maintenance, 2, "the archive copy and the note's delete");
+    // The archived note leaves recall; the recent one stays.
+    let live_notes = "SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note' AND deleted_at IS NULL";
+    assert_eq!(app.db.count(&format!("{live_notes} AND metadata ->> 'path' LIKE '%{old}%'")).await, 0);
+    assert_eq!(app.db.count(&format!("{live_notes} AND metadata ->> 'path' LIKE '%{recent}%'")).await, 1);
 
     assert_eq!(store.prune_old_sessions(180, 10_000).await.expect("prune"), 1);
     assert_eq!(store.prune_old_sessions(180, 10_000).await.expect("again"), 0);
@@ -347,14 +351,25 @@ async fn erasing_a_user_removes_their_workspace_files_with_every_version_and_kee
             assert!(reply.status < 300);
         }
     }
+    // Recallable files: their pieces are rows carrying the user.
+    for path in ["MEMORY.md", "memory/2026-04-01.md"] {
+        let body = json!({ "content": "ann's secret plans for the weekend" });
+        let reply = app.client.put(&format!("/v1/workspace/files/{path}"), Some(&ann), &body).await;
+        assert!(reply.status < 300, "{:?}", reply.body);
+    }
     let store = app.db.store();
     let (tenant, user) = (TenantId::parse("acme").expect("tenant"), UserId::parse("ann").expect("user"));
     let plan = store.erasure_plan(&tenant, &user).await.expect("plan");
-    assert_eq!(plan.workspace_files, 2, "PROFILE.md and MEMORY.md");
+    assert_eq!(plan.workspace_files, 3, "PROFILE.md, MEMORY.md and the note");
     mnemo_jobs::erase_user(&store, &tenant, &user, 100, false, "runbook", |_, _| {}).await.expect("erase");
     let left = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE content LIKE 'ann%'").await;
     assert_eq!(left, 0, "no version of ann's files is left");
     assert_eq!(app.db.count("SELECT count(*) FROM workspace_files WHERE user_id = 'ann'").await, 0);
+    let notes = "SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note'";
+    assert_eq!(app.db.count(&format!("{notes} AND anonymized_at IS NULL")).await, 0);
+    assert_eq!(app.db.count(&format!("{notes} AND content LIKE '%secret%'")).await, 0);
+    assert_eq!(app.db.count(&format!("{notes} AND source_ref NOT LIKE 'workspace:%|anonymized'")).await, 0);
+    assert_eq!(app.db.count(&format!("{notes} AND source_ref LIKE '%memory/%'")).await, 0, "no path or hash kept");
     let bobs = app.client.get("/v1/workspace/files/PROFILE.md", Some(&bob)).await;
     assert_eq!(bobs.body["content"], "bob v2");
     let raw_ids = app.db.count("SELECT count(*) FROM audit_log WHERE details::text LIKE '%\"ann\"%'").await;
@@ -387,10 +402,15 @@ async fn memory_and_daily_notes_are_recalled_in_the_users_class_and_reindexed_wh
     let memory = format!("# MEMORY.md\n\n{cats}\n\n{trains}\n");
     let put = app.client.put("/v1/workspace/files/MEMORY.md", Some(&ann), &json!({ "content": memory })).await;
     assert_eq!(put.status, 200, "{:?}", put.body);
-    let note = "/v1/workspace/files/memory/2026-04-01.md";
-    app.client.put(note, Some(&ann), &json!({ "content": "# 2026-04-01\n\n- Ann booked a ferry to Corsica.\n" })).await;
+    // Today's note: the worker's maintenance archives notes older than 90 days.
+    let day = chrono::Utc::now().date_naive().format("%Y-%m-%d").to_string();
+    let note_path = format!("memory/{day}.md");
+    let note = &format!("/v1/workspace/files/{note_path}");
+    app.client
+        .put(note, Some(&ann), &json!({ "content": format!("# {day}\n\n- Ann booked a ferry to Corsica.\n") }))
+        .await;
     let before = pieces(&app, "MEMORY.md").await;
-    assert_eq!((before.len(), pieces(&app, "memory/2026-04-01.md").await.len()), (2, 1));
+    assert_eq!((before.len(), pieces(&app, &note_path).await.len()), (2, 1));
     let embedded = wait_until(Duration::from_secs(30), || async {
         app.db
             .count("SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note' AND embedded_model IS NULL")
@@ -408,11 +428,17 @@ async fn memory_and_daily_notes_are_recalled_in_the_users_class_and_reindexed_wh
     assert_eq!(found["items"][0]["source_kind"], "workspace_note", "{found:?}");
     assert!(found["items"][0]["content"].as_str().unwrap_or("").contains("Miso"), "{found:?}");
     let found = recall(ann.clone(), "ferry to Corsica").await;
-    assert!(found["items"][0]["source_ref"].as_str().unwrap_or("").contains(":memory/2026-04-01.md@v1#"), "{found:?}");
-    // Another user of the same agent, and the same user in another tenant, find none of it.
-    for other in
-        [principal("acme", Some("bob"), Some("helper"), None), principal("globex", Some("ann"), Some("helper"), None)]
-    {
+    assert!(found["items"][0]["source_ref"].as_str().unwrap_or("").contains(&format!(":{note_path}@v1#")), "{found:?}");
+    // Another user of the same agent, the same user in another tenant, under another agent or
+    // with no agent, find none of it (the user's facts are the user's under every agent; a
+    // workspace is one agent's).
+    let others = [
+        principal("acme", Some("bob"), Some("helper"), None),
+        principal("globex", Some("ann"), Some("helper"), None),
+        principal("acme", Some("ann"), Some("coach"), None),
+        principal("acme", Some("ann"), None, None),
+    ];
+    for other in others {
         let found = recall(token(&other), "What is the name of Ann's cat?").await;
         assert_eq!(found["items"].as_array().map(Vec::len), Some(0), "{found:?}");
     }
@@ -438,14 +464,30 @@ async fn memory_and_daily_notes_are_recalled_in_the_users_class_and_reindexed_wh
 
     // Deleting a note retires its pieces; restoring it brings them back as new rows.
     app.client.delete(note, Some(&ann)).await;
-    assert!(pieces(&app, "memory/2026-04-01.md").await.is_empty());
+    assert!(pieces(&app, &note_path).await.is_empty());
     let store = app.db.store();
     let key = FileKey {
         tenant: TenantId::parse("acme").expect("id"),
         agent: AgentId::parse("helper").expect("id"),
         user: Some(UserId::parse("ann").expect("id")),
-        path: WorkspacePath::parse("memory/2026-04-01.md").expect("path"),
+        path: WorkspacePath::parse(&note_path).expect("path"),
     };
     store.restore_file(&key, 1, "runbook").await.expect("restore");
-    assert_eq!(pieces(&app, "memory/2026-04-01.md").await.len(), 1);
+    assert_eq!(pieces(&app, &note_path).await.len(), 1);
+
+    // Files written before recall indexed them (no pieces) are indexed by the runbook's
+    // reindex; pieces already there keep their rows.
+    for forget in [
+        "DELETE FROM memory_embeddings e USING memory_items m WHERE e.item_id = m.id AND m.metadata ->> 'path' = $1",
+        "DELETE FROM memory_items WHERE metadata ->> 'path' = $1",
+    ] {
+        sqlx::query(forget).bind(&note_path).execute(store.pool()).await.expect("forget the pieces");
+    }
+    let kept = pieces(&app, "MEMORY.md").await;
+    assert_eq!(store.reindex_recallable_files(None).await.expect("reindex"), 2);
+    assert_eq!(pieces(&app, &note_path).await.len(), 1);
+    assert_eq!(pieces(&app, "MEMORY.md").await, kept);
+    let again = pieces(&app, &note_path).await;
+    store.reindex_recallable_files(Some(&key.tenant)).await.expect("again");
+    assert_eq!(pieces(&app, &note_path).await, again, "idempotent");
 }

@@ -15,8 +15,9 @@ pub enum RecallClass {
     Session(SessionId),
     /// Document chunks of the tenant.
     Tenant,
-    /// Facts remembered with scope user for the token's human user.
-    User(UserId),
+    /// Facts remembered with scope user for the token's human user, and that user's workspace
+    /// notes (MEMORY.md, daily notes) of the token's agent (none without one).
+    User(UserId, Option<AgentId>),
     /// Facts remembered with scope agent by the token's agent.
     Agent(AgentId),
 }
@@ -27,7 +28,7 @@ impl RecallClass {
         match self {
             Self::Session(_) => Scope::Session,
             Self::Tenant => Scope::Tenant,
-            Self::User(_) => Scope::User,
+            Self::User(..) => Scope::User,
             Self::Agent(_) => Scope::Agent,
         }
     }
@@ -38,7 +39,7 @@ impl RecallScope {
     /// lacks is refused; `any` searches the classes the token can reach.
     pub fn classes(self, principal: &Principal) -> Result<Vec<RecallClass>, ScopeError> {
         let session = principal.session.clone().map(RecallClass::Session);
-        let user = principal.user.clone().map(RecallClass::User);
+        let user = principal.user.clone().map(|u| RecallClass::User(u, principal.agent.clone()));
         let agent = principal.agent.clone().map(RecallClass::Agent);
         Ok(match self {
             Self::Session => vec![session.ok_or(ScopeError::RecallWithoutSession)?],

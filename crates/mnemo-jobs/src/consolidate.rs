@@ -1,8 +1,9 @@
 //! The `consolidate` job: an (agent, user)'s daily notes distilled into MEMORY.md, one run at a
-//! time per pair (held in the database). It reads the notes changed since the watermark and
-//! within the day range, with MEMORY.md; MEMORY.md is replaced only when the model says so and
-//! the result fits its token budget, and the watermark moves only when the run succeeds, so a
-//! failed run's notes are read again by the next.
+//! time per pair (held in the database). It reads the notes of the day range at versions it has
+//! not read yet, with MEMORY.md; MEMORY.md is replaced only when the model says so, the result
+//! fits its token budget and MEMORY.md was not edited during the call, and the notes are
+//! recorded as read only when the run succeeds, so a failed run's notes are read again by the
+//! next.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,17 +33,18 @@ pub struct ConsolidateRunner {
 pub enum ConsolidateReport {
     /// Another run holds the pair: this job waits and runs again.
     Held,
-    /// No note changed since the watermark.
+    /// No note of the day range changed since a run read it.
     NothingNew,
     Disabled,
-    /// The model kept MEMORY.md as it is (the watermark moved).
+    /// The model kept MEMORY.md as it is (the notes are recorded as read).
     Kept {
         notes: usize,
     },
     Updated {
         notes: usize,
     },
-    /// Nothing changed and the watermark stayed: the model failed, or its result was over budget.
+    /// Nothing changed and the notes wait for the next run: the model failed, its result was over
+    /// budget, or MEMORY.md was edited during the call.
     Failed {
         reason: String,
     },
@@ -64,8 +66,8 @@ impl ConsolidateRunner {
         result
     }
 
-    /// What the model would be asked now, without taking the run: the notes changed since the
-    /// watermark and MEMORY.md (`None`: nothing new), and the model's answer (`None`: no model).
+    /// What the model would be asked now, without taking the run: the notes not yet read at
+    /// their current version and MEMORY.md (`None`: nothing new), and the model's answer (`None`: no model).
     /// Nothing is applied.
     pub async fn propose(
         &self,
@@ -135,13 +137,12 @@ impl ConsolidateRunner {
                         .await;
                     match finished {
                         Ok(()) => ConsolidateReport::Updated { notes },
-                        // MEMORY.md changed during the model call: it is kept, the watermark
-                        // stays, and the run goes again over the same notes.
+                        // MEMORY.md changed during the model call: the edit stays, and the notes
+                        // are left to the next run, which shows the model the new MEMORY.md.
                         Err(StoreError::FileChanged { .. }) => {
                             self.store
                                 .finish_consolidation(&workspace, &self.worker, None, None, "failed", "memory_changed")
                                 .await?;
-                            self.store.retry_after(job, Duration::from_secs(1)).await?;
                             failed("memory_changed")
                         }
                         Err(e) => return Err(e.into()),

@@ -19,7 +19,7 @@ use mnemo_core::{
     WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
-use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Store, StoreError};
+use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Store};
 
 use crate::{JobError, backoff};
 
@@ -147,22 +147,9 @@ impl ExtractRunner {
             facts,
             max_note_bytes: self.max_file_bytes,
         };
-        match self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await {
-            Ok(()) => {}
-            // Someone changed the profile (or memory) during the model call: nothing was
-            // written, and the next run shows the model the new version.
-            Err(StoreError::FileChanged { .. }) => {
-                self.store
-                    .finish_extraction(&workspace, &self.worker, &pending, "pending", "file_changed", false)
-                    .await?;
-                self.store.retry_after(job, Duration::from_secs(1)).await?;
-                tracing::info!(tenant = %job.tenant_id, "a file changed during the extraction's model call; running again");
-                return Ok(ExtractReport::Failed { reason: "file_changed".to_owned(), last_attempt: false });
-            }
-            Err(e) => return Err(e.into()),
-        }
+        let note_changed = self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await?;
         // The day's notes changed: consolidation follows, at most once per throttle period.
-        if changes.daily_entry.is_some() {
+        if note_changed {
             self.store.request_consolidation(&workspace, Some(self.consolidation_throttle)).await?;
         }
         let facts = changes.facts.len();

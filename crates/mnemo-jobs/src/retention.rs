@@ -216,14 +216,52 @@ pub async fn erase_user(
         return Ok(report);
     }
     let total = report.plan.rows();
-    let (mut done, mut after) = (0, Uuid::nil());
-    // Pages by id, then checks again from the start: rows written while the erasure runs, or
-    // held by another transaction, are erased too. It stops only when none is left.
+    let mut done = 0;
+    // Files first, then rows, again until a pass finds no file: a file written meanwhile (an
+    // extraction in flight) made recall rows that the next row pass erases.
+    let mut workspace_files = 0;
+    loop {
+        let files = store.erase_user_workspace(tenant, user).await?;
+        workspace_files += files;
+        done = erase_rows(store, tenant, user, batch_size, actor, &mut report, done, total, &mut progress).await?;
+        if files == 0 {
+            break;
+        }
+    }
+    let details = json!({
+        "user_sha256": hex::encode(Sha256::digest(user.as_str().as_bytes())),
+        "rows": report.anonymized,
+        "workspace_files": workspace_files,
+        "tool_outputs": report.plan.tool_outputs,
+        "embeddings": report.plan.embeddings,
+    });
+    store.audit(tenant, AuditEvent::Erase, "erasure", actor, details).await?;
+    report.elapsed = started.elapsed();
+    tracing::info!(tenant = %tenant, rows = done, seconds = report.elapsed.as_secs_f64(), "user erased");
+    Ok(report)
+}
+
+/// Erases the rows carrying `user`, a page of ids at a time, then checks again from the start:
+/// rows written while the erasure runs, or held by another transaction, are erased too. It
+/// stops only when none is left. Returns `done` plus the rows erased.
+#[allow(clippy::too_many_arguments)]
+async fn erase_rows(
+    store: &Store,
+    tenant: &TenantId,
+    user: &UserId,
+    batch_size: u32,
+    actor: &str,
+    report: &mut ErasureReport,
+    mut done: u64,
+    total: u64,
+    progress: &mut impl FnMut(u64, u64),
+) -> Result<u64, StoreError> {
+    let mut after = Uuid::nil();
     loop {
         let batch = store.erase_user_rows(tenant, user, after, i64::from(batch_size.max(1)), actor).await?;
         let Some(last) = batch.iter().map(|(id, _)| *id).max() else {
             if after.is_nil() {
-                break;
+                return Ok(done);
             }
             after = Uuid::nil();
             continue;
@@ -237,18 +275,6 @@ pub async fn erase_user(
         done += batch.len() as u64;
         progress(done, total.max(done));
     }
-    let workspace_files = store.erase_user_workspace(tenant, user).await?;
-    let details = json!({
-        "user_sha256": hex::encode(Sha256::digest(user.as_str().as_bytes())),
-        "rows": report.anonymized,
-        "workspace_files": workspace_files,
-        "tool_outputs": report.plan.tool_outputs,
-        "embeddings": report.plan.embeddings,
-    });
-    store.audit(tenant, AuditEvent::Erase, "erasure", actor, details).await?;
-    report.elapsed = started.elapsed();
-    tracing::info!(tenant = %tenant, rows = done, seconds = report.elapsed.as_secs_f64(), "user erased");
-    Ok(report)
 }
 
 /// The worker's side of the `retention` queue: sweeps the job's tenant unless its sweep for

@@ -256,7 +256,7 @@ fn weight(weights: &ClassWeights, class: &RecallClass) -> f64 {
     match class {
         RecallClass::Session(_) => weights.session,
         RecallClass::Tenant => weights.tenant,
-        RecallClass::User(_) => weights.user,
+        RecallClass::User(..) => weights.user,
         RecallClass::Agent(_) => weights.agent,
     }
 }

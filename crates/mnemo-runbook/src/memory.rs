@@ -134,7 +134,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 stale_after: std::time::Duration::from_secs(600),
             };
             let Some((input, answer)) = runner.propose(&workspace).await? else {
-                bail!("nothing to consolidate: no daily note changed since the watermark within the day range");
+                bail!("nothing to consolidate: no daily note of the day range changed since consolidation read it");
             };
             let Some(answer) = answer else { bail!("no model: set MNEMO_LLM_MODEL (and MNEMO_LLM_BASE_URL)") };
             let answer = answer.map_err(|f| anyhow::anyhow!("the model failed: {f}"))?;

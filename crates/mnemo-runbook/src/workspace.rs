@@ -58,6 +58,12 @@ pub enum WorkspaceCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Index every live MEMORY.md and daily note for recall as it is now (after upgrading to the
+    /// release that made them recallable); idempotent.
+    Reindex {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: Option<TenantId>,
+    },
     /// Make an earlier version current again (as a new version).
     Restore {
         #[command(flatten)]
@@ -73,6 +79,10 @@ pub enum WorkspaceCommand {
 
 pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()> {
     match command {
+        WorkspaceCommand::Reindex { tenant } => {
+            let files = store.reindex_recallable_files(tenant.as_ref()).await?;
+            println!("{files} files indexed for recall (their new pieces wait for the embed queue)");
+        }
         WorkspaceCommand::Ls { owner, prefix, json } => {
             let files = store.list_files(&owner.workspace(), &prefix).await?;
             if json {

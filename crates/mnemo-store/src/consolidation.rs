@@ -186,7 +186,8 @@ impl Store {
             .collect())
     }
 
-    /// Ends the run in one transaction: replaces MEMORY.md when `memory` is given, records the
+    /// Ends the run in one transaction: replaces MEMORY.md when `memory` is given (or, when it
+    /// changed since the model read it, changes nothing: [`StoreError::FileChanged`]), records the
     /// notes `read` as consolidated when given (so a run that failed leaves them to the next),
     /// and the outcome and its reason.
     pub async fn finish_consolidation(
@@ -199,8 +200,10 @@ impl Store {
         reason: &str,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        if let Some(replacement) = memory {
-            replace_core_file(&mut tx, workspace, "MEMORY.md", replacement, ACTOR).await?;
+        if let Some(replacement) = memory
+            && !replace_core_file(&mut tx, workspace, "MEMORY.md", replacement, ACTOR).await?
+        {
+            return Err(StoreError::FileChanged { path: "MEMORY.md".to_owned() });
         }
         let read = read.unwrap_or_default();
         let versions: serde_json::Map<String, serde_json::Value> =

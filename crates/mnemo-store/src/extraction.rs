@@ -204,17 +204,18 @@ impl Store {
 
     /// Applies an extraction in one transaction: today's note gets the entry (unless the note is
     /// full: the conversations' reason is then `daily_note_full`), PROFILE.md and MEMORY.md are
-    /// replaced when given, the facts are written as `POST /v1/facts` writes them (embedded, then
-    /// judged), the conversations are done and the cooldown starts.
+    /// replaced when given (unless changed since the model read them: `file_changed`), the facts are written as `POST /v1/facts` writes them (embedded, then
+    /// judged), the conversations are done and the cooldown starts. True when today's note changed.
     pub async fn apply_extraction(
         &self,
         workspace: &Workspace,
         worker: &str,
         pending: &[PendingExtraction],
         changes: &ExtractionChanges,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let mut reason = changes.reason.as_str();
+        let mut note_changed = false;
         if let (Some(day), Some(entry)) = (changes.day, &changes.daily_entry) {
             let key = key_in(workspace, WorkspacePath::daily_note(day))?;
             lock(&mut tx, &key).await?;
@@ -234,11 +235,15 @@ impl Store {
                 let version = now.as_ref().map_or(1, |c| c.file.version + 1);
                 let change = if existing.is_some() { "appended" } else { "created" };
                 apply(&mut tx, &key, &state, version, change, ACTOR).await?;
+                note_changed = true;
             }
         }
         for (name, replacement) in [("PROFILE.md", &changes.profile), ("MEMORY.md", &changes.memory)] {
-            if let Some(replacement) = replacement {
-                replace_core_file(&mut tx, workspace, name, replacement, ACTOR).await?;
+            if let Some(replacement) = replacement
+                && !replace_core_file(&mut tx, workspace, name, replacement, ACTOR).await?
+            {
+                // Changed during the model call: the edit stays; the next extraction sees it.
+                reason = "file_changed";
             }
         }
         let facts: Vec<&NewMemory> = changes.facts.iter().collect();
@@ -254,7 +259,7 @@ impl Store {
         mark(&mut tx, workspace, pending, "done", reason, true).await?;
         release(&mut tx, workspace, worker, true).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(note_changed)
     }
 }
 

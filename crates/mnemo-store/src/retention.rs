@@ -118,11 +118,13 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
                 session_id = NULL, user_id = NULL, agent_id = NULL,
                 metadata = '{{}}'::jsonb, tool_output_key = NULL, fact_key = NULL,
                 embedded_model = NULL, embed_error = NULL,
-                -- A fact's ref is made of its identity and a hash of its content: replaced. Other
+                -- A fact's ref is made of its identity and a hash of its content, a workspace
+                -- note's of a hash of its agent and user and the file's path: replaced. Other
                 -- refs are the caller's ids: kept, suffixed, with the row id when a row already
                 -- took the plain suffix. Either way the key is free for a new write.
                 source_ref = CASE
                     WHEN m.source_kind = 'fact' THEN 'fact:' || m.scope || ':' || m.id || '|anonymized'
+                    WHEN m.source_kind = 'workspace_note' THEN 'workspace:' || m.id || '|anonymized'
                     WHEN EXISTS (
                         SELECT 1 FROM memory_items x
                         WHERE x.tenant_id = m.tenant_id AND x.source_kind = m.source_kind

@@ -60,24 +60,28 @@ pub struct Search {
 }
 
 /// The rows of one class a statement may search, each switched on by its bound identity
-/// (`$2`–`$5`); `$1` is the tenant, `$6` the kinds, `$7` whether superseded rows count.
+/// (`$2`–`$5`); `$1` is the tenant, `$6` the agent whose workspace notes the user class may
+/// hold, `$7` the kinds, `$8` whether superseded rows count.
 fn class_filter(class: Scope) -> String {
     let bound = match class {
         Scope::Session => "$2::text IS NOT NULL AND m.session_id = $2",
         Scope::Tenant => "$3",
-        Scope::User => "$4::text IS NOT NULL AND m.user_id = $4",
+        // A user's workspace notes are recalled only under the agent whose files they are.
+        Scope::User => {
+            "$4::text IS NOT NULL AND m.user_id = $4 AND (m.source_kind <> 'workspace_note' OR m.agent_id = $6::text)"
+        }
         Scope::Agent => "$5::text IS NOT NULL AND m.agent_id = $5",
     };
     format!("{bound} AND m.scope = '{class}'")
 }
 /// Live rows of the tenant, of the kinds asked for. The first two conditions are the predicate
 /// of the full-text index and must stay word for word.
-const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($7 OR m.superseded_by IS NULL) \
-                    AND m.tenant_id = $1 AND m.source_kind = ANY($6)";
+const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($8 OR m.superseded_by IS NULL) \
+                    AND m.tenant_id = $1 AND m.source_kind = ANY($7)";
 
-/// Full text with OR semantics: the query's lexemes less the common ones (`$10`, with their
-/// frequencies in `$11`); when every lexeme is common, the rarest alone. Each class is ranked by
-/// the RUM index's distance (`$8` per class).
+/// Full text with OR semantics: the query's lexemes less the common ones (`$11`, with their
+/// frequencies in `$12`); when every lexeme is common, the rarest alone. Each class is ranked by
+/// the RUM index's distance (`$9` per class).
 fn keyword_sql() -> String {
     let branches: Vec<String> = Scope::ALL
         .iter()
@@ -87,14 +91,14 @@ fn keyword_sql() -> String {
                 "(SELECT '{class}' AS class, m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
                   FROM memory_items m
                   WHERE {filter} AND {LIVE} AND m.tsv @@ (SELECT q FROM query)
-                  ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $8)"
+                  ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $9)"
             )
         })
         .collect();
     format!(
         "WITH lexemes AS (
-            SELECT l, c.freq FROM unnest(tsvector_to_array(to_tsvector('english', $9))) AS l
-            LEFT JOIN unnest($10::text[], $11::float4[]) AS c(lexeme, freq) ON c.lexeme = l
+            SELECT l, c.freq FROM unnest(tsvector_to_array(to_tsvector('english', $10))) AS l
+            LEFT JOIN unnest($11::text[], $12::float4[]) AS c(lexeme, freq) ON c.lexeme = l
         ), kept AS (
             SELECT l FROM lexemes WHERE freq IS NULL
             UNION ALL
@@ -130,7 +134,7 @@ impl Store {
     /// Search statements for `model`, whose vectors have `dimensions` components.
     pub fn search(&self, model: &str, dimensions: usize) -> Search {
         let model_literal = sql_literal(model);
-        let distance = format!("(e.embedding::vector({dimensions}) <=> $9::vector({dimensions}))");
+        let distance = format!("(e.embedding::vector({dimensions}) <=> $10::vector({dimensions}))");
         // Identity classes (a session, a user's or an agent's facts) are small: rank them exactly.
         // `+ 0` keeps the planner off the HNSW index, which would have to walk past the whole
         // tenant to find them.
@@ -141,7 +145,7 @@ impl Store {
                   FROM memory_items m
                   JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = {model_literal}
                   WHERE {filter} AND {LIVE}
-                  ORDER BY {distance} + 0 LIMIT $8)"
+                  ORDER BY {distance} + 0 LIMIT $9)"
             )
         };
         // The tenant class is large: an HNSW scan filtered to the tenant, iterative so the filter
@@ -150,7 +154,7 @@ impl Store {
             "(SELECT '{tenant}' AS class, m.id, {distance}::float8 AS d
               FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
               WHERE e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
-              ORDER BY {distance} LIMIT $8)",
+              ORDER BY {distance} LIMIT $9)",
             tenant = Scope::Tenant,
             filter = class_filter(Scope::Tenant),
         );
@@ -264,14 +268,14 @@ pub(crate) fn vector_index_name(model: &str, dimensions: usize) -> String {
     format!("memory_embeddings_hnsw_{}_{dimensions}", &digest[..12])
 }
 
-/// Binds `$1`–`$7`, which every search statement shares.
+/// Binds `$1`–`$8`, which every search statement shares.
 macro_rules! bind_scope {
     ($query:expr, $scope:expr) => {{
         let scope: &SearchScope<'_> = $scope;
         let class = |wanted: Scope| {
             scope.classes.iter().find_map(|c| match c {
                 RecallClass::Session(s) if wanted == Scope::Session => Some(s.as_str().to_owned()),
-                RecallClass::User(u) if wanted == Scope::User => Some(u.as_str().to_owned()),
+                RecallClass::User(u, _) if wanted == Scope::User => Some(u.as_str().to_owned()),
                 RecallClass::Agent(a) if wanted == Scope::Agent => Some(a.as_str().to_owned()),
                 _ => None,
             })
@@ -287,6 +291,10 @@ macro_rules! bind_scope {
             .bind(scope.classes.contains(&RecallClass::Tenant))
             .bind(class(Scope::User))
             .bind(class(Scope::Agent))
+            .bind(scope.classes.iter().find_map(|c| match c {
+                RecallClass::User(_, agent) => agent.as_ref().map(|a| a.as_str().to_owned()),
+                _ => None,
+            }))
             .bind(kinds)
             .bind(scope.include_superseded)
     }};

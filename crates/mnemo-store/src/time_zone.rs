@@ -18,13 +18,14 @@ SELECT zone, now() AT TIME ZONE zone FROM (
 
 impl Store {
     /// Sets the tenant's time zone. False, changing nothing, when PostgreSQL does not know the
-    /// name (abbreviations and offsets such as `PST` or `+05` are refused too: they ignore
-    /// daylight saving time).
+    /// name (abbreviations and fixed offsets such as `PST`, `+05` or `Etc/GMT+5` are refused
+    /// too: they ignore daylight saving time).
     pub async fn set_time_zone(&self, tenant: &TenantId, zone: &str) -> Result<bool, StoreError> {
         let set = sqlx::query(
             "INSERT INTO tenant_config (tenant_id, settings)
              SELECT $1, jsonb_build_object('time_zone', $2::text)
-             WHERE EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = $2 AND name ~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)+$|^UTC$')
+             WHERE EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = $2
+                           AND (name = 'UTC' OR (name ~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)+$' AND name NOT LIKE 'Etc/%')))
              ON CONFLICT (tenant_id) DO UPDATE
              SET settings = tenant_config.settings || EXCLUDED.settings, updated_at = now()",
         )

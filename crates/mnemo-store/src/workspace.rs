@@ -7,7 +7,9 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use mnemo_core::{AuditEvent, FileKey, NOTE_CHUNK_BYTES, NewMemory, Workspace, WorkspacePath, note_chunks};
+use mnemo_core::{
+    AgentId, AuditEvent, FileKey, NOTE_CHUNK_BYTES, NewMemory, TenantId, UserId, Workspace, WorkspacePath, note_chunks,
+};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -85,6 +87,9 @@ pub enum Edited {
 /// The change that creates a core file from its template: its content is boilerplate, so recall
 /// does not index it.
 const FROM_TEMPLATE: &str = "created_from_template";
+
+/// The change that sets a file's `enabled` and `sort_order` only.
+const PATCHED: &str = "patched";
 
 /// The sort order of a file that is not a core file, unless a caller sets one.
 pub const DEFAULT_SORT_ORDER: i32 = 100;
@@ -323,7 +328,7 @@ impl Store {
             sort_order: sort_order.unwrap_or(c.file.sort_order),
             deleted: false,
         };
-        apply(&mut tx, key, &state, c.file.version + 1, "patched", actor).await?;
+        apply(&mut tx, key, &state, c.file.version + 1, PATCHED, actor).await?;
         let patched = current(&mut tx, key).await?.map(|c| c.file);
         tx.commit().await?;
         Ok(patched)
@@ -344,6 +349,36 @@ impl Store {
         apply(&mut tx, key, &state, c.file.version + 1, "deleted", actor).await?;
         tx.commit().await?;
         Ok(Some(c.file.version + 1))
+    }
+
+    /// Indexes every live MEMORY.md and daily note (of `tenant`, or of all tenants) for recall
+    /// as it is now, for files written before recall indexed them; pieces already indexed keep
+    /// their rows. How many files.
+    pub async fn reindex_recallable_files(&self, tenant: Option<&TenantId>) -> Result<u64, StoreError> {
+        let files: Vec<(String, String, String, String)> = sqlx::query_as(
+            "SELECT tenant_id, agent_id, user_id, path FROM workspace_files
+             WHERE ($1::text IS NULL OR tenant_id = $1) AND user_id <> '' AND deleted_at IS NULL
+               AND (path = 'MEMORY.md' OR path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$')
+             ORDER BY tenant_id, agent_id, user_id, path",
+        )
+        .bind(tenant.map(TenantId::as_str))
+        .fetch_all(&self.pool)
+        .await?;
+        for (tenant, agent, user, path) in &files {
+            let key = FileKey {
+                tenant: TenantId::parse(tenant)?,
+                agent: AgentId::parse(agent)?,
+                user: Some(UserId::parse(user)?),
+                path: WorkspacePath::parse(path)?,
+            };
+            let mut tx = self.pool.begin().await?;
+            lock(&mut tx, &key).await?;
+            if let Some(c) = current(&mut tx, &key).await?.filter(|c| !c.deleted) {
+                reindex(&mut tx, &key, &c.file.content, false, c.file.version).await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(files.len() as u64)
     }
 
     /// Every state the file had, oldest first (empty when it never existed).
@@ -408,22 +443,22 @@ pub struct Replacement {
 }
 
 /// Replaces core file `name` (PROFILE.md, MEMORY.md) inside `tx`, as a new version written by
-/// `actor`, if the file is still at the version the replacement was made from (else
-/// [`StoreError::FileChanged`]: an edit made during the model call is never overwritten); a
-/// missing file is created enabled at its core sort order.
+/// `actor`, if the file is still at the version the replacement was made from; false, writing
+/// nothing, when it is not (an edit made during the model call is never overwritten). A missing
+/// file is created enabled at its core sort order.
 pub(crate) async fn replace_core_file(
     tx: &mut Transaction<'_, Postgres>,
     workspace: &Workspace,
     name: &str,
     replacement: &Replacement,
     actor: &str,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let path = WorkspacePath::parse(name).expect("core file names are valid paths");
     let key = key_in(workspace, path.clone())?;
     lock(tx, &key).await?;
     let now = current(tx, &key).await?;
     if now.as_ref().filter(|c| !c.deleted).map(|c| c.file.version) != replacement.read_version {
-        return Err(StoreError::FileChanged { path: name.to_owned() });
+        return Ok(false);
     }
     let content = replacement.content.as_str();
     let state = NewState {
@@ -433,7 +468,8 @@ pub(crate) async fn replace_core_file(
         deleted: false,
     };
     let version = now.as_ref().map_or(1, |c| c.file.version + 1);
-    apply(tx, &key, &state, version, "overwritten", actor).await
+    apply(tx, &key, &state, version, "overwritten", actor).await?;
+    Ok(true)
 }
 
 pub(crate) async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), StoreError> {
@@ -508,8 +544,9 @@ pub(crate) async fn apply(
         .bind(details)
         .execute(&mut **tx)
         .await?;
-    if change != FROM_TEMPLATE {
-        reindex(tx, key, state, version).await?;
+    // A template is boilerplate, and a patch leaves the content as it was.
+    if change != FROM_TEMPLATE && change != PATCHED {
+        reindex(tx, key, state.content, state.deleted, version).await?;
     }
     Ok(())
 }
@@ -520,7 +557,8 @@ pub(crate) async fn apply(
 async fn reindex(
     tx: &mut Transaction<'_, Postgres>,
     key: &FileKey,
-    state: &NewState<'_>,
+    content: &str,
+    deleted: bool,
     version: i32,
 ) -> Result<(), StoreError> {
     let Some(user) = key.user.as_ref().filter(|_| key.path.is_recallable()) else { return Ok(()) };
@@ -531,7 +569,7 @@ async fn reindex(
         .bind(key.path.as_str())
         .fetch_all(&mut **tx)
         .await?;
-    let pieces = if state.deleted { Vec::new() } else { note_chunks(state.content, NOTE_CHUNK_BYTES) };
+    let pieces = if deleted { Vec::new() } else { note_chunks(content, NOTE_CHUNK_BYTES) };
     let mut wanted = HashSet::new();
     let mut rows = Vec::new();
     for (index, piece) in pieces.into_iter().enumerate() {
@@ -546,8 +584,10 @@ async fn reindex(
     if !retired.is_empty() {
         sqlx::query(RETIRE_PIECES).bind(key.tenant.as_str()).bind(&retired).execute(&mut **tx).await?;
     }
-    for result in insert_in(tx, &rows.iter().collect::<Vec<_>>()).await? {
-        result.unwrap_or(Err(StoreError::Database(sqlx::Error::RowNotFound)))?;
+    if !rows.is_empty() {
+        for result in insert_in(tx, &rows.iter().collect::<Vec<_>>()).await? {
+            result.unwrap_or(Err(StoreError::Database(sqlx::Error::RowNotFound)))?;
+        }
     }
     Ok(())
 }
