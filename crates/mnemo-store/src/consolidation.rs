@@ -123,6 +123,10 @@ impl Store {
         if claimed == 0 {
             return Ok(0);
         }
+        // A claim matters while its fire is within the schedule's look-back (366 days).
+        sqlx::query("DELETE FROM consolidation_fires WHERE fire < now() - interval '400 days'")
+            .execute(&mut *tx)
+            .await?;
         let due: Vec<(String, String, String)> =
             sqlx::query_as(SCHEDULE).bind(fire).bind(zone).fetch_all(&mut *tx).await?;
         let jobs = due
