@@ -286,3 +286,26 @@ async fn a_note_committed_after_a_run_read_the_others_is_consolidated_by_the_nex
     assert!(prompt.contains("- late"), "{prompt}");
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
 }
+
+#[tokio::test]
+async fn the_dry_run_shows_the_proposal_and_changes_nothing() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- booked Lisbon").await;
+    let runner = runner(&app, &chat, &[]);
+    let workspace = Workspace {
+        tenant: TenantId::parse("acme").expect("tenant"),
+        agent: AgentId::parse("helper").expect("agent"),
+        user: Some(UserId::parse("ann").expect("user")),
+    };
+    let before = memory(&app, &t).await;
+    let (input, answer) = runner.propose(&workspace).await.expect("propose").expect("a note to read");
+    assert_eq!(input.notes.len(), 1);
+    let answer = answer.expect("a model").expect("an answer");
+    assert_eq!(answer.memory_content.as_deref(), Some(format!("# MEMORY.md\n\n- consolidated {}\n", day(0)).as_str()));
+    assert_eq!(memory(&app, &t).await, before, "nothing applied");
+    assert_eq!(app.db.count("SELECT count(*) FROM consolidation_state").await, 0, "no state written");
+    // The notes are still new to a real run.
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 });
+}

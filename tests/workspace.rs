@@ -264,6 +264,17 @@ async fn the_runbook_lists_prints_and_restores_any_version() {
     let cat =
         runbook(&app, &[&["workspace", "cat"][..], &owner, &["--path", "PROFILE.md", "--version", "2"]].concat()).await;
     assert_eq!(String::from_utf8_lossy(&cat.stdout), "first profile");
+    let cat = runbook(&app, &[&["workspace", "cat"][..], &owner, &["--path", "PROFILE.md", "--json"]].concat()).await;
+    let cat: Value = serde_json::from_slice(&cat.stdout).expect("json");
+    assert_eq!(cat["path"], "PROFILE.md");
+    let reindex = runbook(&app, &["workspace", "reindex", "--tenant", "acme", "--json"]).await;
+    let reindex: Value = serde_json::from_slice(&reindex.stdout).expect("json");
+    assert_eq!(reindex["files"], 1, "MEMORY.md (a template: nothing to index, counted)");
+    let bad_zone = runbook(&app, &["memory", "time-zone", "--tenant", "acme", "--set", "Mars/Olympus_Mons"]).await;
+    assert!(!bad_zone.status.success() && String::from_utf8_lossy(&bad_zone.stderr).contains("unknown time zone"));
+    let zone = runbook(&app, &["memory", "time-zone", "--tenant", "acme", "--set", "Asia/Tokyo", "--json"]).await;
+    let zone: Value = serde_json::from_slice(&zone.stdout).expect("json");
+    assert_eq!(zone["time_zone"], "Asia/Tokyo");
     let restore = runbook(
         &app,
         &[&["workspace", "restore"][..], &owner, &["--path", "PROFILE.md", "--version", "2", "--json"]].concat(),

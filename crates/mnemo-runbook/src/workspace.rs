@@ -48,6 +48,8 @@ pub enum WorkspaceCommand {
         path: String,
         #[arg(long)]
         version: Option<i32>,
+        #[arg(long)]
+        json: bool,
     },
     /// Every version of a file: size, flags, deleted, actor, time.
     History {
@@ -63,6 +65,8 @@ pub enum WorkspaceCommand {
     Reindex {
         #[arg(long, value_parser = TenantId::parse)]
         tenant: Option<TenantId>,
+        #[arg(long)]
+        json: bool,
     },
     /// Make an earlier version current again (as a new version).
     Restore {
@@ -79,9 +83,13 @@ pub enum WorkspaceCommand {
 
 pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()> {
     match command {
-        WorkspaceCommand::Reindex { tenant } => {
+        WorkspaceCommand::Reindex { tenant, json } => {
             let files = store.reindex_recallable_files(tenant.as_ref()).await?;
-            println!("{files} files indexed for recall (their new pieces wait for the embed queue)");
+            if json {
+                println!("{}", json!({ "files": files }));
+            } else {
+                println!("{files} files indexed for recall (their new pieces wait for the embed queue)");
+            }
         }
         WorkspaceCommand::Ls { owner, prefix, json } => {
             let files = store.list_files(&owner.workspace(), &prefix).await?;
@@ -102,14 +110,18 @@ pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()>
                 }
             }
         }
-        WorkspaceCommand::Cat { owner, path, version } => {
+        WorkspaceCommand::Cat { owner, path, version, json } => {
             let key = owner.file(&path)?;
             let content = match version {
                 Some(version) => store.file_version_content(&key, version).await?,
                 None => store.read_file(&key).await?.map(|f| f.content),
             };
             let Some(content) = content else { bail!("no such file or version") };
-            print!("{content}");
+            if json {
+                println!("{}", json!({ "path": path, "version": version, "content": content }));
+            } else {
+                print!("{content}");
+            }
         }
         WorkspaceCommand::History { owner, path, json } => {
             let history = store.file_history(&owner.file(&path)?).await?;
