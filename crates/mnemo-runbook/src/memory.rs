@@ -106,11 +106,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             let report = json!({ "dry_run": true, "should_update": proposal.should_update, "reason": proposal.reason,
                 "daily_entry": proposal.daily_entry, "profile_update": proposal.profile_update,
                 "memory_update": proposal.memory_update, "facts": facts });
-            if json {
-                println!("{report}");
-            } else {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            }
+            print_report(&report, json)?;
         }
         MemoryCommand::Consolidate { tenant, agent, user, dry_run, json } => {
             let workspace = Workspace { tenant, agent, user: Some(user) };
@@ -141,11 +137,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             let days: Vec<String> = input.notes.iter().map(|(day, _)| day.to_string()).collect();
             let report = json!({ "dry_run": true, "notes": days, "should_update": answer.should_update,
                 "reason": answer.reason, "memory_content": answer.memory_content });
-            if json {
-                println!("{report}");
-            } else {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            }
+            print_report(&report, json)?;
         }
         MemoryCommand::TimeZone { tenant, set, json } => {
             if let Some(zone) = &set
@@ -198,6 +190,16 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 println!("(no extraction or consolidation yet)");
             }
         }
+    }
+    Ok(())
+}
+
+/// A dry run's report: one line of JSON, or indented for reading.
+fn print_report(report: &Value, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(report)?);
     }
     Ok(())
 }
