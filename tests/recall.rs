@@ -476,3 +476,35 @@ async fn the_real_pipeline_turns_degraded_off_and_finds_rows_by_meaning() {
     assert_eq!(after.body["degraded"], false, "{:?}", after.body);
     assert_eq!(after.body["items"][0]["source_ref"], "m1", "{:?}", after.body);
 }
+
+#[tokio::test]
+async fn concurrent_queries_are_embedded_together_and_repeated_ones_come_from_the_cache() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", None, None, Some("s1"));
+    f.write(&me, "chat_message", "m1", "the quarterly report is late").await;
+    f.embed_all().await;
+    let served = f.provider.served();
+    // The first embedding call is slow: the queries that arrive meanwhile queue behind it.
+    f.provider.then([Answer::Hang(Duration::from_millis(400))]);
+    let recall_all = |queries: Vec<String>| {
+        let mut set = tokio::task::JoinSet::new();
+        for query in queries {
+            let (client, t) = (f.app.client.clone(), token(&me));
+            set.spawn(async move { client.post("/v1/recall", Some(&t), &json!({ "query": query })).await });
+        }
+        set.join_all()
+    };
+    let queries: Vec<String> = (0..12).map(|i| format!("quarterly report number {i}")).collect();
+    for reply in recall_all(queries.clone()).await {
+        assert_eq!((reply.status, reply.body["degraded"].clone()), (200, json!(false)), "{:?}", reply.body);
+        assert_eq!(refs(&reply.body), ["m1"]);
+    }
+    let (requests, inputs) = f.provider.served();
+    assert_eq!(inputs - served.1, 12, "each query embedded once");
+    assert!(requests - served.0 <= 3, "12 concurrent queries took {} embedding calls", requests - served.0);
+    // The same queries again: every vector comes from the cache.
+    for reply in recall_all(queries).await {
+        assert_eq!(reply.body["degraded"], false);
+    }
+    assert_eq!(f.provider.served(), (requests, inputs), "no new embedding call");
+}

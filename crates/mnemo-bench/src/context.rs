@@ -73,6 +73,8 @@ fn message(s: usize, i: usize) -> Value {
 pub(crate) struct LocalApi {
     /// `http://127.0.0.1:PORT/v1`.
     pub base: String,
+    /// The fresh database's URL.
+    pub url: String,
     pub store: Store,
     pub settings: ServerSettings,
     pub http: reqwest::Client,
@@ -95,7 +97,7 @@ impl LocalApi {
         let base = format!("http://{}/v1", listener.local_addr()?);
         tokio::spawn(async move { axum::serve(listener, app(state)).await });
         let http = reqwest::Client::builder().pool_max_idle_per_host(16).build()?;
-        Ok(Self { base, store, settings, http, secret })
+        Ok(Self { base, url: db.url, store, settings, http, secret })
     }
 
     /// A token for `principal`, valid for an hour.

@@ -9,6 +9,7 @@ mod judge;
 mod locomo;
 mod quality;
 mod recall_latency;
+mod recall_throughput;
 mod retention;
 mod workspace;
 mod writes;
@@ -33,6 +34,9 @@ enum Scenario {
     EmbedLatency(embedding::LatencyArgs),
     /// Recall latency with N rows in one tenant among several: the search alone and over HTTP.
     RecallLatency(recall_latency::Args),
+    /// Recalls per second and latency from 1, 8 and 32 clients at once, each asking a distinct
+    /// LoCoMo question (the local embedder embeds every query).
+    RecallThroughput(recall_throughput::Args),
     /// LoCoMo evidence recall@k per question category.
     Locomo(quality::LocomoArgs),
     /// BEAM knowledge updates and contradictions: is the newer message found, and above the older?
@@ -67,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Pipeline(args) => embedding::pipeline(args).await,
         Scenario::EmbedLatency(args) => embedding::latency(args).await,
         Scenario::RecallLatency(args) => recall_latency::run(args).await,
+        Scenario::RecallThroughput(args) => recall_throughput::run(args).await,
         Scenario::Locomo(args) => quality::locomo(args).await,
         Scenario::Beam(args) => quality::beam(args).await,
         Scenario::JudgeThroughput(args) => judge::throughput(args).await,

@@ -27,6 +27,10 @@ pub struct RecallSettings {
     pub rerank_timeout: Duration,
     /// Query lexemes found in more than this fraction of rows are dropped from the full-text half.
     pub prune_fraction: f64,
+    /// The most concurrent recalls' queries embedded in one call (1: each alone).
+    pub query_batch: usize,
+    /// How many recent queries' vectors are kept (0: none).
+    pub query_cache: usize,
     /// Values that were ignored, to be logged once tracing is up (the weights fall back to their
     /// defaults rather than stop the server, as the seed says).
     pub warnings: Vec<String>,
@@ -39,6 +43,8 @@ impl Default for RecallSettings {
             reranker_url: None,
             rerank_timeout: Duration::from_millis(1000),
             prune_fraction: 0.01,
+            query_batch: 32,
+            query_cache: 1024,
             warnings: Vec::new(),
         }
     }
@@ -74,7 +80,23 @@ impl RecallSettings {
         if !(0.0..=1.0).contains(&prune_fraction) {
             problems.0.push(format!("{} must be between 0 and 1", vars::RECALL_PRUNE_FRACTION));
         }
-        Self { weights, reranker_url, rerank_timeout: Duration::from_millis(timeout_ms), prune_fraction, warnings }
+        let query_batch = problems.parsed(env, vars::RECALL_QUERY_BATCH, defaults.query_batch, "a whole number");
+        if !(1..=256).contains(&query_batch) {
+            problems.0.push(format!("{} must be between 1 and 256", vars::RECALL_QUERY_BATCH));
+        }
+        let query_cache = problems.parsed(env, vars::RECALL_QUERY_CACHE, defaults.query_cache, "a whole number");
+        if query_cache > 1_000_000 {
+            problems.0.push(format!("{} must be at most 1000000", vars::RECALL_QUERY_CACHE));
+        }
+        Self {
+            weights,
+            reranker_url,
+            rerank_timeout: Duration::from_millis(timeout_ms),
+            prune_fraction,
+            query_batch,
+            query_cache,
+            warnings,
+        }
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {

@@ -37,6 +37,10 @@ pub const RECALL_WEIGHT_TENANT: &str = "MNEMO_RECALL_WEIGHT_TENANT";
 pub const RECALL_WEIGHT_USER: &str = "MNEMO_RECALL_WEIGHT_USER";
 pub const RECALL_WEIGHT_AGENT: &str = "MNEMO_RECALL_WEIGHT_AGENT";
 pub const RECALL_PRUNE_FRACTION: &str = "MNEMO_RECALL_PRUNE_FRACTION";
+/// The most concurrent recalls' queries embedded in one call (1: each alone).
+pub const RECALL_QUERY_BATCH: &str = "MNEMO_RECALL_QUERY_BATCH";
+/// How many recent queries' vectors recall keeps (0: none).
+pub const RECALL_QUERY_CACHE: &str = "MNEMO_RECALL_QUERY_CACHE";
 pub const RERANKER_URL: &str = "MNEMO_RERANKER_URL";
 pub const RERANKER_TIMEOUT_MS: &str = "MNEMO_RERANKER_TIMEOUT_MS";
 pub const JUDGE_MODEL: &str = "MNEMO_JUDGE_MODEL";

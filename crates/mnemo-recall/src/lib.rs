@@ -16,8 +16,10 @@ use mnemo_store::{CommonLexemes, Search, SearchScope, Store, StoreError};
 use uuid::Uuid;
 
 mod fusion;
+mod query_vectors;
 
 pub use fusion::{RRF_K, fuse};
+use query_vectors::QueryVectors;
 
 /// Candidates each half (full text, vectors) brings per class.
 pub const CANDIDATES_PER_CLASS: i64 = 50;
@@ -83,7 +85,7 @@ pub enum RecallError {
 pub struct Recall {
     store: Store,
     search: Search,
-    embedder: Arc<dyn Embedder>,
+    query_vectors: QueryVectors,
     reranker: Option<Arc<dyn Reranker>>,
     settings: RecallSettings,
     common_lexemes: Mutex<Option<(Instant, Arc<CommonLexemes>)>>,
@@ -97,7 +99,8 @@ impl Recall {
         settings: RecallSettings,
     ) -> Self {
         let search = store.search(embedder.model(), embedder.dimensions());
-        Self { store, search, embedder, reranker, settings, common_lexemes: Mutex::new(None) }
+        let query_vectors = QueryVectors::new(embedder, settings.query_batch, settings.query_cache);
+        Self { store, search, query_vectors, reranker, settings, common_lexemes: Mutex::new(None) }
     }
 
     pub fn search(&self) -> &Search {
@@ -205,22 +208,14 @@ impl Recall {
             .collect())
     }
 
-    /// The query's vector: given, or embedded now. An embedder failure is logged and leaves
-    /// recall to full text.
+    /// The query's vector: given, or embedded now (with the queries of concurrent recalls, or
+    /// from the recent-query cache). An embedder failure is logged and leaves recall to full text.
     async fn query_vector(&self, query: &str, given: Option<Vec<f32>>) -> Option<Vec<f32>> {
         if given.is_some() {
             return given;
         }
-        let texts = [query.to_owned()];
-        match self.embedder.embed(&texts).await {
-            Ok(mut vectors) if vectors.len() == 1 => vectors.pop(),
-            Ok(vectors) => {
-                tracing::warn!(
-                    vectors = vectors.len(),
-                    "query embedding returned no single vector; recall is keyword-only"
-                );
-                None
-            }
+        match self.query_vectors.vector(query).await {
+            Ok(vector) => Some(vector),
             Err(e) => {
                 tracing::warn!(kind = e.kind, error = %e.detail, "query embedding failed; recall is keyword-only");
                 metrics::counter!("mnemo_recall_query_embed_failures_total", "kind" => e.kind).increment(1);

@@ -1,0 +1,126 @@
+//! Recall under concurrency: `POST /v1/recall` (top 10) from 1, 8 and 32 clients at once over
+//! HTTP to the API in this process, which embeds each query with the local model as the server
+//! does. Every request asks a different LoCoMo question, so no query vector comes from the
+//! recent-query cache: the figures are for distinct questions. The session holds 2,000 LoCoMo
+//! turns, embedded by an in-process worker before the clients start.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use mnemo_core::{Principal, SessionId, TenantId};
+use serde_json::{Value, json};
+
+use crate::context::LocalApi;
+use crate::embedding::{JudgeQueue, local_embedder, start_worker, wait_embedded};
+use crate::locomo;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A LoCoMo-format JSON file: its first turns are stored, its questions asked.
+    #[arg(long, default_value = "../shared/bench/locomo/locomo-dev5.json")]
+    data: PathBuf,
+    /// Turns stored in the session.
+    #[arg(long, default_value_t = 2000)]
+    turns: usize,
+    /// Clients at once, one level after the other.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    clients: Vec<usize>,
+    /// Requests per level, each a question no earlier request asked.
+    #[arg(long, default_value_t = 300)]
+    requests: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let env = mnemo_config::Env::from_process();
+    let samples = locomo::read(&args.data)?;
+    let turns: Vec<String> = samples.iter().flat_map(|s| s.turns()).map(|t| t.line()).take(args.turns).collect();
+    let mut questions: Vec<String> = samples.iter().flat_map(|s| &s.qa).filter_map(|qa| qa.question.clone()).collect();
+    questions.dedup();
+    let needed = args.requests * args.clients.len();
+    anyhow::ensure!(questions.len() >= needed, "{needed} distinct questions needed, the file has {}", questions.len());
+
+    let api = LocalApi::start(&env).await?;
+    let principal = Principal {
+        tenant: TenantId::parse("bench")?,
+        user: None,
+        agent: None,
+        session: Some(SessionId::parse("locomo")?),
+    };
+    let token = api.token(&principal)?;
+    let started = Instant::now();
+    for (i, turn) in turns.iter().enumerate() {
+        let body = json!({ "source_kind": "chat_message", "source_ref": format!("t{i}"), "content": turn });
+        api.post("/memories", &token, &body, 201).await?;
+    }
+    let (settings, embedder) = local_embedder(&env)?;
+    let stop = start_worker(&env, &api.url, 32, embedder, JudgeQueue::Off)?;
+    wait_embedded(&api.store, &settings.model, turns.len(), Duration::from_secs(1800)).await?;
+    let _ = stop.send(());
+    eprintln!("{} turns written and embedded in {:.1} s", turns.len(), started.elapsed().as_secs_f64());
+
+    let url = format!("{}/recall", api.base);
+    let mut results = Vec::new();
+    for (level, &clients) in args.clients.iter().enumerate() {
+        let asked: Arc<Vec<String>> = Arc::new(questions[level * args.requests..][..args.requests].to_vec());
+        let next = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..clients {
+            let (asked, next, http, url, token) =
+                (asked.clone(), next.clone(), api.http.clone(), url.clone(), token.clone());
+            tasks.spawn(async move {
+                let mut latencies = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(question) = asked.get(i) else { return Ok::<_, anyhow::Error>(latencies) };
+                    let t = Instant::now();
+                    let response = http
+                        .post(&url)
+                        .bearer_auth(&token)
+                        .json(&json!({ "query": question, "top_k": 10 }))
+                        .send()
+                        .await?;
+                    anyhow::ensure!(response.status().as_u16() == 200, "recall answered {}", response.status());
+                    let body: Value = response.json().await?;
+                    anyhow::ensure!(body["degraded"] == false, "a degraded recall: {body}");
+                    latencies.push(t.elapsed().as_micros() as u64);
+                }
+            });
+        }
+        let mut histogram = Histogram::<u64>::new(3)?;
+        while let Some(done) = tasks.join_next().await {
+            for latency in done?? {
+                histogram.record(latency)?;
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
+        results.push(json!({ "clients": clients, "requests": args.requests, "seconds": seconds,
+                             "recalls_per_s": args.requests as f64 / seconds,
+                             "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99) }));
+        eprintln!("{clients} clients: done");
+    }
+    if args.json {
+        println!("{}", json!({ "scenario": "recall-throughput", "turns": turns.len(), "levels": results }));
+        return Ok(());
+    }
+    println!("| clients | requests | recalls/s | p50 ms | p95 ms | p99 ms |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for r in &results {
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            r["clients"],
+            r["requests"],
+            r["recalls_per_s"].as_f64().unwrap_or(0.0),
+            r["p50_ms"].as_f64().unwrap_or(0.0),
+            r["p95_ms"].as_f64().unwrap_or(0.0),
+            r["p99_ms"].as_f64().unwrap_or(0.0),
+        );
+    }
+    Ok(())
+}

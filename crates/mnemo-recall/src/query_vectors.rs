@@ -1,0 +1,99 @@
+//! Query vectors for concurrent recalls. Embedding one query at a time leaves most of a local
+//! model's throughput unused (it does several times more texts per second in batches), so the
+//! queries of concurrent recalls are embedded together: one task embeds whatever queries are
+//! waiting, up to `MNEMO_RECALL_QUERY_BATCH` (32), while the next ones queue. A lone query is
+//! embedded at once; it never waits for company. The vectors of the last `MNEMO_RECALL_QUERY_CACHE`
+//! (1,024) distinct queries are kept.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use mnemo_core::{EmbedError, Embedder};
+use tokio::sync::{mpsc, oneshot};
+
+type Reply = oneshot::Sender<Result<Vec<f32>, EmbedError>>;
+
+#[derive(Debug)]
+pub(crate) struct QueryVectors {
+    embedder: Arc<dyn Embedder>,
+    max_batch: usize,
+    cache_entries: usize,
+    /// The embedding task's queue: started on first use (inside the runtime), and again if the
+    /// task ever stopped.
+    queue: Mutex<Option<mpsc::UnboundedSender<(String, Reply)>>>,
+    cache: Mutex<Cache>,
+}
+
+/// Vectors by query text, the oldest dropped first.
+#[derive(Debug, Default)]
+struct Cache {
+    vectors: HashMap<String, Vec<f32>>,
+    order: VecDeque<String>,
+}
+
+impl QueryVectors {
+    pub(crate) fn new(embedder: Arc<dyn Embedder>, max_batch: usize, cache_entries: usize) -> Self {
+        Self { embedder, max_batch: max_batch.max(1), cache_entries, queue: Mutex::default(), cache: Mutex::default() }
+    }
+
+    /// The query's vector, from the cache or embedded with the queries waiting beside it.
+    pub(crate) async fn vector(&self, query: &str) -> Result<Vec<f32>, EmbedError> {
+        if let Some(vector) = self.cache.lock().expect("query cache").vectors.get(query) {
+            metrics::counter!("mnemo_recall_query_cache_hits_total").increment(1);
+            return Ok(vector.clone());
+        }
+        let queue = {
+            let mut queue = self.queue.lock().expect("query queue");
+            if queue.as_ref().is_none_or(|tx| tx.is_closed()) {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(embed_batches(self.embedder.clone(), self.max_batch, rx));
+                *queue = Some(tx);
+            }
+            queue.clone().expect("just set")
+        };
+        let (reply, answer) = oneshot::channel();
+        let gone = || EmbedError::transient("query_batcher_gone", "the query embedding task stopped");
+        queue.send((query.to_owned(), reply)).map_err(|_| gone())?;
+        let vector = answer.await.map_err(|_| gone())??;
+        let mut cache = self.cache.lock().expect("query cache");
+        if self.cache_entries > 0 && cache.vectors.insert(query.to_owned(), vector.clone()).is_none() {
+            cache.order.push_back(query.to_owned());
+            if cache.order.len() > self.cache_entries
+                && let Some(oldest) = cache.order.pop_front()
+            {
+                cache.vectors.remove(&oldest);
+            }
+        }
+        Ok(vector)
+    }
+}
+
+/// Embeds the waiting queries, a batch at a time, until every sender is gone.
+async fn embed_batches(
+    embedder: Arc<dyn Embedder>,
+    max_batch: usize,
+    mut queue: mpsc::UnboundedReceiver<(String, Reply)>,
+) {
+    while let Some(first) = queue.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < max_batch
+            && let Ok(next) = queue.try_recv()
+        {
+            batch.push(next);
+        }
+        metrics::histogram!("mnemo_recall_query_batch_size").record(batch.len() as f64);
+        let texts: Vec<String> = batch.iter().map(|(text, _)| text.clone()).collect();
+        let result = match embedder.embed(&texts).await {
+            Ok(vectors) if vectors.len() == batch.len() => Ok(vectors),
+            Ok(vectors) => Err(EmbedError::permanent(
+                "vector_count",
+                format!("{} vectors for {} queries", vectors.len(), batch.len()),
+            )),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(vectors) => batch.into_iter().zip(vectors).for_each(|((_, reply), v)| drop(reply.send(Ok(v)))),
+            Err(e) => batch.into_iter().for_each(|(_, reply)| drop(reply.send(Err(e.clone())))),
+        }
+    }
+}
