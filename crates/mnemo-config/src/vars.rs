@@ -93,7 +93,7 @@ pub const CONSOLIDATE_DAY_RANGE: &str = "MNEMO_CONSOLIDATE_DAY_RANGE";
 pub const CONSOLIDATE_MAX_MEMORY_TOKENS: &str = "MNEMO_CONSOLIDATE_MAX_MEMORY_TOKENS";
 pub const CONSOLIDATE_THROTTLE_S: &str = "MNEMO_CONSOLIDATE_THROTTLE_S";
 /// When consolidation runs for every (agent, user) with daily notes: a five-field cron
-/// expression in UTC; `off` turns it off.
+/// expression, read in each tenant's time zone; `off` turns it off.
 pub const CONSOLIDATE_CRON: &str = "MNEMO_CONSOLIDATE_CRON";
 pub const MAINTENANCE_INTERVAL_S: &str = "MNEMO_MAINTENANCE_INTERVAL_S";
 pub const DAILY_NOTE_RETENTION_DAYS: &str = "MNEMO_DAILY_NOTE_RETENTION_DAYS";

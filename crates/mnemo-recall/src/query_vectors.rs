@@ -68,7 +68,10 @@ impl QueryVectors {
     }
 }
 
-/// Embeds the waiting queries, a batch at a time, until every sender is gone.
+/// Embeds the waiting queries, a batch at a time, until every sender is gone. One call at a time
+/// makes the largest batches for a local model; the cost is that a provider call hanging until
+/// `MNEMO_EMBED_TIMEOUT_MS` holds up the queries queued behind it (they then fall back to full
+/// text, as a failed call's do).
 async fn embed_batches(
     embedder: Arc<dyn Embedder>,
     max_batch: usize,

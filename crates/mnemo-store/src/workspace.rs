@@ -181,6 +181,22 @@ impl Store {
         workspace: &Workspace,
         templates: &[(WorkspacePath, String)],
     ) -> Result<(), StoreError> {
+        let keys: Vec<FileKey> = templates.iter().filter_map(|(path, _)| workspace.file(path.clone()).ok()).collect();
+        // The usual case, every core file there already (or deleted on purpose): one read.
+        let present: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM workspace_files f
+             JOIN unnest($3::text[], $4::text[]) AS k(user_id, path) USING (user_id, path)
+             WHERE f.tenant_id = $1 AND f.agent_id = $2",
+        )
+        .bind(workspace.tenant.as_str())
+        .bind(workspace.agent.as_str())
+        .bind(keys.iter().map(|k| user_column(k).to_owned()).collect::<Vec<_>>())
+        .bind(keys.iter().map(|k| k.path.as_str().to_owned()).collect::<Vec<_>>())
+        .fetch_one(&self.pool)
+        .await?;
+        if present == keys.len() as i64 {
+            return Ok(());
+        }
         for (path, content) in templates {
             let Ok(key) = workspace.file(path.clone()) else { continue };
             let mut tx = self.pool.begin().await?;
