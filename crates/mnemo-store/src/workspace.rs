@@ -181,7 +181,11 @@ impl Store {
         workspace: &Workspace,
         templates: &[(WorkspacePath, String)],
     ) -> Result<(), StoreError> {
-        let keys: Vec<FileKey> = templates.iter().filter_map(|(path, _)| workspace.file(path.clone()).ok()).collect();
+        // Without a user, only the agent's own core files.
+        let files: Vec<(FileKey, &String)> = templates
+            .iter()
+            .filter_map(|(path, content)| Some((workspace.file(path.clone()).ok()?, content)))
+            .collect();
         // The usual case, every core file there already (or deleted on purpose): one read.
         let present: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM workspace_files f
@@ -190,25 +194,24 @@ impl Store {
         )
         .bind(workspace.tenant.as_str())
         .bind(workspace.agent.as_str())
-        .bind(keys.iter().map(|k| user_column(k).to_owned()).collect::<Vec<_>>())
-        .bind(keys.iter().map(|k| k.path.as_str().to_owned()).collect::<Vec<_>>())
+        .bind(files.iter().map(|(k, _)| user_column(k).to_owned()).collect::<Vec<_>>())
+        .bind(files.iter().map(|(k, _)| k.path.as_str().to_owned()).collect::<Vec<_>>())
         .fetch_one(&self.pool)
         .await?;
-        if present == keys.len() as i64 {
+        if present == files.len() as i64 {
             return Ok(());
         }
-        for (path, content) in templates {
-            let Ok(key) = workspace.file(path.clone()) else { continue };
+        for (key, content) in &files {
             let mut tx = self.pool.begin().await?;
-            lock(&mut tx, &key).await?;
-            if current(&mut tx, &key).await?.is_none() {
+            lock(&mut tx, key).await?;
+            if current(&mut tx, key).await?.is_none() {
                 let state = NewState {
                     content,
                     enabled: true,
-                    sort_order: path.core_sort_order().unwrap_or(0),
+                    sort_order: key.path.core_sort_order().unwrap_or(0),
                     deleted: false,
                 };
-                apply(&mut tx, &key, &state, 1, FROM_TEMPLATE, "api").await?;
+                apply(&mut tx, key, &state, 1, FROM_TEMPLATE, "api").await?;
             }
             tx.commit().await?;
         }
