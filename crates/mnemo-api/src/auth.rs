@@ -9,7 +9,7 @@ use axum::http::request::Parts;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use mnemo_config::JwtKey;
-use mnemo_core::{AgentId, Principal, SessionId, TenantId, UserId};
+use mnemo_core::{AgentId, Label, Principal, SessionId, TenantId, UserId};
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState};
@@ -25,6 +25,9 @@ pub struct Claims {
     pub agent: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sid: Option<String>,
+    /// Roles that open memories written with `allowed_roles`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
     pub exp: u64,
 }
 
@@ -40,6 +43,9 @@ impl std::fmt::Debug for Authenticator {
         f.debug_struct("Authenticator").field("algorithms", &self.validation.algorithms).finish_non_exhaustive()
     }
 }
+
+/// The most roles a token may carry.
+const MAX_TOKEN_ROLES: usize = 32;
 
 /// Clock skew tolerated on `exp`.
 const LEEWAY_SECONDS: u64 = 5;
@@ -82,6 +88,7 @@ impl Authenticator {
             user: claims.sub.as_deref().map(UserId::parse).transpose().map_err(|e| claim("sub", e))?,
             agent: claims.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| claim("agent", e))?,
             session: claims.sid.as_deref().map(SessionId::parse).transpose().map_err(|e| claim("sid", e))?,
+            roles: Label::parse_list("roles", &claims.roles, MAX_TOKEN_ROLES).map_err(|e| claim("roles", e))?,
         })
     }
 }
@@ -98,6 +105,7 @@ pub fn claims_for(principal: &Principal, exp: u64) -> Claims {
         sub: principal.user.as_ref().map(ToString::to_string),
         agent: principal.agent.as_ref().map(ToString::to_string),
         sid: principal.session.as_ref().map(ToString::to_string),
+        roles: principal.roles.iter().map(|r| r.as_str().to_owned()).collect(),
         exp,
     }
 }

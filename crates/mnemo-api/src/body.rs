@@ -56,6 +56,11 @@ impl JsonObject {
         Ok(Self(map))
     }
 
+    /// A nested object, checked like a body.
+    pub fn from_map(map: serde_json::Map<String, Value>) -> Self {
+        Self(map)
+    }
+
     fn take(&mut self, field: &'static str) -> Option<Value> {
         self.0.remove(field).filter(|v| !v.is_null())
     }
@@ -118,6 +123,22 @@ impl JsonObject {
                 n.as_i64().map(Some).ok_or(ApiError::InvalidField { field, expected: "an integer" })
             }
             Some(_) => Err(ApiError::InvalidField { field, expected: "an integer" }),
+        }
+    }
+
+    pub fn take_opt_f64(&mut self, field: &'static str) -> Result<Option<f64>, ApiError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Number(n)) => Ok(n.as_f64()),
+            Some(_) => Err(ApiError::InvalidField { field, expected: "a number" }),
+        }
+    }
+
+    pub fn take_opt_list(&mut self, field: &'static str) -> Result<Option<Vec<Value>>, ApiError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Array(items)) => Ok(Some(items)),
+            Some(_) => Err(ApiError::InvalidField { field, expected: "a list" }),
         }
     }
 

@@ -45,6 +45,8 @@ pub enum ApiError {
     SourceRefConflict,
     #[error("source_ref names a memory that was deleted; it is anonymized after the retention period")]
     MemoryDeleted,
+    #[error("relation target {0} is not a memory of this tenant")]
+    RelationTargetNotFound(uuid::Uuid),
     #[error("old_text is not in the file")]
     EditTextNotFound,
     #[error("old_text is in the file {0} times: make it unique, or set replace_all")]
@@ -78,6 +80,8 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "a workspace path is not a relative .md path of at most 4 levels and 200 bytes without .., backslashes or control characters",
     ),
     ("nul_byte", 400, "a string contains a NUL character"),
+    ("too_many_values", 400, "a list is over its limit (tags 16, relations 16, allowed_roles 8)"),
+    ("relation_target_not_found", 400, "a relation names a memory that is not a live row of the tenant"),
     ("missing_session", 400, "a session-scoped write has no session_id and the token no sid"),
     ("session_not_allowed", 400, "a tenant-scoped write names a session"),
     ("missing_token", 401, "no bearer token"),
@@ -132,6 +136,7 @@ impl ApiError {
                 InvalidInput::TooLong { field: "content", .. } => ("content_too_long", BAD_REQUEST),
                 InvalidInput::UnknownValue { .. } => ("invalid_value", BAD_REQUEST),
                 InvalidInput::BadPath { .. } => ("invalid_path", BAD_REQUEST),
+                InvalidInput::TooMany { .. } => ("too_many_values", BAD_REQUEST),
                 InvalidInput::Empty { .. }
                 | InvalidInput::TooLong { .. }
                 | InvalidInput::ControlChar { .. }
@@ -157,6 +162,7 @@ impl ApiError {
             Self::MethodNotAllowed => ("method_not_allowed", StatusCode::METHOD_NOT_ALLOWED),
             Self::SourceRefConflict => ("source_ref_conflict", StatusCode::CONFLICT),
             Self::MemoryDeleted => ("memory_deleted", StatusCode::CONFLICT),
+            Self::RelationTargetNotFound(_) => ("relation_target_not_found", BAD_REQUEST),
             Self::EditTextNotFound => ("edit_text_not_found", StatusCode::CONFLICT),
             Self::EditTextAmbiguous(_) => ("edit_text_ambiguous", StatusCode::CONFLICT),
             Self::NotReady(_) => ("not_ready", StatusCode::SERVICE_UNAVAILABLE),
@@ -170,6 +176,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::SourceRefConflict { .. } => Self::SourceRefConflict,
             StoreError::SourceRefDeleted { .. } => Self::MemoryDeleted,
+            StoreError::RelationTargetMissing { target } => Self::RelationTargetNotFound(target),
             other => Self::Internal(other.to_string()),
         }
     }
@@ -231,6 +238,8 @@ mod tests {
             ApiError::Scope(ScopeError::AgentMismatch),
             ApiError::Scope(ScopeError::AgentFileReadOnly),
             ApiError::Invalid(InvalidInput::BadPath { reason: "x" }),
+            ApiError::Invalid(InvalidInput::TooMany { field: "tags", max: 16, actual: 17 }),
+            ApiError::RelationTargetNotFound(uuid::Uuid::nil()),
             ApiError::EditTextNotFound,
             ApiError::EditTextAmbiguous(2),
             ApiError::UnsupportedMediaType,

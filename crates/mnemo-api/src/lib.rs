@@ -56,7 +56,9 @@ impl AppState {
         };
         Ok(Self {
             writes: GroupCommit::start(store.clone(), settings.write_committers, settings.write_max_batch),
-            recall: Arc::new(Recall::new(store.clone(), embedder, reranker, settings.recall.clone())),
+            recall: Arc::new(
+                Recall::new(store.clone(), embedder, reranker, settings.recall.clone()).with_access_tracking(),
+            ),
             store,
             auth: Arc::new(Authenticator::new(&settings.jwt)?),
             max_tool_output_bytes: settings.max_tool_output_bytes,
@@ -77,6 +79,7 @@ pub fn app(state: AppState) -> Router {
         .route("/memories/{id}", delete(routes::forget))
         .route("/facts", post(routes::remember_fact))
         .route("/recall", post(routes::recall))
+        .route("/memory-pack", post(routes::memory_pack))
         .route("/tool-outputs/{key}", get(routes::tool_output))
         .route("/sessions/{sid}/messages", get(conversation::messages))
         .route("/sessions/{sid}/context", post(conversation::context))

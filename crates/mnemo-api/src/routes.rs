@@ -3,10 +3,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mnemo_core::{
-    Extras, FactKey, FactScope, MemoryText, Metadata, NewMemory, RecallRequest, RecallScope, Role, SessionId,
-    SourceKind, SourceRef, ToolOutputKey, ToolOutputText, Turn,
+    Category, Extras, FactKey, FactScope, InvalidInput, Label, Layer, MAX_ALLOWED_ROLES, MAX_RELATIONS, MAX_TAGS,
+    MemoryText, Metadata, NewMemory, Origin, RecallRequest, RecallScope, Relation, RelationType, Role, SessionId,
+    SourceKind, SourceRef, ToolOutputKey, ToolOutputText, Turn, TypedInput, Unit, Visibility,
 };
-use mnemo_recall::RecalledItem;
+use mnemo_recall::{MemoryPack, PackRequest, PackTopK, RecalledItem, build_pack};
 use mnemo_store::{MIGRATOR, Remembered};
 use serde_json::json;
 
@@ -112,10 +113,71 @@ pub async fn remember_fact(
     let scope = FactScope::parse(&body.take_str("scope")?)?;
     let key = body.take_opt_str("key")?.as_deref().map(FactKey::parse).transpose()?;
     let extras = extras(&mut body)?;
+    let typed = typed_input(&mut body)?;
+    let origin = match body.take_opt_str("source")?.as_deref().map(Origin::parse).transpose()? {
+        None => Origin::Api,
+        Some(origin @ (Origin::Api | Origin::User)) => origin,
+        Some(other) => {
+            return Err(InvalidInput::UnknownValue {
+                field: "source",
+                value: other.to_string(),
+                expected: "user api (extraction and consolidation are mnemo's own)",
+            }
+            .into());
+        }
+    };
     body.finish()?;
 
-    let memory = NewMemory::fact(&principal, scope, content, key, extras)?;
+    let memory = NewMemory::fact(&principal, scope, content, key, extras)?.with_typed(typed, origin)?;
+    if memory.typed.visibility == Visibility::Agent && memory.agent.is_none() {
+        return Err(InvalidInput::UnknownValue {
+            field: "visibility",
+            value: "agent".into(),
+            expected: "private tenant (visibility agent needs a token with an agent claim)",
+        }
+        .into());
+    }
     Ok(remembered(SourceKind::Fact, state.writes.remember(memory).await?))
+}
+
+/// The typed fields a long-term write may carry (all optional; see README, "Typed memory").
+fn typed_input(body: &mut JsonObject) -> Result<TypedInput, ApiError> {
+    let unit = |field, value: Option<f64>| value.map(|v| Unit::parse(field, v)).transpose();
+    let relations = body.take_opt_list("relations")?.unwrap_or_default();
+    if relations.len() > MAX_RELATIONS {
+        return Err(InvalidInput::TooMany { field: "relations", max: MAX_RELATIONS, actual: relations.len() }.into());
+    }
+    let relations = relations
+        .into_iter()
+        .map(|value| {
+            let expected = "a list of {\"type\": \"related_to\" or \"derived_from\", \"target\": memory id}";
+            let serde_json::Value::Object(map) = value else {
+                return Err(ApiError::InvalidField { field: "relations", expected });
+            };
+            let mut relation = JsonObject::from_map(map);
+            let kind = RelationType::parse(&relation.take_str("type")?)?;
+            let target = relation.take_str("target")?.parse().map_err(|_| ApiError::InvalidField {
+                field: "relations",
+                expected: "relation targets that are memory ids (UUIDs)",
+            })?;
+            relation.finish()?;
+            Ok(Relation { kind, target })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok(TypedInput {
+        layer: body.take_opt_str("layer")?.as_deref().map(Layer::parse).transpose()?,
+        category: body.take_opt_str("category")?.as_deref().map(Category::parse).transpose()?,
+        importance: unit("importance", body.take_opt_f64("importance")?)?,
+        confidence: unit("confidence", body.take_opt_f64("confidence")?)?,
+        tags: Label::parse_list("tags", &body.take_opt_str_list("tags")?.unwrap_or_default(), MAX_TAGS)?,
+        relations,
+        visibility: body.take_opt_str("visibility")?.as_deref().map(Visibility::parse).transpose()?,
+        allowed_roles: Label::parse_list(
+            "allowed_roles",
+            &body.take_opt_str_list("allowed_roles")?.unwrap_or_default(),
+            MAX_ALLOWED_ROLES,
+        )?,
+    })
 }
 
 /// `DELETE /v1/memories/{id}`: soft-deletes a row of the caller's tenant. A user's token deletes
@@ -130,7 +192,7 @@ pub async fn forget(
     let requested_by = if principal.user.is_some() { "user" } else { "service" };
     let deleted = state
         .store
-        .soft_delete(&principal.tenant, id, principal.user.as_ref(), requested_by)
+        .soft_delete(&principal.tenant, id, principal.user.as_ref(), &principal.roles, requested_by)
         .await?
         .ok_or(ApiError::NotFound)?;
     metrics::counter!("mnemo_memory_deletes_total", "already" => if deleted.already { "true" } else { "false" })
@@ -184,18 +246,124 @@ pub fn recalled_item(item: &RecalledItem) -> serde_json::Value {
         "source_ref": item.source_ref,
         "content": item.content,
         "event_time": item.event_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, false),
+        "layer": item.layer.as_str(),
         "score": item.score,
     })
 }
 
-/// `GET /v1/tool-outputs/{key}`: the full payload, to its own tenant only.
+/// `POST /v1/memory-pack`: the memories most relevant to `query`, per layer, within token
+/// budgets, rendered under `# Memory`, with what each layer cost and what was left out.
+pub async fn memory_pack(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    mut body: JsonObject,
+) -> Result<Response, ApiError> {
+    let query = RecallRequest::new(&body.take_str("query")?)?.query;
+    let request = pack_request(&mut body, query)?;
+    body.finish()?;
+    let pack = build_pack(&state.recall, state.tokenizer.as_ref(), &principal, &request).await?;
+    state.recall.track_access(&principal, &pack.items.iter().map(|p| p.item.clone()).collect::<Vec<_>>());
+    Ok(Json(pack_json(&pack, &request)).into_response())
+}
+
+/// A pack's budgets and per-layer limits from a body (the pack endpoint's, or the context
+/// call's `memory_pack`), over golemcore's defaults.
+pub fn pack_request(body: &mut JsonObject, query: String) -> Result<PackRequest, ApiError> {
+    let budget = |field, value: Option<usize>, default: u32| -> Result<u32, ApiError> {
+        let value = value.map_or(Ok(default), |v| {
+            u32::try_from(v).map_err(|_| ApiError::InvalidField { field, expected: "a whole number" })
+        })?;
+        if !(1..=PackRequest::MAX_BUDGET).contains(&value) {
+            return Err(InvalidInput::OutOfRange { field, min: 1, max: i64::from(PackRequest::MAX_BUDGET) }.into());
+        }
+        Ok(value)
+    };
+    let soft =
+        budget("soft_budget_tokens", body.take_opt_usize("soft_budget_tokens")?, PackRequest::DEFAULT_SOFT_BUDGET)?;
+    let max = budget(
+        "max_budget_tokens",
+        body.take_opt_usize("max_budget_tokens")?,
+        PackRequest::DEFAULT_MAX_BUDGET.max(soft),
+    )?;
+    if max < soft {
+        return Err(InvalidInput::OutOfRange {
+            field: "max_budget_tokens",
+            min: i64::from(soft),
+            max: i64::from(PackRequest::MAX_BUDGET),
+        }
+        .into());
+    }
+    let mut top_k = PackTopK::default();
+    if let Some(raw) = body.take_opt_object("top_k")? {
+        let serde_json::Value::Object(map) = raw else { unreachable!("take_opt_object returns objects") };
+        let mut layers = JsonObject::from_map(map);
+        for (field, slot) in [
+            ("working", &mut top_k.working),
+            ("episodic", &mut top_k.episodic),
+            ("semantic", &mut top_k.semantic),
+            ("procedural", &mut top_k.procedural),
+        ] {
+            if let Some(k) = layers.take_opt_usize(field)? {
+                if k > PackTopK::MAX {
+                    return Err(InvalidInput::OutOfRange { field: "top_k", min: 0, max: PackTopK::MAX as i64 }.into());
+                }
+                *slot = k;
+            }
+        }
+        layers.finish()?;
+    }
+    Ok(PackRequest { query, soft_budget_tokens: soft, max_budget_tokens: max, top_k })
+}
+
+pub fn pack_json(pack: &MemoryPack, request: &PackRequest) -> serde_json::Value {
+    let items: Vec<_> = pack
+        .items
+        .iter()
+        .map(|p| {
+            let mut item = recalled_item(&p.item);
+            item["pack_layer"] = json!(p.layer.as_str());
+            item["tokens"] = json!(p.tokens);
+            item
+        })
+        .collect();
+    let layers: serde_json::Map<String, serde_json::Value> = pack
+        .layers
+        .iter()
+        .map(|u| {
+            (
+                u.layer.as_str().to_owned(),
+                json!({
+                    "items": u.items,
+                    "tokens": u.tokens,
+                    "candidates": u.candidates,
+                    "dropped_by_budget": u.dropped_by_budget,
+                    "dropped_by_top_k": u.dropped_by_top_k,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "rendered": pack.rendered,
+        "items": items,
+        "diagnostics": {
+            "tokens": pack.tokens,
+            "soft_budget_tokens": request.soft_budget_tokens,
+            "max_budget_tokens": request.max_budget_tokens,
+            "layers": layers,
+            "degraded": pack.degraded,
+        },
+    })
+}
+
+/// `GET /v1/tool-outputs/{key}`: the full payload, to whoever may read its row (README,
+/// "Access control").
 pub async fn tool_output(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
     Path(key): Path<String>,
 ) -> Result<Response, ApiError> {
     let key = ToolOutputKey::parse(&key).ok_or(ApiError::NotFound)?;
-    let output = state.store.tool_output(&principal.tenant, &key).await?.ok_or(ApiError::NotFound)?;
+    let output = state.store.tool_output(&principal, &key).await?.ok_or(ApiError::NotFound)?;
     let body = json!({ "key": output.key.as_str(), "item_id": output.item_id, "content": output.content });
     Ok(Json(body).into_response())
 }

@@ -128,6 +128,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             user: None,
             agent: None,
             session: Some(SessionId::parse(&format!("session-{size}"))?),
+            roles: Vec::new(),
         };
         let token = api.token(&principal)?;
         let started = Instant::now();
@@ -276,6 +277,7 @@ async fn compaction_overhead(
             user: None,
             agent: None,
             session: Some(SessionId::parse(&sid)?),
+            roles: Vec::new(),
         };
         let token = api.token(&principal)?;
         for i in 0..COMPACTED_SESSION {

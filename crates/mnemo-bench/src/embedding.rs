@@ -156,6 +156,7 @@ fn chat(i: usize, text: &str) -> anyhow::Result<NewMemory> {
         user: None,
         agent: None,
         session: Some(mnemo_core::SessionId::parse("bench-session")?),
+        roles: Vec::new(),
     };
     Ok(NewMemory::chat_message(
         &who,

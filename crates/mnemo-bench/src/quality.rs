@@ -88,6 +88,7 @@ impl Conversation {
             user: None,
             agent: None,
             session: Some(SessionId::parse(&self.name)?),
+            roles: Vec::new(),
         })
     }
 }

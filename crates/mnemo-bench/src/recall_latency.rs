@@ -75,6 +75,7 @@ fn main_principal() -> anyhow::Result<Principal> {
         user: Some(UserId::parse(MAIN)?),
         agent: Some(AgentId::parse(MAIN)?),
         session: Some(SessionId::parse(MAIN)?),
+        roles: Vec::new(),
     })
 }
 
@@ -173,6 +174,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         classes: &classes,
         kinds: &[SourceKind::DocumentChunk],
         include_superseded: false,
+        roles: &[],
     };
     let mut overlap = Vec::new();
     for v in question_vectors.iter().take(100) {

@@ -50,6 +50,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         user: None,
         agent: None,
         session: Some(SessionId::parse("locomo")?),
+        roles: Vec::new(),
     };
     let token = api.token(&principal)?;
     let started = Instant::now();

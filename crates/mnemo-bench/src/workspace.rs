@@ -49,6 +49,7 @@ fn who(user: &str, session: Option<&str>) -> anyhow::Result<Principal> {
         user: Some(UserId::parse(user)?),
         agent: Some(AgentId::parse(AGENT)?),
         session: session.map(SessionId::parse).transpose()?,
+        roles: Vec::new(),
     })
 }
 

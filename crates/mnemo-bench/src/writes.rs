@@ -104,6 +104,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         user: Some(UserId::parse("bench-user")?),
         agent: None,
         session: Some(SessionId::parse("bench-session")?),
+        roles: Vec::new(),
     };
     let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
         .map_err(anyhow::Error::msg)?;

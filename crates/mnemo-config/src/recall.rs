@@ -1,5 +1,7 @@
 use std::time::Duration;
 
+use mnemo_core::SignalWeights;
+
 use crate::{ConfigError, Env, Problems, vars};
 
 /// The class priors of weighted Reciprocal Rank Fusion across recall classes. 0 suppresses a
@@ -31,6 +33,12 @@ pub struct RecallSettings {
     pub query_batch: usize,
     /// How many recent queries' vectors are kept (0: none).
     pub query_cache: usize,
+    /// Importance, confidence and decay: the bounded factor on fused scores.
+    pub signals: SignalWeights,
+    /// An episodic memory's decay below which the pack leaves it out.
+    pub decay_floor: f64,
+    /// The confidence an episodic memory seen in two sessions needs to become semantic.
+    pub promotion_min_confidence: f64,
     /// Values that were ignored, to be logged once tracing is up (the weights fall back to their
     /// defaults rather than stop the server, as the seed says).
     pub warnings: Vec<String>,
@@ -45,6 +53,9 @@ impl Default for RecallSettings {
             prune_fraction: 0.01,
             query_batch: 32,
             query_cache: 1024,
+            signals: SignalWeights { importance: 0.2, confidence: 0.2, decay: 0.2, half_life_days: 30.0 },
+            decay_floor: 0.05,
+            promotion_min_confidence: 0.75,
             warnings: Vec::new(),
         }
     }
@@ -88,6 +99,26 @@ impl RecallSettings {
         if query_cache > 1_000_000 {
             problems.0.push(format!("{} must be at most 1000000", vars::RECALL_QUERY_CACHE));
         }
+        let mut unit = |name: &str, default: f64| {
+            let value = problems.parsed(env, name, default, "a number");
+            if !(0.0..=1.0).contains(&value) {
+                problems.0.push(format!("{name} must be between 0 and 1"));
+            }
+            value
+        };
+        let d = defaults.signals;
+        let mut signals = SignalWeights {
+            importance: unit(vars::SIGNAL_WEIGHT_IMPORTANCE, d.importance),
+            confidence: unit(vars::SIGNAL_WEIGHT_CONFIDENCE, d.confidence),
+            decay: unit(vars::SIGNAL_WEIGHT_DECAY, d.decay),
+            half_life_days: d.half_life_days,
+        };
+        let decay_floor = unit(vars::DECAY_FLOOR, defaults.decay_floor);
+        let promotion_min_confidence = unit(vars::PROMOTION_MIN_CONFIDENCE, defaults.promotion_min_confidence);
+        signals.half_life_days = problems.parsed(env, vars::DECAY_HALF_LIFE_DAYS, d.half_life_days, "a number of days");
+        if !(signals.half_life_days > 0.0 && signals.half_life_days <= 36_500.0) {
+            problems.0.push(format!("{} must be above 0 and at most 36500", vars::DECAY_HALF_LIFE_DAYS));
+        }
         Self {
             weights,
             reranker_url,
@@ -95,6 +126,9 @@ impl RecallSettings {
             prune_fraction,
             query_batch,
             query_cache,
+            signals,
+            decay_floor,
+            promotion_min_confidence,
             warnings,
         }
     }

@@ -41,6 +41,15 @@ pub const RECALL_PRUNE_FRACTION: &str = "MNEMO_RECALL_PRUNE_FRACTION";
 pub const RECALL_QUERY_BATCH: &str = "MNEMO_RECALL_QUERY_BATCH";
 /// How many recent queries' vectors recall keeps (0: none).
 pub const RECALL_QUERY_CACHE: &str = "MNEMO_RECALL_QUERY_CACHE";
+/// Ranking signals' weights (0 turns one off) and the decay's half-life.
+pub const SIGNAL_WEIGHT_IMPORTANCE: &str = "MNEMO_SIGNAL_WEIGHT_IMPORTANCE";
+pub const SIGNAL_WEIGHT_CONFIDENCE: &str = "MNEMO_SIGNAL_WEIGHT_CONFIDENCE";
+pub const SIGNAL_WEIGHT_DECAY: &str = "MNEMO_SIGNAL_WEIGHT_DECAY";
+pub const DECAY_HALF_LIFE_DAYS: &str = "MNEMO_DECAY_HALF_LIFE_DAYS";
+/// An episodic memory whose decay falls below this is no longer packed.
+pub const DECAY_FLOOR: &str = "MNEMO_DECAY_FLOOR";
+/// The confidence an episodic memory needs to be promoted to semantic.
+pub const PROMOTION_MIN_CONFIDENCE: &str = "MNEMO_PROMOTION_MIN_CONFIDENCE";
 pub const RERANKER_URL: &str = "MNEMO_RERANKER_URL";
 pub const RERANKER_TIMEOUT_MS: &str = "MNEMO_RERANKER_TIMEOUT_MS";
 pub const JUDGE_MODEL: &str = "MNEMO_JUDGE_MODEL";

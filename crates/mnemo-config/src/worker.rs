@@ -5,7 +5,7 @@ use mnemo_core::Queue;
 
 use crate::{
     ConfigError, ContextSettings, DatabaseSettings, EmbedSettings, Env, JudgeSettings, LogSettings, Problems,
-    RetentionSettings, WorkspaceSettings, vars,
+    RecallSettings, RetentionSettings, WorkspaceSettings, vars,
 };
 
 /// Everything `mnemo-worker` needs.
@@ -19,6 +19,8 @@ pub struct WorkerSettings {
     pub context: ContextSettings,
     /// Workspace files and extraction.
     pub workspace: WorkspaceSettings,
+    /// The decay half-life and floor the fade job uses, and the promotion threshold.
+    pub recall: RecallSettings,
     /// Queues this process serves, with the jobs it runs at once on each.
     pub queues: Vec<(Queue, usize)>,
     /// Rows per model call, and how long a batch waits to fill.
@@ -48,6 +50,7 @@ impl WorkerSettings {
         let retention = RetentionSettings::read(env, &mut problems);
         let context = ContextSettings::read(env, &mut problems);
         let workspace = WorkspaceSettings::read(env, &mut problems);
+        let recall = RecallSettings::read(env, &mut problems);
         let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
         let default = |queue| default_concurrency(queue, embed_batch_size, &judge);
         let queues = match env.get(vars::WORKER_QUEUES) {
@@ -83,6 +86,7 @@ impl WorkerSettings {
             retention,
             context,
             workspace,
+            recall,
             queues,
             embed_batch_size,
             embed_max_wait,
@@ -116,6 +120,8 @@ fn default_concurrency(queue: Queue, embed_batch_size: usize, judge: &JudgeSetti
         Queue::Extract => 4,
         // Nightly work, mostly waiting on the model.
         Queue::Consolidate => 2,
+        // One small UPDATE per recall batch.
+        Queue::Access => 2,
     }
 }
 
@@ -166,7 +172,8 @@ mod tests {
                 (Queue::Retention, 1),
                 (Queue::Compact, 8),
                 (Queue::Extract, 4),
-                (Queue::Consolidate, 2)
+                (Queue::Consolidate, 2),
+                (Queue::Access, 2)
             ]
         );
         let named = env.with(vars::JUDGE_BATCH_SIZE, "30").with(vars::WORKER_QUEUES, "judge,retention=3");

@@ -12,6 +12,8 @@ pub enum InvalidInput {
     ControlChar { field: &'static str },
     #[error("{field} must be between {min} and {max}")]
     OutOfRange { field: &'static str, min: i64, max: i64 },
+    #[error("{field} has {actual} entries; the limit is {max}")]
+    TooMany { field: &'static str, max: usize, actual: usize },
     #[error("{field} has an unknown value {value:?}; expected one of {expected}")]
     UnknownValue { field: &'static str, value: String, expected: &'static str },
     #[error("invalid workspace path: {reason}")]
@@ -26,6 +28,7 @@ impl InvalidInput {
             | Self::NulByte { field }
             | Self::ControlChar { field }
             | Self::OutOfRange { field, .. }
+            | Self::TooMany { field, .. }
             | Self::UnknownValue { field, .. } => field,
             Self::BadPath { .. } => "path",
         }

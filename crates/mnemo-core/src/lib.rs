@@ -19,8 +19,10 @@ mod names;
 mod principal;
 mod recall;
 mod retention;
+mod signals;
 mod source_ref;
 mod text;
+mod typed;
 mod window;
 mod workspace;
 
@@ -45,8 +47,13 @@ pub use names::{AuditEvent, Queue};
 pub use principal::Principal;
 pub use recall::{MAX_QUERY_BYTES, MAX_TOP_K, RecallClass, RecallRequest, RerankError, RerankFuture, Reranker};
 pub use retention::{AnonymizeReason, MAX_BATCH_SIZE, MAX_TTL_DAYS, RetentionPolicy, SafetyFloor};
+pub use signals::{SignalWeights, Signals, decay, signal_factor};
 pub use source_ref::{SourceRef, fact_source_ref};
 pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, ToolOutputText};
+pub use typed::{
+    Category, Label, Layer, MAX_ALLOWED_ROLES, MAX_LABEL_BYTES, MAX_RELATIONS, MAX_TAGS, Origin, Relation,
+    RelationType, Typed, TypedInput, Unit, Visibility, fingerprint,
+};
 pub use window::{
     MESSAGE_OVERHEAD_TOKENS, Placed, Role, SUMMARY_PREFIX, Section, TokenCounter, Window, WindowError, WindowInput,
     WindowMessage, assemble, cut_to, tail_suffices, units_of,

@@ -1,9 +1,10 @@
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
+use crate::typed::Origin;
 use crate::{
     AgentId, FactScope, FileKey, InvalidInput, MemoryText, Principal, Role, Scope, SessionId, SourceKind, SourceRef,
-    TenantId, ToolOutputKey, ToolOutputText, UserId, fact_source_ref,
+    TenantId, ToolOutputKey, ToolOutputText, Typed, TypedInput, UserId, fact_source_ref,
 };
 
 /// Caller-supplied metadata: a JSON object of at most 16 KiB with no NUL anywhere (PostgreSQL's
@@ -119,6 +120,11 @@ pub struct NewMemory {
     pub fact_key: Option<FactKey>,
     /// For a conversation's rows (chat messages, tool outputs): who said it and its tokens.
     pub turn: Option<Turn>,
+    /// Layer, importance, visibility and the rest; defaults follow the kind and scope.
+    pub typed: Typed,
+    /// The session a fact was stated in, when there was one: promotion counts the sessions a
+    /// memory was seen in.
+    pub seen_in: Option<SessionId>,
 }
 
 /// A row's place in its conversation: its role, the tool call it makes or answers, and its
@@ -241,6 +247,8 @@ impl NewMemory {
             event_time: extras.event_time,
             fact_key: None,
             turn: None,
+            typed: Typed::defaults(kind, Scope::Session, Origin::Api, None),
+            seen_in: None,
         }
     }
 
@@ -270,6 +278,8 @@ impl NewMemory {
             event_time: Some(event_time),
             fact_key: None,
             turn: None,
+            typed: Typed::defaults(SourceKind::SessionSummary, Scope::Session, Origin::Consolidation, None),
+            seen_in: None,
         }
     }
 
@@ -297,6 +307,13 @@ impl NewMemory {
             event_time: None,
             fact_key: None,
             turn: None,
+            typed: Typed::defaults(
+                SourceKind::WorkspaceNote,
+                Scope::User,
+                Origin::Consolidation,
+                Some(key.path.as_str()),
+            ),
+            seen_in: None,
         })
     }
 
@@ -304,6 +321,12 @@ impl NewMemory {
     pub fn with_turn(mut self, turn: Turn) -> Self {
         self.turn = Some(turn);
         self
+    }
+
+    /// The row with the typed fields its writer gave, over the defaults of its kind and scope.
+    pub fn with_typed(mut self, input: TypedInput, origin: Origin) -> Result<Self, InvalidInput> {
+        self.typed = Typed::resolve(input, self.kind, self.scope, origin, None)?;
+        Ok(self)
     }
 
     /// A document chunk: tenant-wide, no session.
@@ -332,6 +355,8 @@ impl NewMemory {
             event_time: extras.event_time,
             fact_key: None,
             turn: None,
+            typed: Typed::defaults(SourceKind::DocumentChunk, Scope::Tenant, Origin::Api, None),
+            seen_in: None,
         })
     }
 
@@ -366,6 +391,8 @@ impl NewMemory {
             event_time: extras.event_time,
             fact_key: key,
             turn: None,
+            typed: Typed::defaults(SourceKind::Fact, scope.into(), Origin::Api, None),
+            seen_in: principal.session.clone(),
         })
     }
 }
@@ -382,6 +409,7 @@ mod tests {
             user: user.map(|u| UserId::parse(u).expect("valid")),
             agent: agent.map(|a| AgentId::parse(a).expect("valid")),
             session: session.map(|s| SessionId::parse(s).expect("valid")),
+            roles: Vec::new(),
         }
     }
 

@@ -15,6 +15,7 @@ string_enum!(
         Compact => "compact",
         Extract => "extract",
         Consolidate => "consolidate",
+        Access => "access",
     }
 );
 
@@ -32,6 +33,7 @@ string_enum!(
         AnonymizeAllowed => "memory.anonymize.allowed",
         Erase => "memory.erase",
         WorkspaceChange => "workspace.change",
+        Promote => "memory.promote",
     }
 );
 

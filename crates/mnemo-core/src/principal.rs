@@ -1,4 +1,4 @@
-use crate::{AgentId, SessionId, TenantId, UserId};
+use crate::{AgentId, Label, SessionId, TenantId, UserId};
 
 /// Who is calling, as proven by a verified token. The tenant of every read and write comes from
 /// here and from nowhere else.
@@ -9,4 +9,7 @@ pub struct Principal {
     pub user: Option<UserId>,
     pub agent: Option<AgentId>,
     pub session: Option<SessionId>,
+    /// The token's `roles` claim: a memory with `allowed_roles` is read only by a token holding
+    /// one of them.
+    pub roles: Vec<Label>,
 }

@@ -143,6 +143,7 @@ mod tests {
             user: user.then(|| UserId::parse("u").expect("user")),
             agent: agent.then(|| AgentId::parse("a").expect("agent")),
             session: session.then(|| SessionId::parse("s").expect("session")),
+            roles: Vec::new(),
         }
     }
 

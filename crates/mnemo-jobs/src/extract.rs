@@ -124,6 +124,7 @@ impl ExtractRunner {
             user: Some(job.user_id.clone()),
             agent: Some(job.agent_id.clone()),
             session: None,
+            roles: Vec::new(),
         };
         // Only facts about this user: one user's conversation must not teach the agent facts
         // recalled for every other user (nor can a prompt injected into it).

@@ -4,8 +4,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::Utc;
-use mnemo_config::MaintenanceSettings;
-use mnemo_core::CronSchedule;
+use mnemo_config::{MaintenanceSettings, RecallSettings};
+use mnemo_core::{CronSchedule, SignalWeights};
 use mnemo_store::{Housekeeping, Maintained, Store};
 
 use crate::JobError;
@@ -25,6 +25,8 @@ pub struct HousekeepingPolicy {
     pub consolidate_cron: Option<CronSchedule>,
     /// Archiving old daily notes and pruning old session messages.
     pub maintenance: MaintenanceSettings,
+    /// The decay half-life and floor, and the promotion threshold.
+    pub recall: RecallSettings,
 }
 
 /// The current tick number: wall-clock time in whole intervals, the same on every machine.
@@ -52,7 +54,7 @@ pub async fn run_housekeeping(
         consolidations_scheduled: schedule_consolidations(store, policy.consolidate_cron.as_ref()).await?,
     };
     store.finish_housekeeping_tick(tick, done).await?;
-    maintain(store, worker, &policy.maintenance).await?;
+    maintain(store, worker, policy).await?;
     if done != Housekeeping::default() {
         tracing::info!(
             tick,
@@ -83,7 +85,8 @@ async fn schedule_consolidations(store: &Store, cron: Option<&CronSchedule>) -> 
 
 /// Archives old daily notes and prunes old session messages, once per maintenance interval
 /// across all workers, a bounded batch of each per run (the next run goes on).
-async fn maintain(store: &Store, worker: &str, settings: &MaintenanceSettings) -> Result<(), JobError> {
+async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> Result<(), JobError> {
+    let settings = &policy.maintenance;
     let tick = tick_number(settings.interval);
     if !store.claim_maintenance(tick, worker).await? {
         return Ok(());
@@ -96,9 +99,29 @@ async fn maintain(store: &Store, worker: &str, settings: &MaintenanceSettings) -
     if settings.session_retention_days > 0 {
         done.pruned = store.prune_old_sessions(settings.session_retention_days, 10_000).await?;
     }
+    done.promoted = store.promote_episodic(policy.recall.promotion_min_confidence, 10_000).await?;
+    if policy.recall.decay_floor > 0.0 {
+        done.faded =
+            store.fade_episodic(fade_before(&policy.recall.signals, policy.recall.decay_floor), 10_000).await?;
+    }
+    store.prune_access_batches().await?;
     store.finish_maintenance(tick, done).await?;
-    tracing::info!(tick, archived = done.archived, pruned = done.pruned, "maintenance");
+    tracing::info!(
+        tick,
+        archived = done.archived,
+        pruned = done.pruned,
+        promoted = done.promoted,
+        faded = done.faded,
+        "maintenance"
+    );
     Ok(())
+}
+
+/// The last use before which an episodic memory's decay is below `floor`: ½^(age / half-life)
+/// < floor exactly when age > half-life · log2(1 / floor).
+fn fade_before(signals: &SignalWeights, floor: f64) -> chrono::DateTime<Utc> {
+    let days = signals.half_life_days * (1.0 / floor).log2();
+    Utc::now() - chrono::Duration::milliseconds((days * 86_400_000.0).min(1e15) as i64)
 }
 
 /// Tries every interval until `stop` resolves.

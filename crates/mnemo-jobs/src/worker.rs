@@ -12,7 +12,9 @@ use apalis::prelude::{AbortError, Attempt, BackendExt, BoxDynError, Data, Monito
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
 use mnemo_core::{Consolidator, Embedder, Extractor, Judge, Queue, Summarizer, TokenCounter};
-use mnemo_store::queue::{CompactJob, ConsolidateJob, EmbedJob, ExtractJob, JobArgs, JudgeJob, RetentionJob};
+use mnemo_store::queue::{
+    AccessJob, CompactJob, ConsolidateJob, EmbedJob, ExtractJob, JobArgs, JudgeJob, RetentionJob,
+};
 use mnemo_store::{MIGRATOR, Store};
 
 use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
@@ -77,6 +79,11 @@ async fn handle_consolidate(
     attempt: Attempt,
 ) -> Result<(), BoxDynError> {
     let result = runner.run(&job).await.map(|_| ());
+    finish(&store, &job, Next::after(result, attempt.current())).await
+}
+
+async fn handle_access(job: AccessJob, store: Data<Store>, attempt: Attempt) -> Result<(), BoxDynError> {
+    let result = store.apply_access(&job).await.map(|_| ()).map_err(JobError::from);
     finish(&store, &job, Next::after(result, attempt.current())).await
 }
 
@@ -192,6 +199,7 @@ pub async fn run_worker(
             retention_interval: settings.retention.interval,
             consolidate_cron: settings.workspace.consolidation.schedule.clone(),
             maintenance: settings.workspace.maintenance,
+            recall: settings.recall.clone(),
         },
     ));
 
@@ -301,6 +309,10 @@ pub async fn run_worker(
                 };
                 let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, ConsolidateJob, config, runner, handle_consolidate);
+            }
+            Queue::Access => {
+                let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
+                monitor = register_queue!(monitor, AccessJob, config, (), handle_access);
             }
         }
     }

@@ -10,15 +10,20 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use mnemo_config::{ClassWeights, RecallSettings};
 use mnemo_core::{
-    Embedder, MAX_TOP_K, Principal, RecallClass, RecallRequest, RecallScope, Reranker, ScopeError, SourceKind,
+    Embedder, Layer, MAX_TOP_K, Principal, RecallClass, RecallRequest, RecallScope, Reranker, Scope, ScopeError,
+    Signals, SourceKind, signal_factor,
 };
 use mnemo_store::{CommonLexemes, Search, SearchScope, Store, StoreError};
 use uuid::Uuid;
 
+mod access;
 mod fusion;
+mod pack;
 mod query_vectors;
 
+use access::AccessTracker;
 pub use fusion::{RRF_K, fuse};
+pub use pack::{LayerUsage, MemoryPack, PackItem, PackLayer, PackRequest, PackTopK, build_pack};
 use query_vectors::QueryVectors;
 
 /// Candidates each half (full text, vectors) brings per class.
@@ -39,8 +44,30 @@ pub struct RecalledItem {
     pub source_ref: String,
     pub content: String,
     pub event_time: DateTime<Utc>,
-    /// The reranker's score when it ranked the items, the fused RRF score otherwise.
+    /// The class the row was found in: `session` rows are a conversation's own.
+    pub scope: Scope,
+    pub layer: Layer,
+    /// Its decay fell below the floor: recalled, but no longer packed.
+    pub faded: bool,
+    /// The reranker's score when it ranked the items; otherwise the fused RRF score times the
+    /// signals' factor.
     pub score: f64,
+}
+
+/// What to search: the query, the classes and the kinds.
+#[derive(Debug, Clone, Copy)]
+pub struct Query<'a> {
+    pub text: &'a str,
+    pub scope: RecallScope,
+    /// Empty means every kind.
+    pub kinds: &'a [SourceKind],
+}
+
+/// Rows in final order, and whether the vector half may be incomplete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranked {
+    pub items: Vec<RecalledItem>,
+    pub degraded: bool,
 }
 
 /// What a recall found.
@@ -70,6 +97,8 @@ pub struct RecallOptions {
     /// The query's vector, when the caller already has it (benchmarks time the search alone).
     pub query_vector: Option<Vec<f32>>,
     pub halves: Halves,
+    /// The time decay is measured to (now by default): benchmarks replay dated conversations.
+    pub as_of: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +118,7 @@ pub struct Recall {
     reranker: Option<Arc<dyn Reranker>>,
     settings: RecallSettings,
     common_lexemes: Mutex<Option<(Instant, Arc<CommonLexemes>)>>,
+    access: Option<AccessTracker>,
 }
 
 impl Recall {
@@ -100,7 +130,18 @@ impl Recall {
     ) -> Self {
         let search = store.search(embedder.model(), embedder.dimensions());
         let query_vectors = QueryVectors::new(embedder, settings.query_batch, settings.query_cache);
-        Self { store, search, query_vectors, reranker, settings, common_lexemes: Mutex::new(None) }
+        Self { store, search, query_vectors, reranker, settings, common_lexemes: Mutex::new(None), access: None }
+    }
+
+    /// Records what recalls return (last access, access count) through access jobs, batched
+    /// off the request path. The server turns it on; benchmarks and the runbook do not.
+    pub fn with_access_tracking(mut self) -> Self {
+        self.access = Some(AccessTracker::start(self.store.clone()));
+        self
+    }
+
+    pub fn settings(&self) -> &RecallSettings {
+        &self.settings
     }
 
     pub fn search(&self) -> &Search {
@@ -119,17 +160,46 @@ impl Recall {
         options: RecallOptions,
     ) -> Result<Recalled, RecallError> {
         let started = Instant::now();
-        let classes = self.weighted_classes(principal, request.scope)?;
+        let use_reranker = request.enable_rerank.then_some(self.reranker.as_ref()).flatten();
+        let wanted = if use_reranker.is_some() { MAX_TOP_K.max(request.top_k) } else { request.top_k };
+        let query = Query { text: &request.query, scope: request.scope, kinds: &request.source_kinds };
+        let Ranked { mut items, degraded } = self.ranked(principal, &query, wanted, &options).await?;
+
+        let rerank_used = match use_reranker {
+            Some(reranker) if !items.is_empty() => rerank(reranker.as_ref(), &request.query, &mut items).await,
+            _ => false,
+        };
+        items.truncate(request.top_k);
+        self.track_access(principal, &items);
+
+        metrics::histogram!("mnemo_recall_duration_seconds").record(started.elapsed().as_secs_f64());
+        if degraded {
+            metrics::counter!("mnemo_recall_degraded_total").increment(1);
+        }
+        Ok(Recalled { items, degraded, rerank_used })
+    }
+
+    /// At most `limit` rows for `query`, best first: fused across halves and classes, then
+    /// scaled by the ranking signals. No reranker, no access tracking: callers do those.
+    pub async fn ranked(
+        &self,
+        principal: &Principal,
+        query: &Query<'_>,
+        limit: usize,
+        options: &RecallOptions,
+    ) -> Result<Ranked, RecallError> {
+        let classes = self.weighted_classes(principal, query.scope)?;
         let class_list: Vec<RecallClass> = classes.iter().map(|(c, _)| c.clone()).collect();
         if class_list.is_empty() {
             // Every class the token reaches is weighted 0.
-            return Ok(Recalled { items: Vec::new(), degraded: false, rerank_used: false });
+            return Ok(Ranked { items: Vec::new(), degraded: false });
         }
         let scope = SearchScope {
             tenant: &principal.tenant,
             classes: &class_list,
-            kinds: &request.source_kinds,
+            kinds: query.kinds,
             include_superseded: options.include_superseded,
+            roles: &principal.roles,
         };
 
         let keyword = async {
@@ -137,13 +207,13 @@ impl Recall {
                 return Ok(Default::default());
             }
             let common = self.common_lexemes().await;
-            self.search.keyword(&scope, &request.query, &common, CANDIDATES_PER_CLASS).await
+            self.search.keyword(&scope, query.text, &common, CANDIDATES_PER_CLASS).await
         };
         let vector = async {
             if options.halves == Halves::KeywordOnly {
                 return Ok(Some(Default::default()));
             }
-            let Some(vector) = self.query_vector(&request.query, options.query_vector.clone()).await else {
+            let Some(vector) = self.query_vector(query.text, options.query_vector.clone()).await else {
                 return Ok(None);
             };
             self.search.vector(&scope, &vector, CANDIDATES_PER_CLASS).await.map(Some)
@@ -152,39 +222,52 @@ impl Recall {
         let degraded = pending || vector.is_none();
         let fused = fuse(&classes, &[&keyword, &vector.unwrap_or_default()]);
 
-        let use_reranker = request.enable_rerank.then_some(self.reranker.as_ref()).flatten();
-        let wanted = if use_reranker.is_some() { MAX_TOP_K.max(request.top_k) } else { request.top_k };
-        let ids: Vec<Uuid> = fused.iter().take(wanted).map(|(id, _)| *id).collect();
+        // Signals can lift a row by a bounded factor only, so only rows near the cut can pass
+        // it: twice the rows wanted (at least 40) are read and re-scored.
+        let signals = self.settings.signals;
+        let window = if signals.is_off() { limit } else { (2 * limit).max(40) };
+        let ids: Vec<Uuid> = fused.iter().take(window).map(|(id, _)| *id).collect();
         let mut rows = self.store.recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
+        let now = options.as_of.unwrap_or_else(Utc::now);
         // Back into fused order; a row retired since the search is simply gone.
         let mut items: Vec<RecalledItem> = fused
             .iter()
-            .take(wanted)
+            .take(window)
             .filter_map(|(id, score)| {
                 let at = rows.iter().position(|r| r.id == *id)?;
                 let row = rows.swap_remove(at);
+                let last_used = row.last_accessed_at.unwrap_or(row.event_time);
+                let age_days = (now - last_used).num_seconds() as f64 / 86_400.0;
+                let factor = signal_factor(
+                    &signals,
+                    &Signals { importance: row.importance, confidence: row.confidence, age_days },
+                );
                 Some(RecalledItem {
                     id: row.id,
                     source_kind: SourceKind::parse(&row.source_kind).ok()?,
                     source_ref: row.source_ref,
                     content: row.content,
                     event_time: row.event_time,
-                    score: *score,
+                    scope: Scope::parse(&row.scope).ok()?,
+                    layer: Layer::parse(&row.layer).ok()?,
+                    faded: row.faded,
+                    score: score * factor,
                 })
             })
             .collect();
+        // Stable: equal scores keep fused order.
+        items.sort_by(|a, b| b.score.total_cmp(&a.score));
+        items.truncate(limit);
+        Ok(Ranked { items, degraded })
+    }
 
-        let rerank_used = match use_reranker {
-            Some(reranker) if !items.is_empty() => rerank(reranker.as_ref(), &request.query, &mut items).await,
-            _ => false,
-        };
-        items.truncate(request.top_k);
-
-        metrics::histogram!("mnemo_recall_duration_seconds").record(started.elapsed().as_secs_f64());
-        if degraded {
-            metrics::counter!("mnemo_recall_degraded_total").increment(1);
+    /// Hands the rows a recall returned to the access tracker, if there is one; never waits.
+    pub fn track_access(&self, principal: &Principal, items: &[RecalledItem]) {
+        if let Some(tracker) = &self.access
+            && !items.is_empty()
+        {
+            tracker.record(&principal.tenant, items.iter().map(|i| i.id).collect());
         }
-        Ok(Recalled { items, degraded, rerank_used })
     }
 
     /// The classes to search with their priors. Weights apply when classes are fused (scope

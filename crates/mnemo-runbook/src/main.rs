@@ -52,6 +52,7 @@ impl Identity {
             user: self.user.clone(),
             agent: self.agent.clone(),
             session: self.session.clone(),
+            roles: Vec::new(),
         }
     }
 }

@@ -12,6 +12,10 @@ pub enum StoreError {
     /// (someone changed the file during the model call); nothing was written.
     #[error("{path} changed after it was read")]
     FileChanged { path: String },
+    /// A relation names a memory that is not a live row of the writer's tenant; nothing was
+    /// written.
+    #[error("relation target {target} is not a memory of this tenant")]
+    RelationTargetMissing { target: Uuid },
     #[error("invalid database URL: {0}")]
     Config(#[source] sqlx::Error),
     #[error("database error: {0}")]

@@ -24,6 +24,7 @@ mod retention;
 mod schema;
 mod search;
 mod time_zone;
+mod typed;
 mod workspace;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};

@@ -14,7 +14,9 @@ const ACTOR: &str = "maintenance";
 
 const CLAIM: &str = "INSERT INTO maintenance_runs (tick, worker) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
-const FINISH: &str = "UPDATE maintenance_runs SET archived = $2, pruned = $3, finished_at = now() WHERE tick = $1";
+const FINISH: &str =
+    "UPDATE maintenance_runs SET archived = $2, pruned = $3, promoted = $4, faded = $5, finished_at = now()
+                      WHERE tick = $1";
 
 /// Live daily notes of days before `$1` (a path bound), at most `$2`.
 const OLD_NOTES: &str = "
@@ -46,6 +48,10 @@ SELECT count(*) FROM deleted";
 pub struct Maintained {
     pub archived: u64,
     pub pruned: u64,
+    /// Episodic memories promoted to semantic.
+    pub promoted: u64,
+    /// Episodic memories that left packs.
+    pub faded: u64,
 }
 
 impl Store {
@@ -56,7 +62,14 @@ impl Store {
     }
 
     pub async fn finish_maintenance(&self, tick: i64, done: Maintained) -> Result<(), StoreError> {
-        sqlx::query(FINISH).bind(tick).bind(done.archived as i64).bind(done.pruned as i64).execute(&self.pool).await?;
+        sqlx::query(FINISH)
+            .bind(tick)
+            .bind(done.archived as i64)
+            .bind(done.pruned as i64)
+            .bind(done.promoted as i64)
+            .bind(done.faded as i64)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

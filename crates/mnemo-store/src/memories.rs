@@ -1,4 +1,4 @@
-use mnemo_core::{AuditEvent, NewMemory, SourceKind, TenantId, ToolOutputKey};
+use mnemo_core::{AuditEvent, Label, Layer, NewMemory, Principal, Scope, SourceKind, ToolOutputKey, Unit, fingerprint};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -27,18 +27,26 @@ const INSERT_ITEMS: &str = "
 INSERT INTO memory_items (
     id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
     content, content_sha256, tool_output_key, metadata, event_time, fact_key, valid_from,
-    role, tool_call_id, tool_name, token_count, token_counter
+    role, tool_call_id, tool_name, token_count, token_counter,
+    layer, category, importance, confidence, tags, origin, visibility, allowed_roles, fingerprint
 )
 SELECT id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
        content, content_sha256, tool_output_key, metadata, COALESCE(event_time, now()), fact_key,
        CASE WHEN source_kind = 'fact' THEN now() END,
-       role, tool_call_id, tool_name, token_count, token_counter
+       role, tool_call_id, tool_name, token_count, token_counter,
+       layer, category, importance, confidence, string_to_array(tags, ','), origin, visibility,
+       string_to_array(allowed_roles, ','), fingerprint
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
             $9::text[], $10::bytea[], $11::text[], $12::jsonb[], $13::timestamptz[], $14::text[],
-            $15::text[], $16::text[], $17::text[], $18::int4[], $19::text[])
+            $15::text[], $16::text[], $17::text[], $18::int4[], $19::text[],
+            $20::text[], $21::text[], $22::float4[], $23::float4[], $24::text[], $25::text[], $26::text[],
+            $27::text[], $28::text[])
      AS r(id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
           content, content_sha256, tool_output_key, metadata, event_time, fact_key,
-          role, tool_call_id, tool_name, token_count, token_counter)
+          role, tool_call_id, tool_name, token_count, token_counter,
+          -- Tags and roles are comma-joined: a label has no comma, and arrays of arrays do not
+          -- unnest row by row.
+          layer, category, importance, confidence, tags, origin, visibility, allowed_roles, fingerprint)
 ORDER BY tenant_id, source_kind, source_ref
 ON CONFLICT (tenant_id, source_kind, source_ref) DO NOTHING
 RETURNING id";
@@ -74,6 +82,19 @@ WITH old AS (
     SELECT tenant_id, $3, id, successor, 'reasserted', 'api' FROM revived
 )
 SELECT id, tenant_id, embedded FROM revived";
+
+/// Relations from the rows written to their targets, which must be live rows of the same tenant
+/// (checked first: see [`missing_targets`]; the foreign keys are the second wall).
+const INSERT_RELATIONS: &str = "
+INSERT INTO memory_relations (tenant_id, item_id, relation, target_id)
+SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::uuid[])
+ON CONFLICT DO NOTHING";
+
+/// The sessions the rows written were stated in.
+const INSERT_SIGHTINGS: &str = "
+INSERT INTO memory_sightings (tenant_id, item_id, session_id)
+SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[])
+ON CONFLICT DO NOTHING";
 
 const INSERT_TOOL_OUTPUTS: &str = "
 INSERT INTO tool_outputs (tenant_id, key, item_id, content)
@@ -121,15 +142,22 @@ impl Store {
         Ok(results)
     }
 
-    /// The full payload behind a `tout_…` key, for its own tenant only, while its row is live.
-    pub async fn tool_output(&self, tenant: &TenantId, key: &ToolOutputKey) -> Result<Option<ToolOutput>, StoreError> {
+    /// The full payload behind a `tout_…` key, while its row is live, to a caller who may read
+    /// the row: a token of its tenant whose roles open it, and, for a user's token, only a row
+    /// of that user or of the token's session (a service token reads its tenant's outputs).
+    pub async fn tool_output(&self, caller: &Principal, key: &ToolOutputKey) -> Result<Option<ToolOutput>, StoreError> {
         let row: Option<(Uuid, String)> = sqlx::query_as(
             "SELECT t.item_id, t.content FROM tool_outputs t
                  JOIN memory_items m ON m.id = t.item_id AND m.tenant_id = t.tenant_id
-                 WHERE t.tenant_id = $1 AND t.key = $2 AND m.deleted_at IS NULL AND m.anonymized_at IS NULL",
+                 WHERE t.tenant_id = $1 AND t.key = $2 AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+                   AND (m.allowed_roles = '{}' OR m.allowed_roles && $5::text[])
+                   AND ($3::text IS NULL OR m.user_id = $3 OR m.session_id = $4::text)",
         )
-        .bind(tenant.as_str())
+        .bind(caller.tenant.as_str())
         .bind(key.as_str())
+        .bind(caller.user.as_ref().map(|u| u.as_str()))
+        .bind(caller.session.as_ref().map(|s| s.as_str()))
+        .bind(caller.roles.iter().map(Label::as_str).collect::<Vec<_>>())
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|(item_id, content)| ToolOutput { key: key.clone(), item_id, content }))
@@ -143,6 +171,9 @@ pub(crate) async fn insert_in(
     tx: &mut PgConnection,
     rows: &[&NewMemory],
 ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+    if let Some(target) = missing_target(tx, rows).await? {
+        return Err(StoreError::RelationTargetMissing { target });
+    }
     let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::now_v7()).collect();
     let column = |f: fn(&NewMemory) -> Option<String>| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
     let tenants = column(|m| Some(m.tenant.to_string()));
@@ -173,6 +204,17 @@ pub(crate) async fn insert_in(
                 .collect::<Vec<_>>(),
         )
         .bind(column(|m| m.turn.as_ref().map(|t| t.counted_by.clone())))
+        .bind(column(|m| Some(m.typed.layer.to_string())))
+        .bind(column(|m| m.typed.category.map(|c| c.to_string())))
+        .bind(rows.iter().map(|m| m.typed.importance.map(Unit::get)).collect::<Vec<_>>())
+        .bind(rows.iter().map(|m| m.typed.confidence.map(Unit::get)).collect::<Vec<_>>())
+        .bind(column(|m| Some(joined(&m.typed.tags))))
+        .bind(column(|m| Some(m.typed.origin.to_string())))
+        .bind(column(|m| Some(m.typed.visibility.to_string())))
+        .bind(column(|m| Some(joined(&m.typed.allowed_roles))))
+        .bind(column(|m| {
+            (m.typed.layer == Layer::Episodic && m.scope != Scope::Session).then(|| fingerprint(m.content.as_str()))
+        }))
         .fetch_all(&mut *tx)
         .await?;
 
@@ -216,6 +258,38 @@ pub(crate) async fn insert_in(
         push_judge_jobs(tx, to_judge).await?;
     }
 
+    let landed: Vec<(&NewMemory, Uuid)> = rows
+        .iter()
+        .zip(&results)
+        .filter_map(|(m, r)| match r {
+            Some(Ok(r)) => Some((*m, r.id)),
+            _ => None,
+        })
+        .collect();
+    let (mut tenants, mut items, mut relations, mut targets) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (m, id) in &landed {
+        for relation in &m.typed.relations {
+            tenants.push(m.tenant.as_str());
+            items.push(*id);
+            relations.push(relation.kind.as_str());
+            targets.push(relation.target);
+        }
+    }
+    if !items.is_empty() {
+        sqlx::query(INSERT_RELATIONS).bind(tenants).bind(items).bind(relations).bind(targets).execute(&mut *tx).await?;
+    }
+    let (mut tenants, mut items, mut sessions) = (Vec::new(), Vec::new(), Vec::new());
+    for (m, id) in &landed {
+        if let Some(session) = &m.seen_in {
+            tenants.push(m.tenant.as_str());
+            items.push(*id);
+            sessions.push(session.as_str());
+        }
+    }
+    if !items.is_empty() {
+        sqlx::query(INSERT_SIGHTINGS).bind(tenants).bind(items).bind(sessions).execute(&mut *tx).await?;
+    }
+
     let new: Vec<(&NewMemory, Uuid)> =
         rows.iter().zip(&ids).filter(|(_, id)| inserted.contains(id)).map(|(m, id)| (*m, *id)).collect();
     let elided: Vec<(&NewMemory, Uuid)> = new.iter().filter(|(m, _)| m.tool_output.is_some()).copied().collect();
@@ -241,4 +315,29 @@ pub(crate) async fn insert_in(
         .collect();
     push(tx, &jobs).await?;
     Ok(results)
+}
+
+/// The first relation target of `rows` that is not a live row of the row's tenant.
+async fn missing_target(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<Option<Uuid>, StoreError> {
+    let (tenants, targets): (Vec<&str>, Vec<Uuid>) =
+        rows.iter().flat_map(|m| m.typed.relations.iter().map(|r| (m.tenant.as_str(), r.target))).unzip();
+    if targets.is_empty() {
+        return Ok(None);
+    }
+    Ok(sqlx::query_scalar(
+        "SELECT r.target FROM unnest($1::text[], $2::uuid[]) AS r(tenant_id, target)
+         WHERE NOT EXISTS (SELECT 1 FROM memory_items m
+                           WHERE m.tenant_id = r.tenant_id AND m.id = r.target
+                             AND m.deleted_at IS NULL AND m.anonymized_at IS NULL)
+         LIMIT 1",
+    )
+    .bind(tenants)
+    .bind(targets)
+    .fetch_optional(&mut *tx)
+    .await?)
+}
+
+/// Labels as one comma-joined string (see [`INSERT_ITEMS`]).
+fn joined(labels: &[Label]) -> String {
+    labels.iter().map(Label::as_str).collect::<Vec<_>>().join(",")
 }

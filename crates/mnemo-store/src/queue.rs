@@ -82,6 +82,21 @@ pub struct ConsolidateJob {
     pub user_id: UserId,
 }
 
+/// Record that recall returned these rows of one tenant at `at`. `batch` makes the job
+/// idempotent: a retried job finds its batch applied and counts nothing twice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessJob {
+    #[serde(with = "parsed")]
+    pub tenant_id: TenantId,
+    pub batch: Uuid,
+    pub items: Vec<Uuid>,
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+impl JobArgs for AccessJob {
+    const QUEUE: Queue = Queue::Access;
+}
+
 impl JobArgs for ConsolidateJob {
     const QUEUE: Queue = Queue::Consolidate;
 }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::{AnonymizeReason, AuditEvent, RetentionPolicy, TenantId, UserId};
+use mnemo_core::{AnonymizeReason, AuditEvent, Label, RetentionPolicy, TenantId, UserId};
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
@@ -111,12 +111,15 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
         "WITH picked AS ({picked}),
         vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.tenant_id = $1 AND e.item_id = picked.id),
         payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
+        sightings AS (DELETE FROM memory_sightings x USING picked WHERE x.tenant_id = $1 AND x.item_id = picked.id),
         anonymized AS (
             UPDATE memory_items m SET
                 content = '[REDACTED]',
                 content_sha256 = sha256('[REDACTED]'::bytea),
                 session_id = NULL, user_id = NULL, agent_id = NULL,
                 metadata = '{{}}'::jsonb, tool_output_key = NULL, fact_key = NULL,
+                -- Tags and the fingerprint are made of the content.
+                tags = '{{}}', fingerprint = NULL,
                 embedded_model = NULL, embed_error = NULL,
                 -- A fact's ref is made of its identity and a hash of its content, a workspace
                 -- note's of a hash of its agent and user and the file's path: replaced. Other
@@ -157,6 +160,7 @@ impl Store {
         tenant: &TenantId,
         id: Uuid,
         only_user: Option<&UserId>,
+        roles: &[Label],
         requested_by: &str,
     ) -> Result<Option<Deleted>, StoreError> {
         let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
@@ -165,6 +169,7 @@ impl Store {
                        deleted_at IS NOT NULL OR anonymized_at IS NOT NULL AS already
                 FROM memory_items
                 WHERE tenant_id = $1 AND id = $2 AND ($3::text IS NULL OR user_id = $3)
+                  AND (allowed_roles = '{}' OR allowed_roles && $6::text[])
                 FOR UPDATE
             ), deleted AS (
                 UPDATE memory_items m
@@ -183,6 +188,7 @@ impl Store {
         .bind(only_user.map(UserId::as_str))
         .bind(requested_by)
         .bind(AuditEvent::Delete.as_str())
+        .bind(roles.iter().map(Label::as_str).collect::<Vec<_>>())
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|(id, deleted_at, already)| Deleted { id, deleted_at, already }))

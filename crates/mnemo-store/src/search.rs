@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::{RecallClass, Scope, SourceKind, TenantId};
+use mnemo_core::{Label, RecallClass, Scope, SourceKind, TenantId};
 use pgvector::Vector;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -25,6 +25,8 @@ pub struct SearchScope<'a> {
     pub kinds: &'a [SourceKind],
     /// Superseded facts too. For admin paths only: the HTTP API never sets it.
     pub include_superseded: bool,
+    /// The token's roles, which open rows written with `allowed_roles`.
+    pub roles: &'a [Label],
 }
 
 /// Candidates per class (named by its scope), best first.
@@ -37,7 +39,7 @@ pub struct CommonLexemes {
     pub frequencies: Vec<f32>,
 }
 
-/// A row recall returns.
+/// A row recall returns, with what ranking and packing read.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct RecalledRow {
     pub id: Uuid,
@@ -45,6 +47,12 @@ pub struct RecalledRow {
     pub source_ref: String,
     pub content: String,
     pub event_time: DateTime<Utc>,
+    pub scope: String,
+    pub layer: String,
+    pub importance: Option<f32>,
+    pub confidence: Option<f32>,
+    pub last_accessed_at: Option<DateTime<Utc>>,
+    pub faded: bool,
 }
 
 /// Search statements for one embedding model. Build once per process with [`Store::search`].
@@ -61,27 +69,40 @@ pub struct Search {
 
 /// The rows of one class a statement may search, each switched on by its bound identity
 /// (`$2`–`$5`); `$1` is the tenant, `$6` the agent whose workspace notes the user class may
-/// hold, `$7` the kinds, `$8` whether superseded rows count.
-fn class_filter(class: Scope) -> String {
-    let bound = match class {
-        Scope::Session => "$2::text IS NOT NULL AND m.session_id = $2",
-        Scope::Tenant => "$3",
+/// hold, `$7` the kinds, `$8` whether superseded rows count, `$9` the token's roles.
+///
+/// A row's owner class holds it whatever its visibility; a user's row shared with its agent
+/// (visibility `agent` or `tenant`) is also in that agent's class for the agent's other users,
+/// and a row shared with the tenant is in the tenant class for everyone else. The classes never
+/// overlap, so fusion counts no row twice. README's "Access control" table says the same.
+fn class_filter(class: Scope) -> &'static str {
+    match class {
+        Scope::Session => "$2::text IS NOT NULL AND m.session_id = $2 AND m.scope = 'session'",
         // A user's workspace notes are recalled only under the agent whose files they are.
         Scope::User => {
-            "$4::text IS NOT NULL AND m.user_id = $4 AND (m.source_kind <> 'workspace_note' OR m.agent_id = $6::text)"
+            "$4::text IS NOT NULL AND m.user_id = $4 AND m.scope = 'user' \
+             AND (m.source_kind <> 'workspace_note' OR m.agent_id = $6::text)"
         }
-        Scope::Agent => "$5::text IS NOT NULL AND m.agent_id = $5",
-    };
-    format!("{bound} AND m.scope = '{class}'")
+        Scope::Agent => {
+            "$5::text IS NOT NULL AND m.agent_id = $5 AND (m.scope = 'agent' \
+             OR (m.scope = 'user' AND m.visibility <> 'private' AND m.user_id IS DISTINCT FROM $4::text))"
+        }
+        Scope::Tenant => {
+            "$3 AND (m.scope = 'tenant' OR (m.visibility = 'tenant' \
+             AND NOT (m.scope = 'user' AND m.user_id IS NOT DISTINCT FROM $4::text) \
+             AND m.agent_id IS DISTINCT FROM $5::text))"
+        }
+    }
 }
-/// Live rows of the tenant, of the kinds asked for. The first two conditions are the predicate
-/// of the full-text index and must stay word for word.
+/// Live rows of the tenant, of the kinds asked for, that the token's roles open. The first two
+/// conditions are the predicate of the full-text index and must stay word for word.
 const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($8 OR m.superseded_by IS NULL) \
-                    AND m.tenant_id = $1 AND m.source_kind = ANY($7)";
+                    AND m.tenant_id = $1 AND m.source_kind = ANY($7) \
+                    AND (m.allowed_roles = '{}' OR m.allowed_roles && $9::text[])";
 
-/// Full text with OR semantics: the query's lexemes less the common ones (`$11`, with their
-/// frequencies in `$12`); when every lexeme is common, the rarest alone. Each class is ranked by
-/// the RUM index's distance (`$9` per class).
+/// Full text with OR semantics: the query's lexemes less the common ones (`$12`, with their
+/// frequencies in `$13`); when every lexeme is common, the rarest alone. Each class is ranked by
+/// the RUM index's distance (`$10` per class).
 fn keyword_sql() -> String {
     let branches: Vec<String> = Scope::ALL
         .iter()
@@ -91,14 +112,14 @@ fn keyword_sql() -> String {
                 "(SELECT '{class}' AS class, m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
                   FROM memory_items m
                   WHERE {filter} AND {LIVE} AND m.tsv @@ (SELECT q FROM query)
-                  ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $9)"
+                  ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $10)"
             )
         })
         .collect();
     format!(
         "WITH lexemes AS (
-            SELECT l, c.freq FROM unnest(tsvector_to_array(to_tsvector('english', $10))) AS l
-            LEFT JOIN unnest($11::text[], $12::float4[]) AS c(lexeme, freq) ON c.lexeme = l
+            SELECT l, c.freq FROM unnest(tsvector_to_array(to_tsvector('english', $11))) AS l
+            LEFT JOIN unnest($12::text[], $13::float4[]) AS c(lexeme, freq) ON c.lexeme = l
         ), kept AS (
             SELECT l FROM lexemes WHERE freq IS NULL
             UNION ALL
@@ -134,7 +155,7 @@ impl Store {
     /// Search statements for `model`, whose vectors have `dimensions` components.
     pub fn search(&self, model: &str, dimensions: usize) -> Search {
         let model_literal = sql_literal(model);
-        let distance = format!("(e.embedding::vector({dimensions}) <=> $10::vector({dimensions}))");
+        let distance = format!("(e.embedding::vector({dimensions}) <=> $11::vector({dimensions}))");
         // Identity classes (a session, a user's or an agent's facts) are small: rank them exactly.
         // `+ 0` keeps the planner off the HNSW index, which would have to walk past the whole
         // tenant to find them.
@@ -145,7 +166,7 @@ impl Store {
                   FROM memory_items m
                   JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = {model_literal}
                   WHERE {filter} AND {LIVE}
-                  ORDER BY {distance} + 0 LIMIT $9)"
+                  ORDER BY {distance} + 0 LIMIT $10)"
             )
         };
         // The tenant class is large: an HNSW scan filtered to the tenant, iterative so the filter
@@ -154,7 +175,7 @@ impl Store {
             "(SELECT '{tenant}' AS class, m.id, {distance}::float8 AS d
               FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
               WHERE e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
-              ORDER BY {distance} LIMIT $9)",
+              ORDER BY {distance} LIMIT $10)",
             tenant = Scope::Tenant,
             filter = class_filter(Scope::Tenant),
         );
@@ -203,7 +224,9 @@ impl Store {
         include_superseded: bool,
     ) -> Result<Vec<RecalledRow>, StoreError> {
         Ok(sqlx::query_as(
-            "SELECT id, source_kind, source_ref, content, event_time FROM memory_items
+            "SELECT id, source_kind, source_ref, content, event_time, scope, layer, importance, confidence,
+                    last_accessed_at, faded_at IS NOT NULL AS faded
+             FROM memory_items
              WHERE tenant_id = $1 AND id = ANY($2) AND deleted_at IS NULL AND anonymized_at IS NULL
                AND ($3 OR superseded_by IS NULL)",
         )
@@ -268,7 +291,7 @@ pub(crate) fn vector_index_name(model: &str, dimensions: usize) -> String {
     format!("memory_embeddings_hnsw_{}_{dimensions}", &digest[..12])
 }
 
-/// Binds `$1`–`$8`, which every search statement shares.
+/// Binds `$1`–`$9`, which every search statement shares.
 macro_rules! bind_scope {
     ($query:expr, $scope:expr) => {{
         let scope: &SearchScope<'_> = $scope;
@@ -297,6 +320,7 @@ macro_rules! bind_scope {
             }))
             .bind(kinds)
             .bind(scope.include_superseded)
+            .bind(scope.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>())
     }};
 }
 

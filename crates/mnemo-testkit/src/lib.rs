@@ -73,6 +73,7 @@ pub fn principal(tenant: &str, user: Option<&str>, agent: Option<&str>, session:
         user: user.map(|u| UserId::parse(u).expect("valid user")),
         agent: agent.map(|a| AgentId::parse(a).expect("valid agent")),
         session: session.map(|s| SessionId::parse(s).expect("valid session")),
+        roles: Vec::new(),
     }
 }
 

@@ -1,0 +1,113 @@
+//! The jobs of typed memory: access tracking from recall (applied by a job, never in the recall
+//! statement), promotion of episodic memories seen in two sessions, and fading of episodic
+//! memories whose decay fell below the floor. Promotion and fading are cross-tenant by design
+//! (housekeeping finds the work, in bounded batches); each update names its row's tenant.
+
+use chrono::{DateTime, Utc};
+use mnemo_core::{AuditEvent, TenantId};
+use uuid::Uuid;
+
+use crate::queue::{AccessJob, push};
+use crate::{Store, StoreError};
+
+/// Applies one access batch once: a retried job finds its batch id taken and counts nothing.
+/// Accessing a faded row brings it back into packs.
+const APPLY_ACCESS: &str = "
+WITH batch AS (
+    INSERT INTO access_batches (tenant_id, id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id
+), hits AS (
+    SELECT item, count(*)::int AS n FROM unnest($3::uuid[]) AS item WHERE EXISTS (SELECT 1 FROM batch)
+    GROUP BY item
+)
+UPDATE memory_items m
+SET last_accessed_at = greatest(m.last_accessed_at, $4), access_count = m.access_count + hits.n, faded_at = NULL
+FROM hits WHERE m.tenant_id = $1 AND m.id = hits.item";
+
+/// Live episodic memories (not session rows) with confidence at least `$1`, whose fingerprint
+/// was seen in two or more sessions within their bucket (same tenant, scope and identities),
+/// become semantic, with an audit row each; at most `$2` per run.
+const PROMOTE: &str = "
+WITH groups AS (
+    SELECT m.tenant_id, m.scope, m.user_id, m.agent_id, m.fingerprint
+    FROM memory_items m JOIN memory_sightings s ON s.tenant_id = m.tenant_id AND s.item_id = m.id
+    WHERE m.layer = 'episodic' AND m.fingerprint IS NOT NULL AND m.scope <> 'session'
+      AND m.deleted_at IS NULL AND m.anonymized_at IS NULL AND m.superseded_by IS NULL
+    GROUP BY 1, 2, 3, 4, 5
+    HAVING count(DISTINCT s.session_id) >= 2
+), picked AS (
+    SELECT m.tenant_id, m.id FROM memory_items m
+    JOIN groups g ON g.tenant_id = m.tenant_id AND g.fingerprint = m.fingerprint AND g.scope = m.scope
+                 AND g.user_id IS NOT DISTINCT FROM m.user_id AND g.agent_id IS NOT DISTINCT FROM m.agent_id
+    WHERE m.layer = 'episodic' AND m.confidence >= $1
+      AND m.deleted_at IS NULL AND m.anonymized_at IS NULL AND m.superseded_by IS NULL
+    LIMIT $2
+    FOR UPDATE OF m SKIP LOCKED
+), promoted AS (
+    UPDATE memory_items m SET layer = 'semantic', faded_at = NULL
+    FROM picked WHERE m.tenant_id = picked.tenant_id AND m.id = picked.id
+    RETURNING m.tenant_id, m.id
+), audit AS (
+    INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+    SELECT tenant_id, $3, id, 'seen_in_two_sessions', 'housekeeping' FROM promoted
+)
+SELECT count(*) FROM promoted";
+
+/// Live episodic memories (not session rows) last used, or dated, before `$1` leave packs; at
+/// most `$2` per run.
+const FADE: &str = "
+WITH picked AS (
+    SELECT tenant_id, id FROM memory_items
+    WHERE layer = 'episodic' AND scope <> 'session' AND faded_at IS NULL
+      AND deleted_at IS NULL AND anonymized_at IS NULL
+      AND COALESCE(last_accessed_at, event_time) < $1
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE memory_items m SET faded_at = now()
+FROM picked WHERE m.tenant_id = picked.tenant_id AND m.id = picked.id";
+
+impl Store {
+    /// Queues one access batch for `tenant`: the rows a recall returned, as of `at`.
+    pub async fn queue_access(&self, tenant: &TenantId, items: Vec<Uuid>, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let job = AccessJob { tenant_id: tenant.clone(), batch: Uuid::now_v7(), items, at };
+        let mut conn = self.pool.acquire().await?;
+        push(&mut conn, &[job]).await
+    }
+
+    /// Records an access batch on its rows; returns how many rows it touched (0 when the batch
+    /// was applied before).
+    pub async fn apply_access(&self, job: &AccessJob) -> Result<u64, StoreError> {
+        Ok(sqlx::query(APPLY_ACCESS)
+            .bind(job.tenant_id.as_str())
+            .bind(job.batch)
+            .bind(&job.items)
+            .bind(job.at)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    /// Promotes episodic memories seen in two sessions (see [`PROMOTE`]); returns how many.
+    pub async fn promote_episodic(&self, min_confidence: f64, limit: i64) -> Result<u64, StoreError> {
+        let promoted: i64 = sqlx::query_scalar(PROMOTE)
+            .bind(min_confidence as f32)
+            .bind(limit)
+            .bind(AuditEvent::Promote.as_str())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(promoted as u64)
+    }
+
+    /// Marks episodic memories unused since `before` as faded; returns how many.
+    pub async fn fade_episodic(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError> {
+        Ok(sqlx::query(FADE).bind(before).bind(limit).execute(&self.pool).await?.rows_affected())
+    }
+
+    /// Forgets applied access batches older than a day: a job is retried within minutes.
+    pub async fn prune_access_batches(&self) -> Result<u64, StoreError> {
+        Ok(sqlx::query("DELETE FROM access_batches WHERE applied_at < now() - interval '1 day'")
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}
