@@ -126,6 +126,11 @@ impl JsonObject {
         }
     }
 
+    /// Any JSON value but null.
+    pub fn take_opt_value(&mut self, field: &'static str) -> Result<Option<Value>, ApiError> {
+        Ok(self.take(field))
+    }
+
     pub fn take_opt_f64(&mut self, field: &'static str) -> Result<Option<f64>, ApiError> {
         match self.take(field) {
             None => Ok(None),

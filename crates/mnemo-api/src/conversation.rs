@@ -9,9 +9,11 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 use mnemo_core::{
-    CompactionTrigger, InvalidInput, MESSAGE_OVERHEAD_TOKENS, Placed, Principal, Role, ScopeError, Section, SessionId,
-    TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble, tail_suffices,
+    CompactionTrigger, InvalidInput, MESSAGE_OVERHEAD_TOKENS, Placed, Principal, RecallRequest, Role, ScopeError,
+    Section, SessionId, TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble,
+    tail_suffices,
 };
+use mnemo_recall::{PackRequest, build_pack};
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -134,6 +136,19 @@ pub async fn context(
         }
         Err(_) => None,
     };
+    // The memory pack joins the workspace files: both are what the agent knows, before the
+    // conversation.
+    let pack = match &asked.memory_pack {
+        Some(pack_request) => Some(build_pack(&state.recall, tokenizer, &principal, pack_request).await?),
+        None => None,
+    };
+    if let Some(pack) = &pack {
+        state.recall.track_access(&principal, &pack.items.iter().map(|p| p.item.clone()).collect::<Vec<_>>());
+    }
+    let injected = match (injected, pack.as_ref().map(|p| p.rendered.as_str()).filter(|r| !r.is_empty())) {
+        (Some(files), Some(memory)) => Some(format!("{files}\n\n{memory}")),
+        (files, memory) => files.or(memory.map(str::to_owned)),
+    };
     let request = Request {
         system_prompt: asked.system_prompt.as_deref(),
         injected: injected.as_deref(),
@@ -176,7 +191,15 @@ pub async fn context(
     } else {
         "none"
     };
-    Ok(Json(window_json(&built, &session_state, request.budget, compaction, trigger)))
+    let mut answer = window_json(&built, &session_state, request.budget, compaction, trigger);
+    if let Some(pack) = &pack {
+        answer["diagnostics"]["memory_pack"] = json!({
+            "tokens": pack.tokens,
+            "items": pack.items.iter().map(|p| json!({"id": p.id, "layer": p.layer.as_str()})).collect::<Vec<_>>(),
+            "degraded": pack.degraded,
+        });
+    }
+    Ok(Json(answer))
 }
 
 /// The longest a context call waits for a summary.
@@ -190,6 +213,9 @@ struct ContextBody {
     current_message: Option<String>,
     overflow: bool,
     wait_ms: u64,
+    /// A memory pack for `current_message` (or the pack's own `query`), placed with the
+    /// workspace files.
+    memory_pack: Option<PackRequest>,
 }
 
 impl ContextBody {
@@ -209,13 +235,36 @@ impl ContextBody {
         if wait_ms > MAX_WAIT_MS {
             return Err(InvalidInput::OutOfRange { field: "wait_ms", min: 0, max: MAX_WAIT_MS as i64 }.into());
         }
+        let current_message = body.take_opt_str("current_message")?;
+        let memory_pack = match body.take_opt_value("memory_pack")? {
+            None | Some(Value::Bool(false)) => None,
+            Some(Value::Bool(true)) => Some(JsonObject::from_map(Default::default())),
+            Some(Value::Object(map)) => Some(JsonObject::from_map(map)),
+            Some(_) => {
+                return Err(ApiError::InvalidField { field: "memory_pack", expected: "true, false or an object" });
+            }
+        };
+        let memory_pack = memory_pack
+            .map(|mut options| {
+                let query = options.take_opt_str("query")?.or_else(|| current_message.clone());
+                let query = query.ok_or(ApiError::MissingField("memory_pack.query (or current_message)"))?;
+                let mut request = crate::routes::pack_request(&mut options, RecallRequest::new(&query)?.query)?;
+                options.finish()?;
+                // The pack takes at most a quarter of the window.
+                let quarter = u32::try_from((max_input_tokens - reserve_output_tokens) / 4).unwrap_or(u32::MAX);
+                request.max_budget_tokens = request.max_budget_tokens.min(quarter);
+                request.soft_budget_tokens = request.soft_budget_tokens.min(request.max_budget_tokens);
+                Ok::<_, ApiError>(request)
+            })
+            .transpose()?;
         let parsed = Self {
             max_input_tokens,
             reserve_output_tokens,
             system_prompt: body.take_opt_str("system_prompt")?,
-            current_message: body.take_opt_str("current_message")?,
+            current_message,
             overflow: body.take_opt_bool("overflow")?.unwrap_or(false),
             wait_ms,
+            memory_pack,
         };
         body.finish()?;
         Ok(parsed)

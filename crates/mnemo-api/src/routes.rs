@@ -269,22 +269,18 @@ pub async fn memory_pack(
 /// A pack's budgets and per-layer limits from a body (the pack endpoint's, or the context
 /// call's `memory_pack`), over golemcore's defaults.
 pub fn pack_request(body: &mut JsonObject, query: String) -> Result<PackRequest, ApiError> {
-    let budget = |field, value: Option<usize>, default: u32| -> Result<u32, ApiError> {
-        let value = value.map_or(Ok(default), |v| {
-            u32::try_from(v).map_err(|_| ApiError::InvalidField { field, expected: "a whole number" })
-        })?;
-        if !(1..=PackRequest::MAX_BUDGET).contains(&value) {
-            return Err(InvalidInput::OutOfRange { field, min: 1, max: i64::from(PackRequest::MAX_BUDGET) }.into());
+    let mut budget = |field| -> Result<Option<u32>, ApiError> {
+        let Some(value) = body.take_opt_usize(field)? else { return Ok(None) };
+        let max = PackRequest::MAX_BUDGET;
+        match u32::try_from(value) {
+            Ok(value) if (1..=max).contains(&value) => Ok(Some(value)),
+            _ => Err(InvalidInput::OutOfRange { field, min: 1, max: i64::from(max) }.into()),
         }
-        Ok(value)
     };
-    let soft =
-        budget("soft_budget_tokens", body.take_opt_usize("soft_budget_tokens")?, PackRequest::DEFAULT_SOFT_BUDGET)?;
-    let max = budget(
-        "max_budget_tokens",
-        body.take_opt_usize("max_budget_tokens")?,
-        PackRequest::DEFAULT_MAX_BUDGET.max(soft),
-    )?;
+    let (soft, max) = (budget("soft_budget_tokens")?, budget("max_budget_tokens")?);
+    // A budget given alone bounds the other's default.
+    let soft = soft.unwrap_or(PackRequest::DEFAULT_SOFT_BUDGET.min(max.unwrap_or(u32::MAX)));
+    let max = max.unwrap_or(PackRequest::DEFAULT_MAX_BUDGET.max(soft));
     if max < soft {
         return Err(InvalidInput::OutOfRange {
             field: "max_budget_tokens",

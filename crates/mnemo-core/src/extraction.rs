@@ -7,7 +7,10 @@ use std::pin::Pin;
 
 use chrono::NaiveDate;
 
-use crate::{FactKey, FactScope, InvalidInput, MemoryText, ModelFailure, Role};
+use crate::{
+    Category, FactKey, FactScope, InvalidInput, Label, Layer, MAX_TAGS, MemoryText, ModelFailure, Role, TypedInput,
+    Unit,
+};
 
 string_enum!(
     /// Where a completed conversation came from: a chat UI, a messaging channel, a scheduled
@@ -91,16 +94,18 @@ pub struct ExtractionInput {
     pub today: NaiveDate,
 }
 
-/// A fact the model proposes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A fact the model proposes. Its typed fields are the model's, when it gave valid ones; it
+/// never sets visibility or roles (a conversation must not widen who reads a memory).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ExtractedFact {
     pub content: MemoryText,
     pub scope: FactScope,
     pub key: Option<FactKey>,
+    pub typed: TypedInput,
 }
 
 /// What the model answered, checked.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Extraction {
     pub should_update: bool,
     pub reason: String,
@@ -140,7 +145,28 @@ pub fn extracted_fact(content: &str, scope: &str, key: Option<&str>) -> Result<E
         content: MemoryText::parse(content)?,
         scope: FactScope::parse(scope)?,
         key: key.map(FactKey::parse).transpose()?,
+        typed: TypedInput::default(),
     })
+}
+
+/// The typed fields a model may give a fact: each one that is absent or invalid is left out
+/// (a model's guess at importance is not worth losing the fact over).
+pub fn extracted_typed(
+    layer: Option<&str>,
+    category: Option<&str>,
+    importance: Option<f64>,
+    confidence: Option<f64>,
+    tags: &[String],
+) -> TypedInput {
+    let tags: Vec<Label> = tags.iter().filter_map(|t| Label::parse("tags", t).ok()).take(MAX_TAGS).collect();
+    TypedInput {
+        layer: layer.and_then(|l| Layer::parse(l).ok()),
+        category: category.and_then(|c| Category::parse(c).ok()),
+        importance: importance.and_then(|v| Unit::parse("importance", v).ok()),
+        confidence: confidence.and_then(|v| Unit::parse("confidence", v).ok()),
+        tags,
+        ..TypedInput::default()
+    }
 }
 
 /// `note` (today's, or `None` when it does not exist yet) with `entry` added as a paragraph; a

@@ -36,7 +36,7 @@ pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass};
 pub use error::{InvalidInput, ModelFailure};
 pub use extraction::{
     ExtractedFact, Extraction, ExtractionFuture, ExtractionInput, Extractor, Gates, MAX_DAILY_ENTRY_CHARS,
-    MAX_EXTRACTED_FACTS, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_MESSAGES, TriggerSource, extracted_fact,
+    MAX_EXTRACTED_FACTS, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_MESSAGES, TriggerSource, extracted_fact, extracted_typed,
     extraction_transcript, with_daily_entry,
 };
 pub use ids::{AgentId, SessionId, TenantId, UserId};

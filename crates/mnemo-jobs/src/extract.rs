@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
-    ExtractionInput, Extractor, Extras, FactScope, NewMemory, Principal, Role, TRANSCRIPT_MESSAGES, Workspace,
+    ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, TRANSCRIPT_MESSAGES, Workspace,
     WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
@@ -126,6 +126,7 @@ impl ExtractRunner {
             session: None,
             roles: Vec::new(),
         };
+        let newest_session = pending.iter().max_by_key(|p| p.through_time).map(|p| p.session_id.clone());
         // Only facts about this user: one user's conversation must not teach the agent facts
         // recalled for every other user (nor can a prompt injected into it).
         let facts: Vec<NewMemory> = extraction
@@ -133,7 +134,13 @@ impl ExtractRunner {
             .iter()
             .filter(|f| f.scope == FactScope::User)
             .filter_map(|f| {
-                NewMemory::fact(&principal, f.scope, f.content.clone(), f.key.clone(), Extras::default()).ok()
+                let fact =
+                    NewMemory::fact(&principal, f.scope, f.content.clone(), f.key.clone(), Extras::default()).ok()?;
+                let mut fact = fact.with_typed(f.typed.clone(), Origin::Extraction).ok()?;
+                // The conversation it was stated in (the newest, when one extraction reads several):
+                // promotion counts the sessions a memory was seen in.
+                fact.seen_in = newest_session.clone();
+                Some(fact)
             })
             .collect();
         let changes = ExtractionChanges {

@@ -89,8 +89,8 @@ fn class_filter(class: Scope) -> &'static str {
         }
         Scope::Tenant => {
             "$3 AND (m.scope = 'tenant' OR (m.visibility = 'tenant' \
-             AND NOT (m.scope = 'user' AND m.user_id IS NOT DISTINCT FROM $4::text) \
-             AND m.agent_id IS DISTINCT FROM $5::text))"
+             AND NOT COALESCE(m.scope = 'user' AND m.user_id = $4::text, false) \
+             AND NOT COALESCE(m.agent_id = $5::text, false)))"
         }
     }
 }
