@@ -427,8 +427,14 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
             seen.push((item["id"].as_str().expect("id").to_owned(), None));
         }
         let classes = RecallScope::parse(scope).expect("scope").classes(&who).expect("classes");
-        let search_scope =
-            SearchScope { tenant: &who.tenant, classes: &classes, kinds: &[], include_superseded: false, roles: &[] };
+        let search_scope = SearchScope {
+            tenant: &who.tenant,
+            classes: &classes,
+            kinds: &[],
+            include_superseded: false,
+            roles: &[],
+            user: None,
+        };
         let text = query.join(" ");
         let keyword = search.keyword(&search_scope, &text, &CommonLexemes::default(), 50).await.expect("keyword");
         let vector = search.vector(&search_scope, &unit_bag_of_words(&text, DIMS), 50).await.expect("vector");

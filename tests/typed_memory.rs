@@ -139,9 +139,17 @@ struct Written {
 }
 
 impl Written {
+    /// Whether `who`'s roles open it: a user's own memory is always open to that user.
+    fn roles_open(&self, who: &Principal) -> bool {
+        let is_user = who.user.as_ref().is_some_and(|u| u.as_str() == self.user);
+        self.roles.is_empty()
+            || who.roles.iter().any(|r| self.roles.contains(&r.as_str()))
+            || (self.scope == "user" && is_user)
+    }
+
     /// README's access-control table, as a function.
     fn readable_by(&self, who: &Principal) -> bool {
-        let roles_ok = self.roles.is_empty() || who.roles.iter().any(|r| self.roles.contains(&r.as_str()));
+        let roles_ok = self.roles_open(who);
         let is_user = who.user.as_ref().is_some_and(|u| u.as_str() == self.user);
         let same_agent = self.agent.is_some() && who.agent.as_ref().map(|a| a.as_str()) == self.agent;
         let owner = match self.scope {
@@ -215,6 +223,7 @@ async fn visibility_and_roles_decide_who_reads_under_random_traffic() {
             kinds: &[],
             include_superseded: false,
             roles: &who.roles,
+            user: who.user.as_ref(),
         };
         let ranked = search.keyword(&scope, "zebra", &CommonLexemes::default(), 1000).await.expect("keyword");
         let mut found: HashSet<Uuid> = HashSet::new();
@@ -250,8 +259,7 @@ async fn visibility_and_roles_decide_who_reads_under_random_traffic() {
         let user = rng.random_bool(0.6).then(|| *users.choose(&mut rng).expect("user"));
         let held: Vec<&str> = roles.iter().copied().filter(|_| rng.random_bool(0.4)).collect();
         let who = with_roles(principal(w.tenant, user, None, None), &held);
-        let roles_ok = w.roles.is_empty() || held.iter().any(|r| w.roles.contains(r));
-        let allowed = roles_ok && user.is_none_or(|u| u == w.user);
+        let allowed = w.roles_open(&who) && user.is_none_or(|u| u == w.user);
         let reply = app.client.delete(&format!("/v1/memories/{id}"), Some(&token(&who))).await;
         assert_eq!(reply.status, if allowed { 200 } else { 404 }, "{w:?} deleted by {who:?} (seed {seed})");
     }

@@ -13,7 +13,7 @@ use mnemo_core::{
     Section, SessionId, TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble,
     tail_suffices,
 };
-use mnemo_recall::{PackRequest, build_pack};
+use mnemo_recall::{PackRequest, RecallOptions, build_pack};
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -139,7 +139,9 @@ pub async fn context(
     // The memory pack joins the workspace files: both are what the agent knows, before the
     // conversation.
     let pack = match &asked.memory_pack {
-        Some(pack_request) => Some(build_pack(&state.recall, tokenizer, &principal, pack_request).await?),
+        Some(pack_request) => {
+            Some(build_pack(&state.recall, tokenizer, &principal, pack_request, &RecallOptions::default()).await?)
+        }
         None => None,
     };
     if let Some(pack) = &pack {

@@ -7,7 +7,7 @@ use mnemo_core::{
     MemoryText, Metadata, NewMemory, Origin, RecallRequest, RecallScope, Relation, RelationType, Role, SessionId,
     SourceKind, SourceRef, ToolOutputKey, ToolOutputText, Turn, TypedInput, Unit, Visibility,
 };
-use mnemo_recall::{MemoryPack, PackRequest, PackTopK, RecalledItem, build_pack};
+use mnemo_recall::{MemoryPack, PackRequest, PackTopK, RecallOptions, RecalledItem, build_pack};
 use mnemo_store::{MIGRATOR, Remembered};
 use serde_json::json;
 
@@ -261,7 +261,8 @@ pub async fn memory_pack(
     let query = RecallRequest::new(&body.take_str("query")?)?.query;
     let request = pack_request(&mut body, query)?;
     body.finish()?;
-    let pack = build_pack(&state.recall, state.tokenizer.as_ref(), &principal, &request).await?;
+    let pack =
+        build_pack(&state.recall, state.tokenizer.as_ref(), &principal, &request, &RecallOptions::default()).await?;
     state.recall.track_access(&principal, &pack.items.iter().map(|p| p.item.clone()).collect::<Vec<_>>());
     Ok(Json(pack_json(&pack, &request)).into_response())
 }

@@ -191,7 +191,10 @@ pub(crate) fn start_worker(
         .with(vars::DATABASE_URL, url)
         .with(vars::EMBED_BATCH_SIZE, batch.to_string())
         .with(vars::WORKER_QUEUES, queues)
-        .with(vars::WORKER_LISTEN, "127.0.0.1:0");
+        .with(vars::WORKER_LISTEN, "127.0.0.1:0")
+        // Benchmark conversations are dated in the past: maintenance must not retire them.
+        .with(vars::SESSION_RETENTION_DAYS, "0")
+        .with(vars::DAILY_NOTE_RETENTION_DAYS, "0");
     let settings = WorkerSettings::from_env(&env)?;
     let models = mnemo_jobs::Models {
         embedder,

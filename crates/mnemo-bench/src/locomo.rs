@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::Context;
+use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
 
 /// One conversation of the file.
@@ -20,6 +21,8 @@ pub(crate) struct Sample {
 pub(crate) struct Session {
     /// The `<n>` of `session_<n>` (0 if it is not a number).
     pub number: u32,
+    /// `session_<n>_date_time` ("1:56 pm on 8 May, 2023"), when it reads as a time.
+    pub date: Option<DateTime<Utc>>,
     /// Its turns that have a speaker and a text.
     pub turns: Vec<Turn>,
 }
@@ -90,6 +93,7 @@ pub(crate) fn read(path: &Path) -> anyhow::Result<Vec<Sample>> {
             .filter(|(key, session)| key.starts_with("session_") && session.is_array())
             .map(|(key, session)| Session {
                 number: key.trim_start_matches("session_").parse().unwrap_or(0),
+                date: conversation.get(&format!("{key}_date_time")).and_then(Value::as_str).and_then(session_date),
                 turns: session.as_array().into_iter().flatten().filter_map(turn).collect(),
             })
             .collect();
@@ -112,6 +116,11 @@ pub(crate) fn read(path: &Path) -> anyhow::Result<Vec<Sample>> {
         out.push(Sample { name, sessions, qa });
     }
     Ok(out)
+}
+
+/// LoCoMo's session times, such as "1:56 pm on 8 May, 2023", read as UTC.
+fn session_date(raw: &str) -> Option<DateTime<Utc>> {
+    NaiveDateTime::parse_from_str(&raw.replace("  ", " "), "%I:%M %p on %d %B, %Y").ok().map(|t| t.and_utc())
 }
 
 fn turn(value: &Value) -> Option<Turn> {
@@ -180,5 +189,8 @@ mod tests {
         assert_eq!(sample.turns().count(), 2);
         let known: HashSet<&str> = sample.turns().filter_map(|t| t.id.as_deref()).collect();
         assert_eq!(sample.gold(&sample.qa[0], &known), (vec!["D2:1".to_owned()], 1, 1));
+        assert!(sample.sessions.iter().all(|s| s.date.is_none()), "noon is not a date");
+        let date = session_date("1:56 pm on 8 May, 2023").expect("a LoCoMo date");
+        assert_eq!(date.to_rfc3339(), "2023-05-08T13:56:00+00:00");
     }
 }

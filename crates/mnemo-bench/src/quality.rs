@@ -10,11 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use chrono::{DateTime, NaiveDate, Utc};
 use mnemo_config::{Env, RecallSettings};
 use mnemo_core::{
-    Embedder, Extras, MemoryText, NewMemory, Principal, RecallRequest, RecallScope, SessionId, SourceRef, TenantId,
+    Embedder, Extras, MemoryText, NewMemory, Principal, RecallRequest, RecallScope, SessionId, SignalWeights,
+    SourceRef, TenantId,
 };
 use mnemo_recall::{Halves, Recall, RecallOptions};
+use mnemo_store::Store;
 use serde_json::{Value, json};
 
 use crate::embedding::{JudgeQueue, fresh, local_embedder, start_worker, wait_embedded};
@@ -45,9 +48,21 @@ impl Mode {
     }
 }
 
+/// Whether recall's ranking signals (importance, confidence, decay) scale the fused scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SignalSwitch {
+    Off,
+    On,
+}
+
 /// How questions are asked and reported, in both scenarios.
 #[derive(Debug, clap::Args)]
 pub struct Asking {
+    /// Each setting is asked in turn over the same rows: `off` is fusion alone, `on` the
+    /// weights of the environment (or their defaults). Decay is measured to each conversation's
+    /// last turn.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "off,on")]
+    signals: Vec<SignalSwitch>,
     #[arg(long, value_delimiter = ',', default_value = "1,5,10,20")]
     k: Vec<usize>,
     #[arg(long, value_enum, default_value = "hybrid")]
@@ -75,10 +90,10 @@ pub struct BeamArgs {
     asking: Asking,
 }
 
-/// One conversation: its tenant and session, and its turns as (source_ref, text).
+/// One conversation: its tenant and session, and its turns as (source_ref, text, when).
 struct Conversation {
     name: String,
-    turns: Vec<(String, String)>,
+    turns: Vec<(String, String, Option<DateTime<Utc>>)>,
 }
 
 impl Conversation {
@@ -91,10 +106,15 @@ impl Conversation {
             roles: Vec::new(),
         })
     }
+
+    /// Its last turn's time: "now" for decay, as if the questions came right after it.
+    fn as_of(&self) -> Option<DateTime<Utc>> {
+        self.turns.iter().filter_map(|(_, _, time)| *time).max()
+    }
 }
 
-/// Writes every conversation, embeds it with the worker pool, and returns recall over it.
-async fn ingest(env: &Env, conversations: &[Conversation]) -> anyhow::Result<(Recall, Arc<dyn Embedder>)> {
+/// Writes every conversation and embeds it with the worker pool.
+async fn ingest(env: &Env, conversations: &[Conversation]) -> anyhow::Result<(Store, Arc<dyn Embedder>)> {
     let (_, embedder) = local_embedder(env)?;
     let (url, store) = fresh(env).await?;
     let started = Instant::now();
@@ -104,13 +124,13 @@ async fn ingest(env: &Env, conversations: &[Conversation]) -> anyhow::Result<(Re
         let memories = conversation
             .turns
             .iter()
-            .map(|(source_ref, text)| {
+            .map(|(source_ref, text, time)| {
                 Ok(NewMemory::chat_message(
                     &who,
                     SourceRef::parse(source_ref)?,
                     MemoryText::parse(text)?,
                     None,
-                    Extras::default(),
+                    Extras { event_time: *time, ..Extras::default() },
                 )?)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -127,15 +147,40 @@ async fn ingest(env: &Env, conversations: &[Conversation]) -> anyhow::Result<(Re
     let _ = stop.send(());
     store.analyze_memories().await?;
     eprintln!("ingested and embedded in {:.0} s", started.elapsed().as_secs_f64());
-    let recall = Recall::new(store, embedder.clone(), None, RecallSettings::from_env(env)?);
-    Ok((recall, embedder))
+    Ok((store, embedder))
 }
 
-/// The source_refs recall returns for `question`, best first.
-async fn ask(recall: &Recall, who: &Principal, question: &str, k: usize, mode: Mode) -> anyhow::Result<Vec<String>> {
+/// Recall over the ingested rows, with the signals on (the environment's weights) or off.
+fn recall_for(env: &Env, store: &Store, embedder: &Arc<dyn Embedder>, signals: SignalSwitch) -> anyhow::Result<Recall> {
+    let mut settings = RecallSettings::from_env(env)?;
+    if signals == SignalSwitch::Off {
+        settings.signals = SignalWeights::OFF;
+    }
+    Ok(Recall::new(store.clone(), embedder.clone(), None, settings))
+}
+
+fn signals_name(signals: SignalSwitch, recall: &Recall) -> String {
+    let w = recall.settings().signals;
+    match signals {
+        SignalSwitch::Off => "off".to_owned(),
+        SignalSwitch::On => format!(
+            "on (importance {}, confidence {}, decay {}, half-life {} days)",
+            w.importance, w.confidence, w.decay, w.half_life_days
+        ),
+    }
+}
+
+/// The source_refs recall returns for `question` in `conversation`, best first.
+async fn ask(
+    recall: &Recall,
+    conversation: &Conversation,
+    question: &str,
+    k: usize,
+    mode: Mode,
+) -> anyhow::Result<Vec<String>> {
     let request = RecallRequest::new(question)?.top_k(k)?.scope(RecallScope::Session).enable_rerank(false);
-    let options = RecallOptions { halves: mode.halves(), ..RecallOptions::default() };
-    let recalled = recall.recall_with(who, &request, options).await?;
+    let options = RecallOptions { halves: mode.halves(), as_of: conversation.as_of(), ..RecallOptions::default() };
+    let recalled = recall.recall_with(&conversation.principal()?, &request, options).await?;
     Ok(recalled.items.into_iter().map(|i| i.source_ref).collect())
 }
 
@@ -173,18 +218,22 @@ struct LocomoQuestion {
 fn locomo_data(path: &Path) -> anyhow::Result<(Vec<Conversation>, Vec<LocomoQuestion>, usize, usize)> {
     let (mut conversations, mut questions, mut normalised, mut dropped) = (Vec::new(), Vec::new(), 0, 0);
     for sample in locomo::read(path)? {
-        // A turn without an id cannot be evidence: it is not written.
-        let turns: Vec<(String, String)> = sample
-            .turns()
-            .filter_map(|turn| {
+        // A turn without an id cannot be evidence: it is not written. A turn's time is its
+        // session's, a minute apart in order.
+        let turns: Vec<(String, String, Option<DateTime<Utc>>)> = sample
+            .sessions
+            .iter()
+            .flat_map(|session| session.turns.iter().enumerate().map(move |(i, turn)| (session.date, i, turn)))
+            .filter_map(|(date, i, turn)| {
                 let mut content = turn.line();
                 if let Some(caption) = &turn.caption {
                     content.push_str(&format!(" [image: {caption}]"));
                 }
-                Some((turn.id.clone()?, capped(&content)))
+                let time = date.map(|d| d + chrono::Duration::minutes(i as i64));
+                Some((turn.id.clone()?, capped(&content), time))
             })
             .collect();
-        let known: HashSet<&str> = turns.iter().map(|(id, _)| id.as_str()).collect();
+        let known: HashSet<&str> = turns.iter().map(|(id, _, _)| id.as_str()).collect();
         for qa in &sample.qa {
             let (gold, changed, unknown) = sample.gold(qa, &known);
             normalised += changed;
@@ -209,7 +258,24 @@ fn mean(values: &[f64]) -> f64 {
 pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
     let (conversations, questions, normalised, dropped) = locomo_data(&args.data)?;
-    let (recall, _) = ingest(&env, &conversations).await?;
+    let (store, embedder) = ingest(&env, &conversations).await?;
+    for &signals in &args.asking.signals {
+        let recall = recall_for(&env, &store, &embedder, signals)?;
+        locomo_report(&args, &recall, signals, &conversations, &questions, normalised, dropped).await?;
+    }
+    Ok(())
+}
+
+/// Asks every LoCoMo question of `recall` and prints recall@k per category.
+async fn locomo_report(
+    args: &LocomoArgs,
+    recall: &Recall,
+    signals: SignalSwitch,
+    conversations: &[Conversation],
+    questions: &[LocomoQuestion],
+    normalised: usize,
+    dropped: usize,
+) -> anyhow::Result<()> {
     let max_k = args.asking.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
 
     // recall@k per question, by category.
@@ -217,13 +283,13 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     let (mut asked, mut without_gold) = (0, 0);
     let mut gap = Gap::default();
     let started = Instant::now();
-    for q in &questions {
+    for q in questions {
         if q.gold.is_empty() || q.question.trim().is_empty() {
             without_gold += 1;
             continue;
         }
-        let who = conversations[q.conversation].principal()?;
-        let found = ask(&recall, &who, &q.question, max_k, args.asking.mode).await?;
+        let conversation = &conversations[q.conversation];
+        let found = ask(recall, conversation, &q.question, max_k, args.asking.mode).await?;
         asked += 1;
         for &k in &args.asking.k {
             let top: HashSet<&String> = found.iter().take(k).collect();
@@ -237,8 +303,8 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
             let missed: Vec<&String> = q.gold.iter().filter(|g| !top10.contains(g)).collect();
             if !missed.is_empty() {
                 let limit = mnemo_core::MAX_TOP_K;
-                let mut halves = ask(&recall, &who, &q.question, limit, Mode::Keyword).await?;
-                halves.extend(ask(&recall, &who, &q.question, limit, Mode::Vector).await?);
+                let mut halves = ask(recall, conversation, &q.question, limit, Mode::Keyword).await?;
+                halves.extend(ask(recall, conversation, &q.question, limit, Mode::Vector).await?);
                 for g in missed {
                     gap.gold_missed += 1;
                     gap.in_a_half_top20 += usize::from(halves.contains(g));
@@ -265,6 +331,7 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
         "scenario": "locomo",
         "data": args.data.display().to_string(),
         "mode": args.asking.mode.name(),
+        "signals": signals_name(signals, recall),
         "questions": asked,
         "questions_without_gold": without_gold,
         "evidence": { "normalised": normalised, "dropped": dropped },
@@ -282,8 +349,9 @@ pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "LoCoMo {} ({} questions; evidence ids normalised: {normalised}, dropped: {dropped}; {without_gold} questions without gold skipped)",
+        "LoCoMo {}, signals {} ({} questions; evidence ids normalised: {normalised}, dropped: {dropped}; {without_gold} questions without gold skipped)",
         report["mode"].as_str().unwrap_or(""),
+        report["signals"].as_str().unwrap_or(""),
         asked
     );
     let categories: Vec<u64> = scores.values().next().map(|c| c.keys().copied().collect()).unwrap_or_default();
@@ -341,6 +409,11 @@ struct BeamData {
     cut: usize,
 }
 
+/// BEAM's batch dates, such as "March-15-2024", as midnight UTC.
+fn beam_date(raw: &str) -> Option<DateTime<Utc>> {
+    NaiveDate::parse_from_str(raw, "%B-%d-%Y").ok().and_then(|d| d.and_hms_opt(0, 0, 0)).map(|t| t.and_utc())
+}
+
 fn beam_data(dir: &Path) -> anyhow::Result<BeamData> {
     let mut chats: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
@@ -357,15 +430,25 @@ fn beam_data(dir: &Path) -> anyhow::Result<BeamData> {
         messages(&raw, &mut found);
         let mut seen = HashSet::new();
         let mut turns = Vec::new();
+        // A batch's first message carries its date ("March-15-2024"); the messages after it
+        // are a minute apart.
+        let mut anchor: Option<(DateTime<Utc>, i64)> = None;
         for message in found {
             let (Some(id), Some(content)) = (message["id"].as_u64(), message["content"].as_str()) else { continue };
+            if let Some(date) = message["time_anchor"].as_str().and_then(beam_date) {
+                anchor = Some((date, 0));
+            }
             if content.trim().is_empty() || !seen.insert(id) {
                 continue;
             }
             let role = message["role"].as_str().unwrap_or("message");
             let text = capped(&format!("{role}: {content}"));
             cut += usize::from(text.len() < role.len() + 2 + content.len());
-            turns.push((id.to_string(), text));
+            let time = anchor.as_mut().map(|(date, n)| {
+                *n += 1;
+                *date + chrono::Duration::minutes(*n)
+            });
+            turns.push((id.to_string(), text, time));
         }
         let probing = read_json(&chat.join("probing_questions.json"))?;
         let conversation = conversations.len();
@@ -393,15 +476,25 @@ fn beam_data(dir: &Path) -> anyhow::Result<BeamData> {
 pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
     let BeamData { conversations, updates, contradictions, cut } = beam_data(&args.data)?;
-    let (recall, _) = ingest(&env, &conversations).await?;
+    let (store, embedder) = ingest(&env, &conversations).await?;
+    let data = BeamData { conversations, updates, contradictions, cut };
+    for &signals in &args.asking.signals {
+        let recall = recall_for(&env, &store, &embedder, signals)?;
+        beam_report(&args, &recall, signals, &data).await?;
+    }
+    Ok(())
+}
+
+/// Asks BEAM's update and contradiction questions of `recall` and prints how it did.
+async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, data: &BeamData) -> anyhow::Result<()> {
+    let BeamData { conversations, updates, contradictions, cut } = data;
     let max_k = args.asking.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
     let rank = |found: &[String], ids: &[String]| found.iter().position(|f| ids.contains(f));
 
     let mut hit: HashMap<usize, Vec<f64>> = HashMap::new();
     let mut above = Vec::new();
     for q in updates.iter().filter(|q| !q.second.is_empty()) {
-        let found =
-            ask(&recall, &conversations[q.conversation].principal()?, &q.question, max_k, args.asking.mode).await?;
+        let found = ask(recall, &conversations[q.conversation], &q.question, max_k, args.asking.mode).await?;
         let (updated, original) = (rank(&found, &q.second), rank(&found, &q.first));
         for &k in &args.asking.k {
             hit.entry(k).or_default().push(f64::from(u8::from(updated.is_some_and(|r| r < k))));
@@ -415,8 +508,7 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
     }
     let mut both: HashMap<usize, Vec<f64>> = HashMap::new();
     for q in contradictions.iter().filter(|q| !q.first.is_empty() && !q.second.is_empty()) {
-        let found =
-            ask(&recall, &conversations[q.conversation].principal()?, &q.question, max_k, args.asking.mode).await?;
+        let found = ask(recall, &conversations[q.conversation], &q.question, max_k, args.asking.mode).await?;
         for &k in &args.asking.k {
             let top = &found[..found.len().min(k)];
             let ok = rank(top, &q.first).is_some() && rank(top, &q.second).is_some();
@@ -432,6 +524,7 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
         "scenario": "beam",
         "data": args.data.display().to_string(),
         "mode": args.asking.mode.name(),
+        "signals": signals_name(signals, recall),
         "chats": conversations.len(),
         "messages": conversations.iter().map(|c| c.turns.len()).sum::<usize>(),
         "messages_cut_to_16KiB": cut,
@@ -446,8 +539,9 @@ pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "BEAM {} ({} chats, {} messages)",
+        "BEAM {}, signals {} ({} chats, {} messages)",
         report["mode"].as_str().unwrap_or(""),
+        report["signals"].as_str().unwrap_or(""),
         report["chats"],
         report["messages"]
     );

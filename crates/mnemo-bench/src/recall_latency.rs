@@ -19,7 +19,7 @@ use mnemo_core::{
     AgentId, MemoryText, Principal, RecallClass, RecallRequest, Scope, SessionId, SourceKind, SourceRef, TenantId,
     UserId,
 };
-use mnemo_recall::{Recall, RecallOptions};
+use mnemo_recall::{PackRequest, PackTopK, Recall, RecallOptions, build_pack};
 use mnemo_store::{BulkRow, SearchScope, Store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -143,6 +143,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     eprintln!("search alone: p50 {:.1} ms", search.value_at_quantile(0.5) as f64 / 1000.0);
 
+    // A memory pack with golemcore's budgets and limits, query vectors given: the search with
+    // its larger candidate window, the per-layer cut, token counting and rendering.
+    let counter = mnemo_models::Tokenizer::new(mnemo_config::ContextSettings::from_env(&env)?.tokenizer);
+    let mut pack = Histogram::<u64>::new(3)?;
+    let mut packed_tokens = 0u64;
+    for (q, v) in questions.iter().zip(&question_vectors) {
+        let request = PackRequest {
+            query: q.clone(),
+            soft_budget_tokens: PackRequest::DEFAULT_SOFT_BUDGET,
+            max_budget_tokens: PackRequest::DEFAULT_MAX_BUDGET,
+            top_k: PackTopK::default(),
+        };
+        let options = RecallOptions { query_vector: Some(v.clone()), ..RecallOptions::default() };
+        let t = Instant::now();
+        packed_tokens += u64::from(build_pack(&recall, &counter, &who, &request, &options).await?.tokens);
+        pack.record(t.elapsed().as_micros() as u64)?;
+    }
+    eprintln!("memory pack: p95 {:.1} ms", pack.value_at_quantile(0.95) as f64 / 1000.0);
+
     // End to end: HTTP, authentication, the query embedded by the local model.
     let secret = format!("bench-{}", Uuid::new_v4().simple());
     let server_env = env.clone().with(vars::DATABASE_URL, url.as_str()).with(vars::JWT_SECRET, secret.as_str());
@@ -175,6 +194,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         kinds: &[SourceKind::DocumentChunk],
         include_superseded: false,
         roles: &[],
+        user: None,
     };
     let mut overlap = Vec::new();
     for v in question_vectors.iter().take(100) {
@@ -194,6 +214,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "mean_items_returned": returned as f64 / questions.len().max(1) as f64,
         "sizes": sizes,
         "search_alone": quantiles(&search),
+        "memory_pack_alone": quantiles(&pack),
+        "memory_pack_mean_tokens": packed_tokens as f64 / questions.len().max(1) as f64,
         "end_to_end_http": quantiles(&end_to_end),
         "hnsw_recall_at_10_vs_exact": hnsw_recall,
     });

@@ -53,7 +53,7 @@ impl Default for RecallSettings {
             prune_fraction: 0.01,
             query_batch: 32,
             query_cache: 1024,
-            signals: SignalWeights { importance: 0.2, confidence: 0.2, decay: 0.2, half_life_days: 30.0 },
+            signals: SignalWeights { importance: 0.1, confidence: 0.1, decay: 0.02, half_life_days: 30.0 },
             decay_floor: 0.05,
             promotion_min_confidence: 0.75,
             warnings: Vec::new(),

@@ -200,6 +200,7 @@ impl Recall {
             kinds: query.kinds,
             include_superseded: options.include_superseded,
             roles: &principal.roles,
+            user: principal.user.as_ref(),
         };
 
         let keyword = async {

@@ -149,17 +149,19 @@ fn line(item: &RecalledItem) -> String {
     format!("- {}\n", item.content.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
-/// Builds the pack for `request` over what `principal` may recall.
+/// Builds the pack for `request` over what `principal` may recall. `options` are recall's
+/// (the API passes the defaults; benchmarks give the query's vector).
 pub async fn build_pack(
     recall: &Recall,
     counter: &dyn TokenCounter,
     principal: &Principal,
     request: &PackRequest,
+    options: &RecallOptions,
 ) -> Result<MemoryPack, RecallError> {
     let wanted: usize = PackLayer::ALL.iter().map(|&l| request.top_k.get(l)).sum();
     let query = Query { text: &request.query, scope: RecallScope::Any, kinds: &[] };
     // Enough candidates that a layer's top k is rarely short because other layers ranked above.
-    let ranked = recall.ranked(principal, &query, (4 * wanted).clamp(20, 200), &RecallOptions::default()).await?;
+    let ranked = recall.ranked(principal, &query, (4 * wanted).clamp(20, 200), options).await?;
 
     let mut layers: Vec<LayerUsage> = PackLayer::ALL
         .iter()

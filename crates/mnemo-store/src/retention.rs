@@ -169,7 +169,7 @@ impl Store {
                        deleted_at IS NOT NULL OR anonymized_at IS NOT NULL AS already
                 FROM memory_items
                 WHERE tenant_id = $1 AND id = $2 AND ($3::text IS NULL OR user_id = $3)
-                  AND (allowed_roles = '{}' OR allowed_roles && $6::text[])
+                  AND (allowed_roles = '{}' OR allowed_roles && $6::text[] OR (scope = 'user' AND user_id = $3))
                 FOR UPDATE
             ), deleted AS (
                 UPDATE memory_items m

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::{Label, RecallClass, Scope, SourceKind, TenantId};
+use mnemo_core::{Label, RecallClass, Scope, SourceKind, TenantId, UserId};
 use pgvector::Vector;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -27,6 +27,8 @@ pub struct SearchScope<'a> {
     pub include_superseded: bool,
     /// The token's roles, which open rows written with `allowed_roles`.
     pub roles: &'a [Label],
+    /// The token's user, whose own memories its roles never hide.
+    pub user: Option<&'a UserId>,
 }
 
 /// Candidates per class (named by its scope), best first.
@@ -69,7 +71,8 @@ pub struct Search {
 
 /// The rows of one class a statement may search, each switched on by its bound identity
 /// (`$2`–`$5`); `$1` is the tenant, `$6` the agent whose workspace notes the user class may
-/// hold, `$7` the kinds, `$8` whether superseded rows count, `$9` the token's roles.
+/// hold, `$7` the kinds, `$8` whether superseded rows count, `$9` the token's roles, `$10` the
+/// token's user.
 ///
 /// A row's owner class holds it whatever its visibility; a user's row shared with its agent
 /// (visibility `agent` or `tenant`) is also in that agent's class for the agent's other users,
@@ -94,15 +97,17 @@ fn class_filter(class: Scope) -> &'static str {
         }
     }
 }
-/// Live rows of the tenant, of the kinds asked for, that the token's roles open. The first two
-/// conditions are the predicate of the full-text index and must stay word for word.
+/// Live rows of the tenant, of the kinds asked for, that the token's roles open (a user's own
+/// memories are always open to that user). The first two conditions are the predicate of the
+/// full-text index and must stay word for word.
 const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($8 OR m.superseded_by IS NULL) \
                     AND m.tenant_id = $1 AND m.source_kind = ANY($7) \
-                    AND (m.allowed_roles = '{}' OR m.allowed_roles && $9::text[])";
+                    AND (m.allowed_roles = '{}' OR m.allowed_roles && $9::text[] \
+                         OR (m.scope = 'user' AND m.user_id = $10::text))";
 
-/// Full text with OR semantics: the query's lexemes less the common ones (`$12`, with their
-/// frequencies in `$13`); when every lexeme is common, the rarest alone. Each class is ranked by
-/// the RUM index's distance (`$10` per class).
+/// Full text with OR semantics: the query's lexemes less the common ones (`$13`, with their
+/// frequencies in `$14`); when every lexeme is common, the rarest alone. Each class is ranked by
+/// the RUM index's distance (`$11` per class).
 fn keyword_sql() -> String {
     let branches: Vec<String> = Scope::ALL
         .iter()
@@ -112,14 +117,14 @@ fn keyword_sql() -> String {
                 "(SELECT '{class}' AS class, m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
                   FROM memory_items m
                   WHERE {filter} AND {LIVE} AND m.tsv @@ (SELECT q FROM query)
-                  ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $10)"
+                  ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $11)"
             )
         })
         .collect();
     format!(
         "WITH lexemes AS (
-            SELECT l, c.freq FROM unnest(tsvector_to_array(to_tsvector('english', $11))) AS l
-            LEFT JOIN unnest($12::text[], $13::float4[]) AS c(lexeme, freq) ON c.lexeme = l
+            SELECT l, c.freq FROM unnest(tsvector_to_array(to_tsvector('english', $12))) AS l
+            LEFT JOIN unnest($13::text[], $14::float4[]) AS c(lexeme, freq) ON c.lexeme = l
         ), kept AS (
             SELECT l FROM lexemes WHERE freq IS NULL
             UNION ALL
@@ -155,7 +160,7 @@ impl Store {
     /// Search statements for `model`, whose vectors have `dimensions` components.
     pub fn search(&self, model: &str, dimensions: usize) -> Search {
         let model_literal = sql_literal(model);
-        let distance = format!("(e.embedding::vector({dimensions}) <=> $11::vector({dimensions}))");
+        let distance = format!("(e.embedding::vector({dimensions}) <=> $12::vector({dimensions}))");
         // Identity classes (a session, a user's or an agent's facts) are small: rank them exactly.
         // `+ 0` keeps the planner off the HNSW index, which would have to walk past the whole
         // tenant to find them.
@@ -166,7 +171,7 @@ impl Store {
                   FROM memory_items m
                   JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = {model_literal}
                   WHERE {filter} AND {LIVE}
-                  ORDER BY {distance} + 0 LIMIT $10)"
+                  ORDER BY {distance} + 0 LIMIT $11)"
             )
         };
         // The tenant class is large: an HNSW scan filtered to the tenant, iterative so the filter
@@ -175,7 +180,7 @@ impl Store {
             "(SELECT '{tenant}' AS class, m.id, {distance}::float8 AS d
               FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
               WHERE e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
-              ORDER BY {distance} LIMIT $10)",
+              ORDER BY {distance} LIMIT $11)",
             tenant = Scope::Tenant,
             filter = class_filter(Scope::Tenant),
         );
@@ -291,7 +296,7 @@ pub(crate) fn vector_index_name(model: &str, dimensions: usize) -> String {
     format!("memory_embeddings_hnsw_{}_{dimensions}", &digest[..12])
 }
 
-/// Binds `$1`–`$9`, which every search statement shares.
+/// Binds `$1`–`$10`, which every search statement shares.
 macro_rules! bind_scope {
     ($query:expr, $scope:expr) => {{
         let scope: &SearchScope<'_> = $scope;
@@ -321,6 +326,7 @@ macro_rules! bind_scope {
             .bind(kinds)
             .bind(scope.include_superseded)
             .bind(scope.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>())
+            .bind(scope.user.map(|u| u.as_str()))
     }};
 }
 
