@@ -1,9 +1,11 @@
 -- Typed long-term memory: layer, category, importance, confidence, tags, origin, relations,
 -- access control beyond the owner, and the signals recall ranks by (last access, decay).
 --
--- Every new column has a constant default or none, so adding them rewrites no row; the two
--- UPDATEs below touch agent facts and tenant rows once, to give them the visibility their class
--- already had.
+-- Every new column has a constant default or none, so adding them rewrites no row, but the new
+-- CHECK constraints scan the table once. The UPDATEs below rewrite agent facts and tenant rows
+-- (document chunks: on a document-heavy database, most of the table) to give them the visibility
+-- their class already had, and daily notes to make them episodic; conversation rows keep the
+-- default layer, which nothing reads for them (packs put them in working memory).
 
 ALTER TABLE memory_items
     ADD COLUMN layer text NOT NULL DEFAULT 'semantic'
@@ -34,8 +36,7 @@ ALTER TABLE memory_items
 UPDATE memory_items SET visibility = 'agent' WHERE scope = 'agent';
 UPDATE memory_items SET visibility = 'tenant' WHERE scope = 'tenant';
 UPDATE memory_items SET layer = 'episodic'
-WHERE source_kind IN ('chat_message', 'tool_output', 'session_summary')
-   OR (source_kind = 'workspace_note' AND metadata ->> 'path' <> 'MEMORY.md');
+WHERE source_kind = 'workspace_note' AND metadata ->> 'path' <> 'MEMORY.md';
 
 -- Visibility only widens what a row's class already allows.
 ALTER TABLE memory_items ADD CONSTRAINT memory_items_visibility_widens CHECK (
@@ -52,6 +53,11 @@ CREATE INDEX memory_items_shared_idx ON memory_items (tenant_id, agent_id)
 -- Promotion looks for the same fingerprint in one bucket.
 CREATE INDEX memory_items_fingerprint_idx ON memory_items (tenant_id, fingerprint)
     WHERE layer = 'episodic' AND fingerprint IS NOT NULL;
+
+-- Fading looks for episodic memories unused since a time, across tenants.
+CREATE INDEX memory_items_fade_idx ON memory_items ((COALESCE(last_accessed_at, event_time)))
+    WHERE layer = 'episodic' AND scope <> 'session' AND faded_at IS NULL
+      AND deleted_at IS NULL AND anonymized_at IS NULL;
 
 -- One memory pointing at another of the same tenant: the foreign keys carry the tenant, so a
 -- relation can never cross tenants, and neither end can be missing.
@@ -73,6 +79,8 @@ CREATE TABLE memory_sightings (
     tenant_id   text        NOT NULL,
     item_id     uuid        NOT NULL,
     session_id  text        NOT NULL,
+    -- Who stated it: an erasure of that user removes the sighting.
+    user_id     text,
     seen_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, item_id, session_id),
     FOREIGN KEY (tenant_id, item_id) REFERENCES memory_items (tenant_id, id)

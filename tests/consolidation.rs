@@ -159,7 +159,7 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
             note_retention_days: 0,
             session_retention_days: 0,
         },
-        recall: mnemo_config::RecallSettings::default(),
+        signals: mnemo_config::SignalSettings::default(),
     };
     let done = mnemo_jobs::run_housekeeping(&store, "w", &policy).await.expect("housekeeping").expect("won the tick");
     assert_eq!(done.consolidations_scheduled, 3);

@@ -25,9 +25,10 @@ pub struct Claims {
     pub agent: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sid: Option<String>,
-    /// Roles that open memories written with `allowed_roles`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub roles: Vec<String>,
+    /// Roles that open memories written with `allowed_roles`. Read leniently: identity providers
+    /// put their own roles here, so entries mnemo cannot use are ignored, never refused.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub roles: serde_json::Value,
     pub exp: u64,
 }
 
@@ -44,8 +45,20 @@ impl std::fmt::Debug for Authenticator {
     }
 }
 
-/// The most roles a token may carry.
-const MAX_TOKEN_ROLES: usize = 32;
+/// The most roles of a token mnemo reads.
+const MAX_TOKEN_ROLES: usize = 64;
+
+/// The usable roles of a `roles` claim: a list's string entries that are valid labels, at most
+/// [`MAX_TOKEN_ROLES`]; anything else (a string, a number, an odd entry) opens nothing.
+fn token_roles(claim: &serde_json::Value) -> Vec<Label> {
+    let Some(entries) = claim.as_array() else { return Vec::new() };
+    let mut roles: Vec<Label> =
+        entries.iter().filter_map(|e| e.as_str()).filter_map(|r| Label::parse("roles", r).ok()).collect();
+    roles.sort();
+    roles.dedup();
+    roles.truncate(MAX_TOKEN_ROLES);
+    roles
+}
 
 /// Clock skew tolerated on `exp`.
 const LEEWAY_SECONDS: u64 = 5;
@@ -88,7 +101,7 @@ impl Authenticator {
             user: claims.sub.as_deref().map(UserId::parse).transpose().map_err(|e| claim("sub", e))?,
             agent: claims.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| claim("agent", e))?,
             session: claims.sid.as_deref().map(SessionId::parse).transpose().map_err(|e| claim("sid", e))?,
-            roles: Label::parse_list("roles", &claims.roles, MAX_TOKEN_ROLES).map_err(|e| claim("roles", e))?,
+            roles: token_roles(&claims.roles),
         })
     }
 }
@@ -105,7 +118,11 @@ pub fn claims_for(principal: &Principal, exp: u64) -> Claims {
         sub: principal.user.as_ref().map(ToString::to_string),
         agent: principal.agent.as_ref().map(ToString::to_string),
         sid: principal.session.as_ref().map(ToString::to_string),
-        roles: principal.roles.iter().map(|r| r.as_str().to_owned()).collect(),
+        roles: if principal.roles.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::Value::from(principal.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>())
+        },
         exp,
     }
 }

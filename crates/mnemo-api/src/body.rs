@@ -126,6 +126,11 @@ impl JsonObject {
         }
     }
 
+    /// Whether the object in `field` has `inner`.
+    pub fn nested_has(&self, field: &str, inner: &str) -> bool {
+        self.0.get(field).and_then(|v| v.get(inner)).is_some_and(|v| !v.is_null())
+    }
+
     /// Any JSON value but null.
     pub fn take_opt_value(&mut self, field: &'static str) -> Result<Option<Value>, ApiError> {
         Ok(self.take(field))

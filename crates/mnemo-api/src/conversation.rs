@@ -145,7 +145,7 @@ pub async fn context(
         None => None,
     };
     if let Some(pack) = &pack {
-        state.recall.track_access(&principal, &pack.items.iter().map(|p| p.item.clone()).collect::<Vec<_>>());
+        state.recall.track_access(&principal, pack.items.iter().map(|p| p.id).collect());
     }
     let injected = match (injected, pack.as_ref().map(|p| p.rendered.as_str()).filter(|r| !r.is_empty())) {
         (Some(files), Some(memory)) => Some(format!("{files}\n\n{memory}")),
@@ -250,7 +250,12 @@ impl ContextBody {
             .map(|mut options| {
                 let query = options.take_opt_str("query")?.or_else(|| current_message.clone());
                 let query = query.ok_or(ApiError::MissingField("memory_pack.query (or current_message)"))?;
+                // The window holds the conversation already: no working memory unless asked.
+                let working_given = options.nested_has("top_k", "working");
                 let mut request = crate::routes::pack_request(&mut options, RecallRequest::new(&query)?.query)?;
+                if !working_given {
+                    request.top_k.working = 0;
+                }
                 options.finish()?;
                 // The pack takes at most a quarter of the window.
                 let quarter = u32::try_from((max_input_tokens - reserve_output_tokens) / 4).unwrap_or(u32::MAX);

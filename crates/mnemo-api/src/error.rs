@@ -66,7 +66,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("unknown_field", 400, "the body has a field this endpoint does not take"),
     ("missing_field", 400, "a required field is absent"),
     ("invalid_field", 400, "a field has the wrong type, or an id is empty, too long or has control characters"),
-    ("invalid_value", 400, "a field has a value outside its allowed set (source_kind, scope)"),
+    (
+        "invalid_value",
+        400,
+        "a field has a value outside its allowed set (source_kind, scope, layer, category, visibility, a relation's type, a label's characters)",
+    ),
     ("tenant_in_body", 400, "the body names a tenant; the tenant comes only from the token"),
     ("empty_content", 400, "content is empty or only white space"),
     (
@@ -93,7 +97,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("agent_file_read_only", 403, "a token with a user (sub) may read the agent's shared files but not change them"),
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
-    ("source_ref_conflict", 409, "the source_ref already holds different content"),
+    (
+        "source_ref_conflict",
+        409,
+        "the source_ref already holds different content (for a fact: or other visibility or allowed_roles)",
+    ),
     ("memory_deleted", 409, "the source_ref names a deleted row (a deleted fact asserted again is revived instead)"),
     ("edit_text_not_found", 409, "a workspace edit's old_text is not in the file"),
     (

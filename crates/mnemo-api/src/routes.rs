@@ -3,9 +3,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mnemo_core::{
-    Category, Extras, FactKey, FactScope, InvalidInput, Label, Layer, MAX_ALLOWED_ROLES, MAX_RELATIONS, MAX_TAGS,
-    MemoryText, Metadata, NewMemory, Origin, RecallRequest, RecallScope, Relation, RelationType, Role, SessionId,
-    SourceKind, SourceRef, ToolOutputKey, ToolOutputText, Turn, TypedInput, Unit, Visibility,
+    Category, Extras, FactKey, FactScope, InvalidInput, Label, Layer, MAX_ALLOWED_ROLES, MAX_RELATIONS, MemoryText,
+    Metadata, NewMemory, Origin, RecallRequest, RecallScope, Relation, RelationType, Role, SessionId, SourceKind,
+    SourceRef, ToolOutputKey, ToolOutputText, Turn, TypedInput, Unit, Visibility,
 };
 use mnemo_recall::{MemoryPack, PackRequest, PackTopK, RecallOptions, RecalledItem, build_pack};
 use mnemo_store::{MIGRATOR, Remembered};
@@ -129,14 +129,6 @@ pub async fn remember_fact(
     body.finish()?;
 
     let memory = NewMemory::fact(&principal, scope, content, key, extras)?.with_typed(typed, origin)?;
-    if memory.typed.visibility == Visibility::Agent && memory.agent.is_none() {
-        return Err(InvalidInput::UnknownValue {
-            field: "visibility",
-            value: "agent".into(),
-            expected: "private tenant (visibility agent needs a token with an agent claim)",
-        }
-        .into());
-    }
     Ok(remembered(SourceKind::Fact, state.writes.remember(memory).await?))
 }
 
@@ -169,7 +161,7 @@ fn typed_input(body: &mut JsonObject) -> Result<TypedInput, ApiError> {
         category: body.take_opt_str("category")?.as_deref().map(Category::parse).transpose()?,
         importance: unit("importance", body.take_opt_f64("importance")?)?,
         confidence: unit("confidence", body.take_opt_f64("confidence")?)?,
-        tags: Label::parse_list("tags", &body.take_opt_str_list("tags")?.unwrap_or_default(), MAX_TAGS)?,
+        tags: Label::tags(&body.take_opt_str_list("tags")?.unwrap_or_default())?,
         relations,
         visibility: body.take_opt_str("visibility")?.as_deref().map(Visibility::parse).transpose()?,
         allowed_roles: Label::parse_list(
@@ -263,7 +255,7 @@ pub async fn memory_pack(
     body.finish()?;
     let pack =
         build_pack(&state.recall, state.tokenizer.as_ref(), &principal, &request, &RecallOptions::default()).await?;
-    state.recall.track_access(&principal, &pack.items.iter().map(|p| p.item.clone()).collect::<Vec<_>>());
+    state.recall.track_access(&principal, pack.items.iter().map(|p| p.id).collect());
     Ok(Json(pack_json(&pack, &request)).into_response())
 }
 
@@ -320,6 +312,7 @@ pub fn pack_json(pack: &MemoryPack, request: &PackRequest) -> serde_json::Value 
             let mut item = recalled_item(&p.item);
             item["pack_layer"] = json!(p.layer.as_str());
             item["tokens"] = json!(p.tokens);
+            item["past_soft_budget"] = json!(p.past_soft_budget);
             item
         })
         .collect();
@@ -344,6 +337,7 @@ pub fn pack_json(pack: &MemoryPack, request: &PackRequest) -> serde_json::Value 
         "items": items,
         "diagnostics": {
             "tokens": pack.tokens,
+            "soft_phase_tokens": pack.soft_tokens,
             "soft_budget_tokens": request.soft_budget_tokens,
             "max_budget_tokens": request.max_budget_tokens,
             "layers": layers,

@@ -24,7 +24,7 @@ pub use embed::{EmbedProvider, EmbedSettings, LOCAL_EMBED_MODEL};
 use env::Problems;
 pub use env::{ConfigError, Env, Secret};
 pub use judge::JudgeSettings;
-pub use recall::{ClassWeights, RecallSettings};
+pub use recall::{ClassWeights, RecallSettings, SignalSettings};
 pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};
 pub use telemetry::{LogFormat, LogSettings, init_tracing, metrics_handle, shutdown_signal};

@@ -20,6 +20,54 @@ impl Default for ClassWeights {
     }
 }
 
+/// The ranking signals (read by the server's recall) and what maintenance does with decay and
+/// confidence (read by the worker).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SignalSettings {
+    pub weights: SignalWeights,
+    /// An episodic memory's decay below which packs leave it out (0: never).
+    pub decay_floor: f64,
+    /// The confidence an episodic memory seen in two sessions needs to become semantic.
+    pub promotion_min_confidence: f64,
+}
+
+impl Default for SignalSettings {
+    fn default() -> Self {
+        Self {
+            weights: SignalWeights { importance: 0.1, confidence: 0.1, decay: 0.02, half_life_days: 30.0 },
+            decay_floor: 0.05,
+            promotion_min_confidence: 0.75,
+        }
+    }
+}
+
+impl SignalSettings {
+    pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
+        let defaults = Self::default();
+        let mut unit = |name: &str, default: f64| {
+            let value = problems.parsed(env, name, default, "a number");
+            if !(0.0..=1.0).contains(&value) {
+                problems.0.push(format!("{name} must be between 0 and 1"));
+            }
+            value
+        };
+        let d = defaults.weights;
+        let (importance, confidence, decay) = (
+            unit(vars::SIGNAL_WEIGHT_IMPORTANCE, d.importance),
+            unit(vars::SIGNAL_WEIGHT_CONFIDENCE, d.confidence),
+            unit(vars::SIGNAL_WEIGHT_DECAY, d.decay),
+        );
+        let decay_floor = unit(vars::DECAY_FLOOR, defaults.decay_floor);
+        let promotion_min_confidence = unit(vars::PROMOTION_MIN_CONFIDENCE, defaults.promotion_min_confidence);
+        let half_life_days = problems.parsed(env, vars::DECAY_HALF_LIFE_DAYS, d.half_life_days, "a number of days");
+        if !(half_life_days > 0.0 && half_life_days <= 36_500.0) {
+            problems.0.push(format!("{} must be above 0 and at most 36500", vars::DECAY_HALF_LIFE_DAYS));
+        }
+        let weights = SignalWeights { importance, confidence, decay, half_life_days };
+        Self { weights, decay_floor, promotion_min_confidence }
+    }
+}
+
 /// How recall searches and ranks.
 #[derive(Debug, Clone)]
 pub struct RecallSettings {
@@ -35,10 +83,6 @@ pub struct RecallSettings {
     pub query_cache: usize,
     /// Importance, confidence and decay: the bounded factor on fused scores.
     pub signals: SignalWeights,
-    /// An episodic memory's decay below which the pack leaves it out.
-    pub decay_floor: f64,
-    /// The confidence an episodic memory seen in two sessions needs to become semantic.
-    pub promotion_min_confidence: f64,
     /// Values that were ignored, to be logged once tracing is up (the weights fall back to their
     /// defaults rather than stop the server, as the seed says).
     pub warnings: Vec<String>,
@@ -53,9 +97,7 @@ impl Default for RecallSettings {
             prune_fraction: 0.01,
             query_batch: 32,
             query_cache: 1024,
-            signals: SignalWeights { importance: 0.1, confidence: 0.1, decay: 0.02, half_life_days: 30.0 },
-            decay_floor: 0.05,
-            promotion_min_confidence: 0.75,
+            signals: SignalSettings::default().weights,
             warnings: Vec::new(),
         }
     }
@@ -99,26 +141,7 @@ impl RecallSettings {
         if query_cache > 1_000_000 {
             problems.0.push(format!("{} must be at most 1000000", vars::RECALL_QUERY_CACHE));
         }
-        let mut unit = |name: &str, default: f64| {
-            let value = problems.parsed(env, name, default, "a number");
-            if !(0.0..=1.0).contains(&value) {
-                problems.0.push(format!("{name} must be between 0 and 1"));
-            }
-            value
-        };
-        let d = defaults.signals;
-        let mut signals = SignalWeights {
-            importance: unit(vars::SIGNAL_WEIGHT_IMPORTANCE, d.importance),
-            confidence: unit(vars::SIGNAL_WEIGHT_CONFIDENCE, d.confidence),
-            decay: unit(vars::SIGNAL_WEIGHT_DECAY, d.decay),
-            half_life_days: d.half_life_days,
-        };
-        let decay_floor = unit(vars::DECAY_FLOOR, defaults.decay_floor);
-        let promotion_min_confidence = unit(vars::PROMOTION_MIN_CONFIDENCE, defaults.promotion_min_confidence);
-        signals.half_life_days = problems.parsed(env, vars::DECAY_HALF_LIFE_DAYS, d.half_life_days, "a number of days");
-        if !(signals.half_life_days > 0.0 && signals.half_life_days <= 36_500.0) {
-            problems.0.push(format!("{} must be above 0 and at most 36500", vars::DECAY_HALF_LIFE_DAYS));
-        }
+        let signals = SignalSettings::read(env, problems).weights;
         Self {
             weights,
             reranker_url,
@@ -127,8 +150,6 @@ impl RecallSettings {
             query_batch,
             query_cache,
             signals,
-            decay_floor,
-            promotion_min_confidence,
             warnings,
         }
     }

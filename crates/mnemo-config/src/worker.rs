@@ -5,7 +5,7 @@ use mnemo_core::Queue;
 
 use crate::{
     ConfigError, ContextSettings, DatabaseSettings, EmbedSettings, Env, JudgeSettings, LogSettings, Problems,
-    RecallSettings, RetentionSettings, WorkspaceSettings, vars,
+    RetentionSettings, SignalSettings, WorkspaceSettings, vars,
 };
 
 /// Everything `mnemo-worker` needs.
@@ -19,8 +19,8 @@ pub struct WorkerSettings {
     pub context: ContextSettings,
     /// Workspace files and extraction.
     pub workspace: WorkspaceSettings,
-    /// The decay half-life and floor the fade job uses, and the promotion threshold.
-    pub recall: RecallSettings,
+    /// The decay half-life and floor fading uses, and the promotion threshold.
+    pub signals: SignalSettings,
     /// Queues this process serves, with the jobs it runs at once on each.
     pub queues: Vec<(Queue, usize)>,
     /// Rows per model call, and how long a batch waits to fill.
@@ -50,7 +50,7 @@ impl WorkerSettings {
         let retention = RetentionSettings::read(env, &mut problems);
         let context = ContextSettings::read(env, &mut problems);
         let workspace = WorkspaceSettings::read(env, &mut problems);
-        let recall = RecallSettings::read(env, &mut problems);
+        let signals = SignalSettings::read(env, &mut problems);
         let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
         let default = |queue| default_concurrency(queue, embed_batch_size, &judge);
         let queues = match env.get(vars::WORKER_QUEUES) {
@@ -86,7 +86,7 @@ impl WorkerSettings {
             retention,
             context,
             workspace,
-            recall,
+            signals,
             queues,
             embed_batch_size,
             embed_max_wait,

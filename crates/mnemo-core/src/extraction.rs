@@ -158,7 +158,9 @@ pub fn extracted_typed(
     confidence: Option<f64>,
     tags: &[String],
 ) -> TypedInput {
-    let tags: Vec<Label> = tags.iter().filter_map(|t| Label::parse("tags", t).ok()).take(MAX_TAGS).collect();
+    // Valid tags only, at most MAX_TAGS of them, as the API stores them.
+    let valid: Vec<String> = tags.iter().filter(|t| Label::parse("tags", t).is_ok()).take(MAX_TAGS).cloned().collect();
+    let tags = Label::tags(&valid).unwrap_or_default();
     TypedInput {
         layer: layer.and_then(|l| Layer::parse(l).ok()),
         category: category.and_then(|c| Category::parse(c).ok()),

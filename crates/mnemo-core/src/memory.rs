@@ -1,10 +1,9 @@
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-use crate::typed::Origin;
 use crate::{
-    AgentId, FactScope, FileKey, InvalidInput, MemoryText, Principal, Role, Scope, SessionId, SourceKind, SourceRef,
-    TenantId, ToolOutputKey, ToolOutputText, Typed, TypedInput, UserId, fact_source_ref,
+    AgentId, FactScope, FileKey, InvalidInput, MemoryText, Origin, Principal, Role, Scope, SessionId, SourceKind,
+    SourceRef, TenantId, ToolOutputKey, ToolOutputText, Typed, TypedInput, UserId, Visibility, fact_source_ref,
 };
 
 /// Caller-supplied metadata: a JSON object of at most 16 KiB with no NUL anywhere (PostgreSQL's
@@ -324,8 +323,16 @@ impl NewMemory {
     }
 
     /// The row with the typed fields its writer gave, over the defaults of its kind and scope.
+    /// A row shared with its agent's users needs an agent.
     pub fn with_typed(mut self, input: TypedInput, origin: Origin) -> Result<Self, InvalidInput> {
         self.typed = Typed::resolve(input, self.kind, self.scope, origin, None)?;
+        if self.typed.visibility == Visibility::Agent && self.agent.is_none() {
+            return Err(InvalidInput::UnknownValue {
+                field: "visibility",
+                value: "agent".into(),
+                expected: "private tenant (visibility agent needs a token with an agent claim)",
+            });
+        }
         Ok(self)
     }
 

@@ -116,7 +116,8 @@ pub const MAX_RELATIONS: usize = 16;
 /// The longest tag or role name.
 pub const MAX_LABEL_BYTES: usize = 64;
 
-/// A short label (a tag, a role): 1–64 bytes of letters, digits and `_ - . :`, lowercase.
+/// A short label (a tag, a role): 1–64 bytes of letters, digits and `_ - . :`. Roles compare
+/// exactly, as identity providers write them; tags are lowercased by [`Label::tags`].
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Label(String);
 
@@ -135,7 +136,13 @@ impl Label {
                 expected: "letters, digits and _ - . : (no spaces)",
             });
         }
-        Ok(Self(raw.to_lowercase()))
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// Tags: at most [`MAX_TAGS`], lowercased, sorted and without repeats.
+    pub fn tags(raw: &[String]) -> Result<Vec<Self>, InvalidInput> {
+        let lowered: Vec<String> = raw.iter().map(|t| t.to_lowercase()).collect();
+        Self::parse_list("tags", &lowered, MAX_TAGS)
     }
 
     /// At most `max` labels, sorted and without repeats.
@@ -262,7 +269,11 @@ mod tests {
 
     #[test]
     fn labels_are_bounded_and_normalized() {
-        assert_eq!(Label::parse("tags", "Tone").expect("ok").as_str(), "tone");
+        assert_eq!(
+            Label::tags(&["Tone".into(), "tone".into()]).expect("ok"),
+            [Label::parse("tags", "tone").expect("ok")]
+        );
+        assert_eq!(Label::parse("roles", "Admin").expect("ok").as_str(), "Admin");
         assert!(Label::parse("tags", "two words").is_err());
         let many: Vec<String> = (0..=MAX_TAGS).map(|i| format!("t{i}")).collect();
         assert!(matches!(Label::parse_list("tags", &many, MAX_TAGS), Err(InvalidInput::TooMany { .. })));

@@ -4,7 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::Utc;
-use mnemo_config::{MaintenanceSettings, RecallSettings};
+use mnemo_config::{MaintenanceSettings, SignalSettings};
 use mnemo_core::{CronSchedule, SignalWeights};
 use mnemo_store::{Housekeeping, Maintained, Store};
 
@@ -26,7 +26,7 @@ pub struct HousekeepingPolicy {
     /// Archiving old daily notes and pruning old session messages.
     pub maintenance: MaintenanceSettings,
     /// The decay half-life and floor, and the promotion threshold.
-    pub recall: RecallSettings,
+    pub signals: SignalSettings,
 }
 
 /// The current tick number: wall-clock time in whole intervals, the same on every machine.
@@ -99,10 +99,10 @@ async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> R
     if settings.session_retention_days > 0 {
         done.pruned = store.prune_old_sessions(settings.session_retention_days, 10_000).await?;
     }
-    done.promoted = store.promote_episodic(policy.recall.promotion_min_confidence, 10_000).await?;
-    if policy.recall.decay_floor > 0.0 {
-        done.faded =
-            store.fade_episodic(fade_before(&policy.recall.signals, policy.recall.decay_floor), 10_000).await?;
+    let signals = &policy.signals;
+    done.promoted = store.promote_episodic(signals.promotion_min_confidence, 10_000).await?;
+    if signals.decay_floor > 0.0 {
+        done.faded = store.fade_episodic(fade_before(&signals.weights, signals.decay_floor), 10_000).await?;
     }
     store.prune_access_batches().await?;
     store.finish_maintenance(tick, done).await?;

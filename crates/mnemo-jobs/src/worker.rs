@@ -199,7 +199,7 @@ pub async fn run_worker(
             retention_interval: settings.retention.interval,
             consolidate_cron: settings.workspace.consolidation.schedule.clone(),
             maintenance: settings.workspace.maintenance,
-            recall: settings.recall.clone(),
+            signals: settings.signals,
         },
     ));
 

@@ -44,7 +44,8 @@ pub struct RecalledItem {
     pub source_ref: String,
     pub content: String,
     pub event_time: DateTime<Utc>,
-    /// The class the row was found in: `session` rows are a conversation's own.
+    /// The row's scope (its owner's class; a shared row is found in another): `session` rows
+    /// are a conversation's own.
     pub scope: Scope,
     pub layer: Layer,
     /// Its decay fell below the floor: recalled, but no longer packed.
@@ -170,7 +171,7 @@ impl Recall {
             _ => false,
         };
         items.truncate(request.top_k);
-        self.track_access(principal, &items);
+        self.track_access(principal, items.iter().map(|i| i.id).collect());
 
         metrics::histogram!("mnemo_recall_duration_seconds").record(started.elapsed().as_secs_f64());
         if degraded {
@@ -262,12 +263,13 @@ impl Recall {
         Ok(Ranked { items, degraded })
     }
 
-    /// Hands the rows a recall returned to the access tracker, if there is one; never waits.
-    pub fn track_access(&self, principal: &Principal, items: &[RecalledItem]) {
+    /// Hands the rows a recall or a pack returned to the access tracker, if there is one; never
+    /// waits.
+    pub fn track_access(&self, principal: &Principal, ids: Vec<Uuid>) {
         if let Some(tracker) = &self.access
-            && !items.is_empty()
+            && !ids.is_empty()
         {
-            tracker.record(&principal.tenant, items.iter().map(|i| i.id).collect());
+            tracker.record(&principal.tenant, ids);
         }
     }
 

@@ -2,10 +2,10 @@
 //! each layer cut to its top k, then fitted into token budgets and rendered as markdown under
 //! `# Memory`.
 //!
-//! Budgets: items are taken by score across layers while the rendered pack stays within the
-//! soft budget. Past it, only the best item of a layer not yet in the pack may still go in, up
-//! to the max budget. The rendered text is counted whole at the end, so neither budget is ever
-//! exceeded. Working memory is the caller's own session; the other layers are long-term rows
+//! Budgets: by score across layers, each item that still fits the soft budget is taken, and the
+//! whole text is counted and trimmed to it. Past it, only the best item of a layer not yet in
+//! the pack may still go in, each while the whole text stays within the max budget. So the pack
+//! never passes the max budget, and passes the soft one only by those items. Working memory is the caller's own session; the other layers are long-term rows
 //! by their `layer`. Faded rows (decay below the floor) are not packed.
 
 use mnemo_core::{Principal, RecallScope, Scope, TokenCounter};
@@ -24,6 +24,10 @@ pub enum PackLayer {
 
 impl PackLayer {
     pub const ALL: [Self; 4] = [Self::Working, Self::Episodic, Self::Semantic, Self::Procedural];
+
+    fn index(self) -> usize {
+        self as usize
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -109,6 +113,8 @@ pub struct PackItem {
     pub item: RecalledItem,
     /// Tokens of its rendered line.
     pub tokens: u32,
+    /// Packed past the soft budget: the best item of a layer that was otherwise missing.
+    pub past_soft_budget: bool,
 }
 
 /// What one layer brought and what the budgets left out.
@@ -118,7 +124,7 @@ pub struct LayerUsage {
     /// Candidates of this layer within its top k.
     pub candidates: usize,
     pub items: usize,
-    /// Tokens of its section (header and lines).
+    /// Tokens of its section's header and lines, each counted apart.
     pub tokens: u32,
     pub dropped_by_budget: usize,
     /// Recalled rows of this layer past its top k.
@@ -132,6 +138,8 @@ pub struct MemoryPack {
     pub rendered: String,
     /// Tokens of `rendered`, counted whole.
     pub tokens: u32,
+    /// Tokens of the pack before items were added past the soft budget (at most the soft budget).
+    pub soft_tokens: u32,
     pub items: Vec<PackItem>,
     pub layers: Vec<LayerUsage>,
     /// The vector half may be incomplete (see recall's `degraded`).
@@ -174,79 +182,80 @@ pub async fn build_pack(
             dropped_by_top_k: 0,
         })
         .collect();
-    let usage = |layers: &mut Vec<LayerUsage>, layer: PackLayer| -> usize {
-        layers.iter().position(|u| u.layer == layer).expect("every layer has a row")
-    };
     let mut candidates: Vec<PackItem> = Vec::new();
     for item in ranked.items.into_iter().filter(|i| !i.faded) {
         let layer = PackLayer::of(&item);
-        let at = usage(&mut layers, layer);
-        if layers[at].candidates >= request.top_k.get(layer) {
-            layers[at].dropped_by_top_k += 1;
+        let usage = &mut layers[layer.index()];
+        if usage.candidates >= request.top_k.get(layer) {
+            usage.dropped_by_top_k += 1;
             continue;
         }
-        layers[at].candidates += 1;
+        usage.candidates += 1;
         let tokens = counter.count(&line(&item));
-        candidates.push(PackItem { id: item.id, layer, item, tokens });
+        candidates.push(PackItem { id: item.id, layer, item, tokens, past_soft_budget: false });
     }
 
-    // Candidates are in score order already (ranked is best first).
-    let header = counter.count(HEADER);
-    let section_tokens: Vec<u32> = PackLayer::ALL.iter().map(|&l| counter.count(&section(l))).collect();
-    let section_cost = |layer: PackLayer| section_tokens[PackLayer::ALL.iter().position(|&l| l == layer).unwrap_or(0)];
-    let mut taken = vec![false; candidates.len()];
-    let mut total = header;
-    let mut represented: Vec<PackLayer> = Vec::new();
-    for (i, c) in candidates.iter().enumerate() {
-        let cost = c.tokens + if represented.contains(&c.layer) { 0 } else { section_cost(c.layer) };
+    // The soft budget: by score (candidates are best first), each item whose line and section
+    // still fit; then the whole text counted, trimmed by lowest score until it fits.
+    let sections: Vec<u32> = PackLayer::ALL.iter().map(|&l| counter.count(&section(l))).collect();
+    let mut total = counter.count(HEADER);
+    let mut chosen: Vec<PackItem> = Vec::new();
+    let mut rest: Vec<PackItem> = Vec::new();
+    for c in candidates {
+        let opens = !chosen.iter().any(|p| p.layer == c.layer);
+        let cost = c.tokens + if opens { sections[c.layer.index()] } else { 0 };
         if total + cost <= request.soft_budget_tokens {
-            taken[i] = true;
             total += cost;
-            if !represented.contains(&c.layer) {
-                represented.push(c.layer);
-            }
+            chosen.push(c);
+        } else {
+            rest.push(c);
         }
     }
-    // Past the soft budget: the best item of each layer still missing, within the max budget.
-    let mut limit = request.soft_budget_tokens;
-    for layer in PackLayer::ALL {
-        if represented.contains(&layer) {
-            continue;
-        }
-        if let Some(i) = candidates.iter().position(|c| c.layer == layer) {
-            let cost = candidates[i].tokens + section_cost(layer);
-            if total + cost <= request.max_budget_tokens {
-                taken[i] = true;
-                total += cost;
-                represented.push(layer);
-                limit = request.max_budget_tokens;
-            }
-        }
-    }
-
-    let mut chosen: Vec<PackItem> = candidates.into_iter().zip(&taken).filter(|(_, t)| **t).map(|(c, _)| c).collect();
-    // Counted whole, the text may differ from the sum of its parts: drop the lowest-scored item
-    // until it fits.
     let (mut rendered, mut tokens) = render(&chosen, counter);
-    while tokens > limit {
-        let Some(worst) =
-            chosen.iter().enumerate().min_by(|a, b| a.1.item.score.total_cmp(&b.1.item.score)).map(|(i, _)| i)
-        else {
-            break;
-        };
-        chosen.remove(worst);
+    while tokens > request.soft_budget_tokens {
+        drop_lowest(&mut chosen);
         (rendered, tokens) = render(&chosen, counter);
     }
-
+    let soft_tokens = tokens;
+    // Past the soft budget: the best item of each layer still missing, while the whole text
+    // stays within the max budget.
     for layer in PackLayer::ALL {
-        let at = usage(&mut layers, layer);
-        let mine: Vec<&PackItem> = chosen.iter().filter(|c| c.layer == layer).collect();
-        layers[at].items = mine.len();
-        layers[at].dropped_by_budget = layers[at].candidates - mine.len();
-        layers[at].tokens =
-            if mine.is_empty() { 0 } else { section_cost(layer) + mine.iter().map(|c| c.tokens).sum::<u32>() };
+        if chosen.iter().any(|p| p.layer == layer) {
+            continue;
+        }
+        let Some(at) = rest.iter().position(|c| c.layer == layer) else { continue };
+        let mut extra = rest.remove(at);
+        extra.past_soft_budget = true;
+        chosen.push(extra);
+        let (text, count) = render(&chosen, counter);
+        if count <= request.max_budget_tokens {
+            (rendered, tokens) = (text, count);
+        } else {
+            chosen.pop();
+        }
     }
-    Ok(MemoryPack { rendered, tokens, items: chosen, layers, degraded: ranked.degraded })
+    chosen.sort_by(|a, b| b.item.score.total_cmp(&a.item.score));
+
+    for usage in &mut layers {
+        let mine: Vec<&PackItem> = chosen.iter().filter(|c| c.layer == usage.layer).collect();
+        usage.items = mine.len();
+        usage.dropped_by_budget = usage.candidates - mine.len();
+        usage.tokens = if mine.is_empty() {
+            0
+        } else {
+            sections[usage.layer.index()] + mine.iter().map(|c| c.tokens).sum::<u32>()
+        };
+    }
+    Ok(MemoryPack { rendered, tokens, soft_tokens, items: chosen, layers, degraded: ranked.degraded })
+}
+
+/// Removes the lowest-scored item.
+fn drop_lowest(chosen: &mut Vec<PackItem>) {
+    if let Some(worst) =
+        chosen.iter().enumerate().min_by(|a, b| a.1.item.score.total_cmp(&b.1.item.score)).map(|(i, _)| i)
+    {
+        chosen.remove(worst);
+    }
 }
 
 /// The pack's markdown, layers in order and items by score within each, and its tokens.

@@ -9,7 +9,9 @@ use mnemo_config::{
     ContextSettings, DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, RetentionSettings,
     vars,
 };
-use mnemo_core::{AgentId, AuditEvent, FactScope, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId};
+use mnemo_core::{
+    AgentId, AuditEvent, FactScope, Label, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId,
+};
 use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{MIGRATOR, Store};
 
@@ -43,6 +45,9 @@ struct Identity {
     /// The session (`sid`).
     #[arg(long, value_parser = SessionId::parse)]
     session: Option<SessionId>,
+    /// A role (the `roles` claim), which opens memories written with `allowed_roles`; repeatable.
+    #[arg(long = "role", value_parser = |raw: &str| Label::parse("roles", raw))]
+    roles: Vec<Label>,
 }
 
 impl Identity {
@@ -52,7 +57,7 @@ impl Identity {
             user: self.user.clone(),
             agent: self.agent.clone(),
             session: self.session.clone(),
-            roles: Vec::new(),
+            roles: self.roles.clone(),
         }
     }
 }

@@ -94,13 +94,11 @@ impl Store {
         sqlx::query(
             "INSERT INTO memory_items (id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
                                        content, content_sha256, event_time, created_at, deleted_at, embedded_model,
-                                       visibility, layer)
+                                       visibility)
              SELECT id, tenant, scope, session, usr, agent, kind, ref, content, sha256(convert_to(content, 'UTF8')),
                     COALESCE(created, now()), COALESCE(created, now()), deleted, $12,
                     -- What each scope's class allows (Visibility::default_for).
-                    CASE scope WHEN 'agent' THEN 'agent' WHEN 'tenant' THEN 'tenant' ELSE 'private' END,
-                    CASE WHEN kind IN ('chat_message', 'tool_output', 'session_summary') THEN 'episodic'
-                         ELSE 'semantic' END
+                    CASE scope WHEN 'agent' THEN 'agent' WHEN 'tenant' THEN 'tenant' ELSE 'private' END
              FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
                          $8::text[], $9::text[], $10::timestamptz[], $11::timestamptz[])
                   AS r(id, tenant, scope, session, usr, agent, kind, ref, content, created, deleted)",

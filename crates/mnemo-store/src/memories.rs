@@ -1,4 +1,8 @@
-use mnemo_core::{AuditEvent, Label, Layer, NewMemory, Principal, Scope, SourceKind, ToolOutputKey, Unit, fingerprint};
+use std::collections::HashMap;
+
+use mnemo_core::{
+    AuditEvent, Label, Layer, NewMemory, Origin, Principal, Scope, SourceKind, ToolOutputKey, Unit, fingerprint,
+};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -53,7 +57,7 @@ RETURNING id";
 
 /// The rows that already held the keys of rows not inserted, by their position in the batch.
 const FIND_ITEMS: &str = "
-SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL
+SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL, m.visibility, array_to_string(m.allowed_roles, ',')
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
 JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
 
@@ -92,8 +96,8 @@ ON CONFLICT DO NOTHING";
 
 /// The sessions the rows written were stated in.
 const INSERT_SIGHTINGS: &str = "
-INSERT INTO memory_sightings (tenant_id, item_id, session_id)
-SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[])
+INSERT INTO memory_sightings (tenant_id, item_id, session_id, user_id)
+SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[])
 ON CONFLICT DO NOTHING";
 
 const INSERT_TOOL_OUTPUTS: &str = "
@@ -143,15 +147,17 @@ impl Store {
     }
 
     /// The full payload behind a `tout_…` key, while its row is live, to a caller who may read
-    /// the row: a token of its tenant whose roles open it, and, for a user's token, only a row
-    /// of that user or of the token's session (a service token reads its tenant's outputs).
+    /// the row, as the session's messages are read: a token bound to a session reads that
+    /// session's outputs; otherwise a user's token reads the rows carrying its user, and a
+    /// service token any of its tenant. Roles narrow each.
     pub async fn tool_output(&self, caller: &Principal, key: &ToolOutputKey) -> Result<Option<ToolOutput>, StoreError> {
         let row: Option<(Uuid, String)> = sqlx::query_as(
             "SELECT t.item_id, t.content FROM tool_outputs t
                  JOIN memory_items m ON m.id = t.item_id AND m.tenant_id = t.tenant_id
                  WHERE t.tenant_id = $1 AND t.key = $2 AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
                    AND (m.allowed_roles = '{}' OR m.allowed_roles && $5::text[])
-                   AND ($3::text IS NULL OR m.user_id = $3 OR m.session_id = $4::text)",
+                   AND CASE WHEN $4::text IS NOT NULL THEN m.session_id = $4
+                            ELSE $3::text IS NULL OR m.user_id = $3 END",
         )
         .bind(caller.tenant.as_str())
         .bind(key.as_str())
@@ -171,8 +177,28 @@ pub(crate) async fn insert_in(
     tx: &mut PgConnection,
     rows: &[&NewMemory],
 ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
-    if let Some(target) = missing_target(tx, rows).await? {
-        return Err(StoreError::RelationTargetMissing { target });
+    // A row whose relation names no live row of its tenant is refused alone; the others go in.
+    let missing = missing_targets(tx, rows).await?;
+    if missing.is_empty() {
+        return insert_checked(tx, rows).await;
+    }
+    let valid: Vec<&NewMemory> =
+        rows.iter().enumerate().filter(|(i, _)| !missing.contains_key(i)).map(|(_, m)| *m).collect();
+    let mut inserted = insert_checked(tx, &valid).await?.into_iter();
+    Ok((0..rows.len())
+        .map(|i| match missing.get(&i) {
+            Some(&target) => Some(Err(StoreError::RelationTargetMissing { target })),
+            None => inserted.next().flatten(),
+        })
+        .collect())
+}
+
+async fn insert_checked(
+    tx: &mut PgConnection,
+    rows: &[&NewMemory],
+) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
     }
     let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::now_v7()).collect();
     let column = |f: fn(&NewMemory) -> Option<String>| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
@@ -224,13 +250,19 @@ pub(crate) async fn insert_in(
     // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
     let (mut reasserted_facts, mut reasserted_tenants) = (Vec::new(), Vec::new());
     if inserted.len() < rows.len() {
-        let existing: Vec<(i64, Uuid, Vec<u8>, bool)> =
+        let existing: Vec<(i64, Uuid, Vec<u8>, bool, String, String)> =
             sqlx::query_as(FIND_ITEMS).bind(&tenants).bind(&kinds).bind(&refs).fetch_all(&mut *tx).await?;
-        for (ord, id, sha, deleted) in existing {
+        for (ord, id, sha, deleted, visibility, roles) in existing {
             let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
             if let Some(slot @ None) = results.get_mut(i) {
                 let is_fact = rows[i].kind == SourceKind::Fact;
-                *slot = Some(if sha != rows[i].content_sha256 {
+                // A writer's fact asserted again with other readers is a different fact: refused,
+                // so a re-assertion can never widen or narrow who reads a row. mnemo's own jobs
+                // (extraction) re-assert what the row says and keep its readers.
+                let typed = &rows[i].typed;
+                let readers_differ = matches!(typed.origin, Origin::Api | Origin::User)
+                    && (visibility != typed.visibility.as_str() || roles != joined(&typed.allowed_roles));
+                *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) {
                     Err(StoreError::SourceRefConflict { existing: id })
                 } else if deleted && !is_fact {
                     // A fact is asserted again by its user; a message or chunk under a
@@ -268,7 +300,7 @@ pub(crate) async fn insert_in(
         .collect();
     let (mut tenants, mut items, mut relations, mut targets) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (m, id) in &landed {
-        for relation in &m.typed.relations {
+        for relation in m.typed.relations.iter().filter(|r| r.target != *id) {
             tenants.push(m.tenant.as_str());
             items.push(*id);
             relations.push(relation.kind.as_str());
@@ -278,16 +310,18 @@ pub(crate) async fn insert_in(
     if !items.is_empty() {
         sqlx::query(INSERT_RELATIONS).bind(tenants).bind(items).bind(relations).bind(targets).execute(&mut *tx).await?;
     }
-    let (mut tenants, mut items, mut sessions) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut tenants, mut items, mut sessions, mut users) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (m, id) in &landed {
         if let Some(session) = &m.seen_in {
             tenants.push(m.tenant.as_str());
             items.push(*id);
             sessions.push(session.as_str());
+            users.push(m.user.as_ref().map(|u| u.as_str()));
         }
     }
     if !items.is_empty() {
-        sqlx::query(INSERT_SIGHTINGS).bind(tenants).bind(items).bind(sessions).execute(&mut *tx).await?;
+        let insert = sqlx::query(INSERT_SIGHTINGS).bind(tenants).bind(items).bind(sessions).bind(users);
+        insert.execute(&mut *tx).await?;
     }
 
     let new: Vec<(&NewMemory, Uuid)> =
@@ -317,24 +351,36 @@ pub(crate) async fn insert_in(
     Ok(results)
 }
 
-/// The first relation target of `rows` that is not a live row of the row's tenant.
-async fn missing_target(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<Option<Uuid>, StoreError> {
-    let (tenants, targets): (Vec<&str>, Vec<Uuid>) =
-        rows.iter().flat_map(|m| m.typed.relations.iter().map(|r| (m.tenant.as_str(), r.target))).unzip();
-    if targets.is_empty() {
-        return Ok(None);
+/// Each row of `rows` (by position) with a relation target that is not a live row of the row's
+/// tenant, and that target.
+async fn missing_targets(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<HashMap<usize, Uuid>, StoreError> {
+    let mut positions = Vec::new();
+    let mut tenants = Vec::new();
+    let mut targets = Vec::new();
+    for (i, m) in rows.iter().enumerate() {
+        for relation in &m.typed.relations {
+            positions.push(i as i64);
+            tenants.push(m.tenant.as_str());
+            targets.push(relation.target);
+        }
     }
-    Ok(sqlx::query_scalar(
-        "SELECT r.target FROM unnest($1::text[], $2::uuid[]) AS r(tenant_id, target)
+    if targets.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let missing: Vec<(i64, Uuid)> = sqlx::query_as(
+        "SELECT DISTINCT ON (r.position) r.position, r.target
+         FROM unnest($1::int8[], $2::text[], $3::uuid[]) AS r(position, tenant_id, target)
          WHERE NOT EXISTS (SELECT 1 FROM memory_items m
                            WHERE m.tenant_id = r.tenant_id AND m.id = r.target
                              AND m.deleted_at IS NULL AND m.anonymized_at IS NULL)
-         LIMIT 1",
+         ORDER BY r.position",
     )
+    .bind(positions)
     .bind(tenants)
     .bind(targets)
-    .fetch_optional(&mut *tx)
-    .await?)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(missing.into_iter().map(|(i, target)| (i as usize, target)).collect())
 }
 
 /// Labels as one comma-joined string (see [`INSERT_ITEMS`]).

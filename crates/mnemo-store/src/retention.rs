@@ -328,7 +328,16 @@ impl Store {
     /// Returns the files removed.
     pub async fn erase_user_workspace(&self, tenant: &TenantId, user: &UserId) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
-        for table in ["workspace_file_versions", "memory_extractions", "extraction_runs", "consolidation_state"] {
+        // Sightings name the sessions the user stated memories in, on any row (another user's
+        // agent fact, too).
+        let tables = [
+            "workspace_file_versions",
+            "memory_extractions",
+            "extraction_runs",
+            "consolidation_state",
+            "memory_sightings",
+        ];
+        for table in tables {
             sqlx::query(AssertSqlSafe(format!("DELETE FROM {table} WHERE tenant_id = $1 AND user_id = $2")))
                 .bind(tenant.as_str())
                 .bind(user.as_str())

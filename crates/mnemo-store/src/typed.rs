@@ -11,17 +11,21 @@ use crate::queue::{AccessJob, push};
 use crate::{Store, StoreError};
 
 /// Applies one access batch once: a retried job finds its batch id taken and counts nothing.
-/// Accessing a faded row brings it back into packs.
+/// Accessing a faded row brings it back into packs. Rows are locked in id order, so two batches
+/// sharing rows wait on each other instead of deadlocking.
 const APPLY_ACCESS: &str = "
 WITH batch AS (
     INSERT INTO access_batches (tenant_id, id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id
 ), hits AS (
     SELECT item, count(*)::int AS n FROM unnest($3::uuid[]) AS item WHERE EXISTS (SELECT 1 FROM batch)
     GROUP BY item
+), locked AS (
+    SELECT m.id, hits.n FROM memory_items m JOIN hits ON m.id = hits.item
+    WHERE m.tenant_id = $1 ORDER BY m.id FOR UPDATE OF m
 )
 UPDATE memory_items m
-SET last_accessed_at = greatest(m.last_accessed_at, $4), access_count = m.access_count + hits.n, faded_at = NULL
-FROM hits WHERE m.tenant_id = $1 AND m.id = hits.item";
+SET last_accessed_at = greatest(m.last_accessed_at, $4), access_count = m.access_count + locked.n, faded_at = NULL
+FROM locked WHERE m.tenant_id = $1 AND m.id = locked.id";
 
 /// Live episodic memories (not session rows) with confidence at least `$1`, whose fingerprint
 /// was seen in two or more sessions within their bucket (same tenant, scope and identities),
