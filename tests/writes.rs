@@ -200,3 +200,62 @@ async fn each_new_row_queues_its_embed_job_in_the_same_transaction() {
     assert_eq!(refused.status, 400);
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs").await, 1);
 }
+
+/// A batch answers one result per item in order, writes its valid items in one transaction,
+/// and, atomic, writes nothing when one item cannot be written.
+#[tokio::test]
+async fn batches_answer_per_item_and_atomic_ones_all_or_nothing() {
+    let app = TestApp::spawn_with(&[("MNEMO_MAX_BATCH_ITEMS", "5")]).await;
+    let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    app.client.post("/v1/memories", Some(&token), &chat("taken", "first words")).await;
+    let rows = || app.db.count("SELECT count(*) FROM memory_items");
+    let before = rows().await;
+
+    let items = json!([
+        chat("b-1", "one"),
+        { "source_kind": "galaxy", "source_ref": "b-2", "content": "x" },
+        chat("taken", "other words"),
+        chat("b-1", "one"),
+        7,
+    ]);
+    let reply = app.client.post("/v1/memories/batch", Some(&token), &json!({ "items": items })).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let results = reply.body["results"].as_array().expect("results");
+    let codes: Vec<&str> = results.iter().map(|r| r["error"]["code"].as_str().unwrap_or("ok")).collect();
+    assert_eq!(codes, ["ok", "invalid_value", "source_ref_conflict", "ok", "invalid_field"]);
+    assert_eq!((results[0]["was_new"].clone(), results[3]["was_new"].clone()), (json!(true), json!(false)));
+    assert_eq!(results[0]["id"], results[3]["id"], "an item repeated in one batch lands on one row");
+    assert_eq!((reply.body["written"].clone(), rows().await), (json!(1), before + 1));
+
+    // Atomic: one refused item (here by the store: a conflict) writes nothing.
+    let items = json!([chat("c-1", "new"), chat("taken", "other words")]);
+    let reply = app.client.post("/v1/memories/batch", Some(&token), &json!({ "items": items, "atomic": true })).await;
+    assert_eq!((reply.status, reply.code()), (400, "batch_rejected"), "{:?}", reply.body);
+    assert_eq!(reply.body["results"][0]["error"]["code"], "not_written");
+    assert_eq!(reply.body["results"][1]["error"]["code"], "source_ref_conflict");
+    assert!(reply.body["error"]["message"].as_str().unwrap_or("").contains("item 1"), "{:?}", reply.body);
+    assert_eq!(rows().await, before + 1, "an atomic batch wrote part of itself");
+    // ...and one bad item refused before the store likewise.
+    let items = json!([chat("c-1", "new"), { "source_kind": "chat_message", "source_ref": "c-2" }]);
+    let reply = app.client.post("/v1/memories/batch", Some(&token), &json!({ "items": items, "atomic": true })).await;
+    assert_eq!((reply.status, reply.code()), (400, "batch_rejected"));
+    assert_eq!(reply.body["results"][1]["error"]["code"], "missing_field");
+    assert_eq!(rows().await, before + 1);
+
+    // Facts, and the limits.
+    let facts =
+        json!({ "items": [{ "scope": "user", "content": "likes tea" }, { "scope": "session", "content": "x" }] });
+    let reply = app.client.post("/v1/facts/batch", Some(&token), &facts).await;
+    let codes: Vec<&str> = reply.body["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["error"]["code"].as_str().unwrap_or("ok"))
+        .collect();
+    assert_eq!(codes, ["ok", "invalid_value"]);
+    for body in [json!({ "items": [] }), json!({ "items": vec![chat("z", "z"); 6] }), json!({})] {
+        let reply = app.client.post("/v1/memories/batch", Some(&token), &body).await;
+        assert_eq!(reply.status, 400, "{body}: {:?}", reply.body);
+    }
+    assert_eq!(rows().await, before + 2);
+}

@@ -47,6 +47,10 @@ pub enum ApiError {
     MemoryDeleted,
     #[error("relation target {0} is not a memory of this tenant")]
     RelationTargetNotFound(uuid::Uuid),
+    #[error("item {0} of the atomic batch could not be written; nothing was written (see results)")]
+    BatchRejected(usize),
+    #[error("not written: another item of the atomic batch was refused")]
+    NotWritten,
     #[error("old_text is not in the file")]
     EditTextNotFound,
     #[error("old_text is in the file {0} times: make it unique, or set replace_all")]
@@ -86,6 +90,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("nul_byte", 400, "a string contains a NUL character"),
     ("too_many_values", 400, "a list is over its limit (tags 16, relations 16, allowed_roles 8)"),
     ("relation_target_not_found", 400, "a relation names a memory that is not a live row of the tenant"),
+    (
+        "batch_rejected",
+        400,
+        "an atomic batch has an item that cannot be written; nothing was written (its results say which)",
+    ),
     ("missing_session", 400, "a session-scoped write has no session_id and the token no sid"),
     ("session_not_allowed", 400, "a tenant-scoped write names a session"),
     ("missing_token", 401, "no bearer token"),
@@ -102,6 +111,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         409,
         "the source_ref already holds different content (for a fact: or other visibility or allowed_roles)",
     ),
+    ("not_written", 409, "an item of an atomic batch, not written because another item was refused"),
     ("memory_deleted", 409, "the source_ref names a deleted row (a deleted fact asserted again is revived instead)"),
     ("edit_text_not_found", 409, "a workspace edit's old_text is not in the file"),
     (
@@ -171,6 +181,8 @@ impl ApiError {
             Self::SourceRefConflict => ("source_ref_conflict", StatusCode::CONFLICT),
             Self::MemoryDeleted => ("memory_deleted", StatusCode::CONFLICT),
             Self::RelationTargetNotFound(_) => ("relation_target_not_found", BAD_REQUEST),
+            Self::BatchRejected(_) => ("batch_rejected", BAD_REQUEST),
+            Self::NotWritten => ("not_written", StatusCode::CONFLICT),
             Self::EditTextNotFound => ("edit_text_not_found", StatusCode::CONFLICT),
             Self::EditTextAmbiguous(_) => ("edit_text_ambiguous", StatusCode::CONFLICT),
             Self::NotReady(_) => ("not_ready", StatusCode::SERVICE_UNAVAILABLE),
@@ -185,6 +197,7 @@ impl From<StoreError> for ApiError {
             StoreError::SourceRefConflict { .. } => Self::SourceRefConflict,
             StoreError::SourceRefDeleted { .. } => Self::MemoryDeleted,
             StoreError::RelationTargetMissing { target } => Self::RelationTargetNotFound(target),
+            StoreError::RolledBack => Self::NotWritten,
             other => Self::Internal(other.to_string()),
         }
     }
@@ -248,6 +261,8 @@ mod tests {
             ApiError::Invalid(InvalidInput::BadPath { reason: "x" }),
             ApiError::Invalid(InvalidInput::TooMany { field: "tags", max: 16, actual: 17 }),
             ApiError::RelationTargetNotFound(uuid::Uuid::nil()),
+            ApiError::BatchRejected(3),
+            ApiError::NotWritten,
             ApiError::EditTextNotFound,
             ApiError::EditTextAmbiguous(2),
             ApiError::UnsupportedMediaType,

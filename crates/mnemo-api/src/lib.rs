@@ -38,6 +38,8 @@ pub struct AppState {
     pub max_tool_output_bytes: usize,
     /// Counts each conversation row's tokens when it is written, and what a context call adds.
     pub tokenizer: Arc<dyn TokenCounter>,
+    /// The most items of one batch write.
+    pub max_batch_items: usize,
     /// When a context call asks for compaction, and what overflow recovery keeps.
     pub context: ContextSettings,
     /// Workspace files: their size limit, the core files' templates, their share of a prompt.
@@ -62,6 +64,7 @@ impl AppState {
             store,
             auth: Arc::new(Authenticator::new(&settings.jwt)?),
             max_tool_output_bytes: settings.max_tool_output_bytes,
+            max_batch_items: settings.max_batch_items,
             tokenizer: Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),
             context: settings.context.clone(),
             workspace: settings.workspace.clone(),
@@ -76,6 +79,8 @@ pub fn app(state: AppState) -> Router {
     let body_limit = state.max_tool_output_bytes.saturating_mul(2).saturating_add(64 * 1024);
     let v1 = Router::new()
         .route("/memories", post(routes::remember))
+        .route("/memories/batch", post(routes::remember_batch))
+        .route("/facts/batch", post(routes::remember_fact_batch))
         .route("/memories/{id}", delete(routes::forget))
         .route("/facts", post(routes::remember_fact))
         .route("/recall", post(routes::recall))

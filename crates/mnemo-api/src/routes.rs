@@ -4,11 +4,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mnemo_core::{
     Category, Extras, FactKey, FactScope, InvalidInput, Label, Layer, MAX_ALLOWED_ROLES, MAX_RELATIONS, MemoryText,
-    Metadata, NewMemory, Origin, RecallRequest, RecallScope, Relation, RelationType, Role, SessionId, SourceKind,
-    SourceRef, ToolOutputKey, ToolOutputText, Turn, TypedInput, Unit, Visibility,
+    Metadata, NewMemory, Origin, Principal, RecallRequest, RecallScope, Relation, RelationType, Role, SessionId,
+    SourceKind, SourceRef, ToolOutputKey, ToolOutputText, Turn, TypedInput, Unit, Visibility,
 };
 use mnemo_recall::{MemoryPack, PackRequest, PackTopK, RecallOptions, RecalledItem, build_pack};
-use mnemo_store::{MIGRATOR, Remembered};
+use mnemo_store::{MIGRATOR, Remembered, StoreError};
 use serde_json::json;
 
 use crate::auth::Authenticated;
@@ -34,8 +34,14 @@ fn extras(body: &mut JsonObject) -> Result<Extras, ApiError> {
 pub async fn remember(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    mut body: JsonObject,
+    body: JsonObject,
 ) -> Result<Response, ApiError> {
+    let memory = memory_from(&state, &principal, body)?;
+    Ok(remembered(memory.kind, state.writes.remember(memory).await?))
+}
+
+/// The row a `POST /v1/memories` body (or one item of a batch) asks for, checked.
+fn memory_from(state: &AppState, principal: &Principal, mut body: JsonObject) -> Result<NewMemory, ApiError> {
     let kind = SourceKind::parse(&body.take_str("source_kind")?)?;
     let source_ref = SourceRef::parse(&body.take_str("source_ref")?)?;
     let content = body.take_str("content")?;
@@ -64,7 +70,7 @@ pub async fn remember(
                 state.tokenizer.count(content.as_str()),
                 state.tokenizer.name(),
             )?;
-            NewMemory::chat_message(&principal, source_ref, content, session, extras)?.with_turn(turn)
+            NewMemory::chat_message(principal, source_ref, content, session, extras)?.with_turn(turn)
         }
         SourceKind::ToolOutput => {
             // A tool output answers the call its source_ref names; it is a tool message.
@@ -78,7 +84,7 @@ pub async fn remember(
             }
             let call = tool_call_id.unwrap_or_else(|| source_ref.as_str().to_owned());
             let output = ToolOutputText::parse(&content, state.max_tool_output_bytes)?;
-            let row = NewMemory::tool_output(&principal, source_ref, output, session, extras)?;
+            let row = NewMemory::tool_output(principal, source_ref, output, session, extras)?;
             let turn = Turn::parse(
                 Role::Tool,
                 Some(&call),
@@ -89,7 +95,7 @@ pub async fn remember(
             row.with_turn(turn)
         }
         SourceKind::DocumentChunk => {
-            NewMemory::document_chunk(&principal, source_ref, MemoryText::parse(&content)?, session, extras)?
+            NewMemory::document_chunk(principal, source_ref, MemoryText::parse(&content)?, session, extras)?
         }
         SourceKind::Fact | SourceKind::SessionSummary | SourceKind::WorkspaceNote => {
             return Err(mnemo_core::InvalidInput::UnknownValue {
@@ -100,15 +106,21 @@ pub async fn remember(
             .into());
         }
     };
-    Ok(remembered(kind, state.writes.remember(memory).await?))
+    Ok(memory)
 }
 
 /// `POST /v1/facts`: a fact about the token's user or agent.
 pub async fn remember_fact(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    mut body: JsonObject,
+    body: JsonObject,
 ) -> Result<Response, ApiError> {
+    let memory = fact_from(&principal, body)?;
+    Ok(remembered(SourceKind::Fact, state.writes.remember(memory).await?))
+}
+
+/// The fact a `POST /v1/facts` body (or one item of a batch) asks for, checked.
+fn fact_from(principal: &Principal, mut body: JsonObject) -> Result<NewMemory, ApiError> {
     let content = MemoryText::parse(&body.take_str("content")?)?;
     let scope = FactScope::parse(&body.take_str("scope")?)?;
     let key = body.take_opt_str("key")?.as_deref().map(FactKey::parse).transpose()?;
@@ -128,8 +140,86 @@ pub async fn remember_fact(
     };
     body.finish()?;
 
-    let memory = NewMemory::fact(&principal, scope, content, key, extras)?.with_typed(typed, origin)?;
-    Ok(remembered(SourceKind::Fact, state.writes.remember(memory).await?))
+    Ok(NewMemory::fact(principal, scope, content, key, extras)?.with_typed(typed, origin)?)
+}
+
+/// `POST /v1/memories/batch`: many `POST /v1/memories` bodies in one transaction.
+pub async fn remember_batch(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    batch(&state, body, |item| memory_from(&state, &principal, item)).await
+}
+
+/// `POST /v1/facts/batch`: many `POST /v1/facts` bodies in one transaction.
+pub async fn remember_fact_batch(
+    State(state): State<AppState>,
+    Authenticated(principal): Authenticated,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    batch(&state, body, |item| fact_from(&principal, item)).await
+}
+
+/// `{items, atomic?}`: each item checked as its single endpoint checks it, the valid ones written
+/// in one transaction. Answers one result per item, in order: `{id, was_new}` or that item's
+/// `{error: {code, message}}`. With `atomic`, one bad item writes nothing: 400 `batch_rejected`
+/// with the results.
+async fn batch(
+    state: &AppState,
+    mut body: JsonObject,
+    parse: impl Fn(JsonObject) -> Result<NewMemory, ApiError>,
+) -> Result<Response, ApiError> {
+    let items = body.take_opt_list("items")?.ok_or(ApiError::MissingField("items"))?;
+    let atomic = body.take_opt_bool("atomic")?.unwrap_or(false);
+    body.finish()?;
+    if !(1..=state.max_batch_items).contains(&items.len()) {
+        let max = state.max_batch_items as i64;
+        return Err(InvalidInput::OutOfRange { field: "items", min: 1, max }.into());
+    }
+    let parsed: Vec<Result<NewMemory, ApiError>> = items
+        .into_iter()
+        .map(|item| match item {
+            serde_json::Value::Object(map) => parse(JsonObject::from_map(map)),
+            _ => Err(ApiError::InvalidField { field: "items", expected: "a list of objects" }),
+        })
+        .collect();
+    let valid: Vec<NewMemory> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
+    let mut stored = if atomic && parsed.iter().any(Result::is_err) {
+        Vec::new()
+    } else if atomic {
+        state.store.remember_all(&valid).await?
+    } else {
+        state.store.remember_many(&valid).await?
+    }
+    .into_iter();
+    let results: Vec<Result<Remembered, ApiError>> = parsed
+        .into_iter()
+        .map(|p| match p {
+            Err(e) => Err(e),
+            Ok(_) => stored.next().unwrap_or(Err(StoreError::RolledBack)).map_err(ApiError::from),
+        })
+        .collect();
+    let written = results.iter().filter(|r| r.as_ref().is_ok_and(|r| r.was_new)).count();
+    metrics::counter!("mnemo_memory_batch_items_total", "outcome" => "written").increment(written as u64);
+    let json: Vec<serde_json::Value> = results
+        .iter()
+        .map(|r| match r {
+            Ok(r) => json!({ "id": r.id, "was_new": r.was_new }),
+            Err(e) => json!({ "error": { "code": e.code(), "message": e.to_string() } }),
+        })
+        .collect();
+    // The item that sank an atomic batch: a refused one, not one merely rolled back with it.
+    let refused = results.iter().position(|r| r.as_ref().is_err_and(|e| !matches!(e, ApiError::NotWritten)));
+    if atomic && let Some(index) = refused.or_else(|| results.iter().position(Result::is_err)) {
+        let refused = ApiError::BatchRejected(index);
+        let body = json!({
+            "error": { "code": refused.code(), "message": refused.to_string() },
+            "results": json,
+        });
+        return Ok((refused.status(), Json(body)).into_response());
+    }
+    Ok(Json(json!({ "results": json, "written": written })).into_response())
 }
 
 /// The typed fields a long-term write may carry (all optional; see README, "Typed memory").

@@ -23,6 +23,9 @@ pub struct Args {
     /// How long each level runs, in seconds.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Also write through `POST /v1/memories/batch`, this many rows per request (0: not).
+    #[arg(long, default_value_t = 0)]
+    batch: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -138,6 +141,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         })
         .await?;
 
+        let batch_level = if args.batch > 0 {
+            let (http, url, token, size) = (http.clone(), format!("{base}/batch"), token.clone(), args.batch);
+            let level = measure(concurrency, duration, move |n| {
+                let (http, url, token) = (http.clone(), url.clone(), token.clone());
+                async move {
+                    let items: Vec<_> = (0..size)
+                        .map(|i| json!({ "source_kind": "chat_message", "source_ref": format!("b{round}-{n}-{i}"), "content": CONTENT }))
+                        .collect();
+                    let response = http.post(&url).bearer_auth(&token).json(&json!({ "items": items })).send().await?;
+                    anyhow::ensure!(response.status().as_u16() == 200, "batch answered {}", response.status());
+                    let answer: serde_json::Value = response.json().await?;
+                    anyhow::ensure!(answer["written"] == json!(size), "a batch wrote {} of {size}", answer["written"]);
+                    Ok(())
+                }
+            })
+            .await?;
+            // Rows, not requests.
+            Some(Level { rate: level.rate * args.batch as f64, ..level })
+        } else {
+            None
+        };
+
         let (http, base, token) = (http.clone(), base.clone(), token.clone());
         let http_level = measure(concurrency, duration, move |n| {
             let (http, base, token) = (http.clone(), base.clone(), token.clone());
@@ -149,14 +174,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         })
         .await?;
-        rows.push((concurrency, http_level, store_level, plain_level));
+        rows.push((concurrency, http_level, store_level, plain_level, batch_level));
     }
 
     if args.json {
         let levels: Vec<_> = rows
             .iter()
-            .map(|(c, h, s, p)| {
+            .map(|(c, h, s, p, b)| {
                 json!({
+                    "batch_rows_per_s": b.as_ref().map(|b| b.rate), "batch_p50_ms": b.as_ref().map(|b| b.p50_ms),
+                    "batch_ratio": b.as_ref().map(|b| b.rate / p.rate),
                     "concurrency": c,
                     "http_writes_per_s": h.rate, "http_p50_ms": h.p50_ms, "http_p99_ms": h.p99_ms,
                     "store_writes_per_s": s.rate, "store_p50_ms": s.p50_ms, "store_p99_ms": s.p99_ms,
@@ -169,12 +196,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         println!(
             "| concurrency | HTTP writes/s | ack p50 ms | ack p99 ms | store-only writes/s | store p50 ms \
-             | plain INSERT/s | INSERT p50 ms | HTTP / plain |"
+             | plain INSERT/s | INSERT p50 ms | HTTP / plain | batched rows/s ({} per request) | batch p50 ms | batched / plain |",
+            args.batch
         );
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for (c, h, s, p) in &rows {
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (c, h, s, p, b) in &rows {
+            let batch = b.as_ref().map_or_else(
+                || "– | – | –".to_owned(),
+                |b| format!("{:.0} | {:.2} | {:.2}", b.rate, b.p50_ms, b.rate / p.rate),
+            );
             println!(
-                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} |",
+                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {batch} |",
                 h.rate,
                 h.p50_ms,
                 h.p99_ms,

@@ -61,6 +61,8 @@ pub struct ServerSettings {
     pub jwt: JwtKey,
     /// The largest tool output accepted in one write; longer ones are refused with 413.
     pub max_tool_output_bytes: usize,
+    /// The most items of one batch write.
+    pub max_batch_items: usize,
     /// Writes are group-committed: this many transactions in flight at once…
     pub write_committers: usize,
     /// …each holding at most this many rows.
@@ -87,6 +89,10 @@ impl ServerSettings {
         );
         let jwt = JwtKey::read(env, &mut problems);
         let max_tool_output_bytes = problems.parsed(env, vars::MAX_TOOL_OUTPUT_BYTES, 4 << 20, "a number of bytes");
+        let max_batch_items = problems.parsed(env, vars::MAX_BATCH_ITEMS, 1000usize, "a whole number");
+        if !(1..=10_000).contains(&max_batch_items) {
+            problems.0.push(format!("{} must be between 1 and 10000", vars::MAX_BATCH_ITEMS));
+        }
         let write_committers = problems.parsed(env, vars::WRITE_COMMITTERS, 2usize, "a whole number");
         let write_max_batch = problems.parsed(env, vars::WRITE_MAX_BATCH, 64usize, "a whole number");
         if write_committers == 0 || write_max_batch == 0 {
@@ -111,6 +117,7 @@ impl ServerSettings {
             listen,
             jwt,
             max_tool_output_bytes,
+            max_batch_items,
             write_committers,
             write_max_batch,
             embed,

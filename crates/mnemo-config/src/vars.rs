@@ -51,6 +51,8 @@ pub const DECAY_FLOOR: &str = "MNEMO_DECAY_FLOOR";
 /// The confidence an episodic memory needs to be promoted to semantic.
 pub const PROMOTION_MIN_CONFIDENCE: &str = "MNEMO_PROMOTION_MIN_CONFIDENCE";
 pub const RERANKER_URL: &str = "MNEMO_RERANKER_URL";
+/// The most items one batch write takes.
+pub const MAX_BATCH_ITEMS: &str = "MNEMO_MAX_BATCH_ITEMS";
 pub const RERANKER_TIMEOUT_MS: &str = "MNEMO_RERANKER_TIMEOUT_MS";
 pub const JUDGE_MODEL: &str = "MNEMO_JUDGE_MODEL";
 /// Falls back to `OPENAI_BASE_URL`.

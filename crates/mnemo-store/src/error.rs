@@ -16,6 +16,9 @@ pub enum StoreError {
     /// written.
     #[error("relation target {target} is not a memory of this tenant")]
     RelationTargetMissing { target: Uuid },
+    /// Another row of an all-or-nothing write failed, so this one was not written.
+    #[error("not written: another row of the batch was refused")]
+    RolledBack,
     #[error("invalid database URL: {0}")]
     Config(#[source] sqlx::Error),
     #[error("database error: {0}")]

@@ -136,6 +136,27 @@ impl Store {
             .collect())
     }
 
+    /// [`Store::remember_many`], all or nothing: when any row is refused (or was held by a
+    /// write that rolled back), nothing is written, that row keeps its error and the others
+    /// answer [`StoreError::RolledBack`].
+    pub async fn remember_all(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<&NewMemory> = batch.iter().collect();
+        let results = insert_in(&mut tx, &rows).await?;
+        if results.iter().all(|r| matches!(r, Some(Ok(_)))) {
+            tx.commit().await?;
+            return Ok(results.into_iter().flatten().collect());
+        }
+        tx.rollback().await?;
+        Ok(results
+            .into_iter()
+            .map(|r| match r {
+                Some(Err(e)) => Err(e),
+                _ => Err(StoreError::RolledBack),
+            })
+            .collect())
+    }
+
     async fn insert_round(
         &self,
         rows: &[&NewMemory],
