@@ -206,7 +206,12 @@ async fn batch(
         .iter()
         .map(|r| match r {
             Ok(r) => json!({ "id": r.id, "was_new": r.was_new }),
-            Err(e) => json!({ "error": { "code": e.code(), "message": e.to_string() } }),
+            Err(e) => {
+                if let ApiError::Internal(detail) = e {
+                    tracing::error!(error = %detail, "a batch item failed");
+                }
+                json!({ "error": { "code": e.code(), "message": e.to_string() } })
+            }
         })
         .collect();
     // The item that sank an atomic batch: a refused one, not one merely rolled back with it.

@@ -58,11 +58,11 @@ string_enum!(
 );
 
 impl Layer {
-    /// The layer of a row written without one: daily notes and summaries are what happened,
-    /// everything else is taken to hold.
+    /// The layer of a row written without one: daily notes are what happened; everything else
+    /// is taken to hold. (A conversation's own rows are working memory in packs, whatever their
+    /// layer.)
     pub fn default_for(kind: SourceKind, path: Option<&str>) -> Self {
         match kind {
-            SourceKind::SessionSummary | SourceKind::ChatMessage | SourceKind::ToolOutput => Self::Episodic,
             SourceKind::WorkspaceNote if path.is_some_and(|p| p != "MEMORY.md") => Self::Episodic,
             _ => Self::Semantic,
         }

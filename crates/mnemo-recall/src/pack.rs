@@ -213,9 +213,13 @@ pub async fn build_pack(
     }
     let (mut rendered, mut tokens) = render(&chosen, counter);
     while tokens > request.soft_budget_tokens {
-        drop_lowest(&mut chosen);
+        if let Some(dropped) = drop_lowest(&mut chosen) {
+            rest.push(dropped);
+        }
         (rendered, tokens) = render(&chosen, counter);
     }
+    // Best first again: the exceptions below take each missing layer's best.
+    rest.sort_by(|a, b| b.item.score.total_cmp(&a.item.score));
     let soft_tokens = tokens;
     // Past the soft budget: the best item of each layer still missing, while the whole text
     // stays within the max budget.
@@ -249,13 +253,10 @@ pub async fn build_pack(
     Ok(MemoryPack { rendered, tokens, soft_tokens, items: chosen, layers, degraded: ranked.degraded })
 }
 
-/// Removes the lowest-scored item.
-fn drop_lowest(chosen: &mut Vec<PackItem>) {
-    if let Some(worst) =
-        chosen.iter().enumerate().min_by(|a, b| a.1.item.score.total_cmp(&b.1.item.score)).map(|(i, _)| i)
-    {
-        chosen.remove(worst);
-    }
+/// Removes and returns the lowest-scored item.
+fn drop_lowest(chosen: &mut Vec<PackItem>) -> Option<PackItem> {
+    let worst = chosen.iter().enumerate().min_by(|a, b| a.1.item.score.total_cmp(&b.1.item.score)).map(|(i, _)| i)?;
+    Some(chosen.remove(worst))
 }
 
 /// The pack's markdown, layers in order and items by score within each, and its tokens.

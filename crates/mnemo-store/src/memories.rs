@@ -44,14 +44,14 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
             $9::text[], $10::bytea[], $11::text[], $12::jsonb[], $13::timestamptz[], $14::text[],
             $15::text[], $16::text[], $17::text[], $18::int4[], $19::text[],
             $20::text[], $21::text[], $22::float4[], $23::float4[], $24::text[], $25::text[], $26::text[],
-            $27::text[], $28::text[])
+            $27::text[], $28::text[]) WITH ORDINALITY
      AS r(id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
           content, content_sha256, tool_output_key, metadata, event_time, fact_key,
           role, tool_call_id, tool_name, token_count, token_counter,
           -- Tags and roles are comma-joined: a label has no comma, and arrays of arrays do not
           -- unnest row by row.
-          layer, category, importance, confidence, tags, origin, visibility, allowed_roles, fingerprint)
-ORDER BY tenant_id, source_kind, source_ref
+          layer, category, importance, confidence, tags, origin, visibility, allowed_roles, fingerprint, ord)
+ORDER BY tenant_id, source_kind, source_ref, ord
 ON CONFLICT (tenant_id, source_kind, source_ref) DO NOTHING
 RETURNING id";
 
@@ -73,6 +73,7 @@ WITH old AS (
     JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
     WHERE m.source_kind = 'fact' AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL)
       AND m.anonymized_at IS NULL
+    ORDER BY m.tenant_id, m.id
     FOR UPDATE OF m
 ), revived AS (
     UPDATE memory_items m
@@ -141,8 +142,21 @@ impl Store {
     /// answer [`StoreError::RolledBack`].
     pub async fn remember_all(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let rows: Vec<&NewMemory> = batch.iter().collect();
-        let results = insert_in(&mut tx, &rows).await?;
+        let mut results: Vec<Option<Result<Remembered, StoreError>>> = batch.iter().map(|_| None).collect();
+        // As in `remember_many`: a row whose key a rolled-back write held is tried again.
+        for _ in 0..3 {
+            let pending: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let rows: Vec<&NewMemory> = pending.iter().map(|&i| &batch[i]).collect();
+            for (i, result) in pending.into_iter().zip(insert_in(&mut tx, &rows).await?) {
+                results[i] = result;
+            }
+        }
+        if results.iter().any(Option::is_none) {
+            return Err(StoreError::Database(sqlx::Error::RowNotFound));
+        }
         if results.iter().all(|r| matches!(r, Some(Ok(_)))) {
             tx.commit().await?;
             return Ok(results.into_iter().flatten().collect());
