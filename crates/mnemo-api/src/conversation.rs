@@ -144,9 +144,6 @@ pub async fn context(
         }
         None => None,
     };
-    if let Some(pack) = &pack {
-        state.recall.track_access(&principal, pack.items.iter().map(|p| p.id).collect());
-    }
     let injected = match (injected, pack.as_ref().map(|p| p.rendered.as_str()).filter(|r| !r.is_empty())) {
         (Some(files), Some(memory)) => Some(format!("{files}\n\n{memory}")),
         (files, memory) => files.or(memory.map(str::to_owned)),

@@ -177,14 +177,15 @@ async fn batch(
         let max = state.max_batch_items as i64;
         return Err(InvalidInput::OutOfRange { field: "items", min: 1, max }.into());
     }
-    let parsed: Vec<Result<NewMemory, ApiError>> = items
+    // Each item's parse error, or its place among the valid rows (which move out, uncopied).
+    let mut valid: Vec<NewMemory> = Vec::with_capacity(items.len());
+    let parsed: Vec<Result<(), ApiError>> = items
         .into_iter()
         .map(|item| match item {
-            serde_json::Value::Object(map) => parse(JsonObject::from_map(map)),
+            serde_json::Value::Object(map) => parse(JsonObject::from_map(map)).map(|row| valid.push(row)),
             _ => Err(ApiError::InvalidField { field: "items", expected: "a list of objects" }),
         })
         .collect();
-    let valid: Vec<NewMemory> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
     let mut stored = if atomic && parsed.iter().any(Result::is_err) {
         Vec::new()
     } else if atomic {
@@ -350,7 +351,6 @@ pub async fn memory_pack(
     body.finish()?;
     let pack =
         build_pack(&state.recall, state.tokenizer.as_ref(), &principal, &request, &RecallOptions::default()).await?;
-    state.recall.track_access(&principal, pack.items.iter().map(|p| p.id).collect());
     Ok(Json(pack_json(&pack, &request)).into_response())
 }
 

@@ -157,8 +157,9 @@ fn line(item: &RecalledItem) -> String {
     format!("- {}\n", item.content.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
-/// Builds the pack for `request` over what `principal` may recall. `options` are recall's
-/// (the API passes the defaults; benchmarks give the query's vector).
+/// Builds the pack for `request` over what `principal` may recall, and records the packed rows'
+/// access as a recall does. `options` are recall's (the API passes the defaults; benchmarks
+/// give the query's vector).
 pub async fn build_pack(
     recall: &Recall,
     counter: &dyn TokenCounter,
@@ -250,6 +251,7 @@ pub async fn build_pack(
             sections[usage.layer.index()] + mine.iter().map(|c| c.tokens).sum::<u32>()
         };
     }
+    recall.track_access(principal, chosen.iter().map(|c| c.id).collect());
     Ok(MemoryPack { rendered, tokens, soft_tokens, items: chosen, layers, degraded: ranked.degraded })
 }
 

@@ -118,20 +118,13 @@ impl Store {
     /// [`Store::remember`] for many rows in one transaction: one result per row, in order. The
     /// outer error means nothing was written; an inner one concerns that row alone.
     pub async fn remember_many(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
-        let mut results: Vec<Option<Result<Remembered, StoreError>>> = batch.iter().map(|_| None).collect();
-        // A row whose key belonged to a transaction that rolled back while we waited on it is
-        // neither inserted nor found; the next round inserts it.
-        for _ in 0..3 {
-            let pending: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_none()).collect();
-            if pending.is_empty() {
-                break;
-            }
-            let rows: Vec<&NewMemory> = pending.iter().map(|&i| &batch[i]).collect();
-            for (i, result) in pending.into_iter().zip(self.insert_round(&rows).await?) {
-                results[i] = result;
-            }
+        let mut rounds = Rounds::new(batch);
+        while let Some((pending, rows)) = rounds.next() {
+            let results = self.insert_round(&rows).await?;
+            rounds.fill(pending, results);
         }
-        Ok(results
+        Ok(rounds
+            .results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(StoreError::Database(sqlx::Error::RowNotFound))))
             .collect())
@@ -142,18 +135,12 @@ impl Store {
     /// answer [`StoreError::RolledBack`].
     pub async fn remember_all(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let mut results: Vec<Option<Result<Remembered, StoreError>>> = batch.iter().map(|_| None).collect();
-        // As in `remember_many`: a row whose key a rolled-back write held is tried again.
-        for _ in 0..3 {
-            let pending: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_none()).collect();
-            if pending.is_empty() {
-                break;
-            }
-            let rows: Vec<&NewMemory> = pending.iter().map(|&i| &batch[i]).collect();
-            for (i, result) in pending.into_iter().zip(insert_in(&mut tx, &rows).await?) {
-                results[i] = result;
-            }
+        let mut rounds = Rounds::new(batch);
+        while let Some((pending, rows)) = rounds.next() {
+            let results = insert_in(&mut tx, &rows).await?;
+            rounds.fill(pending, results);
         }
+        let results = rounds.results;
         if results.iter().any(Option::is_none) {
             return Err(StoreError::Database(sqlx::Error::RowNotFound));
         }
@@ -202,6 +189,39 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|(item_id, content)| ToolOutput { key: key.clone(), item_id, content }))
+    }
+}
+
+/// A batch's results over up to three rounds of inserts: a row whose key belonged to a
+/// transaction that rolled back while we waited on it is neither inserted nor found (`None`),
+/// and the next round inserts it.
+struct Rounds<'a> {
+    batch: &'a [NewMemory],
+    results: Vec<Option<Result<Remembered, StoreError>>>,
+    left: usize,
+}
+
+impl<'a> Rounds<'a> {
+    fn new(batch: &'a [NewMemory]) -> Self {
+        Self { batch, results: batch.iter().map(|_| None).collect(), left: 3 }
+    }
+
+    /// The positions and rows of the next round; `None` when every row has a result or the
+    /// rounds are used up.
+    fn next(&mut self) -> Option<(Vec<usize>, Vec<&'a NewMemory>)> {
+        let pending: Vec<usize> = (0..self.batch.len()).filter(|&i| self.results[i].is_none()).collect();
+        if pending.is_empty() || self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let rows = pending.iter().map(|&i| &self.batch[i]).collect();
+        Some((pending, rows))
+    }
+
+    fn fill(&mut self, pending: Vec<usize>, results: Vec<Option<Result<Remembered, StoreError>>>) {
+        for (i, result) in pending.into_iter().zip(results) {
+            self.results[i] = result;
+        }
     }
 }
 
