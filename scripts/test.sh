@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup-postgres.sh
 bash scripts/fetch-model.sh
+MNEMO_TEST_PYTHON=$(bash scripts/setup-python.sh)
+export MNEMO_TEST_PYTHON
 
 log "dropping test databases left by earlier runs"
 psql -X -q -d "$MNEMO_DATABASE_URL" -tA -c \

@@ -21,6 +21,7 @@ pub mod auth;
 mod body;
 mod conversation;
 mod error;
+pub mod mcp;
 mod routes;
 mod workspace;
 
@@ -73,7 +74,7 @@ impl AppState {
     }
 }
 
-/// The whole API.
+/// The whole API: `/v1`, the probes and metrics, and the MCP tools at `/mcp`.
 pub fn app(state: AppState) -> Router {
     // JSON escaping can double a payload's size; leave room for the other fields.
     let body_limit = state.max_tool_output_bytes.saturating_mul(2).saturating_add(64 * 1024);
@@ -101,7 +102,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/workspace/prompt", get(workspace::prompt))
         .route("/agents/{agent}/consolidate", post(workspace::consolidate));
-    Router::new()
+    let api = Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz))
@@ -110,7 +111,18 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn(observe))
-        .with_state(state)
+        .with_state(state.clone());
+    // An MCP request is refused before rmcp reads it unless it carries a valid token, which each
+    // tool call then presents to `api` as its own.
+    let mcp = Router::new()
+        .route_service("/mcp", mcp::http_service(api.clone(), body_limit))
+        .layer(middleware::from_fn_with_state(state, authenticate))
+        .layer(middleware::from_fn(observe));
+    api.merge(mcp)
+}
+
+async fn authenticate(_: auth::Authenticated, request: Request, next: Next) -> Response {
+    next.run(request).await
 }
 
 /// Counts and times every request by route template (never by concrete path, which may carry

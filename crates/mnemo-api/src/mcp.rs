@@ -1,0 +1,621 @@
+//! mnemo as MCP tools. Each tool is one `/v1` endpoint: a call becomes that endpoint's HTTP
+//! request, so it is parsed, authorized and answered exactly as the API answers it (the same
+//! checks, the same error codes, the same tenant rules), and nothing here can name a tenant.
+//!
+//! Two transports serve the same [`MnemoMcp`]: streamable HTTP at `/mcp` on mnemo-server
+//! ([`http_service`], where the token is the MCP request's bearer and the call goes through the
+//! API's router in process), and stdio in the `mnemo-mcp` binary (which forwards each call to a
+//! running server with a token from its environment).
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::{Method, Request, request::Parts};
+use mnemo_core::{
+    Category, FactScope, Layer, MAX_ALLOWED_ROLES, MAX_CONTENT_BYTES, MAX_RELATIONS, MAX_TAGS, MAX_TOP_K, RecallScope,
+    RelationType, Role, SourceKind, Visibility,
+};
+use mnemo_recall::{PackRequest, PackTopK};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, ServerHandler};
+use serde_json::{Map, Value, json};
+use tower::ServiceExt;
+
+use crate::ApiError;
+
+/// What the server tells an agent when it connects.
+const INSTRUCTIONS: &str = "mnemo is your long-term memory. Call recall before answering anything that may \
+depend on earlier conversations, facts about the user, documents or tool outputs you no longer see (and \
+always when the conversation was trimmed for length): do not guess. Call remember_fact when you learn a \
+durable fact about the user or yourself. Your tenant, user, agent and session come from your token, never \
+from arguments.";
+
+/// One tool: its name, what it is for, the endpoint it calls and the arguments it takes.
+#[derive(Debug)]
+pub struct ToolSpec {
+    pub name: &'static str,
+    description: &'static str,
+    method: Method,
+    /// The endpoint; `{arg}` is an argument that goes into the path instead of the body.
+    path: &'static str,
+    /// The arguments a GET sends as its query.
+    query: &'static [&'static str],
+    read_only: bool,
+    destructive: bool,
+    /// The arguments' JSON Schema.
+    schema: fn() -> Value,
+}
+
+/// Every tool, in the order an agent sees them.
+pub fn tools() -> &'static [ToolSpec] {
+    TOOLS
+}
+
+static TOOLS: &[ToolSpec] = &[
+    ToolSpec {
+        name: "recall",
+        description: "Search your memory: chat messages and tool outputs of this session, facts about the user \
+            and about you, the tenant's documents, summaries and notes. Keyword and semantic matches are fused. Call \
+            it before answering a question that may depend on something said or learned earlier, and whenever the \
+            conversation was trimmed for length: do not guess. Returns items with their content, kind and score; a \
+            tool output's preview may name a tout_ key for get_tool_output.",
+        method: Method::POST,
+        path: "/v1/recall",
+        read_only: true,
+        destructive: false,
+        query: &[],
+        schema: recall_schema,
+    },
+    ToolSpec {
+        name: "memory_pack",
+        description: "Your memories most relevant to a query, grouped by layer (working, episodic, semantic, \
+            procedural) and rendered as one Markdown block within a token budget. Use it to load background for a \
+            new task in one call; use recall for a specific question.",
+        method: Method::POST,
+        path: "/v1/memory-pack",
+        read_only: true,
+        destructive: false,
+        query: &[],
+        schema: pack_schema,
+    },
+    ToolSpec {
+        name: "remember",
+        description: "Store a chat message, a tool output or a document chunk so it can be recalled later. \
+            source_ref identifies it: writing the same source_ref again with the same content changes nothing \
+            (was_new is false), with other content is a source_ref_conflict. Tool outputs longer than 16 KiB are \
+            kept whole behind a tout_ key.",
+        method: Method::POST,
+        path: "/v1/memories",
+        read_only: false,
+        destructive: false,
+        query: &[],
+        schema: remember_schema,
+    },
+    ToolSpec {
+        name: "remember_fact",
+        description: "Remember a durable fact about the user (scope user) or about yourself (scope agent), across \
+            sessions: a preference, a goal, a constraint, something true about them. Asserting the same fact again \
+            changes nothing. A fact that contradicts an older one retires the older one in the background; you \
+            never need to delete it yourself.",
+        method: Method::POST,
+        path: "/v1/facts",
+        read_only: false,
+        destructive: false,
+        query: &[],
+        schema: fact_schema,
+    },
+    ToolSpec {
+        name: "forget",
+        description: "Delete one memory by its id (from recall or remember). A user's token deletes only that \
+            user's memories. Deleting twice answers the first deletion.",
+        method: Method::DELETE,
+        path: "/v1/memories/{id}",
+        read_only: false,
+        destructive: true,
+        query: &[],
+        schema: forget_schema,
+    },
+    ToolSpec {
+        name: "get_tool_output",
+        description: "The full text of a long tool output whose recalled preview names a tout_ key.",
+        method: Method::GET,
+        path: "/v1/tool-outputs/{key}",
+        read_only: true,
+        destructive: false,
+        query: &[],
+        schema: tool_output_schema,
+    },
+    ToolSpec {
+        name: "list_files",
+        description: "List your workspace files (PROFILE.md, MEMORY.md, daily notes under memory/, your own \
+            files) with their sizes and versions.",
+        method: Method::GET,
+        path: "/v1/workspace/files",
+        read_only: true,
+        destructive: false,
+        query: &["prefix"],
+        schema: list_files_schema,
+    },
+    ToolSpec {
+        name: "read_file",
+        description: "Read one workspace file, such as MEMORY.md or memory/2026-05-02.md.",
+        method: Method::GET,
+        path: "/v1/workspace/files/{path}",
+        read_only: true,
+        destructive: false,
+        query: &[],
+        schema: read_file_schema,
+    },
+    ToolSpec {
+        name: "write_file",
+        description: "Replace a workspace file's whole content (creating it if needed). Every write is a new \
+            version. To change part of a file, use edit_file.",
+        method: Method::PUT,
+        path: "/v1/workspace/files/{path}",
+        read_only: false,
+        destructive: true,
+        query: &[],
+        schema: write_file_schema,
+    },
+    ToolSpec {
+        name: "edit_file",
+        description: "Replace exact text in a workspace file: old_text must appear exactly once (or set \
+            replace_all). Read the file first and copy old_text from it.",
+        method: Method::POST,
+        path: "/v1/workspace/files/{path}/edit",
+        read_only: false,
+        destructive: false,
+        query: &[],
+        schema: edit_file_schema,
+    },
+];
+
+// --- argument schemas ------------------------------------------------------------------------
+// Enumerations come from the domain types the API parses with, so a value the schema offers is one
+// the API takes.
+
+fn object(required: &[&str], properties: Value) -> Value {
+    json!({ "type": "object", "properties": properties, "required": required, "additionalProperties": false })
+}
+
+fn text(description: &str) -> Value {
+    json!({ "type": "string", "description": description })
+}
+
+fn one_of(values: impl IntoIterator<Item = &'static str>, description: &str) -> Value {
+    json!({ "type": "string", "enum": values.into_iter().collect::<Vec<_>>(), "description": description })
+}
+
+fn strings(max_items: usize, description: &str) -> Value {
+    json!({ "type": "array", "items": { "type": "string" }, "maxItems": max_items, "description": description })
+}
+
+fn unit(description: &str) -> Value {
+    json!({ "type": "number", "minimum": 0, "maximum": 1, "description": description })
+}
+
+fn metadata() -> Value {
+    json!({ "type": "object", "description": "Your own JSON object, kept with the memory and returned as given." })
+}
+
+fn event_time() -> Value {
+    json!({ "type": "string", "format": "date-time", "description": "When it happened (RFC 3339); default: now." })
+}
+
+fn recall_schema() -> Value {
+    object(
+        &["query"],
+        json!({
+            "query": text("What to look for, in natural language; keywords and meaning are both matched."),
+            "top_k": { "type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": "How many items (default 5)." },
+            "source_kinds": {
+                "type": "array",
+                "items": one_of(SourceKind::ALL.iter().map(|k| k.as_str()), "A kind of memory."),
+                "description": "Only these kinds (default: all).",
+            },
+            "scope": one_of(
+                RecallScope::ALL.iter().map(|s| s.as_str()),
+                "session: this conversation; user: facts about the user; agent: your own facts; tenant: shared \
+                 documents; any (default): all of them fused.",
+            ),
+            "enable_rerank": { "type": "boolean", "description": "Rerank with the cross-encoder when one is configured (default true)." },
+        }),
+    )
+}
+
+fn pack_schema() -> Value {
+    let k = |layer: &str| json!({ "type": "integer", "minimum": 0, "maximum": PackTopK::MAX, "description": format!("Most {layer} items.") });
+    let budget = |what: &str| json!({ "type": "integer", "minimum": 1, "maximum": PackRequest::MAX_BUDGET, "description": what });
+    object(
+        &["query"],
+        json!({
+            "query": text("What the task is about."),
+            "soft_budget_tokens": budget("Tokens the pack fills by relevance (default 1,800)."),
+            "max_budget_tokens": budget("Tokens the pack never exceeds (default 3,500)."),
+            "top_k": {
+                "type": "object",
+                "properties": { "working": k("working"), "episodic": k("episodic"), "semantic": k("semantic"), "procedural": k("procedural") },
+                "additionalProperties": false,
+                "description": "Per-layer limits.",
+            },
+        }),
+    )
+}
+
+fn remember_schema() -> Value {
+    let kinds = [SourceKind::ChatMessage, SourceKind::ToolOutput, SourceKind::DocumentChunk];
+    object(
+        &["source_kind", "source_ref", "content"],
+        json!({
+            "source_kind": one_of(kinds.iter().map(|k| k.as_str()), "What it is."),
+            "source_ref": text("Your stable id for it (a message id, a tool call id, a chunk id); at most 512 bytes."),
+            "content": text(&format!("The text; at most {MAX_CONTENT_BYTES} bytes except for tool outputs.")),
+            "session_id": text("The conversation it belongs to; default: the token's session."),
+            "role": one_of(Role::ALL.iter().map(|r| r.as_str()), "Who said it (chat messages; default user)."),
+            "tool_call_id": text("The tool call a tool message answers."),
+            "name": text("The tool's name, for a tool output."),
+            "metadata": metadata(),
+            "event_time": event_time(),
+        }),
+    )
+}
+
+fn fact_schema() -> Value {
+    object(
+        &["content", "scope"],
+        json!({
+            "content": text("The fact, as one self-contained sentence."),
+            "scope": one_of(FactScope::ALL.iter().map(|s| s.as_str()), "user: about the user; agent: about you."),
+            "key": text("A stable name for what the fact is about (such as home_city); a new fact with the same key replaces the old one."),
+            "layer": one_of(Layer::ALL.iter().map(|l| l.as_str()), "episodic: an event; semantic: a lasting fact; procedural: how to do something."),
+            "category": one_of(Category::ALL.iter().map(|c| c.as_str()), "What kind of fact it is."),
+            "importance": unit("How much it matters, 0 to 1."),
+            "confidence": unit("How sure you are, 0 to 1."),
+            "tags": strings(MAX_TAGS, "Short labels."),
+            "relations": {
+                "type": "array",
+                "maxItems": MAX_RELATIONS,
+                "items": object(&["type", "target"], json!({
+                    "type": one_of(RelationType::ALL.iter().map(|r| r.as_str()), "How it relates."),
+                    "target": { "type": "string", "format": "uuid", "description": "A memory id." },
+                })),
+                "description": "Memories this one relates to.",
+            },
+            "visibility": one_of(Visibility::ALL.iter().map(|v| v.as_str()), "Who else may recall it (default: its scope's owner)."),
+            "allowed_roles": strings(MAX_ALLOWED_ROLES, "Only tokens with one of these roles may recall it."),
+            "source": one_of(["user", "api"], "user: the user said it; api (default): you concluded it."),
+            "metadata": metadata(),
+            "event_time": event_time(),
+        }),
+    )
+}
+
+fn forget_schema() -> Value {
+    object(&["id"], json!({ "id": { "type": "string", "format": "uuid", "description": "The memory's id." } }))
+}
+
+fn tool_output_schema() -> Value {
+    object(&["key"], json!({ "key": text("The tout_ key a preview names.") }))
+}
+
+fn list_files_schema() -> Value {
+    object(&[], json!({ "prefix": text("Only paths starting with this, such as memory/.") }))
+}
+
+fn path() -> Value {
+    text("A relative .md path, such as MEMORY.md or memory/2026-05-02.md.")
+}
+
+fn read_file_schema() -> Value {
+    object(&["path"], json!({ "path": path() }))
+}
+
+fn write_file_schema() -> Value {
+    object(&["path", "content"], json!({ "path": path(), "content": text("The file's whole new content (Markdown).") }))
+}
+
+fn edit_file_schema() -> Value {
+    object(
+        &["path", "old_text", "new_text"],
+        json!({
+            "path": path(),
+            "old_text": text("Text that is in the file now, exactly."),
+            "new_text": text("What replaces it (may be empty)."),
+            "replace_all": { "type": "boolean", "description": "Replace every occurrence (default: old_text must be unique)." },
+        }),
+    )
+}
+
+// --- calls -----------------------------------------------------------------------------------
+
+/// A tool call as the HTTP request to its endpoint.
+#[derive(Debug, Clone)]
+pub struct ApiCall {
+    pub method: Method,
+    /// Path and query, encoded.
+    pub uri: String,
+    pub body: Option<Value>,
+}
+
+/// The endpoint's answer.
+#[derive(Debug, Clone)]
+pub struct ApiAnswer {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl ToolSpec {
+    fn tool(&self) -> Tool {
+        let Value::Object(schema) = (self.schema)() else { unreachable!("every schema is an object") };
+        let annotations = ToolAnnotations::new()
+            .read_only(self.read_only)
+            .destructive(self.destructive)
+            .idempotent(!self.destructive || self.method == Method::DELETE)
+            .open_world(false);
+        Tool::new(self.name, self.description, schema).with_annotations(annotations)
+    }
+
+    /// The request this call makes: path arguments go into the path, the rest into the body (or,
+    /// for a GET, the query). Only the endpoint judges the values.
+    pub fn call(&self, mut args: Map<String, Value>) -> Result<ApiCall, ApiError> {
+        let mut uri = String::with_capacity(self.path.len() + 32);
+        let mut rest = self.path;
+        while let Some(open) = rest.find('{') {
+            let close = rest[open..].find('}').map_or(rest.len(), |c| open + c);
+            let field = &rest[open + 1..close];
+            let value = match args.remove(field) {
+                // URL parsers resolve a `.` or `..` segment before the endpoint could refuse it.
+                Some(Value::String(s)) if s == "." || s == ".." => {
+                    return Err(ApiError::InvalidField { field, expected: "a name other than . or .." });
+                }
+                Some(Value::String(s)) if !s.is_empty() => s,
+                None | Some(Value::Null) => return Err(ApiError::MissingField(field)),
+                Some(_) => return Err(ApiError::InvalidField { field, expected: "a non-empty string" }),
+            };
+            uri.push_str(&rest[..open]);
+            // One segment, slashes and all, so no `..` in it is resolved on the way.
+            uri.push_str(&percent_encode(&value));
+            rest = &rest[close + 1..];
+        }
+        uri.push_str(rest);
+        if self.method == Method::POST || self.method == Method::PUT {
+            return Ok(ApiCall { method: self.method.clone(), uri, body: Some(Value::Object(args)) });
+        }
+        let mut query = Vec::new();
+        for (name, value) in args {
+            let Some(field) = self.query.iter().find(|q| **q == name) else {
+                return Err(ApiError::UnknownField(name.chars().take(64).collect()));
+            };
+            match value {
+                Value::Null => {}
+                Value::String(s) => query.push(format!("{field}={}", percent_encode(&s))),
+                _ => return Err(ApiError::InvalidField { field, expected: "a string" }),
+            }
+        }
+        if !query.is_empty() {
+            uri = format!("{uri}?{}", query.join("&"));
+        }
+        Ok(ApiCall { method: self.method.clone(), uri, body: None })
+    }
+}
+
+/// RFC 3986 unreserved characters stay; everything else, `/` too, is %-encoded.
+fn percent_encode(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for byte in raw.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(byte as char),
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+/// The endpoint's answer as a tool result: a success carries the answer as structured content
+/// (and as text, for clients that read only text); an error is a tool error carrying the API's
+/// `{error: {code, message}}`, so an agent sees `missing_identity`, not a stack trace.
+fn tool_result(answer: ApiAnswer) -> CallToolResult {
+    let text = answer.body.to_string();
+    let mut result = if (200..300).contains(&answer.status) {
+        CallToolResult::success(vec![ContentBlock::text(text)])
+    } else {
+        let body = if answer.body.get("error").is_some() {
+            answer.body
+        } else {
+            json!({ "error": { "code": "internal", "message": format!("mnemo answered HTTP {}", answer.status) } })
+        };
+        let mut result = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
+        result.structured_content = Some(body);
+        return result;
+    };
+    result.structured_content = Some(answer.body);
+    result
+}
+
+fn refused(error: &ApiError) -> CallToolResult {
+    tool_result(ApiAnswer {
+        status: error.status().as_u16(),
+        body: json!({ "error": { "code": error.code(), "message": error.to_string() } }),
+    })
+}
+
+/// Sends an [`ApiCall`] to mnemo's API on behalf of the MCP client.
+pub trait Forward: Clone + Send + Sync + 'static {
+    /// `Err` only when the API could not be reached; any answer from it is `Ok`.
+    fn forward(
+        &self,
+        call: ApiCall,
+        context: &RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ApiAnswer, String>> + Send;
+}
+
+/// The MCP server: [`tools`] over a [`Forward`].
+#[derive(Debug, Clone)]
+pub struct MnemoMcp<F> {
+    forward: F,
+}
+
+impl<F: Forward> MnemoMcp<F> {
+    pub fn new(forward: F) -> Self {
+        Self { forward }
+    }
+}
+
+impl<F: Forward> ServerHandler for MnemoMcp<F> {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("mnemo", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(TOOLS.iter().map(ToolSpec::tool).collect()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        TOOLS.iter().find(|t| t.name == name).map(ToolSpec::tool)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let Some(spec) = TOOLS.iter().find(|t| t.name == request.name) else {
+            let name: String = request.name.chars().take(64).collect();
+            return Err(ErrorData::invalid_params(format!("no tool named {name:?}"), None));
+        };
+        let call = match spec.call(request.arguments.unwrap_or_default()) {
+            Ok(call) => call,
+            Err(e) => return Ok(refused(&e).into()),
+        };
+        let answer = self.forward.forward(call, &context).await.map_err(|e| {
+            tracing::warn!(tool = spec.name, error = %e, "an MCP tool call could not reach the API");
+            ErrorData::internal_error(Cow::Owned(format!("mnemo is unreachable: {e}")), None)
+        })?;
+        Ok(tool_result(answer).into())
+    }
+}
+
+/// The API's own router, called in process with the MCP request's bearer token.
+#[derive(Debug, Clone)]
+pub struct InProcess {
+    api: Router,
+    max_answer_bytes: usize,
+}
+
+impl Forward for InProcess {
+    async fn forward(&self, call: ApiCall, context: &RequestContext<RoleServer>) -> Result<ApiAnswer, String> {
+        let mut request = Request::builder().method(call.method).uri(call.uri);
+        // `/mcp` verified this header before rmcp saw the request.
+        if let Some(bearer) = context.extensions.get::<Parts>().and_then(|p| p.headers.get(AUTHORIZATION)) {
+            request = request.header(AUTHORIZATION, bearer);
+        }
+        let body = match call.body {
+            Some(body) => {
+                request = request.header(CONTENT_TYPE, "application/json");
+                Body::from(body.to_string())
+            }
+            None => Body::empty(),
+        };
+        let request = request.body(body).map_err(|e| e.to_string())?;
+        let Ok(response) = self.api.clone().oneshot(request).await;
+        let status = response.status().as_u16();
+        let bytes =
+            axum::body::to_bytes(response.into_body(), self.max_answer_bytes).await.map_err(|e| e.to_string())?;
+        Ok(ApiAnswer { status, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null) })
+    }
+}
+
+/// Streamable HTTP for `/mcp`: stateless (any replica answers any request) and plain JSON answers.
+/// `api` is the router the tools call; the caller puts authentication in front.
+pub fn http_service(
+    api: Router,
+    max_body_bytes: usize,
+) -> StreamableHttpService<MnemoMcp<InProcess>, NeverSessionManager> {
+    let forward = InProcess { api, max_answer_bytes: max_body_bytes.saturating_mul(2) };
+    let mut config = StreamableHttpServerConfig::default();
+    config.legacy_session_mode = false;
+    config.json_response = true;
+    config.sse_keep_alive = None;
+    config.max_request_body_bytes = max_body_bytes;
+    // The Host check guards servers that trust whoever reaches them; every call here carries its
+    // own bearer token, and deployments answer under their own host names.
+    let config = config.disable_allowed_hosts();
+    StreamableHttpService::new(
+        move || Ok(MnemoMcp::new(forward.clone())),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str) -> &'static ToolSpec {
+        TOOLS.iter().find(|t| t.name == name).expect("tool")
+    }
+
+    fn args(value: Value) -> Map<String, Value> {
+        let Value::Object(map) = value else { panic!("an object") };
+        map
+    }
+
+    #[test]
+    fn path_arguments_are_encoded_into_the_path_and_the_rest_is_the_body() {
+        let call = spec("edit_file").call(args(json!({ "path": "memory/a b?.md", "old_text": "x", "new_text": "y" })));
+        let call = call.expect("a call");
+        assert_eq!((call.method, call.uri.as_str()), (Method::POST, "/v1/workspace/files/memory%2Fa%20b%3F.md/edit"));
+        assert_eq!(call.body, Some(json!({ "old_text": "x", "new_text": "y" })));
+
+        let call = spec("forget").call(args(json!({ "id": "../facts" }))).expect("a call");
+        assert_eq!(call.uri, "/v1/memories/..%2Ffacts");
+        let call = spec("list_files").call(args(json!({ "prefix": "memory/" }))).expect("a call");
+        assert_eq!(call.uri, "/v1/workspace/files?prefix=memory%2F");
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_the_api_codes() {
+        let code = |tool: &str, value: Value| spec(tool).call(args(value)).unwrap_err().code();
+        assert_eq!(code("forget", json!({})), "missing_field");
+        assert_eq!(code("forget", json!({ "id": 5 })), "invalid_field");
+        assert_eq!(code("read_file", json!({ "path": ".." })), "invalid_field");
+        assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "tenant": "other" })), "unknown_field");
+        assert_eq!(code("list_files", json!({ "prefix": 1 })), "invalid_field");
+    }
+
+    #[test]
+    fn every_schema_is_a_closed_object_whose_required_fields_it_describes() {
+        for tool in TOOLS {
+            let schema = (tool.schema)();
+            assert_eq!(schema["type"], "object", "{}", tool.name);
+            assert_eq!(schema["additionalProperties"], false, "{}", tool.name);
+            for required in schema["required"].as_array().expect("required") {
+                let name = required.as_str().expect("a name");
+                assert!(schema["properties"].get(name).is_some(), "{}: {name}", tool.name);
+            }
+            let path_args = tool
+                .path
+                .match_indices('{')
+                .map(|(open, _)| &tool.path[open + 1..open + tool.path[open..].find('}').expect("closed")]);
+            for name in path_args.chain(tool.query.iter().copied()) {
+                assert!(schema["properties"].get(name).is_some(), "{}: argument {name}", tool.name);
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! `mnemo-mcp`: mnemo's MCP tools over stdio, for desktop agents that start their MCP servers as
+//! processes. Each tool call is forwarded to a running mnemo-server (`MNEMO_URL`) with the bearer
+//! token in `MNEMO_TOKEN`, so the tenant and identities are the token's, exactly as over HTTP.
+//! stdout carries the protocol; logs go to stderr.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use mnemo_api::mcp::{ApiAnswer, ApiCall, Forward, MnemoMcp};
+use rmcp::ServiceExt;
+use rmcp::service::{RequestContext, RoleServer};
+
+const URL: &str = "MNEMO_URL";
+const TOKEN: &str = "MNEMO_TOKEN";
+const DEFAULT_URL: &str = "http://127.0.0.1:8080";
+/// A recall embeds its query and may rerank; a write may wait for group commit.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Forwards calls over HTTP to mnemo-server.
+#[derive(Debug, Clone)]
+struct Remote {
+    http: reqwest::Client,
+    base: String,
+    bearer: String,
+}
+
+impl Forward for Remote {
+    async fn forward(&self, call: ApiCall, _context: &RequestContext<RoleServer>) -> Result<ApiAnswer, String> {
+        let mut request = self
+            .http
+            .request(call.method, format!("{}{}", self.base, call.uri))
+            .header(reqwest::header::AUTHORIZATION, &self.bearer);
+        if let Some(body) = call.body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.map_err(|e| format!("{}: {e}", self.base))?;
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await.map_err(|e| e.to_string())?;
+        Ok(ApiAnswer { status, body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null) })
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MNEMO_LOG").unwrap_or_else(|_| "mnemo_mcp=info,warn".into()),
+        )
+        .init();
+    let token = std::env::var(TOKEN).with_context(|| format!("{TOKEN} must hold a bearer token (JWT) for mnemo"))?;
+    if token.trim().is_empty() {
+        bail!("{TOKEN} is empty");
+    }
+    let base = std::env::var(URL).unwrap_or_else(|_| DEFAULT_URL.to_owned());
+    let base = base.trim_end_matches('/').to_owned();
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        bail!("{URL} must be an http:// or https:// address, not {base:?}");
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).build().context("cannot build the HTTP client")?;
+    let remote = Remote { http, base, bearer: format!("Bearer {}", token.trim()) };
+    tracing::info!(url = %remote.base, "mnemo-mcp serving MCP on stdio");
+    let server = MnemoMcp::new(remote).serve(rmcp::transport::stdio()).await.context("MCP handshake failed")?;
+    server.waiting().await.context("MCP session failed")?;
+    Ok(())
+}
