@@ -1,5 +1,5 @@
 # The front door. `make help` lists the targets.
-.PHONY: help run test lint fmt db bench-writes
+.PHONY: help run test fuzz openapi lint fmt db bench-writes
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-14s %s\n", $$1, $$2 }'
@@ -9,6 +9,12 @@ run: ## set everything up and run mnemo on the local PostgreSQL
 
 test: ## set up PostgreSQL if needed, then lint and run the whole test suite
 	bash scripts/test.sh
+
+fuzz: ## the OpenAPI fuzz test with many more generated cases (MNEMO_FUZZ_EXAMPLES, default 500 per operation)
+	MNEMO_FUZZ_EXAMPLES=$${MNEMO_FUZZ_EXAMPLES:-500} bash scripts/test.sh --test openapi
+
+openapi: ## write the API's OpenAPI document to docs/openapi.json
+	cargo run -q -p mnemo-runbook -- openapi > docs/openapi.json
 
 lint: ## cargo fmt --check and clippy -D warnings
 	cargo fmt --all --check

@@ -40,7 +40,8 @@ pub enum ApiError {
     #[error("not found")]
     NotFound,
     #[error("method not allowed")]
-    MethodNotAllowed,
+    /// With the methods the route takes, when the router does not add them itself.
+    MethodNotAllowed(Option<&'static str>),
     #[error("source_ref already names a row with different content")]
     SourceRefConflict,
     #[error("source_ref names a memory that was deleted; it is anonymized after the retention period")]
@@ -177,7 +178,7 @@ impl ApiError {
             Self::InvalidToken(_) => ("invalid_token", UNAUTHORIZED),
             Self::TokenExpired => ("token_expired", UNAUTHORIZED),
             Self::NotFound => ("not_found", StatusCode::NOT_FOUND),
-            Self::MethodNotAllowed => ("method_not_allowed", StatusCode::METHOD_NOT_ALLOWED),
+            Self::MethodNotAllowed(_) => ("method_not_allowed", StatusCode::METHOD_NOT_ALLOWED),
             Self::SourceRefConflict => ("source_ref_conflict", StatusCode::CONFLICT),
             Self::MemoryDeleted => ("memory_deleted", StatusCode::CONFLICT),
             Self::RelationTargetNotFound(_) => ("relation_target_not_found", BAD_REQUEST),
@@ -219,7 +220,11 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %detail, "request failed");
         }
         let body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let Self::MethodNotAllowed(Some(allow)) = self {
+            response.headers_mut().insert(axum::http::header::ALLOW, axum::http::HeaderValue::from_static(allow));
+        }
+        response
     }
 }
 
@@ -271,7 +276,7 @@ mod tests {
             ApiError::InvalidToken("x".into()),
             ApiError::TokenExpired,
             ApiError::NotFound,
-            ApiError::MethodNotAllowed,
+            ApiError::MethodNotAllowed(None),
             ApiError::SourceRefConflict,
             ApiError::MemoryDeleted,
             ApiError::NotReady("x".into()),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::extract::{DefaultBodyLimit, MatchedPath, OriginalUri, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
@@ -22,7 +22,9 @@ mod body;
 mod conversation;
 mod error;
 pub mod mcp;
+pub mod openapi;
 mod routes;
+mod schema;
 mod workspace;
 
 pub use auth::{Authenticator, Claims};
@@ -107,8 +109,13 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz))
         .route("/metrics", get(routes::metrics))
+        .route("/openapi.json", get(openapi::serve))
         .fallback(|| async { ApiError::NotFound })
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        // The router lists a route's methods in `Allow`, but the files' wildcard route serves
+        // two resources with different methods.
+        .method_not_allowed_fallback(|uri: OriginalUri| async move {
+            ApiError::MethodNotAllowed(workspace::file_route_methods(uri.path()))
+        })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn(observe))
         .with_state(state.clone());

@@ -15,11 +15,6 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{Method, Request, request::Parts};
-use mnemo_core::{
-    Category, FactScope, Layer, MAX_ALLOWED_ROLES, MAX_CONTENT_BYTES, MAX_RELATIONS, MAX_TAGS, MAX_TOP_K, RecallScope,
-    RelationType, Role, SourceKind, Visibility,
-};
-use mnemo_recall::{PackRequest, PackTopK};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
@@ -31,7 +26,7 @@ use rmcp::{ErrorData, ServerHandler};
 use serde_json::{Map, Value, json};
 use tower::ServiceExt;
 
-use crate::ApiError;
+use crate::{ApiError, schema};
 
 /// What the server tells an agent when it connects.
 const INSTRUCTIONS: &str = "mnemo is your long-term memory. Call recall before answering anything that may \
@@ -180,160 +175,46 @@ static TOOLS: &[ToolSpec] = &[
     },
 ];
 
-// --- argument schemas ------------------------------------------------------------------------
-// Enumerations come from the domain types the API parses with, so a value the schema offers is one
-// the API takes.
-
-fn object(required: &[&str], properties: Value) -> Value {
-    json!({ "type": "object", "properties": properties, "required": required, "additionalProperties": false })
-}
-
-fn text(description: &str) -> Value {
-    json!({ "type": "string", "description": description })
-}
-
-fn one_of(values: impl IntoIterator<Item = &'static str>, description: &str) -> Value {
-    json!({ "type": "string", "enum": values.into_iter().collect::<Vec<_>>(), "description": description })
-}
-
-fn strings(max_items: usize, description: &str) -> Value {
-    json!({ "type": "array", "items": { "type": "string" }, "maxItems": max_items, "description": description })
-}
-
-fn unit(description: &str) -> Value {
-    json!({ "type": "number", "minimum": 0, "maximum": 1, "description": description })
-}
-
-fn metadata() -> Value {
-    json!({ "type": "object", "description": "Your own JSON object, kept with the memory and returned as given." })
-}
-
-fn event_time() -> Value {
-    json!({ "type": "string", "format": "date-time", "description": "When it happened (RFC 3339); default: now." })
-}
+// --- argument schemas: the endpoint's body, plus its path arguments ---------------------------
 
 fn recall_schema() -> Value {
-    object(
-        &["query"],
-        json!({
-            "query": text("What to look for, in natural language; keywords and meaning are both matched."),
-            "top_k": { "type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": "How many items (default 5)." },
-            "source_kinds": {
-                "type": "array",
-                "items": one_of(SourceKind::ALL.iter().map(|k| k.as_str()), "A kind of memory."),
-                "description": "Only these kinds (default: all).",
-            },
-            "scope": one_of(
-                RecallScope::ALL.iter().map(|s| s.as_str()),
-                "session: this conversation; user: facts about the user; agent: your own facts; tenant: shared \
-                 documents; any (default): all of them fused.",
-            ),
-            "enable_rerank": { "type": "boolean", "description": "Rerank with the cross-encoder when one is configured (default true)." },
-        }),
-    )
+    schema::recall_body()
 }
 
 fn pack_schema() -> Value {
-    let k = |layer: &str| json!({ "type": "integer", "minimum": 0, "maximum": PackTopK::MAX, "description": format!("Most {layer} items.") });
-    let budget = |what: &str| json!({ "type": "integer", "minimum": 1, "maximum": PackRequest::MAX_BUDGET, "description": what });
-    object(
-        &["query"],
-        json!({
-            "query": text("What the task is about."),
-            "soft_budget_tokens": budget("Tokens the pack fills by relevance (default 1,800)."),
-            "max_budget_tokens": budget("Tokens the pack never exceeds (default 3,500)."),
-            "top_k": {
-                "type": "object",
-                "properties": { "working": k("working"), "episodic": k("episodic"), "semantic": k("semantic"), "procedural": k("procedural") },
-                "additionalProperties": false,
-                "description": "Per-layer limits.",
-            },
-        }),
-    )
+    schema::pack_body()
 }
 
 fn remember_schema() -> Value {
-    let kinds = [SourceKind::ChatMessage, SourceKind::ToolOutput, SourceKind::DocumentChunk];
-    object(
-        &["source_kind", "source_ref", "content"],
-        json!({
-            "source_kind": one_of(kinds.iter().map(|k| k.as_str()), "What it is."),
-            "source_ref": text("Your stable id for it (a message id, a tool call id, a chunk id); at most 512 bytes."),
-            "content": text(&format!("The text; at most {MAX_CONTENT_BYTES} bytes except for tool outputs.")),
-            "session_id": text("The conversation it belongs to; default: the token's session."),
-            "role": one_of(Role::ALL.iter().map(|r| r.as_str()), "Who said it (chat messages; default user)."),
-            "tool_call_id": text("The tool call a tool message answers."),
-            "name": text("The tool's name, for a tool output."),
-            "metadata": metadata(),
-            "event_time": event_time(),
-        }),
-    )
+    schema::memory_body()
 }
 
 fn fact_schema() -> Value {
-    object(
-        &["content", "scope"],
-        json!({
-            "content": text("The fact, as one self-contained sentence."),
-            "scope": one_of(FactScope::ALL.iter().map(|s| s.as_str()), "user: about the user; agent: about you."),
-            "key": text("A stable name for what the fact is about (such as home_city); a new fact with the same key replaces the old one."),
-            "layer": one_of(Layer::ALL.iter().map(|l| l.as_str()), "episodic: an event; semantic: a lasting fact; procedural: how to do something."),
-            "category": one_of(Category::ALL.iter().map(|c| c.as_str()), "What kind of fact it is."),
-            "importance": unit("How much it matters, 0 to 1."),
-            "confidence": unit("How sure you are, 0 to 1."),
-            "tags": strings(MAX_TAGS, "Short labels."),
-            "relations": {
-                "type": "array",
-                "maxItems": MAX_RELATIONS,
-                "items": object(&["type", "target"], json!({
-                    "type": one_of(RelationType::ALL.iter().map(|r| r.as_str()), "How it relates."),
-                    "target": { "type": "string", "format": "uuid", "description": "A memory id." },
-                })),
-                "description": "Memories this one relates to.",
-            },
-            "visibility": one_of(Visibility::ALL.iter().map(|v| v.as_str()), "Who else may recall it (default: its scope's owner)."),
-            "allowed_roles": strings(MAX_ALLOWED_ROLES, "Only tokens with one of these roles may recall it."),
-            "source": one_of(["user", "api"], "user: the user said it; api (default): you concluded it."),
-            "metadata": metadata(),
-            "event_time": event_time(),
-        }),
-    )
+    schema::fact_body()
 }
 
 fn forget_schema() -> Value {
-    object(&["id"], json!({ "id": { "type": "string", "format": "uuid", "description": "The memory's id." } }))
+    schema::object(&["id"], json!({ "id": schema::memory_id() }))
 }
 
 fn tool_output_schema() -> Value {
-    object(&["key"], json!({ "key": text("The tout_ key a preview names.") }))
+    schema::object(&["key"], json!({ "key": schema::tool_output_key() }))
 }
 
 fn list_files_schema() -> Value {
-    object(&[], json!({ "prefix": text("Only paths starting with this, such as memory/.") }))
-}
-
-fn path() -> Value {
-    text("A relative .md path, such as MEMORY.md or memory/2026-05-02.md.")
+    schema::object(&[], json!({ "prefix": schema::file_prefix() }))
 }
 
 fn read_file_schema() -> Value {
-    object(&["path"], json!({ "path": path() }))
+    schema::object(&["path"], json!({ "path": schema::file_path() }))
 }
 
 fn write_file_schema() -> Value {
-    object(&["path", "content"], json!({ "path": path(), "content": text("The file's whole new content (Markdown).") }))
+    schema::with_path(schema::file_write_body())
 }
 
 fn edit_file_schema() -> Value {
-    object(
-        &["path", "old_text", "new_text"],
-        json!({
-            "path": path(),
-            "old_text": text("Text that is in the file now, exactly."),
-            "new_text": text("What replaces it (may be empty)."),
-            "replace_all": { "type": "boolean", "description": "Replace every occurrence (default: old_text must be unique)." },
-        }),
-    )
+    schema::with_path(schema::file_edit_body())
 }
 
 // --- calls -----------------------------------------------------------------------------------

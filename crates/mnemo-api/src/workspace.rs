@@ -25,6 +25,21 @@ async fn workspace(state: &AppState, principal: &mnemo_core::Principal) -> Resul
     Ok(workspace)
 }
 
+/// The methods of a file route: `…/{path}/edit` shares the files' wildcard route and takes only
+/// POST, a file itself takes the others. `None` for a path that is not a file route.
+pub fn file_route_methods(uri_path: &str) -> Option<&'static str> {
+    let path = uri_path.strip_prefix("/v1/workspace/files/")?;
+    Some(if path.ends_with("/edit") { EDIT_METHODS } else { FILE_METHODS })
+}
+
+const EDIT_METHODS: &str = "POST";
+const FILE_METHODS: &str = "GET, PUT, PATCH, DELETE";
+
+/// Refuses a method other than POST on `…/{path}/edit` before its body is read.
+fn not_edit(path: &str) -> Result<(), ApiError> {
+    if path.ends_with("/edit") { Err(ApiError::MethodNotAllowed(Some(EDIT_METHODS))) } else { Ok(()) }
+}
+
 async fn file_key(state: &AppState, principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiError> {
     let path = WorkspacePath::parse(raw)?;
     Ok(workspace(state, principal).await?.file(path)?)
@@ -79,7 +94,10 @@ pub async fn list(
                 prefix = percent_decode(raw).ok_or(ApiError::InvalidField {
                     field: "prefix",
                     expected: "a percent-encoded UTF-8 path prefix",
-                })?
+                })?;
+                if prefix.contains('\0') {
+                    return Err(InvalidInput::NulByte { field: "prefix" }.into());
+                }
             }
             (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
         }
@@ -95,6 +113,7 @@ pub async fn read(
     Authenticated(principal): Authenticated,
     Path(path): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    not_edit(&path)?;
     let key = file_key(&state, &principal, &path).await?;
     let file = state.store.read_file(&key).await?.ok_or(ApiError::NotFound)?;
     Ok(Json(file_json(&file)))
@@ -107,6 +126,7 @@ pub async fn write(
     Path(path): Path<String>,
     mut body: JsonObject,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    not_edit(&path)?;
     let content = body.take_opt_str("content")?.ok_or(ApiError::MissingField("content"))?;
     body.finish()?;
     check_content(&state, &content)?;
@@ -129,7 +149,8 @@ pub async fn edit(
     Path(path): Path<String>,
     mut body: JsonObject,
 ) -> Result<Json<Value>, ApiError> {
-    let path = path.strip_suffix("/edit").ok_or(ApiError::NotFound)?;
+    // `POST /v1/workspace/files/{path}` is a file's route with a method it lacks.
+    let path = path.strip_suffix("/edit").ok_or(ApiError::MethodNotAllowed(Some(FILE_METHODS)))?;
     let old = body.take_str("old_text")?;
     let new = body.take_opt_str("new_text")?.ok_or(ApiError::MissingField("new_text"))?;
     let replace_all = body.take_opt_bool("replace_all")?.unwrap_or(false);
@@ -158,6 +179,7 @@ pub async fn patch(
     Path(path): Path<String>,
     mut body: JsonObject,
 ) -> Result<Json<Value>, ApiError> {
+    not_edit(&path)?;
     let enabled = body.take_opt_bool("enabled")?;
     let sort_order = match body.take_opt_i64("sort_order")? {
         Some(n) if !SORT_ORDERS.contains(&n) => {
@@ -183,6 +205,7 @@ pub async fn delete(
     Authenticated(principal): Authenticated,
     Path(path): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    not_edit(&path)?;
     let key = writable_key(&state, &principal, &path).await?;
     let version = state.store.delete_file(&key, ACTOR).await?.ok_or(ApiError::NotFound)?;
     Ok(Json(json!({ "path": key.path.as_str(), "deleted": true, "version": version })))

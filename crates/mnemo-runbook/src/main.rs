@@ -80,6 +80,9 @@ enum Command {
         #[arg(long, default_value = "1h", value_parser = parse_ttl)]
         ttl: Duration,
     },
+    /// Print the HTTP API's OpenAPI 3.1 document (what `/openapi.json` serves; `make openapi`
+    /// writes it to docs/openapi.json).
+    Openapi,
     /// Recall as the API does, with the admin option to include superseded facts. Prints
     /// content: it is for operators inspecting a tenant.
     Recall {
@@ -234,6 +237,10 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Audit { tenant, event, item, since, limit, json } => {
             retention::audit(&connect(&env).await?, tenant, event, item, since, limit, json).await
+        }
+        Command::Openapi => {
+            println!("{}", serde_json::to_string_pretty(&mnemo_api::openapi::document())?);
+            Ok(())
         }
         Command::Token { identity, ttl } => {
             let principal = identity.principal();
