@@ -135,6 +135,10 @@ async def every_tool(transport):
         await refused(s, "remember", {"source_kind": "chat_message", "source_ref": "bad-1"}, "missing_field")
         await refused(s, "remember", {"source_kind": "email", "source_ref": "bad-2", "content": "x"}, "invalid_value")
         await refused(s, "recall", {"query": tag, "tenant_id": "other"}, "tenant_in_body")
+        await refused(s, "get_tool_output", {"key": key, "tenant": "other"}, "tenant_in_body")
+        await refused(s, "remember_fact", {"content": "x", "scope": "user", "user_id": "someone"}, "unknown_field")
+        await refused(s, "remember", {"source_kind": "chat_message", "source_ref": "bad-3", "content": "x",
+                                      "session_id": "another-session"}, "session_mismatch")
         await refused(s, "recall", {"query": tag, "top_k": "five"}, "invalid_field")
         await refused(s, "forget", {}, "missing_field")
         await refused(s, "forget", {"id": "not-a-uuid"}, "invalid_field")
@@ -181,14 +185,24 @@ async def bad_token(transport):
             check(answer.json()["error"]["code"] == "invalid_token", f"forged token: {answer.text}")
             answer = await http.post(os.environ["MCP_URL"], json=init, headers={"Accept": headers["Accept"]})
             check(answer.status_code == 401 and answer.json()["error"]["code"] == "missing_token", answer.text)
+        # Through the official client too: its connection fails on the 401 (seen by a hook, as the
+        # client's own error does not carry the status).
+        statuses = []
+
+        async def record(response):
+            statuses.append(response.status_code)
+
+        hooks = {"response": [record]}
         try:
-            async with session("http", forged) as s:
-                await s.list_tools()
+            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {forged}"}, event_hooks=hooks) as http:
+                async with streamable_http_client(os.environ["MCP_URL"], http_client=http) as (read, write, *_):
+                    async with ClientSession(read, write) as s:
+                        await s.initialize()
             check(False, "the client cannot connect with a forged token")
         except AssertionError:
             raise
-        except BaseException:  # the client surfaces the 401 as an error (an exception group in 2.x)
-            pass
+        except BaseException:  # an exception group in 2.x; the hook tells why
+            check(statuses and set(statuses) == {401}, f"the refusals are 401s: {statuses}")
     else:
         # The stdio server starts (it cannot verify a token), and every call is refused by the API.
         async with session("stdio", forged) as s:

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use crate::ApiError;
 
 /// Fields that would let a caller pick a tenant. The tenant comes only from the token.
-const TENANT_FIELDS: &[&str] = &["tenant", "tenant_id", "tenantId"];
+pub const TENANT_FIELDS: &[&str] = &["tenant", "tenant_id", "tenantId"];
 
 /// The body of a request: a JSON object, taken apart with [`JsonObject::take_str`] and friends,
 /// then closed with [`JsonObject::finish`].
@@ -40,6 +40,22 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             }
         })?;
         Self::parse(&bytes)
+    }
+}
+
+/// The one parameter of a route's path, percent-decoded: axum's own `Path` would answer a bad
+/// escape in plain text, without the error-code body.
+#[derive(Debug)]
+pub struct PathPart(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathPart {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(part)| Self(part))
+            .map_err(|_| ApiError::InvalidField { field: "path", expected: "percent-encoded UTF-8" })
     }
 }
 

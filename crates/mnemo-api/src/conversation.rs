@@ -3,7 +3,7 @@
 //! always fits the caller's budget and never waits for a model.
 
 use axum::Json;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::auth::Authenticated;
-use crate::body::JsonObject;
+use crate::body::{JsonObject, PathPart};
 use crate::{ApiError, AppState};
 
 /// The most messages one page returns, and the default.
@@ -49,7 +49,7 @@ fn session_for(principal: &Principal, raw: &str) -> Result<SessionId, ApiError> 
 pub async fn messages(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(sid): Path<String>,
+    PathPart(sid): PathPart,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let session = session_for(&principal, &sid)?;
@@ -114,7 +114,7 @@ fn invalid_cursor() -> ApiError {
 pub async fn context(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(sid): Path<String>,
+    PathPart(sid): PathPart,
     body: JsonObject,
 ) -> Result<Json<Value>, ApiError> {
     let session = session_for(&principal, &sid)?;
@@ -511,7 +511,7 @@ fn openai_messages(placed: &[Placed]) -> Vec<Value> {
 pub async fn complete(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(sid): Path<String>,
+    PathPart(sid): PathPart,
     mut body: JsonObject,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let source = body.take_opt_str("trigger_source")?.ok_or(ApiError::MissingField("trigger_source"))?;
@@ -530,7 +530,7 @@ pub async fn complete(
 pub async fn extract(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(sid): Path<String>,
+    PathPart(sid): PathPart,
     body: JsonObject,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     body.finish()?;

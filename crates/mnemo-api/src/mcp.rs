@@ -32,8 +32,8 @@ use crate::{ApiError, schema};
 const INSTRUCTIONS: &str = "mnemo is your long-term memory. Call recall before answering anything that may \
 depend on earlier conversations, facts about the user, documents or tool outputs you no longer see (and \
 always when the conversation was trimmed for length): do not guess. Call remember_fact when you learn a \
-durable fact about the user or yourself. Your tenant, user, agent and session come from your token, never \
-from arguments.";
+durable fact about the user or yourself. Your tenant, user and agent come from your token, never from \
+arguments; so does your session when the token names one.";
 
 /// One tool: its name, what it is for, the endpoint it calls and the arguments it takes.
 #[derive(Debug)]
@@ -47,6 +47,8 @@ pub struct ToolSpec {
     query: &'static [&'static str],
     read_only: bool,
     destructive: bool,
+    /// Calling it again with the same arguments changes nothing more.
+    idempotent: bool,
     /// The arguments' JSON Schema.
     schema: fn() -> Value,
 }
@@ -69,7 +71,8 @@ static TOOLS: &[ToolSpec] = &[
         read_only: true,
         destructive: false,
         query: &[],
-        schema: recall_schema,
+        idempotent: true,
+        schema: schema::recall_body,
     },
     ToolSpec {
         name: "memory_pack",
@@ -81,7 +84,8 @@ static TOOLS: &[ToolSpec] = &[
         read_only: true,
         destructive: false,
         query: &[],
-        schema: pack_schema,
+        idempotent: true,
+        schema: schema::pack_body,
     },
     ToolSpec {
         name: "remember",
@@ -94,7 +98,8 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: false,
         query: &[],
-        schema: remember_schema,
+        idempotent: true,
+        schema: schema::memory_body,
     },
     ToolSpec {
         name: "remember_fact",
@@ -107,7 +112,8 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: false,
         query: &[],
-        schema: fact_schema,
+        idempotent: true,
+        schema: schema::fact_body,
     },
     ToolSpec {
         name: "forget",
@@ -118,6 +124,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: true,
         query: &[],
+        idempotent: true,
         schema: forget_schema,
     },
     ToolSpec {
@@ -128,6 +135,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: true,
         destructive: false,
         query: &[],
+        idempotent: true,
         schema: tool_output_schema,
     },
     ToolSpec {
@@ -139,6 +147,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: true,
         destructive: false,
         query: &["prefix"],
+        idempotent: true,
         schema: list_files_schema,
     },
     ToolSpec {
@@ -149,6 +158,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: true,
         destructive: false,
         query: &[],
+        idempotent: true,
         schema: read_file_schema,
     },
     ToolSpec {
@@ -160,6 +170,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: true,
         query: &[],
+        idempotent: true,
         schema: write_file_schema,
     },
     ToolSpec {
@@ -171,27 +182,12 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: false,
         query: &[],
+        idempotent: false,
         schema: edit_file_schema,
     },
 ];
 
 // --- argument schemas: the endpoint's body, plus its path arguments ---------------------------
-
-fn recall_schema() -> Value {
-    schema::recall_body()
-}
-
-fn pack_schema() -> Value {
-    schema::pack_body()
-}
-
-fn remember_schema() -> Value {
-    schema::memory_body()
-}
-
-fn fact_schema() -> Value {
-    schema::fact_body()
-}
 
 fn forget_schema() -> Value {
     schema::object(&["id"], json!({ "id": schema::memory_id() }))
@@ -235,13 +231,20 @@ pub struct ApiAnswer {
     pub body: Value,
 }
 
+impl ApiAnswer {
+    /// A body that is not JSON becomes `null`, which [`tool_result`] reports as an error.
+    pub fn from_bytes(status: u16, bytes: &[u8]) -> Self {
+        Self { status, body: serde_json::from_slice(bytes).unwrap_or(Value::Null) }
+    }
+}
+
 impl ToolSpec {
     fn tool(&self) -> Tool {
         let Value::Object(schema) = (self.schema)() else { unreachable!("every schema is an object") };
         let annotations = ToolAnnotations::new()
             .read_only(self.read_only)
             .destructive(self.destructive)
-            .idempotent(!self.destructive || self.method == Method::DELETE)
+            .idempotent(self.idempotent)
             .open_world(false);
         Tool::new(self.name, self.description, schema).with_annotations(annotations)
     }
@@ -249,6 +252,9 @@ impl ToolSpec {
     /// The request this call makes: path arguments go into the path, the rest into the body (or,
     /// for a GET, the query). Only the endpoint judges the values.
     pub fn call(&self, mut args: Map<String, Value>) -> Result<ApiCall, ApiError> {
+        if let Some(field) = crate::body::TENANT_FIELDS.iter().find(|f| args.contains_key(**f)) {
+            return Err(ApiError::TenantInBody((*field).to_owned()));
+        }
         let mut uri = String::with_capacity(self.path.len() + 32);
         let mut rest = self.path;
         while let Some(open) = rest.find('{') {
@@ -306,20 +312,19 @@ fn percent_encode(raw: &str) -> String {
 /// (and as text, for clients that read only text); an error is a tool error carrying the API's
 /// `{error: {code, message}}`, so an agent sees `missing_identity`, not a stack trace.
 fn tool_result(answer: ApiAnswer) -> CallToolResult {
-    let text = answer.body.to_string();
-    let mut result = if (200..300).contains(&answer.status) {
-        CallToolResult::success(vec![ContentBlock::text(text)])
-    } else {
-        let body = if answer.body.get("error").is_some() {
-            answer.body
-        } else {
-            json!({ "error": { "code": "internal", "message": format!("mnemo answered HTTP {}", answer.status) } })
-        };
-        let mut result = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
-        result.structured_content = Some(body);
+    if (200..300).contains(&answer.status) && answer.body.is_object() {
+        let mut result = CallToolResult::success(vec![ContentBlock::text(answer.body.to_string())]);
+        result.structured_content = Some(answer.body);
         return result;
+    }
+    // Anything but the API's error body (another service at MNEMO_URL, say) is an error too.
+    let body = if answer.body.get("error").is_some() {
+        answer.body
+    } else {
+        json!({ "error": { "code": "internal", "message": format!("not an answer of mnemo's API (HTTP {})", answer.status) } })
     };
-    result.structured_content = Some(answer.body);
+    let mut result = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
+    result.structured_content = Some(body);
     result
 }
 
@@ -396,7 +401,6 @@ impl<F: Forward> ServerHandler for MnemoMcp<F> {
 #[derive(Debug, Clone)]
 pub struct InProcess {
     api: Router,
-    max_answer_bytes: usize,
 }
 
 impl Forward for InProcess {
@@ -416,9 +420,9 @@ impl Forward for InProcess {
         let request = request.body(body).map_err(|e| e.to_string())?;
         let Ok(response) = self.api.clone().oneshot(request).await;
         let status = response.status().as_u16();
-        let bytes =
-            axum::body::to_bytes(response.into_body(), self.max_answer_bytes).await.map_err(|e| e.to_string())?;
-        Ok(ApiAnswer { status, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null) })
+        // The router is mnemo's own: its answers are bounded by what it stores.
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.map_err(|e| e.to_string())?;
+        Ok(ApiAnswer::from_bytes(status, &bytes))
     }
 }
 
@@ -428,7 +432,7 @@ pub fn http_service(
     api: Router,
     max_body_bytes: usize,
 ) -> StreamableHttpService<MnemoMcp<InProcess>, NeverSessionManager> {
-    let forward = InProcess { api, max_answer_bytes: max_body_bytes.saturating_mul(2) };
+    let forward = InProcess { api };
     let mut config = StreamableHttpServerConfig::default();
     config.legacy_session_mode = false;
     config.json_response = true;
@@ -476,7 +480,8 @@ mod tests {
         assert_eq!(code("forget", json!({})), "missing_field");
         assert_eq!(code("forget", json!({ "id": 5 })), "invalid_field");
         assert_eq!(code("read_file", json!({ "path": ".." })), "invalid_field");
-        assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "tenant": "other" })), "unknown_field");
+        assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "tenant": "other" })), "tenant_in_body");
+        assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "owner": "x" })), "unknown_field");
         assert_eq!(code("list_files", json!({ "prefix": 1 })), "invalid_field");
     }
 

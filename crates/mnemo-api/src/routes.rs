@@ -1,5 +1,5 @@
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mnemo_core::{
@@ -12,7 +12,7 @@ use mnemo_store::{MIGRATOR, Remembered, StoreError};
 use serde_json::json;
 
 use crate::auth::Authenticated;
-use crate::body::JsonObject;
+use crate::body::{JsonObject, PathPart};
 use crate::{ApiError, AppState};
 
 /// `{id, was_new}`: 201 when this write made the row, 200 when it already existed.
@@ -274,7 +274,7 @@ fn typed_input(body: &mut JsonObject) -> Result<TypedInput, ApiError> {
 pub async fn forget(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(id): Path<String>,
+    PathPart(id): PathPart,
 ) -> Result<Response, ApiError> {
     let id: uuid::Uuid = id.parse().map_err(|_| ApiError::InvalidField { field: "id", expected: "a UUID" })?;
     let requested_by = if principal.user.is_some() { "user" } else { "service" };
@@ -446,7 +446,7 @@ pub fn pack_json(pack: &MemoryPack, request: &PackRequest) -> serde_json::Value 
 pub async fn tool_output(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(key): Path<String>,
+    PathPart(key): PathPart,
 ) -> Result<Response, ApiError> {
     let key = ToolOutputKey::parse(&key).ok_or(ApiError::NotFound)?;
     let output = state.store.tool_output(&principal, &key).await?.ok_or(ApiError::NotFound)?;

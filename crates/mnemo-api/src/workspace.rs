@@ -3,14 +3,14 @@
 //! prompt. Every operation is one store call, which the MCP server of a later issue calls too.
 
 use axum::Json;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use mnemo_core::{FileKey, InvalidInput, MemoryNotes, PromptFile, ScopeError, Workspace, WorkspacePath, render_prompt};
 use mnemo_store::{Edited, FileMeta, WorkspaceFile, Written};
 use serde_json::{Value, json};
 
 use crate::auth::Authenticated;
-use crate::body::JsonObject;
+use crate::body::{JsonObject, PathPart};
 use crate::{ApiError, AppState};
 
 /// Who changed a file through the API, in its version and audit rows.
@@ -35,7 +35,8 @@ pub fn file_route_methods(uri_path: &str) -> Option<&'static str> {
 const EDIT_METHODS: &str = "POST";
 const FILE_METHODS: &str = "GET, PUT, PATCH, DELETE";
 
-/// Refuses a method other than POST on `…/{path}/edit` before its body is read.
+/// Refuses a method other than POST on `…/{path}/edit` before the handler reads its body's
+/// fields (a body that is not a JSON object is refused first, by its extractor).
 fn not_edit(path: &str) -> Result<(), ApiError> {
     if path.ends_with("/edit") { Err(ApiError::MethodNotAllowed(Some(EDIT_METHODS))) } else { Ok(()) }
 }
@@ -111,7 +112,7 @@ pub async fn list(
 pub async fn read(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(path): Path<String>,
+    PathPart(path): PathPart,
 ) -> Result<Json<Value>, ApiError> {
     not_edit(&path)?;
     let key = file_key(&state, &principal, &path).await?;
@@ -123,7 +124,7 @@ pub async fn read(
 pub async fn write(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(path): Path<String>,
+    PathPart(path): PathPart,
     mut body: JsonObject,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     not_edit(&path)?;
@@ -146,7 +147,7 @@ pub async fn write(
 pub async fn edit(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(path): Path<String>,
+    PathPart(path): PathPart,
     mut body: JsonObject,
 ) -> Result<Json<Value>, ApiError> {
     // `POST /v1/workspace/files/{path}` is a file's route with a method it lacks.
@@ -176,7 +177,7 @@ pub async fn edit(
 pub async fn patch(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(path): Path<String>,
+    PathPart(path): PathPart,
     mut body: JsonObject,
 ) -> Result<Json<Value>, ApiError> {
     not_edit(&path)?;
@@ -203,7 +204,7 @@ pub async fn patch(
 pub async fn delete(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(path): Path<String>,
+    PathPart(path): PathPart,
 ) -> Result<Json<Value>, ApiError> {
     not_edit(&path)?;
     let key = writable_key(&state, &principal, &path).await?;
@@ -286,7 +287,7 @@ fn percent_decode(raw: &str) -> Option<String> {
 pub async fn consolidate(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
-    Path(agent): Path<String>,
+    PathPart(agent): PathPart,
     body: JsonObject,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     body.finish()?;

@@ -36,7 +36,7 @@ impl Forward for Remote {
         let response = request.send().await.map_err(|e| format!("{}: {e}", self.base))?;
         let status = response.status().as_u16();
         let bytes = response.bytes().await.map_err(|e| e.to_string())?;
-        Ok(ApiAnswer { status, body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null) })
+        Ok(ApiAnswer::from_bytes(status, &bytes))
     }
 }
 
