@@ -294,6 +294,12 @@ async fn unknown_routes_and_methods_answer_with_codes() {
     assert_eq!((method.status, method.code()), (405, "method_not_allowed"));
     let key = app.client.post("/v1/facts", Some(&t), &json!({ "content": "x", "scope": "user", "key": "" })).await;
     assert_eq!((key.status, key.code()), (400, "invalid_field"));
+    // A path parameter that is not UTF-8 once decoded.
+    let bytes = app.client.get("/v1/tool-outputs/tout_%FF", Some(&t)).await;
+    assert_eq!((bytes.status, bytes.code()), (400, "invalid_field"));
+    // A file's route lacks POST, its edit route everything else: 405 naming what they take.
+    let post = app.client.post("/v1/workspace/files/MEMORY.md", Some(&t), &json!({})).await;
+    assert_eq!((post.status, post.code()), (405, "method_not_allowed"));
 }
 
 /// Database failures answer 500 `internal` and say nothing about the database.
