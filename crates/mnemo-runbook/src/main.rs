@@ -17,6 +17,7 @@ use mnemo_store::{MIGRATOR, Store};
 
 mod judge;
 mod memory;
+mod portability;
 mod retention;
 mod session;
 mod workspace;
@@ -80,6 +81,11 @@ enum Command {
         #[arg(long, default_value = "1h", value_parser = parse_ttl)]
         ttl: Duration,
     },
+    /// Write a tenant's data (memories, facts and their chains, tool outputs, workspace files and
+    /// their versions, settings) to stdout as gzip-compressed JSON Lines; progress on stderr.
+    Export(portability::ExportArgs),
+    /// Import an export, all or nothing; running it again changes nothing.
+    Import(portability::ImportArgs),
     /// Print the HTTP API's OpenAPI 3.1 document (what `/openapi.json` serves; `make openapi`
     /// writes it to docs/openapi.json).
     Openapi,
@@ -238,6 +244,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Audit { tenant, event, item, since, limit, json } => {
             retention::audit(&connect(&env).await?, tenant, event, item, since, limit, json).await
         }
+        Command::Export(args) => portability::export(&connect(&env).await?, args).await,
+        Command::Import(args) => portability::import(&connect(&env).await?, args).await,
         Command::Openapi => {
             println!("{}", serde_json::to_string_pretty(&mnemo_api::openapi::document())?);
             Ok(())

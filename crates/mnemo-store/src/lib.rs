@@ -19,6 +19,7 @@ mod judge;
 mod maintenance;
 mod memories;
 mod ops;
+mod portability;
 pub mod queue;
 mod retention;
 mod schema;
@@ -44,6 +45,7 @@ pub use judge::{
 pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
+pub use portability::{EXPORT_TABLES, Import, ImportError, ImportReport};
 pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, SweepPlan};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};

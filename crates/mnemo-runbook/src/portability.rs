@@ -1,0 +1,163 @@
+//! `export` and `import`: a tenant's data as gzip-compressed JSON Lines. Line 1 is a header (the
+//! format, its version, the tenant), then one `{"table", "row"}` per row, then `{"end": {"rows"}}`,
+//! so a cut file is told from a whole one. Export streams (constant memory); import checks every
+//! line and every reference before it writes anything, in one transaction.
+
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use mnemo_core::TenantId;
+use mnemo_store::{EXPORT_TABLES, Store};
+use serde_json::{Value, json};
+
+const FORMAT: &str = "mnemo-export";
+const VERSION: u64 = 1;
+/// Rows staged per statement on import.
+const STAGE_BATCH: usize = 1000;
+/// Progress on stderr every this many rows.
+const PROGRESS_EVERY: u64 = 100_000;
+
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    #[arg(long, value_parser = TenantId::parse)]
+    tenant: TenantId,
+    /// Only rows created (files: changed) at or after this RFC 3339 time.
+    #[arg(long, value_parser = parse_time)]
+    since: Option<DateTime<Utc>>,
+    /// Include the embedding vectors (large); without them the importing workers embed again.
+    #[arg(long)]
+    with_vectors: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ImportArgs {
+    /// The tenant to import into; the file's tenant unless `--retarget`.
+    #[arg(long, value_parser = TenantId::parse)]
+    tenant: TenantId,
+    /// Import a file exported from another tenant into `--tenant`.
+    #[arg(long)]
+    retarget: bool,
+    file: PathBuf,
+}
+
+fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(raw).map(|t| t.with_timezone(&Utc)).map_err(|e| format!("not RFC 3339: {e}"))
+}
+
+pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
+    let stdout = std::io::stdout();
+    if stdout.is_terminal() {
+        bail!("the export is compressed: redirect it to a file (mnemo-runbook export --tenant T > T.jsonl.gz)");
+    }
+    let started = Instant::now();
+    let mut out = flate2::write::GzEncoder::new(std::io::BufWriter::new(stdout.lock()), flate2::Compression::fast());
+    let header = json!({
+        "format": FORMAT, "version": VERSION, "tenant": args.tenant.as_str(), "exported_at": Utc::now(),
+        "since": args.since, "with_vectors": args.with_vectors,
+    });
+    writeln!(out, "{header}")?;
+    let mut rows = 0u64;
+    for &(table, time) in EXPORT_TABLES {
+        if table == "memory_embeddings" && !args.with_vectors {
+            continue;
+        }
+        let mut stream = store.export_rows(&args.tenant, (table, time), args.since);
+        let mut count = 0u64;
+        while let Some(row) = stream.next().await {
+            writeln!(out, "{}", json!({ "table": table, "row": row? }))?;
+            count += 1;
+            rows += 1;
+            if rows.is_multiple_of(PROGRESS_EVERY) {
+                eprintln!(
+                    "exported {rows} rows ({table}), {:.0} rows/s",
+                    rows as f64 / started.elapsed().as_secs_f64()
+                );
+            }
+        }
+        eprintln!("{table}: {count}");
+    }
+    writeln!(out, "{}", json!({ "end": { "rows": rows } }))?;
+    out.finish()?.flush()?;
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("exported {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));
+    Ok(())
+}
+
+pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let file = std::fs::File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
+    let mut lines = BufReader::new(flate2::read::GzDecoder::new(file)).lines();
+    let mut line_no = 1i64;
+    let read = |line: Option<std::io::Result<String>>, n: i64| -> anyhow::Result<Option<Value>> {
+        match line {
+            None => Ok(None),
+            Some(Err(e)) => bail!("line {n}: the file is truncated or not a mnemo export ({e})"),
+            Some(Ok(text)) => serde_json::from_str(&text).map(Some).with_context(|| format!("line {n}: not JSON")),
+        }
+    };
+    let header = read(lines.next(), line_no)?.context("the file is empty")?;
+    if header["format"] != FORMAT {
+        bail!("line 1: not a mnemo export (format {})", header["format"]);
+    }
+    if header["version"] != VERSION {
+        bail!("line 1: export format version {} is not one this mnemo reads (it reads {VERSION})", header["version"]);
+    }
+    let source = header["tenant"].as_str().context("line 1: the header names no tenant")?.to_owned();
+    if source != args.tenant.as_str() && !args.retarget {
+        bail!(
+            "line 1: the file holds tenant {source:?}, not {:?}; pass --retarget to import it there",
+            args.tenant.as_str()
+        );
+    }
+
+    let mut import = store.begin_import(&args.tenant).await?;
+    let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
+    let mut rows = 0u64;
+    let end = loop {
+        line_no += 1;
+        let Some(mut value) = read(lines.next(), line_no)? else {
+            bail!("the file ends after line {} without its end line: it is truncated", line_no - 1);
+        };
+        if let Some(end) = value.get("end") {
+            break end.clone();
+        }
+        let table = value["table"].as_str().unwrap_or_default();
+        let Some(&(table, _)) = EXPORT_TABLES.iter().find(|(t, _)| *t == table) else {
+            bail!("line {line_no}: unknown table {:?}", value["table"]);
+        };
+        let row = value.get_mut("row").filter(|r| r.is_object()).with_context(|| format!("line {line_no}: no row"))?;
+        if row["tenant_id"] != source.as_str() {
+            bail!("line {line_no}: a row of tenant {}, in an export of tenant {source:?}", row["tenant_id"]);
+        }
+        row["tenant_id"] = json!(args.tenant.as_str());
+        batch.push((line_no, table, row.take()));
+        rows += 1;
+        if batch.len() == STAGE_BATCH {
+            import.stage(&batch).await?;
+            batch.clear();
+        }
+        if rows.is_multiple_of(PROGRESS_EVERY) {
+            eprintln!("read {rows} rows, {:.0} rows/s", rows as f64 / started.elapsed().as_secs_f64());
+        }
+    };
+    if end["rows"] != rows {
+        bail!("line {line_no}: the end line counts {} rows, the file holds {rows}", end["rows"]);
+    }
+    if read(lines.next(), line_no + 1)?.is_some() {
+        bail!("line {}: lines after the end line", line_no + 1);
+    }
+    import.stage(&batch).await?;
+    eprintln!("read {rows} rows; checking references and writing");
+    let report = import.finish().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    for (table, in_file, written) in &report.tables {
+        println!("{table:<24} {in_file:>9} in the file {written:>9} written {:>9} already there", in_file - written);
+    }
+    println!("{} items to embed again (no vector of their model came with them)", report.to_embed);
+    eprintln!("imported {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));
+    Ok(())
+}

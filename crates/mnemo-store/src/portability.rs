@@ -1,0 +1,196 @@
+//! A tenant's data out and in (`mnemo-runbook export|import`). Rows travel as JSON objects of
+//! their columns, so ids, supersede chains, validity, anonymization and typed fields arrive as
+//! they left. An import stages every row first and writes nothing until all of them are checked:
+//! it lands whole in one transaction or not at all.
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use mnemo_core::TenantId;
+use serde_json::Value;
+use sqlx::{Postgres, Transaction};
+
+use crate::{Store, StoreError};
+
+/// What an export holds, in the order an import writes it (a row's references come first), with
+/// the column `--since` filters by. The audit log, job queues and run bookkeeping stay behind.
+pub const EXPORT_TABLES: &[(&str, &str)] = &[
+    ("tenant_config", "updated_at"),
+    ("memory_items", "created_at"),
+    ("tool_outputs", "created_at"),
+    ("memory_embeddings", "embedded_at"),
+    ("memory_relations", "created_at"),
+    ("memory_sightings", "seen_at"),
+    ("session_compactions", "created_at"),
+    ("workspace_files", "updated_at"),
+    ("workspace_file_versions", "created_at"),
+];
+
+/// The references an import checks before it writes: (table, field, table it points into, the
+/// target's fields matched in order). Each must resolve within the file or the tenant's rows.
+const REFERENCES: &[(&str, &str, &str, &[&str])] = &[
+    ("memory_items", "superseded_by", "memory_items", &["id"]),
+    ("tool_outputs", "item_id", "memory_items", &["id"]),
+    ("memory_embeddings", "item_id", "memory_items", &["id"]),
+    ("memory_relations", "item_id", "memory_items", &["id"]),
+    ("memory_relations", "target_id", "memory_items", &["id"]),
+    ("memory_sightings", "item_id", "memory_items", &["id"]),
+    ("workspace_file_versions", "path", "workspace_files", &["agent_id", "user_id", "path"]),
+];
+
+/// Why an import was refused; nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("line {line}: {table}.{field} points at {target}, which is neither in the file nor in the tenant")]
+    Dangling { line: i64, table: String, field: &'static str, target: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for ImportError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+/// Rows per table: in the file, and written (the rest were there already).
+#[derive(Debug, Clone, Default)]
+pub struct ImportReport {
+    pub tables: Vec<(&'static str, u64, u64)>,
+    /// Items whose vectors did not come with them (or not of their model): the workers embed them.
+    pub to_embed: u64,
+}
+
+/// An import under way: rows staged in its transaction until [`Import::finish`].
+#[derive(Debug)]
+pub struct Import {
+    tenant: TenantId,
+    tx: Transaction<'static, Postgres>,
+}
+
+impl Store {
+    /// The tenant's rows of one of [`EXPORT_TABLES`] (created or changed since `since`, if given)
+    /// as JSON objects of their stored columns, streamed in key order.
+    pub fn export_rows<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        (table, time): (&'static str, &'static str),
+        since: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> BoxStream<'a, Result<Value, StoreError>> {
+        // Generated columns (the full-text vector) are the database's to compute again.
+        let sql = format!(
+            "SELECT to_jsonb(t) - ARRAY(SELECT column_name::text FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name = '{table}' AND is_generated <> 'NEVER')
+             FROM {table} t WHERE tenant_id = $1 AND ($2::timestamptz IS NULL OR {time} >= $2)
+             ORDER BY ctid"
+        );
+        sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(sql))
+            .bind(tenant.as_str())
+            .bind(since)
+            .fetch(&self.pool)
+            .map(|r| r.map_err(StoreError::from))
+            .boxed()
+    }
+
+    /// Opens an import into `tenant`. Rows must already name `tenant`.
+    pub async fn begin_import(&self, tenant: &TenantId) -> Result<Import, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "CREATE TEMP TABLE import_rows (line bigint NOT NULL, tbl text NOT NULL, row jsonb NOT NULL)
+             ON COMMIT DROP",
+        )
+        .execute(&mut *tx)
+        .await?;
+        Ok(Import { tenant: tenant.clone(), tx })
+    }
+}
+
+impl Import {
+    /// Stages rows: (line in the file, table, row).
+    pub async fn stage(&mut self, rows: &[(i64, &'static str, Value)]) -> Result<(), StoreError> {
+        let lines: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let tables: Vec<&str> = rows.iter().map(|r| r.1).collect();
+        let values: Vec<sqlx::types::Json<&Value>> = rows.iter().map(|r| sqlx::types::Json(&r.2)).collect();
+        sqlx::query("INSERT INTO import_rows SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::jsonb[])")
+            .bind(&lines)
+            .bind(&tables)
+            .bind(&values)
+            .execute(&mut *self.tx)
+            .await?;
+        Ok(())
+    }
+
+    /// Checks every reference, then writes every staged row that is not there already, and
+    /// commits. Items that came without a vector of their model are left for the workers to
+    /// embed. On any error nothing is written.
+    pub async fn finish(mut self) -> Result<ImportReport, ImportError> {
+        let tenant = self.tenant.as_str();
+        sqlx::query("CREATE INDEX ON import_rows (tbl, (row->>'id'))").execute(&mut *self.tx).await?;
+        sqlx::query("ANALYZE import_rows").execute(&mut *self.tx).await?;
+        for (table, field, target, keys) in REFERENCES {
+            // The referencing row's value of each key: `field` stands for the target's `id`.
+            let ours = |k: &str| if k == "id" { format!("l.row->>'{field}'") } else { format!("l.row->>'{k}'") };
+            let in_file = keys.iter().map(|k| format!("t.row->>'{k}' = {}", ours(k))).collect::<Vec<_>>();
+            let stored = keys
+                .iter()
+                .map(
+                    |k| if *k == "id" { format!("m.id = ({})::uuid", ours(k)) } else { format!("m.{k} = {}", ours(k)) },
+                )
+                .collect::<Vec<_>>();
+            let sql = format!(
+                "SELECT l.line, l.row->>'{field}' FROM import_rows l
+                 WHERE l.tbl = '{table}' AND l.row->>'{field}' IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM import_rows t WHERE t.tbl = '{target}' AND {})
+                   AND NOT EXISTS (SELECT 1 FROM {target} m WHERE m.tenant_id = $1 AND {})
+                 ORDER BY l.line LIMIT 1",
+                in_file.join(" AND "),
+                stored.join(" AND "),
+            );
+            let dangling: Option<(i64, String)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(tenant).fetch_optional(&mut *self.tx).await?;
+            if let Some((line, target)) = dangling {
+                return Err(ImportError::Dangling { line, table: (*table).to_owned(), field, target });
+            }
+        }
+
+        let mut report = ImportReport::default();
+        for (table, _) in EXPORT_TABLES {
+            let columns: Vec<String> = sqlx::query_scalar(
+                "SELECT column_name::text FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name = $1 AND is_generated = 'NEVER'
+                 ORDER BY ordinal_position",
+            )
+            .bind(table)
+            .fetch_all(&mut *self.tx)
+            .await?;
+            let list = columns.join(", ");
+            let staged: i64 = sqlx::query_scalar("SELECT count(*) FROM import_rows WHERE tbl = $1")
+                .bind(table)
+                .fetch_one(&mut *self.tx)
+                .await?;
+            // One statement per table, so references between its own rows (a supersede chain)
+            // are checked when all of them are in.
+            let sql = format!(
+                "INSERT INTO {table} ({list})
+                 SELECT {list} FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row)
+                 WHERE l.tbl = '{table}' ORDER BY l.line
+                 ON CONFLICT DO NOTHING"
+            );
+            let written = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut *self.tx).await?.rows_affected();
+            report.tables.push((table, staged as u64, written));
+        }
+        report.to_embed = sqlx::query(
+            "UPDATE memory_items m SET embedded_model = NULL
+             FROM import_rows l
+             WHERE l.tbl = 'memory_items' AND m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
+               AND m.embedded_model IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM memory_embeddings e
+                               WHERE e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = m.embedded_model)",
+        )
+        .bind(tenant)
+        .execute(&mut *self.tx)
+        .await?
+        .rows_affected();
+        self.tx.commit().await?;
+        Ok(report)
+    }
+}

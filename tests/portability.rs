@@ -1,0 +1,233 @@
+//! `mnemo-runbook export|import`, the real binary: a round trip of 10,000 rows and more gives the
+//! same content, a second import changes nothing, and a bad file is refused naming its line,
+//! writing nothing.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use mnemo_core::{MemoryText, Scope, SourceKind, SourceRef, TenantId};
+use mnemo_store::BulkRow;
+use mnemo_testkit::{TestApp, TestDb, binary, principal, token};
+use serde_json::json;
+use uuid::Uuid;
+
+const BULK_ROWS: usize = 10_000;
+
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+async fn runbook(db_url: &str, args: &[&str], stdout_to: Option<&Path>) -> Run {
+    let mut command = tokio::process::Command::new(binary("mnemo-runbook").expect("mnemo-runbook is built"));
+    command.env_clear().env("MNEMO_DATABASE_URL", db_url).env("MNEMO_LOG", "warn").args(args);
+    let output = command.output().await.expect("runbook runs");
+    if let Some(path) = stdout_to {
+        std::fs::write(path, &output.stdout).expect("output file");
+    }
+    Run {
+        ok: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("mnemo-portability-{}-{}-{name}", std::process::id(), Uuid::new_v4()))
+}
+
+fn lines_of(path: &Path) -> Vec<String> {
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).expect("export")).read_to_string(&mut text).expect("gzip");
+    text.lines().map(str::to_owned).collect()
+}
+
+fn write_gz(path: &Path, lines: &[String]) {
+    let mut out =
+        flate2::write::GzEncoder::new(std::fs::File::create(path).expect("file"), flate2::Compression::fast());
+    for line in lines {
+        writeln!(out, "{line}").expect("write");
+    }
+    out.finish().expect("gzip");
+}
+
+/// The rows of an export, sorted, without the header (which carries the export's time).
+fn content(path: &Path) -> Vec<String> {
+    let mut lines = lines_of(path);
+    lines.remove(0);
+    lines.sort();
+    lines
+}
+
+/// A tenant with every kind of row: bulk memories with vectors, facts with a supersede chain and
+/// a relation, a long tool output, a workspace file with two versions, an anonymized row.
+async fn populated() -> TestApp {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let fact = |content: &str| json!({ "content": content, "scope": "user", "key": "home_city" });
+    let old = app.client.post("/v1/facts", Some(&t), &fact("Alice lives in Paris")).await.body["id"].clone();
+    let new = app.client.post("/v1/facts", Some(&t), &fact("Alice moved to Lyon")).await.body["id"].clone();
+    let related = json!({ "content": "Alice likes trains", "scope": "user", "relations": [{ "type": "related_to", "target": new }] });
+    assert_eq!(app.client.post("/v1/facts", Some(&t), &related).await.status, 201);
+    let long = json!({ "source_kind": "tool_output", "source_ref": "call-1", "content": "y".repeat(20_000) });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &long).await.status, 201);
+    for content in ["# Notes\n\nv1\n", "# Notes\n\nv2\n"] {
+        let put = app.client.put("/v1/workspace/files/memory/notes.md", Some(&t), &json!({ "content": content })).await;
+        assert!(put.status < 300, "{:?}", put.body);
+    }
+    let gone = json!({ "source_kind": "chat_message", "source_ref": "m-gone", "content": "forget me" });
+    let gone = app.client.post("/v1/memories", Some(&t), &gone).await.body["id"].clone();
+    sqlx::query(
+        "UPDATE memory_items SET superseded_by = $2::uuid, superseded_at = now(), valid_to = now() WHERE id = $1::uuid",
+    )
+    .bind(old.as_str())
+    .bind(new.as_str())
+    .execute(&app.db.pool)
+    .await
+    .expect("a chain");
+    sqlx::query("UPDATE memory_items SET content = '', deleted_at = now(), anonymized_at = now() WHERE id = $1::uuid")
+        .bind(gone.as_str())
+        .execute(&app.db.pool)
+        .await
+        .expect("an anonymized row");
+    let tenant = TenantId::parse("acme").expect("tenant");
+    let rows: Vec<BulkRow> = (0..BULK_ROWS)
+        .map(|i| BulkRow {
+            id: Uuid::now_v7(),
+            tenant: tenant.clone(),
+            scope: Scope::Tenant,
+            session: None,
+            user: None,
+            agent: None,
+            kind: SourceKind::DocumentChunk,
+            source_ref: SourceRef::parse(&format!("chunk-{i}")).expect("ref"),
+            content: MemoryText::parse(&format!("chunk {i} of the manual")).expect("text"),
+            created_at: None,
+            deleted_at: None,
+            vector: Some((0..384).map(|d| ((i + d) % 7) as f32 / 7.0).collect()),
+        })
+        .collect();
+    app.db.store().bulk_load("all-MiniLM-L6-v2", &rows).await.expect("bulk load");
+    app
+}
+
+#[tokio::test]
+async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing() {
+    let source = populated().await;
+    let first = temp("first.jsonl.gz");
+    let run = runbook(&source.db.url, &["export", "--tenant", "acme", "--with-vectors"], Some(&first)).await;
+    assert!(run.ok, "{}", run.stderr);
+    let exported = content(&first);
+    assert!(exported.len() > 2 * BULK_ROWS, "{} lines", exported.len());
+    for table in ["memory_items", "memory_embeddings", "tool_outputs", "memory_relations", "workspace_file_versions"] {
+        assert!(exported.iter().any(|l| l.contains(&format!("\"table\":\"{table}\""))), "{table} exported");
+    }
+
+    let target = TestDb::new().await;
+    let run = runbook(&target.url, &["import", "--tenant", "acme", first.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    let again = runbook(&target.url, &["import", "--tenant", "acme", first.to_str().expect("path")], None).await;
+    assert!(again.ok, "{}", again.stderr);
+    for line in again.stdout.lines().filter(|l| l.contains(" written ")) {
+        assert!(line.contains(" 0 written"), "a second import wrote: {line}");
+    }
+
+    let second = temp("second.jsonl.gz");
+    let run = runbook(&target.url, &["export", "--tenant", "acme", "--with-vectors"], Some(&second)).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(content(&second) == exported, "the round trip changed the content");
+    let chain: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_items WHERE superseded_by IS NOT NULL")
+        .fetch_one(&target.pool)
+        .await
+        .expect("count");
+    assert_eq!(chain, 1);
+
+    // Without vectors, the importing side embeds again.
+    let bare = temp("bare.jsonl.gz");
+    assert!(runbook(&source.db.url, &["export", "--tenant", "acme"], Some(&bare)).await.ok);
+    let fresh = TestDb::new().await;
+    let run = runbook(&fresh.url, &["import", "--tenant", "acme", bare.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    let unembedded: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_items WHERE embedded_model IS NULL")
+        .fetch_one(&fresh.pool)
+        .await
+        .expect("count");
+    assert!(unembedded >= BULK_ROWS as i64, "{unembedded} rows left to embed");
+    for path in [first, second, bare] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Imports `lines` and expects a refusal saying `expected`, with nothing written.
+async fn refused(target: &TestDb, name: &str, lines: Vec<String>, extra: &[&str], expected: &str) {
+    let path = temp(name);
+    write_gz(&path, &lines);
+    let mut args = vec!["import", "--tenant", "acme"];
+    args.extend(extra);
+    args.push(path.to_str().expect("path"));
+    let run = runbook(&target.url, &args, None).await;
+    let _ = std::fs::remove_file(&path);
+    assert!(!run.ok, "{name} was imported");
+    assert!(run.stderr.contains(expected), "{name}: expected {expected:?} in {}", run.stderr);
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM memory_items").fetch_one(&target.pool).await.expect("count");
+    assert_eq!(rows, 0, "{name} wrote rows");
+}
+
+#[tokio::test]
+async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    for i in 0..3 {
+        let body =
+            json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "content": format!("message {i}") });
+        assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+    }
+    let good = temp("good.jsonl.gz");
+    let run = runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&good)).await;
+    assert!(run.ok, "{}", run.stderr);
+    let lines = lines_of(&good);
+    let item = lines.iter().position(|l| l.contains("\"table\":\"memory_items\"")).expect("an item line");
+
+    let target = TestDb::new().await;
+
+    let mut version = lines.clone();
+    version[0] = version[0].replace("\"version\":1", "\"version\":99");
+    refused(&target, "version", version, &[], "line 1: export format version 99").await;
+
+    let mut other = lines.clone();
+    other[item] = other[item].replace("\"tenant_id\":\"acme\"", "\"tenant_id\":\"globex\"");
+    refused(&target, "other tenant", other, &[], &format!("line {}: a row of tenant \"globex\"", item + 1)).await;
+
+    let mut chain = lines.clone();
+    let missing = Uuid::now_v7();
+    chain[item] = chain[item].replace("\"superseded_by\":null", &format!("\"superseded_by\":\"{missing}\""));
+    let expected = format!("line {}: memory_items.superseded_by points at {missing}", item + 1);
+    refused(&target, "chain", chain, &[], &expected).await;
+
+    let mut cut = lines.clone();
+    cut.pop();
+    refused(&target, "no end line", cut, &[], "without its end line").await;
+
+    // The bytes cut in the middle of the compressed stream.
+    let bytes = std::fs::read(&good).expect("export");
+    let truncated = temp("truncated.jsonl.gz");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write");
+    let run = runbook(&target.url, &["import", "--tenant", "acme", truncated.to_str().expect("path")], None).await;
+    assert!(!run.ok && run.stderr.contains("truncated"), "{}", run.stderr);
+    let _ = std::fs::remove_file(&truncated);
+
+    // Another tenant's export goes in only with --retarget, and then under the new tenant.
+    let run = runbook(&target.url, &["import", "--tenant", "beta", good.to_str().expect("path")], None).await;
+    assert!(!run.ok && run.stderr.contains("line 1: the file holds tenant \"acme\""), "{}", run.stderr);
+    let run =
+        runbook(&target.url, &["import", "--tenant", "beta", "--retarget", good.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    let beta: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_items WHERE tenant_id = 'beta'")
+        .fetch_one(&target.pool)
+        .await
+        .expect("count");
+    assert_eq!(beta, 3);
+    let _ = std::fs::remove_file(&good);
+}
