@@ -4,14 +4,11 @@
 
 use std::process::Stdio;
 
-use mnemo_testkit::{ServerProcess, TestDb, binary, free_port, principal, token};
+use mnemo_testkit::{ServerProcess, TestDb, binary, free_port, principal, test_python, token};
 
 #[tokio::test]
 async fn the_official_python_client_uses_every_tool_over_both_transports() {
-    let python = std::env::var("MNEMO_TEST_PYTHON").expect(
-        "MNEMO_TEST_PYTHON names the Python with the `mcp` client: run `make test`, or \
-         `export MNEMO_TEST_PYTHON=$(bash scripts/setup-python.sh)`",
-    );
+    let python = test_python();
     let db = TestDb::new().await;
     let server = ServerProcess::start(&db.url, free_port()).await.expect("server starts");
     let a = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));

@@ -3,9 +3,7 @@
 //! only what the document says (statuses, content types, bodies; every 4xx the error-code body),
 //! and refuses what breaks the document's schemas.
 
-use std::path::PathBuf;
-
-use mnemo_testkit::{ServerProcess, TestApp, TestDb, free_port, principal, token};
+use mnemo_testkit::{ServerProcess, TestApp, TestDb, free_port, principal, test_python, token};
 
 #[tokio::test]
 async fn the_served_document_is_the_checked_in_one() {
@@ -89,10 +87,7 @@ const DEFAULT_EXAMPLES: u32 = 50;
 
 #[tokio::test]
 async fn schemathesis_finds_nothing_against_the_real_server() {
-    let python = PathBuf::from(std::env::var("MNEMO_TEST_PYTHON").expect(
-        "MNEMO_TEST_PYTHON names the Python with schemathesis: run `make test`, or \
-         `export MNEMO_TEST_PYTHON=$(bash scripts/setup-python.sh)`",
-    ));
+    let python = test_python();
     let schemathesis = python.parent().expect("the venv's bin").join("schemathesis");
     let examples = std::env::var("MNEMO_FUZZ_EXAMPLES").map_or(DEFAULT_EXAMPLES, |n| n.parse().expect("a number"));
     let db = TestDb::new().await;

@@ -213,14 +213,20 @@ impl From<mnemo_recall::RecallError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The body every error is answered with: `{error: {code, message}}`.
+    pub fn body(&self) -> serde_json::Value {
+        json!({ "error": { "code": self.code(), "message": self.to_string() } })
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         if let Self::Internal(detail) = &self {
             tracing::error!(error = %detail, "request failed");
         }
-        let body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
-        let mut response = (status, Json(body)).into_response();
+        let mut response = (status, Json(self.body())).into_response();
         if let Self::MethodNotAllowed(Some(allow)) = self {
             response.headers_mut().insert(axum::http::header::ALLOW, axum::http::HeaderValue::from_static(allow));
         }

@@ -38,7 +38,7 @@ arguments; so does your session when the token names one.";
 /// One tool: its name, what it is for, the endpoint it calls and the arguments it takes.
 #[derive(Debug)]
 pub struct ToolSpec {
-    pub name: &'static str,
+    name: &'static str,
     description: &'static str,
     method: Method,
     /// The endpoint; `{arg}` is an argument that goes into the path instead of the body.
@@ -54,10 +54,6 @@ pub struct ToolSpec {
 }
 
 /// Every tool, in the order an agent sees them.
-pub fn tools() -> &'static [ToolSpec] {
-    TOOLS
-}
-
 static TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "recall",
@@ -329,10 +325,7 @@ fn tool_result(answer: ApiAnswer) -> CallToolResult {
 }
 
 fn refused(error: &ApiError) -> CallToolResult {
-    tool_result(ApiAnswer {
-        status: error.status().as_u16(),
-        body: json!({ "error": { "code": error.code(), "message": error.to_string() } }),
-    })
+    tool_result(ApiAnswer { status: error.status().as_u16(), body: error.body() })
 }
 
 /// Sends an [`ApiCall`] to mnemo's API on behalf of the MCP client.

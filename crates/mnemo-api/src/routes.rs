@@ -211,7 +211,7 @@ async fn batch(
                 if let ApiError::Internal(detail) = e {
                     tracing::error!(error = %detail, "a batch item failed");
                 }
-                json!({ "error": { "code": e.code(), "message": e.to_string() } })
+                e.body()
             }
         })
         .collect();
@@ -219,10 +219,8 @@ async fn batch(
     let refused = results.iter().position(|r| r.as_ref().is_err_and(|e| !matches!(e, ApiError::NotWritten)));
     if atomic && let Some(index) = refused.or_else(|| results.iter().position(Result::is_err)) {
         let refused = ApiError::BatchRejected(index);
-        let body = json!({
-            "error": { "code": refused.code(), "message": refused.to_string() },
-            "results": json,
-        });
+        let mut body = refused.body();
+        body["results"] = json!(json);
         return Ok((refused.status(), Json(body)).into_response());
     }
     Ok(Json(json!({ "results": json, "written": written })).into_response())

@@ -230,6 +230,15 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// The Python of the tests' virtual environment, with the official clients they drive mnemo with
+/// (`tests/python-requirements.txt`): `MNEMO_TEST_PYTHON`, which `scripts/test.sh` sets.
+pub fn test_python() -> PathBuf {
+    std::env::var_os("MNEMO_TEST_PYTHON").map(PathBuf::from).expect(
+        "MNEMO_TEST_PYTHON names the Python with the tests' clients: run `make test`, or \
+         `export MNEMO_TEST_PYTHON=$(bash scripts/setup-python.sh)`",
+    )
+}
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
