@@ -284,6 +284,7 @@ async fn degraded_until_the_searched_rows_have_vectors() {
     f.embed_all().await;
     let answer = f.recall(&me, json!({ "query": "deploy key", "scope": "session" })).await;
     assert_eq!(answer["degraded"], false);
+    assert_eq!(sorted(refs(&answer)), ["m1", "m3"], "embedded rows are found through the full-text index");
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use mnemo_api::{AppState, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Extras, MemoryText, NewMemory, Principal, SessionId, SourceRef, TenantId, UserId};
-use mnemo_store::{PlainInserts, Store, create_database};
+use mnemo_store::{CommitStats, PlainInserts, Store, create_database};
 use serde_json::json;
 
 #[derive(Debug, clap::Args)]
@@ -37,6 +37,27 @@ struct Level {
     rate: f64,
     p50_ms: f64,
     p99_ms: f64,
+}
+
+/// How group commit served the single-row HTTP writes of one level.
+#[derive(Debug)]
+struct Commits {
+    rows_per_transaction: f64,
+    /// Mean time a row waited for a committer.
+    queued_ms: f64,
+    /// Mean time of one transaction, BEGIN to COMMIT.
+    transaction_ms: f64,
+}
+
+impl From<CommitStats> for Commits {
+    fn from(s: CommitStats) -> Self {
+        let per = |total: f64, n: u64| if n == 0 { 0.0 } else { total / n as f64 };
+        Self {
+            rows_per_transaction: per(s.rows as f64, s.transactions),
+            queued_ms: per(s.queued.as_secs_f64() * 1000.0, s.rows),
+            transaction_ms: per(s.in_transaction.as_secs_f64() * 1000.0, s.transactions),
+        }
+    }
 }
 
 /// Runs `op` from `concurrency` tasks for `duration`; every call's latency is recorded.
@@ -98,6 +119,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let direct = store.clone();
     let embedder = mnemo_models::embedder(&settings.embed)?;
     let state = AppState::new(store, &settings, embedder).map_err(anyhow::Error::msg)?;
+    let committers = state.writes.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}/v1/memories", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app(state)).await });
@@ -164,6 +186,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         };
 
         let (http, base, token) = (http.clone(), base.clone(), token.clone());
+        let before = committers.stats();
         let http_level = measure(concurrency, duration, move |n| {
             let (http, base, token) = (http.clone(), base.clone(), token.clone());
             async move {
@@ -174,13 +197,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         })
         .await?;
-        rows.push((concurrency, http_level, store_level, plain_level, batch_level));
+        let commits = committers.stats() - before;
+        rows.push((concurrency, http_level, store_level, plain_level, batch_level, Commits::from(commits)));
     }
 
     if args.json {
         let levels: Vec<_> = rows
             .iter()
-            .map(|(c, h, s, p, b)| {
+            .map(|(c, h, s, p, b, g)| {
                 json!({
                     "batch_rows_per_s": b.as_ref().map(|b| b.rate), "batch_p50_ms": b.as_ref().map(|b| b.p50_ms),
                     "batch_ratio": b.as_ref().map(|b| b.rate / p.rate),
@@ -189,6 +213,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     "store_writes_per_s": s.rate, "store_p50_ms": s.p50_ms, "store_p99_ms": s.p99_ms,
                     "plain_inserts_per_s": p.rate, "plain_p50_ms": p.p50_ms, "plain_p99_ms": p.p99_ms,
                     "ratio": h.rate / p.rate,
+                    "group_commit_rows_per_transaction": g.rows_per_transaction,
+                    "group_commit_queued_ms": g.queued_ms, "group_commit_transaction_ms": g.transaction_ms,
                 })
             })
             .collect();
@@ -196,17 +222,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         println!(
             "| concurrency | HTTP writes/s | ack p50 ms | ack p99 ms | store-only writes/s | store p50 ms \
-             | plain INSERT/s | INSERT p50 ms | HTTP / plain | batched rows/s ({} per request) | batch p50 ms | batched / plain |",
+             | plain INSERT/s | INSERT p50 ms | HTTP / plain | rows per commit | commit wait ms | commit ms \
+             | batched rows/s ({} per request) | batch p50 ms | batched / plain |",
             args.batch
         );
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for (c, h, s, p, b) in &rows {
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (c, h, s, p, b, g) in &rows {
             let batch = b.as_ref().map_or_else(
                 || "– | – | –".to_owned(),
                 |b| format!("{:.0} | {:.2} | {:.2}", b.rate, b.p50_ms, b.rate / p.rate),
             );
             println!(
-                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {batch} |",
+                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {batch} |",
                 h.rate,
                 h.p50_ms,
                 h.p99_ms,
@@ -214,7 +241,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 s.p50_ms,
                 p.rate,
                 p.p50_ms,
-                h.rate / p.rate
+                h.rate / p.rate,
+                g.rows_per_transaction,
+                g.queued_ms,
+                g.transaction_ms,
             );
         }
     }

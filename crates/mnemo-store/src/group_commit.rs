@@ -4,6 +4,8 @@
 //! and the job queue's notification lock instead of queueing for them one by one.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use mnemo_core::NewMemory;
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -12,10 +14,49 @@ use crate::{Remembered, Store, StoreError};
 
 type Reply = oneshot::Sender<Result<Remembered, StoreError>>;
 
+/// A row on its way to a committer, with when it was handed over.
+type Pending = (NewMemory, Reply, Instant);
+
 /// A handle to the committers. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct GroupCommit {
-    sender: mpsc::Sender<(NewMemory, Reply)>,
+    sender: mpsc::Sender<Pending>,
+    totals: Arc<Totals>,
+}
+
+/// Running totals since the committers started, so a benchmark can show why a rate is what it
+/// is: how many rows share a transaction, how long a row waits for a committer, and how long a
+/// transaction takes.
+#[derive(Debug, Default)]
+struct Totals {
+    transactions: AtomicU64,
+    rows: AtomicU64,
+    queued_micros: AtomicU64,
+    transaction_micros: AtomicU64,
+}
+
+/// A copy of the committers' totals; subtract two to see one interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CommitStats {
+    pub transactions: u64,
+    pub rows: u64,
+    /// Summed over rows: from the hand-over to the start of the row's transaction.
+    pub queued: Duration,
+    /// Summed over transactions: from BEGIN to the end of COMMIT.
+    pub in_transaction: Duration,
+}
+
+impl std::ops::Sub for CommitStats {
+    type Output = Self;
+
+    fn sub(self, earlier: Self) -> Self {
+        Self {
+            transactions: self.transactions - earlier.transactions,
+            rows: self.rows - earlier.rows,
+            queued: self.queued.saturating_sub(earlier.queued),
+            in_transaction: self.in_transaction.saturating_sub(earlier.in_transaction),
+        }
+    }
 }
 
 impl GroupCommit {
@@ -24,21 +65,38 @@ impl GroupCommit {
     pub fn start(store: Store, committers: usize, max_batch: usize) -> Self {
         let (sender, receiver) = mpsc::channel(committers * max_batch * 4);
         let receiver = Arc::new(Mutex::new(receiver));
+        let totals = Arc::new(Totals::default());
         for _ in 0..committers.max(1) {
-            tokio::spawn(commit_loop(store.clone(), receiver.clone(), max_batch.max(1)));
+            tokio::spawn(commit_loop(store.clone(), receiver.clone(), max_batch.max(1), totals.clone()));
         }
-        Self { sender }
+        Self { sender, totals }
+    }
+
+    /// The totals so far.
+    pub fn stats(&self) -> CommitStats {
+        let t = &self.totals;
+        CommitStats {
+            transactions: t.transactions.load(Ordering::Relaxed),
+            rows: t.rows.load(Ordering::Relaxed),
+            queued: Duration::from_micros(t.queued_micros.load(Ordering::Relaxed)),
+            in_transaction: Duration::from_micros(t.transaction_micros.load(Ordering::Relaxed)),
+        }
     }
 
     /// Writes one row, with whichever others are waiting.
     pub async fn remember(&self, memory: NewMemory) -> Result<Remembered, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.sender.send((memory, reply)).await.map_err(|_| StoreError::ShuttingDown)?;
+        self.sender.send((memory, reply, Instant::now())).await.map_err(|_| StoreError::ShuttingDown)?;
         answer.await.map_err(|_| StoreError::ShuttingDown)?
     }
 }
 
-async fn commit_loop(store: Store, receiver: Arc<Mutex<mpsc::Receiver<(NewMemory, Reply)>>>, max_batch: usize) {
+async fn commit_loop(
+    store: Store,
+    receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
+    max_batch: usize,
+    totals: Arc<Totals>,
+) {
     let mut batch = Vec::with_capacity(max_batch);
     loop {
         {
@@ -47,9 +105,16 @@ async fn commit_loop(store: Store, receiver: Arc<Mutex<mpsc::Receiver<(NewMemory
                 return;
             }
         }
-        let (rows, replies): (Vec<NewMemory>, Vec<Reply>) = batch.drain(..).unzip();
+        let started = Instant::now();
+        let queued: Duration = batch.iter().map(|(_, _, handed)| started - *handed).sum();
+        let (rows, replies): (Vec<NewMemory>, Vec<Reply>) = batch.drain(..).map(|(row, reply, _)| (row, reply)).unzip();
         metrics::histogram!("mnemo_write_batch_rows").record(rows.len() as f64);
-        match store.remember_many(&rows).await {
+        let written = store.remember_many(&rows).await;
+        totals.transactions.fetch_add(1, Ordering::Relaxed);
+        totals.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        totals.queued_micros.fetch_add(queued.as_micros() as u64, Ordering::Relaxed);
+        totals.transaction_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        match written {
             Ok(results) => {
                 for (reply, result) in replies.into_iter().zip(results) {
                     let _ = reply.send(result);

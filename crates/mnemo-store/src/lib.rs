@@ -38,7 +38,7 @@ pub use database::{FreshDatabase, create_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};
-pub use group_commit::GroupCommit;
+pub use group_commit::{CommitStats, GroupCommit};
 pub use judge::{
     BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, JudgeStatus, Judgement, PendingFact,
 };

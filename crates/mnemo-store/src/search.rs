@@ -98,26 +98,41 @@ fn class_filter(class: Scope) -> &'static str {
     }
 }
 /// Live rows of the tenant, of the kinds asked for, that the token's roles open (a user's own
-/// memories are always open to that user). The first two conditions are the predicate of the
-/// full-text index and must stay word for word.
+/// memories are always open to that user). The first two conditions are in the predicate of
+/// the full-text index and must stay word for word.
 const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($8 OR m.superseded_by IS NULL) \
                     AND m.tenant_id = $1 AND m.source_kind = ANY($7) \
                     AND (m.allowed_roles = '{}' OR m.allowed_roles && $9::text[] \
                          OR (m.scope = 'user' AND m.user_id = $10::text))";
 
+/// The most rows not yet in the full-text index that one search ranks from the heap, newest
+/// first. More wait only while the embed workers are behind, and recall is `degraded` then.
+const UNINDEXED_SCAN: u32 = 4096;
+
 /// Full text with OR semantics: the query's lexemes less the common ones (`$13`, with their
 /// frequencies in `$14`); when every lexeme is common, the rarest alone. Each class is ranked by
-/// the RUM index's distance (`$11` per class).
+/// RUM's distance (`$11` per class): from the index for embedded rows, computed on the heap for
+/// rows that enter the index only when embedded (see the migration that made it so).
 fn keyword_sql() -> String {
     let branches: Vec<String> = Scope::ALL
         .iter()
         .map(|&class| {
             let filter = class_filter(class);
             format!(
-                "(SELECT '{class}' AS class, m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
-                  FROM memory_items m
-                  WHERE {filter} AND {LIVE} AND m.tsv @@ (SELECT q FROM query)
-                  ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $11)"
+                "(SELECT '{class}' AS class, x.id, x.d FROM (
+                   (SELECT m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
+                    FROM memory_items m
+                    WHERE {filter} AND {LIVE} AND m.embedded_model IS NOT NULL AND m.tsv @@ (SELECT q FROM query)
+                    ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $11)
+                   UNION ALL
+                   (SELECT m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
+                    FROM (SELECT * FROM memory_items
+                          WHERE tenant_id = $1 AND deleted_at IS NULL AND anonymized_at IS NULL
+                            AND embedded_model IS NULL
+                          ORDER BY created_at DESC LIMIT {UNINDEXED_SCAN}) m
+                    WHERE {filter} AND {LIVE} AND m.tsv @@ (SELECT q FROM query)
+                    ORDER BY 2 LIMIT $11)
+                 ) x ORDER BY x.d LIMIT $11)"
             )
         })
         .collect();
