@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::judge::push_judge_jobs;
-use crate::queue::{EmbedJob, push};
+use crate::queue::{EmbedJob, JobArgs};
 use crate::{Store, StoreError};
 
 /// The row a write landed on, and whether this write created it.
@@ -25,9 +25,12 @@ pub struct ToolOutput {
     pub content: String,
 }
 
-/// Inserts many rows in one statement. Rows go in key order, so two batches that share keys
-/// wait on each other instead of deadlocking; a key proposed twice is inserted once.
+/// Inserts many rows and the embed jobs of those inserted in one statement. Rows go in key order,
+/// so two batches that share keys wait on each other instead of deadlocking; a key proposed twice
+/// is inserted once. The jobs are apalis' rows as its own push writes them (`$29` the queue,
+/// `$30`/`$31` each row's job id and arguments).
 const INSERT_ITEMS: &str = "
+WITH new AS (
 INSERT INTO memory_items (
     id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
     content, content_sha256, tool_output_key, metadata, event_time, fact_key, valid_from,
@@ -53,7 +56,14 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
           layer, category, importance, confidence, tags, origin, visibility, allowed_roles, fingerprint, ord)
 ORDER BY tenant_id, source_kind, source_ref, ord
 ON CONFLICT (tenant_id, source_kind, source_ref) DO NOTHING
-RETURNING id";
+RETURNING id
+), jobs AS (
+    INSERT INTO apalis.jobs (id, job_type, job, status, attempts, max_attempts, run_at, priority, metadata)
+    SELECT j.job_id, $29, j.args, 'Pending', 0, 25, now(), 0, ''::hstore
+    FROM unnest($1::uuid[], $30::text[], $31::bytea[]) AS j(item_id, job_id, args)
+    JOIN new ON new.id = j.item_id
+)
+SELECT id FROM new";
 
 /// The rows that already held the keys of rows not inserted, by their position in the batch.
 const FIND_ITEMS: &str = "
@@ -158,10 +168,27 @@ impl Store {
             .collect())
     }
 
+    /// One round of [`Store::remember_many`]. Rows that are a row each (no relations, sightings
+    /// or full tool output) are written by one statement, atomic on its own, so without BEGIN
+    /// and COMMIT: two round trips fewer per group commit, the most of a transaction's time
+    /// under load (docs/benchmarks.md, "Where a write's time goes").
     async fn insert_round(
         &self,
         rows: &[&NewMemory],
     ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+        let single = |m: &&NewMemory| m.typed.relations.is_empty() && m.seen_in.is_none() && m.tool_output.is_none();
+        if !rows.is_empty() && rows.iter().all(single) {
+            let mut conn = self.pool.acquire().await?;
+            let (ids, inserted) = insert_items(&mut conn, rows).await?;
+            if inserted.len() == rows.len() {
+                return settle(&mut conn, rows, &ids, &inserted).await;
+            }
+            // Keys that were taken may revive facts: that is several statements.
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            let results = settle(&mut tx, rows, &ids, &inserted).await?;
+            tx.commit().await?;
+            return Ok(results);
+        }
         let mut tx = self.pool.begin().await?;
         let results = insert_in(&mut tx, rows).await?;
         tx.commit().await?;
@@ -255,7 +282,23 @@ async fn insert_checked(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
+    let (ids, inserted) = insert_items(tx, rows).await?;
+    settle(tx, rows, &ids, &inserted).await
+}
+
+/// Inserts the rows whose keys are free, with their embed jobs; returns the ids given to all
+/// rows and the ids of those inserted.
+async fn insert_items(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<(Vec<Uuid>, Vec<Uuid>), StoreError> {
     let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::now_v7()).collect();
+    let job_ids: Vec<String> = rows.iter().map(|_| ulid::Ulid::generate().to_string()).collect();
+    let jobs = rows
+        .iter()
+        .zip(&ids)
+        .map(|(m, id)| {
+            let job = EmbedJob { tenant_id: m.tenant.clone(), item_id: *id, content_sha256: hex::encode(m.content_sha256) };
+            serde_json::to_vec(&job)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let column = |f: fn(&NewMemory) -> Option<String>| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
     let tenants = column(|m| Some(m.tenant.to_string()));
     let kinds = column(|m| Some(m.kind.to_string()));
@@ -296,8 +339,26 @@ async fn insert_checked(
         .bind(column(|m| {
             (m.typed.layer == Layer::Episodic && m.scope != Scope::Session).then(|| fingerprint(m.content.as_str()))
         }))
+        .bind(EmbedJob::QUEUE.as_str())
+        .bind(job_ids)
+        .bind(jobs)
         .fetch_all(&mut *tx)
         .await?;
+    Ok((ids, inserted))
+}
+
+/// The results of rows after [`insert_items`]: rows whose keys were taken are matched to what
+/// holds them (and facts asserted again revived), and the new rows' relations, sightings and
+/// full tool outputs are written.
+async fn settle(
+    tx: &mut PgConnection,
+    rows: &[&NewMemory],
+    ids: &[Uuid],
+    inserted: &[Uuid],
+) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+    let tenants = rows.iter().map(|m| m.tenant.to_string()).collect::<Vec<_>>();
+    let kinds = rows.iter().map(|m| m.kind.to_string()).collect::<Vec<_>>();
+    let refs = rows.iter().map(|m| m.source_ref.to_string()).collect::<Vec<_>>();
 
     let mut results: Vec<Option<Result<Remembered, StoreError>>> =
         ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
@@ -380,7 +441,7 @@ async fn insert_checked(
     }
 
     let new: Vec<(&NewMemory, Uuid)> =
-        rows.iter().zip(&ids).filter(|(_, id)| inserted.contains(id)).map(|(m, id)| (*m, *id)).collect();
+        rows.iter().zip(ids).filter(|(_, id)| inserted.contains(id)).map(|(m, id)| (*m, *id)).collect();
     let elided: Vec<(&NewMemory, Uuid)> = new.iter().filter(|(m, _)| m.tool_output.is_some()).copied().collect();
     if !elided.is_empty() {
         let (mut tenants, mut keys, mut items, mut payloads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -394,15 +455,6 @@ async fn insert_checked(
         }
         sqlx::query(INSERT_TOOL_OUTPUTS).bind(tenants).bind(keys).bind(items).bind(payloads).execute(&mut *tx).await?;
     }
-    let jobs: Vec<_> = new
-        .iter()
-        .map(|(m, id)| EmbedJob {
-            tenant_id: m.tenant.clone(),
-            item_id: *id,
-            content_sha256: hex::encode(m.content_sha256),
-        })
-        .collect();
-    push(tx, &jobs).await?;
     Ok(results)
 }
 
