@@ -7,6 +7,7 @@ mod context;
 mod embedding;
 mod judge;
 mod locomo;
+mod portability;
 mod quality;
 mod recall_latency;
 mod recall_throughput;
@@ -23,6 +24,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Scenario {
+    /// One tenant exported and imported again through mnemo-runbook, rows/s both ways.
+    Portability(portability::Args),
     /// Single-row writes over HTTP at increasing concurrency, against the plain-INSERT rate of
     /// the same PostgreSQL.
     Writes(writes::Args),
@@ -67,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
     mnemo_models::install_tls_provider();
     match Cli::parse().scenario {
         Scenario::Writes(args) => writes::run(args).await,
+        Scenario::Portability(args) => portability::run(args).await,
         Scenario::Embedder(args) => embedding::embedder(args).await,
         Scenario::Pipeline(args) => embedding::pipeline(args).await,
         Scenario::EmbedLatency(args) => embedding::latency(args).await,

@@ -93,7 +93,10 @@ impl ServerSettings {
         if !(1..=10_000).contains(&max_batch_items) {
             problems.0.push(format!("{} must be between 1 and 10000", vars::MAX_BATCH_ITEMS));
         }
-        let write_committers = problems.parsed(env, vars::WRITE_COMMITTERS, 2usize, "a whole number");
+        // Committers' transactions run on the same cores as the server and PostgreSQL: on two cores one
+        // committer with twice the rows per transaction writes more than two (docs/benchmarks.md).
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let write_committers = problems.parsed(env, vars::WRITE_COMMITTERS, (cores / 2).max(1), "a whole number");
         let write_max_batch = problems.parsed(env, vars::WRITE_MAX_BATCH, 64usize, "a whole number");
         if write_committers == 0 || write_max_batch == 0 {
             problems.0.push(format!("{} and {} must be at least 1", vars::WRITE_COMMITTERS, vars::WRITE_MAX_BATCH));
