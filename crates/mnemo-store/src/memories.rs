@@ -295,7 +295,8 @@ async fn insert_items(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<(Vec
         .iter()
         .zip(&ids)
         .map(|(m, id)| {
-            let job = EmbedJob { tenant_id: m.tenant.clone(), item_id: *id, content_sha256: hex::encode(m.content_sha256) };
+            let job =
+                EmbedJob { tenant_id: m.tenant.clone(), item_id: *id, content_sha256: hex::encode(m.content_sha256) };
             serde_json::to_vec(&job)
         })
         .collect::<Result<Vec<_>, _>>()?;
