@@ -42,7 +42,8 @@ pub struct CommitStats {
     pub rows: u64,
     /// Summed over rows: from the hand-over to the start of the row's transaction.
     pub queued: Duration,
-    /// Summed over transactions: from BEGIN to the end of COMMIT.
+    /// Summed over commits: from the first statement to the end of the last (COMMIT, or the one
+    /// statement that writes a group alone).
     pub in_transaction: Duration,
 }
 
@@ -51,8 +52,8 @@ impl std::ops::Sub for CommitStats {
 
     fn sub(self, earlier: Self) -> Self {
         Self {
-            transactions: self.transactions - earlier.transactions,
-            rows: self.rows - earlier.rows,
+            transactions: self.transactions.saturating_sub(earlier.transactions),
+            rows: self.rows.saturating_sub(earlier.rows),
             queued: self.queued.saturating_sub(earlier.queued),
             in_transaction: self.in_transaction.saturating_sub(earlier.in_transaction),
         }
