@@ -101,29 +101,25 @@ async fn export_and_import(
     file: &PathBuf,
     rows: usize,
 ) -> anyhow::Result<(f64, u64, f64, i64)> {
-    let started = Instant::now();
     let output = std::fs::File::create(file).with_context(|| format!("creating {}", file.display()))?;
-    let status = tokio::process::Command::new(runbook)
-        .env(vars::DATABASE_URL, source)
-        .args(["export", "--tenant", TENANT])
-        .stdout(output)
-        .status()
-        .await?;
-    ensure!(status.success(), "export failed: {status}");
-    let export_s = started.elapsed().as_secs_f64();
+    let mut export = tokio::process::Command::new(runbook);
+    export.args(["export", "--tenant", TENANT]).stdout(output);
+    let export_s = timed(export, source).await?;
     let bytes = std::fs::metadata(file)?.len();
     eprintln!("exported {rows} rows in {export_s:.1} s ({:.1} MB)", bytes as f64 / 1e6);
 
     let (target, target_store) = fresh(env).await?;
-    let started = Instant::now();
-    let status = tokio::process::Command::new(runbook)
-        .env(vars::DATABASE_URL, &target)
-        .args(["import", "--tenant", TENANT])
-        .arg(file)
-        .status()
-        .await?;
-    ensure!(status.success(), "import failed: {status}");
-    let import_s = started.elapsed().as_secs_f64();
+    let mut import = tokio::process::Command::new(runbook);
+    import.args(["import", "--tenant", TENANT]).arg(file);
+    let import_s = timed(import, &target).await?;
     let imported = target_store.footprint("bench-model", 384).await?.memory_rows;
     Ok((export_s, bytes, import_s, imported))
+}
+
+/// Runs a runbook command against the database at `url`; returns its seconds.
+async fn timed(mut command: tokio::process::Command, url: &str) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let status = command.env(vars::DATABASE_URL, url).status().await?;
+    ensure!(status.success(), "{:?} failed: {status}", command.as_std().get_args().next().unwrap_or_default());
+    Ok(started.elapsed().as_secs_f64())
 }

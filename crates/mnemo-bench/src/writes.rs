@@ -45,7 +45,7 @@ struct Commits {
     rows_per_transaction: f64,
     /// Mean time a row waited for a committer.
     queued_ms: f64,
-    /// Mean time of one transaction, BEGIN to COMMIT.
+    /// Mean time of one commit (see `CommitStats::in_transaction`).
     transaction_ms: f64,
 }
 

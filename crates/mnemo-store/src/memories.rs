@@ -357,18 +357,17 @@ async fn settle(
     ids: &[Uuid],
     inserted: &[Uuid],
 ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
-    let tenants = rows.iter().map(|m| m.tenant.to_string()).collect::<Vec<_>>();
-    let kinds = rows.iter().map(|m| m.kind.to_string()).collect::<Vec<_>>();
-    let refs = rows.iter().map(|m| m.source_ref.to_string()).collect::<Vec<_>>();
-
     let mut results: Vec<Option<Result<Remembered, StoreError>>> =
         ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
 
     // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
     let (mut reasserted_facts, mut reasserted_tenants) = (Vec::new(), Vec::new());
     if inserted.len() < rows.len() {
+        let column = |f: fn(&NewMemory) -> String| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
+        let (tenants, kinds, refs) =
+            (column(|m| m.tenant.to_string()), column(|m| m.kind.to_string()), column(|m| m.source_ref.to_string()));
         let existing: Vec<(i64, Uuid, Vec<u8>, bool, String, String)> =
-            sqlx::query_as(FIND_ITEMS).bind(&tenants).bind(&kinds).bind(&refs).fetch_all(&mut *tx).await?;
+            sqlx::query_as(FIND_ITEMS).bind(tenants).bind(kinds).bind(refs).fetch_all(&mut *tx).await?;
         for (ord, id, sha, deleted, visibility, roles) in existing {
             let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
             if let Some(slot @ None) = results.get_mut(i) {
