@@ -56,6 +56,13 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
         &Claims { tenant: Some("a\u{7}b".into()), ..claims_for(&p, now() + 600) },
     )
     .expect("sign");
+    // Signed by hand: `Claims` has no `nbf`.
+    let not_yet = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &json!({ "tenant": "acme", "sub": "u1", "sid": "s1", "exp": now() + 7200, "nbf": now() + 3600 }),
+        &jsonwebtoken::EncodingKey::from_secret(TEST_JWT_SECRET.as_bytes()),
+    )
+    .expect("sign");
     let long = "x".repeat(16 * 1024 + 1);
     let chat =
         |content: &str| json!({ "source_kind": "chat_message", "source_ref": "m-1", "content": content }).to_string();
@@ -63,6 +70,22 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
     let mut cases = vec![
         case("malformed json", "/v1/memories", &session, "{\"source_kind\": ", 400, "malformed_json"),
         case("not an object", "/v1/memories", &session, "[1, 2]", 400, "not_an_object"),
+        case(
+            "a key given twice",
+            "/v1/memories",
+            &session,
+            r#"{"source_kind": "chat_message", "source_ref": "m", "content": "a", "content": "b"}"#,
+            400,
+            "malformed_json",
+        ),
+        case(
+            "a key given twice in a nested object",
+            "/v1/memories",
+            &session,
+            r#"{"source_kind": "chat_message", "source_ref": "m", "content": "a", "metadata": {"k": 1, "k": 2}}"#,
+            400,
+            "malformed_json",
+        ),
         case(
             "invalid utf-8",
             "/v1/memories",
@@ -233,6 +256,7 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
         ),
         case("expired token", "/v1/memories", &expired, chat("x"), 401, "token_expired"),
         case("wrong signature", "/v1/memories", &forged, chat("x"), 401, "invalid_token"),
+        case("token not valid for another hour (nbf)", "/v1/memories", &not_yet, chat("x"), 401, "invalid_token"),
         case("token without tenant", "/v1/memories", &no_tenant, chat("x"), 401, "invalid_token"),
         case(
             "token with a control character in the tenant",
@@ -315,4 +339,84 @@ async fn internal_errors_do_not_leak_database_details() {
     assert_eq!((reply.status, reply.code()), (500, "internal"));
     let text = reply.body.to_string();
     assert!(!text.contains("memory_items") && !text.contains("relation"), "{text}");
+}
+
+/// Reads from `stream` until the peer closes it or `limit` passes; returns what arrived and
+/// whether the peer closed.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, limit: std::time::Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), false),
+        }
+    }
+}
+
+#[tokio::test]
+async fn slow_clients_are_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    let app = TestApp::spawn_with(&[("MNEMO_HEADER_TIMEOUT_S", "1"), ("MNEMO_BODY_TIMEOUT_S", "1")]).await;
+    let addr = app.client.base.trim_start_matches("http://").to_owned();
+    let started = std::time::Instant::now();
+
+    // One header line every 200 ms: without a header timeout this holds the connection open.
+    let mut slow_head = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    slow_head.write_all(b"POST /v1/recall HTTP/1.1\r\nHost: mnemo\r\n").await.expect("write");
+    let mut closed = false;
+    for _ in 0..25 {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        if slow_head.write_all(b"X-Slow: y\r\n").await.is_err() {
+            closed = true;
+            break;
+        }
+    }
+    if !closed {
+        closed = read_until_closed(&mut slow_head, std::time::Duration::from_millis(500)).await.1;
+    }
+    assert!(closed, "a head trickling in for {:?} kept its connection", started.elapsed());
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "closed only after {:?}", started.elapsed());
+
+    // An idle keep-alive connection is closed by the same timeout.
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let (_, closed) = read_until_closed(&mut idle, std::time::Duration::from_secs(3)).await;
+    assert!(closed, "an idle connection stayed open");
+
+    // A body trickling in gets 408 with its code once its time is up.
+    let token = token(&principal("acme", Some("u1"), None, Some("s1")));
+    let slow_body = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let (mut reader, mut writer) = slow_body.into_split();
+    let head = format!(
+        "POST /v1/memories HTTP/1.1\r\nHost: mnemo\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"content\": \""
+    );
+    writer.write_all(head.as_bytes()).await.expect("write");
+    let started = std::time::Instant::now();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..25 {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            if writer.write_all(b"xxxx").await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&reply).contains("request_timeout") && started.elapsed().as_secs() < 4 {
+        use tokio::io::AsyncReadExt;
+        match tokio::time::timeout(std::time::Duration::from_millis(200), reader.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => reply.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    trickle.abort();
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 408") && reply.contains("request_timeout"), "{reply}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "408 only after {:?}", started.elapsed());
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items").await, 0);
 }

@@ -60,7 +60,7 @@ fn token_roles(claim: &serde_json::Value) -> Vec<Label> {
     roles
 }
 
-/// Clock skew tolerated on `exp`.
+/// Clock skew tolerated on `exp` and `nbf`.
 const LEEWAY_SECONDS: u64 = 5;
 
 impl Authenticator {
@@ -80,6 +80,8 @@ impl Authenticator {
         let mut validation = Validation::new(algorithm);
         validation.set_required_spec_claims(&["exp"]);
         validation.leeway = LEEWAY_SECONDS;
+        // jsonwebtoken ignores `nbf` unless asked: a token meant for later must not work now.
+        validation.validate_nbf = true;
         validation.validate_aud = false;
         Ok(Self { key, validation })
     }
@@ -88,6 +90,7 @@ impl Authenticator {
         let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map_err(|e| match e.kind() {
                 ErrorKind::ExpiredSignature => ApiError::TokenExpired,
+                ErrorKind::ImmatureSignature => ApiError::InvalidToken("not valid yet (nbf)".into()),
                 ErrorKind::InvalidSignature => ApiError::InvalidToken("bad signature".into()),
                 ErrorKind::MissingRequiredClaim(claim) => ApiError::InvalidToken(format!("missing claim {claim}")),
                 ErrorKind::InvalidAlgorithm => ApiError::InvalidToken("wrong signing algorithm".into()),

@@ -7,7 +7,11 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+
+use crate::serve::BodyTimedOut;
 
 use crate::ApiError;
 
@@ -35,11 +39,86 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
         let bytes = Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge
+            } else if caused_by::<BodyTimedOut>(&e) {
+                ApiError::RequestTimeout
             } else {
                 ApiError::MalformedJson(e.body_text())
             }
         })?;
         Self::parse(&bytes)
+    }
+}
+
+/// Whether `E` is somewhere in `error`'s chain of causes.
+fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |e| e.source()).any(|e| e.is::<E>())
+}
+
+/// A JSON value in which no object repeats a key: serde_json keeps the last of a repeated key,
+/// so `{"content":"a","content":"b"}` would be read as "b" without a word.
+struct Strict(Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut values = Vec::new();
+        while let Some(Strict(value)) = seq.next_element()? {
+            values.push(value);
+        }
+        Ok(Value::Array(values))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format_args!("duplicate key {key:?}")));
+            }
+            let Strict(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
     }
 }
 
@@ -62,7 +141,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathPart {
 impl JsonObject {
     pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
         std::str::from_utf8(bytes).map_err(|_| ApiError::InvalidUtf8)?;
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let Strict(value) = serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
         let Value::Object(map) = value else {
             return Err(ApiError::NotAnObject);
         };

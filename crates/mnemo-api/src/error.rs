@@ -31,6 +31,8 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("the request body is over the server's limit (see MNEMO_MAX_TOOL_OUTPUT_BYTES)")]
     PayloadTooLarge,
+    #[error("the request body did not arrive within MNEMO_BODY_TIMEOUT_S")]
+    RequestTimeout,
     #[error("missing bearer token: send Authorization: Bearer <JWT>")]
     MissingToken,
     #[error("invalid token: {0}")]
@@ -107,6 +109,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("agent_file_read_only", 403, "a token with a user (sub) may read the agent's shared files but not change them"),
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
+    ("request_timeout", 408, "the request body did not arrive in time"),
     (
         "source_ref_conflict",
         409,
@@ -174,6 +177,7 @@ impl ApiError {
             },
             Self::UnsupportedMediaType => ("unsupported_media_type", StatusCode::UNSUPPORTED_MEDIA_TYPE),
             Self::PayloadTooLarge => ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE),
+            Self::RequestTimeout => ("request_timeout", StatusCode::REQUEST_TIMEOUT),
             Self::MissingToken => ("missing_token", UNAUTHORIZED),
             Self::InvalidToken(_) => ("invalid_token", UNAUTHORIZED),
             Self::TokenExpired => ("token_expired", UNAUTHORIZED),
@@ -278,6 +282,7 @@ mod tests {
             ApiError::EditTextAmbiguous(2),
             ApiError::UnsupportedMediaType,
             ApiError::PayloadTooLarge,
+            ApiError::RequestTimeout,
             ApiError::MissingToken,
             ApiError::InvalidToken("x".into()),
             ApiError::TokenExpired,

@@ -25,11 +25,13 @@ pub mod mcp;
 pub mod openapi;
 mod routes;
 mod schema;
+mod serve;
 mod workspace;
 
 pub use auth::{Authenticator, Claims};
 pub use error::{ApiError, ERROR_CODES};
 pub use routes::recalled_item;
+pub use serve::{Timeouts, serve};
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]
@@ -193,7 +195,8 @@ pub async fn run(
         .await
         .map_err(|source| ServeError::Bind { addr: settings.listen, source })?;
     tracing::info!(addr = %listener.local_addr()?, "mnemo-server listening");
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await?;
+    let timeouts = Timeouts { header: settings.header_timeout, body: settings.body_timeout };
+    serve(listener, app(state), timeouts, shutdown).await?;
     tracing::info!("mnemo-server stopped");
     Ok(())
 }

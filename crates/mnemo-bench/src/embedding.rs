@@ -50,10 +50,11 @@ pub struct PipelineArgs {
 pub struct LatencyArgs {
     #[command(flatten)]
     corpus: CorpusArgs,
-    /// Writes per second.
-    #[arg(long, default_value_t = 50)]
-    rate: u32,
-    #[arg(long, default_value_t = 60)]
+    /// Write rates as fractions of the raw embedder's batch-32 rate measured in the same run,
+    /// one level after the other, each on a fresh database with a fresh worker.
+    #[arg(long, value_delimiter = ',', default_value = "0.3,0.6,0.9")]
+    load: Vec<f64>,
+    #[arg(long, default_value_t = 30)]
     seconds: u64,
 }
 
@@ -258,8 +259,8 @@ pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     let _ = stop.send(());
     let rate = args.rows as f64 / elapsed.as_secs_f64();
-    let mean_batch = metric(&mnemo_config::metrics_handle().render(), "mnemo_embed_batch_rows_sum")
-        / metric(&mnemo_config::metrics_handle().render(), "mnemo_embed_batch_rows_count").max(1.0);
+    let (rows_embedded, calls) = batch_rows();
+    let mean_batch = rows_embedded / calls.max(1.0);
     eprintln!("mean rows per model call in the pipeline: {mean_batch:.1}");
     let report = json!({ "scenario": "pipeline", "rows": args.rows, "batch": args.batch, "seconds": elapsed.as_secs_f64(),
         "pipeline_rows_per_s": rate, "raw_rows_per_s": raw, "ratio": rate / raw, "mean_batch_rows": mean_batch });
@@ -281,49 +282,76 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
     let (short, _) = corpus(&args.corpus.data)?;
     let (_, embedder) = local_embedder(&env)?;
-    let (url, store) = fresh(&env).await?;
     let batch = env.get(vars::EMBED_BATCH_SIZE).and_then(|b| b.parse().ok()).unwrap_or(32);
-    let stop = start_worker(&env, &url, batch, embedder.clone(), JudgeQueue::Off)?;
-    tokio::time::sleep(Duration::from_secs(2)).await; // the worker connects and listens
+    // The machine's own speed, so that a load means the same on a faster or slower one.
+    let raw = raw_rate(embedder.as_ref(), &short[..short.len().min(1024)], 32).await?;
+    eprintln!("raw embedder: {raw:.1} short texts/s at batch 32");
 
-    let total = args.rate as usize * args.seconds as usize;
-    let mut timer = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(args.rate.max(1))));
-    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let writes = mnemo_store::GroupCommit::start(store.clone(), 2, 64);
-    let mut pending = Vec::with_capacity(total);
-    for (i, text) in cycle(&short, total).iter().enumerate() {
-        timer.tick().await;
-        let writes = writes.clone();
-        let row = chat(i, text)?;
-        pending.push(tokio::spawn(async move { writes.remember(row).await }));
-    }
-    for p in pending {
-        p.await??;
-    }
-    wait_embedded(&store, embedder.model(), total, Duration::from_secs(600)).await?;
-    let _ = stop.send(());
+    let mut levels = Vec::new();
+    for &load in &args.load {
+        anyhow::ensure!(load > 0.0 && load <= 2.0, "--load takes fractions above 0 (at most 2), got {load}");
+        let rate = load * raw;
+        let (url, store) = fresh(&env).await?;
+        let stop = start_worker(&env, &url, batch, embedder.clone(), JudgeQueue::Off)?;
+        tokio::time::sleep(Duration::from_secs(2)).await; // the worker connects and listens
+        let before = batch_rows();
 
-    let lags = store.embed_lag_seconds().await?;
-    let mut h = Histogram::<u64>::new(3)?;
-    for lag in &lags {
-        h.record((lag * 1e6).max(1.0) as u64)?;
+        let total = (rate * args.seconds as f64).round() as usize;
+        let mut timer = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let writes = mnemo_store::GroupCommit::start(store.clone(), 2, 64);
+        let mut pending = Vec::with_capacity(total);
+        for (i, text) in cycle(&short, total).iter().enumerate() {
+            timer.tick().await;
+            let writes = writes.clone();
+            let row = chat(i, text)?;
+            pending.push(tokio::spawn(async move { writes.remember(row).await }));
+        }
+        for p in pending {
+            p.await??;
+        }
+        wait_embedded(&store, embedder.model(), total, Duration::from_secs(600)).await?;
+        let _ = stop.send(());
+        let after = batch_rows();
+        let mean_batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
+
+        let lags = store.embed_lag_seconds().await?;
+        let mut h = Histogram::<u64>::new(3)?;
+        for lag in &lags {
+            h.record((lag * 1e6).max(1.0) as u64)?;
+        }
+        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        let level = json!({ "load": load, "rate_per_s": rate, "rows": lags.len(), "mean_batch_rows": mean_batch,
+            "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0 });
+        eprintln!("{level}");
+        levels.push(level);
     }
-    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    let report = json!({ "scenario": "embed-latency", "rate_per_s": args.rate, "rows": lags.len(), "batch": batch,
-        "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0 });
+    let report = json!({ "scenario": "embed-latency", "raw_batch32_per_s": raw, "batch": batch, "levels": levels });
     if args.corpus.json {
         println!("{report}");
     } else {
-        println!("| writes/s | rows | p50 ms | p95 ms | p99 ms | max ms |\n|---:|---:|---:|---:|---:|---:|");
-        println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
-            args.rate,
-            lags.len(),
-            ms(0.5),
-            ms(0.95),
-            ms(0.99),
-            h.max() as f64 / 1000.0
-        );
+        println!("raw embedder: {raw:.1} short texts/s at batch 32; worker batch {batch}\n");
+        println!("| load | writes/s | rows | rows per model call | p50 ms | p95 ms | p99 ms | max ms |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for l in &levels {
+            println!(
+                "| {:.2} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                l["load"].as_f64().unwrap_or(0.0),
+                l["rate_per_s"].as_f64().unwrap_or(0.0),
+                l["rows"],
+                l["mean_batch_rows"].as_f64().unwrap_or(0.0),
+                l["p50_ms"].as_f64().unwrap_or(0.0),
+                l["p95_ms"].as_f64().unwrap_or(0.0),
+                l["p99_ms"].as_f64().unwrap_or(0.0),
+                l["max_ms"].as_f64().unwrap_or(0.0),
+            );
+        }
     }
     Ok(())
+}
+
+/// Rows embedded and model calls made so far in this process (the pipeline's own histogram).
+fn batch_rows() -> (f64, f64) {
+    let text = mnemo_config::metrics_handle().render();
+    (metric(&text, "mnemo_embed_batch_rows_sum"), metric(&text, "mnemo_embed_batch_rows_count"))
 }

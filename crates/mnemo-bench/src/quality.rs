@@ -14,7 +14,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use mnemo_config::{Env, RecallSettings};
 use mnemo_core::{
     Embedder, Extras, MemoryText, NewMemory, Principal, RecallRequest, RecallScope, SessionId, SignalWeights,
-    SourceRef, TenantId,
+    SourceRef, TenantId, TokenCounter,
 };
 use mnemo_recall::{Halves, Recall, RecallOptions};
 use mnemo_store::Store;
@@ -170,18 +170,22 @@ fn signals_name(signals: SignalSwitch, recall: &Recall) -> String {
     }
 }
 
-/// The source_refs recall returns for `question` in `conversation`, best first.
+/// The source_refs recall returns for `question` in `conversation`, best first, and the tokens
+/// (o200k) of the first ten: what an agent would be handed at top_k 10.
 async fn ask(
     recall: &Recall,
     conversation: &Conversation,
     question: &str,
     k: usize,
     mode: Mode,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<(Vec<String>, u32)> {
+    static TOKENIZER: std::sync::LazyLock<mnemo_models::Tokenizer> =
+        std::sync::LazyLock::new(|| mnemo_models::Tokenizer::new(mnemo_config::TokenizerName::O200kBase));
     let request = RecallRequest::new(question)?.top_k(k)?.scope(RecallScope::Session).enable_rerank(false);
     let options = RecallOptions { halves: mode.halves(), as_of: conversation.as_of(), ..RecallOptions::default() };
     let recalled = recall.recall_with(&conversation.principal()?, &request, options).await?;
-    Ok(recalled.items.into_iter().map(|i| i.source_ref).collect())
+    let tokens = recalled.items.iter().take(10).map(|i| TOKENIZER.count(&i.content)).sum();
+    Ok((recalled.items.into_iter().map(|i| i.source_ref).collect(), tokens))
 }
 
 fn read_json(path: &Path) -> anyhow::Result<Value> {
@@ -282,6 +286,7 @@ async fn locomo_report(
     let mut scores: BTreeMap<usize, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
     let (mut asked, mut without_gold) = (0, 0);
     let mut gap = Gap::default();
+    let mut tokens_at_10 = Vec::new();
     let started = Instant::now();
     for q in questions {
         if q.gold.is_empty() || q.question.trim().is_empty() {
@@ -289,7 +294,8 @@ async fn locomo_report(
             continue;
         }
         let conversation = &conversations[q.conversation];
-        let found = ask(recall, conversation, &q.question, max_k, args.asking.mode).await?;
+        let (found, tokens) = ask(recall, conversation, &q.question, max_k, args.asking.mode).await?;
+        tokens_at_10.push(f64::from(tokens));
         asked += 1;
         for &k in &args.asking.k {
             let top: HashSet<&String> = found.iter().take(k).collect();
@@ -303,8 +309,8 @@ async fn locomo_report(
             let missed: Vec<&String> = q.gold.iter().filter(|g| !top10.contains(g)).collect();
             if !missed.is_empty() {
                 let limit = mnemo_core::MAX_TOP_K;
-                let mut halves = ask(recall, conversation, &q.question, limit, Mode::Keyword).await?;
-                halves.extend(ask(recall, conversation, &q.question, limit, Mode::Vector).await?);
+                let mut halves = ask(recall, conversation, &q.question, limit, Mode::Keyword).await?.0;
+                halves.extend(ask(recall, conversation, &q.question, limit, Mode::Vector).await?.0);
                 for g in missed {
                     gap.gold_missed += 1;
                     gap.in_a_half_top20 += usize::from(halves.contains(g));
@@ -336,6 +342,7 @@ async fn locomo_report(
         "questions_without_gold": without_gold,
         "evidence": { "normalised": normalised, "dropped": dropped },
         "mean_query_ms": per_query_ms,
+        "mean_tokens_top10": mean(&tokens_at_10),
         "hybrid_misses_at_10_cat1_4": (args.asking.mode == Mode::Hybrid).then(|| json!({
             "gold_turns": gap.gold_total,
             "missed": gap.gold_missed,
@@ -369,6 +376,7 @@ async fn locomo_report(
             cells.join(" | ")
         );
     }
+    println!("mean tokens in the top 10: {:.0}; mean time per question: {per_query_ms:.1} ms", mean(&tokens_at_10));
     if args.asking.mode == Mode::Hybrid {
         println!(
             "categories 1–4: {} of {} gold turns missed from the top 10; {} of those were in the keyword or vector top 20",
@@ -493,8 +501,10 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
 
     let mut hit: HashMap<usize, Vec<f64>> = HashMap::new();
     let mut above = Vec::new();
+    let mut tokens_at_10 = Vec::new();
     for q in updates.iter().filter(|q| !q.second.is_empty()) {
-        let found = ask(recall, &conversations[q.conversation], &q.question, max_k, args.asking.mode).await?;
+        let (found, tokens) = ask(recall, &conversations[q.conversation], &q.question, max_k, args.asking.mode).await?;
+        tokens_at_10.push(f64::from(tokens));
         let (updated, original) = (rank(&found, &q.second), rank(&found, &q.first));
         for &k in &args.asking.k {
             hit.entry(k).or_default().push(f64::from(u8::from(updated.is_some_and(|r| r < k))));
@@ -508,7 +518,8 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
     }
     let mut both: HashMap<usize, Vec<f64>> = HashMap::new();
     for q in contradictions.iter().filter(|q| !q.first.is_empty() && !q.second.is_empty()) {
-        let found = ask(recall, &conversations[q.conversation], &q.question, max_k, args.asking.mode).await?;
+        let (found, tokens) = ask(recall, &conversations[q.conversation], &q.question, max_k, args.asking.mode).await?;
+        tokens_at_10.push(f64::from(tokens));
         for &k in &args.asking.k {
             let top = &found[..found.len().min(k)];
             let ok = rank(top, &q.first).is_some() && rank(top, &q.second).is_some();
@@ -528,6 +539,7 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
         "chats": conversations.len(),
         "messages": conversations.iter().map(|c| c.turns.len()).sum::<usize>(),
         "messages_cut_to_16KiB": cut,
+        "mean_tokens_top10": mean(&tokens_at_10),
         "knowledge_update": { "questions": above.len(), "hit_at_k": by_k(&hit), "updated_above_original": mean(&above) },
         "contradiction_resolution": {
             "questions": both.values().next().map_or(0, Vec::len),
@@ -558,5 +570,6 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
         report["knowledge_update"]["updated_above_original"].as_f64().unwrap_or(0.0),
         report["knowledge_update"]["questions"]
     );
+    println!("mean tokens in the top 10: {:.0}", mean(&tokens_at_10));
     Ok(())
 }

@@ -1,5 +1,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::{
     ConfigError, ContextSettings, DatabaseSettings, EmbedSettings, Env, LogSettings, Problems, RecallSettings, Secret,
@@ -63,6 +64,10 @@ pub struct ServerSettings {
     pub max_tool_output_bytes: usize,
     /// The most items of one batch write.
     pub max_batch_items: usize,
+    /// How long a connection may wait for a request's head (idle keep-alive included)…
+    pub header_timeout: Duration,
+    /// …and a request for its body.
+    pub body_timeout: Duration,
     /// Writes are group-committed: this many transactions in flight at once…
     pub write_committers: usize,
     /// …each holding at most this many rows.
@@ -93,6 +98,11 @@ impl ServerSettings {
         if !(1..=10_000).contains(&max_batch_items) {
             problems.0.push(format!("{} must be between 1 and 10000", vars::MAX_BATCH_ITEMS));
         }
+        let secs = |problems: &mut Problems, name: &str, default: u64| {
+            Duration::from_secs(problems.parsed(env, name, default, "a number of seconds").max(1))
+        };
+        let header_timeout = secs(&mut problems, vars::HEADER_TIMEOUT_S, 10);
+        let body_timeout = secs(&mut problems, vars::BODY_TIMEOUT_S, 60);
         // Committers' transactions run on the same cores as the server and PostgreSQL: on two cores one
         // committer with twice the rows per transaction writes more than two (docs/benchmarks.md).
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
@@ -121,6 +131,8 @@ impl ServerSettings {
             jwt,
             max_tool_output_bytes,
             max_batch_items,
+            header_timeout,
+            body_timeout,
             write_committers,
             write_max_batch,
             embed,

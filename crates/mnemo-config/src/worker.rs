@@ -23,9 +23,8 @@ pub struct WorkerSettings {
     pub signals: SignalSettings,
     /// Queues this process serves, with the jobs it runs at once on each.
     pub queues: Vec<(Queue, usize)>,
-    /// Rows per model call, and how long a batch waits to fill.
+    /// The most rows per model call.
     pub embed_batch_size: usize,
-    pub embed_max_wait: Duration,
     /// Failed attempts after which a row's embedding is given up (and recorded on the row).
     pub embed_max_attempts: i32,
     /// A worker silent this long is presumed dead and its jobs run again elsewhere.
@@ -67,7 +66,6 @@ impl WorkerSettings {
                 judge.batch_size
             ));
         }
-        let embed_max_wait = Duration::from_millis(problems.parsed(env, vars::EMBED_MAX_WAIT_MS, 5u64, "milliseconds"));
         let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);
         let secs = |problems: &mut Problems, name: &str, default: u64| {
             Duration::from_secs(problems.parsed(env, name, default, "a number of seconds").max(1))
@@ -89,7 +87,6 @@ impl WorkerSettings {
             signals,
             queues,
             embed_batch_size,
-            embed_max_wait,
             embed_max_attempts,
             orphan_timeout,
             job_timeout,

@@ -6,21 +6,21 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mnemo_core::{EmbedError, Embedder, FailureClass};
 use mnemo_store::queue::EmbedJob;
 use mnemo_store::{NewVector, Store, StoreError};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
-use crate::batcher::Batcher;
+use crate::batcher::{Batcher, Gather};
 use crate::{JobError, backoff};
 
 /// How the dispatcher batches and retries.
 #[derive(Debug, Clone, Copy)]
 pub struct EmbedPolicy {
     pub batch_size: usize,
-    pub max_wait: Duration,
     pub max_attempts: i32,
 }
 
@@ -31,13 +31,19 @@ pub struct EmbedDispatcher {
 }
 
 impl EmbedDispatcher {
-    /// Starts two batching loops: while one batch is in the model, the next one gathers and
-    /// loads its rows.
+    /// Starts two batching loops over one model: while one batch is in the model, the next
+    /// gathers, and goes in the moment the model is free (while the first stores its vectors) or
+    /// once it is full. So a lone row is embedded at once; under a steady stream each batch holds
+    /// what arrived during the previous call, so batches grow with the backlog and the model runs
+    /// nearer its batched rate the more it has to do; and a backlog of full batches runs two
+    /// model calls at once.
     pub fn start(store: Store, embedder: Arc<dyn Embedder>, policy: EmbedPolicy) -> Self {
-        let batcher = Batcher::start(2, policy.batch_size, policy.max_wait, move |jobs: Vec<EmbedJob>| {
+        let model = Arc::new(Semaphore::new(1));
+        let gather = Gather::UntilFree(model);
+        let batcher = Batcher::start(2, policy.batch_size, gather, move |jobs: Vec<EmbedJob>, model| {
             let (store, embedder) = (store.clone(), embedder.clone());
             async move {
-                embed_batch(&store, embedder.as_ref(), policy, &jobs).await.map_err(|e| {
+                embed_batch(&store, embedder.as_ref(), policy, &jobs, model).await.map_err(|e| {
                     tracing::warn!(error = %e, jobs = jobs.len(), "embed batch could not be stored; its jobs will run again");
                     JobError::from(e)
                 })
@@ -54,13 +60,14 @@ impl EmbedDispatcher {
     }
 }
 
-/// One batch: load, skip what is done, embed the rest (isolating rows the model refuses), store
-/// the vectors, and record each failure with its next step.
+/// One batch: load, skip what is done, embed the rest (isolating rows the model refuses), free
+/// the model for the next batch, store the vectors, and record each failure with its next step.
 async fn embed_batch(
     store: &Store,
     embedder: &dyn Embedder,
     policy: EmbedPolicy,
     jobs: &[EmbedJob],
+    model_permit: Option<OwnedSemaphorePermit>,
 ) -> Result<(), StoreError> {
     let model = embedder.model();
     let rows = store.rows_to_embed(jobs, model).await?;
@@ -74,6 +81,7 @@ async fn embed_batch(
 
     let texts: Vec<String> = todo.iter().map(|r| r.content.clone()).collect();
     let results = embed_isolating(embedder, &texts).await;
+    drop(model_permit);
 
     let mut vectors = Vec::new();
     let mut failures = Vec::new();

@@ -20,7 +20,7 @@ use mnemo_store::queue::JudgeJob;
 use mnemo_store::{BatchRecord, Judgement, PendingFact, Store, StoreError};
 
 use crate::JobError;
-use crate::batcher::Batcher;
+use crate::batcher::{Batcher, Gather};
 
 /// How the judge finds candidates and batches its work.
 #[derive(Debug, Clone, Copy)]
@@ -40,15 +40,20 @@ pub struct JudgeDispatcher {
 impl JudgeDispatcher {
     /// One batching loop: a batch is the rows in flight at once, as the seed's batch size means.
     pub fn start(store: Store, judge: Option<Arc<dyn Judge>>, policy: JudgePolicy, worker: String) -> Self {
-        let batcher = Batcher::start(1, policy.batch_size, policy.max_wait, move |jobs: Vec<JudgeJob>| {
-            let (store, judge, worker) = (store.clone(), judge.clone(), worker.clone());
-            async move {
-                judge_batch(&store, judge, policy, &worker, &jobs).await.map(|_| ()).map_err(|e| {
+        let batcher = Batcher::start(
+            1,
+            policy.batch_size,
+            Gather::Wait(policy.max_wait),
+            move |jobs: Vec<JudgeJob>, _| {
+                let (store, judge, worker) = (store.clone(), judge.clone(), worker.clone());
+                async move {
+                    judge_batch(&store, judge, policy, &worker, &jobs).await.map(|_| ()).map_err(|e| {
                     tracing::warn!(error = %e, jobs = jobs.len(), "judge batch could not be stored; its jobs will run again");
                     JobError::from(e)
                 })
-            }
-        });
+                }
+            },
+        );
         Self { batcher }
     }
 

@@ -240,11 +240,7 @@ pub async fn run_worker(
                 let dispatcher = EmbedDispatcher::start(
                     store.clone(),
                     embedder.clone(),
-                    EmbedPolicy {
-                        batch_size: settings.embed_batch_size,
-                        max_wait: settings.embed_max_wait,
-                        max_attempts: settings.embed_max_attempts,
-                    },
+                    EmbedPolicy { batch_size: settings.embed_batch_size, max_attempts: settings.embed_max_attempts },
                 );
                 let config = Config::default()
                     .queue(queue.as_str())

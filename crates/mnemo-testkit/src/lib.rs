@@ -187,7 +187,13 @@ impl TestApp {
         // The model loads on the first recall, so tests that never recall do not pay for it.
         let embedder = Arc::new(LazyEmbedder::new(settings.embed.clone()));
         let state = AppState::new(db.store(), &settings, embedder).expect("test state");
-        let (addr, server) = serve(app(state)).await;
+        // Served as `mnemo-server` serves it, with its connection timeouts.
+        let timeouts = mnemo_api::Timeouts { header: settings.header_timeout, body: settings.body_timeout };
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            mnemo_api::serve(listener, app(state), timeouts, std::future::pending()).await.expect("test server");
+        });
         Self { db, client: Client::new(format!("http://{addr}")), server }
     }
 }

@@ -1,0 +1,99 @@
+//! The HTTP/1 listener, with the limits a hostile client would otherwise exploit: a request's
+//! head must arrive within the header timeout (which also closes idle keep-alive connections),
+//! and its body within the body timeout. axum's own `serve` sets no timer, so neither applies
+//! there: a client sending one header line a second held its connection for as long as it liked.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::HttpBody as _;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
+use futures_util::StreamExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+
+/// How long a client may take to send what it sends.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// From the moment a connection waits for a request until its head has arrived.
+    pub header: Duration,
+    /// From the head until the last byte of the body.
+    pub body: Duration,
+}
+
+/// How long in-flight requests get to finish once shutdown begins.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets in-flight requests finish
+/// (for at most [`SHUTDOWN_GRACE`]).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let router =
+        router.layer(axum::middleware::from_fn(move |request, next| body_deadline(timeouts.body, request, next)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(timeouts.header);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, most likely: back off rather than spin.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                // Timeouts and clients that hang up land here; none is the server's fault.
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {
+        tracing::warn!("requests still running {} s after shutdown began were cut off", SHUTDOWN_GRACE.as_secs());
+    }
+    Ok(())
+}
+
+/// The error a body stream ends with when its deadline passes; [`crate::body`] answers it with
+/// 408.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+pub struct BodyTimedOut;
+
+/// Ends the request's body with [`BodyTimedOut`] if it is still arriving `limit` after the head.
+async fn body_deadline(limit: Duration, request: Request, next: Next) -> Response {
+    if request.body().is_end_stream() {
+        return next.run(request).await; // no body (GET, DELETE): nothing to wait for
+    }
+    let deadline = tokio::time::Instant::now() + limit;
+    let request = request.map(|body| {
+        let frames = body.into_data_stream();
+        axum::body::Body::from_stream(futures_util::stream::unfold(Some(frames), move |frames| async move {
+            let mut frames = frames?;
+            match tokio::time::timeout_at(deadline, frames.next()).await {
+                Ok(Some(frame)) => Some((frame.map_err(axum::BoxError::from), Some(frames))),
+                Ok(None) => None,
+                Err(_) => Some((Err(axum::BoxError::from(BodyTimedOut)), None)),
+            }
+        }))
+    });
+    next.run(request).await
+}
