@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: sets up the local PostgreSQL if needed, checks formatting and lints,
-# builds the binaries the end-to-end tests start, and runs every test. Exits non-zero on any
+# checks the dependencies against the advisory database and the licence policy, builds the binaries the end-to-end tests start, and runs every test. Exits non-zero on any
 # failure. Honours CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,8 @@ log "cargo fmt --check"
 cargo fmt --all --check
 log "cargo clippy -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+log "supply chain: advisories, licences, sources (deny.toml)"
+bash scripts/supply-chain.sh
 log "building binaries for the end-to-end tests"
 cargo build --workspace --bins --locked
 log "running tests"
