@@ -420,3 +420,28 @@ async fn slow_clients_are_cut_off() {
     assert!(started.elapsed() < std::time::Duration::from_secs(3), "408 only after {:?}", started.elapsed());
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items").await, 0);
 }
+
+#[tokio::test]
+async fn a_tenant_over_its_rate_gets_429_with_retry_after_and_others_do_not() {
+    let app = TestApp::spawn_with(&[("MNEMO_RATE_LIMIT_PER_TENANT", "2"), ("MNEMO_RATE_LIMIT_BURST", "3")]).await;
+    let http = reqwest::Client::new();
+    let get = |tenant: &str| {
+        let token = token(&principal(tenant, Some("u1"), None, Some("s1")));
+        http.get(format!("{}/v1/sessions/s1/messages", app.client.base)).bearer_auth(token).send()
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(get("acme").await.expect("request").status().as_u16());
+    }
+    assert_eq!(statuses, vec![200, 200, 200, 429], "a burst of 3, then refused");
+    let refused = get("acme").await.expect("request");
+    assert_eq!(refused.status(), 429);
+    let retry_after: u64 = refused.headers()["retry-after"].to_str().expect("ascii").parse().expect("seconds");
+    assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    let body: serde_json::Value = refused.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "rate_limited");
+
+    assert_eq!(get("globex").await.expect("request").status(), 200, "another tenant is not held back");
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(get("acme").await.expect("request").status(), 200, "the bucket refills");
+}

@@ -151,6 +151,10 @@ impl FromRequestParts<AppState> for Authenticated {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or(ApiError::MissingToken)?;
-        state.auth.verify(token).map(Self)
+        let principal = state.auth.verify(token)?;
+        if let Some(limiter) = &state.rate_limit {
+            limiter.check(&principal.tenant).map_err(ApiError::RateLimited)?;
+        }
+        Ok(Self(principal))
     }
 }

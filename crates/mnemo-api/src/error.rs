@@ -33,6 +33,9 @@ pub enum ApiError {
     PayloadTooLarge,
     #[error("the request body did not arrive within MNEMO_BODY_TIMEOUT_S")]
     RequestTimeout,
+    /// With how long until the tenant may send the next request.
+    #[error("too many requests for this tenant: see Retry-After")]
+    RateLimited(std::time::Duration),
     #[error("missing bearer token: send Authorization: Bearer <JWT>")]
     MissingToken,
     #[error("invalid token: {0}")]
@@ -125,6 +128,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ),
     ("payload_too_large", 413, "the request body is over the server's limit"),
     ("unsupported_media_type", 415, "Content-Type is not application/json"),
+    (
+        "rate_limited",
+        429,
+        "the tenant is over its request rate (MNEMO_RATE_LIMIT_PER_TENANT); Retry-After says when to try again",
+    ),
     ("internal", 500, "something failed inside mnemo; details are in its log"),
     ("not_ready", 503, "the database is unreachable or its schema is not current"),
 ];
@@ -178,6 +186,7 @@ impl ApiError {
             Self::UnsupportedMediaType => ("unsupported_media_type", StatusCode::UNSUPPORTED_MEDIA_TYPE),
             Self::PayloadTooLarge => ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE),
             Self::RequestTimeout => ("request_timeout", StatusCode::REQUEST_TIMEOUT),
+            Self::RateLimited(_) => ("rate_limited", StatusCode::TOO_MANY_REQUESTS),
             Self::MissingToken => ("missing_token", UNAUTHORIZED),
             Self::InvalidToken(_) => ("invalid_token", UNAUTHORIZED),
             Self::TokenExpired => ("token_expired", UNAUTHORIZED),
@@ -234,6 +243,10 @@ impl IntoResponse for ApiError {
         if let Self::MethodNotAllowed(Some(allow)) = self {
             response.headers_mut().insert(axum::http::header::ALLOW, axum::http::HeaderValue::from_static(allow));
         }
+        if let Self::RateLimited(wait) = self {
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.max(1).into());
+        }
         response
     }
 }
@@ -283,6 +296,7 @@ mod tests {
             ApiError::UnsupportedMediaType,
             ApiError::PayloadTooLarge,
             ApiError::RequestTimeout,
+            ApiError::RateLimited(std::time::Duration::from_millis(1500)),
             ApiError::MissingToken,
             ApiError::InvalidToken("x".into()),
             ApiError::TokenExpired,

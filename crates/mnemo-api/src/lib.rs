@@ -21,6 +21,7 @@ pub mod auth;
 mod body;
 mod conversation;
 mod error;
+mod limit;
 pub mod mcp;
 pub mod openapi;
 mod routes;
@@ -50,6 +51,8 @@ pub struct AppState {
     /// Workspace files: their size limit, the core files' templates, their share of a prompt.
     pub workspace: WorkspaceSettings,
     pub metrics: PrometheusHandle,
+    /// The per-tenant request rate limit, when one is set.
+    pub rate_limit: Option<Arc<limit::RateLimiter>>,
 }
 
 impl AppState {
@@ -74,6 +77,8 @@ impl AppState {
             context: settings.context.clone(),
             workspace: settings.workspace.clone(),
             metrics: mnemo_config::metrics_handle(),
+            rate_limit: limit::RateLimiter::new(settings.rate_limit_per_tenant, settings.rate_limit_burst)
+                .map(Arc::new),
         })
     }
 }

@@ -68,6 +68,9 @@ pub struct ServerSettings {
     pub header_timeout: Duration,
     /// …and a request for its body.
     pub body_timeout: Duration,
+    /// Requests per second per tenant (0: no limit), and how many may come at once.
+    pub rate_limit_per_tenant: f64,
+    pub rate_limit_burst: f64,
     /// Writes are group-committed: this many transactions in flight at once…
     pub write_committers: usize,
     /// …each holding at most this many rows.
@@ -103,6 +106,21 @@ impl ServerSettings {
         };
         let header_timeout = secs(&mut problems, vars::HEADER_TIMEOUT_S, 10);
         let body_timeout = secs(&mut problems, vars::BODY_TIMEOUT_S, 60);
+        let rate_limit_per_tenant: f64 = problems.parsed(env, vars::RATE_LIMIT_PER_TENANT, 0.0, "requests per second");
+        let rate_limit_burst = problems.parsed(
+            env,
+            vars::RATE_LIMIT_BURST,
+            (2.0 * rate_limit_per_tenant).max(1.0),
+            "a number of requests",
+        );
+        let valid = rate_limit_per_tenant.is_finite() && rate_limit_per_tenant >= 0.0 && rate_limit_burst >= 1.0;
+        if !valid {
+            problems.0.push(format!(
+                "{} must be 0 or more and {} at least 1",
+                vars::RATE_LIMIT_PER_TENANT,
+                vars::RATE_LIMIT_BURST
+            ));
+        }
         // Committers' transactions run on the same cores as the server and PostgreSQL: on two cores one
         // committer with twice the rows per transaction writes more than two (docs/benchmarks.md).
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
@@ -133,6 +151,8 @@ impl ServerSettings {
             max_batch_items,
             header_timeout,
             body_timeout,
+            rate_limit_per_tenant,
+            rate_limit_burst,
             write_committers,
             write_max_batch,
             embed,

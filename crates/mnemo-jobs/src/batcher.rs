@@ -119,3 +119,66 @@ async fn batch_loop<J, F, Fut>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batcher over one model whose runs record their batch sizes.
+    fn recording(model: &Arc<Semaphore>, batch_size: usize) -> (Batcher<u32>, Arc<std::sync::Mutex<Vec<usize>>>) {
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = sizes.clone();
+        let batcher = Batcher::start(2, batch_size, Gather::UntilFree(model.clone()), move |jobs: Vec<u32>, permit| {
+            let recorded = recorded.clone();
+            async move {
+                recorded.lock().expect("sizes").push(jobs.len());
+                drop(permit);
+                Ok(())
+            }
+        });
+        (batcher, sizes)
+    }
+
+    fn submit_all(batcher: &Batcher<u32>, n: u32) -> Vec<tokio::task::JoinHandle<Result<(), JobError>>> {
+        (0..n)
+            .map(|i| {
+                let batcher = batcher.clone();
+                tokio::spawn(async move { batcher.submit(i).await })
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_gathers_while_the_model_is_busy_and_a_lone_job_goes_at_once() {
+        let model = Arc::new(Semaphore::new(1));
+        let (batcher, sizes) = recording(&model, 32);
+        // Nothing else waiting, the model free: the job goes alone and at once.
+        tokio::time::timeout(Duration::from_millis(500), batcher.submit(1)).await.expect("at once").expect("ok");
+
+        // The model busy: jobs gather, and go together the moment it is free.
+        let busy = model.clone().acquire_owned().await.expect("permit");
+        let waiting = submit_all(&batcher, 5);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(*sizes.lock().expect("sizes"), vec![1], "nothing runs while the model is busy");
+        drop(busy);
+        for job in waiting {
+            job.await.expect("task").expect("ok");
+        }
+        assert_eq!(*sizes.lock().expect("sizes"), vec![1, 5]);
+    }
+
+    #[tokio::test]
+    async fn a_full_batch_goes_in_beside_the_busy_model() {
+        let model = Arc::new(Semaphore::new(1));
+        let (batcher, sizes) = recording(&model, 4);
+        let _busy = model.clone().acquire_owned().await.expect("permit");
+        for job in submit_all(&batcher, 4) {
+            tokio::time::timeout(Duration::from_millis(500), job)
+                .await
+                .expect("not held back")
+                .expect("task")
+                .expect("ok");
+        }
+        assert_eq!(*sizes.lock().expect("sizes"), vec![4]);
+    }
+}
