@@ -423,7 +423,9 @@ async fn slow_clients_are_cut_off() {
 
 #[tokio::test]
 async fn a_tenant_over_its_rate_gets_429_with_retry_after_and_others_do_not() {
-    let app = TestApp::spawn_with(&[("MNEMO_RATE_LIMIT_PER_TENANT", "2"), ("MNEMO_RATE_LIMIT_BURST", "3")]).await;
+    // One request per 2 s after a burst of 3: slow enough that a loaded machine cannot refill the
+    // bucket between the requests below.
+    let app = TestApp::spawn_with(&[("MNEMO_RATE_LIMIT_PER_TENANT", "0.5"), ("MNEMO_RATE_LIMIT_BURST", "3")]).await;
     let http = reqwest::Client::new();
     let get = |tenant: &str| {
         let token = token(&principal(tenant, Some("u1"), None, Some("s1")));
@@ -442,6 +444,6 @@ async fn a_tenant_over_its_rate_gets_429_with_retry_after_and_others_do_not() {
     assert_eq!(body["error"]["code"], "rate_limited");
 
     assert_eq!(get("globex").await.expect("request").status(), 200, "another tenant is not held back");
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(retry_after)).await;
     assert_eq!(get("acme").await.expect("request").status(), 200, "the bucket refills");
 }
