@@ -200,8 +200,7 @@ pub async fn run(
         .await
         .map_err(|source| ServeError::Bind { addr: settings.listen, source })?;
     tracing::info!(addr = %listener.local_addr()?, "mnemo-server listening");
-    let timeouts = Timeouts { header: settings.header_timeout, body: settings.body_timeout };
-    serve(listener, app(state), timeouts, shutdown).await?;
+    serve(listener, app(state), Timeouts::of(&settings), shutdown).await?;
     tracing::info!("mnemo-server stopped");
     Ok(())
 }

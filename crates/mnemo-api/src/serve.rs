@@ -26,6 +26,12 @@ pub struct Timeouts {
     pub body: Duration,
 }
 
+impl Timeouts {
+    pub fn of(settings: &mnemo_config::ServerSettings) -> Self {
+        Self { header: settings.header_timeout, body: settings.body_timeout }
+    }
+}
+
 /// How long in-flight requests get to finish once shutdown begins.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 

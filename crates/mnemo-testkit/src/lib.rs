@@ -188,7 +188,7 @@ impl TestApp {
         let embedder = Arc::new(LazyEmbedder::new(settings.embed.clone()));
         let state = AppState::new(db.store(), &settings, embedder).expect("test state");
         // Served as `mnemo-server` serves it, with its connection timeouts.
-        let timeouts = mnemo_api::Timeouts { header: settings.header_timeout, body: settings.body_timeout };
+        let timeouts = mnemo_api::Timeouts::of(&settings);
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
