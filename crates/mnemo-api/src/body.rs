@@ -11,9 +11,8 @@ use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use crate::serve::BodyTimedOut;
-
 use crate::ApiError;
+use crate::serve::BodyTimedOut;
 
 /// Fields that would let a caller pick a tenant. The tenant comes only from the token.
 pub const TENANT_FIELDS: &[&str] = &["tenant", "tenant_id", "tenantId"];

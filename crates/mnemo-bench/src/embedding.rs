@@ -282,6 +282,9 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
     let (short, _) = corpus(&args.corpus.data)?;
     let (_, embedder) = local_embedder(&env)?;
+    if let Some(load) = args.load.iter().find(|&&l| !(l > 0.0 && l <= 2.0)) {
+        anyhow::bail!("--load takes fractions above 0 (at most 2), got {load}");
+    }
     let batch = env.get(vars::EMBED_BATCH_SIZE).and_then(|b| b.parse().ok()).unwrap_or(32);
     // The machine's own speed, so that a load means the same on a faster or slower one.
     let raw = raw_rate(embedder.as_ref(), &short[..short.len().min(1024)], 32).await?;
@@ -289,7 +292,6 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
 
     let mut levels = Vec::new();
     for &load in &args.load {
-        anyhow::ensure!(load > 0.0 && load <= 2.0, "--load takes fractions above 0 (at most 2), got {load}");
         let rate = load * raw;
         let (url, store) = fresh(&env).await?;
         let stop = start_worker(&env, &url, batch, embedder.clone(), JudgeQueue::Off)?;

@@ -73,6 +73,11 @@ impl Problems {
         }
     }
 
+    /// A whole number of seconds, at least 1.
+    pub(crate) fn seconds(&mut self, env: &Env, name: &str, default: u64) -> std::time::Duration {
+        std::time::Duration::from_secs(self.parsed(env, name, default, "a number of seconds").max(1))
+    }
+
     /// Reads settings with `read` and fails with every problem it found.
     pub(crate) fn read_all<T>(env: &Env, read: fn(&Env, &mut Problems) -> T) -> Result<T, ConfigError> {
         let mut problems = Self::default();

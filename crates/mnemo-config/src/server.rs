@@ -101,11 +101,8 @@ impl ServerSettings {
         if !(1..=10_000).contains(&max_batch_items) {
             problems.0.push(format!("{} must be between 1 and 10000", vars::MAX_BATCH_ITEMS));
         }
-        let secs = |problems: &mut Problems, name: &str, default: u64| {
-            Duration::from_secs(problems.parsed(env, name, default, "a number of seconds").max(1))
-        };
-        let header_timeout = secs(&mut problems, vars::HEADER_TIMEOUT_S, 10);
-        let body_timeout = secs(&mut problems, vars::BODY_TIMEOUT_S, 60);
+        let header_timeout = problems.seconds(env, vars::HEADER_TIMEOUT_S, 10);
+        let body_timeout = problems.seconds(env, vars::BODY_TIMEOUT_S, 60);
         let rate_limit_per_tenant: f64 = problems.parsed(env, vars::RATE_LIMIT_PER_TENANT, 0.0, "requests per second");
         let rate_limit_burst = problems.parsed(
             env,

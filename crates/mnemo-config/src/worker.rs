@@ -67,14 +67,11 @@ impl WorkerSettings {
             ));
         }
         let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);
-        let secs = |problems: &mut Problems, name: &str, default: u64| {
-            Duration::from_secs(problems.parsed(env, name, default, "a number of seconds").max(1))
-        };
-        let orphan_timeout = secs(&mut problems, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
-        let job_timeout = secs(&mut problems, vars::JOB_TIMEOUT_S, 120);
-        let housekeeping_interval = secs(&mut problems, vars::HOUSEKEEPING_INTERVAL_S, 10);
-        let embed_grace = secs(&mut problems, vars::EMBED_GRACE_S, 60);
-        let job_retention = secs(&mut problems, vars::JOB_RETENTION_S, 3600);
+        let orphan_timeout = problems.seconds(env, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
+        let job_timeout = problems.seconds(env, vars::JOB_TIMEOUT_S, 120);
+        let housekeeping_interval = problems.seconds(env, vars::HOUSEKEEPING_INTERVAL_S, 10);
+        let embed_grace = problems.seconds(env, vars::EMBED_GRACE_S, 60);
+        let job_retention = problems.seconds(env, vars::JOB_RETENTION_S, 3600);
         let listen = problems.parsed(env, vars::WORKER_LISTEN, SocketAddr::from(([127, 0, 0, 1], 9464)), "an address");
         let log = LogSettings::read(env, &mut problems);
         problems.finish(Self {
