@@ -159,6 +159,105 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
     }
 }
 
+/// The rows an export holds of one table, as JSON.
+fn rows_of(path: &Path, table: &str) -> Vec<serde_json::Value> {
+    let lines = lines_of(path);
+    let marker = format!("\"table\":\"{table}\"");
+    lines.iter().filter(|l| l.contains(&marker)).map(|l| serde_json::from_str(l).expect("json")).collect()
+}
+
+#[tokio::test]
+async fn an_export_since_carries_later_changes_to_an_earlier_copy() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let mut ids = Vec::new();
+    for (kind, reference, content) in [
+        ("chat_message", "m-kept", "nothing happens to me".to_owned()),
+        ("chat_message", "m-deleted", "delete me later".to_owned()),
+        ("tool_output", "call-1", "y".repeat(20_000)),
+    ] {
+        let body = json!({ "source_kind": kind, "source_ref": reference, "content": content });
+        let written = app.client.post("/v1/memories", Some(&t), &body).await;
+        assert_eq!(written.status, 201, "{:?}", written.body);
+        ids.push(written.body["id"].as_str().expect("id").to_owned());
+    }
+    let full = temp("full.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&full)).await.ok);
+    let copy = TestDb::new().await;
+    let run = runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tool_outputs").fetch_one(&copy.pool).await.expect("count"),
+        1
+    );
+
+    // After the copy: one row soft-deleted through the API, the tool output anonymized as
+    // retention does it (row redacted, payload deleted).
+    let since: String =
+        sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("now");
+    assert_eq!(app.client.delete(&format!("/v1/memories/{}", ids[1]), Some(&t)).await.status, 200);
+    sqlx::query(
+        "WITH payload AS (DELETE FROM tool_outputs WHERE item_id = $1::uuid)
+         UPDATE memory_items SET content = '[REDACTED]', tool_output_key = NULL, anonymized_at = now(),
+                                 deleted_at = now() WHERE id = $1::uuid",
+    )
+    .bind(&ids[2])
+    .execute(&app.db.pool)
+    .await
+    .expect("anonymize");
+
+    let later = temp("later.jsonl.gz");
+    let run = runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await;
+    assert!(run.ok, "{}", run.stderr);
+    let mut exported: Vec<String> =
+        rows_of(&later, "memory_items").iter().map(|l| l["row"]["id"].as_str().expect("id").to_owned()).collect();
+    exported.sort();
+    let mut changed = vec![ids[1].clone(), ids[2].clone()];
+    changed.sort();
+    assert_eq!(exported, changed, "the export since holds exactly the rows changed since");
+
+    let run = runbook(&copy.url, &["import", "--tenant", "acme", later.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(run.stdout.contains(" 2 updated"), "{}", run.stdout);
+    let deleted: bool = sqlx::query_scalar("SELECT deleted_at IS NOT NULL FROM memory_items WHERE id = $1::uuid")
+        .bind(&ids[1])
+        .fetch_one(&copy.pool)
+        .await
+        .expect("row");
+    assert!(deleted, "the deletion reached the copy");
+    let (content, anonymized): (String, bool) =
+        sqlx::query_as("SELECT content, anonymized_at IS NOT NULL FROM memory_items WHERE id = $1::uuid")
+            .bind(&ids[2])
+            .fetch_one(&copy.pool)
+            .await
+            .expect("row");
+    assert!(anonymized && content == "[REDACTED]", "the anonymization reached the copy");
+    let payloads: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tool_outputs").fetch_one(&copy.pool).await.expect("count");
+    assert_eq!(payloads, 0, "the copy kept a payload its source erased");
+
+    // Again: the copy is as new as the file, so nothing changes; and the older full export
+    // brought in again does not undo the changes.
+    for file in [&later, &full] {
+        let again = runbook(&copy.url, &["import", "--tenant", "acme", file.to_str().expect("path")], None).await;
+        assert!(again.ok, "{}", again.stderr);
+        for line in again.stdout.lines().filter(|l| l.contains(" written ")) {
+            assert!(line.contains(" 0 written") && line.contains(" 0 updated"), "{line}");
+        }
+    }
+    let redacted: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_items WHERE content = '[REDACTED]'")
+        .fetch_one(&copy.pool)
+        .await
+        .expect("count");
+    assert_eq!(redacted, 1);
+    for path in [full, later] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// Imports `lines` and expects a refusal saying `expected`, with nothing written.
 async fn refused(target: &TestDb, name: &str, lines: Vec<String>, extra: &[&str], expected: &str) {
     let path = temp(name);

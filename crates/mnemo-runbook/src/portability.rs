@@ -25,7 +25,8 @@ const PROGRESS_EVERY: u64 = 100_000;
 pub struct ExportArgs {
     #[arg(long, value_parser = TenantId::parse)]
     tenant: TenantId,
-    /// Only rows created (files: changed) at or after this RFC 3339 time.
+    /// Only rows written or changed (retired, superseded, anonymized…) at or after this RFC 3339
+    /// time. Imported over an earlier copy, the changed rows replace their older selves.
     #[arg(long, value_parser = parse_time)]
     since: Option<DateTime<Utc>>,
     /// Include the embedding vectors (large); without them the importing workers embed again.
@@ -154,8 +155,11 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     eprintln!("read {rows} rows; checking references and writing");
     let report = import.finish().await?;
     let seconds = started.elapsed().as_secs_f64();
-    for (table, in_file, written) in &report.tables {
-        println!("{table:<24} {in_file:>9} in the file {written:>9} written {:>9} already there", in_file - written);
+    for (table, in_file, written, overwritten) in &report.tables {
+        println!(
+            "{table:<24} {in_file:>9} in the file {written:>9} written {overwritten:>9} updated {:>9} already there",
+            in_file - written - overwritten
+        );
     }
     println!("{} items to embed again (no vector of their model came with them)", report.to_embed);
     eprintln!("imported {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));

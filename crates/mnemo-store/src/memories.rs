@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use mnemo_core::{
     AuditEvent, Label, Layer, NewMemory, Origin, Principal, Scope, SourceKind, ToolOutputKey, Unit, fingerprint,
@@ -357,6 +357,7 @@ async fn settle(
     ids: &[Uuid],
     inserted: &[Uuid],
 ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+    let inserted: HashSet<&Uuid> = inserted.iter().collect();
     let mut results: Vec<Option<Result<Remembered, StoreError>>> =
         ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
 

@@ -12,10 +12,11 @@ use sqlx::{Postgres, Transaction};
 use crate::{Store, StoreError};
 
 /// What an export holds, in the order an import writes it (a row's references come first), with
-/// the column `--since` filters by. The audit log, job queues and run bookkeeping stay behind.
+/// the column `--since` filters by: when a row was written or, for rows changed in place, last
+/// changed. The audit log, job queues and run bookkeeping stay behind.
 pub const EXPORT_TABLES: &[(&str, &str)] = &[
     ("tenant_config", "updated_at"),
-    ("memory_items", "created_at"),
+    ("memory_items", "changed_at"),
     ("tool_outputs", "created_at"),
     ("memory_embeddings", "embedded_at"),
     ("memory_relations", "created_at"),
@@ -24,6 +25,20 @@ pub const EXPORT_TABLES: &[(&str, &str)] = &[
     ("workspace_files", "updated_at"),
     ("workspace_file_versions", "created_at"),
 ];
+
+/// The tables whose rows change in place, with their keys. An import overwrites a stored row with
+/// the file's copy when the file's changed later (by the time column of [`EXPORT_TABLES`]), so an
+/// export `--since` carries a retirement, a supersede or an anonymization to a copy made before.
+const CHANGED_IN_PLACE: &[(&str, &[&str])] = &[
+    ("tenant_config", &["tenant_id"]),
+    ("memory_items", &["tenant_id", "id"]),
+    ("workspace_files", &["tenant_id", "agent_id", "user_id", "path"]),
+];
+
+/// What anonymization deletes beside an item (by `item_id`). An import writes none for an item
+/// stored anonymized, and deletes those a copy holds of an item it leaves anonymized: a copy
+/// keeps nothing its source erased.
+const ERASED_WITH_ITEM: &[&str] = &["memory_embeddings", "tool_outputs", "memory_sightings"];
 
 /// The references an import checks before it writes: (table, field, table it points into, the
 /// target's fields matched in order). Each must resolve within the file or the tenant's rows.
@@ -52,10 +67,11 @@ impl From<sqlx::Error> for ImportError {
     }
 }
 
-/// Rows per table: in the file, and written (the rest were there already).
+/// Rows per table: in the file, written, and already there but older, so overwritten (the rest
+/// were there as they are in the file, or newer).
 #[derive(Debug, Clone, Default)]
 pub struct ImportReport {
-    pub tables: Vec<(&'static str, u64, u64)>,
+    pub tables: Vec<(&'static str, u64, u64, u64)>,
     /// Items whose vectors did not come with them (or not of their model): the workers embed them.
     pub to_embed: u64,
 }
@@ -119,8 +135,8 @@ impl Import {
         Ok(())
     }
 
-    /// Checks every reference, then writes every staged row that is not there already, and
-    /// commits. Items that came without a vector of their model are left for the workers to
+    /// Checks every reference, then writes every staged row that is not there already, overwrites
+    /// rows changed in place whose stored copy is older, and commits. Items that came without a vector of their model are left for the workers to
     /// embed. On any error nothing is written.
     pub async fn finish(mut self) -> Result<ImportReport, ImportError> {
         let tenant = self.tenant.as_str();
@@ -153,7 +169,7 @@ impl Import {
         }
 
         let mut report = ImportReport::default();
-        for (table, _) in EXPORT_TABLES {
+        for (table, time) in EXPORT_TABLES {
             let columns: Vec<String> = sqlx::query_scalar(
                 "SELECT column_name::text FROM information_schema.columns
                  WHERE table_schema = current_schema() AND table_name = $1 AND is_generated = 'NEVER'
@@ -169,14 +185,41 @@ impl Import {
                 .await?;
             // One statement per table, so references between its own rows (a supersede chain)
             // are checked when all of them are in.
+            let not_erased = if ERASED_WITH_ITEM.contains(table) {
+                "AND NOT EXISTS (SELECT 1 FROM memory_items m
+                                 WHERE m.tenant_id = $1 AND m.id = r.item_id AND m.anonymized_at IS NOT NULL)"
+            } else {
+                ""
+            };
             let sql = format!(
                 "INSERT INTO {table} ({list})
-                 SELECT {list} FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row)
-                 WHERE l.tbl = '{table}' ORDER BY l.line
+                 SELECT {list} FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
+                 WHERE l.tbl = '{table}' {not_erased} ORDER BY l.line
                  ON CONFLICT DO NOTHING"
             );
-            let written = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut *self.tx).await?.rows_affected();
-            report.tables.push((table, staged as u64, written));
+            let written =
+                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?.rows_affected();
+            let mut overwritten = 0;
+            if let Some((_, keys)) = CHANGED_IN_PLACE.iter().find(|(t, _)| t == table) {
+                let values = columns.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
+                let matched = keys.iter().map(|k| format!("s.{k} = r.{k}")).collect::<Vec<_>>().join(" AND ");
+                let sql = format!(
+                    "UPDATE {table} s SET ({list}) = ROW({values})
+                     FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
+                     WHERE l.tbl = '{table}' AND s.tenant_id = $1 AND {matched} AND r.{time} > s.{time}"
+                );
+                overwritten =
+                    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?.rows_affected();
+            }
+            report.tables.push((table, staged as u64, written, overwritten));
+        }
+        for table in ERASED_WITH_ITEM {
+            let sql = format!(
+                "DELETE FROM {table} x USING memory_items m, import_rows l
+                 WHERE l.tbl = 'memory_items' AND m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
+                   AND m.anonymized_at IS NOT NULL AND x.tenant_id = $1 AND x.item_id = m.id"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?;
         }
         report.to_embed = sqlx::query(
             "UPDATE memory_items m SET embedded_model = NULL
