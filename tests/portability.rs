@@ -258,6 +258,43 @@ async fn an_export_since_carries_later_changes_to_an_earlier_copy() {
     }
 }
 
+/// `changed_at` follows a row's state, which is every column the change trigger names; the keys
+/// and the bookkeeping are the rest. A new column must be one or the other.
+#[tokio::test]
+async fn every_memory_column_is_state_or_bookkeeping() {
+    const KEYS_AND_BOOKKEEPING: &[&str] = &[
+        "id",
+        "tenant_id",
+        "changed_at",
+        "tsv",
+        "embedded_model",
+        "embed_attempts",
+        "embed_error",
+        "embed_enqueued_at",
+        "judge_enqueued_at",
+        "last_accessed_at",
+        "access_count",
+    ];
+    let db = TestDb::new().await;
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT column_name::text FROM information_schema.columns
+         WHERE table_schema = current_schema() AND table_name = 'memory_items'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("columns");
+    let trigger: String =
+        sqlx::query_scalar("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'memory_items_changed'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("the change trigger");
+    // PostgreSQL prints the row comparison column by column.
+    let named = |c: &str| trigger.to_lowercase().contains(&format!("old.{c} is distinct from new.{c})"));
+    let unclassified: Vec<&String> =
+        columns.iter().filter(|c| !KEYS_AND_BOOKKEEPING.contains(&c.as_str()) && !named(c)).collect();
+    assert!(unclassified.is_empty(), "columns neither state nor bookkeeping: {unclassified:?}");
+}
+
 /// Imports `lines` and expects a refusal saying `expected`, with nothing written.
 async fn refused(target: &TestDb, name: &str, lines: Vec<String>, extra: &[&str], expected: &str) {
     let path = temp(name);
