@@ -1,5 +1,5 @@
-//! Token rules beyond the table in bad_input.rs: public-key verification (RS256, ES256) and
-//! algorithm confusion.
+//! Token rules beyond the table in bad_input.rs: public-key verification (RS256, ES256), unsigned
+//! tokens (`alg: none`) and algorithm confusion.
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use mnemo_api::auth::claims_for;
@@ -42,4 +42,56 @@ async fn rs256_tokens_verify_with_the_public_key() {
 #[tokio::test]
 async fn es256_tokens_verify_with_the_public_key() {
     accepts_public_key_tokens(Algorithm::ES256, "es256-private.pem", "es256-public.pem").await;
+}
+
+/// `{"alg":"none","typ":"JWT"}`, base64url: the header of an unsigned token.
+const ALG_NONE_HEADER: &str = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0";
+
+/// A token's header swapped for `alg: none`, once without a signature and once keeping it.
+fn unsigned(token: &str) -> [String; 2] {
+    let mut parts = token.split('.');
+    let (_, claims, signature) = (parts.next(), parts.next().expect("claims"), parts.next().expect("signature"));
+    [format!("{ALG_NONE_HEADER}.{claims}."), format!("{ALG_NONE_HEADER}.{claims}.{signature}")]
+}
+
+#[tokio::test]
+async fn unsigned_tokens_and_algorithm_confusion_are_refused() {
+    let fact = json!({ "content": "prefers dark mode", "scope": "user" });
+    let claims = claims_for(&principal("acme", Some("u1"), None, None), exp());
+
+    // A server with a shared secret: `alg: none`, and an RS256 token (its own key pair).
+    let hmac = TestApp::spawn().await;
+    let good = token(&principal("acme", Some("u1"), None, None));
+    let rsa = EncodingKey::from_rsa_pem(&std::fs::read(fixture("rs256-private.pem")).expect("fixture")).expect("key");
+    let rs256 = jsonwebtoken::encode(&Header::new(Algorithm::RS256), &claims, &rsa).expect("sign");
+    let [bare, kept] = unsigned(&good);
+    for (name, forged) in [("alg none", bare), ("alg none, signature kept", kept), ("RS256 to an HS256 server", rs256)]
+    {
+        let reply = hmac.client.post("/v1/facts", Some(&forged), &fact).await;
+        assert_eq!((reply.status, reply.code()), (401, "invalid_token"), "{name}");
+    }
+
+    // A server with a public key: `alg: none`, and the classic confusion, an HS256 token whose
+    // secret is the public key itself.
+    let public = fixture("rs256-public.pem");
+    let keyed = TestApp::spawn_with(&[("MNEMO_JWT_SECRET", ""), ("MNEMO_JWT_PUBLIC_KEY_FILE", &public)]).await;
+    let confused = jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(&std::fs::read(&public).expect("fixture")),
+    )
+    .expect("sign");
+    let rs256 = jsonwebtoken::encode(&Header::new(Algorithm::RS256), &claims, &rsa).expect("sign");
+    let [bare, kept] = unsigned(&rs256);
+    for (name, forged) in
+        [("alg none", bare), ("alg none, signature kept", kept), ("HS256 keyed with the public key", confused)]
+    {
+        let reply = keyed.client.post("/v1/facts", Some(&forged), &fact).await;
+        assert_eq!((reply.status, reply.code()), (401, "invalid_token"), "{name}");
+    }
+    // The genuine token still goes in, so the refusals above are the forgeries'.
+    assert_eq!(keyed.client.post("/v1/facts", Some(&rs256), &fact).await.status, 201);
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM memory_items").fetch_one(&hmac.db.pool).await.expect("count");
+    assert_eq!(rows, 0, "a forged token wrote a row");
 }
