@@ -1,5 +1,5 @@
 # The front door. `make help` lists the targets.
-.PHONY: help run test fuzz openapi lint fmt db bench-writes
+.PHONY: help run test fuzz openapi lint fmt db faults bench-writes
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-14s %s\n", $$1, $$2 }'
@@ -25,6 +25,9 @@ fmt: ## format the code
 
 db: ## install and start the local PostgreSQL with pgvector (idempotent)
 	bash scripts/setup-postgres.sh
+
+faults: ## the fault suite, about 8 minutes (docs/benchmarks.md, "Faults"): worker kills and PostgreSQL restarts under load
+	bash scripts/faults.sh
 
 bench-writes: ## the write benchmark (docs/benchmarks.md)
 	bash scripts/bench.sh writes

@@ -212,6 +212,11 @@ impl From<StoreError> for ApiError {
             StoreError::SourceRefDeleted { .. } => Self::MemoryDeleted,
             StoreError::RelationTargetMissing { target } => Self::RelationTargetNotFound(target),
             StoreError::RolledBack => Self::NotWritten,
+            // The detail (an I/O error, a pool timeout) is the operator's, in the log.
+            other if other.is_unavailable() => {
+                tracing::warn!(error = %other, "database unavailable");
+                Self::NotReady("the database is unavailable".into())
+            }
             other => Self::Internal(other.to_string()),
         }
     }
@@ -349,5 +354,21 @@ mod tests {
             assert_eq!(readme, row, "README.md's error table differs from ERROR_CODES");
         }
         assert_eq!(listed.len(), table.len(), "README.md's error table and ERROR_CODES have different lengths");
+    }
+
+    /// The database out of reach is a 503 with its code, so a client retries; a query the
+    /// database refused stays a 500.
+    #[test]
+    fn an_unreachable_database_is_not_ready() {
+        for unavailable in [
+            StoreError::Database(sqlx::Error::PoolTimedOut),
+            StoreError::Database(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into())),
+            StoreError::Unavailable("connection reset".into()),
+        ] {
+            let e = ApiError::from(unavailable);
+            assert_eq!((e.status(), e.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"), "{e}");
+        }
+        let refused = ApiError::from(StoreError::Database(sqlx::Error::RowNotFound));
+        assert_eq!(refused.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

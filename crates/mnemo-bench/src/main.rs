@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod context;
 mod embedding;
+mod faults;
 mod judge;
 mod locomo;
 mod portability;
@@ -50,6 +51,9 @@ enum Scenario {
     /// single-hop question: is the newest fact found, above the facts it overrides, and are
     /// those superseded?
     Factconsolidation(judge::FactConsolidationArgs),
+    /// The fault suite: the worker killed again and again under a steady write and recall load,
+    /// then checked (nothing acknowledged lost, one vector per row, no job stuck).
+    Faults(faults::Args),
     /// Retention: the safety-floor check on a large tenant and sweep throughput.
     Retention(retention::Args),
     /// Context windows: assembly latency by session size, and tokenizer throughput.
@@ -70,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
     mnemo_models::install_tls_provider();
     match Cli::parse().scenario {
         Scenario::Writes(args) => writes::run(args).await,
+        Scenario::Faults(args) => faults::run(args).await,
         Scenario::Portability(args) => portability::run(args).await,
         Scenario::Embedder(args) => embedding::embedder(args).await,
         Scenario::Pipeline(args) => embedding::pipeline(args).await,

@@ -207,7 +207,12 @@ pub async fn run_worker(
     // heartbeat × missed_heartbeats is dead, and its Running jobs go back to Pending.
     let heartbeat = (settings.orphan_timeout / 10).max(Duration::from_secs(1));
     let missed = u32::try_from((settings.orphan_timeout.as_secs() / heartbeat.as_secs()).max(2)).unwrap_or(10);
-    let mut monitor = Monitor::new().shutdown_timeout(settings.job_timeout);
+    // A queue worker whose backend failed (PostgreSQL restarted under it) starts again instead of
+    // ending the process: the fault suite (`make faults`) saw every worker exit on a restart.
+    let mut monitor = Monitor::new().shutdown_timeout(settings.job_timeout).should_restart(|worker, error| {
+        tracing::warn!(worker = %worker.name(), error = %error, restarts = worker.restarts(), "queue worker failed; starting it again");
+        true
+    });
     for (queue, concurrency) in settings.queues.clone() {
         // One queue's apalis worker, the same for every queue: woken by NOTIFY and polling every
         // heartbeat, its jobs handed to the queue's dispatcher, each job bounded by the timeout.
@@ -218,12 +223,15 @@ pub async fn run_worker(
                 let (pool, dispatcher, store) = (store.pool().clone(), $dispatcher, store.clone());
                 let worker_id = format!("{name}-{queue}");
                 let job_timeout = settings.job_timeout;
-                $monitor.register(move |_| {
+                $monitor.register(move |restarts| {
                     let backend = PostgresStorage::<$job>::new(&pool)
                         .with_config(config.clone())
                         .with_pubsub()
                         .poll_with_interval(heartbeat);
-                    WorkerBuilder::new(worker_id.clone())
+                    // A restarted worker takes a new id: the jobs the failed one held are then
+                    // an orphan's, found dead and queued again after the orphan timeout.
+                    let id = if restarts == 0 { worker_id.clone() } else { format!("{worker_id}-{restarts}") };
+                    WorkerBuilder::new(id)
                         .backend(backend)
                         .data(dispatcher.clone())
                         .data(store.clone())

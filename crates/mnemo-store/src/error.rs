@@ -29,9 +29,30 @@ pub enum StoreError {
     Queue(#[from] apalis_postgres::Error),
     #[error("the store is shutting down")]
     ShuttingDown,
+    /// The database could not be reached, or was shutting down or starting, for a write that
+    /// shared its commit with others: the same for each of them.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     /// A value read back from the database no longer parses as its domain type.
     #[error("a stored value is invalid: {0}")]
     Stored(#[from] mnemo_core::InvalidInput),
     #[error("job arguments could not be encoded: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+impl StoreError {
+    /// Whether the database was out of reach (down, restarting, no connection within the pool's
+    /// timeout) rather than refusing this request: the same request may succeed once it is back.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Unavailable(_) | Self::ShuttingDown => true,
+            Self::Database(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => true,
+            // admin_shutdown, crash_shutdown, cannot_connect_now (57P…) and connection
+            // exceptions (08…).
+            Self::Database(sqlx::Error::Database(e)) => {
+                e.code().is_some_and(|code| code.starts_with("57P") || code.starts_with("08"))
+            }
+            _ => false,
+        }
+    }
 }

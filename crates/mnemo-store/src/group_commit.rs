@@ -121,6 +121,14 @@ async fn commit_loop(
                     let _ = reply.send(result);
                 }
             }
+            // The database out of reach fails every row alike, at once: writing them one by one
+            // would make the last wait for one connection timeout per row before it.
+            Err(e) if e.is_unavailable() => {
+                let cause = e.to_string();
+                for reply in replies {
+                    let _ = reply.send(Err(StoreError::Unavailable(cause.clone())));
+                }
+            }
             // One row can fail a whole batch (a constraint, a deadlock); then each row is written
             // on its own, so only that row's request sees the error.
             Err(e) if rows.len() > 1 => {

@@ -44,7 +44,7 @@ pub use judge::{
 };
 pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutput};
-pub use ops::{EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
+pub use ops::{Delivery, EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use portability::{EXPORT_TABLES, Import, ImportError, ImportReport};
 pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, SweepPlan};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};

@@ -1,9 +1,12 @@
 //! Operations: the once-per-tick housekeeping claim, pruning of finished jobs and dead worker
-//! rows, and the status figures the runbook and the worker's metrics report.
+//! rows, the status figures the runbook and the worker's metrics report, and the delivery check
+//! of the fault suite.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use mnemo_core::TenantId;
+use uuid::Uuid;
 
 use crate::{Store, StoreError};
 
@@ -28,6 +31,19 @@ pub struct EmbedBacklog {
     pub oldest_pending_seconds: Option<f64>,
     /// Rows that failed for good (`embed_error` set).
     pub failed: i64,
+}
+
+/// What became of acknowledged writes (see [`Store::delivery`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// Acknowledged ids with no row.
+    pub missing: i64,
+    /// Rows of those ids without a vector of the model (and not failed for good).
+    pub unembedded: i64,
+    /// Rows of those ids that failed embedding for good.
+    pub failed: i64,
+    /// Vectors of the model stored for those ids: one per row, or a row was embedded twice.
+    pub vectors: i64,
 }
 
 /// A worker process seen by the queue backend.
@@ -130,6 +146,27 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// Checks acknowledged writes of `tenant` after a fault: every id has its row, and each row
+    /// its one vector of `model`.
+    pub async fn delivery(&self, tenant: &TenantId, ids: &[Uuid], model: &str) -> Result<Delivery, StoreError> {
+        let (missing, unembedded, failed, vectors): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE m.id IS NULL),
+                    count(*) FILTER (WHERE m.id IS NOT NULL AND m.embed_error IS NULL
+                                     AND m.embedded_model IS DISTINCT FROM $3),
+                    count(*) FILTER (WHERE m.embed_error IS NOT NULL),
+                    (SELECT count(*) FROM memory_embeddings e
+                     WHERE e.tenant_id = $1 AND e.model = $3 AND e.item_id = ANY($2))
+             FROM unnest($2::uuid[]) AS a(id)
+             LEFT JOIN memory_items m ON m.tenant_id = $1 AND m.id = a.id",
+        )
+        .bind(tenant.as_str())
+        .bind(ids)
+        .bind(model)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Delivery { missing, unembedded, failed, vectors })
     }
 
     pub async fn embed_backlog(&self, model: &str) -> Result<EmbedBacklog, StoreError> {
