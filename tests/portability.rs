@@ -191,8 +191,9 @@ async fn an_export_since_carries_later_changes_to_an_earlier_copy() {
         1
     );
 
-    // After the copy: one row soft-deleted through the API, the tool output anonymized as
-    // retention does it (row redacted, payload deleted).
+    // After the copy: one row soft-deleted through the API; the tool output anonymized as
+    // retention does it (row redacted, payload deleted, its source_ref renamed so the key is
+    // free), and a new tool output written under the freed source_ref.
     let since: String =
         sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
             .fetch_one(&app.db.pool)
@@ -202,12 +203,17 @@ async fn an_export_since_carries_later_changes_to_an_earlier_copy() {
     sqlx::query(
         "WITH payload AS (DELETE FROM tool_outputs WHERE item_id = $1::uuid)
          UPDATE memory_items SET content = '[REDACTED]', tool_output_key = NULL, anonymized_at = now(),
-                                 deleted_at = now() WHERE id = $1::uuid",
+                                 deleted_at = now(), source_ref = source_ref || '|anonymized'
+         WHERE id = $1::uuid",
     )
     .bind(&ids[2])
     .execute(&app.db.pool)
     .await
     .expect("anonymize");
+    let again = json!({ "source_kind": "tool_output", "source_ref": "call-1", "content": "z".repeat(20_000) });
+    let reused = app.client.post("/v1/memories", Some(&t), &again).await;
+    assert_eq!(reused.status, 201, "{:?}", reused.body);
+    let reused = reused.body["id"].as_str().expect("id").to_owned();
 
     let later = temp("later.jsonl.gz");
     let run = runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await;
@@ -215,13 +221,14 @@ async fn an_export_since_carries_later_changes_to_an_earlier_copy() {
     let mut exported: Vec<String> =
         rows_of(&later, "memory_items").iter().map(|l| l["row"]["id"].as_str().expect("id").to_owned()).collect();
     exported.sort();
-    let mut changed = vec![ids[1].clone(), ids[2].clone()];
+    let mut changed = vec![ids[1].clone(), ids[2].clone(), reused.clone()];
     changed.sort();
     assert_eq!(exported, changed, "the export since holds exactly the rows changed since");
 
     let run = runbook(&copy.url, &["import", "--tenant", "acme", later.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);
-    assert!(run.stdout.contains(" 2 updated"), "{}", run.stdout);
+    let items = run.stdout.lines().find(|l| l.starts_with("memory_items ")).expect("the items' line");
+    assert!(items.contains(" 1 written") && items.contains(" 2 updated"), "{items}");
     let deleted: bool = sqlx::query_scalar("SELECT deleted_at IS NOT NULL FROM memory_items WHERE id = $1::uuid")
         .bind(&ids[1])
         .fetch_one(&copy.pool)
@@ -235,9 +242,9 @@ async fn an_export_since_carries_later_changes_to_an_earlier_copy() {
             .await
             .expect("row");
     assert!(anonymized && content == "[REDACTED]", "the anonymization reached the copy");
-    let payloads: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM tool_outputs").fetch_one(&copy.pool).await.expect("count");
-    assert_eq!(payloads, 0, "the copy kept a payload its source erased");
+    let payloads: Vec<String> =
+        sqlx::query_scalar("SELECT item_id::text FROM tool_outputs").fetch_all(&copy.pool).await.expect("payloads");
+    assert_eq!(payloads, vec![reused], "the copy kept a payload its source erased, or lost the new one");
 
     // Again: the copy is as new as the file, so nothing changes; and the older full export
     // brought in again does not undo the changes.

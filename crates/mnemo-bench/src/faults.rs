@@ -8,7 +8,7 @@
 //!   and counted.
 //!
 //! Afterwards, with one worker left to drain the backlog: no acknowledged write is lost, every
-//! row has exactly one vector of the model, the embed queue settles with no job dead, and no
+//! row has its vector of the model, the embed queue settles with no job dead, and no
 //! request failed except, under `postgres-restart`, with a 503 and its code.
 
 use std::collections::BTreeMap;
@@ -119,13 +119,10 @@ impl Load {
         Ok(())
     }
 
-    /// Failures a fault excuses: none, or while PostgreSQL is down a 503 with its code.
+    /// Failures a fault excuses: none, or while PostgreSQL is down a 503 `not_ready`.
     fn unexcused(&self, fault: Fault) -> u64 {
-        self.failures
-            .iter()
-            .filter(|(kind, _)| fault == Fault::WorkerKill || !kind.starts_with("503 "))
-            .map(|(_, n)| n)
-            .sum()
+        let excused = |kind: &str| fault == Fault::PostgresRestart && kind == "503 not_ready";
+        self.failures.iter().filter(|(kind, _)| !excused(kind)).map(|(_, n)| n).sum()
     }
 
     fn summary(&self) -> serde_json::Value {
@@ -268,6 +265,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 let status = tokio::process::Command::new("sh").arg("-c").arg(command).status().await?;
                 anyhow::ensure!(status.success(), "`{command}` failed: {status}");
                 while store.queue_status().await.is_err() {
+                    anyhow::ensure!(
+                        t.elapsed() < Duration::from_secs(120),
+                        "PostgreSQL did not come back within 120 s"
+                    );
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
@@ -326,6 +327,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "embed_jobs": { "done": done, "pending": pending, "running": running, "dead": dead },
     });
     let held = delivery.missing == 0
+        && worker_exits == 0
         && delivery.unembedded == 0
         && delivery.failed == 0
         && delivery.vectors == acked_rows

@@ -209,9 +209,12 @@ pub async fn run_worker(
     let missed = u32::try_from((settings.orphan_timeout.as_secs() / heartbeat.as_secs()).max(2)).unwrap_or(10);
     // A queue worker whose backend failed (PostgreSQL restarted under it) starts again instead of
     // ending the process: the fault suite (`make faults`) saw every worker exit on a restart.
+    // Not while shutting down, and not forever: a failure that does not heal (a wrong password)
+    // ends the process after MAX_QUEUE_RESTARTS, and its supervisor's backoff takes over.
     let mut monitor = Monitor::new().shutdown_timeout(settings.job_timeout).should_restart(|worker, error| {
-        tracing::warn!(worker = %worker.name(), error = %error, restarts = worker.restarts(), "queue worker failed; starting it again");
-        true
+        let again = !worker.is_shutting_down() && worker.restarts() < MAX_QUEUE_RESTARTS;
+        tracing::warn!(worker = %worker.name(), error = %error, restarts = worker.restarts(), again, "queue worker failed");
+        again
     });
     for (queue, concurrency) in settings.queues.clone() {
         // One queue's apalis worker, the same for every queue: woken by NOTIFY and polling every
@@ -334,6 +337,10 @@ pub async fn run_worker(
     tracing::info!(worker = %name, "mnemo-worker stopped");
     result.map_err(|e| JobError::Setup(format!("worker pool failed: {e}")))
 }
+
+/// How many times one queue's worker is started again after its backend failed before the
+/// process gives up. A database restart costs one each; 100 outlasts any outage that heals.
+const MAX_QUEUE_RESTARTS: usize = 100;
 
 /// Queue depth, oldest pending age and the embedding backlog, refreshed every few seconds.
 async fn gauge_loop(store: Store, model: String) {

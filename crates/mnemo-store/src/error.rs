@@ -46,13 +46,21 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             Self::Unavailable(_) | Self::ShuttingDown => true,
-            Self::Database(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => true,
-            // admin_shutdown, crash_shutdown, cannot_connect_now (57P…) and connection
-            // exceptions (08…).
-            Self::Database(sqlx::Error::Database(e)) => {
-                e.code().is_some_and(|code| code.starts_with("57P") || code.starts_with("08"))
-            }
+            Self::Database(e) | Self::Queue(apalis_postgres::Error::Database(e)) => database_unavailable(e),
             _ => false,
         }
+    }
+}
+
+fn database_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        // admin_shutdown, crash_shutdown, cannot_connect_now (57P…); the connection failures of
+        // class 08 (not its protocol violation, 08P01); too many connections; a primary turned
+        // read-only (a failover under way).
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            code.starts_with("57P") || ["08000", "08001", "08003", "08004", "08006", "53300", "25006"].contains(&&*code)
+        }),
+        _ => false,
     }
 }

@@ -42,7 +42,8 @@ pub struct Delivery {
     pub unembedded: i64,
     /// Rows of those ids that failed embedding for good.
     pub failed: i64,
-    /// Vectors of the model stored for those ids: one per row, or a row was embedded twice.
+    /// Vectors of the model stored for those ids (the key allows one per row and model, so fewer
+    /// than the rows means some lack theirs).
     pub vectors: i64,
 }
 

@@ -26,13 +26,21 @@ pub const EXPORT_TABLES: &[(&str, &str)] = &[
     ("workspace_file_versions", "created_at"),
 ];
 
-/// The tables whose rows change in place, with their keys. An import overwrites a stored row with
-/// the file's copy when the file's changed later (by the time column of [`EXPORT_TABLES`]), so an
-/// export `--since` carries a retirement, a supersede or an anonymization to a copy made before.
-const CHANGED_IN_PLACE: &[(&str, &[&str])] = &[
-    ("tenant_config", &["tenant_id"]),
-    ("memory_items", &["tenant_id", "id"]),
-    ("workspace_files", &["tenant_id", "agent_id", "user_id", "path"]),
+/// The tables whose rows change in place, with their keys, and when the file's copy `r` replaces
+/// the stored row `s`: when it changed later, so an export `--since` carries a retirement, a
+/// supersede or an anonymization to a copy made before. Anonymization goes one way whatever the
+/// clocks of two databases say: an anonymized copy always replaces a row that is not, and an
+/// anonymized row is never replaced.
+const CHANGED_IN_PLACE: &[(&str, &[&str], &str)] = &[
+    ("tenant_config", &["tenant_id"], "r.updated_at > s.updated_at"),
+    (
+        "memory_items",
+        &["tenant_id", "id"],
+        "CASE WHEN s.anonymized_at IS NOT NULL THEN false
+              WHEN r.anonymized_at IS NOT NULL THEN true
+              ELSE r.changed_at > s.changed_at END",
+    ),
+    ("workspace_files", &["tenant_id", "agent_id", "user_id", "path"], "r.updated_at > s.updated_at"),
 ];
 
 /// What anonymization deletes beside an item (by `item_id`). An import writes none for an item
@@ -110,6 +118,7 @@ impl Store {
     /// Opens an import into `tenant`. Rows must already name `tenant`.
     pub async fn begin_import(&self, tenant: &TenantId) -> Result<Import, StoreError> {
         let mut tx = self.pool.begin().await?;
+        sqlx::query("SET CONSTRAINTS memory_items_superseded_by_fkey DEFERRED").execute(&mut *tx).await?;
         sqlx::query(
             "CREATE TEMP TABLE import_rows (line bigint NOT NULL, tbl text NOT NULL, row jsonb NOT NULL)
              ON COMMIT DROP",
@@ -141,6 +150,13 @@ impl Import {
     pub async fn finish(mut self) -> Result<ImportReport, ImportError> {
         let tenant = self.tenant.as_str();
         sqlx::query("CREATE INDEX ON import_rows (tbl, (row->>'id'))").execute(&mut *self.tx).await?;
+        // Files exported before rows kept `changed_at` carry their creation time instead.
+        sqlx::query(
+            "UPDATE import_rows SET row = row || jsonb_build_object('changed_at', row->'created_at')
+             WHERE tbl = 'memory_items' AND NOT row ? 'changed_at'",
+        )
+        .execute(&mut *self.tx)
+        .await?;
         sqlx::query("ANALYZE import_rows").execute(&mut *self.tx).await?;
         for (table, field, target, keys) in REFERENCES {
             // The referencing row's value of each key: `field` stands for the target's `id`.
@@ -169,7 +185,7 @@ impl Import {
         }
 
         let mut report = ImportReport::default();
-        for (table, time) in EXPORT_TABLES {
+        for (table, _) in EXPORT_TABLES {
             let columns: Vec<String> = sqlx::query_scalar(
                 "SELECT column_name::text FROM information_schema.columns
                  WHERE table_schema = current_schema() AND table_name = $1 AND is_generated = 'NEVER'
@@ -183,6 +199,24 @@ impl Import {
                 .bind(table)
                 .fetch_one(&mut *self.tx)
                 .await?;
+            // Stored rows are overwritten before new ones go in: an anonymized row frees its key
+            // (its source_ref is renamed), and a new row of the file may be waiting for it. A
+            // chain may then point at a row not in yet: the supersede key is checked at commit.
+            let mut overwritten = 0;
+            if let Some((_, keys, wins)) = CHANGED_IN_PLACE.iter().find(|(t, _, _)| t == table) {
+                let values = columns.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
+                let matched = keys.iter().map(|k| format!("s.{k} = r.{k}")).collect::<Vec<_>>().join(" AND ");
+                let overwrite = format!(
+                    "UPDATE {table} s SET ({list}) = ROW({values})
+                     FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
+                     WHERE l.tbl = '{table}' AND s.tenant_id = $1 AND {matched} AND ({wins})"
+                );
+                overwritten = sqlx::query(sqlx::AssertSqlSafe(overwrite))
+                    .bind(tenant)
+                    .execute(&mut *self.tx)
+                    .await?
+                    .rows_affected();
+            }
             // One statement per table, so references between its own rows (a supersede chain)
             // are checked when all of them are in.
             let not_erased = if ERASED_WITH_ITEM.contains(table) {
@@ -191,35 +225,27 @@ impl Import {
             } else {
                 ""
             };
-            let sql = format!(
+            let insert = format!(
                 "INSERT INTO {table} ({list})
                  SELECT {list} FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
                  WHERE l.tbl = '{table}' {not_erased} ORDER BY l.line
                  ON CONFLICT DO NOTHING"
             );
             let written =
-                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?.rows_affected();
-            let mut overwritten = 0;
-            if let Some((_, keys)) = CHANGED_IN_PLACE.iter().find(|(t, _)| t == table) {
-                let values = columns.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
-                let matched = keys.iter().map(|k| format!("s.{k} = r.{k}")).collect::<Vec<_>>().join(" AND ");
-                let sql = format!(
-                    "UPDATE {table} s SET ({list}) = ROW({values})
-                     FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
-                     WHERE l.tbl = '{table}' AND s.tenant_id = $1 AND {matched} AND r.{time} > s.{time}"
-                );
-                overwritten =
-                    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?.rows_affected();
-            }
+                sqlx::query(sqlx::AssertSqlSafe(insert)).bind(tenant).execute(&mut *self.tx).await?.rows_affected();
             report.tables.push((table, staged as u64, written, overwritten));
-        }
-        for table in ERASED_WITH_ITEM {
-            let sql = format!(
-                "DELETE FROM {table} x USING memory_items m, import_rows l
-                 WHERE l.tbl = 'memory_items' AND m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
-                   AND m.anonymized_at IS NOT NULL AND x.tenant_id = $1 AND x.item_id = m.id"
-            );
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?;
+            // Before the tables that hang off items go in: a new item may take the tool-output
+            // key the anonymized one held.
+            if *table == "memory_items" {
+                for erased in ERASED_WITH_ITEM {
+                    let sql = format!(
+                        "DELETE FROM {erased} x USING memory_items m, import_rows l
+                         WHERE l.tbl = 'memory_items' AND m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
+                           AND m.anonymized_at IS NOT NULL AND x.tenant_id = $1 AND x.item_id = m.id"
+                    );
+                    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?;
+                }
+            }
         }
         report.to_embed = sqlx::query(
             "UPDATE memory_items m SET embedded_model = NULL
