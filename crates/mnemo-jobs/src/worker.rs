@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use apalis::layers::WorkerBuilderExt;
@@ -209,10 +210,14 @@ pub async fn run_worker(
     let missed = u32::try_from((settings.orphan_timeout.as_secs() / heartbeat.as_secs()).max(2)).unwrap_or(10);
     // A queue worker whose backend failed (PostgreSQL restarted under it) starts again instead of
     // ending the process: the fault suite (`make faults`) saw every worker exit on a restart.
-    // Not while shutting down, and not forever: a failure that does not heal (a wrong password)
-    // ends the process after MAX_QUEUE_RESTARTS, and its supervisor's backoff takes over.
-    let mut monitor = Monitor::new().shutdown_timeout(settings.job_timeout).should_restart(|worker, error| {
-        let again = !worker.is_shutting_down() && worker.restarts() < MAX_QUEUE_RESTARTS;
+    // Not while shutting down. There is no delay between restarts (the callback cannot wait): while
+    // the database refuses connections a queue's worker fails and starts again in a loop, which a
+    // cap would turn into an exit within seconds (the fault suite saw it).
+    // The monitor's own flag is no use here: a failed worker reads as stopped.
+    let stopping = Arc::new(AtomicBool::new(false));
+    let shutting_down = stopping.clone();
+    let mut monitor = Monitor::new().shutdown_timeout(settings.job_timeout).should_restart(move |worker, error| {
+        let again = !shutting_down.load(Ordering::Relaxed);
         tracing::warn!(worker = %worker.name(), error = %error, restarts = worker.restarts(), again, "queue worker failed");
         again
     });
@@ -327,6 +332,7 @@ pub async fn run_worker(
     let result = monitor
         .run_with_signal(async move {
             shutdown.await;
+            stopping.store(true, Ordering::Relaxed);
             Ok(())
         })
         .await;
@@ -337,10 +343,6 @@ pub async fn run_worker(
     tracing::info!(worker = %name, "mnemo-worker stopped");
     result.map_err(|e| JobError::Setup(format!("worker pool failed: {e}")))
 }
-
-/// How many times one queue's worker is started again after its backend failed before the
-/// process gives up. A database restart costs one each; 100 outlasts any outage that heals.
-const MAX_QUEUE_RESTARTS: usize = 100;
 
 /// Queue depth, oldest pending age and the embedding backlog, refreshed every few seconds.
 async fn gauge_loop(store: Store, model: String) {
