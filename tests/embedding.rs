@@ -137,7 +137,8 @@ async fn a_refused_row_fails_alone_and_the_batch_goes_through() {
     let provider = ScriptedEmbeddings::start(32).await;
     provider.refuse_inputs_containing("POISON");
     let env = openai_env(&provider);
-    // Written before the worker starts, so one batch holds them all.
+    // Written before the worker starts, so one batch holds them all. The row after the refused
+    // one is refused too for its previous turn, then embedded alone.
     let ids =
         write_messages(&server, 6, |i| if i == 3 { "POISON pill".into() } else { format!("fine text {i}") }).await;
     let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
@@ -158,6 +159,51 @@ async fn a_refused_row_fails_alone_and_the_batch_goes_through() {
         .expect("row");
     assert!(poisoned.as_deref().is_some_and(|e| e.starts_with("http_4xx")), "{poisoned:?}");
     assert_eq!(db.count("SELECT sum(embed_attempts) FROM memory_items").await, 1, "only the refused row failed");
+    worker.kill().await;
+}
+
+#[tokio::test]
+async fn a_chat_message_is_embedded_with_the_turn_before_it() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(64).await;
+    let turns = ["Caroline: I went to the pottery class", "Melanie: did she like it", "Caroline: she loved it"];
+    let ids = write_messages(&server, 3, |i| turns[i].to_owned()).await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), None));
+    let fact = json!({ "content": "Caroline does pottery", "scope": "user" });
+    let reply = server.client.post("/v1/facts", Some(&t), &fact).await;
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+    let fact_id: Uuid = reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 4 }).await, "never embedded");
+
+    let store = db.store();
+    let vector = |id: Uuid| {
+        let store = store.clone();
+        async move { store.vector(id, "scripted-embedder").await.expect("read").expect("vector") }
+    };
+    let bag = |text: &str| mnemo_testkit::unit_bag_of_words(text, 64);
+    assert_eq!(vector(ids[0]).await, bag(turns[0]), "the first turn has nothing before it");
+    assert_eq!(vector(ids[2]).await, bag(&format!("{}\n{}", turns[2], turns[1])), "content, then the turn before");
+    assert_eq!(vector(fact_id).await, bag("Caroline does pottery"), "a fact is embedded alone");
+    let stored: String = sqlx::query_scalar("SELECT content FROM memory_items WHERE id = $1")
+        .bind(ids[2])
+        .fetch_one(&db.pool)
+        .await
+        .expect("row");
+    assert_eq!(stored, turns[2], "the stored content is unchanged");
+    worker.kill().await;
+
+    // Turned off, a message is embedded alone.
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let ids = write_messages(&server, 3, |i| turns[i].to_owned()).await;
+    let mut env = openai_env(&provider);
+    env.push(("MNEMO_EMBED_PREVIOUS_TURN", "false".into()));
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 3 }).await, "never embedded");
+    let vector = db.store().vector(ids[2], "scripted-embedder").await.expect("read").expect("vector");
+    assert_eq!(vector, bag(turns[2]));
     worker.kill().await;
 }
 

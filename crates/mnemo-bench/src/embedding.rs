@@ -286,9 +286,20 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         anyhow::bail!("--load takes fractions above 0 (at most 2), got {load}");
     }
     let batch = env.get(vars::EMBED_BATCH_SIZE).and_then(|b| b.parse().ok()).unwrap_or(32);
-    // The machine's own speed, so that a load means the same on a faster or slower one.
-    let raw = raw_rate(embedder.as_ref(), &short[..short.len().min(1024)], 32).await?;
-    eprintln!("raw embedder: {raw:.1} short texts/s at batch 32");
+    // The machine's own speed, so that a load means the same on a faster or slower one: on the
+    // texts as the worker will embed them (each row of the one session after the one before).
+    let sample = &short[..short.len().min(1024)];
+    let alone = raw_rate(embedder.as_ref(), sample, 32).await?;
+    let previous_turn = WorkerSettings::from_env(&env)?.embed_previous_turn;
+    let as_embedded: Vec<String> = (0..sample.len())
+        .map(|i| {
+            let previous = (previous_turn && i > 0).then(|| sample[i - 1].as_str());
+            mnemo_core::embedding_text(&sample[i], previous)
+        })
+        .collect();
+    let raw = if previous_turn { raw_rate(embedder.as_ref(), &as_embedded, 32).await? } else { alone };
+    let with = if previous_turn { "with the previous turn" } else { "alone" };
+    eprintln!("raw embedder: {alone:.1} short texts/s at batch 32 alone, {raw:.1} as embedded ({with})");
 
     let mut levels = Vec::new();
     for &load in &args.load {
@@ -328,11 +339,15 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         eprintln!("{level}");
         levels.push(level);
     }
-    let report = json!({ "scenario": "embed-latency", "raw_batch32_per_s": raw, "batch": batch, "levels": levels });
+    let report = json!({ "scenario": "embed-latency", "raw_batch32_per_s": raw, "raw_alone_batch32_per_s": alone,
+        "previous_turn": previous_turn, "batch": batch, "levels": levels });
     if args.corpus.json {
         println!("{report}");
     } else {
-        println!("raw embedder: {raw:.1} short texts/s at batch 32; worker batch {batch}\n");
+        println!(
+            "raw embedder at batch 32: {raw:.1} rows/s as embedded ({with}), {alone:.1} short texts/s alone; \
+             worker batch {batch}\n"
+        );
         println!("| load | writes/s | rows | rows per model call | p50 ms | p95 ms | p99 ms | max ms |");
         println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
         for l in &levels {

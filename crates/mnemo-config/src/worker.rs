@@ -27,6 +27,8 @@ pub struct WorkerSettings {
     pub embed_batch_size: usize,
     /// Failed attempts after which a row's embedding is given up (and recorded on the row).
     pub embed_max_attempts: i32,
+    /// Chat messages are embedded with the turn before them.
+    pub embed_previous_turn: bool,
     /// A worker silent this long is presumed dead and its jobs run again elsewhere.
     pub orphan_timeout: Duration,
     pub job_timeout: Duration,
@@ -67,6 +69,7 @@ impl WorkerSettings {
             ));
         }
         let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);
+        let embed_previous_turn = problems.parsed(env, vars::EMBED_PREVIOUS_TURN, true, "true or false");
         let orphan_timeout = problems.seconds(env, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
         let job_timeout = problems.seconds(env, vars::JOB_TIMEOUT_S, 120);
         let housekeeping_interval = problems.seconds(env, vars::HOUSEKEEPING_INTERVAL_S, 10);
@@ -85,6 +88,7 @@ impl WorkerSettings {
             queues,
             embed_batch_size,
             embed_max_attempts,
+            embed_previous_turn,
             orphan_timeout,
             job_timeout,
             housekeeping_interval,

@@ -1,6 +1,23 @@
 use std::future::Future;
 use std::pin::Pin;
 
+/// The most of a previous turn that goes into what is embedded: the model reads 256 tokens,
+/// and the row's own words come first.
+pub const PREVIOUS_TURN_BYTES: usize = 200;
+
+/// What the model reads for a row: its content, then (for a chat message) the turn before it,
+/// cut to [`PREVIOUS_TURN_BYTES`]. A turn alone loses its referents ("that", "she", "the
+/// trip"); the previous turn puts them back in its vector while the stored content stays as it
+/// was written. Content first, so the row's own words are never cut for its context.
+pub fn embedding_text(content: &str, previous: Option<&str>) -> String {
+    let Some(previous) = previous else { return content.to_owned() };
+    let mut end = previous.len().min(PREVIOUS_TURN_BYTES);
+    while !previous.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{content}\n{}", &previous[..end])
+}
+
 /// Whether retrying can help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureClass {
@@ -43,4 +60,23 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     fn dimensions(&self) -> usize;
 
     fn embed<'a>(&'a self, texts: &'a [String]) -> EmbedFuture<'a>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_previous_turn_follows_the_content_cut_on_a_character_boundary() {
+        assert_eq!(embedding_text("Mel: she loved it", None), "Mel: she loved it");
+        assert_eq!(
+            embedding_text("Mel: she loved it", Some("Caro: my daughter's trip")),
+            "Mel: she loved it\nCaro: my daughter's trip"
+        );
+        let long = "é".repeat(PREVIOUS_TURN_BYTES); // two bytes each
+        let text = embedding_text("x", Some(&long));
+        assert_eq!(text, format!("x\n{}", "é".repeat(PREVIOUS_TURN_BYTES / 2)));
+        let odd = format!("a{long}");
+        assert_eq!(embedding_text("x", Some(&odd)).len(), 2 + PREVIOUS_TURN_BYTES - 1, "cut before a split character");
+    }
 }

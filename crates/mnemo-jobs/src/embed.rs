@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mnemo_core::{EmbedError, Embedder, FailureClass};
+use mnemo_core::{EmbedError, Embedder, FailureClass, embedding_text};
 use mnemo_store::queue::EmbedJob;
 use mnemo_store::{NewVector, Store, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -22,6 +22,8 @@ use crate::{JobError, backoff};
 pub struct EmbedPolicy {
     pub batch_size: usize,
     pub max_attempts: i32,
+    /// Embed each chat message with the turn before it (see [`mnemo_core::embedding_text`]).
+    pub previous_turn: bool,
 }
 
 /// A handle to the batching loops. Cheap to clone.
@@ -70,7 +72,7 @@ async fn embed_batch(
     model_permit: Option<OwnedSemaphorePermit>,
 ) -> Result<(), StoreError> {
     let model = embedder.model();
-    let rows = store.rows_to_embed(jobs, model).await?;
+    let rows = store.rows_to_embed(jobs, model, policy.previous_turn).await?;
     let skipped = jobs.len() - rows.iter().filter(|r| !r.done).count();
     metrics::counter!("mnemo_embed_rows_skipped_total").increment(skipped as u64);
     let todo: Vec<_> = rows.into_iter().filter(|r| !r.done).collect();
@@ -79,8 +81,18 @@ async fn embed_batch(
     }
     metrics::histogram!("mnemo_embed_batch_rows").record(todo.len() as f64);
 
-    let texts: Vec<String> = todo.iter().map(|r| r.content.clone()).collect();
-    let results = embed_isolating(embedder, &texts).await;
+    let texts: Vec<String> = todo.iter().map(|r| embedding_text(&r.content, r.previous.as_deref())).collect();
+    let mut results = embed_isolating(embedder, &texts).await;
+    // A provider may refuse a row for its previous turn's words: such a row goes again alone.
+    let refused_with_context: Vec<usize> = (0..todo.len())
+        .filter(|&i| todo[i].previous.is_some() && matches!(&results[i], Err(e) if e.class == FailureClass::Permanent))
+        .collect();
+    if !refused_with_context.is_empty() {
+        let alone: Vec<String> = refused_with_context.iter().map(|&i| todo[i].content.clone()).collect();
+        for (i, result) in refused_with_context.into_iter().zip(embed_isolating(embedder, &alone).await) {
+            results[i] = result;
+        }
+    }
     drop(model_permit);
 
     let mut vectors = Vec::new();

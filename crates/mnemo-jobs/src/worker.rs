@@ -256,7 +256,11 @@ pub async fn run_worker(
                 let dispatcher = EmbedDispatcher::start(
                     store.clone(),
                     embedder.clone(),
-                    EmbedPolicy { batch_size: settings.embed_batch_size, max_attempts: settings.embed_max_attempts },
+                    EmbedPolicy {
+                        batch_size: settings.embed_batch_size,
+                        max_attempts: settings.embed_max_attempts,
+                        previous_turn: settings.embed_previous_turn,
+                    },
                 );
                 let config = Config::default()
                     .queue(queue.as_str())

@@ -23,6 +23,9 @@ pub struct RowToEmbed {
     pub content: String,
     pub content_sha256: Vec<u8>,
     pub created_at: DateTime<Utc>,
+    /// For a chat message when asked for, the session's chat message before it in conversation
+    /// order, if any.
+    pub previous: Option<String>,
     /// A vector of this model for this content exists already.
     pub done: bool,
 }
@@ -37,10 +40,20 @@ pub struct NewVector {
 }
 
 const ROWS_TO_EMBED: &str = "
-SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, (e.item_id IS NOT NULL) AS done
+SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, p.content AS previous,
+       (e.item_id IS NOT NULL) AS done
 FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
 JOIN memory_items m ON m.id = j.id AND m.tenant_id = j.tenant_id
 LEFT JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = $3 AND e.content_sha256 = m.content_sha256
+-- p's conditions hold the conversation index's predicate: finding the previous turn is one probe.
+LEFT JOIN LATERAL (
+    SELECT p.content FROM memory_items p
+    WHERE $4 AND m.source_kind = 'chat_message' AND m.scope = 'session'
+      AND p.tenant_id = m.tenant_id AND p.session_id = m.session_id AND p.scope = 'session'
+      AND p.source_kind IN ('chat_message', 'tool_output') AND p.deleted_at IS NULL AND p.anonymized_at IS NULL
+      AND (p.event_time, p.id) < (m.event_time, m.id) AND p.source_kind = 'chat_message'
+    ORDER BY p.event_time DESC, p.id DESC LIMIT 1
+) p ON true
 WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 
 /// Stores vectors only for rows whose content is still what was embedded; a row changed since
@@ -65,11 +78,23 @@ FROM saved WHERE m.tenant_id = saved.tenant_id AND m.id = saved.item_id
 RETURNING m.id, m.tenant_id, (m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL) AS judge";
 
 impl Store {
-    /// The live rows behind a batch of embed jobs, each checked against its job's tenant.
-    pub async fn rows_to_embed(&self, jobs: &[EmbedJob], model: &str) -> Result<Vec<RowToEmbed>, StoreError> {
+    /// The live rows behind a batch of embed jobs, each checked against its job's tenant, with
+    /// each chat message's previous turn when `with_previous`.
+    pub async fn rows_to_embed(
+        &self,
+        jobs: &[EmbedJob],
+        model: &str,
+        with_previous: bool,
+    ) -> Result<Vec<RowToEmbed>, StoreError> {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
         let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
-        Ok(sqlx::query_as(ROWS_TO_EMBED).bind(&ids).bind(&tenants).bind(model).fetch_all(&self.pool).await?)
+        Ok(sqlx::query_as(ROWS_TO_EMBED)
+            .bind(&ids)
+            .bind(&tenants)
+            .bind(model)
+            .bind(with_previous)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// Writes vectors back and queues the judge for facts that wait for it, in one transaction;

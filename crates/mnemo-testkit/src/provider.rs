@@ -106,8 +106,9 @@ pub fn unit_bag_of_words(text: &str, dimensions: usize) -> Vec<f32> {
     v
 }
 
-/// Gives every row without a vector the vector the scripted provider gives its text, as a worker
-/// would (which also queues the judge for facts).
+/// Gives every row without a vector the vector the scripted provider gives its content, as a
+/// worker would (which also queues the judge for facts), but without a chat message's previous
+/// turn.
 pub async fn embed_like_the_provider(store: &mnemo_store::Store, model: &str, dimensions: usize) {
     let rows: Vec<(uuid::Uuid, String, Vec<u8>, String)> =
         sqlx::query_as("SELECT id, tenant_id, content_sha256, content FROM memory_items WHERE embedded_model IS NULL")
