@@ -169,13 +169,28 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
     let provider = ScriptedEmbeddings::start(64).await;
     let turns = ["Caroline: I went to the pottery class", "Melanie: did she like it", "Caroline: she loved it"];
     let ids = write_messages(&server, 3, |i| turns[i].to_owned()).await;
+    // A turn only some roles may see never lends its words to the vector of one that others see.
+    // No write path gives a chat message roles yet, so the restriction is set directly.
+    let session = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let mut more = Vec::new();
+    for (source_ref, content) in [("m-3", "Caroline: my diagnosis came back"), ("m-4", "Melanie: how was it")] {
+        let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": content });
+        let reply = server.client.post("/v1/memories", Some(&session), &body).await;
+        assert_eq!(reply.status, 201, "{:?}", reply.body);
+        more.push(reply.body["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()).expect("id"));
+    }
+    sqlx::query("UPDATE memory_items SET allowed_roles = '{coach}' WHERE id = $1")
+        .bind(more[0])
+        .execute(&db.pool)
+        .await
+        .expect("restrict");
     let t = token(&principal("acme", Some("u1"), Some("a1"), None));
     let fact = json!({ "content": "Caroline does pottery", "scope": "user" });
     let reply = server.client.post("/v1/facts", Some(&t), &fact).await;
     assert_eq!(reply.status, 201, "{:?}", reply.body);
     let fact_id: Uuid = reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id");
     let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
-    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 4 }).await, "never embedded");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 6 }).await, "never embedded");
 
     let store = db.store();
     let vector = |id: Uuid| {
@@ -186,6 +201,13 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
     assert_eq!(vector(ids[0]).await, bag(turns[0]), "the first turn has nothing before it");
     assert_eq!(vector(ids[2]).await, bag(&format!("{}\n{}", turns[2], turns[1])), "content, then the turn before");
     assert_eq!(vector(fact_id).await, bag("Caroline does pottery"), "a fact is embedded alone");
+    let restricted = bag(&format!("Caroline: my diagnosis came back\n{}", turns[2]));
+    assert_eq!(vector(more[0]).await, restricted, "an open turn may lend its words to a restricted one");
+    assert_eq!(
+        vector(more[1]).await,
+        bag(&format!("Melanie: how was it\n{}", turns[2])),
+        "the restricted turn is passed over"
+    );
     let stored: String = sqlx::query_scalar("SELECT content FROM memory_items WHERE id = $1")
         .bind(ids[2])
         .fetch_one(&db.pool)

@@ -24,7 +24,7 @@ pub struct RowToEmbed {
     pub content_sha256: Vec<u8>,
     pub created_at: DateTime<Utc>,
     /// For a chat message when asked for, the session's chat message before it in conversation
-    /// order, if any.
+    /// order that every role seeing this row may see too, if any.
     pub previous: Option<String>,
     /// A vector of this model for this content exists already.
     pub done: bool,
@@ -52,6 +52,8 @@ LEFT JOIN LATERAL (
       AND p.tenant_id = m.tenant_id AND p.session_id = m.session_id AND p.scope = 'session'
       AND p.source_kind IN ('chat_message', 'tool_output') AND p.deleted_at IS NULL AND p.anonymized_at IS NULL
       AND (p.event_time, p.id) < (m.event_time, m.id) AND p.source_kind = 'chat_message'
+      -- Only a turn everyone who may see m may see too: roles never leak words through a vector.
+      AND (p.allowed_roles = '{}' OR (m.allowed_roles <> '{}' AND m.allowed_roles <@ p.allowed_roles))
     ORDER BY p.event_time DESC, p.id DESC LIMIT 1
 ) p ON true
 WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
