@@ -32,7 +32,7 @@ pub use compaction::{
 };
 pub use consolidation::{Consolidation, ConsolidationFuture, ConsolidationInput, Consolidator};
 pub use cron::CronSchedule;
-pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass, embedding_text};
+pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass, PREVIOUS_TURN_BYTES, embedding_text};
 pub use error::{InvalidInput, ModelFailure};
 pub use extraction::{
     ExtractedFact, Extraction, ExtractionFuture, ExtractionInput, Extractor, Gates, MAX_DAILY_ENTRY_CHARS,

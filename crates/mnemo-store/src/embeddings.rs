@@ -40,14 +40,15 @@ pub struct NewVector {
 }
 
 const ROWS_TO_EMBED: &str = "
-SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, p.content AS previous,
+SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, p.previous,
        (e.item_id IS NOT NULL) AS done
 FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
 JOIN memory_items m ON m.id = j.id AND m.tenant_id = j.tenant_id
 LEFT JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = $3 AND e.content_sha256 = m.content_sha256
 -- p's conditions hold the conversation index's predicate: finding the previous turn is one probe.
 LEFT JOIN LATERAL (
-    SELECT p.content FROM memory_items p
+    -- Characters, so at least as many bytes as the embedded text keeps: a long turn is not read whole.
+    SELECT left(p.content, $5) AS previous FROM memory_items p
     WHERE $4 AND m.source_kind = 'chat_message' AND m.scope = 'session'
       AND p.tenant_id = m.tenant_id AND p.session_id = m.session_id AND p.scope = 'session'
       AND p.source_kind IN ('chat_message', 'tool_output') AND p.deleted_at IS NULL AND p.anonymized_at IS NULL
@@ -95,6 +96,7 @@ impl Store {
             .bind(&tenants)
             .bind(model)
             .bind(with_previous)
+            .bind(mnemo_core::PREVIOUS_TURN_BYTES as i32)
             .fetch_all(&self.pool)
             .await?)
     }
