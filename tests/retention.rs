@@ -106,7 +106,7 @@ async fn half_anonymized(db: &TestDb) -> i64 {
         "SELECT count(*) FROM memory_items m WHERE
             (m.anonymized_at IS NOT NULL AND (
                 m.content <> '[REDACTED]' OR m.user_id IS NOT NULL OR m.agent_id IS NOT NULL
-                OR m.session_id IS NOT NULL OR m.metadata <> '{}' OR m.tsv <> ''::tsvector
+                OR m.session_id IS NOT NULL OR m.metadata <> '{}' OR m.tsv IS NOT NULL
                 OR m.source_ref NOT LIKE '%|anonymized' OR m.tool_output_key IS NOT NULL
                 OR EXISTS (SELECT 1 FROM memory_embeddings e WHERE e.item_id = m.id)
                 OR EXISTS (SELECT 1 FROM tool_outputs t WHERE t.item_id = m.id)

@@ -187,18 +187,69 @@ async fn each_new_row_queues_its_embed_job_in_the_same_transaction() {
         sqlx::query_as("SELECT job_type, status, job FROM apalis.jobs").fetch_one(&app.db.pool).await.expect("job");
     assert_eq!((queue.as_str(), status.as_str()), ("embed", "Pending"));
     let args: Value = serde_json::from_slice(&args).expect("JSON arguments");
-    assert_eq!(args["item_id"], reply.body["id"]);
     assert_eq!(args["tenant_id"], "acme");
     let sha: String = sqlx::query_scalar("SELECT encode(content_sha256, 'hex') FROM memory_items")
         .fetch_one(&app.db.pool)
         .await
         .expect("sha");
-    assert_eq!(args["content_sha256"], sha);
+    assert_eq!(args["items"], json!([{ "item_id": reply.body["id"], "content_sha256": sha }]));
 
     // A refused write queues nothing.
     let refused = app.client.post("/v1/memories", Some(&token), &chat("m-2", "")).await;
     assert_eq!(refused.status, 400);
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs").await, 1);
+}
+
+/// A statement that inserts rows queues one embed job per tenant, naming exactly the rows it
+/// inserted: not a row whose key was taken, not a row twice.
+#[tokio::test]
+async fn a_batch_queues_one_embed_job_naming_the_rows_it_inserted() {
+    let app = TestApp::spawn().await;
+    let token = token(&principal("acme", None, None, Some("s1")));
+    let first = app.client.post("/v1/memories", Some(&token), &chat("taken", "first words")).await;
+    let items = json!([chat("b-1", "one"), chat("taken", "first words"), chat("b-2", "two"), chat("b-1", "one")]);
+    let reply = app.client.post("/v1/memories/batch", Some(&token), &json!({ "items": items })).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let ids = |i: usize| reply.body["results"][i]["id"].as_str().expect("id").to_owned();
+
+    let jobs: Vec<Vec<u8>> = sqlx::query_scalar("SELECT job FROM apalis.jobs WHERE job_type = 'embed' ORDER BY id")
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("jobs");
+    let named: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|job| {
+            let args: Value = serde_json::from_slice(job).expect("JSON arguments");
+            assert_eq!(args["tenant_id"], "acme");
+            let mut ids: Vec<String> = args["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .map(|i| i["item_id"].as_str().unwrap().to_owned())
+                .collect();
+            ids.sort();
+            ids
+        })
+        .collect();
+    let mut batch = vec![ids(0), ids(2)];
+    batch.sort();
+    assert_eq!(named, vec![vec![first.body["id"].as_str().expect("id").to_owned()], batch]);
+
+    // A long batch is named by jobs of at most 64 rows, each row once.
+    let items: Vec<Value> = (0..130).map(|i| chat(&format!("long-{i}"), "words")).collect();
+    let reply = app.client.post("/v1/memories/batch", Some(&token), &json!({ "items": items })).await;
+    assert_eq!(reply.body["written"], json!(130), "{:?}", reply.body);
+    let sizes: Vec<i64> = sqlx::query_scalar(
+        "SELECT jsonb_array_length(convert_from(job, 'UTF8')::jsonb->'items')::int8 FROM apalis.jobs
+         WHERE job_type = 'embed' ORDER BY 1 OFFSET 2",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .expect("jobs");
+    assert_eq!(sizes, vec![2, 64, 64]);
+    let queued = "SELECT count(DISTINCT i->>'item_id') FROM apalis.jobs, \
+                  jsonb_array_elements(convert_from(job, 'UTF8')::jsonb->'items') AS i WHERE job_type = 'embed'";
+    assert_eq!(app.db.count(queued).await, 3 + 130);
 }
 
 /// A batch answers one result per item in order, writes its valid items in one transaction,

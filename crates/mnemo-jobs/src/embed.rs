@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mnemo_core::{EmbedError, Embedder, FailureClass, embedding_text};
-use mnemo_store::queue::EmbedJob;
+use mnemo_store::queue::EmbedRow;
 use mnemo_store::{NewVector, Store, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
@@ -29,7 +29,7 @@ pub struct EmbedPolicy {
 /// A handle to the batching loops. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EmbedDispatcher {
-    batcher: Batcher<EmbedJob>,
+    batcher: Batcher<EmbedRow>,
 }
 
 impl EmbedDispatcher {
@@ -42,7 +42,7 @@ impl EmbedDispatcher {
     pub fn start(store: Store, embedder: Arc<dyn Embedder>, policy: EmbedPolicy) -> Self {
         let model = Arc::new(Semaphore::new(1));
         let gather = Gather::UntilFree(model);
-        let batcher = Batcher::start(2, policy.batch_size, gather, move |jobs: Vec<EmbedJob>, model| {
+        let batcher = Batcher::start(2, policy.batch_size, gather, move |jobs: Vec<EmbedRow>, model| {
             let (store, embedder) = (store.clone(), embedder.clone());
             async move {
                 embed_batch(&store, embedder.as_ref(), policy, &jobs, model).await.map_err(|e| {
@@ -57,7 +57,7 @@ impl EmbedDispatcher {
     /// Embeds one job's row with whichever others are waiting. `Ok` means the job is finished:
     /// embedded, skipped, re-queued with a backoff, or failed for good (recorded on the row).
     /// `Err` means the database could not be reached and the job should run again.
-    pub async fn submit(&self, job: EmbedJob) -> Result<(), JobError> {
+    pub async fn submit(&self, job: EmbedRow) -> Result<(), JobError> {
         self.batcher.submit(job).await
     }
 }
@@ -68,7 +68,7 @@ async fn embed_batch(
     store: &Store,
     embedder: &dyn Embedder,
     policy: EmbedPolicy,
-    jobs: &[EmbedJob],
+    jobs: &[EmbedRow],
     model_permit: Option<OwnedSemaphorePermit>,
 ) -> Result<(), StoreError> {
     let model = embedder.model();
@@ -121,8 +121,8 @@ async fn embed_batch(
     metrics::counter!("mnemo_embed_rows_embedded_total").increment(saved.len() as u64);
 
     if !failures.is_empty() {
-        let by_id: HashMap<Uuid, &EmbedJob> = jobs.iter().map(|j| (j.item_id, j)).collect();
-        let failed: Vec<&EmbedJob> = failures.iter().filter_map(|(id, _)| by_id.get(id).copied()).collect();
+        let by_id: HashMap<Uuid, &EmbedRow> = jobs.iter().map(|j| (j.item_id, j)).collect();
+        let failed: Vec<&EmbedRow> = failures.iter().filter_map(|(id, _)| by_id.get(id).copied()).collect();
         let attempts: HashMap<Uuid, i32> = store.embed_attempts(&failed).await?.into_iter().collect();
         for (id, error) in failures {
             let Some(job) = by_id.get(&id) else { continue };

@@ -39,7 +39,10 @@ async fn handle_embed(
     store: Data<Store>,
     attempt: Attempt,
 ) -> Result<(), BoxDynError> {
-    let result = dispatcher.submit(job.clone()).await;
+    // Each row joins whichever batch is gathering; the job runs again (skipping the rows done)
+    // if any of them could not be stored.
+    let results = futures_util::future::join_all(job.rows().map(|row| dispatcher.submit(row))).await;
+    let result = results.into_iter().collect::<Result<(), _>>();
     finish(&store, &job, Next::after(result, attempt.current())).await
 }
 

@@ -11,7 +11,7 @@ use pgvector::Vector;
 use uuid::Uuid;
 
 use crate::judge::push_judge_jobs;
-use crate::queue::{EmbedJob, push, push_after};
+use crate::queue::{EmbedJob, EmbedRow, push, push_after};
 use crate::{Store, StoreError};
 
 /// A row an embed job asked for, as it is now.
@@ -85,7 +85,7 @@ impl Store {
     /// each chat message's previous turn when `with_previous`.
     pub async fn rows_to_embed(
         &self,
-        jobs: &[EmbedJob],
+        jobs: &[EmbedRow],
         model: &str,
         with_previous: bool,
     ) -> Result<Vec<RowToEmbed>, StoreError> {
@@ -138,7 +138,7 @@ impl Store {
     /// stays on the row. Returns the row's attempts so far.
     pub async fn record_embed_failure(
         &self,
-        job: &EmbedJob,
+        job: &EmbedRow,
         error: &str,
         retry_after: Option<Duration>,
     ) -> Result<i32, StoreError> {
@@ -161,14 +161,14 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(delay) = retry_after {
-            push_after(&mut tx, job, delay).await?;
+            push_after(&mut tx, &EmbedJob::of(job), delay).await?;
         }
         tx.commit().await?;
         Ok(attempts.unwrap_or(0))
     }
 
     /// How many times the rows of these jobs have failed so far.
-    pub async fn embed_attempts(&self, jobs: &[&EmbedJob]) -> Result<Vec<(Uuid, i32)>, StoreError> {
+    pub async fn embed_attempts(&self, jobs: &[&EmbedRow]) -> Result<Vec<(Uuid, i32)>, StoreError> {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
         let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
         Ok(sqlx::query_as(
@@ -208,7 +208,8 @@ impl Store {
         let jobs = stale
             .into_iter()
             .map(|(item_id, tenant, sha)| {
-                Ok(EmbedJob { tenant_id: TenantId::parse(&tenant)?, item_id, content_sha256: hex::encode(sha) })
+                let row = EmbedRow { tenant_id: TenantId::parse(&tenant)?, item_id, content_sha256: hex::encode(sha) };
+                Ok(EmbedJob::of(&row))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         push(&mut tx, &jobs).await?;

@@ -1,4 +1,4 @@
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use mnemo_core::{
     AuditEvent, Label, Layer, NewMemory, Origin, Principal, Scope, SourceKind, ToolOutputKey, Unit, fingerprint,
@@ -27,8 +27,10 @@ pub struct ToolOutput {
 
 /// Inserts many rows and the embed jobs of those inserted in one statement. Rows go in key order,
 /// so two batches that share keys wait on each other instead of deadlocking; a key proposed twice
-/// is inserted once. The jobs are apalis' rows as its own push writes them (`$29` the queue,
-/// `$30`/`$31` each row's job id and arguments).
+/// is inserted once. The jobs are apalis' rows as its own push writes them (`$29` the queue), one
+/// per tenant naming its inserted rows, or one per [`ROWS_PER_EMBED_JOB`] of them (`$30`-`$32`
+/// each tenant of the batch, its chunks and their job ids; `$33` the chunk size); their
+/// arguments are [`EmbedJob`]'s JSON.
 const INSERT_ITEMS: &str = "
 WITH new AS (
 INSERT INTO memory_items (
@@ -56,14 +58,25 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
           layer, category, importance, confidence, tags, origin, visibility, allowed_roles, fingerprint, ord)
 ORDER BY tenant_id, source_kind, source_ref, ord
 ON CONFLICT (tenant_id, source_kind, source_ref) DO NOTHING
-RETURNING id
+RETURNING id, tenant_id, content_sha256
+), chunked AS (
+    SELECT new.*, (row_number() OVER (PARTITION BY tenant_id ORDER BY id) - 1) / $33 AS chunk FROM new
 ), jobs AS (
     INSERT INTO apalis.jobs (id, job_type, job, status, attempts, max_attempts, run_at, priority, metadata)
-    SELECT j.job_id, $29, j.args, 'Pending', 0, 25, now(), 0, ''::hstore
-    FROM unnest($1::uuid[], $30::text[], $31::bytea[]) AS j(item_id, job_id, args)
-    JOIN new ON new.id = j.item_id
+    SELECT t.job_id, $29,
+           convert_to(json_build_object('tenant_id', c.tenant_id, 'items', json_agg(json_build_object(
+               'item_id', c.id, 'content_sha256', encode(c.content_sha256, 'hex'))))::text, 'UTF8'),
+           'Pending', 0, 25, now(), 0, ''::hstore
+    FROM chunked c
+    JOIN unnest($30::text[], $31::int8[], $32::text[]) AS t(tenant_id, chunk, job_id)
+      ON t.tenant_id = c.tenant_id AND t.chunk = c.chunk
+    GROUP BY c.tenant_id, t.job_id
 )
 SELECT id FROM new";
+
+/// The most rows one embed job names: a job waits until all its rows are embedded, and must
+/// finish within the job timeout even on a CPU model.
+const ROWS_PER_EMBED_JOB: usize = 64;
 
 /// The rows that already held the keys of rows not inserted, by their position in the batch.
 const FIND_ITEMS: &str = "
@@ -290,16 +303,15 @@ async fn insert_checked(
 /// rows and the ids of those inserted.
 async fn insert_items(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<(Vec<Uuid>, Vec<Uuid>), StoreError> {
     let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::now_v7()).collect();
-    let job_ids: Vec<String> = rows.iter().map(|_| ulid::Ulid::generate().to_string()).collect();
-    let jobs = rows
-        .iter()
-        .zip(&ids)
-        .map(|(m, id)| {
-            let job =
-                EmbedJob { tenant_id: m.tenant.clone(), item_id: *id, content_sha256: hex::encode(m.content_sha256) };
-            serde_json::to_vec(&job)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut per_tenant: BTreeMap<&str, usize> = BTreeMap::new();
+    for m in rows {
+        *per_tenant.entry(m.tenant.as_str()).or_default() += 1;
+    }
+    let chunks: Vec<(&str, i64)> = per_tenant
+        .into_iter()
+        .flat_map(|(tenant, n)| (0..n.div_ceil(ROWS_PER_EMBED_JOB) as i64).map(move |chunk| (tenant, chunk)))
+        .collect();
+    let job_ids: Vec<String> = chunks.iter().map(|_| ulid::Ulid::generate().to_string()).collect();
     let column = |f: fn(&NewMemory) -> Option<String>| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
     let tenants = column(|m| Some(m.tenant.to_string()));
     let kinds = column(|m| Some(m.kind.to_string()));
@@ -341,8 +353,10 @@ async fn insert_items(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<(Vec
             (m.typed.layer == Layer::Episodic && m.scope != Scope::Session).then(|| fingerprint(m.content.as_str()))
         }))
         .bind(EmbedJob::QUEUE.as_str())
+        .bind(chunks.iter().map(|c| c.0).collect::<Vec<_>>())
+        .bind(chunks.iter().map(|c| c.1).collect::<Vec<_>>())
         .bind(job_ids)
-        .bind(jobs)
+        .bind(ROWS_PER_EMBED_JOB as i64)
         .fetch_all(&mut *tx)
         .await?;
     Ok((ids, inserted))

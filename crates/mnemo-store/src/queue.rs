@@ -19,14 +19,76 @@ pub trait JobArgs: Serialize + for<'de> Deserialize<'de> + Send + Sync + Unpin +
     const QUEUE: Queue;
 }
 
-/// Embed one memory row. `content_sha256` is the hash the row had when the job was queued, so
-/// a worker can tell that the content changed since and must be embedded again.
+/// Embed memory rows of one tenant. A write queues one job for the rows of a tenant that one
+/// statement inserted: a job row per memory row was about a third of a write's time in the
+/// database (docs/benchmarks.md). Jobs queued before named one row (`item_id`,
+/// `content_sha256` beside `tenant_id`) and still decode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "EmbedJobArgs")]
 pub struct EmbedJob {
-    #[serde(with = "parsed")]
+    #[serde(serialize_with = "parsed::serialize")]
+    pub tenant_id: TenantId,
+    pub items: Vec<EmbedItem>,
+}
+
+/// A row an embed job names. `content_sha256` is the hash the row had when the job was queued,
+/// so a worker can tell that the content changed since and must be embedded again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbedItem {
+    pub item_id: Uuid,
+    pub content_sha256: String,
+}
+
+/// One row of an embed job with its tenant: what the embed worker batches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbedRow {
     pub tenant_id: TenantId,
     pub item_id: Uuid,
     pub content_sha256: String,
+}
+
+impl EmbedJob {
+    /// A job for one row.
+    pub fn of(row: &EmbedRow) -> Self {
+        let item = EmbedItem { item_id: row.item_id, content_sha256: row.content_sha256.clone() };
+        Self { tenant_id: row.tenant_id.clone(), items: vec![item] }
+    }
+
+    pub fn rows(&self) -> impl Iterator<Item = EmbedRow> + '_ {
+        self.items.iter().map(|i| EmbedRow {
+            tenant_id: self.tenant_id.clone(),
+            item_id: i.item_id,
+            content_sha256: i.content_sha256.clone(),
+        })
+    }
+}
+
+/// An embed job's arguments as stored: rows in `items`, or one row in the fields of old jobs.
+#[derive(Deserialize)]
+struct EmbedJobArgs {
+    #[serde(with = "parsed")]
+    tenant_id: TenantId,
+    #[serde(default)]
+    items: Vec<EmbedItem>,
+    item_id: Option<Uuid>,
+    content_sha256: Option<String>,
+}
+
+impl TryFrom<EmbedJobArgs> for EmbedJob {
+    type Error = &'static str;
+
+    fn try_from(args: EmbedJobArgs) -> Result<Self, Self::Error> {
+        let mut items = args.items;
+        match (args.item_id, args.content_sha256) {
+            (Some(item_id), Some(content_sha256)) => items.push(EmbedItem { item_id, content_sha256 }),
+            (None, None) => {}
+            _ => return Err("an embed job names a row without its content hash"),
+        }
+        if items.is_empty() {
+            return Err("an embed job names no row");
+        }
+        Ok(Self { tenant_id: args.tenant_id, items })
+    }
 }
 
 /// Judge one fact, if it is still pending.
@@ -174,5 +236,33 @@ impl crate::Store {
     pub async fn retry_after<J: JobArgs>(&self, job: &J, delay: Duration) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
         push_after(&mut conn, job, delay).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embed_jobs_of_one_row_queued_before_still_decode() {
+        let id = Uuid::now_v7();
+        let old = serde_json::json!({ "tenant_id": "acme", "item_id": id, "content_sha256": "ab" });
+        let job: EmbedJob = serde_json::from_value(old).expect("decodes");
+        assert_eq!(job.items, vec![EmbedItem { item_id: id, content_sha256: "ab".into() }]);
+
+        let now = serde_json::to_value(&job).expect("encodes");
+        assert_eq!(
+            now,
+            serde_json::json!({ "tenant_id": "acme", "items": [{ "item_id": id, "content_sha256": "ab" }] })
+        );
+        assert_eq!(serde_json::from_value::<EmbedJob>(now).expect("decodes"), job);
+
+        for bad in [
+            serde_json::json!({ "tenant_id": "acme", "items": [] }),
+            serde_json::json!({ "tenant_id": "acme", "item_id": id }),
+            serde_json::json!({ "tenant_id": " ", "item_id": id, "content_sha256": "ab" }),
+        ] {
+            assert!(serde_json::from_value::<EmbedJob>(bad).is_err());
+        }
     }
 }

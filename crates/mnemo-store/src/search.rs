@@ -111,8 +111,9 @@ const UNINDEXED_SCAN: u32 = 4096;
 
 /// Full text with OR semantics: the query's lexemes less the common ones (`$13`, with their
 /// frequencies in `$14`); when every lexeme is common, the rarest alone. Each class is ranked by
-/// RUM's distance (`$11` per class): from the index for embedded rows, computed on the heap for
-/// rows that enter the index only when embedded (see the migration that made it so).
+/// RUM's distance (`$11` per class): from the index for embedded rows, and for rows not embedded
+/// yet (whose full-text column is still empty) from their content, stemmed here (see migrations
+/// 024 and 028). The class filter is cheaper than stemming, so only the class's rows are stemmed.
 fn keyword_sql() -> String {
     let branches: Vec<String> = Scope::ALL
         .iter()
@@ -125,12 +126,12 @@ fn keyword_sql() -> String {
                     WHERE {filter} AND {LIVE} AND m.embedded_model IS NOT NULL AND m.tsv @@ (SELECT q FROM query)
                     ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $11)
                    UNION ALL
-                   (SELECT m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
+                   (SELECT m.id, (to_tsvector('english', m.content) <=> (SELECT q FROM query))::float8 AS d
                     FROM (SELECT * FROM memory_items
                           WHERE tenant_id = $1 AND deleted_at IS NULL AND anonymized_at IS NULL
                             AND embedded_model IS NULL
                           ORDER BY created_at DESC LIMIT {UNINDEXED_SCAN}) m
-                    WHERE {filter} AND {LIVE} AND m.tsv @@ (SELECT q FROM query)
+                    WHERE {filter} AND {LIVE} AND to_tsvector('english', m.content) @@ (SELECT q FROM query)
                     ORDER BY 2 LIMIT $11)
                  ) x ORDER BY x.d LIMIT $11)"
             )
