@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a mnemo-bench scenario on the local PostgreSQL with an optimised build:
-#   scripts/bench.sh writes [--concurrency 1,4,16,64] [--seconds 10] [--json]
+#   scripts/bench.sh writes [--concurrency 1,4,16,64] [--seconds 5] [--rounds 3] [--json]
 # Honours CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."

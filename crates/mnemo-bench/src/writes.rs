@@ -23,6 +23,11 @@ pub struct Args {
     /// How long each level runs, in seconds.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Plain INSERTs and HTTP writes alternate this many times per level, each for `seconds`:
+    /// the machine's speed drifts within a run, so each HTTP phase is compared with the plain
+    /// phase just before it, and the level reports the median of those ratios and their range.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Also write through `POST /v1/memories/batch`, this many rows per request (0: not).
     #[arg(long, default_value_t = 0)]
     batch: usize,
@@ -37,6 +42,49 @@ struct Level {
     rate: f64,
     p50_ms: f64,
     p99_ms: f64,
+}
+
+/// Latencies and time of one or more phases, pooled.
+struct Phases {
+    latencies: Histogram<u64>,
+    seconds: f64,
+}
+
+impl Phases {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self { latencies: Histogram::new(3)?, seconds: 0.0 })
+    }
+
+    fn add(&mut self, other: &Phases) -> anyhow::Result<()> {
+        self.latencies.add(&other.latencies)?;
+        self.seconds += other.seconds;
+        Ok(())
+    }
+
+    fn level(&self) -> Level {
+        Level {
+            rate: self.latencies.len() as f64 / self.seconds,
+            p50_ms: self.latencies.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_ms: self.latencies.value_at_quantile(0.99) as f64 / 1000.0,
+        }
+    }
+}
+
+/// HTTP / plain INSERT over the rounds of a level: the median and the range.
+#[derive(Debug)]
+struct Ratios {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Ratios {
+    fn of(mut ratios: Vec<f64>) -> Self {
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        let median = if n % 2 == 1 { ratios[n / 2] } else { (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0 };
+        Self { median, min: ratios[0], max: ratios[n - 1] }
+    }
 }
 
 /// How group commit served the single-row HTTP writes of one level.
@@ -66,6 +114,15 @@ where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = anyhow::Result<()>> + Send,
 {
+    Ok(phase(concurrency, duration, op).await?.level())
+}
+
+/// [`measure`], keeping the latencies to pool with other phases.
+async fn phase<F, Fut>(concurrency: usize, duration: Duration, op: F) -> anyhow::Result<Phases>
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
     let op = Arc::new(op);
     let counter = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -84,16 +141,11 @@ where
             anyhow::Ok(histogram)
         }));
     }
-    let mut all = Histogram::<u64>::new(3)?;
+    let mut latencies = Histogram::<u64>::new(3)?;
     for task in tasks {
-        all.add(task.await??)?;
+        latencies.add(task.await??)?;
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    Ok(Level {
-        rate: all.len() as f64 / elapsed,
-        p50_ms: all.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_ms: all.value_at_quantile(0.99) as f64 / 1000.0,
-    })
+    Ok(Phases { latencies, seconds: started.elapsed().as_secs_f64() })
 }
 
 const CONTENT: &str = "Sure, I pulled the numbers: 1,284 orders last week, up 12% on the week before, mostly \
@@ -138,13 +190,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let duration = Duration::from_secs(args.seconds);
     let mut rows = Vec::new();
     for (round, &concurrency) in args.concurrency.iter().enumerate() {
-        let table = plain.clone();
-        let plain_level = measure(concurrency, duration, move |_| {
-            let table = table.clone();
-            async move { Ok(table.insert(CONTENT).await?) }
-        })
-        .await?;
-
         // The same write without HTTP: what the store costs on its own.
         let (store, who) = (direct.clone(), principal.clone());
         let store_level = measure(concurrency, duration, move |n| {
@@ -185,26 +230,49 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             None
         };
 
-        let (http, base, token) = (http.clone(), base.clone(), token.clone());
-        let before = committers.stats();
-        let http_level = measure(concurrency, duration, move |n| {
+        let (mut plain_phases, mut http_phases, mut ratios, mut commits) =
+            (Phases::new()?, Phases::new()?, Vec::new(), CommitStats::default());
+        for pass in 0..args.rounds.max(1) {
+            let table = plain.clone();
+            let plain_phase = phase(concurrency, duration, move |_| {
+                let table = table.clone();
+                async move { Ok(table.insert(CONTENT).await?) }
+            })
+            .await?;
+
             let (http, base, token) = (http.clone(), base.clone(), token.clone());
-            async move {
-                let body = json!({ "source_kind": "chat_message", "source_ref": format!("r{round}-m{n}"), "content": CONTENT });
-                let response = http.post(&base).bearer_auth(&token).json(&body).send().await?;
-                anyhow::ensure!(response.status().as_u16() == 201, "write answered {}", response.status());
-                Ok(())
-            }
-        })
-        .await?;
-        let commits = committers.stats() - before;
-        rows.push((concurrency, http_level, store_level, plain_level, batch_level, Commits::from(commits)));
+            let before = committers.stats();
+            let http_phase = phase(concurrency, duration, move |n| {
+                let (http, base, token) = (http.clone(), base.clone(), token.clone());
+                async move {
+                    let source_ref = format!("r{round}-{pass}-m{n}");
+                    let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": CONTENT });
+                    let response = http.post(&base).bearer_auth(&token).json(&body).send().await?;
+                    anyhow::ensure!(response.status().as_u16() == 201, "write answered {}", response.status());
+                    Ok(())
+                }
+            })
+            .await?;
+            commits = commits + (committers.stats() - before);
+            ratios.push(http_phase.level().rate / plain_phase.level().rate);
+            plain_phases.add(&plain_phase)?;
+            http_phases.add(&http_phase)?;
+        }
+        rows.push((
+            concurrency,
+            http_phases.level(),
+            store_level,
+            plain_phases.level(),
+            batch_level,
+            Commits::from(commits),
+            Ratios::of(ratios),
+        ));
     }
 
     if args.json {
         let levels: Vec<_> = rows
             .iter()
-            .map(|(c, h, s, p, b, g)| {
+            .map(|(c, h, s, p, b, g, r)| {
                 json!({
                     "batch_rows_per_s": b.as_ref().map(|b| b.rate), "batch_p50_ms": b.as_ref().map(|b| b.p50_ms),
                     "batch_ratio": b.as_ref().map(|b| b.rate / p.rate),
@@ -212,28 +280,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     "http_writes_per_s": h.rate, "http_p50_ms": h.p50_ms, "http_p99_ms": h.p99_ms,
                     "store_writes_per_s": s.rate, "store_p50_ms": s.p50_ms, "store_p99_ms": s.p99_ms,
                     "plain_inserts_per_s": p.rate, "plain_p50_ms": p.p50_ms, "plain_p99_ms": p.p99_ms,
-                    "ratio": h.rate / p.rate,
+                    "ratio": r.median, "ratio_min": r.min, "ratio_max": r.max,
                     "group_commit_rows_per_transaction": g.rows_per_transaction,
                     "group_commit_queued_ms": g.queued_ms, "group_commit_transaction_ms": g.transaction_ms,
                 })
             })
             .collect();
-        println!("{}", json!({ "scenario": "writes", "seconds_per_level": args.seconds, "levels": levels }));
+        println!(
+            "{}",
+            json!({ "scenario": "writes", "seconds_per_phase": args.seconds, "rounds": args.rounds, "levels": levels })
+        );
     } else {
         println!(
             "| concurrency | HTTP writes/s | ack p50 ms | ack p99 ms | store-only writes/s | store p50 ms \
-             | plain INSERT/s | INSERT p50 ms | HTTP / plain | rows per commit | commit wait ms | commit ms \
+             | plain INSERT/s | INSERT p50 ms | HTTP / plain (median of rounds) | range over rounds \
+             | rows per commit | commit wait ms | commit ms \
              | batched rows/s ({} per request) | batch p50 ms | batched / plain |",
             args.batch
         );
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for (c, h, s, p, b, g) in &rows {
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (c, h, s, p, b, g, r) in &rows {
             let batch = b.as_ref().map_or_else(
                 || "– | – | –".to_owned(),
                 |b| format!("{:.0} | {:.2} | {:.2}", b.rate, b.p50_ms, b.rate / p.rate),
             );
             println!(
-                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {batch} |",
+                "| {c} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2}–{:.2} | {:.1} | {:.2} | {:.2} | {batch} |",
                 h.rate,
                 h.p50_ms,
                 h.p99_ms,
@@ -241,7 +313,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 s.p50_ms,
                 p.rate,
                 p.p50_ms,
-                h.rate / p.rate,
+                r.median,
+                r.min,
+                r.max,
                 g.rows_per_transaction,
                 g.queued_ms,
                 g.transaction_ms,

@@ -47,6 +47,19 @@ pub struct CommitStats {
     pub in_transaction: Duration,
 }
 
+impl std::ops::Add for CommitStats {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            transactions: self.transactions + other.transactions,
+            rows: self.rows + other.rows,
+            queued: self.queued + other.queued,
+            in_transaction: self.in_transaction + other.in_transaction,
+        }
+    }
+}
+
 impl std::ops::Sub for CommitStats {
     type Output = Self;
 
