@@ -54,9 +54,9 @@ impl EmbedDispatcher {
         Self { batcher }
     }
 
-    /// Embeds one job's row with whichever others are waiting. `Ok` means the job is finished:
+    /// Embeds one row of a job with whichever others are waiting. `Ok` means the row is finished:
     /// embedded, skipped, re-queued with a backoff, or failed for good (recorded on the row).
-    /// `Err` means the database could not be reached and the job should run again.
+    /// `Err` means the database could not be reached and the row's job should run again.
     pub async fn submit(&self, job: EmbedRow) -> Result<(), JobError> {
         self.batcher.submit(job).await
     }
