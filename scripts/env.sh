@@ -10,6 +10,11 @@ mnemo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # A Unix socket: sqlx 0.9 no longer sets TCP_NODELAY, which costs ~40 ms per round trip over TCP.
 : "${MNEMO_DATABASE_URL:=postgres://${MNEMO_PG_USER}:${MNEMO_PG_PASSWORD}@localhost:${MNEMO_PG_PORT}/${MNEMO_PG_DB}?host=${MNEMO_PG_SOCKET_DIR}}"
 export MNEMO_DATABASE_URL
+# A streaming replica of that cluster (scripts/setup-replica.sh), for MNEMO_READ_DATABASE_URL.
+: "${MNEMO_PG_REPLICA_CLUSTER:=mnemo_replica}"
+: "${MNEMO_PG_REPLICA_PORT:=55433}"
+: "${MNEMO_REPLICA_DATABASE_URL:=postgres://${MNEMO_PG_USER}:${MNEMO_PG_PASSWORD}@localhost:${MNEMO_PG_REPLICA_PORT}/${MNEMO_PG_DB}?host=${MNEMO_PG_SOCKET_DIR}}"
+export MNEMO_REPLICA_DATABASE_URL
 : "${MNEMO_LOCAL_MODEL_DIR:=$mnemo_root/models/all-MiniLM-L6-v2}"
 export MNEMO_LOCAL_MODEL_DIR
 # A development secret only; production sets its own (see README).

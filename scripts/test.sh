@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/env.sh
 
 bash scripts/setup-postgres.sh
+bash scripts/setup-replica.sh
 bash scripts/fetch-model.sh
 MNEMO_TEST_PYTHON=$(bash scripts/setup-python.sh)
 export MNEMO_TEST_PYTHON

@@ -15,7 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use mnemo_config::{ContextSettings, ServerSettings, WorkspaceSettings};
 use mnemo_core::{Embedder, Reranker, TokenCounter};
 use mnemo_recall::Recall;
-use mnemo_store::{GroupCommit, MIGRATOR, Store};
+use mnemo_store::{GroupCommit, MIGRATOR, Reads, Store};
 
 pub mod auth;
 mod body;
@@ -37,7 +37,10 @@ pub use serve::{Timeouts, serve};
 /// What every handler can reach.
 #[derive(Debug, Clone)]
 pub struct AppState {
+    /// The primary: every write, and every read that must see the latest writes.
     pub store: Store,
+    /// Where recall and tool-output reads go: the primary, or a replica checked against it.
+    pub reads: Reads,
     pub writes: GroupCommit,
     pub recall: Arc<Recall>,
     pub auth: Arc<Authenticator>,
@@ -64,11 +67,20 @@ impl AppState {
             ) as Arc<dyn Reranker>),
             None => None,
         };
+        let mut reads = Reads::primary(store.clone());
+        if let Some(url) = &settings.database.read_url {
+            reads = reads
+                .with_replica(url.expose(), settings.database.max_connections, settings.database.replica_wait)
+                .map_err(|e| format!("{}: {e}", mnemo_config::vars::READ_DATABASE_URL))?;
+        }
         Ok(Self {
             writes: GroupCommit::start(store.clone(), settings.write_committers, settings.write_max_batch),
             recall: Arc::new(
-                Recall::new(store.clone(), embedder, reranker, settings.recall.clone()).with_access_tracking(),
+                Recall::new(store.clone(), embedder, reranker, settings.recall.clone())
+                    .reading_from(reads.clone())
+                    .with_access_tracking(),
             ),
+            reads,
             store,
             auth: Arc::new(Authenticator::new(&settings.jwt)?),
             max_tool_output_bytes: settings.max_tool_output_bytes,

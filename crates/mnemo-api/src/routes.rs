@@ -447,7 +447,7 @@ pub async fn tool_output(
     PathPart(key): PathPart,
 ) -> Result<Response, ApiError> {
     let key = ToolOutputKey::parse(&key).ok_or(ApiError::NotFound)?;
-    let output = state.store.tool_output(&principal, &key).await?.ok_or(ApiError::NotFound)?;
+    let output = state.reads.complete().await.tool_output(&principal, &key).await?.ok_or(ApiError::NotFound)?;
     let body = json!({ "key": output.key.as_str(), "item_id": output.item_id, "content": output.content });
     Ok(Json(body).into_response())
 }

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use crate::{ConfigError, Env, Problems, Secret, vars};
 
 /// How the database is reached.
@@ -5,6 +7,11 @@ use crate::{ConfigError, Env, Problems, Secret, vars};
 pub struct DatabaseSettings {
     pub url: Secret<String>,
     pub max_connections: u32,
+    /// A streaming replica of `url`, when reads may go there.
+    pub read_url: Option<Secret<String>>,
+    /// How long a read waits for the replica to catch up before it answers `degraded` (recall)
+    /// or reads the primary (everything else).
+    pub replica_wait: Duration,
 }
 
 impl DatabaseSettings {
@@ -21,7 +28,9 @@ impl DatabaseSettings {
         if max_connections == 0 {
             problems.0.push(format!("{} must be at least 1", vars::DB_MAX_CONNECTIONS));
         }
-        Self { url: Secret::new(url.unwrap_or_default().to_owned()), max_connections }
+        let read_url = env.get(vars::READ_DATABASE_URL).map(|u| Secret::new(u.to_owned()));
+        let replica_wait = Duration::from_millis(problems.parsed(env, vars::READ_REPLICA_WAIT_MS, 25, "milliseconds"));
+        Self { url: Secret::new(url.unwrap_or_default().to_owned()), max_connections, read_url, replica_wait }
     }
 
     /// Settings for the binaries that need nothing but the database (runbook, bench).

@@ -4,6 +4,11 @@ pub const DATABASE_URL: &str = "MNEMO_DATABASE_URL";
 /// Read when `MNEMO_DATABASE_URL` is unset, as many tools set it.
 pub const DATABASE_URL_FALLBACK: &str = "DATABASE_URL";
 pub const DB_MAX_CONNECTIONS: &str = "MNEMO_DB_MAX_CONNECTIONS";
+/// A streaming replica for recall, tool-output reads and exports; writes and jobs stay on the
+/// primary.
+pub const READ_DATABASE_URL: &str = "MNEMO_READ_DATABASE_URL";
+/// How long a read waits for the replica to replay the primary's acknowledged writes.
+pub const READ_REPLICA_WAIT_MS: &str = "MNEMO_READ_REPLICA_WAIT_MS";
 pub const LISTEN: &str = "MNEMO_LISTEN";
 pub const JWT_SECRET: &str = "MNEMO_JWT_SECRET";
 pub const JWT_PUBLIC_KEY_FILE: &str = "MNEMO_JWT_PUBLIC_KEY_FILE";

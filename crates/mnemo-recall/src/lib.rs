@@ -2,7 +2,8 @@
 //! may search, full-text and vector candidates are fused by Reciprocal Rank Fusion; classes are
 //! merged by weighted RRF with class priors; the best candidates may go to a cross-encoder, and
 //! any failure there falls back to merge order. Recall never fails because a model did:
-//! without a query vector it answers from full text and says it is degraded.
+//! without a query vector it answers from full text and says it is degraded. With a read replica
+//! (`Reads`), searches go there, and a replica still behind the primary makes recall degraded.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use mnemo_core::{
     Embedder, Layer, MAX_TOP_K, Principal, RecallClass, RecallRequest, RecallScope, Reranker, Scope, ScopeError,
     Signals, SourceKind, signal_factor,
 };
-use mnemo_store::{CommonLexemes, Search, SearchScope, Store, StoreError};
+use mnemo_store::{CommonLexemes, ReadFrom, Reads, Search, SearchScope, Store, StoreError};
 use uuid::Uuid;
 
 mod access;
@@ -76,7 +77,8 @@ pub struct Ranked {
 pub struct Recalled {
     pub items: Vec<RecalledItem>,
     /// Rows in the searched classes still wait for vectors, or the query could not be embedded:
-    /// the vector half may be incomplete; the full-text half is complete.
+    /// the vector half may be incomplete; the full-text half is complete. Or the replica searched
+    /// had not yet replayed every acknowledged write: both halves may miss the newest rows.
     pub degraded: bool,
     pub rerank_used: bool,
 }
@@ -113,8 +115,12 @@ pub enum RecallError {
 /// Recall over one store with one embedding model. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct Recall {
+    /// The primary: access tracking writes there.
     store: Store,
     search: Search,
+    /// Searches go to the replica when there is one (`search` on its database).
+    reads: Reads,
+    replica_search: Option<Search>,
     query_vectors: QueryVectors,
     reranker: Option<Arc<dyn Reranker>>,
     settings: RecallSettings,
@@ -131,7 +137,24 @@ impl Recall {
     ) -> Self {
         let search = store.search(embedder.model(), embedder.dimensions());
         let query_vectors = QueryVectors::new(embedder, settings.query_batch, settings.query_cache);
-        Self { store, search, query_vectors, reranker, settings, common_lexemes: Mutex::new(None), access: None }
+        Self {
+            reads: Reads::primary(store.clone()),
+            replica_search: None,
+            store,
+            search,
+            query_vectors,
+            reranker,
+            settings,
+            common_lexemes: Mutex::new(None),
+            access: None,
+        }
+    }
+
+    /// Searches go where `reads` sends them; on a replica still behind, recall is `degraded`.
+    pub fn reading_from(mut self, reads: Reads) -> Self {
+        self.replica_search = reads.replica_store().map(|replica| self.search.on(replica.clone()));
+        self.reads = reads;
+        self
     }
 
     /// Records what recalls return (last access, access count) through access jobs, batched
@@ -204,12 +227,16 @@ impl Recall {
             user: principal.user.as_ref(),
         };
 
+        let (search, lagging) = match (self.reads.route().await, &self.replica_search) {
+            (ReadFrom::Replica { lagging }, Some(replica)) => (replica, lagging),
+            _ => (&self.search, false),
+        };
         let keyword = async {
             if options.halves == Halves::VectorOnly {
                 return Ok(Default::default());
             }
             let common = self.common_lexemes().await;
-            self.search.keyword(&scope, query.text, &common, CANDIDATES_PER_CLASS).await
+            search.keyword(&scope, query.text, &common, CANDIDATES_PER_CLASS).await
         };
         let vector = async {
             if options.halves == Halves::KeywordOnly {
@@ -218,10 +245,10 @@ impl Recall {
             let Some(vector) = self.query_vector(query.text, options.query_vector.clone()).await else {
                 return Ok(None);
             };
-            self.search.vector(&scope, &vector, CANDIDATES_PER_CLASS).await.map(Some)
+            search.vector(&scope, &vector, CANDIDATES_PER_CLASS).await.map(Some)
         };
-        let (keyword, vector, pending) = tokio::try_join!(keyword, vector, self.search.pending_embeddings(&scope))?;
-        let degraded = pending || vector.is_none();
+        let (keyword, vector, pending) = tokio::try_join!(keyword, vector, search.pending_embeddings(&scope))?;
+        let degraded = pending || vector.is_none() || lagging;
         let fused = fuse(&classes, &[&keyword, &vector.unwrap_or_default()]);
 
         // Signals can lift a row by a bounded factor only, so only rows near the cut can pass
@@ -229,7 +256,7 @@ impl Recall {
         let signals = self.settings.signals;
         let window = if signals.is_off() { limit } else { (2 * limit).max(40) };
         let ids: Vec<Uuid> = fused.iter().take(window).map(|(id, _)| *id).collect();
-        let mut rows = self.store.recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
+        let mut rows = search.store().recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
         let now = options.as_of.unwrap_or_else(Utc::now);
         // Back into fused order; a row retired since the search is simply gone.
         let mut items: Vec<RecalledItem> = fused

@@ -13,7 +13,7 @@ use mnemo_core::{
     AgentId, AuditEvent, FactScope, Label, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId,
 };
 use mnemo_recall::{Recall, RecallOptions};
-use mnemo_store::{MIGRATOR, Store};
+use mnemo_store::{MIGRATOR, Reads, Store};
 
 mod judge;
 mod memory;
@@ -244,7 +244,20 @@ async fn main() -> anyhow::Result<()> {
         Command::Audit { tenant, event, item, since, limit, json } => {
             retention::audit(&connect(&env).await?, tenant, event, item, since, limit, json).await
         }
-        Command::Export(args) => portability::export(&connect(&env).await?, args).await,
+        Command::Export(args) => {
+            let reads = reads(&env).await?;
+            let store = reads.complete().await;
+            if let Some(replica) = reads.replica_store() {
+                // `complete` hands back one of the two stores: say which.
+                let from = if std::ptr::eq(store, replica) {
+                    "the replica"
+                } else {
+                    "the primary (the replica is behind or down)"
+                };
+                eprintln!("exporting from {from}");
+            }
+            portability::export(store, args).await
+        }
         Command::Import(args) => portability::import(&connect(&env).await?, args).await,
         Command::Openapi => {
             println!("{}", serde_json::to_string_pretty(&mnemo_api::openapi::document())?);
@@ -272,11 +285,11 @@ async fn recall(
     include_superseded: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    let database = DatabaseSettings::from_env(env)?;
-    let store = Store::connect(database.url.expose(), 4).await.context("cannot connect to the database")?;
+    let reads = reads(env).await?;
     let embedder = mnemo_models::embedder(&EmbedSettings::from_env(env)?)?;
     // The runbook never reranks: it shows merge order, which is what recall falls back to.
-    let recall = Recall::new(store, embedder, None, RecallSettings::from_env(env)?);
+    let recall =
+        Recall::new(reads.primary_store().clone(), embedder, None, RecallSettings::from_env(env)?).reading_from(reads);
     let options = RecallOptions { include_superseded, ..RecallOptions::default() };
     let recalled = recall.recall_with(principal, request, options).await?;
     if json {
@@ -288,7 +301,9 @@ async fn recall(
         println!("{:.4}  {}  {} {}\n        {}", item.score, item.id, item.source_kind, item.source_ref, item.content);
     }
     if recalled.degraded {
-        println!("(degraded: some rows still wait for vectors, or the query could not be embedded)");
+        println!(
+            "(degraded: some rows still wait for vectors, the query could not be embedded, or the replica is behind)"
+        );
     }
     Ok(())
 }
@@ -296,6 +311,17 @@ async fn recall(
 async fn connect(env: &Env) -> anyhow::Result<Store> {
     let settings = DatabaseSettings::from_env(env)?;
     Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")
+}
+
+/// The primary, and the replica named by `MNEMO_READ_DATABASE_URL` if one is.
+async fn reads(env: &Env) -> anyhow::Result<Reads> {
+    let settings = DatabaseSettings::from_env(env)?;
+    let primary = Store::connect(settings.url.expose(), 4).await.context("cannot connect to the database")?;
+    let reads = Reads::primary(primary);
+    Ok(match &settings.read_url {
+        Some(url) => reads.with_replica(url.expose(), 4, settings.replica_wait).context(vars::READ_DATABASE_URL)?,
+        None => reads,
+    })
 }
 
 /// A worker is alive if it heartbeat within this long (the default orphan timeout).

@@ -25,7 +25,7 @@ pub async fn create_database(admin_url: &str, prefix: &str, max_connections: u32
 }
 
 /// The same URL, naming another database.
-fn with_database(url: &str, database: &str) -> String {
+pub fn with_database(url: &str, database: &str) -> String {
     let authority_start = url.find("://").map_or(0, |i| i + 3);
     let query_start = url.find('?').unwrap_or(url.len());
     let path_start = url[authority_start..query_start].find('/').map_or(query_start, |i| authority_start + i);

@@ -21,6 +21,7 @@ mod memories;
 mod ops;
 mod portability;
 pub mod queue;
+mod replica;
 mod retention;
 mod schema;
 mod search;
@@ -34,7 +35,7 @@ pub use conversation::{
     Compaction, MessageCursor, NewCompaction, PendingCompaction, STALE_REQUEST, SessionMessage, SessionState,
     SessionSummary,
 };
-pub use database::{FreshDatabase, create_database};
+pub use database::{FreshDatabase, create_database, with_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};
@@ -46,6 +47,7 @@ pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{Delivery, EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use portability::{EXPORT_TABLES, Import, ImportError, ImportReport};
+pub use replica::{ReadFrom, Reads};
 pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, SweepPlan};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};

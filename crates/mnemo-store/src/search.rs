@@ -359,6 +359,16 @@ fn rank(mut rows: Vec<(String, Uuid, f64)>) -> Ranked {
 }
 
 impl Search {
+    /// The same statements, run on `store` (a replica of this one's database).
+    pub fn on(&self, store: Store) -> Search {
+        Search { store, ..self.clone() }
+    }
+
+    /// The database the statements run on.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     pub fn model(&self) -> &str {
         &self.model
     }

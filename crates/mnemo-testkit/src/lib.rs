@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use mnemo_api::{AppState, app};
 use mnemo_config::{Env, ServerSettings, vars};
 use mnemo_core::{AgentId, Principal, SessionId, TenantId, UserId};
-use mnemo_store::{Store, create_database};
+use mnemo_store::{Store, create_database, with_database};
 use serde_json::Value;
 use sqlx::PgPool;
 
@@ -58,6 +58,13 @@ impl TestDb {
 
     pub fn store(&self) -> Store {
         Store::new(self.pool.clone())
+    }
+
+    /// This database on the streaming replica of the tests' server (`scripts/setup-replica.sh`).
+    pub fn replica_url(&self) -> String {
+        let replica = std::env::var("MNEMO_REPLICA_DATABASE_URL")
+            .expect("set MNEMO_REPLICA_DATABASE_URL (scripts/env.sh does) to run the replica tests");
+        with_database(&replica, &self.name)
     }
 
     /// A count from any `SELECT count(*) …`, for assertions.
@@ -182,8 +189,15 @@ impl TestApp {
     }
 
     pub async fn spawn_with<V: AsRef<str>>(extra_env: &[(&str, V)]) -> Self {
+        Self::spawn_with_db(|_| extra_env).await
+    }
+
+    /// Like [`TestApp::spawn_with`], with settings that name the new database (a replica of it).
+    pub async fn spawn_with_db<'a, V: AsRef<str>, E: AsRef<[(&'a str, V)]>>(
+        extra_env: impl FnOnce(&TestDb) -> E,
+    ) -> Self {
         let db = TestDb::new().await;
-        let settings = ServerSettings::from_env(&server_env(&db.url, extra_env)).expect("test settings");
+        let settings = ServerSettings::from_env(&server_env(&db.url, extra_env(&db).as_ref())).expect("test settings");
         // The model loads on the first recall, so tests that never recall do not pay for it.
         let embedder = Arc::new(LazyEmbedder::new(settings.embed.clone()));
         let state = AppState::new(db.store(), &settings, embedder).expect("test state");
