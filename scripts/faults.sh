@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault suite (docs/benchmarks.md, "Faults"), about 8 minutes: each fault injected again and
+# The fault suite (docs/benchmarks.md, "Faults"), about 16 minutes: each fault injected again and
 # again under a steady write and recall load, then the checks (mnemo-bench faults). Restarting
 # PostgreSQL runs pg_ctlcluster on the project's cluster, as root (or through sudo).
 # Honours CARGO_TARGET_DIR.
@@ -21,3 +21,6 @@ for mode in fast immediate; do
   "$bench" faults --fault postgres-restart --kills 3 --every 10 \
     --restart-command "$sudo pg_ctlcluster $pg_version $MNEMO_PG_CLUSTER restart -m $mode"
 done
+
+log "fault: the embedding endpoint failing, hanging, answering garbage, 60 s each"
+"$bench" faults --fault embedder-outage --kills 4 --every 3 --outage 60

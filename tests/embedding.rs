@@ -230,7 +230,7 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
 }
 
 #[tokio::test]
-async fn a_wrong_dimension_is_a_permanent_failure() {
+async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
     let db = TestDb::new().await;
     let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
     let provider = ScriptedEmbeddings::start(16).await;
@@ -238,13 +238,39 @@ async fn a_wrong_dimension_is_a_permanent_failure() {
     let env = openai_env(&provider);
     write_messages(&server, 1, |_| "one row".into()).await;
     let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            db.count("SELECT count(*) FROM memory_items WHERE embed_error LIKE 'dimension_mismatch%'").await == 1
-        })
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");
+    let attempts = db.count("SELECT embed_attempts::bigint FROM memory_items WHERE embed_error IS NULL").await;
+    assert_eq!(attempts, 1, "one failed attempt, then the retry embedded it");
+    worker.kill().await;
+}
+
+/// A row waiting out a long backoff is retried as soon as the endpoint answers another row: an
+/// outage's backlog drains when the endpoint is mended, not minutes later.
+#[tokio::test]
+async fn rows_waiting_out_a_backoff_are_retried_once_the_endpoint_answers_again() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(16).await;
+    provider.then([Answer::Status(503)]);
+    let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
+    write_messages(&server, 1, |_| "written during the outage".into()).await;
+    let failed_once = || async { db.count("SELECT count(*) FROM memory_items WHERE embed_attempts = 1").await == 1 };
+    assert!(wait_until(Duration::from_secs(30), failed_once).await, "the first attempt never failed");
+    // As if its backoff had grown long over an outage.
+    let delayed = sqlx::query("UPDATE apalis.jobs SET run_at = now() + interval '1 hour' WHERE status = 'Pending'")
+        .execute(&db.pool)
         .await
+        .expect("delay")
+        .rows_affected();
+    assert_eq!(delayed, 1);
+
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let body = json!({ "source_kind": "chat_message", "source_ref": "after", "content": "written after the outage" });
+    assert_eq!(server.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+    assert!(
+        wait_until(Duration::from_secs(20), || async { embedded(&db).await == 2 }).await,
+        "the row in backoff was not retried when the endpoint answered again"
     );
-    assert_eq!(embedded(&db).await, 0);
     worker.kill().await;
 }
 

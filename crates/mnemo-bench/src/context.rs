@@ -15,7 +15,7 @@ use mnemo_config::{ContextSettings, DatabaseSettings, Env, ServerSettings, Token
 use mnemo_core::{CompactionOutcome, CompactionTrigger, Principal, SessionId, TenantId, TokenCounter};
 use mnemo_jobs::{CompactPolicy, CompactReport, Compactor};
 use mnemo_store::queue::CompactJob;
-use mnemo_store::{Store, create_database};
+use mnemo_store::{Store, create_database, with_database};
 use mnemo_testkit::ScriptedChat;
 use serde_json::{Value, json};
 
@@ -88,7 +88,12 @@ impl LocalApi {
             create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
         eprintln!("bench database: {}", db.name);
         let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
-        let server_env = env.clone().with(vars::DATABASE_URL, db.url.as_str()).with(vars::JWT_SECRET, secret.as_str());
+        let mut server_env =
+            env.clone().with(vars::DATABASE_URL, db.url.as_str()).with(vars::JWT_SECRET, secret.as_str());
+        if let Some(replica) = &database.read_url {
+            // A replica's URL names a database; the bench's own has a fresh name.
+            server_env = server_env.with(vars::READ_DATABASE_URL, with_database(replica.expose(), &db.name));
+        }
         let settings = ServerSettings::from_env(&server_env)?;
         let store = Store::connect(&db.url, 20).await?;
         let embedder = mnemo_models::embedder(&settings.embed)?;

@@ -5,7 +5,12 @@
 //! - `postgres-restart`: PostgreSQL restarted by `--restart-command` (fast or immediate
 //!   shutdown); while it is down the API must answer with an error code, never hang past its
 //!   timeout, and recover by itself. A worker that exits is started again, as a supervisor would,
-//!   and counted.
+//!   and counted;
+//! - `embedder-outage`: the embedding endpoint (the testkit's scripted OpenAI-compatible server,
+//!   for the API's queries and the worker's rows) answers 500, hangs past the client's timeout,
+//!   answers malformed JSON or vectors of the wrong dimension for `--outage` seconds, one after
+//!   the other, then recovers; recall must answer (degraded) throughout, writes must not notice,
+//!   and the backlog must drain with no row given up.
 //!
 //! Afterwards, with one worker left to drain the backlog: no acknowledged write is lost, every
 //! row has its vector of the model, the embed queue settles with no job dead, and no
@@ -25,6 +30,7 @@ use mnemo_api::{AppState, Timeouts, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Principal, Queue, SessionId, TenantId, UserId};
 use mnemo_store::{Store, create_database};
+use mnemo_testkit::{Answer, ScriptedEmbeddings};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -32,7 +38,21 @@ use uuid::Uuid;
 enum Fault {
     WorkerKill,
     PostgresRestart,
+    EmbedderOutage,
 }
+
+/// What the embedding endpoint does during each `embedder-outage`, in turn.
+fn outage_answer(n: u32) -> (&'static str, Answer) {
+    match n % 4 {
+        0 => ("500", Answer::Status(500)),
+        1 => ("hang", Answer::Hang(Duration::from_secs(30))),
+        2 => ("malformed JSON", Answer::Malformed),
+        _ => ("wrong dimension", Answer::WrongDimension),
+    }
+}
+
+/// The embedding client's timeout under `embedder-outage`, so a hang costs a request this long.
+const OUTAGE_EMBED_TIMEOUT_MS: &str = "2000";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -48,6 +68,9 @@ pub struct Args {
     /// (`scripts/faults.sh` passes `pg_ctlcluster <version> <cluster> restart -m fast|immediate`).
     #[arg(long)]
     restart_command: Option<String>,
+    /// For `embedder-outage`: how long each outage lasts, in seconds.
+    #[arg(long, default_value_t = 60)]
+    outage: u64,
     /// Writes per second, spread over the writers (keep it under the embedder's rate, or the
     /// backlog only grows).
     #[arg(long, default_value_t = 20.0)]
@@ -143,9 +166,14 @@ fn worker_binary() -> anyhow::Result<PathBuf> {
 
 /// Starts a worker (this process's environment, the bench database) and waits until it serves
 /// its metrics, so a kill lands on a worker that has started.
-async fn start_worker(binary: &PathBuf, url: &str) -> anyhow::Result<tokio::process::Child> {
+async fn start_worker(
+    binary: &PathBuf,
+    url: &str,
+    extra_env: &[(&str, String)],
+) -> anyhow::Result<tokio::process::Child> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let mut child = tokio::process::Command::new(binary)
+        .envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())))
         .env(vars::DATABASE_URL, url)
         .env(vars::WORKER_LISTEN, format!("127.0.0.1:{port}"))
         .env(vars::LOG, "error")
@@ -180,8 +208,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("bench database: {}", db.name);
     let url = db.url;
 
+    // Under `embedder-outage` the API and the workers embed through a scripted endpoint that the
+    // loop below breaks and mends; otherwise with the local model.
+    let provider = match args.fault {
+        Fault::EmbedderOutage => Some(ScriptedEmbeddings::start(64).await),
+        _ => None,
+    };
+    let mut model_env = provider.as_ref().map_or_else(Vec::new, |p| p.env("scripted-bag-of-words"));
+    if provider.is_some() {
+        model_env.push((vars::EMBED_TIMEOUT_MS, OUTAGE_EMBED_TIMEOUT_MS.to_owned()));
+    }
     let secret = format!("bench-{}", Uuid::new_v4().simple());
-    let server_env = env.clone().with(vars::DATABASE_URL, url.as_str()).with(vars::JWT_SECRET, secret.as_str());
+    let mut server_env = env.clone().with(vars::DATABASE_URL, url.as_str()).with(vars::JWT_SECRET, secret.as_str());
+    for (name, value) in &model_env {
+        server_env = server_env.with(name, value.as_str());
+    }
     let settings = ServerSettings::from_env(&server_env)?;
     let model = settings.embed.model.clone();
     let store = Store::connect(&url, 16).await?;
@@ -202,7 +243,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
 
-    let mut worker = start_worker(&binary, &url).await?;
+    let mut worker = start_worker(&binary, &url, &model_env).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Vec::<Uuid>::new()));
     let sequence = Arc::new(AtomicU64::new(0));
@@ -254,11 +295,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut worker_exits = 0;
     for kill in 1..=args.kills {
         tokio::time::sleep(Duration::from_secs_f64(args.every)).await;
-        let t = Instant::now();
+        let mut t = Instant::now();
         match args.fault {
             Fault::WorkerKill => {
                 worker.kill().await?;
-                worker = start_worker(&binary, &url).await?;
+                worker = start_worker(&binary, &url, &model_env).await?;
             }
             Fault::PostgresRestart => {
                 let command = args.restart_command.as_deref().context("postgres-restart needs --restart-command")?;
@@ -272,13 +313,38 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
+            Fault::EmbedderOutage => {
+                let provider = provider.as_ref().context("the scripted endpoint")?;
+                let (what, answer) = outage_answer(kill - 1);
+                eprintln!("outage {kill}: the embedding endpoint answers {what} for {} s", args.outage);
+                provider.outage(Some(answer));
+                tokio::time::sleep(Duration::from_secs(args.outage)).await;
+                provider.outage(None);
+                // Recovered once every row acknowledged so far has its vector.
+                t = Instant::now();
+                let ids = acked.lock().expect("ids").clone();
+                loop {
+                    let delivery = store.delivery(&tenant, &ids, &model).await?;
+                    if delivery.unembedded == 0 {
+                        break;
+                    }
+                    anyhow::ensure!(
+                        t.elapsed() < Duration::from_secs(args.drain_limit),
+                        "{} rows still unembedded {} s after the outage ended ({} given up)",
+                        delivery.unembedded,
+                        args.drain_limit,
+                        delivery.failed
+                    );
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
         }
         recoveries.record(t.elapsed().as_millis() as u64)?;
         if worker.try_wait()?.is_some() {
             worker_exits += 1;
-            worker = start_worker(&binary, &url).await?;
+            worker = start_worker(&binary, &url, &model_env).await?;
         }
-        if kill % 10 == 0 || args.fault == Fault::PostgresRestart {
+        if kill % 10 == 0 || args.fault != Fault::WorkerKill {
             eprintln!("{kill} faults, {} writes acknowledged", acked.lock().expect("ids").len());
         }
     }
@@ -341,11 +407,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         println!("| measure | value |\n|---|---:|");
         println!("| faults (every {} s) | {} in {faulted:.0} s |", args.every, args.kills);
-        println!(
-            "| fault to answering again, p50 / max | {} / {} ms |",
-            recoveries.value_at_quantile(0.5),
-            recoveries.max()
-        );
+        let recovery = match args.fault {
+            Fault::EmbedderOutage => "outage's end to every row embedded",
+            _ => "fault to answering again",
+        };
+        println!("| {recovery}, p50 / max | {} / {} ms |", recoveries.value_at_quantile(0.5), recoveries.max());
         println!("| worker exits after a fault (started again) | {worker_exits} |");
         for (name, load) in [("writes", &writes), ("recalls", &recalls)] {
             let s = load.summary();

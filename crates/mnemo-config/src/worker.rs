@@ -68,7 +68,7 @@ impl WorkerSettings {
                 judge.batch_size
             ));
         }
-        let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 8i32, "a whole number").max(1);
+        let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 16i32, "a whole number").max(1);
         let embed_previous_turn = problems.parsed(env, vars::EMBED_PREVIOUS_TURN, true, "true or false");
         let orphan_timeout = problems.seconds(env, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
         let job_timeout = problems.seconds(env, vars::JOB_TIMEOUT_S, 120);

@@ -21,10 +21,10 @@ pub fn embedding_text(content: &str, previous: Option<&str>) -> String {
 /// Whether retrying can help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureClass {
-    /// Timeouts, refused connections, 429 and 5xx answers: try again later.
+    /// Timeouts, refused connections, 429 and 5xx answers, answers that cannot be used (a
+    /// malformed body, vectors of the wrong dimension): the endpoint's fault, try again later.
     Transient,
-    /// The provider refused this input or answered something unusable (4xx, a wrong dimension,
-    /// a malformed body): retrying the same input will not help.
+    /// The provider refused this input (4xx): retrying the same input will not help.
     Permanent,
 }
 

@@ -6,10 +6,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use mnemo_core::{EmbedError, Embedder, FailureClass, embedding_text};
-use mnemo_store::queue::EmbedRow;
+use mnemo_store::queue::{EmbedJob, EmbedRow};
 use mnemo_store::{NewVector, Store, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
@@ -42,10 +43,11 @@ impl EmbedDispatcher {
     pub fn start(store: Store, embedder: Arc<dyn Embedder>, policy: EmbedPolicy) -> Self {
         let model = Arc::new(Semaphore::new(1));
         let gather = Gather::UntilFree(model);
+        let failing = Arc::new(AtomicBool::new(false));
         let batcher = Batcher::start(2, policy.batch_size, gather, move |jobs: Vec<EmbedRow>, model| {
-            let (store, embedder) = (store.clone(), embedder.clone());
+            let (store, embedder, failing) = (store.clone(), embedder.clone(), failing.clone());
             async move {
-                embed_batch(&store, embedder.as_ref(), policy, &jobs, model).await.map_err(|e| {
+                embed_batch(&store, embedder.as_ref(), policy, &jobs, model, &failing).await.map_err(|e| {
                     tracing::warn!(error = %e, jobs = jobs.len(), "embed batch could not be stored; its jobs will run again");
                     JobError::from(e)
                 })
@@ -64,12 +66,15 @@ impl EmbedDispatcher {
 
 /// One batch: load, skip what is done, embed the rest (isolating rows the model refuses), free
 /// the model for the next batch, store the vectors, and record each failure with its next step.
+/// `failing` says the endpoint's last answer was a transient failure: when it answers again, the
+/// rows waiting out a backoff are retried at once rather than up to minutes later.
 async fn embed_batch(
     store: &Store,
     embedder: &dyn Embedder,
     policy: EmbedPolicy,
     jobs: &[EmbedRow],
     model_permit: Option<OwnedSemaphorePermit>,
+    failing: &AtomicBool,
 ) -> Result<(), StoreError> {
     let model = embedder.model();
     let rows = store.rows_to_embed(jobs, model, policy.previous_turn).await?;
@@ -110,6 +115,7 @@ async fn embed_batch(
     }
 
     let created: HashMap<Uuid, _> = todo.iter().map(|r| (r.id, r.created_at)).collect();
+    let answered = !vectors.is_empty();
     let saved = store.save_vectors(model, vectors).await?;
     let now = chrono::Utc::now();
     for id in &saved {
@@ -119,6 +125,13 @@ async fn embed_batch(
         }
     }
     metrics::counter!("mnemo_embed_rows_embedded_total").increment(saved.len() as u64);
+    let transient = failures.iter().any(|(_, e)| e.class == FailureClass::Transient);
+    if transient {
+        failing.store(true, Ordering::Relaxed);
+    } else if answered && failing.swap(false, Ordering::Relaxed) {
+        let due = store.retry_now::<EmbedJob>().await?;
+        tracing::info!(jobs = due, "the embedding endpoint answers again: rows waiting out a backoff are retried now");
+    }
 
     if !failures.is_empty() {
         let by_id: HashMap<Uuid, &EmbedRow> = jobs.iter().map(|j| (j.item_id, j)).collect();

@@ -61,8 +61,10 @@ impl OpenAiEmbedder {
                 if e.index as usize != i {
                     return Err(EmbedError::transient("malformed_response", "vector indexes are not 0..n"));
                 }
+                // The provider's fault, not the row's (a misconfigured or misbehaving endpoint):
+                // retried like any garbage answer, so rows embed once the endpoint is mended.
                 if e.embedding.len() != self.dimensions {
-                    return Err(EmbedError::permanent(
+                    return Err(EmbedError::transient(
                         "dimension_mismatch",
                         format!("expected {} dimensions, got {}", self.dimensions, e.embedding.len()),
                     ));

@@ -237,6 +237,19 @@ impl crate::Store {
         let mut conn = self.pool.acquire().await?;
         push_after(&mut conn, job, delay).await
     }
+
+    /// Makes every job of `J`'s queue that waits out a backoff due now, for when what failed
+    /// (a model endpoint) answers again; how many.
+    pub async fn retry_now<J: JobArgs>(&self) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE apalis.jobs SET run_at = now()
+             WHERE job_type = $1 AND status = 'Pending' AND run_at > now()",
+        )
+        .bind(J::QUEUE.as_str())
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ pub enum Answer {
 #[derive(Debug, Default)]
 struct Script {
     answers: VecDeque<Answer>,
+    /// While set, every request gets this answer, whatever is queued.
+    outage: Option<Answer>,
     /// Inputs containing this text are refused with 400, whatever the script says.
     refuse_containing: Option<String>,
     requests: usize,
@@ -64,6 +66,12 @@ impl ScriptedEmbeddings {
     /// Queues answers for the next requests, in order.
     pub fn then(&self, answers: impl IntoIterator<Item = Answer>) {
         self.script.lock().expect("script").answers.extend(answers);
+    }
+
+    /// From now on every request gets `answer` (a failure, a hang, garbage), until `None` ends
+    /// the outage.
+    pub fn outage(&self, answer: Option<Answer>) {
+        self.script.lock().expect("script").outage = answer;
     }
 
     pub fn refuse_inputs_containing(&self, marker: &str) {
@@ -148,7 +156,8 @@ async fn embeddings(
         s.inputs += inputs.len();
         s.arrivals.push(std::time::Instant::now());
         let refused = s.refuse_containing.as_ref().is_some_and(|m| inputs.iter().any(|i| i.contains(m.as_str())));
-        (s.answers.pop_front(), refused)
+        let answer = s.outage.clone().or_else(|| s.answers.pop_front());
+        (answer, refused)
     };
     if refused {
         let error = json!({"error": {"message": "input rejected", "type": "invalid_request_error"}});
