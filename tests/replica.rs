@@ -81,12 +81,12 @@ impl Fixture {
         self.app.client.get(&format!("/v1/tool-outputs/{key}"), Some(&token(who))).await.status
     }
 
-    /// How many reads went each way so far: replica, lagging replica, primary.
+    /// How many reads so far found the replica caught up, lagging, unreachable.
     async fn routes(&self) -> [u64; 3] {
         let text = self.app.client.get("/metrics", None).await.body;
         let text = text.as_str().map(str::to_owned).unwrap_or_else(|| text.to_string());
-        ["replica", "lagging_replica", "primary"].map(|route| {
-            let series = format!("mnemo_replica_reads_total{{route=\"{route}\"}} ");
+        ["caught_up", "lagging", "unreachable"].map(|state| {
+            let series = format!("mnemo_replica_reads_total{{replica=\"{state}\"}} ");
             text.lines().find_map(|l| l.strip_prefix(&series)).map_or(0, |v| v.trim().parse().expect("count"))
         })
     }

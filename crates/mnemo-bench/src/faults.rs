@@ -155,15 +155,6 @@ impl Load {
     }
 }
 
-/// The `mnemo-worker` beside this binary: `scripts/bench.sh` builds it.
-fn worker_binary() -> anyhow::Result<PathBuf> {
-    let path = std::env::current_exe()?.parent().context("no directory")?.join("mnemo-worker");
-    if !path.exists() {
-        bail!("{} is not built: run `scripts/bench.sh faults`, which builds it", path.display());
-    }
-    Ok(path)
-}
-
 /// Starts a worker (this process's environment, the bench database) and waits until it serves
 /// its metrics, so a kill lands on a worker that has started.
 async fn start_worker(
@@ -201,7 +192,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.rate > 0.0 && args.recall_rate > 0.0 && args.every > 0.0,
         "rates and --every must be positive"
     );
-    let binary = worker_binary()?;
+    let binary = crate::tenants::sibling_binary("mnemo-worker")?;
     let env = Env::from_process();
     let database = DatabaseSettings::from_env(&env)?;
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;

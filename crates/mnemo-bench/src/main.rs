@@ -13,6 +13,7 @@ mod quality;
 mod recall_latency;
 mod recall_throughput;
 mod retention;
+mod tenants;
 mod workspace;
 mod writes;
 
@@ -56,6 +57,9 @@ enum Scenario {
     Faults(faults::Args),
     /// Retention: the safety-floor check on a large tenant and sweep throughput.
     Retention(retention::Args),
+    /// Many tenants, one write and one recall each, against the real server: its resident
+    /// memory as they add up.
+    Tenants(tenants::Args),
     /// Context windows: assembly latency by session size, and tokenizer throughput.
     Context(context::Args),
     /// Workspace memory: extraction and consolidation jobs/s against a model with a fixed delay,
@@ -86,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::JudgeThroughput(args) => judge::throughput(args).await,
         Scenario::Factconsolidation(args) => judge::fact_consolidation(args).await,
         Scenario::Retention(args) => retention::run(args).await,
+        Scenario::Tenants(args) => tenants::run(args).await,
         Scenario::Context(args) => context::run(args).await,
         Scenario::Workspace(args) => workspace::run(args).await,
         Scenario::ScriptedChat { port } => {

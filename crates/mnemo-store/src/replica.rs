@@ -79,12 +79,13 @@ impl Reads {
     pub async fn route(&self) -> ReadFrom {
         let Some(replica) = &self.replica else { return ReadFrom::Primary };
         let route = replica.route(&self.primary).await;
-        let label = match route {
-            ReadFrom::Primary => "primary",
-            ReadFrom::Replica { lagging: false } => "replica",
-            ReadFrom::Replica { lagging: true } => "lagging_replica",
+        // What each read found; a lagging replica serves recall, the primary everything else.
+        let replica = match route {
+            ReadFrom::Primary => "unreachable",
+            ReadFrom::Replica { lagging: false } => "caught_up",
+            ReadFrom::Replica { lagging: true } => "lagging",
         };
-        metrics::counter!("mnemo_replica_reads_total", "route" => label).increment(1);
+        metrics::counter!("mnemo_replica_reads_total", "replica" => replica).increment(1);
         route
     }
 
