@@ -129,8 +129,14 @@ async fn embed_batch(
     if transient {
         failing.store(true, Ordering::Relaxed);
     } else if answered && failing.swap(false, Ordering::Relaxed) {
-        let due = store.retry_now::<EmbedJob>().await?;
-        tracing::info!(jobs = due, "the embedding endpoint answers again: rows waiting out a backoff are retried now");
+        // Only a shortcut: if it fails, the retries stay due when their backoff ends.
+        match store.retry_now::<EmbedJob>().await {
+            Ok(due) => tracing::info!(
+                jobs = due,
+                "the embedding endpoint answers again: rows waiting out a backoff are retried now"
+            ),
+            Err(e) => tracing::warn!(error = %e, "could not bring the waiting embed retries forward"),
+        }
     }
 
     if !failures.is_empty() {
