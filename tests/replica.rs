@@ -29,11 +29,9 @@ impl Fixture {
         let provider = ScriptedEmbeddings::start(DIMS).await;
         let mut env = provider.env(MODEL);
         env.push((vars::READ_REPLICA_WAIT_MS, "200".to_owned()));
-        // The test database is made just before the server starts; the server's replica URL names
-        // it on the replica, the same name on another port.
-        env.push((vars::READ_DATABASE_URL, String::new()));
+        // The test database is made just before the server starts: the replica URL names it.
         let app = TestApp::spawn_with_db(|db| {
-            env.last_mut().expect("pushed").1 = db.replica_url();
+            env.push((vars::READ_DATABASE_URL, db.replica_url()));
             env
         })
         .await;
