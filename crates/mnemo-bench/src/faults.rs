@@ -29,7 +29,7 @@ use hdrhistogram::Histogram;
 use mnemo_api::{AppState, Timeouts, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Principal, Queue, SessionId, TenantId, UserId};
-use mnemo_store::{Store, create_database};
+use mnemo_store::{Delivery, Store, create_database};
 use mnemo_testkit::{Answer, ScriptedEmbeddings};
 use serde_json::json;
 use uuid::Uuid;
@@ -155,6 +155,24 @@ impl Load {
     }
 }
 
+/// Waits up to `limit_s` seconds for every row of `ids` to have its vector of `model`; what was
+/// delivered when it stopped waiting.
+async fn embedded_within(
+    store: &Store,
+    tenant: &TenantId,
+    ids: &[Uuid],
+    model: &str,
+    limit_s: u64,
+) -> anyhow::Result<Delivery> {
+    let started = Instant::now();
+    let mut delivery = store.delivery(tenant, ids, model).await?;
+    while delivery.unembedded > 0 && started.elapsed() < Duration::from_secs(limit_s) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        delivery = store.delivery(tenant, ids, model).await?;
+    }
+    Ok(delivery)
+}
+
 /// Starts a worker (this process's environment, the bench database) and waits until it serves
 /// its metrics, so a kill lands on a worker that has started.
 async fn start_worker(
@@ -192,7 +210,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.rate > 0.0 && args.recall_rate > 0.0 && args.every > 0.0,
         "rates and --every must be positive"
     );
-    let binary = crate::tenants::sibling_binary("mnemo-worker")?;
+    let binary = crate::sibling_binary("mnemo-worker")?;
     let env = Env::from_process();
     let database = DatabaseSettings::from_env(&env)?;
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
@@ -314,20 +332,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 // Recovered once every row acknowledged so far has its vector.
                 t = Instant::now();
                 let ids = acked.lock().expect("ids").clone();
-                loop {
-                    let delivery = store.delivery(&tenant, &ids, &model).await?;
-                    if delivery.unembedded == 0 {
-                        break;
-                    }
-                    anyhow::ensure!(
-                        t.elapsed() < Duration::from_secs(args.drain_limit),
-                        "{} rows still unembedded {} s after the outage ended ({} given up)",
-                        delivery.unembedded,
-                        args.drain_limit,
-                        delivery.failed
-                    );
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
+                let delivery = embedded_within(&store, &tenant, &ids, &model, args.drain_limit).await?;
+                anyhow::ensure!(
+                    delivery.unembedded == 0,
+                    "{} rows still unembedded {} s after the outage ended ({} given up)",
+                    delivery.unembedded,
+                    args.drain_limit,
+                    delivery.failed
+                );
             }
         }
         recoveries.record(t.elapsed().as_millis() as u64)?;
@@ -353,11 +365,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let ids = acked.lock().expect("ids").clone();
     let drain = Instant::now();
     let limit = Duration::from_secs(args.drain_limit);
-    let mut delivery = store.delivery(&tenant, &ids, &model).await?;
-    while delivery.unembedded > 0 && drain.elapsed() < limit {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        delivery = store.delivery(&tenant, &ids, &model).await?;
-    }
+    let delivery = embedded_within(&store, &tenant, &ids, &model, args.drain_limit).await?;
     let drained = drain.elapsed().as_secs_f64();
     let embed_queue = || async {
         let queue = store.queue_status().await?.into_iter().find(|q| q.queue == Queue::Embed.as_str());

@@ -73,6 +73,18 @@ enum Scenario {
     },
 }
 
+/// A binary built beside this one (`scripts/bench.sh` builds them): the fault suite's workers,
+/// the tenants probe's server.
+pub(crate) fn sibling_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
+    let path = std::env::current_exe()?.parent().ok_or_else(|| anyhow::anyhow!("no directory"))?.join(name);
+    anyhow::ensure!(
+        path.exists(),
+        "{} is not built: run the scenario through `scripts/bench.sh`, which builds it",
+        path.display()
+    );
+    Ok(path)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     mnemo_models::install_tls_provider();

@@ -4,7 +4,6 @@
 //! memory (the rate limiter's buckets, access tracking) must stay bounded: the curve flattens or
 //! grows by a bounded amount per tenant, never with every request.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,15 +30,6 @@ pub struct Args {
     json: bool,
 }
 
-/// A binary built beside this one (`scripts/bench.sh` builds them).
-pub(crate) fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
-    let path = std::env::current_exe()?.parent().context("no directory")?.join(name);
-    if !path.exists() {
-        bail!("{} is not built: run the scenario through `scripts/bench.sh`, which builds it", path.display());
-    }
-    Ok(path)
-}
-
 /// The process's resident memory in KiB.
 fn resident_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -55,7 +45,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("bench database: {}", db.name);
     let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut server = tokio::process::Command::new(sibling_binary("mnemo-server")?)
+    let mut server = tokio::process::Command::new(crate::sibling_binary("mnemo-server")?)
         .env(vars::DATABASE_URL, &db.url)
         .env(vars::JWT_SECRET, &secret)
         .env(vars::LISTEN, format!("127.0.0.1:{port}"))
