@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault suite (docs/benchmarks.md, "Faults"), about 16 minutes: each fault injected again and
+# The fault suite (docs/benchmarks.md, "Faults"), about 21 minutes: each fault injected again and
 # again under a steady write and recall load, then the checks (mnemo-bench faults). Restarting
 # PostgreSQL runs pg_ctlcluster on the project's cluster, as root (or through sudo).
 # Honours CARGO_TARGET_DIR.
@@ -24,3 +24,6 @@ done
 
 log "fault: the embedding endpoint failing, hanging, answering garbage, 60 s each"
 "$bench" faults --fault embedder-outage --kills 4 --every 3 --outage 60
+
+log "fault: the judge's chat endpoint failing, hanging, answering garbage, 60 s each"
+"$bench" faults --fault chat-outage --kills 4 --every 3 --outage 60

@@ -468,6 +468,30 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
     f.settle(judge).await;
     assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
     assert_eq!(f.row(paris).await.outcome.as_deref(), Some("superseded"));
+    let check = runbook(&f, &["judge", "check", "--tenant", "acme", "--json"]);
+    assert_eq!(
+        check,
+        json!({"facts": 2, "superseded": 1, "unjudged": 0, "failed_open": 0, "superseded_twice": 0, "unaudited": 0,
+               "audit_without_row": 0, "retired_wrongly": 0, "buckets_with_several_live": 0})
+    );
+    // A chain that no longer matches its audit row is caught: the successor named by the row
+    // is not the one on the fact.
+    sqlx::query("UPDATE memory_items SET superseded_by = id WHERE id = $1")
+        .bind(tokyo)
+        .execute(&f.app.db.pool)
+        .await
+        .expect("tamper");
+    let broken = std::process::Command::new(binary("mnemo-runbook").expect("runbook"))
+        .args(["judge", "check", "--tenant", "acme"])
+        .env(vars::DATABASE_URL, &f.app.db.url)
+        .output()
+        .expect("runbook");
+    assert!(!broken.status.success());
+    let said = String::from_utf8_lossy(&broken.stderr);
+    assert!(
+        said.contains("1 superseded without their audit row") && said.contains("1 retired by an older fact"),
+        "{said}"
+    );
 
     let tune = runbook(&f, &["judge", "tune", "--workers", "1", "--json"]);
     assert!(tune["recommended_batch_size"].as_u64().is_some_and(|b| b >= 1), "{tune}");

@@ -10,11 +10,22 @@
 //!   for the API's queries and the worker's rows) answers 500, hangs past the client's timeout,
 //!   answers malformed JSON or vectors of the wrong dimension for `--outage` seconds, one after
 //!   the other, then recovers; recall must answer (degraded) throughout, writes must not notice,
-//!   and the backlog must drain with no row given up.
+//!   and the backlog must drain with no row given up;
+//! - `chat-outage`: the judge's chat endpoint (the testkit's scripted one) answers 500, hangs
+//!   past the judge's timeout, answers malformed JSON or decisions for facts it was never shown,
+//!   for `--outage` seconds each. Every fact judged meanwhile must fail open (nothing retired);
+//!   afterwards the runbook's re-judge (`mnemo-runbook judge clear --outcome fail_open`) must
+//!   judge them all, as an operator would.
+//!
+//! One write in five is a fact of one of many users, each saying where the user lives, so every
+//! new fact of a user contradicts the older ones and the workers' judge (the scripted endpoint,
+//! which supersedes a fact starting with the same three words) retires them.
 //!
 //! Afterwards, with one worker left to drain the backlog: no acknowledged write is lost, every
-//! row has its vector of the model, the embed queue settles with no job dead, and no
-//! request failed except, under `postgres-restart`, with a 503 and its code.
+//! row has its vector of the model, the embed and judge queues settle with no job dead, every
+//! fact is judged with none left failed open, no fact is superseded twice or by an older fact,
+//! the supersede audit rows match the rows, each user is left with one live fact, and no request
+//! failed except, under `postgres-restart`, with a 503 and its code.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -29,8 +40,9 @@ use hdrhistogram::Histogram;
 use mnemo_api::{AppState, Timeouts, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Principal, Queue, SessionId, TenantId, UserId};
+use mnemo_store::queue::JudgeJob;
 use mnemo_store::{Delivery, Store, create_database};
-use mnemo_testkit::{Answer, ScriptedEmbeddings};
+use mnemo_testkit::{Answer, ChatAnswer, ScriptedChat, ScriptedEmbeddings};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -39,6 +51,7 @@ enum Fault {
     WorkerKill,
     PostgresRestart,
     EmbedderOutage,
+    ChatOutage,
 }
 
 /// What the embedding endpoint does during each `embedder-outage`, in turn.
@@ -54,6 +67,27 @@ fn outage_answer(n: u32) -> (&'static str, Answer) {
 /// The embedding client's timeout under `embedder-outage`, so a hang costs a request this long.
 const OUTAGE_EMBED_TIMEOUT_MS: &str = "2000";
 
+/// What the judge's chat endpoint does during each `chat-outage`, in turn.
+fn chat_outage_answer(n: u32) -> (&'static str, ChatAnswer) {
+    match n % 4 {
+        0 => ("500", ChatAnswer::Status(500)),
+        1 => ("hang", ChatAnswer::Hang(Duration::from_secs(30))),
+        2 => ("malformed JSON", ChatAnswer::Malformed),
+        _ => ("decisions for facts it was never shown", ChatAnswer::InventedIds),
+    }
+}
+
+/// The judge's model timeout in every fault, so a hang costs a call this long.
+const JUDGE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The users whose facts contradict each other. With one write in five a fact, each user gets a
+/// new fact every 500 writes: the first 100 facts have nothing to contradict, and after that each
+/// user gets a few per minute-long outage at the default rate, fewer than the judge's top-k
+/// candidates, so one re-judge retires them all.
+const RESIDENTS: u64 = 100;
+const CITIES: [&str; 12] =
+    ["Lyon", "Porto", "Oslo", "Kyoto", "Lima", "Cairo", "Quito", "Perth", "Riga", "Hanoi", "Dakar", "Tunis"];
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[arg(long, value_enum, default_value_t = Fault::WorkerKill)]
@@ -68,7 +102,7 @@ pub struct Args {
     /// (`scripts/faults.sh` passes `pg_ctlcluster <version> <cluster> restart -m fast|immediate`).
     #[arg(long)]
     restart_command: Option<String>,
-    /// For `embedder-outage`: how long each outage lasts, in seconds.
+    /// For `embedder-outage` and `chat-outage`: how long each outage lasts, in seconds.
     #[arg(long, default_value_t = 60)]
     outage: u64,
     /// Writes per second, spread over the writers (keep it under the embedder's rate, or the
@@ -155,6 +189,26 @@ impl Load {
     }
 }
 
+/// A queue's jobs when the run ends.
+#[derive(Debug, Clone, Copy, Default)]
+struct Jobs {
+    done: i64,
+    /// Pending, or failed and due to run again.
+    waiting: i64,
+    running: i64,
+    dead: i64,
+}
+
+impl Jobs {
+    fn settled(&self) -> bool {
+        self.waiting == 0 && self.running == 0 && self.dead == 0
+    }
+
+    fn summary(&self) -> serde_json::Value {
+        json!({ "done": self.done, "waiting": self.waiting, "running": self.running, "dead": self.dead })
+    }
+}
+
 /// Waits up to `limit_s` seconds for every row of `ids` to have its vector of `model`; what was
 /// delivered when it stopped waiting.
 async fn embedded_within(
@@ -171,6 +225,30 @@ async fn embedded_within(
         delivery = store.delivery(tenant, ids, model).await?;
     }
     Ok(delivery)
+}
+
+/// Runs the runbook's re-judge, as an operator would after an outage of the judge's endpoint:
+/// clears the judgement of every live fact of `tenant` that failed open since `since`; the ids.
+async fn rejudge_failed_open(
+    url: &str,
+    tenant: &TenantId,
+    since: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<Vec<Uuid>> {
+    let output = tokio::process::Command::new(crate::sibling_binary("mnemo-runbook")?)
+        .args(["judge", "clear", "--outcome", "fail_open", "--json"])
+        .args(["--since", &since.to_rfc3339(), "--tenant", tenant.as_str()])
+        .env(vars::DATABASE_URL, url)
+        .env(vars::LOG, "error")
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "mnemo-runbook judge clear failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let ids = answer["ids"].as_array().context("judge clear answered without ids")?;
+    ids.iter().map(|id| id.as_str().and_then(|s| s.parse().ok()).context("an id that is not one")).collect()
 }
 
 /// Starts a worker (this process's environment, the bench database) and waits until it serves
@@ -227,6 +305,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if provider.is_some() {
         model_env.push((vars::EMBED_TIMEOUT_MS, OUTAGE_EMBED_TIMEOUT_MS.to_owned()));
     }
+    // The workers judge with the scripted chat endpoint in every fault; `chat-outage` breaks it.
+    let chat = ScriptedChat::start().await;
+    model_env.extend([
+        (vars::JUDGE_MODEL, "scripted-judge".to_owned()),
+        (vars::JUDGE_BASE_URL, chat.base_url.clone()),
+        (vars::JUDGE_TIMEOUT_MS, JUDGE_TIMEOUT.as_millis().to_string()),
+    ]);
     let secret = format!("bench-{}", Uuid::new_v4().simple());
     let mut server_env = env.clone().with(vars::DATABASE_URL, url.as_str()).with(vars::JWT_SECRET, secret.as_str());
     for (name, value) in &model_env {
@@ -248,8 +333,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         session: Some(SessionId::parse("bench-session")?),
         roles: Vec::new(),
     };
-    let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(86_400))
-        .map_err(anyhow::Error::msg)?;
+    let sign = |principal: &Principal| {
+        mnemo_api::auth::sign_hs256(secret.as_bytes(), principal, Duration::from_secs(86_400))
+            .map_err(anyhow::Error::msg)
+    };
+    let token = sign(&principal)?;
+    let residents = (0..RESIDENTS)
+        .map(|r| sign(&Principal { user: Some(UserId::parse(&format!("resident-{r}"))?), ..principal.clone() }))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let residents = Arc::new(residents);
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
 
     let mut worker = start_worker(&binary, &url, &model_env).await?;
@@ -261,8 +353,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let writers = 4;
     let mut write_tasks = Vec::new();
     for _ in 0..writers {
-        let (http, url, token, stop, acked, sequence) =
-            (http.clone(), format!("{base}/memories"), token.clone(), stop.clone(), acked.clone(), sequence.clone());
+        let (http, base, token, residents, stop, acked, sequence) = (
+            http.clone(),
+            base.clone(),
+            token.clone(),
+            residents.clone(),
+            stop.clone(),
+            acked.clone(),
+            sequence.clone(),
+        );
         let interval = Duration::from_secs_f64(writers as f64 / args.rate);
         write_tasks.push(tokio::spawn(async move {
             let mut load = Load::new()?;
@@ -270,10 +369,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             while !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
                 let n = sequence.fetch_add(1, Ordering::Relaxed);
-                let body = json!({ "source_kind": "chat_message", "source_ref": format!("f-{n}"),
-                                   "content": format!("Order {n} shipped to the warehouse in Lyon on pallet {}", n % 97) });
+                let request = if n % 5 == 4 {
+                    let resident = (n / 5) % RESIDENTS;
+                    let city = CITIES[(n / 5 / RESIDENTS) as usize % CITIES.len()];
+                    let body = json!({ "scope": "user", "content": format!("I live in {city} now, since order {n}") });
+                    http.post(format!("{base}/facts")).bearer_auth(&residents[resident as usize]).json(&body)
+                } else {
+                    let body = json!({ "source_kind": "chat_message", "source_ref": format!("f-{n}"),
+                                       "content": format!("Order {n} shipped to the warehouse in Lyon on pallet {}", n % 97) });
+                    http.post(format!("{base}/memories")).bearer_auth(&token).json(&body)
+                };
                 let t = Instant::now();
-                let answer = http.post(&url).bearer_auth(&token).json(&body).send().await;
+                let answer = request.send().await;
                 if let Some(written) = load.record(t, answer, 201).await? {
                     let id = written["id"].as_str().and_then(|s| s.parse().ok());
                     acked.lock().expect("ids").push(id.context("a write answered without an id")?);
@@ -302,6 +409,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut recoveries = Histogram::<u64>::new(3)?;
     let mut worker_exits = 0;
+    let mut failed_open = 0;
     for kill in 1..=args.kills {
         tokio::time::sleep(Duration::from_secs_f64(args.every)).await;
         let mut t = Instant::now();
@@ -341,6 +449,46 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     delivery.failed
                 );
             }
+            Fault::ChatOutage => {
+                let (what, answer) = chat_outage_answer(kill - 1);
+                eprintln!("outage {kill}: the chat endpoint answers {what} for {} s", args.outage);
+                let since = chrono::Utc::now();
+                chat.outage(Some(answer));
+                // Calls that started before the outage have ended after the judge's timeout; from
+                // then on every call fails, and a failing judge retires nothing.
+                let settle = JUDGE_TIMEOUT + Duration::from_secs(1);
+                tokio::time::sleep(settle).await;
+                let before = store.supersede_integrity(&tenant).await?;
+                tokio::time::sleep(Duration::from_secs(args.outage).saturating_sub(settle)).await;
+                let during = store.supersede_integrity(&tenant).await?;
+                chat.outage(None);
+                t = Instant::now();
+                anyhow::ensure!(
+                    during.superseded == before.superseded,
+                    "{} facts were retired while every judge call failed",
+                    during.superseded - before.superseded
+                );
+                // Calls that started during the outage can still fail until the judge's timeout.
+                tokio::time::sleep(settle).await;
+                let cleared = rejudge_failed_open(&url, &tenant, since).await?;
+                let jobs: Vec<JudgeJob> =
+                    cleared.iter().map(|&item_id| JudgeJob { tenant_id: tenant.clone(), item_id }).collect();
+                while !store.pending_facts(&jobs).await?.is_empty() {
+                    anyhow::ensure!(
+                        t.elapsed() < Duration::from_secs(args.drain_limit),
+                        "the facts judged again were not all judged {} s after the outage",
+                        args.drain_limit
+                    );
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                let after = store.supersede_integrity(&tenant).await?;
+                eprintln!(
+                    "  {} facts failed open and were judged again; {} facts superseded since the outage ended",
+                    cleared.len(),
+                    after.superseded - during.superseded
+                );
+                failed_open += cleared.len();
+            }
         }
         recoveries.record(t.elapsed().as_millis() as u64)?;
         if worker.try_wait()?.is_some() {
@@ -359,28 +507,38 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let recalls = recall_task.await??;
 
-    // The last worker drains what is left: first every row gets its vector, then the queue
-    // settles (jobs a killed worker held run again once it is found dead, after the orphan
-    // timeout, and find their rows embedded).
+    // The last worker drains what is left: first every row gets its vector, then the queues
+    // settle and every fact is judged (jobs a killed worker held run again once it is found dead,
+    // after the orphan timeout, and find their rows embedded or judged).
     let ids = acked.lock().expect("ids").clone();
     let drain = Instant::now();
     let limit = Duration::from_secs(args.drain_limit);
     let delivery = embedded_within(&store, &tenant, &ids, &model, args.drain_limit).await?;
     let drained = drain.elapsed().as_secs_f64();
-    let embed_queue = || async {
-        let queue = store.queue_status().await?.into_iter().find(|q| q.queue == Queue::Embed.as_str());
-        anyhow::Ok(queue.map_or((0, 0, 0, 0), |q| (q.pending + q.failed, q.running, q.dead, q.done)))
+    let queues = || async {
+        let status = store.queue_status().await?;
+        let of = |queue: Queue| {
+            status.iter().find(|q| q.queue == queue.as_str()).map_or_else(Jobs::default, |q| Jobs {
+                done: q.done,
+                waiting: q.pending + q.failed,
+                running: q.running,
+                dead: q.dead,
+            })
+        };
+        anyhow::Ok([of(Queue::Embed), of(Queue::Judge)])
     };
-    let mut jobs = embed_queue().await?;
-    while (jobs.0 > 0 || jobs.1 > 0) && drain.elapsed() < limit {
+    let mut jobs = queues().await?;
+    let mut facts = store.supersede_integrity(&tenant).await?;
+    while !(jobs.iter().all(Jobs::settled) && facts.unjudged == 0) && drain.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        jobs = embed_queue().await?;
+        jobs = queues().await?;
+        facts = store.supersede_integrity(&tenant).await?;
     }
     let settled = drain.elapsed().as_secs_f64();
     worker.kill().await?;
 
     let acked_rows = ids.len() as i64;
-    let (pending, running, dead, done) = jobs;
+    let [embed_jobs, judge_jobs] = jobs;
     let result = json!({
         "scenario": "faults", "fault": args.fault.to_possible_value().map(|v| v.get_name().to_owned()),
         "restart_command": args.restart_command, "faults": args.kills, "every_s": args.every, "faulted_s": faulted,
@@ -389,7 +547,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "writes": writes.summary(), "recalls": recalls.summary(),
         "acknowledged": acked_rows, "lost": delivery.missing, "unembedded": delivery.unembedded,
         "failed_embedding": delivery.failed, "vectors": delivery.vectors, "drain_s": drained, "settled_s": settled,
-        "embed_jobs": { "done": done, "pending": pending, "running": running, "dead": dead },
+        "embed_jobs": embed_jobs.summary(), "judge_jobs": judge_jobs.summary(), "facts": facts, "failed_open_and_judged_again": failed_open,
     });
     let held = delivery.missing == 0
         && worker_exits == 0
@@ -398,9 +556,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         && delivery.vectors == acked_rows
         && writes.unexcused(args.fault) == 0
         && recalls.unexcused(args.fault) == 0
-        && pending == 0
-        && running == 0
-        && dead == 0;
+        && embed_jobs.settled()
+        && judge_jobs.settled()
+        && facts.unjudged == 0
+        && facts.failed_open == 0
+        && facts.superseded_twice == 0
+        && facts.unaudited == 0
+        && facts.audit_without_row == 0
+        && facts.retired_wrongly == 0
+        && facts.buckets_with_several_live == 0;
     if args.json {
         println!("{result}");
     } else {
@@ -408,6 +572,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         println!("| faults (every {} s) | {} in {faulted:.0} s |", args.every, args.kills);
         let recovery = match args.fault {
             Fault::EmbedderOutage => "outage's end to every row embedded",
+            Fault::ChatOutage => "outage's end to every fact that failed open judged again",
             _ => "fault to answering again",
         };
         println!("| {recovery}, p50 / max | {} / {} ms |", recoveries.value_at_quantile(0.5), recoveries.max());
@@ -419,14 +584,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 s["ok"], s["failed"], s["p50_ms"], s["p99_ms"], s["max_ms"]
             );
         }
-        println!("| writes acknowledged | {acked_rows} |");
+        println!("| writes acknowledged (facts among them) | {acked_rows} ({}) |", facts.facts);
         println!(
             "| lost / unembedded / failed embedding | {} / {} / {} |",
             delivery.missing, delivery.unembedded, delivery.failed
         );
         println!("| vectors of {model} (one per row) | {} |", delivery.vectors);
-        println!("| after the last kill: every row embedded / the queue settled | {drained:.1} / {settled:.1} s |");
-        println!("| embed jobs done / pending / running / dead | {done} / {pending} / {running} / {dead} |");
+        println!(
+            "| facts superseded / failed open and judged again / unjudged / failed open left | {} / {failed_open} / {} / {} |",
+            facts.superseded, facts.unjudged, facts.failed_open
+        );
+        println!(
+            "| superseded twice / without their audit row / audit rows without their row / by an older fact | {} / {} / {} / {} |",
+            facts.superseded_twice, facts.unaudited, facts.audit_without_row, facts.retired_wrongly
+        );
+        println!("| users left with more than one live fact | {} |", facts.buckets_with_several_live);
+        println!("| after the last fault: every row embedded / the queues settled | {drained:.1} / {settled:.1} s |");
+        for (name, j) in [("embed", embed_jobs), ("judge", judge_jobs)] {
+            println!(
+                "| {name} jobs done / waiting / running / dead | {} / {} / {} / {} |",
+                j.done, j.waiting, j.running, j.dead
+            );
+        }
         println!("| **invariants** | **{}** |", if held { "held" } else { "BROKEN" });
     }
     if !held {

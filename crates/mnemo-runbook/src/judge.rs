@@ -58,6 +58,16 @@ pub enum JudgeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Check a tenant's supersede chains against the audit log: each retired fact has exactly
+    /// one supersede audit row naming its successor, which is newer and of the same bucket.
+    /// Exits non-zero when one does not; also counts facts waiting for the judge and facts left
+    /// failed open.
+    Check {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        #[arg(long)]
+        json: bool,
+    },
     /// Recommend a batch size from the measured judge latency, the backlog and a target drain
     /// time, and say why.
     Tune {
@@ -135,6 +145,31 @@ pub async fn run(store: &Store, command: JudgeCommand) -> anyhow::Result<()> {
                 rows.len(),
                 if dry_run { " (dry run: nothing changed)" } else { "" }
             );
+            Ok(())
+        }
+        JudgeCommand::Check { tenant, json } => {
+            let check = store.supersede_integrity(&tenant).await?;
+            let broken = [
+                ("superseded twice", check.superseded_twice),
+                ("superseded without their audit row", check.unaudited),
+                ("supersede audit rows that do not match their fact", check.audit_without_row),
+                ("retired by an older fact or one of another bucket", check.retired_wrongly),
+            ];
+            if json {
+                println!("{}", serde_json::to_value(check)?);
+            } else {
+                println!(
+                    "{} facts, {} superseded, {} waiting for the judge, {} left failed open, {} buckets with several live facts",
+                    check.facts, check.superseded, check.unjudged, check.failed_open, check.buckets_with_several_live
+                );
+                for (what, n) in broken {
+                    println!("{what}: {n}");
+                }
+            }
+            let broken: Vec<_> = broken.iter().filter(|(_, n)| *n > 0).map(|(what, n)| format!("{n} {what}")).collect();
+            if !broken.is_empty() {
+                bail!("the supersede chains of {tenant} do not match the audit log: {}", broken.join(", "));
+            }
             Ok(())
         }
         JudgeCommand::Tune { target_drain, window, batch_size, workers, json } => {

@@ -114,6 +114,29 @@ pub struct JudgeStatus {
     pub batches: BatchStats,
 }
 
+/// Whether a tenant's supersede chains and their audit rows agree (see
+/// [`Store::supersede_integrity`]). Every field but the first three counts a broken invariant,
+/// except `buckets_with_several_live`, which only a workload whose facts all contradict each
+/// other expects to be zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, sqlx::FromRow, serde::Serialize)]
+pub struct SupersedeIntegrity {
+    pub facts: i64,
+    pub superseded: i64,
+    /// Live facts with a vector that the judge has not judged yet.
+    pub unjudged: i64,
+    /// Live facts whose last judgement failed open: they wait for an operator's re-judge.
+    pub failed_open: i64,
+    /// Facts with more than one supersede audit row.
+    pub superseded_twice: i64,
+    /// Superseded facts without the audit row naming their successor.
+    pub unaudited: i64,
+    /// Supersede audit rows whose fact is not superseded by the fact they name.
+    pub audit_without_row: i64,
+    /// Facts retired by a fact that is not newer, or of another bucket.
+    pub retired_wrongly: i64,
+    pub buckets_with_several_live: i64,
+}
+
 /// Judge batches finished within a window.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BatchStats {
@@ -594,6 +617,48 @@ impl Store {
             .bind(include_retired)
             .fetch_all(&self.pool)
             .await?)
+    }
+}
+
+impl Store {
+    /// Checks a tenant's supersede chains against the audit log after a fault: each retired fact
+    /// has exactly one supersede audit row naming its successor, which is newer and of the same
+    /// bucket, and each supersede audit row matches its fact. Facts ever revived, and audit rows
+    /// whose fact was erased, are left out: their history legitimately differs.
+    pub async fn supersede_integrity(&self, tenant: &TenantId) -> Result<SupersedeIntegrity, StoreError> {
+        let sql = format!(
+            "WITH f AS (
+                SELECT m.id, m.scope, COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
+                       COALESCE(m.valid_from, m.created_at) AS valid_from, m.superseded_by, m.judge_at,
+                       m.judge_outcome, m.embedded_model,
+                       (m.superseded_by IS NULL AND m.deleted_at IS NULL AND m.anonymized_at IS NULL) AS live
+                FROM memory_items m
+                WHERE m.tenant_id = $1 AND m.source_kind = 'fact'
+                  AND NOT EXISTS (SELECT 1 FROM audit_log r
+                                  WHERE r.tenant_id = $1 AND r.event = '{revive}' AND r.item_id = m.id)
+            ), s AS (
+                SELECT a.item_id, a.related_item_id FROM audit_log a JOIN f ON f.id = a.item_id
+                WHERE a.tenant_id = $1 AND a.event = '{supersede}'
+            )
+            SELECT (SELECT count(*) FROM f) AS facts,
+                   (SELECT count(*) FROM f WHERE superseded_by IS NOT NULL) AS superseded,
+                   (SELECT count(*) FROM f WHERE live AND judge_at IS NULL AND embedded_model IS NOT NULL) AS unjudged,
+                   (SELECT count(*) FROM f WHERE live AND judge_outcome = 'fail_open') AS failed_open,
+                   (SELECT count(*) FROM (SELECT 1 FROM s GROUP BY item_id HAVING count(*) > 1) t) AS superseded_twice,
+                   (SELECT count(*) FROM f WHERE superseded_by IS NOT NULL AND NOT EXISTS
+                       (SELECT 1 FROM s WHERE s.item_id = f.id AND s.related_item_id = f.superseded_by)) AS unaudited,
+                   (SELECT count(*) FROM s WHERE NOT EXISTS
+                       (SELECT 1 FROM f WHERE f.id = s.item_id AND f.superseded_by = s.related_item_id))
+                       AS audit_without_row,
+                   (SELECT count(*) FROM f JOIN f n ON n.id = f.superseded_by
+                    WHERE (n.valid_from, n.id) <= (f.valid_from, f.id)
+                       OR n.scope <> f.scope OR n.identity <> f.identity) AS retired_wrongly,
+                   (SELECT count(*) FROM (SELECT 1 FROM f WHERE live GROUP BY scope, identity HAVING count(*) > 1) t)
+                       AS buckets_with_several_live",
+            revive = AuditEvent::Revive,
+            supersede = AuditEvent::Supersede,
+        );
+        Ok(sqlx::query_as(AssertSqlSafe(sql)).bind(tenant.as_str()).fetch_one(&self.pool).await?)
     }
 }
 

@@ -42,6 +42,7 @@ pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};
 pub use group_commit::{CommitStats, GroupCommit};
 pub use judge::{
     BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, JudgeStatus, Judgement, PendingFact,
+    SupersedeIntegrity,
 };
 pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutput};

@@ -3,9 +3,10 @@
 //! answers by rules a test can predict: an existing fact is superseded when it starts with the
 //! same three words as the new fact ("I live in Tokyo" → "I live in Paris"), and kept otherwise;
 //! a summary says how many new messages it covered and whether it built on a previous one; an
-//! extraction follows the conversation's `remember:` and `my name is` lines. Scripted answers fail as
-//! a test says, one per request; a server can also refuse `json_schema` for good, as some
-//! "compatible" servers do, or answer every request after a fixed delay (for benchmarks).
+//! extraction follows the conversation's `remember:` and `my name is` lines. Scripted answers fail
+//! as a test says, one per request, or every request during an outage; a server can also refuse
+//! `json_schema` for good, as some "compatible" servers do, or answer every request after a fixed
+//! delay (for benchmarks).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,8 @@ struct Script {
     answers: VecDeque<ChatAnswer>,
     refuse_json_schema: bool,
     delay: Duration,
+    /// While set, every request gets this answer instead of the queued ones.
+    outage: Option<ChatAnswer>,
     requests: Vec<Value>,
 }
 
@@ -75,6 +78,12 @@ impl ScriptedChat {
     /// Every answer waits this long first.
     pub fn delay_every_answer(&self, delay: Duration) {
         self.script.lock().expect("script").delay = delay;
+    }
+
+    /// Until called again with `None`, every request gets `answer` (an outage); the queued
+    /// answers wait for the outage to end.
+    pub fn outage(&self, answer: Option<ChatAnswer>) {
+        self.script.lock().expect("script").outage = answer;
     }
 
     /// The request bodies received so far.
@@ -187,7 +196,14 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
         s.requests.push(body.clone());
         // A refused request leaves the scripted answers for the requests that follow.
         let refuse = s.refuse_json_schema && body["response_format"]["type"] == "json_schema";
-        (if refuse { None } else { s.answers.pop_front() }, refuse, s.delay)
+        let answer = if refuse {
+            None
+        } else if s.outage.is_some() {
+            s.outage.clone()
+        } else {
+            s.answers.pop_front()
+        };
+        (answer, refuse, s.delay)
     };
     tokio::time::sleep(delay).await;
     if refuse {
