@@ -26,7 +26,7 @@ fmt: ## format the code
 db: ## install and start the local PostgreSQL with pgvector (idempotent)
 	bash scripts/setup-postgres.sh
 
-faults: ## the fault suite, about 21 minutes (docs/benchmarks.md, "Faults"): worker kills, PostgreSQL restarts, embedding and chat endpoint outages under load
+faults: ## the fault suite, about 24 minutes (docs/benchmarks.md, "Faults"): worker kills, PostgreSQL restarts, embedding and chat endpoint outages, a full disk, under load
 	bash scripts/faults.sh
 
 bench-writes: ## the write benchmark (docs/benchmarks.md)

@@ -63,6 +63,8 @@ pub enum ApiError {
     EditTextAmbiguous(usize),
     #[error("not ready: {0}")]
     NotReady(String),
+    #[error("the database is out of disk space; nothing was written")]
+    StorageFull,
     /// The detail is logged, never sent.
     #[error("internal error")]
     Internal(String),
@@ -135,6 +137,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ),
     ("internal", 500, "something failed inside mnemo; details are in its log"),
     ("not_ready", 503, "the database is unreachable or its schema is not current"),
+    (
+        "storage_full",
+        507,
+        "the database is out of disk space; nothing was written, and the same request succeeds once space is freed",
+    ),
 ];
 
 impl ApiError {
@@ -200,6 +207,7 @@ impl ApiError {
             Self::EditTextNotFound => ("edit_text_not_found", StatusCode::CONFLICT),
             Self::EditTextAmbiguous(_) => ("edit_text_ambiguous", StatusCode::CONFLICT),
             Self::NotReady(_) => ("not_ready", StatusCode::SERVICE_UNAVAILABLE),
+            Self::StorageFull => ("storage_full", StatusCode::INSUFFICIENT_STORAGE),
             Self::Internal(_) => ("internal", StatusCode::INTERNAL_SERVER_ERROR),
         }
     }
@@ -216,6 +224,10 @@ impl From<StoreError> for ApiError {
             other if other.is_unavailable() => {
                 tracing::warn!(error = %other, "database unavailable");
                 Self::NotReady("the database is unavailable".into())
+            }
+            other if other.is_storage_full() => {
+                tracing::error!(error = %other, "database out of disk space");
+                Self::StorageFull
             }
             other => Self::Internal(other.to_string()),
         }
@@ -310,6 +322,7 @@ mod tests {
             ApiError::SourceRefConflict,
             ApiError::MemoryDeleted,
             ApiError::NotReady("x".into()),
+            ApiError::StorageFull,
             ApiError::Internal("x".into()),
         ]
     }
@@ -370,5 +383,53 @@ mod tests {
         }
         let refused = ApiError::from(StoreError::Database(sqlx::Error::RowNotFound));
         assert_eq!(refused.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    /// PostgreSQL's answer when it cannot extend a file, as sqlx hands it over.
+    #[derive(Debug)]
+    struct Refused(&'static str);
+
+    impl std::fmt::Display for Refused {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Refused {}
+
+    impl sqlx::error::DatabaseError for Refused {
+        fn message(&self) -> &str {
+            "could not extend file: No space left on device"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    /// A database out of disk space is a 507 with its code, whether the write committed alone
+    /// or with others; another refusal of class 53 is not.
+    #[test]
+    fn a_full_disk_is_storage_full() {
+        for full in [
+            StoreError::Database(sqlx::Error::Database(Box::new(Refused("53100")))),
+            StoreError::StorageFull("could not extend file".into()),
+        ] {
+            let e = ApiError::from(full);
+            assert_eq!((e.status(), e.code()), (StatusCode::INSUFFICIENT_STORAGE, "storage_full"), "{e}");
+        }
+        let out_of_memory = ApiError::from(StoreError::Database(sqlx::Error::Database(Box::new(Refused("53200")))));
+        assert_eq!(out_of_memory.code(), "internal");
     }
 }

@@ -15,7 +15,11 @@
 //!   past the judge's timeout, answers malformed JSON or decisions for facts it was never shown,
 //!   for `--outage` seconds each. Every fact judged meanwhile must fail open (nothing retired);
 //!   afterwards the runbook's re-judge (`mnemo-runbook judge clear --outcome fail_open`) must
-//!   judge them all, as an operator would.
+//!   judge them all, as an operator would;
+//! - `disk-full`: the bench database lives in `--tablespace`, on a small filesystem of its own
+//!   (`scripts/faults.sh` mounts one), and a ballast file fills that filesystem for `--outage`
+//!   seconds, then is removed. Writes must fail with `507 storage_full` meanwhile, never hang or
+//!   lose an acknowledged row, and everything must resume by itself once space returns.
 //!
 //! One write in five is a fact of one of many users, each saying where the user lives, so every
 //! new fact of a user contradicts the older ones and the workers' judge (the scripted endpoint,
@@ -41,7 +45,7 @@ use mnemo_api::{AppState, Timeouts, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Principal, Queue, SessionId, TenantId, UserId};
 use mnemo_store::queue::JudgeJob;
-use mnemo_store::{Delivery, Store, create_database};
+use mnemo_store::{Delivery, Store, create_database, move_database};
 use mnemo_testkit::{Answer, ChatAnswer, ScriptedChat, ScriptedEmbeddings};
 use serde_json::json;
 use uuid::Uuid;
@@ -52,6 +56,7 @@ enum Fault {
     PostgresRestart,
     EmbedderOutage,
     ChatOutage,
+    DiskFull,
 }
 
 /// What the embedding endpoint does during each `embedder-outage`, in turn.
@@ -102,7 +107,14 @@ pub struct Args {
     /// (`scripts/faults.sh` passes `pg_ctlcluster <version> <cluster> restart -m fast|immediate`).
     #[arg(long)]
     restart_command: Option<String>,
-    /// For `embedder-outage` and `chat-outage`: how long each outage lasts, in seconds.
+    /// For `disk-full`: the tablespace the bench database moves into, on a filesystem of its own.
+    #[arg(long)]
+    tablespace: Option<String>,
+    /// For `disk-full`: the file that fills the tablespace's filesystem (on that filesystem).
+    #[arg(long)]
+    ballast: Option<PathBuf>,
+    /// For `embedder-outage`, `chat-outage` and `disk-full`: how long each outage lasts, in
+    /// seconds.
     #[arg(long, default_value_t = 60)]
     outage: u64,
     /// Writes per second, spread over the writers (keep it under the embedder's rate, or the
@@ -176,9 +188,13 @@ impl Load {
         Ok(())
     }
 
-    /// Failures a fault excuses: none, or while PostgreSQL is down a 503 `not_ready`.
+    /// Failures a fault excuses: none, or while PostgreSQL is down a 503 `not_ready`, or while
+    /// its disk is full a 507 `storage_full`.
     fn unexcused(&self, fault: Fault) -> u64 {
-        let excused = |kind: &str| fault == Fault::PostgresRestart && kind == "503 not_ready";
+        let excused = |kind: &str| {
+            (fault == Fault::PostgresRestart && kind == "503 not_ready")
+                || (fault == Fault::DiskFull && kind == "507 storage_full")
+        };
         self.failures.iter().filter(|(kind, _)| !excused(kind)).map(|(_, n)| n).sum()
     }
 
@@ -251,6 +267,27 @@ async fn rejudge_failed_open(
     ids.iter().map(|id| id.as_str().and_then(|s| s.parse().ok()).context("an id that is not one")).collect()
 }
 
+/// Writes zeros to `path` until its filesystem is full; how many bytes it took.
+async fn fill(path: &PathBuf) -> anyhow::Result<u64> {
+    use tokio::io::AsyncWriteExt;
+    let mut file = tokio::fs::File::create(path).await.with_context(|| format!("creating {}", path.display()))?;
+    let chunk = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    loop {
+        match file.write(&chunk).await {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+            Err(e) => return Err(e).with_context(|| format!("filling {}", path.display())),
+        }
+    }
+    // What the last write buffered must reach the filesystem too, or the disk is not full yet.
+    match file.sync_all().await {
+        Err(e) if e.kind() != std::io::ErrorKind::StorageFull => Err(e.into()),
+        _ => Ok(written),
+    }
+}
+
 /// Starts a worker (this process's environment, the bench database) and waits until it serves
 /// its metrics, so a kill lands on a worker that has started.
 async fn start_worker(
@@ -293,6 +330,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let database = DatabaseSettings::from_env(&env)?;
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
     eprintln!("bench database: {}", db.name);
+    if args.fault == Fault::DiskFull {
+        let tablespace = args.tablespace.as_deref().context("disk-full needs --tablespace")?;
+        anyhow::ensure!(args.ballast.is_some(), "disk-full needs --ballast");
+        move_database(database.url.expose(), &db, tablespace).await.context("moving the bench database")?;
+    }
     let url = db.url;
 
     // Under `embedder-outage` the API and the workers embed through a scripted endpoint that the
@@ -449,6 +491,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     delivery.failed
                 );
             }
+            Fault::DiskFull => {
+                let ballast = args.ballast.as_ref().context("disk-full needs --ballast")?;
+                let filled = fill(ballast).await?;
+                eprintln!(
+                    "fault {kill}: the database's disk is full ({} MiB of ballast) for {} s",
+                    filled >> 20,
+                    args.outage
+                );
+                tokio::time::sleep(Duration::from_secs(args.outage)).await;
+                tokio::fs::remove_file(ballast).await?;
+                // Recovered once every row acknowledged so far has its vector.
+                t = Instant::now();
+                let ids = acked.lock().expect("ids").clone();
+                let delivery = embedded_within(&store, &tenant, &ids, &model, args.drain_limit).await?;
+                anyhow::ensure!(
+                    delivery.unembedded == 0,
+                    "{} rows still unembedded {} s after space returned ({} given up)",
+                    delivery.unembedded,
+                    args.drain_limit,
+                    delivery.failed
+                );
+            }
             Fault::ChatOutage => {
                 let (what, answer) = chat_outage_answer(kill - 1);
                 eprintln!("outage {kill}: the chat endpoint answers {what} for {} s", args.outage);
@@ -572,6 +636,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         println!("| faults (every {} s) | {} in {faulted:.0} s |", args.every, args.kills);
         let recovery = match args.fault {
             Fault::EmbedderOutage => "outage's end to every row embedded",
+            Fault::DiskFull => "space's return to every row embedded",
             Fault::ChatOutage => "outage's end to every fact that failed open judged again",
             _ => "fault to answering again",
         };

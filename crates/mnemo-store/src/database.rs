@@ -24,6 +24,23 @@ pub async fn create_database(admin_url: &str, prefix: &str, max_connections: u32
     Ok(FreshDatabase { name, url, pool })
 }
 
+/// Moves a database made by [`create_database`] (its pool closed) into `tablespace`, such as one
+/// on a small filesystem for the disk-full fault. `tablespace` must be a plain identifier.
+pub async fn move_database(admin_url: &str, database: &FreshDatabase, tablespace: &str) -> Result<(), StoreError> {
+    let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !plain(tablespace) {
+        return Err(StoreError::Config(sqlx::Error::Configuration(
+            format!("tablespace {tablespace:?} is not a plain lower-case identifier").into(),
+        )));
+    }
+    database.pool.close().await;
+    let admin: PgConnectOptions = admin_url.parse().map_err(StoreError::Config)?;
+    let mut conn = admin.connect().await?;
+    let sql = format!("ALTER DATABASE {} SET TABLESPACE {tablespace}", database.name);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await?;
+    Ok(())
+}
+
 /// The same URL, naming another database.
 pub fn with_database(url: &str, database: &str) -> String {
     let authority_start = url.find("://").map_or(0, |i| i + 3);

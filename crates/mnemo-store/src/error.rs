@@ -33,6 +33,10 @@ pub enum StoreError {
     /// shared its commit with others: the same for each of them.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// The database is out of disk space, for a write that shared its commit with others: the
+    /// same for each of them.
+    #[error("the database is out of disk space: {0}")]
+    StorageFull(String),
     /// A value read back from the database no longer parses as its domain type.
     #[error("a stored value is invalid: {0}")]
     Stored(#[from] mnemo_core::InvalidInput),
@@ -47,6 +51,19 @@ impl StoreError {
         match self {
             Self::Unavailable(_) | Self::ShuttingDown => true,
             Self::Database(e) | Self::Queue(apalis_postgres::Error::Database(e)) => database_unavailable(e),
+            _ => false,
+        }
+    }
+
+    /// Whether the database refused the write for want of disk space (SQLSTATE 53100): nothing
+    /// was written, and the same write succeeds once an operator frees space.
+    pub fn is_storage_full(&self) -> bool {
+        match self {
+            Self::StorageFull(_) => true,
+            Self::Database(sqlx::Error::Database(e))
+            | Self::Queue(apalis_postgres::Error::Database(sqlx::Error::Database(e))) => {
+                e.code().as_deref() == Some("53100")
+            }
             _ => false,
         }
     }

@@ -134,12 +134,18 @@ async fn commit_loop(
                     let _ = reply.send(result);
                 }
             }
-            // The database out of reach fails every row alike, at once: writing them one by one
-            // would make the last wait for one connection timeout per row before it.
-            Err(e) if e.is_unavailable() => {
+            // The database out of reach, or out of disk space, fails every row alike, at once:
+            // writing them one by one would make the last wait for one failure per row before it.
+            Err(e) if e.is_unavailable() || e.is_storage_full() => {
                 let cause = e.to_string();
+                let full = e.is_storage_full();
                 for reply in replies {
-                    let _ = reply.send(Err(StoreError::Unavailable(cause.clone())));
+                    let e = if full {
+                        StoreError::StorageFull(cause.clone())
+                    } else {
+                        StoreError::Unavailable(cause.clone())
+                    };
+                    let _ = reply.send(Err(e));
                 }
             }
             // One row can fail a whole batch (a constraint, a deadlock); then each row is written
