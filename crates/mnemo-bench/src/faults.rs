@@ -1,6 +1,6 @@
 //! The fault suite: a fault injected again and again under a steady write and recall load, then
-//! the checks. The API runs in this process as a service would; each worker is the real
-//! `mnemo-worker` binary (built beside this one) with the local model. Faults:
+//! the checks. The API is the real `mnemo-server` binary and each worker the real `mnemo-worker`
+//! (built beside this one), with the local model. Faults:
 //! - `worker-kill`: the worker killed with SIGKILL every few seconds, and started again;
 //! - `postgres-restart`: PostgreSQL restarted by `--restart-command` (fast or immediate
 //!   shutdown); while it is down the API must answer with an error code, never hang past its
@@ -19,7 +19,10 @@
 //! - `disk-full`: the bench database lives in `--tablespace`, on a small filesystem of its own
 //!   (`scripts/faults.sh` mounts one), and a ballast file fills that filesystem for `--outage`
 //!   seconds, then is removed. Writes must fail with `507 storage_full` meanwhile, never hang or
-//!   lose an acknowledged row, and everything must resume by itself once space returns.
+//!   lose an acknowledged row, and everything must resume by itself once space returns;
+//! - `soak`: no fault, the load alone for `--kills` windows of `--every` seconds; at the end of
+//!   each, the server's and the worker's resident memory, the jobs waiting and the window's p99.
+//!   Memory must stay flat, the queues bounded and p99 stable.
 //!
 //! One write in five is a fact of one of many users, each saying where the user lives, so every
 //! new fact of a user contradicts the older ones and the workers' judge (the scripted endpoint,
@@ -41,7 +44,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::ValueEnum;
 use hdrhistogram::Histogram;
-use mnemo_api::{AppState, Timeouts, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Principal, Queue, SessionId, TenantId, UserId};
 use mnemo_store::queue::JudgeJob;
@@ -57,6 +59,8 @@ enum Fault {
     EmbedderOutage,
     ChatOutage,
     DiskFull,
+    /// No fault: the load alone, for `--kills` windows of `--every` seconds each.
+    Soak,
 }
 
 /// What the embedding endpoint does during each `embedder-outage`, in turn.
@@ -146,14 +150,15 @@ impl Load {
         Ok(Self { latencies: Histogram::new(3)?, ok: 0, failures: BTreeMap::new() })
     }
 
-    /// Records one request's outcome; `Ok` with the answer's body on the expected status.
-    async fn record(
-        &mut self,
-        started: Instant,
-        answer: reqwest::Result<reqwest::Response>,
+    /// Sends a request and records its outcome in `load`; the answer's body on the expected
+    /// status.
+    async fn send(
+        load: &Mutex<Load>,
+        request: reqwest::RequestBuilder,
         expected: u16,
     ) -> anyhow::Result<Option<serde_json::Value>> {
-        let outcome = match answer {
+        let started = Instant::now();
+        let outcome = match request.send().await {
             Ok(r) => {
                 let status = r.status().as_u16();
                 let body: serde_json::Value = r.json().await.unwrap_or_default();
@@ -166,17 +171,23 @@ impl Load {
             Err(e) if e.is_timeout() => Err("no answer within 30 s".to_owned()),
             Err(_) => Err("connection failed".to_owned()),
         };
-        self.latencies.record(started.elapsed().as_micros() as u64)?;
+        let mut load = load.lock().expect("load");
+        load.latencies.record(started.elapsed().as_micros() as u64)?;
         Ok(match outcome {
             Ok(body) => {
-                self.ok += 1;
+                load.ok += 1;
                 Some(body)
             }
             Err(kind) => {
-                *self.failures.entry(kind).or_default() += 1;
+                *load.failures.entry(kind).or_default() += 1;
                 None
             }
         })
+    }
+
+    /// What was recorded since the last take.
+    fn take(load: &Mutex<Load>) -> anyhow::Result<Load> {
+        Ok(std::mem::replace(&mut *load.lock().expect("load"), Load::new()?))
     }
 
     fn merge(&mut self, other: Load) -> anyhow::Result<()> {
@@ -222,6 +233,84 @@ impl Jobs {
 
     fn summary(&self) -> serde_json::Value {
         json!({ "done": self.done, "waiting": self.waiting, "running": self.running, "dead": self.dead })
+    }
+}
+
+/// The embed and the judge queue's jobs now.
+async fn queue_jobs(store: &Store) -> anyhow::Result<[Jobs; 2]> {
+    let status = store.queue_status().await?;
+    let of = |queue: Queue| {
+        status.iter().find(|q| q.queue == queue.as_str()).map_or_else(Jobs::default, |q| Jobs {
+            done: q.done,
+            waiting: q.pending + q.failed,
+            running: q.running,
+            dead: q.dead,
+        })
+    };
+    Ok([of(Queue::Embed), of(Queue::Judge)])
+}
+
+/// A soak's windows, and the load's latencies over all of them.
+struct Soak {
+    windows: Vec<Window>,
+    totals: (Load, Load),
+}
+
+/// One window of a soak: the load over it, and the processes and queues at its end.
+struct Window {
+    end_s: f64,
+    writes: u64,
+    write_p99_ms: f64,
+    recall_p99_ms: f64,
+    server_mib: f64,
+    worker_mib: f64,
+    waiting_jobs: i64,
+}
+
+impl Window {
+    fn summary(&self) -> serde_json::Value {
+        json!({ "end_s": self.end_s, "writes": self.writes, "write_p99_ms": self.write_p99_ms,
+                "recall_p99_ms": self.recall_p99_ms, "server_mib": self.server_mib,
+                "worker_mib": self.worker_mib, "waiting_jobs": self.waiting_jobs })
+    }
+}
+
+impl Soak {
+    /// Resident memory flat (the last window within 10% of the end of the first quarter), the
+    /// queues bounded (never more than `bound` jobs waiting), and p99 stable (the median window's
+    /// p99 over the second half within 1.5 times the first half's): what broke, if anything.
+    fn broken(&self, bound: i64) -> Vec<String> {
+        let mut broken = Vec::new();
+        let (Some(quarter), Some(last)) = (self.windows.get(self.windows.len() / 4), self.windows.last()) else {
+            return broken;
+        };
+        for (name, at_quarter, at_end) in
+            [("server", quarter.server_mib, last.server_mib), ("worker", quarter.worker_mib, last.worker_mib)]
+        {
+            if at_end > at_quarter * 1.1 {
+                broken.push(format!("{name} memory grew from {at_quarter:.0} to {at_end:.0} MiB"));
+            }
+        }
+        if let Some(w) = self.windows.iter().find(|w| w.waiting_jobs > bound) {
+            broken.push(format!("{} jobs waiting at {:.0} s", w.waiting_jobs, w.end_s));
+        }
+        type P99 = fn(&Window) -> f64;
+        let p99s: [(&str, P99); 2] = [("write", |w| w.write_p99_ms), ("recall", |w| w.recall_p99_ms)];
+        let median = |windows: &[Window], p99: P99| {
+            let mut all: Vec<f64> = windows.iter().map(p99).collect();
+            all.sort_by(f64::total_cmp);
+            all.get(all.len() / 2).copied().unwrap_or_default()
+        };
+        let (early, late) = self.windows.split_at(self.windows.len() / 2);
+        for (name, p99) in p99s {
+            let (early, late) = (median(early, p99), median(late, p99));
+            if late > 1.5 * early {
+                broken.push(format!(
+                    "{name} p99 drifted from {early:.0} to {late:.0} ms (median window, first half to second)"
+                ));
+            }
+        }
+        broken
     }
 }
 
@@ -359,14 +448,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     for (name, value) in &model_env {
         server_env = server_env.with(name, value.as_str());
     }
-    let settings = ServerSettings::from_env(&server_env)?;
-    let model = settings.embed.model.clone();
+    let model = ServerSettings::from_env(&server_env)?.embed.model;
     let store = Store::connect(&url, 16).await?;
-    let state = AppState::new(store.clone(), &settings, mnemo_models::embedder(&settings.embed)?)
-        .map_err(anyhow::Error::msg)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}/v1", listener.local_addr()?);
-    tokio::spawn(mnemo_api::serve(listener, app(state), Timeouts::of(&settings), std::future::pending()));
+    let mut server_vars = model_env.clone();
+    // Its errors while a part is down are the fault's, expected: the checks judge.
+    server_vars.extend([
+        (vars::DATABASE_URL, url.clone()),
+        (vars::JWT_SECRET, secret.clone()),
+        (vars::LOG, "off".into()),
+    ]);
+    let (mut server, base) = crate::start_server(&server_vars).await?;
+    let base = format!("{base}/v1");
     let tenant = TenantId::parse("bench")?;
     let principal = Principal {
         tenant: tenant.clone(),
@@ -394,8 +486,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Writers: each paced to its share of the rate; every acknowledged id is kept.
     let writers = 4;
     let mut write_tasks = Vec::new();
+    let writes = Arc::new(Mutex::new(Load::new()?));
+    let recalls = Arc::new(Mutex::new(Load::new()?));
     for _ in 0..writers {
-        let (http, base, token, residents, stop, acked, sequence) = (
+        let (http, base, token, residents, stop, acked, sequence, writes) = (
             http.clone(),
             base.clone(),
             token.clone(),
@@ -403,10 +497,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             stop.clone(),
             acked.clone(),
             sequence.clone(),
+            writes.clone(),
         );
         let interval = Duration::from_secs_f64(writers as f64 / args.rate);
         write_tasks.push(tokio::spawn(async move {
-            let mut load = Load::new()?;
             let mut tick = tokio::time::interval(interval);
             while !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
@@ -421,29 +515,26 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                                        "content": format!("Order {n} shipped to the warehouse in Lyon on pallet {}", n % 97) });
                     http.post(format!("{base}/memories")).bearer_auth(&token).json(&body)
                 };
-                let t = Instant::now();
-                let answer = request.send().await;
-                if let Some(written) = load.record(t, answer, 201).await? {
+                if let Some(written) = Load::send(&writes, request, 201).await? {
                     let id = written["id"].as_str().and_then(|s| s.parse().ok());
                     acked.lock().expect("ids").push(id.context("a write answered without an id")?);
                 }
             }
-            anyhow::Ok(load)
+            anyhow::Ok(())
         }));
     }
     let recall_task = {
-        let (http, url, token, stop) = (http.clone(), format!("{base}/recall"), token.clone(), stop.clone());
+        let (http, url, token, stop, recalls) =
+            (http.clone(), format!("{base}/recall"), token.clone(), stop.clone(), recalls.clone());
         let interval = Duration::from_secs_f64(1.0 / args.recall_rate);
         tokio::spawn(async move {
-            let mut load = Load::new()?;
             let mut tick = tokio::time::interval(interval);
             while !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
-                let t = Instant::now();
                 let body = json!({ "query": "which pallet went to Lyon", "top_k": 10 });
-                load.record(t, http.post(&url).bearer_auth(&token).json(&body).send().await, 200).await?;
+                Load::send(&recalls, http.post(&url).bearer_auth(&token).json(&body), 200).await?;
             }
-            anyhow::Ok(load)
+            anyhow::Ok(())
         })
     };
 
@@ -452,6 +543,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut recoveries = Histogram::<u64>::new(3)?;
     let mut worker_exits = 0;
     let mut failed_open = 0;
+    let mut soak = Soak { windows: Vec::new(), totals: (Load::new()?, Load::new()?) };
     for kill in 1..=args.kills {
         tokio::time::sleep(Duration::from_secs_f64(args.every)).await;
         let mut t = Instant::now();
@@ -513,6 +605,33 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     delivery.failed
                 );
             }
+            Fault::Soak => {
+                let (w, r) = (Load::take(&writes)?, Load::take(&recalls)?);
+                let [embed, judge] = queue_jobs(&store).await?;
+                let p99 = |load: &Load| load.latencies.value_at_quantile(0.99) as f64 / 1000.0;
+                let window = Window {
+                    end_s: started.elapsed().as_secs_f64(),
+                    writes: w.ok,
+                    write_p99_ms: p99(&w),
+                    recall_p99_ms: p99(&r),
+                    server_mib: crate::resident_kib(server.id().context("server pid")?)? as f64 / 1024.0,
+                    worker_mib: crate::resident_kib(worker.id().context("worker pid")?)? as f64 / 1024.0,
+                    waiting_jobs: embed.waiting + judge.waiting,
+                };
+                eprintln!(
+                    "{:.0} s: {} writes, p99 write {:.0} / recall {:.0} ms, server {:.0} / worker {:.0} MiB, {} jobs waiting",
+                    window.end_s,
+                    window.writes,
+                    window.write_p99_ms,
+                    window.recall_p99_ms,
+                    window.server_mib,
+                    window.worker_mib,
+                    window.waiting_jobs
+                );
+                soak.windows.push(window);
+                soak.totals.0.merge(w)?;
+                soak.totals.1.merge(r)?;
+            }
             Fault::ChatOutage => {
                 let (what, answer) = chat_outage_answer(kill - 1);
                 eprintln!("outage {kill}: the chat endpoint answers {what} for {} s", args.outage);
@@ -565,11 +684,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let faulted = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let mut writes = Load::new()?;
     for task in write_tasks {
-        writes.merge(task.await??)?;
+        task.await??;
     }
-    let recalls = recall_task.await??;
+    recall_task.await??;
+    let (writes, recalls) = {
+        let (mut all_writes, mut all_recalls) = std::mem::replace(&mut soak.totals, (Load::new()?, Load::new()?));
+        all_writes.merge(Load::take(&writes)?)?;
+        all_recalls.merge(Load::take(&recalls)?)?;
+        (all_writes, all_recalls)
+    };
 
     // The last worker drains what is left: first every row gets its vector, then the queues
     // settle and every fact is judged (jobs a killed worker held run again once it is found dead,
@@ -579,30 +703,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let limit = Duration::from_secs(args.drain_limit);
     let delivery = embedded_within(&store, &tenant, &ids, &model, args.drain_limit).await?;
     let drained = drain.elapsed().as_secs_f64();
-    let queues = || async {
-        let status = store.queue_status().await?;
-        let of = |queue: Queue| {
-            status.iter().find(|q| q.queue == queue.as_str()).map_or_else(Jobs::default, |q| Jobs {
-                done: q.done,
-                waiting: q.pending + q.failed,
-                running: q.running,
-                dead: q.dead,
-            })
-        };
-        anyhow::Ok([of(Queue::Embed), of(Queue::Judge)])
-    };
-    let mut jobs = queues().await?;
+    let mut jobs = queue_jobs(&store).await?;
     let mut facts = store.supersede_integrity(&tenant).await?;
     while !(jobs.iter().all(Jobs::settled) && facts.unjudged == 0) && drain.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        jobs = queues().await?;
+        jobs = queue_jobs(&store).await?;
         facts = store.supersede_integrity(&tenant).await?;
     }
     let settled = drain.elapsed().as_secs_f64();
     worker.kill().await?;
+    if let Some(status) = server.try_wait()? {
+        bail!("mnemo-server exited during the run: {status}");
+    }
+    server.kill().await?;
 
     let acked_rows = ids.len() as i64;
     let [embed_jobs, judge_jobs] = jobs;
+    // Bounded: never more than a minute of writes waiting.
+    let soak_broken = soak.broken((args.rate * 60.0) as i64);
     let result = json!({
         "scenario": "faults", "fault": args.fault.to_possible_value().map(|v| v.get_name().to_owned()),
         "restart_command": args.restart_command, "faults": args.kills, "every_s": args.every, "faulted_s": faulted,
@@ -612,6 +730,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "acknowledged": acked_rows, "lost": delivery.missing, "unembedded": delivery.unembedded,
         "failed_embedding": delivery.failed, "vectors": delivery.vectors, "drain_s": drained, "settled_s": settled,
         "embed_jobs": embed_jobs.summary(), "judge_jobs": judge_jobs.summary(), "facts": facts, "failed_open_and_judged_again": failed_open,
+        "soak": soak.windows.iter().map(Window::summary).collect::<Vec<_>>(), "soak_broken": soak_broken,
     });
     let held = delivery.missing == 0
         && worker_exits == 0
@@ -628,7 +747,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         && facts.unaudited == 0
         && facts.audit_without_row == 0
         && facts.retired_wrongly == 0
-        && facts.buckets_with_several_live == 0;
+        && facts.buckets_with_several_live == 0
+        && soak_broken.is_empty();
     if args.json {
         println!("{result}");
     } else {
@@ -640,7 +760,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Fault::ChatOutage => "outage's end to every fact that failed open judged again",
             _ => "fault to answering again",
         };
-        println!("| {recovery}, p50 / max | {} / {} ms |", recoveries.value_at_quantile(0.5), recoveries.max());
+        if args.fault != Fault::Soak {
+            println!("| {recovery}, p50 / max | {} / {} ms |", recoveries.value_at_quantile(0.5), recoveries.max());
+        }
         println!("| worker exits after a fault (started again) | {worker_exits} |");
         for (name, load) in [("writes", &writes), ("recalls", &recalls)] {
             let s = load.summary();
@@ -671,7 +793,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 j.done, j.waiting, j.running, j.dead
             );
         }
+        if !soak.windows.is_empty() {
+            println!(
+                "| soak: memory flat, queues bounded, p99 stable | {} |",
+                if soak_broken.is_empty() { "yes".to_owned() } else { soak_broken.join("; ") }
+            );
+        }
         println!("| **invariants** | **{}** |", if held { "held" } else { "BROKEN" });
+        if !soak.windows.is_empty() {
+            println!(
+                "\n| window end s | writes | write p99 ms | recall p99 ms | server MiB | worker MiB | jobs waiting |"
+            );
+            println!("|---:|---:|---:|---:|---:|---:|---:|");
+            for w in &soak.windows {
+                println!(
+                    "| {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+                    w.end_s, w.writes, w.write_p99_ms, w.recall_p99_ms, w.server_mib, w.worker_mib, w.waiting_jobs
+                );
+            }
+        }
     }
     if !held {
         bail!("an invariant broke under the fault: {result}");

@@ -85,6 +85,35 @@ pub(crate) fn sibling_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
     Ok(path)
 }
 
+/// Starts the real `mnemo-server` beside this one on a free local port, with `env` over this
+/// process's environment, and waits until it is ready: the child and its base URL.
+pub(crate) async fn start_server(env: &[(&str, String)]) -> anyhow::Result<(tokio::process::Child, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut server = tokio::process::Command::new(sibling_binary("mnemo-server")?)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env(mnemo_config::vars::LISTEN, format!("127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let base = format!("http://127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    while reqwest::get(format!("{base}/readyz")).await.map_or(true, |r| !r.status().is_success()) {
+        if let Some(status) = server.try_wait()? {
+            anyhow::bail!("mnemo-server exited during start-up: {status}");
+        }
+        anyhow::ensure!(started.elapsed() < std::time::Duration::from_secs(60), "mnemo-server not ready within 60 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok((server, base))
+}
+
+/// A process's resident memory in KiB, from `/proc`.
+pub(crate) fn resident_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).ok_or_else(|| anyhow::anyhow!("no VmRSS"))?;
+    Ok(line.split_whitespace().nth(1).ok_or_else(|| anyhow::anyhow!("no VmRSS value"))?.parse()?)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     mnemo_models::install_tls_provider();

@@ -4,12 +4,11 @@
 //! memory (the rate limiter's buckets, access tracking) must stay bounded: the curve flattens or
 //! grows by a bounded amount per tenant, never with every request.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use mnemo_config::{DatabaseSettings, Env, vars};
 use mnemo_core::{Principal, SessionId, TenantId};
 use mnemo_store::create_database;
@@ -30,13 +29,6 @@ pub struct Args {
     json: bool,
 }
 
-/// The process's resident memory in KiB.
-fn resident_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
-    Ok(line.split_whitespace().nth(1).context("VmRSS value")?.parse()?)
-}
-
 pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.step > 0 && args.clients > 0, "--step and --clients must be positive");
     let env = Env::from_process();
@@ -44,30 +36,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
     eprintln!("bench database: {}", db.name);
     let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut server = tokio::process::Command::new(crate::sibling_binary("mnemo-server")?)
-        .env(vars::DATABASE_URL, &db.url)
-        .env(vars::JWT_SECRET, &secret)
-        .env(vars::LISTEN, format!("127.0.0.1:{port}"))
-        .env(vars::RATE_LIMIT_PER_TENANT, "100")
-        .env(vars::LOG, "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
+    let (mut server, base) = crate::start_server(&[
+        (vars::DATABASE_URL, db.url.clone()),
+        (vars::JWT_SECRET, secret.clone()),
+        (vars::RATE_LIMIT_PER_TENANT, "100".into()),
+        (vars::LOG, "warn".into()),
+    ])
+    .await?;
     let pid = server.id().context("server pid")?;
-    let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let started = Instant::now();
-    while http.get(format!("{base}/readyz")).send().await.map_or(true, |r| !r.status().is_success()) {
-        if server.try_wait()?.is_some() || started.elapsed() > Duration::from_secs(60) {
-            bail!("mnemo-server did not become ready");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 
     // Every tenant asks the same question, so its vector comes from the query cache after the
     // first: the run measures per-tenant state, not the embedder.
-    let mut samples = vec![(0usize, resident_kib(pid)?)];
+    let mut samples = vec![(0usize, crate::resident_kib(pid)?)];
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     for upto in (args.step..=args.tenants).step_by(args.step) {
@@ -103,7 +84,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         while let Some(done) = tasks.join_next().await {
             done??;
         }
-        samples.push((upto, resident_kib(pid)?));
+        samples.push((upto, crate::resident_kib(pid)?));
         eprintln!("{upto} tenants, {:.0} s", started.elapsed().as_secs_f64());
     }
     server.kill().await?;
