@@ -1,5 +1,5 @@
 # The front door. `make help` lists the targets.
-.PHONY: help run test fuzz openapi lint fmt db faults bench-writes
+.PHONY: help run test fuzz openapi lint fmt db faults bench-writes compose-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-14s %s\n", $$1, $$2 }'
@@ -31,3 +31,6 @@ faults: ## the fault suite, about 24 minutes (docs/benchmarks.md, "Faults"): wor
 
 bench-writes: ## the write benchmark (docs/benchmarks.md)
 	bash scripts/bench.sh writes
+
+compose-test: ## docker-compose.yml for real: local images, PostgreSQL, two workers, restart, a worker killed (4½ min the first time, then 1–1½; needs a Docker engine, so not in make test)
+	bash scripts/compose-test.sh

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the first start (an empty $PGDATA): a cluster whose role POSTGRES_USER owns the database
+# POSTGRES_DB, with the extensions in template1 as setup-postgres.sh makes them on a host, so the
+# role needs no superuser. Then PostgreSQL in the foreground, reachable over the network by
+# password.
+set -euo pipefail
+: "${POSTGRES_USER:?}" "${POSTGRES_PASSWORD:?}" "${POSTGRES_DB:=$POSTGRES_USER}"
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  initdb -D "$PGDATA" -U postgres --encoding=UTF8 --locale=C.UTF-8 --auth-local=peer --auth-host=scram-sha-256 >/dev/null
+  echo "listen_addresses = '*'" >>"$PGDATA/postgresql.conf"
+  printf 'host all all 0.0.0.0/0 scram-sha-256\nhost all all ::/0 scram-sha-256\n' >>"$PGDATA/pg_hba.conf"
+  # A private socket and no TCP while setting up, so the health check (and mnemo) wait for the
+  # real start.
+  init_socket=$(mktemp -d)
+  pg_ctl -D "$PGDATA" -w -o "-c listen_addresses='' -k $init_socket" start >/dev/null
+  psql -X -q -v ON_ERROR_STOP=1 -h "$init_socket" -U postgres -d postgres \
+    -v user="$POSTGRES_USER" -v password="$POSTGRES_PASSWORD" -v db="$POSTGRES_DB" <<'SQL'
+\connect template1
+CREATE EXTENSION IF NOT EXISTS vector;
+CREATE EXTENSION IF NOT EXISTS hstore;
+CREATE EXTENSION IF NOT EXISTS rum;
+\connect postgres
+CREATE ROLE :"user" LOGIN CREATEDB PASSWORD :'password';
+CREATE DATABASE :"db" OWNER :"user";
+SQL
+  pg_ctl -D "$PGDATA" -w -m fast stop >/dev/null
+  rmdir "$init_socket"
+fi
+exec postgres -D "$PGDATA"
