@@ -21,7 +21,8 @@ suites="$suites $(awk -F, -v cn="$codename" -v today="$(date +%F)" '
   found && $3 != "experimental" && $4 <= today { printf "%s ", $3 }
   $3 == cn { found = 1 }' /usr/share/distro-info/debian.csv)"
 work=$(mktemp -d -t mnemo-pgvector.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# The sources were fetched and built as root.
+trap 'as_root rm -rf "$work"' EXIT
 lists=$work/lists; mkdir -p "$lists/partial"
 srclist=$work/sources.list
 : >"$srclist"

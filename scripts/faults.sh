@@ -33,17 +33,20 @@ log "fault: the judge's chat endpoint failing, hanging, answering garbage, 60 s 
 # fills. Removed afterwards, also on failure.
 small_cluster=mnemo_faults
 small_port=${MNEMO_FAULTS_PG_PORT:-55434}
-small_disk="$PWD/.mnemo/faults/small-disk"
 remove_small_disk() {
   if pg_lsclusters -h | awk -v c="$small_cluster" '$2 == c { found = 1 } END { exit !found }'; then
     $sudo pg_dropcluster --stop "$pg_version" "$small_cluster"
   fi
   if mountpoint -q "$small_disk"; then $sudo umount "$small_disk"; fi
+  rmdir "$small_disk"
 }
+if pg_lsclusters -h | awk -v c="$small_cluster" '$2 == c { found = 1 } END { exit !found }'; then
+  $sudo pg_dropcluster --stop "$pg_version" "$small_cluster" # left by an interrupted run
+fi
+# Outside the checkout: PostgreSQL must be able to walk to it, and a home directory may be 0700.
+small_disk=$(mktemp -d -t mnemo-faults.XXXXXX)
 trap remove_small_disk EXIT
-remove_small_disk
-mkdir -p "$small_disk"
-$sudo mount -t tmpfs -o size=256m,mode=0755 mnemo-small-disk "$small_disk"
+$sudo mount -t tmpfs -o "size=256m,mode=0755,uid=$(id -u),gid=$(id -g)" mnemo-small-disk "$small_disk"
 $sudo install -d -o postgres -g postgres -m 0700 "$small_disk/pg"
 install -d "$small_disk/ballast"
 small_url="postgres://${MNEMO_PG_USER}:${MNEMO_PG_PASSWORD}@localhost:${small_port}/${MNEMO_PG_DB}?host=${MNEMO_PG_SOCKET_DIR}"

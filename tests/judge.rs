@@ -474,6 +474,14 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
         json!({"facts": 2, "superseded": 1, "unjudged": 0, "failed_open": 0, "superseded_twice": 0, "unaudited": 0,
                "audit_without_row": 0, "retired_wrongly": 0, "buckets_with_several_live": 0})
     );
+    // Anonymizing the retired fact (as retention does, dropping its user) leaves a sound chain.
+    sqlx::query("UPDATE memory_items SET user_id = NULL, anonymized_at = now() WHERE id = $1")
+        .bind(tokyo)
+        .execute(&f.app.db.pool)
+        .await
+        .expect("anonymize");
+    let check = runbook(&f, &["judge", "check", "--tenant", "acme", "--json"]);
+    assert_eq!(check["retired_wrongly"], 0, "{check}");
     // A chain that no longer matches its audit row is caught: the successor named by the row
     // is not the one on the fact.
     sqlx::query("UPDATE memory_items SET superseded_by = id WHERE id = $1")

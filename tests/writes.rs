@@ -310,3 +310,43 @@ async fn batches_answer_per_item_and_atomic_ones_all_or_nothing() {
     }
     assert_eq!(rows().await, before + 2);
 }
+
+/// While the database is out of reach, no write waits out more than one connection timeout:
+/// the rows queued behind a batch that found it unreachable fail with that batch, instead of each
+/// batch after it waiting out a timeout of its own. Here a "database" that accepts connections
+/// and never answers, a pool timeout of 1 s, one committer taking one row at a time, and four
+/// writes at once: without the drain they take 4 s, one timeout each in turn.
+#[tokio::test]
+async fn writes_queued_behind_an_unreachable_database_fail_with_the_batch_ahead() {
+    use std::time::{Duration, Instant};
+
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    let url = format!("postgres://mnemo:mnemo@{}/mnemo", silent.local_addr().expect("address"));
+    let options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_lazy_with(options);
+    let commits = mnemo_store::GroupCommit::start(mnemo_store::Store::new(pool), 1, 1);
+    let who = principal("acme", Some("u1"), None, Some("s1"));
+    let started = Instant::now();
+    let mut writes = tokio::task::JoinSet::new();
+    for n in 0..4 {
+        let row = mnemo_core::NewMemory::chat_message(
+            &who,
+            mnemo_core::SourceRef::parse(&format!("m{n}")).expect("ref"),
+            mnemo_core::MemoryText::parse("the database is away").expect("text"),
+            None,
+            mnemo_core::Extras::default(),
+        )
+        .expect("row");
+        let commits = commits.clone();
+        writes.spawn(async move { commits.remember(row).await });
+    }
+    while let Some(written) = writes.join_next().await {
+        let e = written.expect("task").expect_err("nothing can be written");
+        assert!(e.is_unavailable(), "{e}");
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(1900), "four writes took {took:?}: more than one timeout");
+}

@@ -86,25 +86,25 @@ pub(crate) fn sibling_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// Starts the real `mnemo-server` beside this one on a free local port, with `env` over this
-/// process's environment, and waits until it is ready: the child and its base URL.
-pub(crate) async fn start_server(env: &[(&str, String)]) -> anyhow::Result<(tokio::process::Child, String)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut server = tokio::process::Command::new(sibling_binary("mnemo-server")?)
+/// process's environment, and waits until it answers.
+pub(crate) async fn start_server(env: &[(&str, String)]) -> anyhow::Result<mnemo_testkit::ServerProcess> {
+    let mut command = tokio::process::Command::new(sibling_binary("mnemo-server")?);
+    command.envs(env.iter().map(|(k, v)| (*k, v.as_str()))).stdout(std::process::Stdio::null());
+    mnemo_testkit::ServerProcess::spawn(command, mnemo_testkit::free_port()).await
+}
+
+/// Starts the real `mnemo-worker` beside this one on `url`, with `env` over this process's
+/// environment, and waits until it serves its metrics. Its errors are a fault's, expected: the
+/// checks judge.
+pub(crate) async fn start_worker(url: &str, env: &[(&str, String)]) -> anyhow::Result<mnemo_testkit::WorkerProcess> {
+    let mut command = tokio::process::Command::new(sibling_binary("mnemo-worker")?);
+    command
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .env(mnemo_config::vars::LISTEN, format!("127.0.0.1:{port}"))
+        .env(mnemo_config::vars::DATABASE_URL, url)
+        .env(mnemo_config::vars::LOG, "error")
         .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
-    let base = format!("http://127.0.0.1:{port}");
-    let started = std::time::Instant::now();
-    while reqwest::get(format!("{base}/readyz")).await.map_or(true, |r| !r.status().is_success()) {
-        if let Some(status) = server.try_wait()? {
-            anyhow::bail!("mnemo-server exited during start-up: {status}");
-        }
-        anyhow::ensure!(started.elapsed() < std::time::Duration::from_secs(60), "mnemo-server not ready within 60 s");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    Ok((server, base))
+        .stderr(std::process::Stdio::null());
+    mnemo_testkit::WorkerProcess::spawn(command).await
 }
 
 /// A process's resident memory in KiB, from `/proc`.

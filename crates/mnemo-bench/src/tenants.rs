@@ -36,7 +36,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
     eprintln!("bench database: {}", db.name);
     let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let (mut server, base) = crate::start_server(&[
+    let server = crate::start_server(&[
         (vars::DATABASE_URL, db.url.clone()),
         (vars::JWT_SECRET, secret.clone()),
         (vars::RATE_LIMIT_PER_TENANT, "100".into()),
@@ -44,6 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ])
     .await?;
     let pid = server.id().context("server pid")?;
+    let base = server.client.base.clone();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
 
     // Every tenant asks the same question, so its vector comes from the query cache after the
@@ -87,7 +88,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         samples.push((upto, crate::resident_kib(pid)?));
         eprintln!("{upto} tenants, {:.0} s", started.elapsed().as_secs_f64());
     }
-    server.kill().await?;
+    server.kill().await;
 
     let (first, last) = (samples[1].1, samples.last().context("samples")?.1);
     let per_tenant = (last as f64 - first as f64) * 1024.0 / (args.tenants - args.step).max(1) as f64;

@@ -136,16 +136,25 @@ async fn commit_loop(
             }
             // The database out of reach, or out of disk space, fails every row alike, at once:
             // writing them one by one would make the last wait for one failure per row before it.
-            Err(e) if e.is_unavailable() || e.is_storage_full() => {
+            Err(e) if e.is_storage_full() => {
                 let cause = e.to_string();
-                let full = e.is_storage_full();
                 for reply in replies {
-                    let e = if full {
-                        StoreError::StorageFull(cause.clone())
-                    } else {
-                        StoreError::Unavailable(cause.clone())
-                    };
-                    let _ = reply.send(Err(e));
+                    let _ = reply.send(Err(StoreError::StorageFull(cause.clone())));
+                }
+            }
+            Err(e) if e.is_unavailable() => {
+                let cause = e.to_string();
+                for reply in replies {
+                    let _ = reply.send(Err(StoreError::Unavailable(cause.clone())));
+                }
+                // The rows queued while this batch waited out its timeout would each wait out one
+                // of their own against the same database: they fail now with this batch, so no
+                // write waits more than one timeout. (A committer holding the queue is taking a
+                // batch of its own, which it tries.)
+                if let Ok(mut receiver) = receiver.try_lock() {
+                    while let Ok((_, reply, _)) = receiver.try_recv() {
+                        let _ = reply.send(Err(StoreError::Unavailable(cause.clone())));
+                    }
                 }
             }
             // One row can fail a whole batch (a constraint, a deadlock); then each row is written

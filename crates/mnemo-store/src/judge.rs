@@ -115,9 +115,9 @@ pub struct JudgeStatus {
 }
 
 /// Whether a tenant's supersede chains and their audit rows agree (see
-/// [`Store::supersede_integrity`]). Every field but the first three counts a broken invariant,
-/// except `buckets_with_several_live`, which only a workload whose facts all contradict each
-/// other expects to be zero.
+/// [`Store::supersede_integrity`]): [`SupersedeIntegrity::broken`] lists what does not. The
+/// first four fields are counts to read, and `buckets_with_several_live` only a workload whose
+/// facts all contradict each other expects to be zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, sqlx::FromRow, serde::Serialize)]
 pub struct SupersedeIntegrity {
     pub facts: i64,
@@ -135,6 +135,21 @@ pub struct SupersedeIntegrity {
     /// Facts retired by a fact that is not newer, or of another bucket.
     pub retired_wrongly: i64,
     pub buckets_with_several_live: i64,
+}
+
+impl SupersedeIntegrity {
+    /// The broken invariants, each with how many facts or audit rows break it.
+    pub fn broken(&self) -> Vec<(&'static str, i64)> {
+        [
+            ("superseded twice", self.superseded_twice),
+            ("superseded without their audit row", self.unaudited),
+            ("supersede audit rows that do not match their fact", self.audit_without_row),
+            ("retired by an older fact or one of another bucket", self.retired_wrongly),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
+    }
 }
 
 /// Judge batches finished within a window.
@@ -621,16 +636,18 @@ impl Store {
 }
 
 impl Store {
-    /// Checks a tenant's supersede chains against the audit log after a fault: each retired fact
-    /// has exactly one supersede audit row naming its successor, which is newer and of the same
-    /// bucket, and each supersede audit row matches its fact. Facts ever revived, and audit rows
-    /// whose fact was erased, are left out: their history legitimately differs.
+    /// Checks a tenant's supersede chains against the audit log: each retired fact has exactly one
+    /// supersede audit row naming its successor, which is newer and of the same bucket, and each
+    /// supersede audit row matches its fact. Facts ever revived are left out, with their audit
+    /// rows: their history legitimately differs. An anonymized fact has lost its user or agent,
+    /// so only its successor's age is checked. An imported tenant's chains come without their
+    /// audit rows (the log is not exported), so they count as unaudited.
     pub async fn supersede_integrity(&self, tenant: &TenantId) -> Result<SupersedeIntegrity, StoreError> {
         let sql = format!(
             "WITH f AS (
                 SELECT m.id, m.scope, COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
                        COALESCE(m.valid_from, m.created_at) AS valid_from, m.superseded_by, m.judge_at,
-                       m.judge_outcome, m.embedded_model,
+                       m.judge_outcome, m.embedded_model, m.anonymized_at IS NOT NULL AS anonymized,
                        (m.superseded_by IS NULL AND m.deleted_at IS NULL AND m.anonymized_at IS NULL) AS live
                 FROM memory_items m
                 WHERE m.tenant_id = $1 AND m.source_kind = 'fact'
@@ -643,7 +660,7 @@ impl Store {
             SELECT (SELECT count(*) FROM f) AS facts,
                    (SELECT count(*) FROM f WHERE superseded_by IS NOT NULL) AS superseded,
                    (SELECT count(*) FROM f WHERE live AND judge_at IS NULL AND embedded_model IS NOT NULL) AS unjudged,
-                   (SELECT count(*) FROM f WHERE live AND judge_outcome = 'fail_open') AS failed_open,
+                   (SELECT count(*) FROM f WHERE live AND judge_outcome = '{fail_open}') AS failed_open,
                    (SELECT count(*) FROM (SELECT 1 FROM s GROUP BY item_id HAVING count(*) > 1) t) AS superseded_twice,
                    (SELECT count(*) FROM f WHERE superseded_by IS NOT NULL AND NOT EXISTS
                        (SELECT 1 FROM s WHERE s.item_id = f.id AND s.related_item_id = f.superseded_by)) AS unaudited,
@@ -652,11 +669,13 @@ impl Store {
                        AS audit_without_row,
                    (SELECT count(*) FROM f JOIN f n ON n.id = f.superseded_by
                     WHERE (n.valid_from, n.id) <= (f.valid_from, f.id)
-                       OR n.scope <> f.scope OR n.identity <> f.identity) AS retired_wrongly,
+                       OR (NOT f.anonymized AND NOT n.anonymized
+                           AND (n.scope <> f.scope OR n.identity <> f.identity))) AS retired_wrongly,
                    (SELECT count(*) FROM (SELECT 1 FROM f WHERE live GROUP BY scope, identity HAVING count(*) > 1) t)
                        AS buckets_with_several_live",
             revive = AuditEvent::Revive,
             supersede = AuditEvent::Supersede,
+            fail_open = JudgeOutcome::FailOpen.as_str(),
         );
         Ok(sqlx::query_as(AssertSqlSafe(sql)).bind(tenant.as_str()).fetch_one(&self.pool).await?)
     }

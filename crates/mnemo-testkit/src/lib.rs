@@ -267,27 +267,44 @@ pub fn free_port() -> u16 {
 impl ServerProcess {
     /// Starts the server on `port` and waits until it answers `/healthz`.
     pub async fn start(database_url: &str, port: u16) -> anyhow::Result<Self> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let child = tokio::process::Command::new(binary("mnemo-server")?)
+        let mut command = tokio::process::Command::new(binary("mnemo-server")?);
+        command
             .env_clear()
             .env(vars::DATABASE_URL, database_url)
             .env(vars::JWT_SECRET, TEST_JWT_SECRET)
-            .env(vars::LISTEN, addr.to_string())
             .env(vars::LOG, "warn")
             .envs(std::env::var(vars::LOCAL_MODEL_DIR).map(|dir| (vars::LOCAL_MODEL_DIR, dir)))
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?;
+            .stdout(Stdio::null());
+        Self::spawn(command, port).await
+    }
+
+    /// Starts `command`, a `mnemo-server` the caller has set up, listening on local `port`, and
+    /// waits until it answers `/healthz`.
+    pub async fn spawn(mut command: tokio::process::Command, port: u16) -> anyhow::Result<Self> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut child = command.env(vars::LISTEN, addr.to_string()).kill_on_drop(true).spawn()?;
         let client = Client::new(format!("http://{addr}"));
         let started = Instant::now();
-        let http = reqwest::Client::new();
-        while started.elapsed() < Duration::from_secs(20) {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+        while started.elapsed() < Duration::from_secs(60) {
+            if let Some(status) = child.try_wait()? {
+                bail!("mnemo-server exited during start-up: {status}");
+            }
             if http.get(format!("{}/healthz", client.base)).send().await.is_ok() {
                 return Ok(Self { client, child });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        bail!("mnemo-server did not answer on {addr} within 20 s")
+        bail!("mnemo-server did not answer on {addr} within 60 s")
+    }
+
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Whether the process has exited, and how.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.try_wait()
     }
 
     /// Sends SIGKILL and waits for the process to go.
@@ -308,35 +325,45 @@ impl WorkerProcess {
     /// `env` says otherwise (a later pair overrides an earlier one), and waits until its metrics
     /// endpoint answers.
     pub async fn start<V: AsRef<str>>(database_url: &str, env: &[(&str, V)]) -> anyhow::Result<Self> {
-        mnemo_models::install_tls_provider();
-        let port = free_port();
         let mut command = tokio::process::Command::new(binary("mnemo-worker")?);
-        command
-            .env_clear()
-            .env(vars::DATABASE_URL, database_url)
-            .env(vars::WORKER_LISTEN, format!("127.0.0.1:{port}"))
-            .env(vars::LOG, "warn")
-            .stdout(Stdio::null())
-            .kill_on_drop(true);
+        command.env_clear().env(vars::DATABASE_URL, database_url).env(vars::LOG, "warn").stdout(Stdio::null());
         if let Ok(dir) = std::env::var(vars::LOCAL_MODEL_DIR) {
             command.env(vars::LOCAL_MODEL_DIR, dir);
         }
         for (k, v) in env {
             command.env(k, v.as_ref());
         }
-        let mut child = command.spawn()?;
+        Self::spawn(command).await
+    }
+
+    /// Starts `command`, a `mnemo-worker` the caller has set up, with its metrics on a free local
+    /// port, and waits until it serves them.
+    pub async fn spawn(mut command: tokio::process::Command) -> anyhow::Result<Self> {
+        mnemo_models::install_tls_provider();
+        let port = free_port();
+        let mut child = command.env(vars::WORKER_LISTEN, format!("127.0.0.1:{port}")).kill_on_drop(true).spawn()?;
         let metrics_url = format!("http://127.0.0.1:{port}/metrics");
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(60) {
             if let Some(status) = child.try_wait()? {
                 bail!("mnemo-worker exited during start-up: {status}");
             }
-            if reqwest::get(&metrics_url).await.is_ok() {
+            if http.get(&metrics_url).send().await.is_ok() {
                 return Ok(Self { metrics_url, child });
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         bail!("mnemo-worker did not serve metrics within 60 s")
+    }
+
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Whether the process has exited, and how.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.try_wait()
     }
 
     /// The sum of a counter or gauge over all its label sets, from `/metrics`.
