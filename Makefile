@@ -32,5 +32,5 @@ faults: ## the fault suite, about 24 minutes (docs/benchmarks.md, "Faults"): wor
 bench-writes: ## the write benchmark (docs/benchmarks.md)
 	bash scripts/bench.sh writes
 
-compose-test: ## docker-compose.yml for real: local images, PostgreSQL, two workers, restart, a worker killed (4½ min the first time, then 1–1½; needs a Docker engine, so not in make test)
+compose-test: ## docker-compose.yml for real: local images, PostgreSQL, two workers, restart, a worker killed (4½ min the first time, then 1–2; needs a Docker engine, so not in make test)
 	bash scripts/compose-test.sh

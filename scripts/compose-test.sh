@@ -128,7 +128,7 @@ written=$(post /v1/memories/batch <<<"$body" | jq '.written')
 [ "$written" = "$rows" ] && pass "$rows rows written in one batch" || fail "batch wrote $written of $rows rows"
 victim="" held=""
 for _ in $(seq 100); do
-  # The worker holding the most: a worker's name starts with its host name, which is its
+  # The worker holding the most: a worker's name is mnemo-{host}-…, and its host name is its
   # container id's first 12 characters.
   busiest=$(sql "SELECT split_part(lock_by, '-', 2), string_agg(id::text, ',') FROM apalis.jobs
                  WHERE job_type = 'embed' AND status = 'Running' GROUP BY 1 ORDER BY count(*) DESC LIMIT 1")
