@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 bash scripts/setup-postgres.sh
-cargo build --release --locked -p mnemo-bench -p mnemo-runbook -p mnemo-worker
+cargo build --release --locked -p mnemo-bench -p mnemo-runbook -p mnemo-worker -p mnemo-server
 bench="${CARGO_TARGET_DIR:-target}/release/mnemo-bench"
 
 log "fault: kill -9 of the worker, 50 times"
