@@ -583,8 +583,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     args.outage
                 );
                 tokio::time::sleep(Duration::from_secs(args.outage)).await;
-                anyhow::ensure!(refused(&writes) > before, "the full disk refused no write: the fault did not take");
                 tokio::fs::remove_file(ballast).await?;
+                anyhow::ensure!(refused(&writes) > before, "the full disk refused no write: the fault did not take");
                 // Recovered once a write succeeds again and every row acknowledged so far has its
                 // vector.
                 t = Instant::now();
