@@ -369,7 +369,7 @@ async fn rejudge_failed_open(
     since: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<Vec<Uuid>> {
     let output = tokio::process::Command::new(crate::sibling_binary("mnemo-runbook")?)
-        .args(["judge", "clear", "--outcome", "fail_open", "--json"])
+        .args("judge clear --outcome fail_open --json".split(' '))
         .args(["--since", &since.to_rfc3339(), "--tenant", tenant.as_str()])
         .env(vars::DATABASE_URL, url)
         .env(vars::LOG, "error")
@@ -790,10 +790,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
         println!("| users left with more than one live fact | {} |", facts.buckets_with_several_live);
         println!("| after the last fault: every row embedded / the queues settled | {drained:.1} / {settled:.1} s |");
-        for (name, j) in [("embed", embed_jobs), ("judge", judge_jobs)] {
+        for (queue, j) in [(Queue::Embed, embed_jobs), (Queue::Judge, judge_jobs)] {
             println!(
-                "| {name} jobs done / waiting / running / dead | {} / {} / {} / {} |",
-                j.done, j.waiting, j.running, j.dead
+                "| {} jobs done / waiting / running / dead | {} / {} / {} / {} |",
+                queue.as_str(),
+                j.done,
+                j.waiting,
+                j.running,
+                j.dead
             );
         }
         if !soak.windows.is_empty() {
