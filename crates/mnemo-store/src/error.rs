@@ -48,23 +48,21 @@ impl StoreError {
     /// Whether the database was out of reach (down, restarting, no connection within the pool's
     /// timeout) rather than refusing this request: the same request may succeed once it is back.
     pub fn is_unavailable(&self) -> bool {
-        match self {
-            Self::Unavailable(_) | Self::ShuttingDown => true,
-            Self::Database(e) | Self::Queue(apalis_postgres::Error::Database(e)) => database_unavailable(e),
-            _ => false,
-        }
+        matches!(self, Self::Unavailable(_) | Self::ShuttingDown) || self.sqlx().is_some_and(database_unavailable)
     }
 
     /// Whether the database refused the write for want of disk space (SQLSTATE 53100): nothing
     /// was written, and the same write succeeds once an operator frees space.
     pub fn is_storage_full(&self) -> bool {
+        matches!(self, Self::StorageFull(_))
+            || matches!(self.sqlx(), Some(sqlx::Error::Database(e)) if e.code().as_deref() == Some("53100"))
+    }
+
+    /// The database's own error, from a statement or from the job queue.
+    fn sqlx(&self) -> Option<&sqlx::Error> {
         match self {
-            Self::StorageFull(_) => true,
-            Self::Database(sqlx::Error::Database(e))
-            | Self::Queue(apalis_postgres::Error::Database(sqlx::Error::Database(e))) => {
-                e.code().as_deref() == Some("53100")
-            }
-            _ => false,
+            Self::Database(e) | Self::Queue(apalis_postgres::Error::Database(e)) => Some(e),
+            _ => None,
         }
     }
 }

@@ -284,18 +284,8 @@ impl ServerProcess {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut child = command.env(vars::LISTEN, addr.to_string()).kill_on_drop(true).spawn()?;
         let client = Client::new(format!("http://{addr}"));
-        let started = Instant::now();
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-        while started.elapsed() < Duration::from_secs(60) {
-            if let Some(status) = child.try_wait()? {
-                bail!("mnemo-server exited during start-up: {status}");
-            }
-            if http.get(format!("{}/healthz", client.base)).send().await.is_ok() {
-                return Ok(Self { client, child });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        bail!("mnemo-server did not answer on {addr} within 60 s")
+        answering(&mut child, &format!("{}/healthz", client.base), "mnemo-server").await?;
+        Ok(Self { client, child })
     }
 
     pub fn id(&self) -> Option<u32> {
@@ -311,6 +301,22 @@ impl ServerProcess {
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// Waits up to 60 s for a freshly started `what` to answer at `url`; fails at once if it exits.
+async fn answering(child: &mut tokio::process::Child, url: &str, what: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        if let Some(status) = child.try_wait()? {
+            bail!("{what} exited during start-up: {status}");
+        }
+        if http.get(url).send().await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{what} did not answer at {url} within 60 s")
 }
 
 /// The real `mnemo-worker` binary, started as a child process.
@@ -343,18 +349,8 @@ impl WorkerProcess {
         let port = free_port();
         let mut child = command.env(vars::WORKER_LISTEN, format!("127.0.0.1:{port}")).kill_on_drop(true).spawn()?;
         let metrics_url = format!("http://127.0.0.1:{port}/metrics");
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(60) {
-            if let Some(status) = child.try_wait()? {
-                bail!("mnemo-worker exited during start-up: {status}");
-            }
-            if http.get(&metrics_url).send().await.is_ok() {
-                return Ok(Self { metrics_url, child });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        bail!("mnemo-worker did not serve metrics within 60 s")
+        answering(&mut child, &metrics_url, "mnemo-worker").await?;
+        Ok(Self { metrics_url, child })
     }
 
     pub fn id(&self) -> Option<u32> {
