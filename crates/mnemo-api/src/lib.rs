@@ -16,6 +16,7 @@ use mnemo_config::{ContextSettings, ServerSettings, WorkspaceSettings};
 use mnemo_core::{Embedder, Reranker, TokenCounter};
 use mnemo_recall::Recall;
 use mnemo_store::{GroupCommit, MIGRATOR, Reads, Store};
+use tracing::Instrument;
 
 pub mod auth;
 mod body;
@@ -151,13 +152,33 @@ async fn authenticate(_: auth::Authenticated, request: Request, next: Next) -> R
     next.run(request).await
 }
 
-/// Counts and times every request by route template (never by concrete path, which may carry
-/// ids or keys).
+/// Counts, times and traces every request by route template (never by concrete path, which may
+/// carry ids or keys). The request's span continues the caller's trace when it sends a W3C
+/// `traceparent`.
 async fn observe(request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
     let method = request.method().to_string();
+    // Probes and scrapes come every few seconds and would bury the traces worth reading.
+    let probe = matches!(route.as_str(), "/healthz" | "/readyz" | "/metrics");
+    let span = if probe {
+        tracing::Span::none()
+    } else {
+        tracing::info_span!(
+            "request",
+            otel.name = %format_args!("{method} {route}"),
+            otel.kind = "server",
+            http.request.method = %method,
+            http.route = %route,
+            http.response.status_code = tracing::field::Empty,
+        )
+    };
+    {
+        let header = |name| request.headers().get(name).and_then(|v| v.to_str().ok());
+        mnemo_config::continue_trace(&span, header("traceparent"), header("tracestate"));
+    }
     let started = Instant::now();
-    let response = next.run(request).await;
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
     let status = response.status().as_u16().to_string();
     metrics::histogram!("mnemo_http_request_duration_seconds", "route" => route.clone(), "method" => method.clone())
         .record(started.elapsed().as_secs_f64());

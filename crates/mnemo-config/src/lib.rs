@@ -27,6 +27,9 @@ pub use judge::JudgeSettings;
 pub use recall::{ClassWeights, RecallSettings, SignalSettings};
 pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};
-pub use telemetry::{LogFormat, LogSettings, init_tracing, metrics_handle, shutdown_signal};
+pub use telemetry::{
+    LogFormat, LogSettings, Telemetry, TraceExport, batch_span, continue_trace, init_tracing, metrics_handle,
+    model_span, shutdown_signal, traceparent,
+};
 pub use worker::WorkerSettings;
 pub use workspace::{ConsolidationSettings, ExtractionSettings, MaintenanceSettings, WorkspaceSettings};

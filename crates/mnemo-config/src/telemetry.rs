@@ -1,7 +1,17 @@
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tracing_subscriber::EnvFilter;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::{Env, Problems, vars};
 
@@ -12,10 +22,21 @@ pub enum LogFormat {
 }
 
 /// `MNEMO_LOG` is a tracing filter (default `info`); `MNEMO_LOG_FORMAT` is `text` or `json`.
+/// Traces are exported when OpenTelemetry's standard endpoint variable is set.
 #[derive(Debug, Clone)]
 pub struct LogSettings {
     pub filter: String,
     pub format: LogFormat,
+    pub traces: Option<TraceExport>,
+}
+
+/// Traces exported over OTLP/HTTP with protobuf to `OTEL_EXPORTER_OTLP_ENDPOINT` (+ `/v1/traces`)
+/// or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`. The exporter reads the other standard variables
+/// itself (`OTEL_EXPORTER_OTLP_HEADERS`, `_TIMEOUT`, `OTEL_BSP_*`, `OTEL_RESOURCE_ATTRIBUTES`).
+#[derive(Debug, Clone)]
+pub struct TraceExport {
+    /// `OTEL_SERVICE_NAME`, when set; otherwise the binary's name.
+    pub service_name: Option<String>,
 }
 
 impl LogSettings {
@@ -32,18 +53,130 @@ impl LogSettings {
                 LogFormat::Text
             }
         };
-        Self { filter, format }
+        Self { filter, format, traces: TraceExport::read(env, problems) }
     }
 }
 
-/// Installs the process-wide subscriber, writing to stderr. Call once, first thing in `main`.
-pub fn init_tracing(settings: &LogSettings) {
-    let filter = EnvFilter::try_new(&settings.filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match settings.format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+impl TraceExport {
+    fn read(env: &Env, problems: &mut Problems) -> Option<Self> {
+        let set = |name| env.get(name).is_some_and(|v| !v.trim().is_empty());
+        let disabled = env.get(vars::OTEL_SDK_DISABLED).is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        if disabled || !(set(vars::OTEL_ENDPOINT) || set(vars::OTEL_TRACES_ENDPOINT)) {
+            return None;
+        }
+        for name in [vars::OTEL_TRACES_PROTOCOL, vars::OTEL_PROTOCOL] {
+            if let Some(protocol) = env.get(name).filter(|p| p.trim() != "http/protobuf") {
+                problems.0.push(format!("{name}={protocol:?}: mnemo exports traces over http/protobuf only"));
+            }
+        }
+        Some(Self { service_name: env.get(vars::OTEL_SERVICE_NAME).map(str::to_owned) })
     }
+}
+
+/// Keeps the trace exporter alive; dropping it sends the spans still buffered. Hold it until
+/// `main` returns.
+#[derive(Debug)]
+#[must_use = "the spans still buffered are sent when this is dropped"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            tracing::warn!(error = %e, "traces still buffered could not be sent");
+        }
+    }
+}
+
+/// Installs the process-wide subscriber: logs to stderr, and spans to the OTLP endpoint when
+/// one is configured. Call once, first thing in `main`; `service` names the binary in traces.
+pub fn init_tracing(settings: &LogSettings, service: &str) -> Result<Telemetry, String> {
+    let filter = EnvFilter::try_new(&settings.filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match settings.format {
+        LogFormat::Text => logs.boxed(),
+        LogFormat::Json => logs.json().boxed(),
+    }
+    .with_filter(filter);
+    let Some(export) = &settings.traces else {
+        tracing_subscriber::registry().with(logs).init();
+        return Ok(Telemetry { provider: None });
+    };
+    // The exporter's HTTP client uses rustls with ring, as the model clients do; installing it
+    // fails only when another provider is in already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .build()
+        .map_err(|e| format!("cannot set up the OTLP trace exporter: {e}"))?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(export.service_name.clone().unwrap_or_else(|| service.to_owned()))
+        .build();
+    let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
+    // mnemo's own spans, whatever MNEMO_LOG keeps in the logs: a trace is only whole with all of
+    // them, and a library's spans (sqlx, apalis, hyper) would start traces of their own.
+    let spans = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("mnemo"))
+        .with_filter(Targets::new().with_target("mnemo", tracing::Level::INFO));
+    tracing_subscriber::registry().with(logs).with(spans).init();
+    Ok(Telemetry { provider: Some(provider) })
+}
+
+/// The W3C `traceparent` of the current span, when traces are exported: what a job carries to
+/// the worker that runs it.
+pub fn traceparent() -> Option<String> {
+    let context = Span::current().context();
+    if !context.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(&context, &mut carrier);
+    carrier.remove("traceparent")
+}
+
+/// Makes `span` (not yet entered) continue the trace `traceparent` names, with its `tracestate`:
+/// a request's caller's, or the span that queued a job. Absent or malformed, `span` starts a
+/// trace of its own.
+pub fn continue_trace(span: &Span, traceparent: Option<&str>, tracestate: Option<&str>) {
+    let Some(traceparent) = traceparent else { return };
+    let mut carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    if let Some(state) = tracestate {
+        carrier.insert("tracestate".to_owned(), state.to_owned());
+    }
+    let context = TraceContextPropagator::new().extract(&carrier);
+    if context.span().span_context().is_valid() {
+        let _ = span.set_parent(context);
+    }
+}
+
+/// A span for work done once for many callers (a group commit, a batch of rows to embed or of
+/// facts to judge): a child of the first caller's span, linked to the others' (up to 128, the
+/// SDK's limit), so every caller's trace reaches it.
+pub fn batch_span(name: &'static str, callers: &[Span]) -> Span {
+    let span = match callers.first() {
+        Some(first) => tracing::info_span!(parent: first, "batch", otel.name = name, callers = callers.len()),
+        None => tracing::info_span!("batch", otel.name = name, callers = 0),
+    };
+    for caller in callers.iter().skip(1).take(127) {
+        span.follows_from(caller);
+    }
+    span
+}
+
+/// A span for one call to a model (`operation` as OpenTelemetry's GenAI conventions name it:
+/// `embeddings`, `chat`) with `inputs` texts.
+pub fn model_span(operation: &'static str, model: &str, inputs: usize) -> Span {
+    tracing::info_span!(
+        "model",
+        otel.name = %format_args!("{operation} {model}"),
+        otel.kind = "client",
+        gen_ai.operation.name = operation,
+        gen_ai.request.model = model,
+        inputs,
+    )
 }
 
 /// Resolves on SIGTERM or ctrl-c, whichever comes first.
@@ -87,4 +220,32 @@ pub fn metrics_handle() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(pairs: &[(&str, &str)]) -> (Option<TraceExport>, Vec<String>) {
+        let mut problems = Problems::default();
+        let export = TraceExport::read(&Env::from_pairs(pairs.iter().copied()), &mut problems);
+        (export, problems.0)
+    }
+
+    #[test]
+    fn traces_are_exported_only_to_a_configured_endpoint_over_http_protobuf() {
+        assert!(read(&[]).0.is_none());
+        assert!(read(&[(vars::OTEL_ENDPOINT, " ")]).0.is_none());
+        let (export, problems) = read(&[(vars::OTEL_TRACES_ENDPOINT, "http://collector:4318/v1/traces")]);
+        assert!(export.is_some_and(|e| e.service_name.is_none()) && problems.is_empty());
+        let (export, _) = read(&[(vars::OTEL_ENDPOINT, "http://c:4318"), (vars::OTEL_SERVICE_NAME, "api-eu")]);
+        assert_eq!(export.and_then(|e| e.service_name).as_deref(), Some("api-eu"));
+        assert!(read(&[(vars::OTEL_ENDPOINT, "http://c:4318"), (vars::OTEL_SDK_DISABLED, "TRUE")]).0.is_none());
+
+        let (_, problems) = read(&[(vars::OTEL_ENDPOINT, "http://c:4317"), (vars::OTEL_PROTOCOL, "grpc")]);
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].contains(vars::OTEL_PROTOCOL) && problems[0].contains("http/protobuf"), "{problems:?}");
+        // A protocol set for other services matters only when mnemo exports.
+        assert!(read(&[(vars::OTEL_PROTOCOL, "grpc")]).1.is_empty());
+    }
 }

@@ -118,3 +118,11 @@ pub const CONSOLIDATE_CRON: &str = "MNEMO_CONSOLIDATE_CRON";
 pub const MAINTENANCE_INTERVAL_S: &str = "MNEMO_MAINTENANCE_INTERVAL_S";
 pub const DAILY_NOTE_RETENTION_DAYS: &str = "MNEMO_DAILY_NOTE_RETENTION_DAYS";
 pub const SESSION_RETENTION_DAYS: &str = "MNEMO_SESSION_RETENTION_DAYS";
+/// OpenTelemetry's own variables (read by the OTLP exporter itself; mnemo checks these few):
+/// traces are exported when either endpoint is set, over HTTP with protobuf.
+pub const OTEL_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+pub const OTEL_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+pub const OTEL_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+pub const OTEL_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
+pub const OTEL_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
+pub const OTEL_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";

@@ -13,10 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tracing::{Instrument, Span};
 
 use crate::JobError;
 
 type Reply = oneshot::Sender<Result<(), JobError>>;
+
+/// A job handed to a batching loop: its arguments, where its answer goes, and the span of the
+/// job that waits (the batch's span continues its trace).
+type Handed<J> = (J, Reply, Span);
 
 /// When a batch stops gathering.
 #[derive(Debug, Clone)]
@@ -32,7 +37,7 @@ pub(crate) enum Gather {
 /// A handle to the batching loops. Cheap to clone.
 #[derive(Debug)]
 pub(crate) struct Batcher<J> {
-    sender: mpsc::Sender<(J, Reply)>,
+    sender: mpsc::Sender<Handed<J>>,
 }
 
 impl<J> Clone for Batcher<J> {
@@ -43,8 +48,8 @@ impl<J> Clone for Batcher<J> {
 
 impl<J: Send + 'static> Batcher<J> {
     /// Starts `loops` batching loops over one queue of jobs: with two, one batch gathers (or
-    /// stores its results) while the other runs.
-    pub fn start<F, Fut>(loops: usize, batch_size: usize, gather: Gather, run: F) -> Self
+    /// stores its results) while the other runs. `name` names a batch's span.
+    pub fn start<F, Fut>(name: &'static str, loops: usize, batch_size: usize, gather: Gather, run: F) -> Self
     where
         F: Fn(Vec<J>, Option<OwnedSemaphorePermit>) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = Result<(), JobError>> + Send + 'static,
@@ -52,7 +57,7 @@ impl<J: Send + 'static> Batcher<J> {
         let (sender, receiver) = mpsc::channel(batch_size * 8);
         let receiver = Arc::new(Mutex::new(receiver));
         for _ in 0..loops.max(1) {
-            tokio::spawn(batch_loop(receiver.clone(), batch_size.max(1), gather.clone(), run.clone()));
+            tokio::spawn(batch_loop(name, receiver.clone(), batch_size.max(1), gather.clone(), run.clone()));
         }
         Self { sender }
     }
@@ -60,13 +65,14 @@ impl<J: Send + 'static> Batcher<J> {
     /// Runs one job with whichever others are waiting; the batch's result.
     pub async fn submit(&self, job: J) -> Result<(), JobError> {
         let (reply, answer) = oneshot::channel();
-        self.sender.send((job, reply)).await.map_err(|_| JobError::ShuttingDown)?;
+        self.sender.send((job, reply, Span::current())).await.map_err(|_| JobError::ShuttingDown)?;
         answer.await.map_err(|_| JobError::ShuttingDown)?
     }
 }
 
 async fn batch_loop<J, F, Fut>(
-    receiver: Arc<Mutex<mpsc::Receiver<(J, Reply)>>>,
+    name: &'static str,
+    receiver: Arc<Mutex<mpsc::Receiver<Handed<J>>>>,
     batch_size: usize,
     gather: Gather,
     run: F,
@@ -112,8 +118,9 @@ async fn batch_loop<J, F, Fut>(
                 }
             }
         }
-        let (jobs, replies): (Vec<J>, Vec<Reply>) = batch.into_iter().unzip();
-        let result = run(jobs, permit).await;
+        let span = mnemo_config::batch_span(name, &batch.iter().map(|(_, _, span)| span.clone()).collect::<Vec<_>>());
+        let (jobs, replies): (Vec<J>, Vec<Reply>) = batch.into_iter().map(|(job, reply, _)| (job, reply)).unzip();
+        let result = run(jobs, permit).instrument(span).await;
         for reply in replies {
             let _ = reply.send(result.clone());
         }
@@ -128,14 +135,20 @@ mod tests {
     fn recording(model: &Arc<Semaphore>, batch_size: usize) -> (Batcher<u32>, Arc<std::sync::Mutex<Vec<usize>>>) {
         let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
         let recorded = sizes.clone();
-        let batcher = Batcher::start(2, batch_size, Gather::UntilFree(model.clone()), move |jobs: Vec<u32>, permit| {
-            let recorded = recorded.clone();
-            async move {
-                recorded.lock().expect("sizes").push(jobs.len());
-                drop(permit);
-                Ok(())
-            }
-        });
+        let batcher = Batcher::start(
+            "test batch",
+            2,
+            batch_size,
+            Gather::UntilFree(model.clone()),
+            move |jobs: Vec<u32>, permit| {
+                let recorded = recorded.clone();
+                async move {
+                    recorded.lock().expect("sizes").push(jobs.len());
+                    drop(permit);
+                    Ok(())
+                }
+            },
+        );
         (batcher, sizes)
     }
 

@@ -13,6 +13,7 @@ use mnemo_core::{EmbedError, Embedder, FailureClass, embedding_text};
 use mnemo_store::queue::{EmbedJob, EmbedRow};
 use mnemo_store::{NewVector, Store, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::batcher::{Batcher, Gather};
@@ -44,7 +45,7 @@ impl EmbedDispatcher {
         let model = Arc::new(Semaphore::new(1));
         let gather = Gather::UntilFree(model);
         let failing = Arc::new(AtomicBool::new(false));
-        let batcher = Batcher::start(2, policy.batch_size, gather, move |jobs: Vec<EmbedRow>, model| {
+        let batcher = Batcher::start("embed batch", 2, policy.batch_size, gather, move |jobs: Vec<EmbedRow>, model| {
             let (store, embedder, failing) = (store.clone(), embedder.clone(), failing.clone());
             async move {
                 embed_batch(&store, embedder.as_ref(), policy, &jobs, model, &failing).await.map_err(|e| {
@@ -176,7 +177,8 @@ async fn embed_batch(
 /// transient failure applies to every row of the call.
 async fn embed_isolating(embedder: &dyn Embedder, texts: &[String]) -> Vec<Result<Vec<f32>, EmbedError>> {
     let started = Instant::now();
-    let answer = embedder.embed(texts).await;
+    let answer =
+        embedder.embed(texts).instrument(mnemo_config::model_span("embeddings", embedder.model(), texts.len())).await;
     metrics::histogram!("mnemo_embed_model_seconds").record(started.elapsed().as_secs_f64());
     match answer {
         Ok(vectors) if vectors.len() == texts.len() => vectors.into_iter().map(Ok).collect(),

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use mnemo_core::{Judge, JudgeOutcome, Verdict};
 use mnemo_store::queue::JudgeJob;
 use mnemo_store::{BatchRecord, Judgement, PendingFact, Store, StoreError};
+use tracing::Instrument;
 
 use crate::JobError;
 use crate::batcher::{Batcher, Gather};
@@ -41,6 +42,7 @@ impl JudgeDispatcher {
     /// One batching loop: a batch is the rows in flight at once, as the seed's batch size means.
     pub fn start(store: Store, judge: Option<Arc<dyn Judge>>, policy: JudgePolicy, worker: String) -> Self {
         let batcher = Batcher::start(
+            "judge batch",
             1,
             policy.batch_size,
             Gather::Wait(policy.max_wait),
@@ -85,7 +87,7 @@ pub async fn judge_batch(
     let facts = store.pending_facts(jobs).await?;
     let mut running = tokio::task::JoinSet::new();
     for fact in facts {
-        running.spawn(judge_fact(store.clone(), judge.clone(), policy, fact));
+        running.spawn(judge_fact(store.clone(), judge.clone(), policy, fact).in_current_span());
     }
     let mut report = BatchReport::default();
     let (mut model_calls, mut model_sum, mut model_max) = (0, Duration::ZERO, Duration::ZERO);
@@ -180,7 +182,10 @@ async fn judge_fact(
         } else {
             let texts: Vec<String> = candidates.iter().map(|c| c.content.clone()).collect();
             let started = Instant::now();
-            let answer = judge.judge(&fact.content, &texts).await;
+            let answer = judge
+                .judge(&fact.content, &texts)
+                .instrument(mnemo_config::model_span("chat", judge.model(), texts.len()))
+                .await;
             let took = started.elapsed();
             model_time = Some(took);
             metrics::histogram!("mnemo_judge_model_seconds").record(took.as_secs_f64());

@@ -9,14 +9,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use apalis::layers::WorkerBuilderExt;
-use apalis::prelude::{AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, WorkerBuilder};
+use apalis::layers::tracing::TraceLayer;
+use apalis::prelude::{
+    AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, Task, WorkerBuilder,
+};
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
 use mnemo_core::{Consolidator, Embedder, Extractor, Judge, Queue, Summarizer, TokenCounter};
 use mnemo_store::queue::{
-    AccessJob, CompactJob, ConsolidateJob, EmbedJob, ExtractJob, JobArgs, JudgeJob, RetentionJob,
+    AccessJob, CompactJob, ConsolidateJob, EmbedJob, ExtractJob, JobArgs, JudgeJob, RetentionJob, TRACEPARENT,
 };
 use mnemo_store::{MIGRATOR, Store};
+use tracing::{Instrument, Span};
 
 use crate::housekeeping::{HousekeepingPolicy, housekeeping_loop};
 use crate::{
@@ -99,6 +103,31 @@ async fn handle_retention(
 ) -> Result<(), BoxDynError> {
     let result = runner.run(&job).await.map_err(JobError::from);
     finish(&store, &job, Next::after(result, attempt.current())).await
+}
+
+/// A job's span, continuing the trace of the span that queued the job (the `traceparent` in its
+/// metadata). Failures are logged by [`finish`], not by the layer.
+fn job_span<J: JobArgs>(task: &Task<J>) -> Span {
+    let queue = J::QUEUE.as_str();
+    let span = tracing::info_span!(
+        "job",
+        otel.name = %format_args!("{queue} job"),
+        otel.kind = "consumer",
+        queue,
+        attempt = task.attempt(),
+    );
+    mnemo_config::continue_trace(&span, task.metadata().get(TRACEPARENT), None);
+    span
+}
+
+/// Runs a job on a task of its own, in the job's span: `tokio::spawn` alone would leave the span
+/// behind, and the job's batches and statements would start traces of their own.
+fn spawn_in_span<F>(job: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(job.in_current_span())
 }
 
 /// Carries out a handler's next step for its job.
@@ -249,7 +278,8 @@ pub async fn run_worker(
                         .catch_panic()
                         .concurrency(concurrency)
                         .timeout(job_timeout)
-                        .parallelize(tokio::spawn)
+                        .layer(TraceLayer::new().make_span_with(job_span::<$job>).on_failure(()))
+                        .parallelize(spawn_in_span)
                         .build($handler)
                 })
             }};

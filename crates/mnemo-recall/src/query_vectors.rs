@@ -10,8 +10,12 @@ use std::sync::{Arc, Mutex};
 
 use mnemo_core::{EmbedError, Embedder};
 use tokio::sync::{mpsc, oneshot};
+use tracing::{Instrument, Span};
 
 type Reply = oneshot::Sender<Result<Vec<f32>, EmbedError>>;
+
+/// A query handed to the embedding task, with the span of the recall that waits for it.
+type Handed = (String, Reply, Span);
 
 #[derive(Debug)]
 pub(crate) struct QueryVectors {
@@ -20,7 +24,7 @@ pub(crate) struct QueryVectors {
     cache_entries: usize,
     /// The embedding task's queue: started on first use (inside the runtime), and again if the
     /// task ever stopped.
-    queue: Mutex<Option<mpsc::UnboundedSender<(String, Reply)>>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<Handed>>>,
     cache: Mutex<Cache>,
 }
 
@@ -53,7 +57,7 @@ impl QueryVectors {
         };
         let (reply, answer) = oneshot::channel();
         let gone = || EmbedError::transient("query_batcher_gone", "the query embedding task stopped");
-        queue.send((query.to_owned(), reply)).map_err(|_| gone())?;
+        queue.send((query.to_owned(), reply, Span::current())).map_err(|_| gone())?;
         let vector = answer.await.map_err(|_| gone())??;
         let mut cache = self.cache.lock().expect("query cache");
         if self.cache_entries > 0 && cache.vectors.insert(query.to_owned(), vector.clone()).is_none() {
@@ -72,11 +76,7 @@ impl QueryVectors {
 /// makes the largest batches for a local model; the cost is that a provider call hanging until
 /// `MNEMO_EMBED_TIMEOUT_MS` holds up the queries queued behind it (they then fall back to full
 /// text, as a failed call's do).
-async fn embed_batches(
-    embedder: Arc<dyn Embedder>,
-    max_batch: usize,
-    mut queue: mpsc::UnboundedReceiver<(String, Reply)>,
-) {
+async fn embed_batches(embedder: Arc<dyn Embedder>, max_batch: usize, mut queue: mpsc::UnboundedReceiver<Handed>) {
     while let Some(first) = queue.recv().await {
         let mut batch = vec![first];
         while batch.len() < max_batch
@@ -85,8 +85,11 @@ async fn embed_batches(
             batch.push(next);
         }
         metrics::histogram!("mnemo_recall_query_batch_size").record(batch.len() as f64);
-        let texts: Vec<String> = batch.iter().map(|(text, _)| text.clone()).collect();
-        let result = match embedder.embed(&texts).await {
+        let texts: Vec<String> = batch.iter().map(|(text, _, _)| text.clone()).collect();
+        let span =
+            mnemo_config::batch_span("query embedding", &batch.iter().map(|(_, _, s)| s.clone()).collect::<Vec<_>>());
+        let model = span.in_scope(|| mnemo_config::model_span("embeddings", embedder.model(), texts.len()));
+        let result = match embedder.embed(&texts).instrument(model).instrument(span).await {
             Ok(vectors) if vectors.len() == batch.len() => Ok(vectors),
             Ok(vectors) => Err(EmbedError::permanent(
                 "vector_count",
@@ -95,8 +98,8 @@ async fn embed_batches(
             Err(e) => Err(e),
         };
         match result {
-            Ok(vectors) => batch.into_iter().zip(vectors).for_each(|((_, reply), v)| drop(reply.send(Ok(v)))),
-            Err(e) => batch.into_iter().for_each(|(_, reply)| drop(reply.send(Err(e.clone())))),
+            Ok(vectors) => batch.into_iter().zip(vectors).for_each(|((_, reply, _), v)| drop(reply.send(Ok(v)))),
+            Err(e) => batch.into_iter().for_each(|(_, reply, _)| drop(reply.send(Err(e.clone())))),
         }
     }
 }

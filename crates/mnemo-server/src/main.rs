@@ -6,6 +6,6 @@ use mnemo_config::{Env, ServerSettings};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings = ServerSettings::from_env(&Env::from_process())?;
-    mnemo_config::init_tracing(&settings.log);
+    let _telemetry = mnemo_config::init_tracing(&settings.log, "mnemo-server").map_err(anyhow::Error::msg)?;
     mnemo_api::run(settings, mnemo_config::shutdown_signal()).await.context("mnemo-server failed")
 }

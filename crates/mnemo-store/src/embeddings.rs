@@ -83,6 +83,7 @@ RETURNING m.id, m.tenant_id, (m.source_kind = 'fact' AND m.judge_at IS NULL AND 
 impl Store {
     /// The live rows behind a batch of embed jobs, each checked against its job's tenant, with
     /// each chat message's previous turn when `with_previous`.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn rows_to_embed(
         &self,
         jobs: &[EmbedRow],
@@ -103,6 +104,7 @@ impl Store {
 
     /// Writes vectors back and queues the judge for facts that wait for it, in one transaction;
     /// returns the ids stored (rows changed or anonymized since are left).
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn save_vectors(&self, model: &str, vectors: Vec<NewVector>) -> Result<Vec<Uuid>, StoreError> {
         if vectors.is_empty() {
             return Ok(Vec::new());
@@ -136,6 +138,7 @@ impl Store {
     /// Records a failed attempt. When `retry_after` is given, the row's job is queued again to run
     /// after that delay (in the same transaction); otherwise the failure is final and `error`
     /// stays on the row. Returns the row's attempts so far.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn record_embed_failure(
         &self,
         job: &EmbedRow,
@@ -168,6 +171,7 @@ impl Store {
     }
 
     /// How many times the rows of these jobs have failed so far.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn embed_attempts(&self, jobs: &[&EmbedRow]) -> Result<Vec<(Uuid, i32)>, StoreError> {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
         let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();

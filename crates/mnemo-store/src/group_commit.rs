@@ -9,13 +9,15 @@ use std::time::{Duration, Instant};
 
 use mnemo_core::NewMemory;
 use tokio::sync::{Mutex, mpsc, oneshot};
+use tracing::{Instrument, Span};
 
 use crate::{Remembered, Store, StoreError};
 
 type Reply = oneshot::Sender<Result<Remembered, StoreError>>;
 
-/// A row on its way to a committer, with when it was handed over.
-type Pending = (NewMemory, Reply, Instant);
+/// A row on its way to a committer, with when it was handed over and the span of the request
+/// that wrote it.
+type Pending = (NewMemory, Reply, Instant, Span);
 
 /// A handle to the committers. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -100,7 +102,8 @@ impl GroupCommit {
     /// Writes one row, with whichever others are waiting.
     pub async fn remember(&self, memory: NewMemory) -> Result<Remembered, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.sender.send((memory, reply, Instant::now())).await.map_err(|_| StoreError::ShuttingDown)?;
+        let pending = (memory, reply, Instant::now(), Span::current());
+        self.sender.send(pending).await.map_err(|_| StoreError::ShuttingDown)?;
         answer.await.map_err(|_| StoreError::ShuttingDown)?
     }
 }
@@ -120,10 +123,13 @@ async fn commit_loop(
             }
         }
         let started = Instant::now();
-        let queued: Duration = batch.iter().map(|(_, _, handed)| started - *handed).sum();
-        let (rows, replies): (Vec<NewMemory>, Vec<Reply>) = batch.drain(..).map(|(row, reply, _)| (row, reply)).unzip();
+        let queued: Duration = batch.iter().map(|(_, _, handed, _)| started - *handed).sum();
+        let callers: Vec<Span> = batch.iter().map(|(_, _, _, span)| span.clone()).collect();
+        let (rows, replies): (Vec<NewMemory>, Vec<Reply>) =
+            batch.drain(..).map(|(row, reply, _, _)| (row, reply)).unzip();
         metrics::histogram!("mnemo_write_batch_rows").record(rows.len() as f64);
-        let written = store.remember_many(&rows).await;
+        let span = mnemo_config::batch_span("group commit", &callers);
+        let written = store.remember_many(&rows).instrument(span.clone()).await;
         totals.transactions.fetch_add(1, Ordering::Relaxed);
         totals.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
         totals.queued_micros.fetch_add(queued.as_micros() as u64, Ordering::Relaxed);
@@ -152,7 +158,7 @@ async fn commit_loop(
                 // write waits more than one timeout. (A committer holding the queue is taking a
                 // batch of its own, which it tries.)
                 if let Ok(mut receiver) = receiver.try_lock() {
-                    while let Ok((_, reply, _)) = receiver.try_recv() {
+                    while let Ok((_, reply, _, _)) = receiver.try_recv() {
                         let _ = reply.send(Err(StoreError::Unavailable(cause.clone())));
                     }
                 }
@@ -162,7 +168,7 @@ async fn commit_loop(
             Err(e) if rows.len() > 1 => {
                 tracing::warn!(error = %e, rows = rows.len(), "batched write failed; writing its rows one by one");
                 for (row, reply) in rows.iter().zip(replies) {
-                    let _ = reply.send(store.remember(row).await);
+                    let _ = reply.send(store.remember(row).instrument(span.clone()).await);
                 }
             }
             Err(e) => {

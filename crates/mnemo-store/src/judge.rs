@@ -199,6 +199,7 @@ fn pending_filter(alias: &str) -> String {
 impl Store {
     /// The facts behind a batch of judge jobs that are still pending, each checked against its
     /// job's tenant.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn pending_facts(&self, jobs: &[JudgeJob]) -> Result<Vec<PendingFact>, StoreError> {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
         let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
@@ -227,6 +228,7 @@ impl Store {
     /// Live facts of the pending fact's bucket that are older than it (by the start of their
     /// validity) and within `threshold` cosine distance, closest first, at most `topk`. Only
     /// facts with a vector of the same model compare.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn judge_candidates(
         &self,
         fact: &PendingFact,
@@ -262,6 +264,7 @@ impl Store {
     /// Whether an older live fact of the bucket still waits for its vector. Judging now would
     /// miss it for good (it is older, so its own judgement never looks at this fact), so the
     /// judgement waits.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn older_facts_unembedded(&self, fact: &PendingFact) -> Result<bool, StoreError> {
         let sql = format!(
             "SELECT EXISTS (
@@ -284,6 +287,7 @@ impl Store {
     }
 
     /// Queues the fact's judge job again to run after `delay`; it stays pending meanwhile.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn defer_judgement(&self, fact: &PendingFact, delay: Duration) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("UPDATE memory_items SET judge_enqueued_at = now() WHERE id = $1 AND tenant_id = $2")
@@ -298,6 +302,7 @@ impl Store {
     }
 
     /// Live, older facts of the bucket with the pending fact's key, whatever their distance.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn same_key_facts(&self, fact: &PendingFact, key: &str) -> Result<Vec<Candidate>, StoreError> {
         let sql = format!(
             "SELECT o.id, o.content, NULL::float8 AS distance
@@ -325,6 +330,7 @@ impl Store {
     /// fail-open. One transaction under the bucket's lock. Returns the outcome recorded, or
     /// `None` when the fact is no longer pending (judged by another worker, retired, deleted), in
     /// which case nothing changes.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn apply_judgement(
         &self,
         fact: &PendingFact,

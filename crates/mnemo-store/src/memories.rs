@@ -30,7 +30,8 @@ pub struct ToolOutput {
 /// is inserted once. The jobs are apalis' rows as its own push writes them (`$29` the queue), one
 /// per tenant naming its inserted rows, or one per [`ROWS_PER_EMBED_JOB`] of them (`$30`-`$32`
 /// each tenant of the batch, its chunks and their job ids; `$33` the chunk size); their
-/// arguments are [`EmbedJob`]'s JSON.
+/// arguments are [`EmbedJob`]'s JSON, their metadata the trace that queued them (`$34` the key,
+/// `$35` the traceparent or NULL), as [`queue::push`](crate::queue) writes it.
 const INSERT_ITEMS: &str = "
 WITH new AS (
 INSERT INTO memory_items (
@@ -66,7 +67,8 @@ RETURNING id, tenant_id, content_sha256
     SELECT t.job_id, $29,
            convert_to(json_build_object('tenant_id', c.tenant_id, 'items', json_agg(json_build_object(
                'item_id', c.id, 'content_sha256', encode(c.content_sha256, 'hex'))))::text, 'UTF8'),
-           'Pending', 0, 25, now(), 0, ''::hstore
+           'Pending', 0, 25, now(), 0,
+           CASE WHEN $35::text IS NULL THEN ''::hstore ELSE hstore($34::text, $35::text) END
     FROM chunked c
     JOIN unnest($30::text[], $31::int8[], $32::text[]) AS t(tenant_id, chunk, job_id)
       ON t.tenant_id = c.tenant_id AND t.chunk = c.chunk
@@ -142,6 +144,7 @@ impl Store {
 
     /// [`Store::remember`] for many rows in one transaction: one result per row, in order. The
     /// outer error means nothing was written; an inner one concerns that row alone.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn remember_many(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
         let mut rounds = Rounds::new(batch);
         while let Some((pending, rows)) = rounds.next() {
@@ -359,6 +362,8 @@ async fn insert_items(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<(Vec
         .bind(chunks.iter().map(|c| c.1).collect::<Vec<_>>())
         .bind(job_ids)
         .bind(ROWS_PER_EMBED_JOB as i64)
+        .bind(crate::queue::TRACEPARENT)
+        .bind(mnemo_config::traceparent())
         .fetch_all(&mut *tx)
         .await?;
     Ok((ids, inserted))

@@ -5,6 +5,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use apalis_core::task::builder::TaskBuilder;
+use apalis_core::task::metadata::MetadataStore;
 use apalis_postgres::queries::push_tasks;
 use mnemo_core::{AgentId, CompactionTrigger, Queue, SessionId, TenantId, UserId};
 use serde::{Deserialize, Serialize};
@@ -205,13 +206,27 @@ mod parsed {
     }
 }
 
+/// The key of a job's metadata (apalis' `metadata` column) that holds the W3C `traceparent` of
+/// the span that queued it, when traces are exported: the worker's span for the job continues
+/// that trace.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// A job's task, carrying the current trace.
+fn task<J: JobArgs>(job: &J) -> Result<TaskBuilder<Vec<u8>>, StoreError> {
+    let mut metadata = MetadataStore::new();
+    if let Some(traceparent) = mnemo_config::traceparent() {
+        let _ = metadata.insert(TRACEPARENT, traceparent);
+    }
+    Ok(TaskBuilder::new(serde_json::to_vec(job)?).with_metadata(metadata))
+}
+
 /// Pushes jobs onto their own queue with `conn` (a transaction, so they commit with the rows
 /// they are about).
 pub(crate) async fn push<J: JobArgs>(conn: &mut PgConnection, jobs: &[J]) -> Result<(), StoreError> {
     if jobs.is_empty() {
         return Ok(());
     }
-    let tasks = jobs.iter().map(|job| Ok(TaskBuilder::new(serde_json::to_vec(job)?).build()));
+    let tasks = jobs.iter().map(|job| Ok(task(job)?.build()));
     push_tasks(conn, J::QUEUE.as_str(), tasks.collect::<Result<_, StoreError>>()?).await?;
     Ok(())
 }
@@ -225,7 +240,7 @@ pub(crate) async fn push_after<J: JobArgs>(
 ) -> Result<(), StoreError> {
     let due = (SystemTime::now() + delay).duration_since(UNIX_EPOCH).unwrap_or_default();
     let due_secs = due.as_secs() + u64::from(due.subsec_nanos() > 0);
-    let task = TaskBuilder::new(serde_json::to_vec(job)?).run_at_timestamp(due_secs).build();
+    let task = task(job)?.run_at_timestamp(due_secs).build();
     push_tasks(conn, J::QUEUE.as_str(), vec![task]).await?;
     Ok(())
 }
@@ -233,6 +248,7 @@ pub(crate) async fn push_after<J: JobArgs>(
 impl crate::Store {
     /// Queues `job` again on its own queue, due after `delay`: the worker's durable backoff
     /// (apalis retries a failed job at once and ignores a retry delay).
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn retry_after<J: JobArgs>(&self, job: &J, delay: Duration) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
         push_after(&mut conn, job, delay).await

@@ -238,6 +238,7 @@ impl Store {
     }
 
     /// The rows behind `ids` that are still live, for the caller's tenant only.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn recalled_rows(
         &self,
         tenant: &TenantId,
@@ -378,6 +379,7 @@ impl Search {
     }
 
     /// Full-text candidates per class, at most `per_class` each, best first.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn keyword(
         &self,
         scope: &SearchScope<'_>,
@@ -396,6 +398,7 @@ impl Search {
     }
 
     /// Nearest neighbours of `vector` per class, at most `per_class` each, nearest first.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn vector(&self, scope: &SearchScope<'_>, vector: &[f32], per_class: i64) -> Result<Ranked, StoreError> {
         let vector = Vector::from(vector.to_vec());
         let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.vector_sql))), scope)

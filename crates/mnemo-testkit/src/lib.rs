@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 
 mod chat;
 mod lazy;
+mod otlp;
 mod provider;
 mod reranker;
 
 pub use chat::{ChatAnswer, ScriptedChat};
 pub use lazy::LazyEmbedder;
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use provider::{Answer, ScriptedEmbeddings, bag_of_words, embed_like_the_provider, unit_bag_of_words};
 pub use reranker::{RerankAnswer, ScriptedReranker};
 
@@ -267,6 +269,11 @@ pub fn free_port() -> u16 {
 impl ServerProcess {
     /// Starts the server on `port` and waits until it answers `/healthz`.
     pub async fn start(database_url: &str, port: u16) -> anyhow::Result<Self> {
+        Self::start_with::<&str>(database_url, port, &[]).await
+    }
+
+    /// [`ServerProcess::start`] with these variables besides (a later pair overrides an earlier one).
+    pub async fn start_with<V: AsRef<str>>(database_url: &str, port: u16, env: &[(&str, V)]) -> anyhow::Result<Self> {
         let mut command = tokio::process::Command::new(binary("mnemo-server")?);
         command
             .env_clear()
@@ -274,6 +281,7 @@ impl ServerProcess {
             .env(vars::JWT_SECRET, TEST_JWT_SECRET)
             .env(vars::LOG, "warn")
             .envs(std::env::var(vars::LOCAL_MODEL_DIR).map(|dir| (vars::LOCAL_MODEL_DIR, dir)))
+            .envs(env.iter().map(|(k, v)| (k, v.as_ref())))
             .stdout(Stdio::null());
         Self::spawn(command, port).await
     }

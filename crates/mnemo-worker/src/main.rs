@@ -40,7 +40,7 @@ impl Cli {
 async fn main() -> anyhow::Result<()> {
     let env = Cli::parse().apply(Env::from_process());
     let settings = WorkerSettings::from_env(&env)?;
-    mnemo_config::init_tracing(&settings.log);
+    let _telemetry = mnemo_config::init_tracing(&settings.log, "mnemo-worker").map_err(anyhow::Error::msg)?;
     let models = mnemo_jobs::Models {
         embedder: mnemo_models::embedder(&settings.embed)?,
         judge: mnemo_models::judge(&settings.judge)?,
