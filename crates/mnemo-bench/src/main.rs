@@ -14,6 +14,7 @@ mod recall_latency;
 mod recall_throughput;
 mod retention;
 mod tenants;
+mod trace_cost;
 mod workspace;
 mod writes;
 
@@ -60,6 +61,8 @@ enum Scenario {
     /// Many tenants, one write and one recall each, against the real server: its resident
     /// memory as they add up.
     Tenants(tenants::Args),
+    /// What exporting traces costs: the real server under writes and recalls, traces off and on.
+    TraceCost(trace_cost::Args),
     /// Context windows: assembly latency by session size, and tokenizer throughput.
     Context(context::Args),
     /// Workspace memory: extraction and consolidation jobs/s against a model with a fixed delay,
@@ -132,6 +135,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Factconsolidation(args) => judge::fact_consolidation(args).await,
         Scenario::Retention(args) => retention::run(args).await,
         Scenario::Tenants(args) => tenants::run(args).await,
+        Scenario::TraceCost(args) => trace_cost::run(args).await,
         Scenario::Context(args) => context::run(args).await,
         Scenario::Workspace(args) => workspace::run(args).await,
         Scenario::ScriptedChat { port } => {

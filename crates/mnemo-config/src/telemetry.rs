@@ -8,7 +8,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::filter::Targets;
+use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -100,7 +100,9 @@ pub fn init_tracing(settings: &LogSettings, service: &str) -> Result<Telemetry, 
         LogFormat::Text => logs.boxed(),
         LogFormat::Json => logs.json().boxed(),
     }
-    .with_filter(filter);
+    // Events only: a log line carries its own fields, not the spans around it, so logs read the
+    // same with traces on or off (and spans cost nothing when no exporter wants them).
+    .with_filter(filter.and(filter_fn(|meta| meta.is_event())));
     let Some(export) = &settings.traces else {
         tracing_subscriber::registry().with(logs).init();
         return Ok(Telemetry { provider: None });
