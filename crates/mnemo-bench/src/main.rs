@@ -110,6 +110,20 @@ pub(crate) async fn start_worker(url: &str, env: &[(&str, String)]) -> anyhow::R
     mnemo_testkit::WorkerProcess::spawn(command).await
 }
 
+/// An hour's token, signed with `secret`, for session `s` of `tenant`: what the load against a
+/// real server writes and recalls with.
+pub(crate) fn session_token(secret: &str, tenant: &str) -> anyhow::Result<String> {
+    let principal = mnemo_core::Principal {
+        tenant: mnemo_core::TenantId::parse(tenant)?,
+        user: None,
+        agent: None,
+        session: Some(mnemo_core::SessionId::parse("s")?),
+        roles: Vec::new(),
+    };
+    mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, std::time::Duration::from_secs(3600))
+        .map_err(anyhow::Error::msg)
+}
+
 /// A process's resident memory in KiB, from `/proc`.
 pub(crate) fn resident_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;

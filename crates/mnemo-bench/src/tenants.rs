@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mnemo_config::{DatabaseSettings, Env, vars};
-use mnemo_core::{Principal, SessionId, TenantId};
 use mnemo_store::create_database;
 use serde_json::json;
 
@@ -63,15 +62,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                         next.fetch_min(upto, Ordering::Relaxed);
                         return anyhow::Ok(());
                     }
-                    let principal = Principal {
-                        tenant: TenantId::parse(&format!("tenant-{n}"))?,
-                        user: None,
-                        agent: None,
-                        session: Some(SessionId::parse("s")?),
-                        roles: Vec::new(),
-                    };
-                    let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
-                        .map_err(anyhow::Error::msg)?;
+                    let token = crate::session_token(&secret, &format!("tenant-{n}"))?;
                     let body = json!({ "source_kind": "chat_message", "source_ref": "m1",
                                        "content": format!("tenant {n} keeps its invoices in the blue folder") });
                     let r = http.post(format!("{base}/v1/memories")).bearer_auth(&token).json(&body).send().await?;

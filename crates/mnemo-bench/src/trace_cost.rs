@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_config::{DatabaseSettings, Env, vars};
-use mnemo_core::{Principal, SessionId, TenantId};
 use mnemo_store::create_database;
 use mnemo_testkit::OtlpReceiver;
 use serde_json::json;
@@ -154,15 +153,7 @@ async fn load(
     let spans_before = otlp.spans().len();
     let base = server.client.base.clone();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let principal = Principal {
-        tenant: TenantId::parse(tenant)?,
-        user: None,
-        agent: None,
-        session: Some(SessionId::parse("s")?),
-        roles: Vec::new(),
-    };
-    let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
-        .map_err(anyhow::Error::msg)?;
+    let token = crate::session_token(secret, tenant)?;
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let mut tasks = tokio::task::JoinSet::new();
     let writes_only = args.writes_only;
