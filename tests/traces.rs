@@ -151,9 +151,12 @@ async fn a_fact_its_embedding_its_judgement_and_a_recall_are_traced_end_to_end()
     assert_eq!(parent_of(&recall, "query embedding"), "POST /v1/recall");
     assert_eq!(parent_of(&recall, "embeddings scripted-embed"), "query embedding");
 
-    // Ids, names and counts only: no content in any attribute.
+    // Names, counts and statuses only: no content in any attribute, nor in any event (a log line).
     for span in otlp.spans() {
-        for (key, value) in &span.attributes {
+        let events = span.events.iter().flat_map(|(name, attributes)| {
+            std::iter::once((String::from("event"), name.clone())).chain(attributes.clone())
+        });
+        for (key, value) in span.attributes.clone().into_iter().chain(events) {
             assert!(
                 !["Tokyo", "Paris", "where do I live"].iter().any(|c| value.contains(c)),
                 "{}: {key}={value}",

@@ -35,7 +35,8 @@ pub struct LogSettings {
 /// itself (`OTEL_EXPORTER_OTLP_HEADERS`, `_TIMEOUT`, `OTEL_BSP_*`, `OTEL_RESOURCE_ATTRIBUTES`).
 #[derive(Debug, Clone)]
 pub struct TraceExport {
-    /// `OTEL_SERVICE_NAME`, when set; otherwise the binary's name.
+    /// `OTEL_SERVICE_NAME`, or `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, when set; otherwise
+    /// the binary's name.
     pub service_name: Option<String>,
 }
 
@@ -64,12 +65,17 @@ impl TraceExport {
         if disabled || !(set(vars::OTEL_ENDPOINT) || set(vars::OTEL_TRACES_ENDPOINT)) {
             return None;
         }
-        for name in [vars::OTEL_TRACES_PROTOCOL, vars::OTEL_PROTOCOL] {
-            if let Some(protocol) = env.get(name).filter(|p| p.trim() != "http/protobuf") {
-                problems.0.push(format!("{name}={protocol:?}: mnemo exports traces over http/protobuf only"));
-            }
+        // The traces' own variable wins over the general one, as the exporter reads them.
+        let protocol = [vars::OTEL_TRACES_PROTOCOL, vars::OTEL_PROTOCOL]
+            .into_iter()
+            .find_map(|name| env.get(name).map(|value| (name, value)));
+        if let Some((name, value)) = protocol.filter(|(_, value)| value.trim() != "http/protobuf") {
+            problems.0.push(format!("{name}={value:?}: mnemo exports traces over http/protobuf only"));
         }
-        Some(Self { service_name: env.get(vars::OTEL_SERVICE_NAME).map(str::to_owned) })
+        let from_attributes = env.get(vars::OTEL_RESOURCE_ATTRIBUTES).and_then(|pairs| {
+            pairs.split(',').find_map(|pair| pair.trim().strip_prefix("service.name=").map(str::to_owned))
+        });
+        Some(Self { service_name: env.get(vars::OTEL_SERVICE_NAME).map(str::to_owned).or(from_attributes) })
     }
 }
 
@@ -155,15 +161,23 @@ pub fn continue_trace(span: &Span, traceparent: Option<&str>, tracestate: Option
 }
 
 /// A span for work done once for many callers (a group commit, a batch of rows to embed or of
-/// facts to judge): a child of the first caller's span, linked to the others' (up to 128, the
-/// SDK's limit), so every caller's trace reaches it.
-pub fn batch_span(name: &'static str, callers: &[Span]) -> Span {
-    let span = match callers.first() {
-        Some(first) => tracing::info_span!(parent: first, "batch", otel.name = name, callers = callers.len()),
-        None => tracing::info_span!("batch", otel.name = name, callers = 0),
+/// facts to judge): a child of the first traced caller's span, linked to the others' (up to 128,
+/// the SDK's limit). Its trace is the first caller's: what the batch queues continues that trace,
+/// and the other callers are reached through the links.
+pub fn batch_span<'a>(name: &'static str, callers: impl IntoIterator<Item = &'a Span>) -> Span {
+    let mut callers = callers.into_iter().filter(|caller| !caller.is_disabled());
+    let Some(first) = callers.next() else {
+        return tracing::info_span!("batch", otel.name = name);
     };
-    for caller in callers.iter().skip(1).take(127) {
-        span.follows_from(caller);
+    let span = tracing::info_span!(parent: first, "batch", otel.name = name);
+    let mut linked = std::collections::HashSet::from([first.id()]);
+    for caller in callers {
+        if linked.len() == 128 {
+            break;
+        }
+        if linked.insert(caller.id()) {
+            span.follows_from(caller);
+        }
     }
     span
 }
@@ -249,5 +263,13 @@ mod tests {
         assert!(problems[0].contains(vars::OTEL_PROTOCOL) && problems[0].contains("http/protobuf"), "{problems:?}");
         // A protocol set for other services matters only when mnemo exports.
         assert!(read(&[(vars::OTEL_PROTOCOL, "grpc")]).1.is_empty());
+        // The traces' own protocol wins over the general one.
+        let traces_own = [(vars::OTEL_ENDPOINT, "http://c:4318"), (vars::OTEL_PROTOCOL, "grpc")];
+        assert!(read(&[&traces_own[..], &[(vars::OTEL_TRACES_PROTOCOL, "http/protobuf")]].concat()).1.is_empty());
+        let (export, _) = read(&[
+            (vars::OTEL_ENDPOINT, "http://c:4318"),
+            (vars::OTEL_RESOURCE_ATTRIBUTES, "a=b, service.name=api-us"),
+        ]);
+        assert_eq!(export.and_then(|e| e.service_name).as_deref(), Some("api-us"));
     }
 }

@@ -118,7 +118,7 @@ async fn batch_loop<J, F, Fut>(
                 }
             }
         }
-        let span = mnemo_config::batch_span(name, &batch.iter().map(|(_, _, span)| span.clone()).collect::<Vec<_>>());
+        let span = mnemo_config::batch_span(name, batch.iter().map(|(_, _, caller)| caller));
         let (jobs, replies): (Vec<J>, Vec<Reply>) = batch.into_iter().map(|(job, reply, _)| (job, reply)).unzip();
         let result = run(jobs, permit).instrument(span).await;
         for reply in replies {

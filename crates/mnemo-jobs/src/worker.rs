@@ -106,7 +106,7 @@ async fn handle_retention(
 }
 
 /// A job's span, continuing the trace of the span that queued the job (the `traceparent` in its
-/// metadata). Failures are logged by [`finish`], not by the layer.
+/// metadata). The layer logs nothing of its own: failures are logged by [`finish`].
 fn job_span<J: JobArgs>(task: &Task<J>) -> Span {
     let queue = J::QUEUE.as_str();
     let span = tracing::info_span!(
@@ -278,7 +278,13 @@ pub async fn run_worker(
                         .catch_panic()
                         .concurrency(concurrency)
                         .timeout(job_timeout)
-                        .layer(TraceLayer::new().make_span_with(job_span::<$job>).on_failure(()))
+                        .layer(
+                            TraceLayer::new()
+                                .make_span_with(job_span::<$job>)
+                                .on_request(|_: &Task<$job>, _: &Span| {})
+                                .on_response(())
+                                .on_failure(()),
+                        )
                         .parallelize(spawn_in_span)
                         .build($handler)
                 })

@@ -86,8 +86,7 @@ async fn embed_batches(embedder: Arc<dyn Embedder>, max_batch: usize, mut queue:
         }
         metrics::histogram!("mnemo_recall_query_batch_size").record(batch.len() as f64);
         let texts: Vec<String> = batch.iter().map(|(text, _, _)| text.clone()).collect();
-        let span =
-            mnemo_config::batch_span("query embedding", &batch.iter().map(|(_, _, s)| s.clone()).collect::<Vec<_>>());
+        let span = mnemo_config::batch_span("query embedding", batch.iter().map(|(_, _, caller)| caller));
         let model = span.in_scope(|| mnemo_config::model_span("embeddings", embedder.model(), texts.len()));
         let result = match embedder.embed(&texts).instrument(model).instrument(span).await {
             Ok(vectors) if vectors.len() == batch.len() => Ok(vectors),

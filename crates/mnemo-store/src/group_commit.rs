@@ -124,11 +124,14 @@ async fn commit_loop(
         }
         let started = Instant::now();
         let queued: Duration = batch.iter().map(|(_, _, handed, _)| started - *handed).sum();
-        let callers: Vec<Span> = batch.iter().map(|(_, _, _, span)| span.clone()).collect();
-        let (rows, replies): (Vec<NewMemory>, Vec<Reply>) =
-            batch.drain(..).map(|(row, reply, _, _)| (row, reply)).unzip();
+        let span = mnemo_config::batch_span("group commit", batch.iter().map(|(_, _, _, caller)| caller));
+        let (mut rows, mut replies, mut callers) = (Vec::new(), Vec::new(), Vec::new());
+        for (row, reply, _, caller) in batch.drain(..) {
+            rows.push(row);
+            replies.push(reply);
+            callers.push(caller);
+        }
         metrics::histogram!("mnemo_write_batch_rows").record(rows.len() as f64);
-        let span = mnemo_config::batch_span("group commit", &callers);
         let written = store.remember_many(&rows).instrument(span.clone()).await;
         totals.transactions.fetch_add(1, Ordering::Relaxed);
         totals.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
@@ -167,8 +170,8 @@ async fn commit_loop(
             // on its own, so only that row's request sees the error.
             Err(e) if rows.len() > 1 => {
                 tracing::warn!(error = %e, rows = rows.len(), "batched write failed; writing its rows one by one");
-                for (row, reply) in rows.iter().zip(replies) {
-                    let _ = reply.send(store.remember(row).instrument(span.clone()).await);
+                for ((row, reply), caller) in rows.iter().zip(replies).zip(callers) {
+                    let _ = reply.send(store.remember(row).instrument(caller).await);
                 }
             }
             Err(e) => {

@@ -137,6 +137,7 @@ impl Store {
     /// Inserts the row, its full tool output and its embed job in one transaction, or finds the
     /// row an earlier write of the same (tenant, kind, source_ref) made. Concurrent identical
     /// writes land on one row and exactly one of them reports `was_new`.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn remember(&self, memory: &NewMemory) -> Result<Remembered, StoreError> {
         let mut results = self.remember_many(std::slice::from_ref(memory)).await?;
         results.pop().unwrap_or_else(|| Err(StoreError::Database(sqlx::Error::RowNotFound)))
@@ -161,6 +162,7 @@ impl Store {
     /// [`Store::remember_many`], all or nothing: when any row is refused (or was held by a
     /// write that rolled back), nothing is written, that row keeps its error and the others
     /// answer [`StoreError::RolledBack`].
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn remember_all(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let mut rounds = Rounds::new(batch);

@@ -26,6 +26,8 @@ pub struct ReceivedSpan {
     pub attributes: BTreeMap<String, String>,
     /// (trace id, span id) of each linked span.
     pub links: Vec<(String, String)>,
+    /// Each event's name and attributes (a log line inside the span becomes one).
+    pub events: Vec<(String, BTreeMap<String, String>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -78,6 +80,7 @@ async fn export(State(spans): State<Arc<Mutex<Vec<ReceivedSpan>>>>, headers: Hea
                 kind: span.kind,
                 attributes: attributes(&span.attributes),
                 links: span.links.iter().map(|l| (hex::encode(&l.trace_id), hex::encode(&l.span_id))).collect(),
+                events: span.events.iter().map(|e| (e.name.clone(), attributes(&e.attributes))).collect(),
             });
         }
     }
