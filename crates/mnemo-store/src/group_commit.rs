@@ -132,7 +132,7 @@ async fn commit_loop(
             callers.push(caller);
         }
         metrics::histogram!("mnemo_write_batch_rows").record(rows.len() as f64);
-        let written = store.remember_many(&rows).instrument(span.clone()).await;
+        let written = store.remember_many(&rows).instrument(span).await;
         totals.transactions.fetch_add(1, Ordering::Relaxed);
         totals.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
         totals.queued_micros.fetch_add(queued.as_micros() as u64, Ordering::Relaxed);
