@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the first start (an empty $PGDATA): a cluster whose role POSTGRES_USER owns the database
 # POSTGRES_DB, with the extensions in template1 as setup-postgres.sh makes them on a host, so the
-# role needs no superuser. Then PostgreSQL in the foreground, reachable over the network by
+# role needs no superuser, and the API's role POSTGRES_APP_USER, held by row-level security. Then PostgreSQL in the foreground, reachable over the network by
 # password.
 set -euo pipefail
 : "${POSTGRES_USER:?}" "${POSTGRES_PASSWORD:?}" "${POSTGRES_DB:=$POSTGRES_USER}"
+: "${POSTGRES_APP_USER:?}" "${POSTGRES_APP_PASSWORD:?}"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   initdb -D "$PGDATA" -U postgres --encoding=UTF8 --locale=C.UTF-8 --auth-local=peer --auth-host=scram-sha-256 >/dev/null
   echo "listen_addresses = '*'" >>"$PGDATA/postgresql.conf"
@@ -14,13 +15,17 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   init_socket=$(mktemp -d)
   pg_ctl -D "$PGDATA" -w -o "-c listen_addresses='' -k $init_socket" start >/dev/null
   psql -X -q -v ON_ERROR_STOP=1 -h "$init_socket" -U postgres -d postgres \
-    -v user="$POSTGRES_USER" -v password="$POSTGRES_PASSWORD" -v db="$POSTGRES_DB" <<'SQL'
+    -v user="$POSTGRES_USER" -v password="$POSTGRES_PASSWORD" -v db="$POSTGRES_DB" \
+    -v app_user="$POSTGRES_APP_USER" -v app_password="$POSTGRES_APP_PASSWORD" <<'SQL'
 \connect template1
 CREATE EXTENSION IF NOT EXISTS vector;
 CREATE EXTENSION IF NOT EXISTS hstore;
 CREATE EXTENSION IF NOT EXISTS rum;
+-- As setup-postgres.sh says: so that keyword search keeps its index under row-level security.
+ALTER FUNCTION pg_catalog.ts_match_vq(tsvector, tsquery) LEAKPROOF;
 \connect postgres
 CREATE ROLE :"user" LOGIN CREATEDB PASSWORD :'password';
+CREATE ROLE :"app_user" LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD :'app_password';
 CREATE DATABASE :"db" OWNER :"user";
 SQL
   pg_ctl -D "$PGDATA" -w -m fast stop >/dev/null

@@ -10,6 +10,11 @@ mnemo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # A Unix socket: sqlx 0.9 no longer sets TCP_NODELAY, which costs ~40 ms per round trip over TCP.
 : "${MNEMO_DATABASE_URL:=postgres://${MNEMO_PG_USER}:${MNEMO_PG_PASSWORD}@localhost:${MNEMO_PG_PORT}/${MNEMO_PG_DB}?host=${MNEMO_PG_SOCKET_DIR}}"
 export MNEMO_DATABASE_URL
+# The API's own role on the same database: not the tables' owner, so row-level security applies.
+: "${MNEMO_PG_APP_USER:=mnemo_app}"
+: "${MNEMO_PG_APP_PASSWORD:=mnemo_app}"
+: "${MNEMO_APP_DATABASE_URL:=postgres://${MNEMO_PG_APP_USER}:${MNEMO_PG_APP_PASSWORD}@localhost:${MNEMO_PG_PORT}/${MNEMO_PG_DB}?host=${MNEMO_PG_SOCKET_DIR}}"
+export MNEMO_APP_DATABASE_URL
 # A streaming replica of that cluster (scripts/setup-replica.sh), for MNEMO_READ_DATABASE_URL.
 : "${MNEMO_PG_REPLICA_CLUSTER:=mnemo_replica}"
 : "${MNEMO_PG_REPLICA_PORT:=55433}"

@@ -12,6 +12,7 @@ log "building mnemo"
 cargo build --bins --locked
 bin=${CARGO_TARGET_DIR:-target}/debug
 "$bin/mnemo-runbook" migrate
+"$bin/mnemo-runbook" grant-app-role "$MNEMO_PG_APP_USER"
 
 : "${MNEMO_LISTEN:=127.0.0.1:8080}"
 : "${MNEMO_WORKER_LISTEN:=127.0.0.1:9464}"
@@ -19,7 +20,8 @@ export MNEMO_LISTEN MNEMO_WORKER_LISTEN
 
 "$bin/mnemo-worker" &
 worker=$!
-"$bin/mnemo-server" &
+# The API connects as its own role, which row-level security holds; the worker as the owner.
+MNEMO_DATABASE_URL=$MNEMO_APP_DATABASE_URL "$bin/mnemo-server" &
 server=$!
 # Whatever stops first, or ctrl-c, stops both; each finishes its in-flight work on SIGTERM.
 trap 'kill -TERM $server $worker 2>/dev/null; wait' INT TERM EXIT
@@ -28,7 +30,7 @@ cat >&2 <<INFO
 
   mnemo API:      http://$MNEMO_LISTEN
   worker metrics: http://$MNEMO_WORKER_LISTEN/metrics
-  database:       $MNEMO_DATABASE_URL
+  database:       $MNEMO_DATABASE_URL (the API as $MNEMO_PG_APP_USER)
   a token:        MNEMO_JWT_SECRET='$MNEMO_JWT_SECRET' $bin/mnemo-runbook token --tenant demo --user alice --session s1
   status:         $bin/mnemo-runbook status
   stop:           ctrl-c

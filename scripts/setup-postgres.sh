@@ -76,6 +76,12 @@ DO \$\$ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$MNEMO_PG_USER') THEN
     CREATE ROLE "$MNEMO_PG_USER" LOGIN CREATEDB PASSWORD '$MNEMO_PG_PASSWORD';
   END IF;
+  -- The API's role: it owns nothing and cannot bypass row-level security, so the tenant wall
+  -- in the database holds for it (ARCHITECTURE.md, "Two roles"). Its grants are per database:
+  -- mnemo-runbook grant-app-role.
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$MNEMO_PG_APP_USER') THEN
+    CREATE ROLE "$MNEMO_PG_APP_USER" LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD '$MNEMO_PG_APP_PASSWORD';
+  END IF;
 END \$\$;
 SQL
 # Extensions need a superuser: put them in template1, so every database mnemo creates
@@ -87,5 +93,11 @@ done
 if [ "$(psql_admin -d postgres -tA -c "SELECT count(*) FROM pg_database WHERE datname = '$MNEMO_PG_DB'")" = 0 ]; then
   psql_admin -d postgres -c "CREATE DATABASE \"$MNEMO_PG_DB\" OWNER \"$MNEMO_PG_USER\""
 fi
+# Full-text matching marked leakproof (it has no side effects and raises no error that depends
+# on a row), so that row-level security lets keyword search use its index: otherwise the
+# planner must check each row's tenant before matching, and scans the tenant's rows.
+for db in template1 "$MNEMO_PG_DB"; do
+  psql_admin -d "$db" -c 'ALTER FUNCTION pg_catalog.ts_match_vq(tsvector, tsquery) LEAKPROOF'
+done
 vector_version=$(psql_admin -d "$MNEMO_PG_DB" -tA -c "SELECT extversion FROM pg_extension WHERE extname = 'vector'")
 log "PostgreSQL $pg_major ($MNEMO_PG_CLUSTER) with pgvector $vector_version is up: $MNEMO_DATABASE_URL"

@@ -35,7 +35,7 @@ async fn write_messages(server: &ServerProcess, n: usize, text: impl Fn(usize) -
 #[tokio::test]
 async fn five_hundred_rows_are_embedded_by_the_local_model() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let worker = WorkerProcess::start::<&str>(&db.url, &[]).await.expect("worker");
     let topics = ["I live in Tokyo", "My home is in Tokyo", "I like pizza", "The invoice is due on Friday"];
     let ids = write_messages(&server, 500, |i| format!("{} (note {i})", topics[i % 4])).await;
@@ -66,7 +66,7 @@ async fn five_hundred_rows_are_embedded_by_the_local_model() {
 #[tokio::test]
 async fn a_killed_worker_loses_nothing_and_embeds_nothing_twice() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     write_messages(&server, 300, |i| format!("message number {i} about the quarterly report")).await;
     let fast_orphans = [("MNEMO_WORKER_ORPHAN_TIMEOUT_S", "3"), ("MNEMO_EMBED_BATCH_SIZE", "16")];
 
@@ -98,7 +98,7 @@ fn openai_env(provider: &ScriptedEmbeddings) -> Vec<(&'static str, String)> {
 #[tokio::test]
 async fn transient_failures_are_retried_with_growing_delays() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let provider = ScriptedEmbeddings::start(32).await;
     provider.then([Answer::Status(500), Answer::Hang(Duration::from_secs(2)), Answer::Malformed, Answer::Status(503)]);
     let env = openai_env(&provider);
@@ -133,7 +133,7 @@ async fn transient_failures_are_retried_with_growing_delays() {
 #[tokio::test]
 async fn a_refused_row_fails_alone_and_the_batch_goes_through() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let provider = ScriptedEmbeddings::start(32).await;
     provider.refuse_inputs_containing("POISON");
     let env = openai_env(&provider);
@@ -165,7 +165,7 @@ async fn a_refused_row_fails_alone_and_the_batch_goes_through() {
 #[tokio::test]
 async fn a_chat_message_is_embedded_with_the_turn_before_it() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let provider = ScriptedEmbeddings::start(64).await;
     let turns = ["Caroline: I went to the pottery class", "Melanie: did she like it", "Caroline: she loved it"];
     let ids = write_messages(&server, 3, |i| turns[i].to_owned()).await;
@@ -218,7 +218,7 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
 
     // Turned off, a message is embedded alone.
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let ids = write_messages(&server, 3, |i| turns[i].to_owned()).await;
     let mut env = openai_env(&provider);
     env.push(("MNEMO_EMBED_PREVIOUS_TURN", "false".into()));
@@ -232,7 +232,7 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
 #[tokio::test]
 async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let provider = ScriptedEmbeddings::start(16).await;
     provider.then([Answer::WrongDimension]);
     let env = openai_env(&provider);
@@ -249,7 +249,7 @@ async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
 #[tokio::test]
 async fn rows_waiting_out_a_backoff_are_retried_once_the_endpoint_answers_again() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let provider = ScriptedEmbeddings::start(16).await;
     provider.then([Answer::Status(503)]);
     let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
@@ -303,7 +303,7 @@ async fn housekeeping_fires_once_per_tick_across_workers() {
 #[tokio::test]
 async fn switching_the_model_fills_new_vectors_and_keeps_the_old() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let provider = ScriptedEmbeddings::start(8).await;
     let mut env = openai_env(&provider);
     env.push(("MNEMO_EMBED_GRACE_S", "1".into()));
@@ -345,7 +345,7 @@ async fn a_missing_model_is_a_clear_start_up_error() {
 #[tokio::test]
 async fn status_reports_queues_backlog_and_workers() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     write_messages(&server, 3, |i| format!("row {i}")).await;
     let runbook = |args: &[&str]| {
         let mut command = std::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("built"));
@@ -366,7 +366,7 @@ async fn status_reports_queues_backlog_and_workers() {
 #[tokio::test]
 async fn sigterm_lets_in_flight_batches_finish() {
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     write_messages(&server, 200, |i| format!("message {i} about the migration plan")).await;
     let env = [("MNEMO_WORKER_ORPHAN_TIMEOUT_S", "3"), ("MNEMO_EMBED_BATCH_SIZE", "16")];
     let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");

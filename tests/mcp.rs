@@ -10,7 +10,7 @@ use mnemo_testkit::{ServerProcess, TestDb, binary, free_port, principal, test_py
 async fn the_official_python_client_uses_every_tool_over_both_transports() {
     let python = test_python();
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server starts");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server starts");
     let a = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
     let b = token(&principal("globex", Some("u1"), Some("a1"), Some("s1")));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/mcp/client.py");

@@ -91,7 +91,7 @@ async fn schemathesis_finds_nothing_against_the_real_server() {
     let schemathesis = python.parent().expect("the venv's bin").join("schemathesis");
     let examples = std::env::var("MNEMO_FUZZ_EXAMPLES").map_or(DEFAULT_EXAMPLES, |n| n.parse().expect("a number"));
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server starts");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server starts");
     let fuzzer = principal("fuzz", Some("u1"), Some("a1"), Some("s1"));
     // schemathesis keeps its example database and reports in its working directory.
     let workdir = std::env::temp_dir().join(format!("mnemo-schemathesis-{}", std::process::id()));

@@ -462,7 +462,7 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
 #[tokio::test]
 async fn the_real_pipeline_turns_degraded_off_and_finds_rows_by_meaning() {
     let db = mnemo_testkit::TestDb::new().await;
-    let server = ServerProcess::start(&db.url, free_port()).await.expect("server");
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let me = principal("acme", Some("u1"), None, Some("s1"));
     let t = token(&me);
     let body = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "I live in Tokyo" });

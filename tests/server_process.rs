@@ -7,7 +7,7 @@ use serde_json::json;
 async fn a_write_survives_a_server_restart() {
     let db = TestDb::new().await;
     let port = free_port();
-    let server = ServerProcess::start(&db.url, port).await.expect("server starts");
+    let server = ServerProcess::start(&db.app_url, port).await.expect("server starts");
     let t = token(&principal("acme", Some("u1"), None, Some("s1")));
     let write = json!({ "source_kind": "chat_message", "source_ref": "m-1", "content": "remember me" });
 
@@ -15,7 +15,7 @@ async fn a_write_survives_a_server_restart() {
     assert_eq!(first.status, 201, "{:?}", first.body);
     server.kill().await;
 
-    let restarted = ServerProcess::start(&db.url, port).await.expect("server restarts");
+    let restarted = ServerProcess::start(&db.app_url, port).await.expect("server restarts");
     assert_eq!(restarted.client.get("/readyz", None).await.status, 200);
     let again = restarted.client.post("/v1/memories", Some(&t), &write).await;
     assert_eq!((again.status, &again.body["was_new"]), (200, &json!(false)));

@@ -76,7 +76,7 @@ async fn a_fact_its_embedding_its_judgement_and_a_recall_are_traced_end_to_end()
         // Logs stay quiet: spans are exported whatever MNEMO_LOG keeps.
         (vars::LOG, "warn".to_owned()),
     ]);
-    let server = ServerProcess::start_with(&db.url, free_port(), &env).await.expect("server");
+    let server = ServerProcess::start_with(&db.app_url, free_port(), &env).await.expect("server");
     env.extend([(vars::JUDGE_MODEL, "scripted-judge".to_owned()), (vars::JUDGE_BASE_URL, chat.base_url.clone())]);
     let _worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
     let who = token(&principal("acme", Some("u1"), None, None));

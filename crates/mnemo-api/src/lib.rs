@@ -215,6 +215,17 @@ pub async fn run(
             "the database schema is not current; /readyz answers 503 until `mnemo-runbook migrate` runs"
         );
     }
+    if !store.walled() {
+        tracing::warn!(
+            "the database role is the tables' owner, a superuser or BYPASSRLS: row-level security does not \
+             hold it, so each statement's tenant filter is the only wall (ARCHITECTURE.md, \"Two roles\")"
+        );
+    } else if store.wall_hides_keyword_index().await? {
+        tracing::warn!(
+            "full-text matching is not marked leakproof in this database: under row-level security keyword \
+             search scans the tenant's rows (scripts/setup-postgres.sh shows the one statement that fixes it)"
+        );
+    }
     for warning in &settings.recall.warnings {
         tracing::warn!("{warning}");
     }

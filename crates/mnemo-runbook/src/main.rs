@@ -67,6 +67,10 @@ impl Identity {
 enum Command {
     /// Apply the database schema (mnemo's tables and apalis' job tables). Safe to re-run.
     Migrate,
+    /// Let ROLE, the API server's login (ARCHITECTURE.md, "Two roles"), use mnemo's tables in
+    /// this database, now and after later migrations. It must not own the tables, be a superuser
+    /// or bypass row-level security. Safe to re-run.
+    GrantAppRole { role: String },
     /// Queues (pending, running, failed, dead, oldest age), rows waiting for embeddings, and
     /// worker processes.
     Status {
@@ -213,6 +217,11 @@ async fn main() -> anyhow::Result<()> {
     let env = Env::from_process();
     match cli.command {
         Command::Migrate => migrate(&env).await,
+        Command::GrantAppRole { role } => {
+            connect(&env).await?.grant_app_role(&role).await.with_context(|| format!("cannot grant to {role}"))?;
+            println!("{role} may use mnemo's tables, under row-level security");
+            Ok(())
+        }
         Command::Status { json } => status(&env, json).await,
         Command::Recall { identity, query, scope, top_k, include_superseded, json } => {
             let request = RecallRequest::new(&query)?.top_k(top_k)?.scope(RecallScope::parse(&scope)?);

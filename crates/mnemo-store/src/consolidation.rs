@@ -82,7 +82,8 @@ impl Store {
         workspace: &Workspace,
         throttle: Option<Duration>,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let asked: Option<bool> = sqlx::query_scalar(REQUEST)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())

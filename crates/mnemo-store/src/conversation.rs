@@ -269,7 +269,7 @@ impl Store {
             .bind(before.map(|c| c.event_time))
             .bind(before.map(|c| c.id))
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.tenant_connection([tenant.as_str()]).await?)
             .await?)
     }
 
@@ -285,14 +285,17 @@ impl Store {
             .bind(session.as_str())
             .bind(after.map(|c| c.event_time))
             .bind(after.map(|c| c.id))
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *self.tenant_connection([tenant.as_str()]).await?)
             .await?)
     }
 
     /// Where the session's window starts, its summary, and the compaction asked for.
     pub async fn session_state(&self, tenant: &TenantId, session: &SessionId) -> Result<SessionState, StoreError> {
-        let row: StateRow =
-            sqlx::query_as(SESSION_STATE).bind(tenant.as_str()).bind(session.as_str()).fetch_one(&self.pool).await?;
+        let row: StateRow = sqlx::query_as(SESSION_STATE)
+            .bind(tenant.as_str())
+            .bind(session.as_str())
+            .fetch_one(&mut *self.tenant_connection([tenant.as_str()]).await?)
+            .await?;
         let through = row.through_time.zip(row.through_id).map(|(event_time, id)| MessageCursor { event_time, id });
         let summary = match (row.summary_id, row.summary, row.summary_through) {
             (Some(id), Some(content), Some(through)) => Some(SessionSummary { id, content, through }),
@@ -317,7 +320,8 @@ impl Store {
         trigger: CompactionTrigger,
         keep_at_most: Option<u64>,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.tenant_connection([tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let queued: Option<bool> = sqlx::query_scalar(REQUEST_COMPACTION)
             .bind(tenant.as_str())
             .bind(session.as_str())

@@ -119,7 +119,8 @@ impl Store {
         source: TriggerSource,
     ) -> Result<bool, StoreError> {
         let user = user_of(workspace)?;
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let asked: Option<bool> = sqlx::query_scalar(REQUEST)
             .bind(workspace.tenant.as_str())
             .bind(session.as_str())

@@ -164,7 +164,8 @@ impl Store {
     /// answer [`StoreError::RolledBack`].
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn remember_all(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.tenant_connection(batch.iter().map(|m| m.tenant.as_str())).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let mut rounds = Rounds::new(batch);
         while let Some((pending, rows)) = rounds.next() {
             let results = insert_in(&mut tx, &rows).await?;
@@ -197,8 +198,8 @@ impl Store {
         rows: &[&NewMemory],
     ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
         let single = |m: &&NewMemory| m.typed.relations.is_empty() && m.seen_in.is_none() && m.tool_output.is_none();
+        let mut conn = self.tenant_connection(rows.iter().map(|m| m.tenant.as_str())).await?;
         if !rows.is_empty() && rows.iter().all(single) {
-            let mut conn = self.pool.acquire().await?;
             let (ids, inserted) = insert_items(&mut conn, rows).await?;
             if inserted.len() == rows.len() {
                 return settle(&mut conn, rows, &ids, &inserted).await;
@@ -209,7 +210,7 @@ impl Store {
             tx.commit().await?;
             return Ok(results);
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let results = insert_in(&mut tx, rows).await?;
         tx.commit().await?;
         Ok(results)
@@ -233,7 +234,7 @@ impl Store {
         .bind(caller.user.as_ref().map(|u| u.as_str()))
         .bind(caller.session.as_ref().map(|s| s.as_str()))
         .bind(caller.roles.iter().map(Label::as_str).collect::<Vec<_>>())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *self.tenant_connection([caller.tenant.as_str()]).await?)
         .await?;
         Ok(row.map(|(item_id, content)| ToolOutput { key: key.clone(), item_id, content }))
     }

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 
 use crate::{Store, StoreError};
 
@@ -58,8 +58,8 @@ impl Reads {
     /// that does not parse does.
     pub fn with_replica(self, url: &str, max_connections: u32, wait: Duration) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Config)?;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
+        // Connecting is lazy, so whether the role is walled is not known: assume it is.
+        let pool = crate::pool_options(max_connections, true)
             .acquire_timeout(REPLICA_ACQUIRE_TIMEOUT)
             .connect_lazy_with(options.application_name("mnemo-read"));
         let replica = Replica { store: Store::new(pool), wait, skip_until: Mutex::new(None) };

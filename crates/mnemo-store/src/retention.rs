@@ -189,7 +189,7 @@ impl Store {
         .bind(requested_by)
         .bind(AuditEvent::Delete.as_str())
         .bind(roles.iter().map(Label::as_str).collect::<Vec<_>>())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *self.tenant_connection([tenant.as_str()]).await?)
         .await?;
         Ok(row.map(|(id, deleted_at, already)| Deleted { id, deleted_at, already }))
     }

@@ -60,3 +60,49 @@ impl Migrations {
         Ok(status)
     }
 }
+
+impl crate::Store {
+    /// Lets `role`, the API's (ARCHITECTURE.md, "Two roles"), use mnemo's tables in this
+    /// database: now, and those later migrations make (run as this store's role, their owner).
+    /// It may read the migration history but not write it. Refused, granting nothing, when the
+    /// role is a superuser, BYPASSRLS or a member of the owner's role: row-level security would
+    /// not hold it. Running it again changes nothing.
+    pub async fn grant_app_role(&self, role: &str) -> Result<(), StoreError> {
+        let refuse = |why: String| StoreError::Config(sqlx::Error::Configuration(why.into()));
+        let plain = role.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+            && role.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !plain {
+            return Err(refuse(format!("role {role:?} is not a plain lower-case identifier")));
+        }
+        let bypasses: Option<bool> = sqlx::query_scalar(
+            "SELECT r.rolsuper OR r.rolbypassrls
+                    OR pg_has_role(r.oid, (SELECT relowner FROM pg_class WHERE oid = 'memory_items'::regclass), 'USAGE')
+             FROM pg_roles r WHERE r.rolname = $1",
+        )
+        .bind(role)
+        .fetch_optional(self.pool())
+        .await?;
+        match bypasses {
+            None => return Err(refuse(format!("role {role:?} does not exist"))),
+            Some(true) => {
+                return Err(refuse(format!(
+                    "role {role:?} is a superuser, BYPASSRLS or a member of the tables' owner: \
+                     row-level security would not hold it"
+                )));
+            }
+            Some(false) => {}
+        }
+        let schema: String = sqlx::query_scalar("SELECT quote_ident(current_schema())").fetch_one(self.pool()).await?;
+        let schemas = format!("{schema}, apalis");
+        let sql = format!(
+            "GRANT USAGE ON SCHEMA {schemas} TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schemas} TO {role};
+             GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schemas} TO {role};
+             REVOKE INSERT, UPDATE, DELETE ON _sqlx_migrations, apalis._sqlx_migrations FROM {role};
+             ALTER DEFAULT PRIVILEGES IN SCHEMA {schemas} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {role};
+             ALTER DEFAULT PRIVILEGES IN SCHEMA {schemas} GRANT USAGE, SELECT ON SEQUENCES TO {role};"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(self.pool()).await?;
+        Ok(())
+    }
+}

@@ -218,23 +218,30 @@ impl Store {
 
     /// Lexemes in more than `fraction` of all rows or in more than `max_rows` rows, with their
     /// frequencies, from the statistics ANALYZE keeps (so only as fresh as the last ANALYZE, and
-    /// over all tenants).
+    /// over all tenants: migration 029 reads them as the owner).
     pub async fn common_lexemes(&self, fraction: f64, max_rows: f64) -> Result<CommonLexemes, StoreError> {
-        let rows: Vec<(String, f32)> = sqlx::query_as(
-            "SELECT x.lexeme, x.freq
-             FROM pg_stats s
-             CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) AS x(lexeme, freq)
-             WHERE s.schemaname = current_schema() AND s.tablename = 'memory_items' AND s.attname = 'tsv'
-               AND x.lexeme IS NOT NULL
-               AND (x.freq > $1
-                    OR x.freq * (SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory_items'::regclass) > $2)",
-        )
-        .bind(fraction)
-        .bind(max_rows)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<(String, f32)> = sqlx::query_as("SELECT lexeme, freq FROM mnemo_common_lexemes($1, $2)")
+            .bind(fraction)
+            .bind(max_rows)
+            .fetch_all(&self.pool)
+            .await?;
         let (lexemes, frequencies) = rows.into_iter().unzip();
         Ok(CommonLexemes { lexemes, frequencies })
+    }
+
+    /// Whether row-level security keeps keyword search from its full-text index, because
+    /// full-text matching is not marked leakproof in this database (scripts/setup-postgres.sh
+    /// marks it): the planner must then check each row's tenant before matching it.
+    pub async fn wall_hides_keyword_index(&self) -> Result<bool, StoreError> {
+        if !self.walled {
+            return Ok(false);
+        }
+        let leakproof: bool = sqlx::query_scalar(
+            "SELECT proleakproof FROM pg_proc WHERE oid = 'pg_catalog.ts_match_vq(tsvector, tsquery)'::regprocedure",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(!leakproof)
     }
 
     /// The rows behind `ids` that are still live, for the caller's tenant only.
@@ -255,7 +262,7 @@ impl Store {
         .bind(tenant.as_str())
         .bind(ids)
         .bind(include_superseded)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.tenant_connection([tenant.as_str()]).await?)
         .await?)
     }
 
@@ -365,6 +372,13 @@ impl Search {
         Search { store, ..self.clone() }
     }
 
+    /// This search with its keyword statement rewritten by `edit`: for the test that takes the
+    /// statement's tenant filter out and finds row-level security still isolating.
+    #[doc(hidden)]
+    pub fn with_keyword_sql(&self, edit: impl FnOnce(&str) -> String) -> Search {
+        Search { keyword_sql: edit(&self.keyword_sql).into(), ..self.clone() }
+    }
+
     /// The database the statements run on.
     pub fn store(&self) -> &Store {
         &self.store
@@ -392,7 +406,7 @@ impl Search {
             .bind(query)
             .bind(&common.lexemes)
             .bind(&common.frequencies)
-            .fetch_all(self.store.pool())
+            .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
         Ok(rank(rows))
     }
@@ -404,7 +418,7 @@ impl Search {
         let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.vector_sql))), scope)
             .bind(per_class)
             .bind(&vector)
-            .fetch_all(self.store.pool())
+            .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
         let mut ranked = rank(rows);
         // A tenant whose rows are a sliver of the index can come back short even with iterative
@@ -414,7 +428,7 @@ impl Search {
             let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.exact_tenant_sql))), scope)
                 .bind(per_class)
                 .bind(&vector)
-                .fetch_all(self.store.pool())
+                .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
                 .await?;
             ranked.extend(rank(rows));
         }
@@ -432,7 +446,7 @@ impl Search {
         let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.exact_tenant_sql))), scope)
             .bind(limit)
             .bind(Vector::from(vector.to_vec()))
-            .fetch_all(self.store.pool())
+            .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
         Ok(rank(rows).remove(&Scope::Tenant).unwrap_or_default())
     }
@@ -440,7 +454,7 @@ impl Search {
     /// Whether live rows in the searched classes still wait for a vector of this model.
     pub async fn pending_embeddings(&self, scope: &SearchScope<'_>) -> Result<bool, StoreError> {
         Ok(bind_scope!(sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.pending_sql))), scope)
-            .fetch_one(self.store.pool())
+            .fetch_one(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?)
     }
 }

@@ -40,7 +40,7 @@ impl Store {
     pub async fn tenant_today(&self, tenant: &TenantId) -> Result<(String, NaiveDate), StoreError> {
         Ok(sqlx::query_as("SELECT zone, (now() AT TIME ZONE zone)::date FROM tenant_time_zone($1) AS zone")
             .bind(tenant.as_str())
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *self.tenant_connection([tenant.as_str()]).await?)
             .await?)
     }
 

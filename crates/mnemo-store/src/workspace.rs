@@ -196,13 +196,14 @@ impl Store {
         .bind(workspace.agent.as_str())
         .bind(files.iter().map(|(k, _)| user_column(k).to_owned()).collect::<Vec<_>>())
         .bind(files.iter().map(|(k, _)| k.path.as_str().to_owned()).collect::<Vec<_>>())
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *self.tenant_connection([workspace.tenant.as_str()]).await?)
         .await?;
         if present == files.len() as i64 {
             return Ok(());
         }
         for (key, content) in &files {
-            let mut tx = self.pool.begin().await?;
+            let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
             lock(&mut tx, key).await?;
             if current(&mut tx, key).await?.is_none() {
                 let state = NewState {
@@ -226,7 +227,7 @@ impl Store {
             .bind(workspace.agent.as_str())
             .bind(workspace.user.as_ref().map(|u| u.as_str()))
             .bind(prefix)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.tenant_connection([workspace.tenant.as_str()]).await?)
             .await?)
     }
 
@@ -236,7 +237,7 @@ impl Store {
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
             .bind(workspace.user.as_ref().map(|u| u.as_str()))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.tenant_connection([workspace.tenant.as_str()]).await?)
             .await?)
     }
 
@@ -252,7 +253,7 @@ impl Store {
             .bind(workspace.agent.as_str())
             .bind(user.as_str())
             .bind(WorkspacePath::daily_note(since).as_str())
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.tenant_connection([workspace.tenant.as_str()]).await?)
             .await?;
         Ok(rows
             .into_iter()
@@ -262,13 +263,14 @@ impl Store {
 
     /// The live file, if there is one.
     pub async fn read_file(&self, key: &FileKey) -> Result<Option<WorkspaceFile>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.tenant_connection([key.tenant.as_str()]).await?;
         Ok(current(&mut conn, key).await?.filter(|c| !c.deleted).map(|c| c.file))
     }
 
     /// Replaces the file's content, creating it (disabled, unless it is a core file) if needed.
     pub async fn write_file(&self, key: &FileKey, content: &str, actor: &str) -> Result<Written, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.tenant_connection([key.tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         lock(&mut tx, key).await?;
         let written = match current(&mut tx, key).await? {
             Some(c) if !c.deleted => {
@@ -304,7 +306,8 @@ impl Store {
         max_bytes: usize,
         actor: &str,
     ) -> Result<Edited, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.tenant_connection([key.tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         lock(&mut tx, key).await?;
         let Some(c) = current(&mut tx, key).await?.filter(|c| !c.deleted) else { return Ok(Edited::NoSuchFile) };
         let count = c.file.content.matches(old).count();
@@ -338,7 +341,8 @@ impl Store {
         sort_order: Option<i32>,
         actor: &str,
     ) -> Result<Option<WorkspaceFile>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.tenant_connection([key.tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         lock(&mut tx, key).await?;
         let Some(c) = current(&mut tx, key).await?.filter(|c| !c.deleted) else { return Ok(None) };
         let state = NewState {
@@ -356,7 +360,8 @@ impl Store {
     /// Soft-deletes the file (its versions stay); the new version, or `None` when there is no
     /// such live file.
     pub async fn delete_file(&self, key: &FileKey, actor: &str) -> Result<Option<i32>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.tenant_connection([key.tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         lock(&mut tx, key).await?;
         let Some(c) = current(&mut tx, key).await?.filter(|c| !c.deleted) else { return Ok(None) };
         let state = NewState {

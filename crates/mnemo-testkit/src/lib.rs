@@ -39,12 +39,21 @@ pub fn admin_url() -> String {
         .expect("set MNEMO_DATABASE_URL (scripts/test.sh does) to run the database tests")
 }
 
+/// The API's role on the tests' server: not the tables' owner, so row-level security holds it.
+fn app_admin_url() -> String {
+    std::env::var("MNEMO_APP_DATABASE_URL")
+        .expect("set MNEMO_APP_DATABASE_URL (scripts/env.sh does) to run the database tests")
+}
+
 /// A database of its own, with the whole schema applied. It is left behind after the test, so a
 /// failure can be inspected; `scripts/test.sh` drops old ones before each run.
 #[derive(Debug)]
 pub struct TestDb {
     pub name: String,
+    /// As the tables' owner, as workers and the runbook connect.
     pub url: String,
+    /// As the API's role, as the API connects (granted on this database).
+    pub app_url: String,
     pub pool: PgPool,
 }
 
@@ -55,7 +64,10 @@ impl TestDb {
 
     async fn create() -> anyhow::Result<Self> {
         let db = create_database(&admin_url(), "mnemo_test", 20).await?;
-        Ok(Self { name: db.name, url: db.url, pool: db.pool })
+        let app_url = with_database(&app_admin_url(), &db.name);
+        let role: sqlx::postgres::PgConnectOptions = app_url.parse()?;
+        Store::new(db.pool.clone()).grant_app_role(role.get_username()).await?;
+        Ok(Self { name: db.name, url: db.url, app_url, pool: db.pool })
     }
 
     pub fn store(&self) -> Store {
@@ -202,7 +214,10 @@ impl TestApp {
         let settings = ServerSettings::from_env(&server_env(&db.url, extra_env(&db).as_ref())).expect("test settings");
         // The model loads on the first recall, so tests that never recall do not pay for it.
         let embedder = Arc::new(LazyEmbedder::new(settings.embed.clone()));
-        let state = AppState::new(db.store(), &settings, embedder).expect("test state");
+        // As the API's role, so that every request runs under row-level security.
+        let store = Store::connect(&db.app_url, 20).await.expect("connect as the API's role");
+        assert!(store.walled(), "the API's role must be held by row-level security");
+        let state = AppState::new(store, &settings, embedder).expect("test state");
         // Served as `mnemo-server` serves it, with its connection timeouts.
         let timeouts = mnemo_api::Timeouts::of(&settings);
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");

@@ -1,0 +1,111 @@
+//! The second tenant wall: row-level security holds the API's role, so a statement that forgot
+//! its tenant filter still sees one tenant's rows, and a connection nobody named a tenant on sees
+//! none.
+
+use mnemo_core::RecallClass;
+use mnemo_store::{CommonLexemes, SearchScope, Store};
+use mnemo_testkit::{TestApp, principal, token};
+use serde_json::json;
+
+/// Two tenants, each with a message in a session of the same name.
+async fn two_tenants() -> TestApp {
+    let app = TestApp::spawn().await;
+    for tenant in ["acme", "globex"] {
+        let token = token(&principal(tenant, None, None, Some("s1")));
+        let body = json!({ "source_kind": "chat_message", "source_ref": "m-1", "content": format!("zebra crossing at {tenant}") });
+        let reply = app.client.post("/v1/memories", Some(&token), &body).await;
+        assert_eq!(reply.status, 201, "{:?}", reply.body);
+    }
+    app
+}
+
+#[tokio::test]
+async fn a_search_without_its_tenant_filter_still_sees_only_its_tenant() {
+    let app = two_tenants().await;
+    let acme = principal("acme", None, None, Some("s1"));
+    let classes = [RecallClass::Session(acme.session.clone().expect("session"))];
+    let scope = SearchScope {
+        tenant: &acme.tenant,
+        classes: &classes,
+        kinds: &[],
+        include_superseded: false,
+        roles: &[],
+        user: None,
+    };
+    // Every tenant condition of the keyword statement, taken out.
+    let unfiltered = |sql: &str| {
+        let edited = sql.replace("m.tenant_id = $1", "true").replace("WHERE tenant_id = $1 AND", "WHERE");
+        assert!(!edited.contains("tenant_id"), "a tenant condition is left in:\n{edited}");
+        edited
+    };
+    let hits = |store: Store| {
+        let scope = scope.clone();
+        async move {
+            let search = store.search("none", 4).with_keyword_sql(unfiltered);
+            let ranked = search.keyword(&scope, "zebra", &CommonLexemes::default(), 10).await.expect("keyword");
+            ranked.values().map(Vec::len).sum::<usize>()
+        }
+    };
+
+    // As the owner, which row-level security does not hold, the edited statement crosses tenants:
+    // it is the statement the wall must catch.
+    assert_eq!(hits(app.db.store()).await, 2, "the edited statement should find both tenants' rows");
+    // As the API's role, the wall holds.
+    let api = Store::connect(&app.db.app_url, 2).await.expect("connect as the API's role");
+    assert!(api.walled());
+    assert_eq!(hits(api).await, 1, "row-level security let another tenant's row through");
+}
+
+#[tokio::test]
+async fn a_connection_named_for_no_tenant_sees_no_rows() {
+    let app = two_tenants().await;
+    // One connection, so the statement after the search runs on the connection the search used.
+    let api = Store::connect(&app.db.app_url, 1).await.expect("connect as the API's role");
+    let acme = principal("acme", None, None, Some("s1"));
+    let classes = [RecallClass::Session(acme.session.clone().expect("session"))];
+    let scope = SearchScope {
+        tenant: &acme.tenant,
+        classes: &classes,
+        kinds: &[],
+        include_superseded: false,
+        roles: &[],
+        user: None,
+    };
+    let found = api.search("none", 4).keyword(&scope, "zebra", &CommonLexemes::default(), 10).await.expect("keyword");
+    assert_eq!(found.values().map(Vec::len).sum::<usize>(), 1);
+
+    let count = |sql: &'static str| {
+        let pool = api.pool().clone();
+        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.expect("count") }
+    };
+    assert_eq!(count("SELECT count(*) FROM memory_items").await, 0, "the search's tenant outlived its checkout");
+    assert_eq!(count("SELECT count(*) FROM audit_log").await + count("SELECT count(*) FROM tool_outputs").await, 0);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items").await, 2, "the owner sees both");
+
+    // Writing another tenant's row on a connection named for acme is refused.
+    let mut conn = api.pool().acquire().await.expect("connection");
+    sqlx::query("SELECT set_config('mnemo.tenants', '{acme}', false)").execute(&mut *conn).await.expect("set");
+    let refused = sqlx::query("UPDATE memory_items SET importance = importance WHERE tenant_id = 'globex'")
+        .execute(&mut *conn)
+        .await
+        .expect("update");
+    assert_eq!(refused.rows_affected(), 0, "acme's connection updated globex's row");
+    let insert = sqlx::query("INSERT INTO tenant_config (tenant_id, settings) VALUES ('globex', '{}')")
+        .execute(&mut *conn)
+        .await;
+    let message = insert.expect_err("acme's connection wrote a row of globex").to_string();
+    assert!(message.contains("row-level security"), "{message}");
+}
+
+#[tokio::test]
+async fn the_api_role_is_refused_when_the_wall_would_not_hold_it() {
+    let app = TestApp::spawn().await;
+    let owner = app.db.store();
+    let role: sqlx::postgres::PgConnectOptions = app.db.url.parse().expect("url");
+    let refused = owner.grant_app_role(role.get_username()).await.expect_err("the owner was granted");
+    assert!(refused.to_string().contains("row-level security would not hold it"), "{refused}");
+    assert!(owner.grant_app_role("no such role").await.is_err());
+    // Granting again to the API's role changes nothing and succeeds.
+    let app_role: sqlx::postgres::PgConnectOptions = app.db.app_url.parse().expect("url");
+    owner.grant_app_role(app_role.get_username()).await.expect("granted again");
+}
