@@ -13,8 +13,8 @@ mod quality;
 mod recall_latency;
 mod recall_throughput;
 mod retention;
+mod setting_cost;
 mod tenants;
-mod trace_cost;
 mod workspace;
 mod writes;
 
@@ -62,7 +62,10 @@ enum Scenario {
     /// memory as they add up.
     Tenants(tenants::Args),
     /// What exporting traces costs: the real server under writes and recalls, traces off and on.
-    TraceCost(trace_cost::Args),
+    TraceCost(setting_cost::Args),
+    /// What row-level security costs: the real server under writes and recalls, connected as the
+    /// tables' owner (not held by it) and as the API's role (held by it).
+    WallCost(setting_cost::Args),
     /// Context windows: assembly latency by session size, and tokenizer throughput.
     Context(context::Args),
     /// Workspace memory: extraction and consolidation jobs/s against a model with a fixed delay,
@@ -149,7 +152,8 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Factconsolidation(args) => judge::fact_consolidation(args).await,
         Scenario::Retention(args) => retention::run(args).await,
         Scenario::Tenants(args) => tenants::run(args).await,
-        Scenario::TraceCost(args) => trace_cost::run(args).await,
+        Scenario::TraceCost(args) => setting_cost::run(args, setting_cost::Setting::Traces).await,
+        Scenario::WallCost(args) => setting_cost::run(args, setting_cost::Setting::Wall).await,
         Scenario::Context(args) => context::run(args).await,
         Scenario::Workspace(args) => workspace::run(args).await,
         Scenario::ScriptedChat { port } => {

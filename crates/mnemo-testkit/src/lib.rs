@@ -39,10 +39,16 @@ pub fn admin_url() -> String {
         .expect("set MNEMO_DATABASE_URL (scripts/test.sh does) to run the database tests")
 }
 
-/// The API's role on the tests' server: not the tables' owner, so row-level security holds it.
-fn app_admin_url() -> String {
-    std::env::var("MNEMO_APP_DATABASE_URL")
-        .expect("set MNEMO_APP_DATABASE_URL (scripts/env.sh does) to run the database tests")
+/// Grants the API's role (`MNEMO_APP_DATABASE_URL`'s user: not the tables' owner, so
+/// row-level security holds it) on the database `name`, which `owner` reaches; returns the URL
+/// that connects to it as that role.
+pub async fn grant_app_role(owner: &PgPool, name: &str) -> anyhow::Result<String> {
+    let app = std::env::var("MNEMO_APP_DATABASE_URL")
+        .context("set MNEMO_APP_DATABASE_URL (scripts/env.sh does) to run the database tests")?;
+    let app_url = with_database(&app, name);
+    let role: sqlx::postgres::PgConnectOptions = app_url.parse()?;
+    Store::new(owner.clone()).grant_app_role(role.get_username()).await?;
+    Ok(app_url)
 }
 
 /// A database of its own, with the whole schema applied. It is left behind after the test, so a
@@ -64,9 +70,7 @@ impl TestDb {
 
     async fn create() -> anyhow::Result<Self> {
         let db = create_database(&admin_url(), "mnemo_test", 20).await?;
-        let app_url = with_database(&app_admin_url(), &db.name);
-        let role: sqlx::postgres::PgConnectOptions = app_url.parse()?;
-        Store::new(db.pool.clone()).grant_app_role(role.get_username()).await?;
+        let app_url = grant_app_role(&db.pool, &db.name).await?;
         Ok(Self { name: db.name, url: db.url, app_url, pool: db.pool })
     }
 

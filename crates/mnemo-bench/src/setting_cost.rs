@@ -1,8 +1,11 @@
-//! What exporting traces costs the API: the real `mnemo-server` (the release binary beside this
-//! one) under the same write-and-recall load with traces off and with traces on (exported to the
-//! testkit's OTLP receiver in this process), alternating off, on, off, on. Each run writes into a
-//! tenant of its own, so every run recalls over a tenant as large as the others' were. Reports
-//! each run's rates and latencies and on/off ratios.
+//! What a setting of the API costs: the real `mnemo-server` (the release binary beside this one)
+//! under the same write-and-recall load with the setting off and on, alternating off, on, off,
+//! on. Each run writes into a tenant of its own, so every run recalls over a tenant as large as
+//! the others' were. Reports each run's rates and latencies and on/off ratios.
+//! - `trace-cost`: traces exported (to the testkit's OTLP receiver in this process) or not.
+//! - `wall-cost`: the server connected as the API's role, which row-level security holds, or as
+//!   the tables' owner, which it does not hold.
+//!
 //! Workers are not run: the rows' embed jobs wait, so recall is full text and the query's
 //! embedding.
 
@@ -35,10 +38,33 @@ pub struct Args {
     json: bool,
 }
 
+/// The setting a scenario turns on and off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    Traces,
+    Wall,
+}
+
+impl Setting {
+    fn scenario(self) -> &'static str {
+        match self {
+            Setting::Traces => "trace-cost",
+            Setting::Wall => "wall-cost",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Setting::Traces => "traces",
+            Setting::Wall => "row-level security",
+        }
+    }
+}
+
 /// One run's figures.
 #[derive(Debug)]
 struct Run {
-    traces: bool,
+    on: bool,
     writes_per_s: f64,
     recalls_per_s: f64,
     write_p50_ms: f64,
@@ -59,24 +85,37 @@ const QUESTIONS: &[&str] = &[
     "what is the support ticket about",
 ];
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(args: Args, setting: Setting) -> anyhow::Result<()> {
     anyhow::ensure!(args.clients > 0 && args.seconds > 0 && args.rounds > 0, "--clients, --seconds, --rounds > 0");
     let env = Env::from_process();
     let database = DatabaseSettings::from_env(&env)?;
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
     eprintln!("bench database: {}", db.name);
+    // The API's role (scripts/env.sh names it), granted on this database.
+    let app_url = match setting {
+        Setting::Wall => mnemo_testkit::grant_app_role(&db.pool, &db.name).await?,
+        Setting::Traces => db.url.clone(),
+    };
     let otlp = OtlpReceiver::start().await;
     let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let written = Arc::new(AtomicUsize::new(0));
     let mut runs = Vec::new();
     for round in 0..args.rounds {
-        for traces in [false, true] {
-            let tenant = format!("trace-cost-{}", runs.len());
-            let run = load(&args, &db.url, &secret, &tenant, &otlp, traces, &written).await?;
+        for on in [false, true] {
+            let tenant = format!("{}-{}", setting.scenario(), runs.len());
+            let mut env = vec![
+                (vars::DATABASE_URL, if on { app_url.clone() } else { db.url.clone() }),
+                (vars::OTEL_SDK_DISABLED, (!(on && setting == Setting::Traces)).to_string()),
+            ];
+            if on && setting == Setting::Traces {
+                env.push((vars::OTEL_ENDPOINT, otlp.endpoint.clone()));
+            }
+            let run = load(&args, env, &secret, &tenant, &otlp, on, &written).await?;
             eprintln!(
-                "round {} traces {}: {:.0} writes/s, {:.0} recalls/s",
+                "round {} {} {}: {:.0} writes/s, {:.0} recalls/s",
                 round + 1,
-                if traces { "on" } else { "off" },
+                setting.name(),
+                if on { "on" } else { "off" },
                 run.writes_per_s,
                 run.recalls_per_s
             );
@@ -90,26 +129,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let list: Vec<_> = runs
             .iter()
             .map(|r| {
-                json!({ "traces": r.traces, "writes_per_s": r.writes_per_s, "recalls_per_s": r.recalls_per_s,
+                json!({ "on": r.on, "writes_per_s": r.writes_per_s, "recalls_per_s": r.recalls_per_s,
                         "write_p50_ms": r.write_p50_ms, "write_p99_ms": r.write_p99_ms,
                         "recall_p50_ms": r.recall_p50_ms, "recall_p99_ms": r.recall_p99_ms, "spans": r.spans })
             })
             .collect();
         println!(
             "{}",
-            json!({ "scenario": "trace-cost", "clients": args.clients, "seconds": args.seconds, "runs": list,
+            json!({ "scenario": setting.scenario(), "clients": args.clients, "seconds": args.seconds, "runs": list,
                     "write_ratio_on_off": writes, "recall_ratio_on_off": recalls })
         );
         return Ok(());
     }
     println!(
-        "| run | traces | writes/s | write p50 / p99 ms | recalls/s | recall p50 / p99 ms | spans received |\n|---:|---|---:|---:|---:|---:|---:|"
+        "| run | {} | writes/s | write p50 / p99 ms | recalls/s | recall p50 / p99 ms | spans received |\n|---:|---|---:|---:|---:|---:|---:|",
+        setting.name()
     );
     for (i, r) in runs.iter().enumerate() {
         println!(
             "| {} | {} | {:.0} | {:.1} / {:.1} | {:.0} | {:.1} / {:.1} | {} |",
             i + 1,
-            if r.traces { "on" } else { "off" },
+            if r.on { "on" } else { "off" },
             r.writes_per_s,
             r.write_p50_ms,
             r.write_p99_ms,
@@ -122,33 +162,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let shown = |v: &[f64]| v.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(", ");
     let recalls = if args.writes_only { String::new() } else { format!(", recalls {}", shown(&recalls)) };
     println!(
-        "\n{} clients, {} s per run. Traces on / off, per round: writes {}{recalls}",
+        "\n{} clients, {} s per run. {} on / off, per round: writes {}{recalls}",
         args.clients,
         args.seconds,
+        setting.name(),
         shown(&writes),
     );
     Ok(())
 }
 
-/// One run: a fresh server, `args.clients` clients for `args.seconds`, then the server stopped.
+/// One run: a fresh server with `env` besides, `args.clients` clients for `args.seconds`, then
+/// the server stopped.
 async fn load(
     args: &Args,
-    url: &str,
+    mut env: Vec<(&str, String)>,
     secret: &str,
     tenant: &str,
     otlp: &OtlpReceiver,
-    traces: bool,
+    on: bool,
     written: &Arc<AtomicUsize>,
 ) -> anyhow::Result<Run> {
-    let mut env = vec![
-        (vars::DATABASE_URL, url.to_owned()),
-        (vars::JWT_SECRET, secret.to_owned()),
-        (vars::LOG, "warn".to_owned()),
-        (vars::OTEL_SDK_DISABLED, (!traces).to_string()),
-    ];
-    if traces {
-        env.push((vars::OTEL_ENDPOINT, otlp.endpoint.clone()));
-    }
+    env.extend([(vars::JWT_SECRET, secret.to_owned()), (vars::LOG, "warn".to_owned())]);
     let server = crate::start_server(&env).await?;
     let spans_before = otlp.spans().len();
     let base = server.client.base.clone();
@@ -194,7 +228,7 @@ async fn load(
     // Spans still buffered when the server was killed are lost; what arrived shows export worked.
     let ms = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1000.0 };
     Ok(Run {
-        traces,
+        on,
         writes_per_s: writes.len() as f64 / seconds,
         recalls_per_s: recalls.len() as f64 / seconds,
         write_p50_ms: ms(&writes, 0.5),
