@@ -1,6 +1,6 @@
 //! What a setting of the API costs: the real `mnemo-server` (the release binary beside this one)
-//! under the same write-and-recall load with the setting off and on, alternating off, on, off,
-//! on. Each run writes into a tenant of its own, so every run recalls over a tenant as large as
+//! under the same write-and-recall load with the setting off and on, alternating off, on, on,
+//! off. Each run writes into a tenant of its own, so every run recalls over a tenant as large as
 //! the others' were. Reports each run's rates and latencies and on/off ratios.
 //! - `trace-cost`: traces exported (to the testkit's OTLP receiver in this process) or not.
 //! - `wall-cost`: the server connected as the API's role, which row-level security holds, or as
@@ -28,7 +28,7 @@ pub struct Args {
     /// Clients at once; each writes a message, then recalls.
     #[arg(long, default_value_t = 16)]
     clients: usize,
-    /// Pairs of runs (off, then on).
+    /// Pairs of runs (off then on, then on then off, and so on).
     #[arg(long, default_value_t = 2)]
     rounds: usize,
     /// Writes only, no recalls: the write path's cost alone, at a higher rate.
@@ -101,7 +101,9 @@ pub async fn run(args: Args, setting: Setting) -> anyhow::Result<()> {
     let written = Arc::new(AtomicUsize::new(0));
     let mut runs = Vec::new();
     for round in 0..args.rounds {
-        for on in [false, true] {
+        // Off first in odd rounds, on first in even ones: the database grows run by run, and
+        // a later run is slower for that alone.
+        for on in if round % 2 == 0 { [false, true] } else { [true, false] } {
             let tenant = format!("{}-{}", setting.scenario(), runs.len());
             let mut env = vec![
                 (vars::DATABASE_URL, if on { app_url.clone() } else { db.url.clone() }),
@@ -123,7 +125,14 @@ pub async fn run(args: Args, setting: Setting) -> anyhow::Result<()> {
         }
     }
 
-    let ratio = |f: fn(&Run) -> f64| -> Vec<f64> { runs.chunks(2).map(|p| f(&p[1]) / f(&p[0]).max(1e-9)).collect() };
+    let ratio = |f: fn(&Run) -> f64| -> Vec<f64> {
+        runs.chunks(2)
+            .map(|p| {
+                let (on, off) = if p[0].on { (&p[0], &p[1]) } else { (&p[1], &p[0]) };
+                f(on) / f(off).max(1e-9)
+            })
+            .collect()
+    };
     let (writes, recalls) = (ratio(|r| r.writes_per_s), ratio(|r| r.recalls_per_s));
     if args.json {
         let list: Vec<_> = runs
