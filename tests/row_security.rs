@@ -59,26 +59,39 @@ async fn a_search_without_its_tenant_filter_still_sees_only_its_tenant() {
 #[tokio::test]
 async fn a_connection_named_for_no_tenant_sees_no_rows() {
     let app = two_tenants().await;
-    // One connection, so the statement after the search runs on the connection the search used.
+    // One connection to name tenants on, so that each search below takes the same one.
     let api = Store::connect(&app.db.app_url, 1).await.expect("connect as the API's role");
-    let acme = principal("acme", None, None, Some("s1"));
-    let classes = [RecallClass::Session(acme.session.clone().expect("session"))];
-    let scope = SearchScope {
-        tenant: &acme.tenant,
-        classes: &classes,
-        kinds: &[],
-        include_superseded: false,
-        roles: &[],
-        user: None,
-    };
-    let found = api.search("none", 4).keyword(&scope, "zebra", &CommonLexemes::default(), 10).await.expect("keyword");
-    assert_eq!(found.values().map(Vec::len).sum::<usize>(), 1);
+    let session = principal("acme", None, None, Some("s1")).session.expect("session");
+    let classes = [RecallClass::Session(session)];
+    let mut found = Vec::new();
+    for tenant in ["acme", "globex", "acme"] {
+        let tenant = mnemo_core::TenantId::parse(tenant).expect("tenant");
+        let scope = SearchScope {
+            tenant: &tenant,
+            classes: &classes,
+            kinds: &[],
+            include_superseded: false,
+            roles: &[],
+            user: None,
+        };
+        // Every tenant condition out, as in the test above: the named tenant alone decides.
+        let search = api.search("none", 4).with_keyword_sql(|sql| {
+            sql.replace("m.tenant_id = $1", "true").replace("WHERE tenant_id = $1 AND", "WHERE")
+        });
+        let ranked = search.keyword(&scope, "zebra", &CommonLexemes::default(), 10).await.expect("keyword");
+        let ids: Vec<_> = ranked.into_values().flatten().collect();
+        assert_eq!(ids.len(), 1, "{tenant}'s search saw {ids:?}");
+        found.push(ids[0]);
+    }
+    assert_ne!(found[0], found[1], "the second search kept the first one's tenant");
+    assert_eq!(found[0], found[2]);
 
+    // The store's other connections, where no tenant is ever named, see no tenant's rows.
     let count = |sql: &'static str| {
         let pool = api.pool().clone();
         async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.expect("count") }
     };
-    assert_eq!(count("SELECT count(*) FROM memory_items").await, 0, "the search's tenant outlived its checkout");
+    assert_eq!(count("SELECT count(*) FROM memory_items").await, 0, "rows seen where no tenant was named");
     assert_eq!(count("SELECT count(*) FROM audit_log").await + count("SELECT count(*) FROM tool_outputs").await, 0);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items").await, 2, "the owner sees both");
 

@@ -31,6 +31,10 @@ pub struct Args {
     /// Also write through `POST /v1/memories/batch`, this many rows per request (0: not).
     #[arg(long, default_value_t = 0)]
     batch: usize,
+    /// The API's store connects as the API's role, which row-level security holds
+    /// (`MNEMO_APP_DATABASE_URL`'s user), rather than as the tables' owner.
+    #[arg(long)]
+    as_app_role: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -157,7 +161,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let max_concurrency = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
     eprintln!("bench database: {}", db.name);
-    let url = db.url;
+    let url = db.url.clone();
 
     // The plain-INSERT baseline: same server, same connection kind, one commit per row.
     let plain = PlainInserts::create(&url, max_concurrency as u32).await?;
@@ -167,7 +171,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // The server's other settings (MNEMO_WRITE_COMMITTERS, …) come from this process's environment.
     let server_env = env.clone().with(vars::DATABASE_URL, url.as_str()).with(vars::JWT_SECRET, secret.as_str());
     let settings = ServerSettings::from_env(&server_env)?;
-    let store = Store::connect(&url, max_concurrency as u32 + 4).await?;
+    let api_url = if args.as_app_role { mnemo_testkit::grant_app_role(&db.pool, &db.name).await? } else { url.clone() };
+    let store = Store::connect(&api_url, max_concurrency as u32 + 4).await?;
+    eprintln!("the API's store: {}", if store.walled() { "held by row-level security" } else { "the tables' owner" });
     let direct = store.clone();
     let embedder = mnemo_models::embedder(&settings.embed)?;
     let state = AppState::new(store, &settings, embedder).map_err(anyhow::Error::msg)?;

@@ -55,36 +55,50 @@ pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};
 pub use sqlx::PgPool;
 pub use workspace::{DEFAULT_SORT_ORDER, Edited, FileMeta, FileVersion, Replacement, WorkspaceFile, Written};
 
-/// The database behind mnemo. Cheap to clone: it is a handle to a connection pool.
+/// The database behind mnemo. Cheap to clone: it is a handle to connection pools.
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
-    /// Whether row-level security holds this pool's role (it is not the tables' owner, a
-    /// superuser, or BYPASSRLS), so that a connection used for a tenant must name it.
-    walled: bool,
+    /// For a role row-level security holds (not the tables' owner, a superuser or BYPASSRLS):
+    /// the connections [`Store::tenant_connection`] names tenants on. Nothing else takes them,
+    /// so no tenant is ever named on `pool`, and a statement there sees no tenant's rows.
+    named: Option<PgPool>,
 }
 
 /// The session setting row-level security reads (migration 029): a text[] literal.
 const TENANTS_SETTING: &str = "mnemo.tenants";
 
 impl Store {
-    /// A store on `pool`, which names the tenants on every connection it uses for one.
+    /// A store on `pool`, whose role row-level security must not hold (the tables' owner, as in
+    /// tests and benchmarks): it names no tenant on its connections.
     pub fn new(pool: PgPool) -> Self {
-        Self { pool, walled: true }
+        Self { pool, named: None }
     }
 
-    /// Opens a pool. Connecting is lazy past the first connection, which is made here so that a
-    /// wrong URL or password fails at start-up rather than on the first request, and which asks
-    /// whether row-level security holds the role.
+    /// Opens a pool of at most `max_connections`. Connecting is lazy past the first connection,
+    /// which is made here so that a wrong URL or password fails at start-up rather than on the
+    /// first request, and which asks whether row-level security holds the role. If it does, the
+    /// pool is the one tenants are named on, and a quarter as many (at least 2) serve what names
+    /// none (job pushes, WAL positions, catalog reads).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Config)?;
         let options = options.application_name("mnemo");
         let mut first = sqlx::ConnectOptions::connect(&options).await?;
         let walled = !role_bypasses_wall(&mut first).await?;
         sqlx::Connection::close(first).await?;
-        let pool =
-            pool_options(max_connections, walled).acquire_timeout(Duration::from_secs(5)).connect_lazy_with(options);
-        Ok(Self { pool, walled })
+        Ok(Self::lazy(&options, max_connections, walled, Duration::from_secs(5)))
+    }
+
+    /// Pools that connect when first used, named ones if `walled`.
+    pub(crate) fn lazy(options: &PgConnectOptions, max: u32, walled: bool, acquire_timeout: Duration) -> Self {
+        let pool = |max| PgPoolOptions::new().max_connections(max).acquire_timeout(acquire_timeout);
+        if !walled {
+            return Self { pool: pool(max).connect_lazy_with(options.clone()), named: None };
+        }
+        Self {
+            pool: pool(max.div_ceil(4).max(2)).connect_lazy_with(options.clone()),
+            named: Some(pool(max).connect_lazy_with(options.clone())),
+        }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -94,7 +108,7 @@ impl Store {
     /// Whether row-level security holds this store's role: false for the owner's role that
     /// workers and the runbook use, true for the API's (ARCHITECTURE.md, "Two roles").
     pub fn walled(&self) -> bool {
-        self.walled
+        self.named.is_some()
     }
 
     /// Whether the database answers at all.
@@ -104,42 +118,25 @@ impl Store {
     }
 
     /// A connection whose statements see and write the rows of `tenants` only, under row-level
-    /// security: the second wall, behind each statement's own tenant filter. The setting lasts
-    /// until the connection goes back to the pool, which resets it (see [`pool_options`]), so
-    /// it covers a transaction begun on the connection as well as statements outside one.
+    /// security: the second wall, behind each statement's own tenant filter. The tenants are
+    /// named on the connection, before any statement or transaction on it; the next checkout
+    /// of the same connection names its own, as every checkout of these connections does.
     pub(crate) async fn tenant_connection<'a>(
         &self,
         tenants: impl IntoIterator<Item = &'a str>,
     ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        if self.walled {
-            let mut tenants: Vec<&str> = tenants.into_iter().collect();
-            tenants.sort_unstable();
-            tenants.dedup();
-            sqlx::query("SELECT set_config($1, $2::text[]::text, false)")
-                .bind(TENANTS_SETTING)
-                .bind(tenants)
-                .execute(&mut *conn)
-                .await?;
-        }
+        let Some(named) = &self.named else { return Ok(self.pool.acquire().await?) };
+        let mut conn = named.acquire().await?;
+        let mut tenants: Vec<&str> = tenants.into_iter().collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        sqlx::query("SELECT set_config($1, $2::text[]::text, false)")
+            .bind(TENANTS_SETTING)
+            .bind(tenants)
+            .execute(&mut *conn)
+            .await?;
         Ok(conn)
     }
-}
-
-/// Pool options for a role that row-level security holds (`walled`): the tenants a checkout
-/// named are forgotten when the connection comes back, before anyone else can take it, so a
-/// statement on a connection nobody named a tenant on sees no tenant's rows.
-pub(crate) fn pool_options(max_connections: u32, walled: bool) -> PgPoolOptions {
-    let options = PgPoolOptions::new().max_connections(max_connections);
-    if !walled {
-        return options;
-    }
-    options.after_release(|conn, _| {
-        Box::pin(async move {
-            sqlx::Executor::execute(conn, "RESET mnemo.tenants").await?;
-            Ok(true)
-        })
-    })
 }
 
 /// Whether the connection's role is not held by row-level security on mnemo's tables: a

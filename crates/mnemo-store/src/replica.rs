@@ -58,11 +58,11 @@ impl Reads {
     /// that does not parse does.
     pub fn with_replica(self, url: &str, max_connections: u32, wait: Duration) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Config)?;
-        // Connecting is lazy, so whether the role is walled is not known: assume it is.
-        let pool = crate::pool_options(max_connections, true)
-            .acquire_timeout(REPLICA_ACQUIRE_TIMEOUT)
-            .connect_lazy_with(options.application_name("mnemo-read"));
-        let replica = Replica { store: Store::new(pool), wait, skip_until: Mutex::new(None) };
+        // Connecting is lazy, so whether row-level security holds the role is not known:
+        // assume it does (naming tenants costs the owner nothing but a statement).
+        let store =
+            Store::lazy(&options.application_name("mnemo-read"), max_connections, true, REPLICA_ACQUIRE_TIMEOUT);
+        let replica = Replica { store, wait, skip_until: Mutex::new(None) };
         Ok(Self { replica: Some(Arc::new(replica)), ..self })
     }
 

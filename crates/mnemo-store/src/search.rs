@@ -233,7 +233,7 @@ impl Store {
     /// full-text matching is not marked leakproof in this database (scripts/setup-postgres.sh
     /// marks it): the planner must then check each row's tenant before matching it.
     pub async fn wall_hides_keyword_index(&self) -> Result<bool, StoreError> {
-        if !self.walled {
+        if !self.walled() {
             return Ok(false);
         }
         let leakproof: bool = sqlx::query_scalar(
