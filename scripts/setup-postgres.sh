@@ -93,9 +93,10 @@ done
 if [ "$(psql_admin -d postgres -tA -c "SELECT count(*) FROM pg_database WHERE datname = '$MNEMO_PG_DB'")" = 0 ]; then
   psql_admin -d postgres -c "CREATE DATABASE \"$MNEMO_PG_DB\" OWNER \"$MNEMO_PG_USER\""
 fi
-# Full-text matching marked leakproof (it has no side effects and raises no error that depends
-# on a row), so that row-level security lets keyword search use its index: otherwise the
-# planner must check each row's tenant before matching, and scans the tenant's rows.
+# Full-text matching marked leakproof (it has no side effects, and a row's content changes only
+# its answer), so that row-level security lets keyword search use its index: otherwise the
+# planner must check each row's tenant before matching, and scans the tenant's rows. Needs a
+# superuser, as here; ARCHITECTURE.md, "Two roles".
 for db in template1 "$MNEMO_PG_DB"; do
   psql_admin -d "$db" -c 'ALTER FUNCTION pg_catalog.ts_match_vq(tsvector, tsquery) LEAKPROOF'
 done
