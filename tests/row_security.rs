@@ -122,3 +122,12 @@ async fn the_api_role_is_refused_when_the_wall_would_not_hold_it() {
     let app_role: sqlx::postgres::PgConnectOptions = app.db.app_url.parse().expect("url");
     owner.grant_app_role(app_role.get_username()).await.expect("granted again");
 }
+
+#[tokio::test]
+async fn a_worker_refuses_the_api_role() {
+    let db = mnemo_testkit::TestDb::new().await;
+    // Its batches and housekeeping cross tenants, which the wall would hide from it.
+    let refused = mnemo_testkit::WorkerProcess::start::<&str>(&db.app_url, &[]).await;
+    let message = refused.expect_err("a worker ran as the API's role").to_string();
+    assert!(message.contains("exited"), "{message}");
+}

@@ -206,6 +206,14 @@ pub async fn run_worker(
     if !schema.is_current() {
         return Err(JobError::Setup("the database schema is not current: run `mnemo-runbook migrate` first".into()));
     }
+    // Batches and housekeeping cross tenants: row-level security would hide their rows.
+    if store.walled() {
+        return Err(JobError::Setup(
+            "MNEMO_DATABASE_URL's role is held by row-level security: workers connect as the tables' owner \
+             (ARCHITECTURE.md, \"Two roles\")"
+                .into(),
+        ));
+    }
     let name = worker_name();
     tracing::info!(
         worker = %name,
