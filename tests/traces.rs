@@ -165,3 +165,64 @@ async fn a_fact_its_embedding_its_judgement_and_a_recall_are_traced_end_to_end()
         }
     }
 }
+
+#[tokio::test]
+async fn a_batch_for_many_requests_is_in_its_first_callers_trace_and_links_to_the_others() {
+    let db = TestDb::new().await;
+    let otlp = OtlpReceiver::start().await;
+    let env = [
+        (vars::OTEL_ENDPOINT, otlp.endpoint.clone()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+        (vars::LOG, "warn".to_owned()),
+    ];
+    let server = ServerProcess::start_with(&db.app_url, free_port(), &env).await.expect("server");
+    let who = token(&principal("acme", None, None, Some("s1")));
+    // Enough writes at once that the group commit takes several of them in one batch.
+    let traces: Vec<String> = (0..32).map(|i| format!("{:032x}", 0xabc000 + i)).collect();
+    let mut writes = tokio::task::JoinSet::new();
+    for (i, trace) in traces.iter().enumerate() {
+        let request = reqwest::Client::new()
+            .post(format!("{}/v1/memories", server.client.base))
+            .bearer_auth(&who)
+            .header("traceparent", format!("00-{trace}-{CALLER_SPAN}-01"))
+            .json(&json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "content": format!("note {i}") }));
+        writes.spawn(async move { request.send().await.expect("request").status().as_u16() });
+    }
+    while let Some(status) = writes.join_next().await {
+        assert_eq!(status.expect("task"), 201);
+    }
+
+    let request_spans: HashMap<String, String> = {
+        let mut found = HashMap::new();
+        wait_until(Duration::from_secs(30), || {
+            found = traces
+                .iter()
+                .filter_map(|t| {
+                    otlp.trace(t).into_iter().find(|s| s.name == "POST /v1/memories").map(|s| (t.clone(), s.span_id))
+                })
+                .collect();
+            std::future::ready(found.len() == traces.len())
+        })
+        .await;
+        found
+    };
+    assert_eq!(request_spans.len(), traces.len(), "a request span never arrived");
+    let batches: Vec<ReceivedSpan> = otlp.spans().into_iter().filter(|s| s.name == "group commit").collect();
+    // Each request is in exactly one batch: as the trace the batch is in, or as one of its links.
+    let mut covered: Vec<&str> = Vec::new();
+    for batch in &batches {
+        assert!(request_spans.contains_key(&batch.trace_id), "a batch outside the requests' traces");
+        assert_eq!(batch.parent_span_id, request_spans[&batch.trace_id], "a batch's parent is its first caller");
+        covered.push(&batch.trace_id);
+        for (trace, span) in &batch.links {
+            assert_eq!(request_spans.get(trace), Some(span), "a link to something but another caller's request");
+            assert_ne!(trace, &batch.trace_id, "a batch links to its own trace");
+            covered.push(trace);
+        }
+    }
+    covered.sort_unstable();
+    let mut expected: Vec<&str> = traces.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(covered, expected, "every request in one batch, once");
+    assert!(batches.iter().any(|b| !b.links.is_empty()), "no batch held two requests: {} batches", batches.len());
+}
