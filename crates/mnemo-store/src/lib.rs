@@ -84,7 +84,7 @@ impl Store {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Config)?;
         let options = options.application_name("mnemo");
         let mut first = sqlx::ConnectOptions::connect(&options).await?;
-        let walled = !role_bypasses_wall(&mut first).await?;
+        let walled = !role_bypasses_wall(&mut first, None).await?.unwrap_or(false);
         sqlx::Connection::close(first).await?;
         Ok(Self::lazy(&options, max_connections, walled, Duration::from_secs(5)))
     }
@@ -139,16 +139,21 @@ impl Store {
     }
 }
 
-/// Whether the connection's role is not held by row-level security on mnemo's tables: a
-/// superuser, a BYPASSRLS role, or (the policies not being forced) a member of the owner's role.
-/// Before the first migration nobody owns them yet, and the answer is no.
-async fn role_bypasses_wall(conn: &mut sqlx::PgConnection) -> Result<bool, StoreError> {
+/// Whether `role` (the connection's own when `None`) is not held by row-level security on
+/// mnemo's tables: a superuser, a BYPASSRLS role, or (the policies not being forced) a member of
+/// the owner's role. Before the first migration nobody owns them yet, and the answer is no.
+/// `None` when there is no such role.
+pub(crate) async fn role_bypasses_wall(
+    conn: &mut sqlx::PgConnection,
+    role: Option<&str>,
+) -> Result<Option<bool>, StoreError> {
     Ok(sqlx::query_scalar(
         "SELECT r.rolsuper OR r.rolbypassrls
-                OR coalesce((SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c
+                OR coalesce((SELECT pg_has_role(r.oid, c.relowner, 'USAGE') FROM pg_class c
                              WHERE c.oid = to_regclass('memory_items')), false)
-         FROM pg_roles r WHERE r.rolname = current_user",
+         FROM pg_roles r WHERE r.rolname = coalesce($1, current_user)",
     )
-    .fetch_one(conn)
+    .bind(role)
+    .fetch_optional(conn)
     .await?)
 }

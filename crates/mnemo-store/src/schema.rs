@@ -74,14 +74,7 @@ impl crate::Store {
         if !plain {
             return Err(refuse(format!("role {role:?} is not a plain lower-case identifier")));
         }
-        let bypasses: Option<bool> = sqlx::query_scalar(
-            "SELECT r.rolsuper OR r.rolbypassrls
-                    OR pg_has_role(r.oid, (SELECT relowner FROM pg_class WHERE oid = 'memory_items'::regclass), 'USAGE')
-             FROM pg_roles r WHERE r.rolname = $1",
-        )
-        .bind(role)
-        .fetch_optional(self.pool())
-        .await?;
+        let bypasses = crate::role_bypasses_wall(&mut *self.pool().acquire().await?, Some(role)).await?;
         match bypasses {
             None => return Err(refuse(format!("role {role:?} does not exist"))),
             Some(true) => {

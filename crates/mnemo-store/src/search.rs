@@ -415,10 +415,11 @@ impl Search {
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn vector(&self, scope: &SearchScope<'_>, vector: &[f32], per_class: i64) -> Result<Ranked, StoreError> {
         let vector = Vector::from(vector.to_vec());
+        let mut conn = self.store.tenant_connection([scope.tenant.as_str()]).await?;
         let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.vector_sql))), scope)
             .bind(per_class)
             .bind(&vector)
-            .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
+            .fetch_all(&mut *conn)
             .await?;
         let mut ranked = rank(rows);
         // A tenant whose rows are a sliver of the index can come back short even with iterative
@@ -428,7 +429,7 @@ impl Search {
             let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.exact_tenant_sql))), scope)
                 .bind(per_class)
                 .bind(&vector)
-                .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
+                .fetch_all(&mut *conn)
                 .await?;
             ranked.extend(rank(rows));
         }

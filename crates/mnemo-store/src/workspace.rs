@@ -186,6 +186,7 @@ impl Store {
             .iter()
             .filter_map(|(path, content)| Some((workspace.file(path.clone()).ok()?, content)))
             .collect();
+        let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
         // The usual case, every core file there already (or deleted on purpose): one read.
         let present: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM workspace_files f
@@ -196,13 +197,12 @@ impl Store {
         .bind(workspace.agent.as_str())
         .bind(files.iter().map(|(k, _)| user_column(k).to_owned()).collect::<Vec<_>>())
         .bind(files.iter().map(|(k, _)| k.path.as_str().to_owned()).collect::<Vec<_>>())
-        .fetch_one(&mut *self.tenant_connection([workspace.tenant.as_str()]).await?)
+        .fetch_one(&mut *conn)
         .await?;
         if present == files.len() as i64 {
             return Ok(());
         }
         for (key, content) in &files {
-            let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
             let mut tx = sqlx::Connection::begin(&mut *conn).await?;
             lock(&mut tx, key).await?;
             if current(&mut tx, key).await?.is_none() {
