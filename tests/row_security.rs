@@ -124,10 +124,99 @@ async fn the_api_role_is_refused_when_the_wall_would_not_hold_it() {
 }
 
 #[tokio::test]
-async fn a_worker_refuses_the_api_role() {
+async fn workers_and_the_runbook_refuse_the_api_role() {
     let db = mnemo_testkit::TestDb::new().await;
-    // Its batches and housekeeping cross tenants, which the wall would hide from it.
+    // Their batches, housekeeping and operator commands cross tenants, which the wall would
+    // hide from them: an empty answer would look like an empty database.
     let refused = mnemo_testkit::WorkerProcess::start::<&str>(&db.app_url, &[]).await;
     let message = refused.expect_err("a worker ran as the API's role").to_string();
     assert!(message.contains("exited"), "{message}");
+    for args in [&["status"][..], &["audit", "--tenant", "acme"]] {
+        let output = std::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+            .args(args)
+            .env_clear()
+            .env(mnemo_config::vars::DATABASE_URL, &db.app_url)
+            .output()
+            .expect("runbook runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} ran as the API's role");
+        assert!(stderr.contains("held by row-level security"), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn every_table_with_a_tenant_is_walled() {
+    let db = mnemo_testkit::TestDb::new().await;
+    // A table a later migration adds with a tenant_id column, but without the policy, would be
+    // open to a statement that forgets its tenant filter.
+    let tables: Vec<(String, bool, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT c.relname::text, c.relrowsecurity, p.qual, p.with_check
+         FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped
+         LEFT JOIN pg_policies p ON p.schemaname = n.nspname AND p.tablename = c.relname
+                                AND p.policyname = 'tenant_wall'
+         WHERE c.relkind IN ('r', 'p')
+         ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("catalog");
+    assert!(tables.len() >= 16, "{tables:?}");
+    for (table, row_security, using, check) in tables {
+        assert!(row_security, "{table}: row-level security is not enabled");
+        let using = using.unwrap_or_else(|| panic!("{table} has no tenant_wall policy"));
+        assert!(using.contains("tenant_id") && using.contains("mnemo_tenants()"), "{table}: USING {using}");
+        assert_eq!(check.as_deref(), Some(using.as_str()), "{table}: WITH CHECK differs from USING");
+    }
+}
+
+/// A chat message of `tenant`'s session s1.
+fn message(tenant: &str, source_ref: &str) -> mnemo_core::NewMemory {
+    mnemo_core::NewMemory::chat_message(
+        &principal(tenant, None, None, Some("s1")),
+        mnemo_core::SourceRef::parse(source_ref).expect("ref"),
+        mnemo_core::MemoryText::parse(&format!("a message of {tenant}")).expect("text"),
+        None,
+        mnemo_core::Extras::default(),
+    )
+    .expect("row")
+}
+
+#[tokio::test]
+async fn a_committer_keeping_its_connection_names_each_batch_s_tenants() {
+    let db = mnemo_testkit::TestDb::new().await;
+    let api = Store::connect(&db.app_url, 2).await.expect("connect as the API's role");
+    let commits = mnemo_store::GroupCommit::start(api, 1, 64);
+
+    // One committer, so each write below reuses the connection the one before it named.
+    for (n, tenant) in ["acme", "globex", "acme", "globex"].into_iter().enumerate() {
+        let written = commits.remember(message(tenant, &format!("m-{n}"))).await;
+        assert!(written.as_ref().is_ok_and(|w| w.was_new), "{tenant}'s write on the kept connection: {written:?}");
+    }
+    // A batch of both tenants, and one of acme alone after it.
+    let mut both = tokio::task::JoinSet::new();
+    for n in 0..8 {
+        let commits = commits.clone();
+        both.spawn(async move { commits.remember(message(["acme", "globex"][n % 2], &format!("b-{n}"))).await });
+    }
+    for written in both.join_all().await {
+        assert!(written.is_ok(), "a write in a batch of two tenants failed: {written:?}");
+    }
+    assert!(commits.remember(message("acme", "m-last")).await.is_ok());
+
+    // The database drops the kept connection (as a restart would): the next write still lands.
+    // (A role may end its own backends; the owner may not end the API role's.)
+    let mut own = <sqlx::PgConnection as sqlx::Connection>::connect(&db.app_url).await.expect("connect");
+    let dropped: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = current_database() AND usename = current_user AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&mut own)
+    .await
+    .expect("terminate");
+    assert!(dropped >= 1, "the committer's connection was not found");
+    let written = commits.remember(message("globex", "after-drop")).await;
+    assert!(written.is_ok(), "the first write after the connection dropped: {written:?}");
+    assert_eq!(db.count("SELECT count(*) FROM memory_items").await, 14);
 }

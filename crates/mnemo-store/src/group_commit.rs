@@ -11,7 +11,7 @@ use mnemo_core::NewMemory;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tracing::{Instrument, Span};
 
-use crate::{Remembered, Store, StoreError};
+use crate::{HeldConnection, Remembered, Store, StoreError};
 
 type Reply = oneshot::Sender<Result<Remembered, StoreError>>;
 
@@ -115,6 +115,9 @@ async fn commit_loop(
     totals: Arc<Totals>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
+    // The committer's own connection: a batch on it makes one round trip where one taken from
+    // the pool would make three (the pool's liveness ping, naming the tenants, the statement).
+    let mut held = HeldConnection::default();
     loop {
         {
             let mut receiver = receiver.lock().await;
@@ -132,7 +135,14 @@ async fn commit_loop(
             callers.push(caller);
         }
         metrics::histogram!("mnemo_write_batch_rows").record(rows.len() as f64);
-        let written = store.remember_many(&rows).instrument(span).await;
+        let reused = held.is_held();
+        let mut written = store.remember_many_on(&mut held, &rows).instrument(span.clone()).await;
+        // A kept connection the database dropped (a restart) fails at once, where the pool
+        // would have pinged it and connected again: the batch is written once more on a fresh
+        // one, which source_refs make safe.
+        if reused && written.as_ref().is_err_and(StoreError::is_unavailable) {
+            written = store.remember_many_on(&mut held, &rows).instrument(span).await;
+        }
         totals.transactions.fetch_add(1, Ordering::Relaxed);
         totals.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
         totals.queued_micros.fetch_add(queued.as_micros() as u64, Ordering::Relaxed);

@@ -130,13 +130,69 @@ impl Store {
         let mut tenants: Vec<&str> = tenants.into_iter().collect();
         tenants.sort_unstable();
         tenants.dedup();
-        sqlx::query("SELECT set_config($1, $2::text[]::text, false)")
-            .bind(TENANTS_SETTING)
-            .bind(tenants)
-            .execute(&mut *conn)
-            .await?;
+        name_tenants(&mut conn, &tenants).await?;
         Ok(conn)
     }
+
+    /// [`Store::tenant_connection`] for a task that keeps its connection between uses (a group
+    /// committer): the first use takes it from the pool, later ones skip the pool's liveness ping,
+    /// and the tenants are named again only when they differ from the last use's. Naming is
+    /// always exactly `tenants`, never a superset.
+    pub(crate) async fn held_connection<'h, 'a>(
+        &self,
+        held: &'h mut HeldConnection,
+        tenants: impl IntoIterator<Item = &'a str>,
+    ) -> Result<&'h mut sqlx::PgConnection, StoreError> {
+        let mut tenants: Vec<&str> = tenants.into_iter().collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        let conn = match held.conn.take() {
+            Some(conn) => conn,
+            None => {
+                held.named.clear();
+                self.named.as_ref().unwrap_or(&self.pool).acquire().await?
+            }
+        };
+        let conn = held.conn.insert(conn);
+        if self.named.is_some() && held.named != tenants {
+            held.named.clear();
+            name_tenants(conn, &tenants).await?;
+            held.named = tenants.into_iter().map(str::to_owned).collect();
+        }
+        Ok(conn)
+    }
+}
+
+/// A connection kept by one task between uses, with the tenants last named on it
+/// ([`Store::held_connection`]). Dropping it, or [`HeldConnection::release`], returns it to the pool.
+#[derive(Debug, Default)]
+pub(crate) struct HeldConnection {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    named: Vec<String>,
+}
+
+impl HeldConnection {
+    /// Gives the connection back, as after an error that may have left it broken or mid-way.
+    pub(crate) fn release(&mut self) {
+        self.conn = None;
+        self.named.clear();
+    }
+
+    /// Whether the next use reuses a connection an earlier use took (and the pool did not ping).
+    pub(crate) fn is_held(&self) -> bool {
+        self.conn.is_some()
+    }
+}
+
+/// Names `tenants` (sorted, without repeats) on `conn` for row-level security, replacing what
+/// was named before.
+async fn name_tenants(conn: &mut sqlx::PgConnection, tenants: &[&str]) -> Result<(), StoreError> {
+    sqlx::query("SELECT set_config($1, $2::text[]::text, false)")
+        .bind(TENANTS_SETTING)
+        .bind(tenants)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Whether `role` (the connection's own when `None`) is not held by row-level security on

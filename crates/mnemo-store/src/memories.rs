@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use crate::judge::push_judge_jobs;
 use crate::queue::{EmbedJob, JobArgs};
-use crate::{Store, StoreError};
+use crate::{HeldConnection, Store, StoreError};
 
 /// The row a write landed on, and whether this write created it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,9 +147,25 @@ impl Store {
     /// outer error means nothing was written; an inner one concerns that row alone.
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn remember_many(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
+        self.remember_many_on(&mut HeldConnection::default(), batch).await
+    }
+
+    /// [`Store::remember_many`] on a connection the caller keeps between batches (a group
+    /// committer's). After an error the connection is given back, since the error may have
+    /// left it broken or mid-transaction.
+    pub(crate) async fn remember_many_on(
+        &self,
+        held: &mut HeldConnection,
+        batch: &[NewMemory],
+    ) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
         let mut rounds = Rounds::new(batch);
         while let Some((pending, rows)) = rounds.next() {
-            let results = self.insert_round(&rows).await?;
+            let conn = self.held_connection(held, rows.iter().map(|m| m.tenant.as_str())).await;
+            let results = match conn {
+                Ok(conn) => insert_round(conn, &rows).await,
+                Err(e) => Err(e),
+            };
+            let results = results.inspect_err(|_| held.release())?;
             rounds.fill(pending, results);
         }
         Ok(rounds
@@ -187,33 +203,6 @@ impl Store {
                 _ => Err(StoreError::RolledBack),
             })
             .collect())
-    }
-
-    /// One round of [`Store::remember_many`]. Rows that are a row each (no relations, sightings
-    /// or full tool output) are written by one statement, atomic on its own, so without BEGIN
-    /// and COMMIT: two round trips fewer per group commit, the most of a transaction's time
-    /// under load (docs/benchmarks.md, "Where a write's time goes").
-    async fn insert_round(
-        &self,
-        rows: &[&NewMemory],
-    ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
-        let single = |m: &&NewMemory| m.typed.relations.is_empty() && m.seen_in.is_none() && m.tool_output.is_none();
-        let mut conn = self.tenant_connection(rows.iter().map(|m| m.tenant.as_str())).await?;
-        if !rows.is_empty() && rows.iter().all(single) {
-            let (ids, inserted) = insert_items(&mut conn, rows).await?;
-            if inserted.len() == rows.len() {
-                return settle(&mut conn, rows, &ids, &inserted).await;
-            }
-            // Keys that were taken may revive facts: that is several statements.
-            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            let results = settle(&mut tx, rows, &ids, &inserted).await?;
-            tx.commit().await?;
-            return Ok(results);
-        }
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let results = insert_in(&mut tx, rows).await?;
-        tx.commit().await?;
-        Ok(results)
     }
 
     /// The full payload behind a `tout_…` key, while its row is live, to a caller who may read
@@ -271,6 +260,32 @@ impl<'a> Rounds<'a> {
             self.results[i] = result;
         }
     }
+}
+
+/// One round of [`Store::remember_many`] on `conn`, whose tenants are named. Rows that are a row
+/// each (no relations, sightings or full tool output) are written by one statement, atomic on
+/// its own, so without BEGIN and COMMIT: two round trips fewer per group commit, the most of a
+/// transaction's time under load (docs/benchmarks.md, "Where a write's time goes").
+async fn insert_round(
+    conn: &mut PgConnection,
+    rows: &[&NewMemory],
+) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+    let single = |m: &&NewMemory| m.typed.relations.is_empty() && m.seen_in.is_none() && m.tool_output.is_none();
+    if !rows.is_empty() && rows.iter().all(single) {
+        let (ids, inserted) = insert_items(&mut *conn, rows).await?;
+        if inserted.len() == rows.len() {
+            return settle(conn, rows, &ids, &inserted).await;
+        }
+        // Keys that were taken may revive facts: that is several statements.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let results = settle(&mut tx, rows, &ids, &inserted).await?;
+        tx.commit().await?;
+        return Ok(results);
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let results = insert_in(&mut tx, rows).await?;
+    tx.commit().await?;
+    Ok(results)
 }
 
 /// One round of inserts on `tx` (see [`Store::remember_many`]): the rows, their revivals, full
