@@ -34,6 +34,10 @@ pub struct Args {
     /// Writes only, no recalls: the write path's cost alone, at a higher rate.
     #[arg(long)]
     writes_only: bool,
+    /// Tenants the clients are spread over (client i writes as the i-th, round robin), so that
+    /// a group commit mixes tenants and the wall names them again for every batch.
+    #[arg(long, default_value_t = 1)]
+    tenants: usize,
     #[arg(long)]
     json: bool,
 }
@@ -196,12 +200,17 @@ async fn load(
     let spans_before = otlp.spans().len();
     let base = server.client.base.clone();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let token = crate::session_token(secret, tenant)?;
+    let tokens = (0..args.tenants.max(1))
+        .map(|t| {
+            crate::session_token(secret, &if args.tenants > 1 { format!("{tenant}-{t}") } else { tenant.to_owned() })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let mut tasks = tokio::task::JoinSet::new();
     let writes_only = args.writes_only;
-    for _ in 0..args.clients {
-        let (http, base, token, written) = (http.clone(), base.clone(), token.clone(), written.clone());
+    for client in 0..args.clients {
+        let token = tokens[client % tokens.len()].clone();
+        let (http, base, written) = (http.clone(), base.clone(), written.clone());
         tasks.spawn(async move {
             let mut writes = Histogram::<u64>::new(3)?;
             let mut recalls = Histogram::<u64>::new(3)?;

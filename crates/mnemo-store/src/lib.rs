@@ -146,14 +146,19 @@ impl Store {
         let mut tenants: Vec<&str> = tenants.into_iter().collect();
         tenants.sort_unstable();
         tenants.dedup();
-        let conn = match held.conn.take() {
-            Some(conn) => conn,
+        // Given back now and then, as the pool retires its own connections (sqlx's default
+        // max_lifetime), so a server-side backend does not live as long as the server.
+        if held.conn.as_ref().is_some_and(|(_, taken)| taken.elapsed() > HELD_FOR) {
+            held.release();
+        }
+        let (conn, _) = match held.conn.take() {
+            Some(kept) => held.conn.insert(kept),
             None => {
                 held.named.clear();
-                self.named.as_ref().unwrap_or(&self.pool).acquire().await?
+                let conn = self.named.as_ref().unwrap_or(&self.pool).acquire().await?;
+                held.conn.insert((conn, std::time::Instant::now()))
             }
         };
-        let conn = held.conn.insert(conn);
         if self.named.is_some() && held.named != tenants {
             held.named.clear();
             name_tenants(conn, &tenants).await?;
@@ -163,11 +168,15 @@ impl Store {
     }
 }
 
+/// How long a task keeps one connection ([`Store::held_connection`]).
+const HELD_FOR: Duration = Duration::from_secs(30 * 60);
+
 /// A connection kept by one task between uses, with the tenants last named on it
 /// ([`Store::held_connection`]). Dropping it, or [`HeldConnection::release`], returns it to the pool.
 #[derive(Debug, Default)]
 pub(crate) struct HeldConnection {
-    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    /// The connection, and when it was taken from the pool.
+    conn: Option<(sqlx::pool::PoolConnection<sqlx::Postgres>, std::time::Instant)>,
     named: Vec<String>,
 }
 

@@ -145,7 +145,6 @@ impl Store {
 
     /// [`Store::remember`] for many rows in one transaction: one result per row, in order. The
     /// outer error means nothing was written; an inner one concerns that row alone.
-    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn remember_many(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
         self.remember_many_on(&mut HeldConnection::default(), batch).await
     }
@@ -153,6 +152,7 @@ impl Store {
     /// [`Store::remember_many`] on a connection the caller keeps between batches (a group
     /// committer's). After an error the connection is given back, since the error may have
     /// left it broken or mid-transaction.
+    #[tracing::instrument(name = "remember_many", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub(crate) async fn remember_many_on(
         &self,
         held: &mut HeldConnection,
