@@ -37,6 +37,10 @@ pub struct Args {
     /// Other tenants, each with a twentieth as many rows.
     #[arg(long, default_value_t = 4)]
     other_tenants: usize,
+    /// Rows of the queried tenant in the one session that is searched (the rest of the tenant's
+    /// rows are documents, facts of a user and of an agent).
+    #[arg(long, default_value_t = 1000)]
+    session_rows: usize,
     /// Questions asked in each mode.
     #[arg(long, default_value_t = 300)]
     queries: usize,
@@ -53,7 +57,6 @@ pub struct Args {
 }
 
 const MAIN: &str = "main";
-const SESSION_ROWS: usize = 1000;
 const FACT_ROWS: usize = 200;
 const LOAD_BATCH: usize = 5000;
 
@@ -208,6 +211,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = json!({
         "scenario": "recall-latency",
         "items": args.items,
+        "session_rows": args.session_rows,
         "rows_total": total,
         "build": build,
         "top_k": args.top_k,
@@ -260,9 +264,9 @@ async fn build(
             let vector: Vec<f32> = turn_vectors[a].iter().zip(&turn_vectors[b]).map(|(x, y)| x + y).collect();
             // The queried tenant also has a session, a user's facts and an agent's facts.
             let (scope, kind) = match i {
-                i if is_main && i < SESSION_ROWS => (Scope::Session, SourceKind::ChatMessage),
-                i if is_main && i < SESSION_ROWS + FACT_ROWS => (Scope::User, SourceKind::Fact),
-                i if is_main && i < SESSION_ROWS + 2 * FACT_ROWS => (Scope::Agent, SourceKind::Fact),
+                i if is_main && i < args.session_rows => (Scope::Session, SourceKind::ChatMessage),
+                i if is_main && i < args.session_rows + FACT_ROWS => (Scope::User, SourceKind::Fact),
+                i if is_main && i < args.session_rows + 2 * FACT_ROWS => (Scope::Agent, SourceKind::Fact),
                 _ => (Scope::Tenant, SourceKind::DocumentChunk),
             };
             batch.push(BulkRow {
