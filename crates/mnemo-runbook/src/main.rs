@@ -319,12 +319,14 @@ async fn recall(
 
 async fn connect(env: &Env) -> anyhow::Result<Store> {
     let settings = DatabaseSettings::from_env(env)?;
-    as_owner(Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")?)
+    as_owner(settings.url.expose(), 2).await
 }
 
-/// The operator's commands cross tenants, and row-level security would hide every row from
-/// them: they refuse a role the wall holds rather than report an empty database.
-fn as_owner(store: Store) -> anyhow::Result<Store> {
+/// The store at `url` as the tables' owner. The operator's commands cross tenants, and
+/// row-level security would hide every row from them: they refuse a role the wall holds rather
+/// than report an empty database.
+async fn as_owner(url: &str, max_connections: u32) -> anyhow::Result<Store> {
+    let store = Store::connect(url, max_connections).await.context("cannot connect to the database")?;
     anyhow::ensure!(
         !store.walled(),
         "{}'s role is held by row-level security (the API's role?): the runbook connects as the tables' \
@@ -337,7 +339,7 @@ fn as_owner(store: Store) -> anyhow::Result<Store> {
 /// The primary, and the replica named by `MNEMO_READ_DATABASE_URL` if one is.
 async fn reads(env: &Env) -> anyhow::Result<Reads> {
     let settings = DatabaseSettings::from_env(env)?;
-    let primary = as_owner(Store::connect(settings.url.expose(), 4).await.context("cannot connect to the database")?)?;
+    let primary = as_owner(settings.url.expose(), 4).await?;
     let reads = Reads::primary(primary);
     Ok(match &settings.read_url {
         Some(url) => reads.with_replica(url.expose(), 4, settings.replica_wait).context(vars::READ_DATABASE_URL)?,

@@ -127,10 +127,7 @@ impl Store {
     ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
         let Some(named) = &self.named else { return Ok(self.pool.acquire().await?) };
         let mut conn = named.acquire().await?;
-        let mut tenants: Vec<&str> = tenants.into_iter().collect();
-        tenants.sort_unstable();
-        tenants.dedup();
-        name_tenants(&mut conn, &tenants).await?;
+        name_tenants(&mut conn, &tenant_set(tenants)).await?;
         Ok(conn)
     }
 
@@ -143,9 +140,7 @@ impl Store {
         held: &'h mut HeldConnection,
         tenants: impl IntoIterator<Item = &'a str>,
     ) -> Result<&'h mut sqlx::PgConnection, StoreError> {
-        let mut tenants: Vec<&str> = tenants.into_iter().collect();
-        tenants.sort_unstable();
-        tenants.dedup();
+        let tenants = tenant_set(tenants);
         // Given back now and then, as the pool retires its own connections (sqlx's default
         // max_lifetime), so a server-side backend does not live as long as the server.
         if held.conn.as_ref().is_some_and(|(_, taken)| taken.elapsed() > HELD_FOR) {
@@ -153,8 +148,8 @@ impl Store {
         }
         let (conn, _) = match held.conn.take() {
             Some(kept) => held.conn.insert(kept),
+            // Nothing is named on a connection not yet held: `release` forgets both together.
             None => {
-                held.named.clear();
                 let conn = self.named.as_ref().unwrap_or(&self.pool).acquire().await?;
                 held.conn.insert((conn, std::time::Instant::now()))
             }
@@ -191,6 +186,14 @@ impl HeldConnection {
     pub(crate) fn is_held(&self) -> bool {
         self.conn.is_some()
     }
+}
+
+/// `tenants` sorted and without repeats, as they are named and compared.
+fn tenant_set<'a>(tenants: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut tenants: Vec<&str> = tenants.into_iter().collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    tenants
 }
 
 /// Names `tenants` (sorted, without repeats) on `conn` for row-level security, replacing what

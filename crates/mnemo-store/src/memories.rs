@@ -160,8 +160,7 @@ impl Store {
     ) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
         let mut rounds = Rounds::new(batch);
         while let Some((pending, rows)) = rounds.next() {
-            let conn = self.held_connection(held, rows.iter().map(|m| m.tenant.as_str())).await;
-            let results = match conn {
+            let results = match self.held_connection(held, rows.iter().map(|m| m.tenant.as_str())).await {
                 Ok(conn) => insert_round(conn, &rows).await,
                 Err(e) => Err(e),
             };
