@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mnemo_config::{Env, RecallSettings, ServerSettings, vars};
-use mnemo_core::{Principal, RecallRequest, RecallScope};
+use mnemo_core::{MemoryText, Principal, RecallClass, RecallRequest, RecallScope, Scope, SourceKind, SourceRef};
 use mnemo_recall::{Recall, RecallOptions};
-use mnemo_store::{CommonLexemes, SearchScope};
+use mnemo_store::{BulkRow, CommonLexemes, SearchScope};
 use mnemo_testkit::{
     Answer, LazyEmbedder, RerankAnswer, ScriptedEmbeddings, ScriptedReranker, ServerProcess, TestApp, WorkerProcess,
     binary, embed_like_the_provider, free_port, principal, server_env, token, unit_bag_of_words, wait_until,
@@ -514,4 +514,60 @@ async fn concurrent_queries_are_embedded_together_and_repeated_ones_come_from_th
         assert_eq!(reply.body["degraded"], false);
     }
     assert_eq!(f.provider.served(), (requests, inputs), "no new embedding call");
+}
+
+/// A session longer than the rows the vector half ranks exactly (the newest 1,000) still finds
+/// its older rows by meaning, through the HNSW scan filtered to it, and a row that both ways
+/// find comes back once.
+#[tokio::test]
+async fn a_long_session_finds_its_older_rows_by_meaning_too() {
+    const ROWS: usize = 1500;
+    let f = Fixture::start(&[]).await;
+    let store = f.app.db.store();
+    let who = principal("acme", None, None, Some("long"));
+    let session = who.session.clone().expect("session");
+    let mut rng = StdRng::seed_from_u64(17);
+    let start = chrono::Utc::now() - chrono::Duration::days(2);
+    let rows: Vec<BulkRow> = (0..ROWS)
+        .map(|i| {
+            let raw: Vec<f32> = (0..DIMS).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
+            BulkRow {
+                id: Uuid::now_v7(),
+                tenant: who.tenant.clone(),
+                scope: Scope::Session,
+                session: Some(session.clone()),
+                user: None,
+                agent: None,
+                kind: SourceKind::ChatMessage,
+                source_ref: SourceRef::parse(&format!("turn-{i}")).expect("ref"),
+                content: MemoryText::parse(&format!("turn {i}")).expect("text"),
+                created_at: Some(start + chrono::Duration::minutes(i as i64)),
+                deleted_at: None,
+                vector: Some(raw.iter().map(|x| x / norm).collect()),
+            }
+        })
+        .collect();
+    store.bulk_load(MODEL, &rows).await.expect("bulk load");
+    store.ensure_vector_index(MODEL, DIMS).await.expect("vector index");
+
+    let search = store.search(MODEL, DIMS);
+    let classes = [RecallClass::Session(session)];
+    let scope = SearchScope {
+        tenant: &who.tenant,
+        classes: &classes,
+        kinds: &[],
+        include_superseded: false,
+        roles: &[],
+        user: None,
+    };
+    // The oldest row, one older than the newest 1,000, and the newest.
+    for i in [0, ROWS - 1001, ROWS - 1] {
+        let ranked = search.vector(&scope, rows[i].vector.as_deref().expect("vector"), 10).await.expect("search");
+        let found = &ranked[&Scope::Session];
+        assert_eq!(found.first(), Some(&rows[i].id), "row {i} is its own nearest neighbour");
+        assert_eq!(found.len(), 10, "row {i}: ten candidates");
+        let distinct: std::collections::HashSet<&Uuid> = found.iter().collect();
+        assert_eq!(distinct.len(), found.len(), "row {i}: no candidate twice");
+    }
 }

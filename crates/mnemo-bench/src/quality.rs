@@ -70,6 +70,28 @@ pub struct Asking {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
+    /// Also append one JSON line per question to this file: the question, its gold and what
+    /// recall returned, best first (for studying misses).
+    #[arg(long)]
+    dump: Option<PathBuf>,
+    /// Ask over the database an earlier run of the same data loaded (its name is printed)
+    /// instead of a fresh one: the writes are no-ops and nothing waits for vectors.
+    #[arg(long)]
+    database_url: Option<String>,
+}
+
+impl Asking {
+    /// Appends `line` to the dump file, if one was asked for.
+    fn dump(&self, line: Value) -> anyhow::Result<()> {
+        use std::io::Write;
+        let Some(path) = &self.dump else { return Ok(()) };
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        writeln!(file, "{line}").with_context(|| format!("writing {}", path.display()))
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -114,9 +136,16 @@ impl Conversation {
 }
 
 /// Writes every conversation and embeds it with the worker pool.
-async fn ingest(env: &Env, conversations: &[Conversation]) -> anyhow::Result<(Store, Arc<dyn Embedder>)> {
+async fn ingest(
+    env: &Env,
+    asking: &Asking,
+    conversations: &[Conversation],
+) -> anyhow::Result<(Store, Arc<dyn Embedder>)> {
     let (_, embedder) = local_embedder(env)?;
-    let (url, store) = fresh(env).await?;
+    let (url, store) = match &asking.database_url {
+        Some(url) => (url.clone(), Store::connect(url, 16).await?),
+        None => fresh(env).await?,
+    };
     let started = Instant::now();
     let mut rows = 0;
     for conversation in conversations {
@@ -262,7 +291,7 @@ fn mean(values: &[f64]) -> f64 {
 pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
     let (conversations, questions, normalised, dropped) = locomo_data(&args.data)?;
-    let (store, embedder) = ingest(&env, &conversations).await?;
+    let (store, embedder) = ingest(&env, &args.asking, &conversations).await?;
     for &signals in &args.asking.signals {
         let recall = recall_for(&env, &store, &embedder, signals)?;
         locomo_report(&args, &recall, signals, &conversations, &questions, normalised, dropped).await?;
@@ -297,6 +326,10 @@ async fn locomo_report(
         let (found, tokens) = ask(recall, conversation, &q.question, max_k, args.asking.mode).await?;
         tokens_at_10.push(f64::from(tokens));
         asked += 1;
+        args.asking.dump(json!({
+            "signals": signals_name(signals, recall), "tenant": conversation.name, "question": q.question,
+            "category": q.category, "gold": q.gold, "found": found,
+        }))?;
         for &k in &args.asking.k {
             let top: HashSet<&String> = found.iter().take(k).collect();
             let hit = q.gold.iter().filter(|g| top.contains(g)).count() as f64 / q.gold.len() as f64;
@@ -484,7 +517,7 @@ fn beam_data(dir: &Path) -> anyhow::Result<BeamData> {
 pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
     let BeamData { conversations, updates, contradictions, cut } = beam_data(&args.data)?;
-    let (store, embedder) = ingest(&env, &conversations).await?;
+    let (store, embedder) = ingest(&env, &args.asking, &conversations).await?;
     let data = BeamData { conversations, updates, contradictions, cut };
     for &signals in &args.asking.signals {
         let recall = recall_for(&env, &store, &embedder, signals)?;
@@ -505,6 +538,10 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
     for q in updates.iter().filter(|q| !q.second.is_empty()) {
         let (found, tokens) = ask(recall, &conversations[q.conversation], &q.question, max_k, args.asking.mode).await?;
         tokens_at_10.push(f64::from(tokens));
+        args.asking.dump(json!({
+            "signals": signals_name(signals, recall), "tenant": conversations[q.conversation].name,
+            "question": q.question, "kind": "knowledge_update", "original": q.first, "updated": q.second, "found": found,
+        }))?;
         let (updated, original) = (rank(&found, &q.second), rank(&found, &q.first));
         for &k in &args.asking.k {
             hit.entry(k).or_default().push(f64::from(u8::from(updated.is_some_and(|r| r < k))));
@@ -520,6 +557,10 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
     for q in contradictions.iter().filter(|q| !q.first.is_empty() && !q.second.is_empty()) {
         let (found, tokens) = ask(recall, &conversations[q.conversation], &q.question, max_k, args.asking.mode).await?;
         tokens_at_10.push(f64::from(tokens));
+        args.asking.dump(json!({
+            "signals": signals_name(signals, recall), "tenant": conversations[q.conversation].name,
+            "question": q.question, "kind": "contradiction", "first": q.first, "second": q.second, "found": found,
+        }))?;
         for &k in &args.asking.k {
             let top = &found[..found.len().min(k)];
             let ok = rank(top, &q.first).is_some() && rank(top, &q.second).is_some();

@@ -105,6 +105,10 @@ const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($8 OR 
                     AND (m.allowed_roles = '{}' OR m.allowed_roles && $9::text[] \
                          OR (m.scope = 'user' AND m.user_id = $10::text))";
 
+/// A session's newest rows, ranked exactly by the vector half. A longer session adds an HNSW scan
+/// filtered to it, so that a session of 50,000 rows costs about what one of 1,000 does.
+const SESSION_EXACT_ROWS: u32 = 1000;
+
 /// The most rows not yet in the full-text index that one search ranks from the heap, newest
 /// first. More wait only while the embed workers are behind, and recall is `degraded` then.
 const UNINDEXED_SCAN: u32 = 4096;
@@ -177,9 +181,9 @@ impl Store {
     pub fn search(&self, model: &str, dimensions: usize) -> Search {
         let model_literal = sql_literal(model);
         let distance = format!("(e.embedding::vector({dimensions}) <=> $12::vector({dimensions}))");
-        // Identity classes (a session, a user's or an agent's facts) are small: rank them exactly.
-        // `+ 0` keeps the planner off the HNSW index, which would have to walk past the whole
-        // tenant to find them.
+        // Identity classes (a user's or an agent's facts) are small: rank them exactly. `+ 0`
+        // keeps the planner off the HNSW index, which would have to walk past the whole tenant
+        // to find them.
         let exact = |class: Scope| {
             let filter = class_filter(class);
             format!(
@@ -200,11 +204,42 @@ impl Store {
             tenant = Scope::Tenant,
             filter = class_filter(Scope::Tenant),
         );
-        let vector_sql = Scope::ALL
+        // A session: its newest rows (`recent`) exactly, as above. Only when it has more than
+        // those (a one-time filter: PostgreSQL runs the count once and skips the scan for a short
+        // session) does an HNSW scan filtered to the session add the older ones; a row both
+        // branches find counts once.
+        let session = format!(
+            "(SELECT '{class}' AS class, x.id, min(x.d) AS d FROM (
+                (SELECT r.id, {distance}::float8 AS d
+                 FROM recent r JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = r.id AND e.model = {model_literal}
+                 ORDER BY {distance} + 0 LIMIT $11)
+                UNION ALL
+                (SELECT m.id, {distance}::float8 AS d
+                 FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
+                 WHERE (SELECT count(*) FROM recent) > {SESSION_EXACT_ROWS}
+                   AND e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
+                 ORDER BY {distance} LIMIT $11)
+              ) x GROUP BY x.id ORDER BY 3 LIMIT $11)",
+            class = Scope::Session,
+            filter = class_filter(Scope::Session),
+        );
+        let branches: Vec<String> = Scope::ALL
             .iter()
-            .map(|&class| if class == Scope::Tenant { approximate_tenant.clone() } else { exact(class) })
-            .collect::<Vec<_>>()
-            .join("\nUNION ALL\n");
+            .map(|&class| match class {
+                Scope::Tenant => approximate_tenant.clone(),
+                Scope::Session => session.clone(),
+                _ => exact(class),
+            })
+            .collect();
+        let vector_sql = format!(
+            "WITH recent AS MATERIALIZED (
+                SELECT m.id FROM memory_items m WHERE {filter} AND {LIVE}
+                ORDER BY m.event_time DESC LIMIT {SESSION_EXACT_ROWS} + 1
+            )
+            {}",
+            branches.join("\nUNION ALL\n"),
+            filter = class_filter(Scope::Session),
+        );
         Search {
             store: self.clone(),
             model: model.to_owned(),
