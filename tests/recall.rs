@@ -516,58 +516,75 @@ async fn concurrent_queries_are_embedded_together_and_repeated_ones_come_from_th
     assert_eq!(f.provider.served(), (requests, inputs), "no new embedding call");
 }
 
-/// A session longer than the rows the vector half ranks exactly (the newest 1,000) still finds
-/// its older rows by meaning, through the HNSW scan filtered to it, and a row that both ways
-/// find comes back once.
+/// The vector half ranks at most 1,000 rows of a class exactly. A session longer than that still
+/// finds its older rows by meaning, through an HNSW scan filtered to it; a tenant class larger
+/// than that is searched through the HNSW index, a smaller one exactly; a row that two ways find
+/// comes back once.
 #[tokio::test]
-async fn a_long_session_finds_its_older_rows_by_meaning_too() {
-    const ROWS: usize = 1500;
+async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
     let f = Fixture::start(&[]).await;
     let store = f.app.db.store();
-    let who = principal("acme", None, None, Some("long"));
-    let session = who.session.clone().expect("session");
     let mut rng = StdRng::seed_from_u64(17);
     let start = chrono::Utc::now() - chrono::Duration::days(2);
-    let rows: Vec<BulkRow> = (0..ROWS)
-        .map(|i| {
-            let raw: Vec<f32> = (0..DIMS).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
-            BulkRow {
-                id: Uuid::now_v7(),
-                tenant: who.tenant.clone(),
-                scope: Scope::Session,
-                session: Some(session.clone()),
-                user: None,
-                agent: None,
-                kind: SourceKind::ChatMessage,
-                source_ref: SourceRef::parse(&format!("turn-{i}")).expect("ref"),
-                content: MemoryText::parse(&format!("turn {i}")).expect("text"),
-                created_at: Some(start + chrono::Duration::minutes(i as i64)),
-                deleted_at: None,
-                vector: Some(raw.iter().map(|x| x / norm).collect()),
-            }
-        })
-        .collect();
-    store.bulk_load(MODEL, &rows).await.expect("bulk load");
+    let mut rows = |who: &Principal, scope: Scope, n: usize| -> Vec<BulkRow> {
+        (0..n)
+            .map(|i| {
+                let raw: Vec<f32> = (0..DIMS).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
+                BulkRow {
+                    id: Uuid::now_v7(),
+                    tenant: who.tenant.clone(),
+                    scope,
+                    session: (scope == Scope::Session).then(|| who.session.clone()).flatten(),
+                    user: None,
+                    agent: None,
+                    kind: if scope == Scope::Session { SourceKind::ChatMessage } else { SourceKind::DocumentChunk },
+                    source_ref: SourceRef::parse(&format!("{scope}-{i}")).expect("ref"),
+                    content: MemoryText::parse(&format!("row {i}")).expect("text"),
+                    created_at: Some(start + chrono::Duration::minutes(i as i64)),
+                    deleted_at: None,
+                    vector: Some(raw.iter().map(|x| x / norm).collect()),
+                }
+            })
+            .collect()
+    };
+    // acme: a 1,500-row session and 1,200 shared chunks; globex: a 1,500-row session and 5 chunks.
+    let acme = principal("acme", None, None, Some("long"));
+    let globex = principal("globex", None, None, Some("long"));
+    let (acme_session, acme_shared) = (rows(&acme, Scope::Session, 1500), rows(&acme, Scope::Tenant, 1200));
+    let (globex_session, globex_shared) = (rows(&globex, Scope::Session, 1500), rows(&globex, Scope::Tenant, 5));
+    for loaded in [&acme_session, &acme_shared, &globex_session, &globex_shared] {
+        store.bulk_load(MODEL, loaded).await.expect("bulk load");
+    }
     store.ensure_vector_index(MODEL, DIMS).await.expect("vector index");
 
     let search = store.search(MODEL, DIMS);
-    let classes = [RecallClass::Session(session)];
-    let scope = SearchScope {
-        tenant: &who.tenant,
-        classes: &classes,
-        kinds: &[],
-        include_superseded: false,
-        roles: &[],
-        user: None,
-    };
-    // The oldest row, one older than the newest 1,000, and the newest.
-    for i in [0, ROWS - 1001, ROWS - 1] {
-        let ranked = search.vector(&scope, rows[i].vector.as_deref().expect("vector"), 10).await.expect("search");
-        let found = &ranked[&Scope::Session];
-        assert_eq!(found.first(), Some(&rows[i].id), "row {i} is its own nearest neighbour");
-        assert_eq!(found.len(), 10, "row {i}: ten candidates");
+    let nearest = async |who: &Principal, class: RecallClass, row: &BulkRow| {
+        let classes = [class];
+        let scope = SearchScope {
+            tenant: &who.tenant,
+            classes: &classes,
+            kinds: &[],
+            include_superseded: false,
+            roles: &[],
+            user: None,
+        };
+        let ranked = search.vector(&scope, row.vector.as_deref().expect("vector"), 10).await.expect("search");
+        let found = ranked.into_values().next().unwrap_or_default();
         let distinct: std::collections::HashSet<&Uuid> = found.iter().collect();
-        assert_eq!(distinct.len(), found.len(), "row {i}: no candidate twice");
+        assert_eq!(distinct.len(), found.len(), "{}: no candidate twice", row.source_ref);
+        assert_eq!(found.first(), Some(&row.id), "{} is its own nearest neighbour", row.source_ref);
+        found.len()
+    };
+    let session = RecallClass::Session(acme.session.clone().expect("session"));
+    // The session's oldest row, one just older than the newest 1,000, and the newest.
+    for i in [0, 1500 - 1001, 1500 - 1] {
+        assert_eq!(nearest(&acme, session.clone(), &acme_session[i]).await, 10);
+    }
+    for i in [0, 1199] {
+        assert_eq!(nearest(&acme, RecallClass::Tenant, &acme_shared[i]).await, 10);
+    }
+    for i in [0, 4] {
+        assert_eq!(nearest(&globex, RecallClass::Tenant, &globex_shared[i]).await, 5, "globex shares 5 rows");
     }
 }

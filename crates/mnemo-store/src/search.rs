@@ -106,8 +106,9 @@ const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($8 OR 
                          OR (m.scope = 'user' AND m.user_id = $10::text))";
 
 /// A session's newest rows, ranked exactly by the vector half. A longer session adds an HNSW scan
-/// filtered to it, so that a session of 50,000 rows costs about what one of 1,000 does.
-const SESSION_EXACT_ROWS: u32 = 1000;
+/// filtered to it, so that a session of 50,000 rows costs about what one of 1,000 does. Also the
+/// most rows of a tenant class ranked exactly rather than through the HNSW index.
+const EXACT_ROWS: u32 = 1000;
 
 /// The most rows not yet in the full-text index that one search ranks from the heap, newest
 /// first. More wait only while the embed workers are behind, and recall is `degraded` then.
@@ -194,15 +195,30 @@ impl Store {
                   ORDER BY {distance} + 0 LIMIT $11)"
             )
         };
-        // The tenant class is large: an HNSW scan filtered to the tenant, iterative so the filter
-        // cannot starve it (see the migration that sets hnsw.iterative_scan).
-        let approximate_tenant = format!(
-            "(SELECT '{tenant}' AS class, m.id, {distance}::float8 AS d
-              FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-              WHERE e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
-              ORDER BY {distance} LIMIT $11)",
-            tenant = Scope::Tenant,
+        // The tenant class is usually large: an HNSW scan filtered to the tenant, iterative so the
+        // filter cannot starve it (see the migration that sets hnsw.iterative_scan). A class of at
+        // most `EXACT_ROWS` rows (`shared`, read from its own index) is ranked exactly instead:
+        // the HNSW scan would walk far to find its few rows, or the whole index to find none.
+        // One-time filters run exactly one of the two. (A larger class that is a sliver of the
+        // index can still come back short from the scan: see `Search::vector`.)
+        let approximate = format!(
+            "SELECT m.id, {distance}::float8 AS d
+             FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
+             WHERE (SELECT count(*) FROM shared) > {EXACT_ROWS}
+               AND e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
+             ORDER BY {distance} LIMIT $11",
             filter = class_filter(Scope::Tenant),
+        );
+        let tenant = format!(
+            "(SELECT '{class}' AS class, x.id, x.d FROM (
+                (SELECT s.id, {distance}::float8 AS d
+                 FROM shared s JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = s.id AND e.model = {model_literal}
+                 WHERE (SELECT count(*) FROM shared) <= {EXACT_ROWS}
+                 ORDER BY {distance} + 0 LIMIT $11)
+                UNION ALL
+                ({approximate})
+              ) x ORDER BY x.d LIMIT $11)",
+            class = Scope::Tenant,
         );
         // A session: its newest rows (`recent`) exactly, as above. Only when it has more than
         // those (a one-time filter: PostgreSQL runs the count once and skips the scan for a short
@@ -216,7 +232,7 @@ impl Store {
                 UNION ALL
                 (SELECT m.id, {distance}::float8 AS d
                  FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-                 WHERE (SELECT count(*) FROM recent) > {SESSION_EXACT_ROWS}
+                 WHERE (SELECT count(*) FROM recent) > {EXACT_ROWS}
                    AND e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
                  ORDER BY {distance} LIMIT $11)
               ) x GROUP BY x.id ORDER BY 3 LIMIT $11)",
@@ -226,19 +242,22 @@ impl Store {
         let branches: Vec<String> = Scope::ALL
             .iter()
             .map(|&class| match class {
-                Scope::Tenant => approximate_tenant.clone(),
+                Scope::Tenant => tenant.clone(),
                 Scope::Session => session.clone(),
                 _ => exact(class),
             })
             .collect();
         let vector_sql = format!(
             "WITH recent AS MATERIALIZED (
-                SELECT m.id FROM memory_items m WHERE {filter} AND {LIVE}
-                ORDER BY m.event_time DESC LIMIT {SESSION_EXACT_ROWS} + 1
+                SELECT m.id FROM memory_items m WHERE {session} AND {LIVE}
+                ORDER BY m.event_time DESC LIMIT {EXACT_ROWS} + 1
+            ), shared AS MATERIALIZED (
+                SELECT m.id FROM memory_items m WHERE {tenant} AND {LIVE} LIMIT {EXACT_ROWS} + 1
             )
             {}",
             branches.join("\nUNION ALL\n"),
-            filter = class_filter(Scope::Session),
+            session = class_filter(Scope::Session),
+            tenant = class_filter(Scope::Tenant),
         );
         Search {
             store: self.clone(),
@@ -457,8 +476,10 @@ impl Search {
             .fetch_all(&mut *conn)
             .await?;
         let mut ranked = rank(rows);
-        // A tenant whose rows are a sliver of the index can come back short even with iterative
-        // scans; then it is small enough to rank exactly.
+        // A tenant class that came back short was either ranked whole (then ranking it again is
+        // a probe of its own index) or is a sliver of a large HNSW index that even an iterative
+        // scan gave up on: then it is ranked exactly. Not in the statement above: there the
+        // planner put this scan under a parallel Gather, whose workers started on every recall.
         let tenant_short = ranked.get(&Scope::Tenant).map_or(0, Vec::len) < per_class as usize;
         if scope.classes.contains(&RecallClass::Tenant) && tenant_short {
             let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.exact_tenant_sql))), scope)
