@@ -195,14 +195,6 @@ impl Store {
                   ORDER BY {distance} + 0 LIMIT $11)"
             )
         };
-        // One row's vector, looked up by key (`LIMIT 1` keeps the planner from flattening it into
-        // a join): as a plain join the planner hashed the whole vector table against the rows to
-        // rank, a cost that grew with the table (the soak saw it).
-        let vector_of = |id: &str| {
-            format!(
-                "SELECT embedding FROM memory_embeddings WHERE tenant_id = $1 AND model = {model_literal} AND item_id = {id} LIMIT 1"
-            )
-        };
         // The tenant class is usually large: an HNSW scan filtered to the tenant, iterative so the
         // filter cannot starve it (see the migration that sets hnsw.iterative_scan). A class of at
         // most `EXACT_ROWS` rows (`shared`, read from its own index) is ranked exactly instead:
@@ -220,14 +212,13 @@ impl Store {
         let tenant = format!(
             "(SELECT '{class}' AS class, x.id, x.d FROM (
                 (SELECT s.id, {distance}::float8 AS d
-                 FROM shared s CROSS JOIN LATERAL ({shared_vector}) e
+                 FROM shared s JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = s.id AND e.model = {model_literal}
                  WHERE (SELECT count(*) FROM shared) <= {EXACT_ROWS}
                  ORDER BY {distance} + 0 LIMIT $11)
                 UNION ALL
                 ({approximate})
               ) x ORDER BY x.d LIMIT $11)",
             class = Scope::Tenant,
-            shared_vector = vector_of("s.id"),
         );
         // A session: its newest rows (`recent`) exactly, as above. Only when it has more than
         // those (a one-time filter: PostgreSQL runs the count once and skips the scan for a short
@@ -236,7 +227,7 @@ impl Store {
         let session = format!(
             "(SELECT '{class}' AS class, x.id, min(x.d) AS d FROM (
                 (SELECT r.id, {distance}::float8 AS d
-                 FROM recent r CROSS JOIN LATERAL ({recent_vector}) e
+                 FROM recent r JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = r.id AND e.model = {model_literal}
                  ORDER BY {distance} + 0 LIMIT $11)
                 UNION ALL
                 (SELECT m.id, {distance}::float8 AS d
@@ -247,7 +238,6 @@ impl Store {
               ) x GROUP BY x.id ORDER BY 3 LIMIT $11)",
             class = Scope::Session,
             filter = class_filter(Scope::Session),
-            recent_vector = vector_of("r.id"),
         );
         let branches: Vec<String> = Scope::ALL
             .iter()
