@@ -99,6 +99,11 @@ fn refs(answer: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Search `classes` of `who`'s tenant, every kind, live rows, no roles.
+fn every_kind<'a>(who: &'a Principal, classes: &'a [RecallClass]) -> SearchScope<'a> {
+    SearchScope { tenant: &who.tenant, classes, kinds: &[], include_superseded: false, roles: &[], user: None }
+}
+
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
@@ -428,14 +433,7 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
             seen.push((item["id"].as_str().expect("id").to_owned(), None));
         }
         let classes = RecallScope::parse(scope).expect("scope").classes(&who).expect("classes");
-        let search_scope = SearchScope {
-            tenant: &who.tenant,
-            classes: &classes,
-            kinds: &[],
-            include_superseded: false,
-            roles: &[],
-            user: None,
-        };
+        let search_scope = every_kind(&who, &classes);
         let text = query.join(" ");
         let keyword = search.keyword(&search_scope, &text, &CommonLexemes::default(), 50).await.expect("keyword");
         let vector = search.vector(&search_scope, &unit_bag_of_words(&text, DIMS), 50).await.expect("vector");
@@ -561,15 +559,10 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
     let search = store.search(MODEL, DIMS);
     let nearest = async |who: &Principal, class: RecallClass, row: &BulkRow| {
         let classes = [class];
-        let scope = SearchScope {
-            tenant: &who.tenant,
-            classes: &classes,
-            kinds: &[],
-            include_superseded: false,
-            roles: &[],
-            user: None,
-        };
-        let ranked = search.vector(&scope, row.vector.as_deref().expect("vector"), 10).await.expect("search");
+        let ranked = search
+            .vector(&every_kind(who, &classes), row.vector.as_deref().expect("vector"), 10)
+            .await
+            .expect("search");
         let found = ranked.into_values().next().unwrap_or_default();
         let distinct: std::collections::HashSet<&Uuid> = found.iter().collect();
         assert_eq!(distinct.len(), found.len(), "{}: no candidate twice", row.source_ref);

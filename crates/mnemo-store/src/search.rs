@@ -195,49 +195,49 @@ impl Store {
                   ORDER BY {distance} + 0 LIMIT $11)"
             )
         };
+        // The rows of `bounded` (a CTE of at most `EXACT_ROWS` + 1 of a class's ids) ranked
+        // exactly, when `condition` holds.
+        let exact_over = |bounded: &str, condition: &str| {
+            format!(
+                "SELECT b.id, {distance}::float8 AS d
+                 FROM {bounded} b JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = b.id AND e.model = {model_literal}
+                 WHERE {condition}
+                 ORDER BY {distance} + 0 LIMIT $11"
+            )
+        };
+        // An HNSW scan filtered to `class`, only when `bounded` found more than `EXACT_ROWS` rows.
+        let approximate_beyond = |bounded: &str, class: Scope| {
+            format!(
+                "SELECT m.id, {distance}::float8 AS d
+                 FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
+                 WHERE (SELECT count(*) FROM {bounded}) > {EXACT_ROWS}
+                   AND e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
+                 ORDER BY {distance} LIMIT $11",
+                filter = class_filter(class),
+            )
+        };
         // The tenant class is usually large: an HNSW scan filtered to the tenant, iterative so the
         // filter cannot starve it (see the migration that sets hnsw.iterative_scan). A class of at
         // most `EXACT_ROWS` rows (`shared`, read from its own index) is ranked exactly instead:
         // the HNSW scan would walk far to find its few rows, or the whole index to find none.
         // One-time filters run exactly one of the two. (A larger class that is a sliver of the
         // index can still come back short from the scan: see `Search::vector`.)
-        let approximate = format!(
-            "SELECT m.id, {distance}::float8 AS d
-             FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-             WHERE (SELECT count(*) FROM shared) > {EXACT_ROWS}
-               AND e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
-             ORDER BY {distance} LIMIT $11",
-            filter = class_filter(Scope::Tenant),
-        );
         let tenant = format!(
-            "(SELECT '{class}' AS class, x.id, x.d FROM (
-                (SELECT s.id, {distance}::float8 AS d
-                 FROM shared s JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = s.id AND e.model = {model_literal}
-                 WHERE (SELECT count(*) FROM shared) <= {EXACT_ROWS}
-                 ORDER BY {distance} + 0 LIMIT $11)
-                UNION ALL
-                ({approximate})
-              ) x ORDER BY x.d LIMIT $11)",
+            "(SELECT '{class}' AS class, x.id, x.d FROM (({exact}) UNION ALL ({approximate})) x ORDER BY x.d LIMIT $11)",
             class = Scope::Tenant,
+            exact = exact_over("shared", &format!("(SELECT count(*) FROM shared) <= {EXACT_ROWS}")),
+            approximate = approximate_beyond("shared", Scope::Tenant),
         );
         // A session: its newest rows (`recent`) exactly, as above. Only when it has more than
         // those (a one-time filter: PostgreSQL runs the count once and skips the scan for a short
         // session) does an HNSW scan filtered to the session add the older ones; a row both
         // branches find counts once.
         let session = format!(
-            "(SELECT '{class}' AS class, x.id, min(x.d) AS d FROM (
-                (SELECT r.id, {distance}::float8 AS d
-                 FROM recent r JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = r.id AND e.model = {model_literal}
-                 ORDER BY {distance} + 0 LIMIT $11)
-                UNION ALL
-                (SELECT m.id, {distance}::float8 AS d
-                 FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-                 WHERE (SELECT count(*) FROM recent) > {EXACT_ROWS}
-                   AND e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
-                 ORDER BY {distance} LIMIT $11)
-              ) x GROUP BY x.id ORDER BY 3 LIMIT $11)",
+            "(SELECT '{class}' AS class, x.id, min(x.d) AS d FROM (({exact}) UNION ALL ({approximate}))
+              x GROUP BY x.id ORDER BY 3 LIMIT $11)",
             class = Scope::Session,
-            filter = class_filter(Scope::Session),
+            exact = exact_over("recent", "true"),
+            approximate = approximate_beyond("recent", Scope::Session),
         );
         let branches: Vec<String> = Scope::ALL
             .iter()
