@@ -581,3 +581,63 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
         assert_eq!(nearest(&globex, RecallClass::Tenant, &globex_shared[i]).await, 5, "globex shares 5 rows");
     }
 }
+
+/// Keyword search ranks by BM25 over counts kept per tenant as rows are embedded: a question's
+/// word that few of the tenant's rows hold outweighs one that many hold, however often a row
+/// repeats the common one. The counts are each tenant's own: globex's rows, where the words are
+/// common the other way round, never change acme's weights.
+#[tokio::test]
+async fn keyword_search_weighs_words_by_how_few_of_the_tenants_rows_hold_them() {
+    let f = Fixture::start(&[]).await;
+    let acme = principal("acme", None, None, None);
+    let globex = principal("globex", None, None, None);
+    for i in 0..12 {
+        f.write(&acme, "document_chunk", &format!("orchard-{i}"), "apple orchard, apple harvest, apple cider").await;
+    }
+    let acme_rare = f.write(&acme, "document_chunk", "crossing", "a zebra crossing near the station").await;
+    for i in 0..40 {
+        f.write(&globex, "document_chunk", &format!("savanna-{i}"), "zebra herd, zebra foal, zebra stripes").await;
+    }
+    let globex_rare = f.write(&globex, "document_chunk", "pie", "an apple pie at the station").await;
+    f.embed_all().await;
+
+    let counts: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT tenant_id, lexeme, documents FROM tenant_lexemes WHERE lexeme IN ('appl', 'zebra') ORDER BY 1, 2",
+    )
+    .fetch_all(f.app.db.store().pool())
+    .await
+    .expect("counts");
+    let expected = [("acme", "appl", 12), ("acme", "zebra", 1), ("globex", "appl", 1), ("globex", "zebra", 40)];
+    assert_eq!(counts, expected.map(|(t, l, n)| (t.to_owned(), l.to_owned(), n)), "counted once per row, per tenant");
+
+    let search = f.app.db.store().search(MODEL, DIMS);
+    for (who, rare) in [(&acme, acme_rare), (&globex, globex_rare)] {
+        let classes = [RecallClass::Tenant];
+        let ranked = search
+            .keyword(&every_kind(who, &classes), "apple zebra", &CommonLexemes::default(), 10)
+            .await
+            .expect("keyword search");
+        let found = ranked.get(&Scope::Tenant).cloned().unwrap_or_default();
+        assert_eq!(found.len(), 10, "{}: every row holds a word of the question", who.tenant);
+        assert_eq!(found.first(), Some(&rare), "{}: the row with the rare word first", who.tenant);
+    }
+
+    // Anonymized, acme's rare row takes its words out of acme's counts: "zebra" is forgotten.
+    let store = f.app.db.store();
+    store.soft_delete(&acme.tenant, acme_rare, None, &[], "test").await.expect("delete").expect("deleted");
+    let now = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let cutoffs = mnemo_store::Cutoffs { deleted_before: now, superseded_before: now };
+    let anonymized = store.anonymize_due(&acme.tenant, cutoffs, Uuid::nil(), 10, "test").await.expect("anonymize");
+    assert_eq!(anonymized.len(), 1);
+    let acme_counts: Vec<(String, i64)> =
+        sqlx::query_as("SELECT lexeme, documents FROM tenant_lexemes WHERE tenant_id = 'acme' ORDER BY 1")
+            .fetch_all(store.pool())
+            .await
+            .expect("counts");
+    let rows: (i64,) = sqlx::query_as("SELECT documents FROM tenant_text WHERE tenant_id = 'acme'")
+        .fetch_one(store.pool())
+        .await
+        .expect("rows");
+    assert_eq!(rows.0, 12);
+    assert!(acme_counts.iter().all(|(_, n)| *n == 12), "only the orchard rows' words are left: {acme_counts:?}");
+}

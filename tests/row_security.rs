@@ -34,7 +34,10 @@ async fn a_search_without_its_tenant_filter_still_sees_only_its_tenant() {
     };
     // Every tenant condition of the keyword statement, taken out.
     let unfiltered = |sql: &str| {
-        let edited = sql.replace("m.tenant_id = $1", "true").replace("WHERE tenant_id = $1 AND", "WHERE");
+        let edited = ["m.tenant_id = $1", "t.tenant_id = $1", "f.tenant_id = $1"]
+            .iter()
+            .fold(sql.to_owned(), |sql, condition| sql.replace(condition, "true"))
+            .replace("WHERE tenant_id = $1 AND", "WHERE");
         assert!(!edited.contains("tenant_id"), "a tenant condition is left in:\n{edited}");
         edited
     };

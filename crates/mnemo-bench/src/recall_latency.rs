@@ -305,6 +305,7 @@ async fn build(
     store.ensure_vector_index(model, dims).await?;
     let hnsw_s = t.elapsed().as_secs_f64();
     eprintln!("HNSW index: {hnsw_s:.0} s");
+    store.count_lexemes().await?;
     store.vacuum_analyze_memories().await?;
     let report = json!({ "load_s": load_s, "fulltext_index_build_s": rum_s, "hnsw_index_build_s": hnsw_s, "tenants": tenants.len() });
     Ok((url, store, report))

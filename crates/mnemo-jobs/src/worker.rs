@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use apalis::layers::WorkerBuilderExt;
 use apalis::layers::tracing::TraceLayer;
@@ -27,6 +27,34 @@ use crate::{
     CompactPolicy, Compactor, ConsolidateRunner, EmbedDispatcher, EmbedPolicy, ExtractRunner, JobError,
     JudgeDispatcher, JudgePolicy, Next, RetentionRunner,
 };
+
+/// How long a failed queue worker waits before it starts again. A failure restarts at once; one
+/// within `RESTART_STREAK` of the failure before (of any queue's worker: when the database refuses
+/// connections they all fail) waits twice as long as that one did, from `MIN_RESTART_PAUSE` up to
+/// `MAX_RESTART_PAUSE`. Without it a worker refused by a restarting database restarted a hundred
+/// times in a few seconds (the fault suite saw it).
+#[derive(Debug, Default)]
+struct RestartPacer {
+    /// When a worker last failed, and the pause it was given then.
+    last: Option<(Instant, Duration)>,
+}
+
+const RESTART_STREAK: Duration = Duration::from_secs(10);
+const MIN_RESTART_PAUSE: Duration = Duration::from_millis(100);
+const MAX_RESTART_PAUSE: Duration = Duration::from_secs(2);
+
+impl RestartPacer {
+    fn pause(&mut self, now: Instant) -> Duration {
+        let pause = match self.last {
+            Some((at, before)) if now.saturating_duration_since(at) < RESTART_STREAK + before => {
+                (before * 2).clamp(MIN_RESTART_PAUSE, MAX_RESTART_PAUSE)
+            }
+            _ => Duration::ZERO,
+        };
+        self.last = Some((now, pause));
+        pause
+    }
+}
 
 /// A name no other process has used or will use: a restarted worker must not inherit the
 /// Running jobs of its previous life, or they would never be re-queued.
@@ -250,15 +278,22 @@ pub async fn run_worker(
     let missed = u32::try_from((settings.orphan_timeout.as_secs() / heartbeat.as_secs()).max(2)).unwrap_or(10);
     // A queue worker whose backend failed (PostgreSQL restarted under it) starts again instead of
     // ending the process: the fault suite (`make faults`) saw every worker exit on a restart.
-    // Not while shutting down. There is no delay between restarts (the callback cannot wait): while
-    // the database refuses connections a queue's worker fails and starts again in a loop, which a
-    // cap would turn into an exit within seconds (the fault suite saw it).
+    // Not while shutting down. No cap on restarts (a cap turned a long outage into an exit within
+    // seconds); a worker that keeps failing is paced instead (`RestartPacer`).
     // The monitor's own flag is no use here: a failed worker reads as stopped.
     let stopping = Arc::new(AtomicBool::new(false));
     let shutting_down = stopping.clone();
+    let pacer = std::sync::Mutex::new(RestartPacer::default());
     let mut monitor = Monitor::new().shutdown_timeout(settings.job_timeout).should_restart(move |worker, error| {
         let again = !shutting_down.load(Ordering::Relaxed);
-        tracing::warn!(worker = %worker.name(), error = %error, restarts = worker.restarts(), again, "queue worker failed");
+        let pause = if again { pacer.lock().map_or(Duration::ZERO, |mut p| p.pause(Instant::now())) } else { Duration::ZERO };
+        tracing::warn!(worker = %worker.name(), error = %error, restarts = worker.restarts(), again, pause_ms = pause.as_millis() as u64, "queue worker failed");
+        // The callback is synchronous and runs inside the monitor's future: waiting here holds
+        // back every queue's fetching (never the jobs already running, which are spawned), and
+        // only while some queue fails again and again.
+        if !pause.is_zero() && tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            tokio::task::block_in_place(|| std::thread::sleep(pause));
+        }
         again
     });
     for (queue, concurrency) in settings.queues.clone() {
@@ -433,4 +468,30 @@ async fn serve_metrics(addr: std::net::SocketAddr) -> Result<tokio::task::JoinHa
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_in_a_streak_are_paced_and_a_lone_failure_is_not() {
+        let mut pacer = RestartPacer::default();
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        assert_eq!(pacer.pause(at(0)), Duration::ZERO, "the first failure restarts at once");
+        // Failing again right after each restart, as against a database that is down.
+        let mut now = 5;
+        let mut pauses = Vec::new();
+        for _ in 0..7 {
+            let pause = pacer.pause(at(now));
+            pauses.push(pause.as_millis() as u64);
+            now += pause.as_millis() as u64 + 5;
+        }
+        assert_eq!(pauses, [100, 200, 400, 800, 1600, 2000, 2000]);
+        // Quiet for longer than the streak: the next failure restarts at once again.
+        let later = now + RESTART_STREAK.as_millis() as u64 + 2000 + 1;
+        assert_eq!(pacer.pause(at(later)), Duration::ZERO);
+        assert_eq!(pacer.pause(at(later + 1)), MIN_RESTART_PAUSE);
+    }
 }

@@ -176,6 +176,15 @@ impl Store {
         Ok(())
     }
 
+    /// Counts every tenant's lexemes again from its rows (migration 032), which a bulk load does
+    /// not: keyword search weighs words by them.
+    pub async fn count_lexemes(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT mnemo_count_tenant_text(t.tenant_id) FROM (SELECT DISTINCT tenant_id FROM memory_items) t")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// VACUUM ANALYZE of `memory_items` and `memory_embeddings`, as autovacuum would do after a
     /// bulk load.
     pub async fn vacuum_analyze_memories(&self) -> Result<(), StoreError> {

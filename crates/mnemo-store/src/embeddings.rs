@@ -60,7 +60,10 @@ LEFT JOIN LATERAL (
 WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 
 /// Stores vectors only for rows whose content is still what was embedded; a row changed since
-/// has a newer job of its own. A live fact not yet judged is marked for the judge.
+/// has a newer job of its own. A live fact not yet judged is marked for the judge. A row whose
+/// full text is computed now for the first time adds its lexemes to its tenant's counts, which
+/// keyword search weighs words by (migration 032); in sorted order, so that two batches of one
+/// tenant wait for each other rather than deadlock.
 const SAVE_VECTORS: &str = "
 WITH v AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::vector[]) AS v(id, tenant_id, sha, embedding)
@@ -73,12 +76,29 @@ WITH v AS (
     ON CONFLICT (tenant_id, item_id, model) DO UPDATE
         SET embedding = EXCLUDED.embedding, content_sha256 = EXCLUDED.content_sha256, embedded_at = now()
     RETURNING tenant_id, item_id
+), updated AS (
+    UPDATE memory_items m SET embedded_model = $5, embed_error = NULL,
+        judge_enqueued_at = CASE WHEN m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL
+                                 THEN now() ELSE m.judge_enqueued_at END
+    FROM saved WHERE m.tenant_id = saved.tenant_id AND m.id = saved.item_id
+    RETURNING m.id, m.tenant_id, m.tsv, (m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL) AS judge
+), first_text AS (
+    -- `was` is read in the statement's snapshot: the row as it was before the update above.
+    SELECT u.tenant_id, u.tsv FROM updated u
+    JOIN memory_items was ON was.tenant_id = u.tenant_id AND was.id = u.id
+    WHERE was.tsv IS NULL AND u.tsv IS NOT NULL
+), counted_lexemes AS (
+    INSERT INTO tenant_lexemes (tenant_id, lexeme, documents)
+    SELECT f.tenant_id, l, count(*) FROM first_text f CROSS JOIN unnest(tsvector_to_array(f.tsv)) AS l
+    GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (tenant_id, lexeme) DO UPDATE SET documents = tenant_lexemes.documents + EXCLUDED.documents
+), counted_rows AS (
+    INSERT INTO tenant_text (tenant_id, documents, lexemes)
+    SELECT tenant_id, count(*), sum(length(tsv)) FROM first_text GROUP BY 1 ORDER BY 1
+    ON CONFLICT (tenant_id) DO UPDATE
+        SET documents = tenant_text.documents + EXCLUDED.documents, lexemes = tenant_text.lexemes + EXCLUDED.lexemes
 )
-UPDATE memory_items m SET embedded_model = $5, embed_error = NULL,
-    judge_enqueued_at = CASE WHEN m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL
-                             THEN now() ELSE m.judge_enqueued_at END
-FROM saved WHERE m.tenant_id = saved.tenant_id AND m.id = saved.item_id
-RETURNING m.id, m.tenant_id, (m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL) AS judge";
+SELECT id, tenant_id, judge FROM updated";
 
 impl Store {
     /// The live rows behind a batch of embed jobs, each checked against its job's tenant, with

@@ -259,6 +259,9 @@ impl Import {
         .execute(&mut *self.tx)
         .await?
         .rows_affected();
+        // Rows imported with their vectors have their full text already: the embed worker never
+        // counts their lexemes (migration 032).
+        sqlx::query("SELECT mnemo_count_tenant_text($1)").bind(tenant).execute(&mut *self.tx).await?;
         self.tx.commit().await?;
         Ok(report)
     }

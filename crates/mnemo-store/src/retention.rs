@@ -112,6 +112,28 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
         vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.tenant_id = $1 AND e.item_id = picked.id),
         payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
         sightings AS (DELETE FROM memory_sightings x USING picked WHERE x.tenant_id = $1 AND x.item_id = picked.id),
+        -- The rows' words leave their tenant's counts (migration 032), read from the full text as
+        -- it was before this statement; a word no other row holds is forgotten.
+        words AS (
+            SELECT l, count(*) AS n FROM memory_items w JOIN picked ON w.tenant_id = $1 AND w.id = picked.id
+            CROSS JOIN unnest(tsvector_to_array(w.tsv)) AS l
+            GROUP BY l
+        ),
+        forgotten AS (
+            DELETE FROM tenant_lexemes c USING words
+            WHERE c.tenant_id = $1 AND c.lexeme = words.l AND c.documents <= words.n
+        ),
+        uncounted AS (
+            UPDATE tenant_lexemes c SET documents = c.documents - words.n FROM words
+            WHERE c.tenant_id = $1 AND c.lexeme = words.l AND c.documents > words.n
+        ),
+        uncounted_rows AS (
+            UPDATE tenant_text t SET documents = greatest(t.documents - x.n, 0), lexemes = greatest(t.lexemes - x.lexemes, 0)
+            FROM (SELECT count(*) AS n, coalesce(sum(length(w.tsv)), 0) AS lexemes
+                  FROM memory_items w JOIN picked ON w.tenant_id = $1 AND w.id = picked.id
+                  WHERE w.tsv IS NOT NULL) x
+            WHERE t.tenant_id = $1
+        ),
         anonymized AS (
             UPDATE memory_items m SET
                 content = '[REDACTED]',

@@ -114,31 +114,48 @@ const EXACT_ROWS: u32 = 1000;
 /// first. More wait only while the embed workers are behind, and recall is `degraded` then.
 const UNINDEXED_SCAN: u32 = 4096;
 
+/// Rows each class's full-text index scan brings, by RUM's distance, for BM25 to rank.
+const KEYWORD_POOL: u32 = 200;
+
+/// BM25's term-frequency saturation and length normalisation (the usual values).
+const BM25_K1: f64 = 1.2;
+const BM25_B: f64 = 0.75;
+
 /// Full text with OR semantics: the query's lexemes less the common ones (`$13`, with their
-/// frequencies in `$14`); when every lexeme is common, the rarest alone. Each class is ranked by
-/// RUM's distance (`$11` per class): from the index for embedded rows, and for rows not embedded
-/// yet (whose full-text column is still empty) from their content, stemmed here (see migrations
-/// 024 and 028). The class filter is cheaper than stemming, so only the class's rows are stemmed.
+/// frequencies in `$14`); when every lexeme is common, the rarest alone. Each class's candidates
+/// are the `KEYWORD_POOL` nearest by RUM's distance: from the index for embedded rows, and for
+/// rows not embedded yet (whose full-text column is still empty) from their content, stemmed here
+/// (see migrations 024 and 028; the class filter is cheaper than stemming, so only the class's
+/// rows are stemmed). They are ranked by BM25 over every lexeme of the query, each weighed by how
+/// few of the tenant's rows hold it (migration 032); `d` is the score negated, so that less is
+/// better as in the vector half.
 fn keyword_sql() -> String {
+    let bm25 = format!(
+        "coalesce((SELECT sum(w.idf * tf.n * ({BM25_K1} + 1)
+                   / (tf.n + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * length(x.tsv) / (SELECT avgdl FROM corpus))))
+                  FROM unnest(x.tsv) AS u
+                  JOIN weights w ON w.lexeme = u.lexeme
+                  CROSS JOIN LATERAL (SELECT coalesce(array_length(u.positions, 1), 1)::float8 AS n) tf), 0)"
+    );
     let branches: Vec<String> = Scope::ALL
         .iter()
         .map(|&class| {
             let filter = class_filter(class);
             format!(
-                "(SELECT '{class}' AS class, x.id, x.d FROM (
-                   (SELECT m.id, (m.tsv <=> (SELECT q FROM query))::float8 AS d
+                "(SELECT '{class}' AS class, x.id, -{bm25} AS d FROM (
+                   (SELECT m.id, m.tsv
                     FROM memory_items m
                     WHERE {filter} AND {LIVE} AND m.embedded_model IS NOT NULL AND m.tsv @@ (SELECT q FROM query)
-                    ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT $11)
+                    ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT {KEYWORD_POOL})
                    UNION ALL
-                   (SELECT m.id, (to_tsvector('english', m.content) <=> (SELECT q FROM query))::float8 AS d
+                   (SELECT m.id, to_tsvector('english', m.content) AS tsv
                     FROM (SELECT * FROM memory_items
                           WHERE tenant_id = $1 AND deleted_at IS NULL AND anonymized_at IS NULL
                             AND embedded_model IS NULL
                           ORDER BY created_at DESC LIMIT {UNINDEXED_SCAN}) m
                     WHERE {filter} AND {LIVE} AND to_tsvector('english', m.content) @@ (SELECT q FROM query)
-                    ORDER BY 2 LIMIT $11)
-                 ) x ORDER BY x.d LIMIT $11)"
+                    ORDER BY to_tsvector('english', m.content) <=> (SELECT q FROM query) LIMIT {KEYWORD_POOL})
+                 ) x ORDER BY 3 LIMIT $11)"
             )
         })
         .collect();
@@ -154,6 +171,17 @@ fn keyword_sql() -> String {
             -- Each lexeme quoted as a tsquery literal: no operator in it is interpreted.
             SELECT tsquery_or_agg(('''' || replace(replace(l, '\\', '\\\\'), '''', '''''') || '''')::tsquery) AS q
             FROM kept
+        ), corpus AS (
+            -- A tenant not counted yet weighs every word alike.
+            SELECT greatest(coalesce(max(t.documents), 0), 1)::float8 AS n,
+                   coalesce(max(t.lexemes)::float8 / nullif(max(t.documents), 0), 1) AS avgdl
+            FROM tenant_text t WHERE t.tenant_id = $1
+        ), weights AS (
+            -- BM25's inverse document frequency, never below zero when the counts have drifted.
+            SELECT x.l AS lexeme,
+                   ln(1 + (greatest(c.n - coalesce(f.documents, 0), 0) + 0.5) / (coalesce(f.documents, 0) + 0.5)) AS idf
+            FROM lexemes x CROSS JOIN corpus c
+            LEFT JOIN tenant_lexemes f ON f.tenant_id = $1 AND f.lexeme = x.l
         )
         {}",
         branches.join("\nUNION ALL\n")
