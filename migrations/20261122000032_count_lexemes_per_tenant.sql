@@ -8,8 +8,10 @@
 -- that first computes its full text (Store::save_vectors), and anonymization takes them away in
 -- its own (retention and erasure): a word no remaining row holds is forgotten with the last one.
 -- `mnemo_count_tenant_text` counts a tenant again from its rows, for loads that store rows with
--- their full text already (bulk loads, imports) and for the rows stored before this migration. It
--- replaces the tenant's counts: not while that tenant's rows are being embedded.
+-- their full text already (bulk loads, imports) and for the rows stored before this migration.
+-- Every change to a tenant's counts first takes the tenant's advisory lock (the key below, the same
+-- as the store's LOCK_TEXT_COUNTS), so each sees the last one committed: a row is counted once,
+-- and a recount beside a running embed worker neither collides with it nor loses its rows.
 CREATE TABLE tenant_lexemes (
     tenant_id text NOT NULL,
     lexeme text NOT NULL,
@@ -35,7 +37,9 @@ BEGIN
     END LOOP;
 END $$;
 
+-- VOLATILE (the default): each statement below takes a new snapshot, after the lock.
 CREATE FUNCTION mnemo_count_tenant_text(tenant text) RETURNS void LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('text counts' || chr(31) || tenant, 0));
     DELETE FROM tenant_lexemes WHERE tenant_id = tenant;
     INSERT INTO tenant_lexemes (tenant_id, lexeme, documents)
         SELECT tenant, l, count(*) FROM memory_items m CROSS JOIN unnest(tsvector_to_array(m.tsv)) AS l

@@ -641,3 +641,70 @@ async fn keyword_search_weighs_words_by_how_few_of_the_tenants_rows_hold_them() 
     assert_eq!(rows.0, 12);
     assert!(acme_counts.iter().all(|(_, n)| *n == 12), "only the orchard rows' words are left: {acme_counts:?}");
 }
+
+/// Two embed jobs of one row can run at once (a re-queue of a slow job, an orphan's recovery); an
+/// erasure can wait on a row while it is being embedded. Either way each row with full text is
+/// counted exactly once: the counts equal a count made from the rows.
+#[tokio::test]
+async fn text_counts_stay_exact_when_saves_and_erasures_race() {
+    let f = Fixture::start(&[]).await;
+    let acme = principal("acme", Some("alice"), None, None);
+    let store = f.app.db.store();
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        ids.push(f.fact(&acme, "user", &format!("alice keeps bees number {i} near the river")).await);
+    }
+    let rows: Vec<(Uuid, Vec<u8>)> =
+        sqlx::query_as("SELECT id, content_sha256 FROM memory_items WHERE tenant_id = 'acme' AND id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(store.pool())
+            .await
+            .expect("rows");
+    let vector = |id: Uuid, sha: &[u8]| mnemo_store::NewVector {
+        id,
+        tenant_id: acme.tenant.clone(),
+        content_sha256: sha.to_vec(),
+        embedding: vec![0.125; DIMS],
+    };
+    let (half, rest) = rows.split_at(rows.len() / 2);
+    // The first half saved twice at once; the second saved while an erasure of alice runs.
+    let mut twice = tokio::task::JoinSet::new();
+    for (id, sha) in half {
+        for _ in 0..2 {
+            let (store, v) = (store.clone(), vector(*id, sha));
+            twice.spawn(async move { store.save_vectors(MODEL, vec![v]).await.expect("saved") });
+        }
+    }
+    twice.join_all().await;
+    let counted = |store: mnemo_store::Store| async move {
+        let kept: Vec<(String, i64)> =
+            sqlx::query_as("SELECT lexeme, documents FROM tenant_lexemes WHERE tenant_id = 'acme' ORDER BY 1")
+                .fetch_all(store.pool())
+                .await
+                .expect("counts");
+        let from_rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT l, count(*) FROM memory_items m CROSS JOIN unnest(tsvector_to_array(m.tsv)) AS l
+             WHERE m.tenant_id = 'acme' AND m.tsv IS NOT NULL GROUP BY 1 ORDER BY 1",
+        )
+        .fetch_all(store.pool())
+        .await
+        .expect("count from rows");
+        (kept, from_rows)
+    };
+    let (kept, from_rows) = counted(store.clone()).await;
+    assert_eq!(kept, from_rows, "a row saved twice at once is counted once");
+    assert!(kept.iter().any(|(l, n)| l == "bee" && *n == half.len() as i64), "{kept:?}");
+
+    let mut saves = tokio::task::JoinSet::new();
+    for (id, sha) in rest {
+        let (store, v) = (store.clone(), vector(*id, sha));
+        saves.spawn(async move { store.save_vectors(MODEL, vec![v]).await.expect("saved") });
+    }
+    let alice = mnemo_core::UserId::parse("alice").expect("user");
+    let erased = store.erase_user_rows(&acme.tenant, &alice, Uuid::nil(), 1000, "test").await;
+    saves.join_all().await;
+    assert_eq!(erased.expect("erased").len(), rows.len(), "every row of alice's anonymized");
+    let (kept, from_rows) = counted(store.clone()).await;
+    assert_eq!(kept, from_rows, "an erasure racing embeddings leaves no word counted");
+    assert!(kept.is_empty(), "{kept:?}");
+}

@@ -294,7 +294,8 @@ pub async fn run_worker(
         if !pause.is_zero() && tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
             tokio::task::block_in_place(|| std::thread::sleep(pause));
         }
-        again
+        // A shutdown asked for during the pause wins.
+        again && !shutting_down.load(Ordering::Relaxed)
     });
     for (queue, concurrency) in settings.queues.clone() {
         // One queue's apalis worker, the same for every queue: woken by NOTIFY and polling every

@@ -62,8 +62,8 @@ WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 /// Stores vectors only for rows whose content is still what was embedded; a row changed since
 /// has a newer job of its own. A live fact not yet judged is marked for the judge. A row whose
 /// full text is computed now for the first time adds its lexemes to its tenant's counts, which
-/// keyword search weighs words by (migration 032); in sorted order, so that two batches of one
-/// tenant wait for each other rather than deadlock.
+/// keyword search weighs words by (migration 032). Run under `LOCK_TEXT_COUNTS`, so `was` (the
+/// statement's snapshot) already holds whatever another transaction counted.
 const SAVE_VECTORS: &str = "
 WITH v AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::vector[]) AS v(id, tenant_id, sha, embedding)
@@ -99,6 +99,20 @@ WITH v AS (
         SET documents = tenant_text.documents + EXCLUDED.documents, lexemes = tenant_text.lexemes + EXCLUDED.lexemes
 )
 SELECT id, tenant_id, judge FROM updated";
+
+/// A tenant's text counts (migration 032) change one transaction at a time: the embed worker's
+/// save, anonymization and a recount each take this lock before the statement that reads and
+/// changes them, so that statement's snapshot already holds the last change. Tenants are locked
+/// in sorted order, so batches spanning several never deadlock. `mnemo_count_tenant_text` takes
+/// the same key.
+const LOCK_TEXT_COUNTS: &str = "
+SELECT pg_advisory_xact_lock(hashtextextended('text counts' || chr(31) || t, 0))
+FROM (SELECT DISTINCT t FROM unnest($1::text[]) AS t ORDER BY t) s";
+
+pub(crate) async fn lock_text_counts(tx: &mut sqlx::PgConnection, tenants: &[String]) -> Result<(), StoreError> {
+    sqlx::query(LOCK_TEXT_COUNTS).bind(tenants).execute(tx).await?;
+    Ok(())
+}
 
 impl Store {
     /// The live rows behind a batch of embed jobs, each checked against its job's tenant, with
@@ -140,6 +154,7 @@ impl Store {
             embeddings.push(Vector::from(v.embedding));
         }
         let mut tx = self.pool.begin().await?;
+        lock_text_counts(&mut tx, &tenants).await?;
         let saved: Vec<(Uuid, String, bool)> = sqlx::query_as(SAVE_VECTORS)
             .bind(ids)
             .bind(tenants)

@@ -14,6 +14,7 @@ use serde_json::Value;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use crate::embeddings::lock_text_counts;
 use crate::queue::{RetentionJob, push};
 use crate::{Store, StoreError};
 
@@ -113,7 +114,8 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
         payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
         sightings AS (DELETE FROM memory_sightings x USING picked WHERE x.tenant_id = $1 AND x.item_id = picked.id),
         -- The rows' words leave their tenant's counts (migration 032), read from the full text as
-        -- it was before this statement; a word no other row holds is forgotten.
+        -- it was before this statement (the caller holds the counts' lock, so no embedding of
+        -- these rows is half-counted); a word no other row holds is forgotten.
         words AS (
             SELECT l, count(*) AS n FROM memory_items w JOIN picked ON w.tenant_id = $1 AND w.id = picked.id
             CROSS JOIN unnest(tsvector_to_array(w.tsv)) AS l
@@ -299,6 +301,8 @@ impl Store {
              ORDER BY m.id LIMIT $4 FOR UPDATE SKIP LOCKED",
             due_filter()
         );
+        let mut tx = self.pool.begin().await?;
+        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
         let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(&picked, "$5")))
             .bind(tenant.as_str())
             .bind(cutoffs.deleted_before)
@@ -306,8 +310,9 @@ impl Store {
             .bind(limit)
             .bind(actor)
             .bind(after)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(rows.into_iter().map(|(id, _, r)| (id, reason(&r))).collect())
     }
 
@@ -390,14 +395,17 @@ impl Store {
         let picked = "SELECT m.id, 'erasure' AS reason FROM memory_items m
                       WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $5
                       ORDER BY m.id LIMIT $3 FOR UPDATE";
+        let mut tx = self.pool.begin().await?;
+        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
         let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(picked, "$4")))
             .bind(tenant.as_str())
             .bind(user.as_str())
             .bind(limit)
             .bind(actor)
             .bind(after)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
     }
 

@@ -172,9 +172,10 @@ fn keyword_sql() -> String {
             SELECT tsquery_or_agg(('''' || replace(replace(l, '\\', '\\\\'), '''', '''''') || '''')::tsquery) AS q
             FROM kept
         ), corpus AS (
-            -- A tenant not counted yet weighs every word alike.
+            -- A tenant not counted yet weighs every word alike; one whose counted rows hold no
+            -- lexeme at all (stop words only) divides by 1, not 0.
             SELECT greatest(coalesce(max(t.documents), 0), 1)::float8 AS n,
-                   coalesce(max(t.lexemes)::float8 / nullif(max(t.documents), 0), 1) AS avgdl
+                   coalesce(nullif(max(t.lexemes), 0)::float8 / nullif(max(t.documents), 0), 1) AS avgdl
             FROM tenant_text t WHERE t.tenant_id = $1
         ), weights AS (
             -- BM25's inverse document frequency, never below zero when the counts have drifted.
