@@ -53,3 +53,17 @@ async fn texts_are_read_past_128_tokens() {
     let v = embed(&model, &[a.as_str(), b.as_str()]).await;
     assert!(cosine(&v[0], &v[1]) < 0.9999, "the tails were cut off");
 }
+
+/// The encoder is mnemo's own (`mnemo_models::bert`): its vectors must stay those the model gives,
+/// or stored vectors and new queries drift apart. These are the first components of one text's
+/// vector, as this encoder gave them when it replaced candle-transformers' `BertModel` (whose
+/// vectors it matched to a cosine of 0.9999993 or more on LoCoMo texts, docs/benchmarks.md).
+#[tokio::test]
+async fn the_encoder_gives_the_model_s_vectors() {
+    let model = model();
+    let v = embed(&model, &["I live in Tokyo"]).await;
+    const FIRST: [f32; 6] = [0.038_034_07, -0.069_763_15, 0.057_126_68, 0.017_895_456, 0.040_446_27, -0.022_241_749];
+    for (i, (got, want)) in v[0].iter().zip(FIRST).enumerate() {
+        assert!((got - want).abs() < 1e-5, "component {i}: {got} against {want}; first: {:?}", &v[0][..6]);
+    }
+}

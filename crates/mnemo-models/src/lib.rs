@@ -9,6 +9,7 @@ use std::sync::{Arc, Once};
 use mnemo_config::{ContextSettings, EmbedProvider, EmbedSettings, JudgeSettings};
 use mnemo_core::{Consolidator, Embedder, Extractor, Judge, Summarizer};
 
+mod bert;
 mod chat_consolidate;
 mod chat_extract;
 mod chat_judge;

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
 use mnemo_core::{EmbedError, EmbedFuture, Embedder};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
 use crate::ModelError;
+use crate::bert::{BertModel, Config};
 
 /// The name vectors from this model are stored under.
 pub const LOCAL_MODEL_NAME: &str = "all-MiniLM-L6-v2";
@@ -106,7 +106,7 @@ impl Inner {
         let mask = Tensor::from_vec(flat(|e| e.get_attention_mask()), (rows, width), &device).map_err(|e| fail(&e))?;
 
         let pooled = (|| {
-            let hidden = self.model.forward(&ids, &types, Some(&mask))?;
+            let hidden = self.model.forward(&ids, &types, &mask)?;
             // Mean over the real tokens only, then unit length.
             let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
             let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
