@@ -9,9 +9,10 @@
 -- its own (retention and erasure): a word no remaining row holds is forgotten with the last one.
 -- `mnemo_count_tenant_text` counts a tenant again from its rows, for loads that store rows with
 -- their full text already (bulk loads, imports) and for the rows stored before this migration.
--- Every change to a tenant's counts first takes the tenant's advisory lock (the key below, the same
--- as the store's LOCK_TEXT_COUNTS), so each sees the last one committed: a row is counted once,
--- and a recount beside a running embed worker neither collides with it nor loses its rows.
+-- Every change to a tenant's counts first takes the tenant's advisory lock
+-- (`mnemo_lock_text_counts`, in a statement of its own), so each sees the last one committed: a
+-- row is counted once, and a recount beside a running embed worker neither collides with it nor
+-- loses its rows.
 CREATE TABLE tenant_lexemes (
     tenant_id text NOT NULL,
     lexeme text NOT NULL,
@@ -37,9 +38,13 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE FUNCTION mnemo_lock_text_counts(tenant text) RETURNS void LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('text counts' || chr(31) || tenant, 0));
+$$;
+
 -- VOLATILE (the default): each statement below takes a new snapshot, after the lock.
 CREATE FUNCTION mnemo_count_tenant_text(tenant text) RETURNS void LANGUAGE sql AS $$
-    SELECT pg_advisory_xact_lock(hashtextextended('text counts' || chr(31) || tenant, 0));
+    SELECT mnemo_lock_text_counts(tenant);
     DELETE FROM tenant_lexemes WHERE tenant_id = tenant;
     INSERT INTO tenant_lexemes (tenant_id, lexeme, documents)
         SELECT tenant, l, count(*) FROM memory_items m CROSS JOIN unnest(tsvector_to_array(m.tsv)) AS l

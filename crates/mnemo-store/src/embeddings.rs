@@ -103,11 +103,10 @@ SELECT id, tenant_id, judge FROM updated";
 /// A tenant's text counts (migration 032) change one transaction at a time: the embed worker's
 /// save, anonymization and a recount each take this lock before the statement that reads and
 /// changes them, so that statement's snapshot already holds the last change. Tenants are locked
-/// in sorted order, so batches spanning several never deadlock. `mnemo_count_tenant_text` takes
-/// the same key.
+/// in sorted order, so batches spanning several never deadlock. The lock is migration 032's
+/// `mnemo_lock_text_counts`, which `mnemo_count_tenant_text` takes too.
 const LOCK_TEXT_COUNTS: &str = "
-SELECT pg_advisory_xact_lock(hashtextextended('text counts' || chr(31) || t, 0))
-FROM (SELECT DISTINCT t FROM unnest($1::text[]) AS t ORDER BY t) s";
+SELECT mnemo_lock_text_counts(t) FROM (SELECT DISTINCT t FROM unnest($1::text[]) AS t ORDER BY t) s";
 
 pub(crate) async fn lock_text_counts(tx: &mut sqlx::PgConnection, tenants: &[String]) -> Result<(), StoreError> {
     sqlx::query(LOCK_TEXT_COUNTS).bind(tenants).execute(tx).await?;
