@@ -35,9 +35,21 @@ pub use error::{ApiError, ERROR_CODES};
 pub use routes::recalled_item;
 pub use serve::{Timeouts, serve};
 
-/// What every handler can reach.
+/// What every handler can reach. axum clones it for every extractor of every request, so it is
+/// one pointer to the parts, which are built once.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppParts>);
+
+impl std::ops::Deref for AppState {
+    type Target = AppParts;
+
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+#[derive(Debug)]
+pub struct AppParts {
     /// The primary: every write, and every read that must see the latest writes.
     pub store: Store,
     /// Where recall and tool-output reads go: the primary, or a replica checked against it.
@@ -74,7 +86,7 @@ impl AppState {
                 .with_replica(url.expose(), settings.database.max_connections, settings.database.replica_wait)
                 .map_err(|e| format!("{}: {e}", mnemo_config::vars::READ_DATABASE_URL))?;
         }
-        Ok(Self {
+        Ok(Self(Arc::new(AppParts {
             writes: GroupCommit::start(store.clone(), settings.write_committers, settings.write_max_batch),
             recall: Arc::new(
                 Recall::new(store.clone(), embedder, reranker, settings.recall.clone())
@@ -92,7 +104,7 @@ impl AppState {
             metrics: mnemo_config::metrics_handle(),
             rate_limit: limit::RateLimiter::new(settings.rate_limit_per_tenant, settings.rate_limit_burst)
                 .map(Arc::new),
-        })
+        })))
     }
 }
 

@@ -58,10 +58,21 @@ pub struct LatencyArgs {
     seconds: u64,
 }
 
-/// Short texts (one turn, "speaker: text") and long ones (consecutive turns, ~200 tokens).
-fn corpus(path: &Path) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+/// The texts the embedder benchmark measures.
+struct Corpus {
+    /// One turn, "speaker: text", of 60–120 characters.
+    short: Vec<String>,
+    /// Consecutive turns, ~200 tokens.
+    long: Vec<String>,
+    /// The questions, as recall embeds them: of mixed lengths, as concurrent queries come.
+    questions: Vec<String>,
+}
+
+fn corpus(path: &Path) -> anyhow::Result<Corpus> {
     let mut turns = Vec::new();
+    let mut questions = Vec::new();
     for sample in locomo::read(path)? {
+        questions.extend(sample.qa.iter().filter_map(|qa| qa.question.clone()));
         // Sessions in the order they happened, so a long text is a run of consecutive turns.
         let mut sessions: Vec<&locomo::Session> = sample.sessions.iter().collect();
         sessions.sort_by_key(|s| s.number);
@@ -80,7 +91,7 @@ fn corpus(path: &Path) -> anyhow::Result<(Vec<String>, Vec<String>)> {
             long.push(std::mem::take(&mut current));
         }
     }
-    Ok((short, long))
+    Ok(Corpus { short, long, questions })
 }
 
 pub(crate) fn local_embedder(env: &Env) -> anyhow::Result<(EmbedSettings, Arc<dyn Embedder>)> {
@@ -103,10 +114,10 @@ fn cycle(texts: &[String], n: usize) -> Vec<String> {
 }
 
 pub async fn embedder(args: EmbedderArgs) -> anyhow::Result<()> {
-    let (short, long) = corpus(&args.corpus.data)?;
+    let Corpus { short, long, questions } = corpus(&args.corpus.data)?;
     let (_, embedder) = local_embedder(&Env::from_process())?;
     let mut rows = Vec::new();
-    for (label, texts) in [("short", &short), ("long", &long)] {
+    for (label, texts) in [("short", &short), ("long", &long), ("questions", &questions)] {
         // Long texts cost ~10× more: measure fewer of them.
         let n = if label == "long" { args.texts / 4 } else { args.texts };
         for &batch in &args.batch {
@@ -120,14 +131,15 @@ pub async fn embedder(args: EmbedderArgs) -> anyhow::Result<()> {
     if args.corpus.json {
         println!(
             "{}",
-            json!({ "scenario": "embedder", "model": embedder.model(), "mean_chars": { "short": mean_chars(&short), "long": mean_chars(&long) }, "results": rows })
+            json!({ "scenario": "embedder", "model": embedder.model(), "mean_chars": { "short": mean_chars(&short), "long": mean_chars(&long), "questions": mean_chars(&questions) }, "results": rows })
         );
     } else {
         println!(
-            "model {} (short texts: {} chars on average, long: {})",
+            "model {} (chars on average: short texts {}, long {}, questions {})",
             embedder.model(),
             mean_chars(&short),
-            mean_chars(&long)
+            mean_chars(&long),
+            mean_chars(&questions)
         );
         println!("| texts | batch | rows/s |\n|---|---:|---:|");
         for r in &rows {
@@ -238,7 +250,7 @@ pub(crate) async fn wait_embedded(
 
 pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
-    let (short, _) = corpus(&args.corpus.data)?;
+    let short = corpus(&args.corpus.data)?.short;
     let texts = cycle(&short, args.rows);
     let (_, embedder) = local_embedder(&env)?;
     let (url, store) = fresh(&env).await?;
@@ -280,7 +292,7 @@ fn metric(text: &str, name: &str) -> f64 {
 
 pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let env = Env::from_process();
-    let (short, _) = corpus(&args.corpus.data)?;
+    let short = corpus(&args.corpus.data)?.short;
     let (_, embedder) = local_embedder(&env)?;
     if let Some(load) = args.load.iter().find(|&&l| !(l > 0.0 && l <= 2.0)) {
         anyhow::bail!("--load takes fractions above 0 (at most 2), got {load}");

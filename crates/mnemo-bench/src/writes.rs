@@ -191,7 +191,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let token = mnemo_api::auth::sign_hs256(secret.as_bytes(), &principal, Duration::from_secs(3600))
         .map_err(anyhow::Error::msg)?;
-    let http = reqwest::Client::builder().pool_max_idle_per_host(max_concurrency).build()?;
+    // The server closes a connection idle for its header timeout; a client must drop it first,
+    // or a request sent as the server closes it fails (seen between phases on a starved machine).
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(max_concurrency)
+        .pool_idle_timeout(settings.header_timeout / 2)
+        .build()?;
 
     let duration = Duration::from_secs(args.seconds);
     let mut rows = Vec::new();
