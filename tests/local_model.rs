@@ -33,7 +33,7 @@ async fn meaning_decides_distance() {
 async fn a_text_embeds_the_same_alone_and_in_a_mixed_batch() {
     let model = model();
     let long = "The quarterly report covers revenue, churn and hiring across every region. ".repeat(20);
-    // Of three lengths, in no order: the embedder sorts them into passes and must hand each
+    // Of four lengths, in no order: the embedder sorts them into passes and must hand each
     // vector back to its own text.
     let texts = ["I live in Tokyo", long.as_str(), "ok", "Which city did the user say they moved to last spring?"];
     let mixed = embed(&model, &texts).await;

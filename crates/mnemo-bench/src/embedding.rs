@@ -79,6 +79,7 @@ fn corpus(path: &Path) -> anyhow::Result<Corpus> {
         turns.extend(sessions.into_iter().flat_map(|s| &s.turns).map(locomo::Turn::line));
     }
     anyhow::ensure!(!turns.is_empty(), "no turns in {}", path.display());
+    anyhow::ensure!(!questions.is_empty(), "no questions in {}", path.display());
     // 60–120 characters is ~15–25 tokens: the short texts.
     let short: Vec<String> = turns.iter().filter(|t| (60..=120).contains(&t.len())).cloned().collect();
     // ~1,000 characters is ~200 tokens of conversational English.

@@ -32,7 +32,7 @@ enum Scenario {
     /// Single-row writes over HTTP at increasing concurrency, against the plain-INSERT rate of
     /// the same PostgreSQL.
     Writes(writes::Args),
-    /// Raw embedder throughput at several batch sizes, short and long texts.
+    /// Raw embedder throughput at several batch sizes: short texts, long texts and LoCoMo's questions.
     Embedder(embedding::EmbedderArgs),
     /// Rows through write → queue → worker → vector, against the raw embedder in the same run.
     Pipeline(embedding::PipelineArgs),

@@ -112,7 +112,8 @@ fn passes(lengths: &[usize]) -> Vec<usize> {
 impl Inner {
     fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let fail = |e: &dyn std::fmt::Display| EmbedError::permanent("local_model", e.to_string());
-        let encodings = self.tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| fail(&e))?;
+        let encodings =
+            self.tokenizer.encode_batch(texts.iter().map(String::as_str).collect(), true).map_err(|e| fail(&e))?;
         let mut order: Vec<usize> = (0..encodings.len()).collect();
         order.sort_by_key(|&i| encodings[i].len());
         let lengths: Vec<usize> = order.iter().map(|&i| encodings[i].len()).collect();
@@ -134,7 +135,8 @@ impl Inner {
         let rows = encodings.len();
         let width = encodings.iter().map(|e| e.len()).max().unwrap_or(0);
         if width == 0 {
-            return Ok(vec![Vec::new(); rows]);
+            // The tokenizer adds [CLS] and [SEP] to every text: never a text of no tokens.
+            candle_core::bail!("a pass of texts with no tokens");
         }
         // [PAD] is id 0, of token type 0, masked out.
         let padded = |f: fn(&Encoding) -> &[u32]| -> Vec<u32> {
