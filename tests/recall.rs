@@ -556,8 +556,8 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
     }
     store.ensure_vector_index(MODEL, DIMS).await.expect("vector index");
 
-    let search = store.search(MODEL, DIMS);
-    let nearest = async |who: &Principal, class: RecallClass, row: &BulkRow| {
+    let nearest = async |store: &mnemo_store::Store, who: &Principal, class: RecallClass, row: &BulkRow| {
+        let search = store.search(MODEL, DIMS);
         let classes = [class];
         let ranked = search
             .vector(&every_kind(who, &classes), row.vector.as_deref().expect("vector"), 10)
@@ -572,13 +572,30 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
     let session = RecallClass::Session(acme.session.clone().expect("session"));
     // The session's oldest row, one just older than the newest 1,000, and the newest.
     for i in [0, 1500 - 1001, 1500 - 1] {
-        assert_eq!(nearest(&acme, session.clone(), &acme_session[i]).await, 10);
+        assert_eq!(nearest(&store, &acme, session.clone(), &acme_session[i]).await, 10);
     }
     for i in [0, 1199] {
-        assert_eq!(nearest(&acme, RecallClass::Tenant, &acme_shared[i]).await, 10);
+        assert_eq!(nearest(&store, &acme, RecallClass::Tenant, &acme_shared[i]).await, 10);
     }
     for i in [0, 4] {
-        assert_eq!(nearest(&globex, RecallClass::Tenant, &globex_shared[i]).await, 5, "globex shares 5 rows");
+        assert_eq!(nearest(&store, &globex, RecallClass::Tenant, &globex_shared[i]).await, 5, "globex shares 5 rows");
+    }
+
+    // An HNSW scan that gives up at once, as one does on a class that is a sliver of a large
+    // index: the tenant class is then ranked whole, and the session over its newest 1,000 rows.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE {db} SET hnsw.ef_search = 1; ALTER DATABASE {db} SET hnsw.iterative_scan = off",
+        db = f.app.db.name
+    )))
+    .execute(store.pool())
+    .await
+    .expect("starve the HNSW scans");
+    let starved = mnemo_store::Store::connect(&f.app.db.url, 2).await.expect("connect");
+    for i in [1500 - 1000, 1500 - 1] {
+        assert_eq!(nearest(&starved, &acme, session.clone(), &acme_session[i]).await, 10);
+    }
+    for i in [0, 1199] {
+        assert_eq!(nearest(&starved, &acme, RecallClass::Tenant, &acme_shared[i]).await, 10);
     }
 }
 

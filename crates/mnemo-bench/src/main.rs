@@ -136,6 +136,7 @@ pub(crate) fn resident_kib(pid: u32) -> anyhow::Result<u64> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    mnemo_models::keep_elementwise_ops_on_one_thread();
     mnemo_models::install_tls_provider();
     match Cli::parse().scenario {
         Scenario::Writes(args) => writes::run(args).await,

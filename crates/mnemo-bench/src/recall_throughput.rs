@@ -2,7 +2,7 @@
 //! HTTP to the API in this process, which embeds each query with the local model as the server
 //! does. Every request asks a different LoCoMo question, so no query vector comes from the
 //! recent-query cache: the figures are for distinct questions. The session holds 2,000 LoCoMo
-//! turns, embedded by an in-process worker before the clients start. With
+//! turns, embedded by an in-process worker and then vacuumed and analyzed before the clients start. With
 //! `MNEMO_READ_DATABASE_URL` set, the API reads from that replica (of the bench's database).
 
 use std::path::PathBuf;
@@ -63,6 +63,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let stop = start_worker(&env, &api.url, 32, embedder, JudgeQueue::Off)?;
     wait_embedded(&api.store, &settings.model, turns.len(), Duration::from_secs(1800)).await?;
     let _ = stop.send(());
+    // As autovacuum does within a minute of the load: without fresh statistics the planner takes
+    // the just-embedded tables for empty, and the levels measure whichever plans that gave.
+    api.store.vacuum_analyze_memories().await?;
     eprintln!("{} turns written and embedded in {:.1} s", turns.len(), started.elapsed().as_secs_f64());
 
     let url = format!("{}/recall", api.base);

@@ -66,6 +66,7 @@ pub struct Search {
     keyword_sql: Arc<str>,
     vector_sql: Arc<str>,
     exact_tenant_sql: Arc<str>,
+    exact_session_sql: Arc<str>,
     pending_sql: Arc<str>,
 }
 
@@ -105,9 +106,10 @@ const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($8 OR 
                     AND (m.allowed_roles = '{}' OR m.allowed_roles && $9::text[] \
                          OR (m.scope = 'user' AND m.user_id = $10::text))";
 
-/// A session's newest rows, ranked exactly by the vector half. A longer session adds an HNSW scan
-/// filtered to it, so that a session of 50,000 rows costs about what one of 1,000 does. Also the
-/// most rows of a tenant class ranked exactly rather than through the HNSW index.
+/// The most rows of a session or of a tenant class that the vector half ranks exactly. A larger
+/// class takes an HNSW scan filtered to it, so that a session of 50,000 rows costs about what one
+/// of 1,000 does; ranking a long session's newest 1,000 exactly as well cost 4 ms of a 5 ms
+/// statement and is done only when the scan comes back short.
 const EXACT_ROWS: u32 = 1000;
 
 /// The most rows not yet in the full-text index that one search ranks from the heap, newest
@@ -224,8 +226,7 @@ impl Store {
                   ORDER BY {distance} + 0 LIMIT $11)"
             )
         };
-        // The rows of `bounded` (a CTE of at most `EXACT_ROWS` + 1 of a class's ids) ranked
-        // exactly, when `condition` holds.
+        // The rows of `bounded` (a CTE of a class's ids) ranked exactly, when `condition` holds.
         let exact_over = |bounded: &str, condition: &str| {
             format!(
                 "SELECT b.id, {distance}::float8 AS d
@@ -234,52 +235,54 @@ impl Store {
                  ORDER BY {distance} + 0 LIMIT $11"
             )
         };
-        // An HNSW scan filtered to `class`, only when `bounded` found more than `EXACT_ROWS` rows.
-        let approximate_beyond = |bounded: &str, class: Scope| {
+        // An HNSW scan filtered to `class`, when `condition` holds.
+        let approximate = |class: Scope, condition: &str| {
             format!(
                 "SELECT m.id, {distance}::float8 AS d
                  FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-                 WHERE (SELECT count(*) FROM {bounded}) > {EXACT_ROWS}
+                 WHERE {condition}
                    AND e.model = {model_literal} AND e.tenant_id = $1 AND {filter} AND {LIVE}
                  ORDER BY {distance} LIMIT $11",
                 filter = class_filter(class),
             )
         };
-        // The tenant class is usually large: an HNSW scan filtered to the tenant, iterative so the
-        // filter cannot starve it (see the migration that sets hnsw.iterative_scan). A class of at
-        // most `EXACT_ROWS` rows (`shared`, read from its own index) is ranked exactly instead:
+        // A class of more than `EXACT_ROWS` rows (the tenant class, a long session) takes an HNSW
+        // scan filtered to it, iterative so the filter cannot starve it (see the migration that
+        // sets hnsw.iterative_scan); a smaller one (its ids in `ids`) is ranked exactly instead:
         // the HNSW scan would walk far to find its few rows, or the whole index to find none.
-        // One-time filters run exactly one of the two. (A larger class that is a sliver of the
-        // index can still come back short from the scan: see `Search::vector`.)
-        let tenant = format!(
-            "(SELECT '{class}' AS class, x.id, x.d FROM (({exact}) UNION ALL ({approximate})) x ORDER BY x.d LIMIT $11)",
-            class = Scope::Tenant,
-            exact = exact_over("shared", &format!("(SELECT count(*) FROM shared) <= {EXACT_ROWS}")),
-            approximate = approximate_beyond("shared", Scope::Tenant),
-        );
-        // A session: its newest rows (`recent`) exactly, as above. Only when it has more than
-        // those (a one-time filter: PostgreSQL runs the count once and skips the scan for a short
-        // session) does an HNSW scan filtered to the session add the older ones; a row both
-        // branches find counts once.
-        let session = format!(
-            "(SELECT '{class}' AS class, x.id, min(x.d) AS d FROM (({exact}) UNION ALL ({approximate}))
-              x GROUP BY x.id ORDER BY 3 LIMIT $11)",
-            class = Scope::Session,
-            exact = exact_over("recent", "true"),
-            approximate = approximate_beyond("recent", Scope::Session),
-        );
+        // `size` bounds the class's rows from its own partial index alone, without reading them;
+        // one-time filters on it run exactly one of the two, and `ids` only for a small class.
+        // (A larger class that is a sliver of the index can still come back short from the scan:
+        // see `Search::vector`.)
+        let bounded_class = |class: Scope, size: &str, ids: &str| {
+            format!(
+                "(SELECT '{class}' AS class, x.id, x.d FROM (({exact}) UNION ALL ({approximate})) x ORDER BY x.d LIMIT $11)",
+                exact = exact_over(ids, &format!("(SELECT n FROM {size}) <= {EXACT_ROWS}")),
+                approximate = approximate(class, &format!("(SELECT n FROM {size}) > {EXACT_ROWS}")),
+            )
+        };
         let branches: Vec<String> = Scope::ALL
             .iter()
             .map(|&class| match class {
-                Scope::Tenant => tenant.clone(),
-                Scope::Session => session.clone(),
+                Scope::Tenant => bounded_class(class, "shared_size", "shared"),
+                Scope::Session => bounded_class(class, "session_size", "in_session"),
                 _ => exact(class),
             })
             .collect();
+        // The size CTEs' conditions are their indexes' predicates (memory_items_session_idx,
+        // memory_items_tenant_class_idx), so they count from the index alone where it can.
         let vector_sql = format!(
-            "WITH recent AS MATERIALIZED (
-                SELECT m.id FROM memory_items m WHERE {session} AND {LIVE}
-                ORDER BY m.event_time DESC LIMIT {EXACT_ROWS} + 1
+            "WITH session_size AS MATERIALIZED (
+                SELECT count(*) AS n FROM (
+                    SELECT FROM memory_items m WHERE m.tenant_id = $1 AND {session} LIMIT {EXACT_ROWS} + 1) s
+            ), in_session AS MATERIALIZED (
+                SELECT m.id FROM memory_items m WHERE {session} AND {LIVE} LIMIT {EXACT_ROWS} + 1
+            ), shared_size AS MATERIALIZED (
+                SELECT count(*) AS n FROM (
+                    SELECT FROM memory_items m
+                    WHERE m.tenant_id = $1 AND $3 AND (m.scope = 'tenant' OR m.visibility = 'tenant')
+                      AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+                    LIMIT {EXACT_ROWS} + 1) s
             ), shared AS MATERIALIZED (
                 SELECT m.id FROM memory_items m WHERE {tenant} AND {LIVE} LIMIT {EXACT_ROWS} + 1
             )
@@ -295,6 +298,17 @@ impl Store {
             keyword_sql: keyword_sql().into(),
             vector_sql: vector_sql.into(),
             exact_tenant_sql: exact(Scope::Tenant).into(),
+            exact_session_sql: format!(
+                "WITH newest AS MATERIALIZED (
+                    SELECT m.id FROM memory_items m WHERE {session} AND {LIVE}
+                    ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}
+                 )
+                 SELECT '{class}' AS class, x.id, x.d FROM ({exact}) x",
+                session = class_filter(Scope::Session),
+                class = Scope::Session,
+                exact = exact_over("newest", "true"),
+            )
+            .into(),
             pending_sql: pending_sql(&model_literal).into(),
         }
     }
@@ -437,13 +451,17 @@ macro_rules! bind_scope {
     }};
 }
 
-/// Groups `(class, id, distance)` rows by class, nearest first (ties by id, so runs repeat).
-fn rank(mut rows: Vec<(String, Uuid, f64)>) -> Ranked {
+/// Groups `(class, id, distance)` rows by class, nearest first (ties by id, so runs repeat),
+/// at most `per_class` each; a row found twice in a class counts once, at its nearer distance.
+fn rank(mut rows: Vec<(String, Uuid, f64)>, per_class: i64) -> Ranked {
     rows.sort_by(|a, b| a.2.total_cmp(&b.2).then(a.1.cmp(&b.1)));
     let mut ranked = Ranked::new();
     for (class, id, _) in rows {
         if let Ok(class) = Scope::parse(&class) {
-            ranked.entry(class).or_default().push(id);
+            let ids = ranked.entry(class).or_default();
+            if ids.len() < per_class as usize && !ids.contains(&id) {
+                ids.push(id);
+            }
         }
     }
     ranked
@@ -491,7 +509,7 @@ impl Search {
             .bind(&common.frequencies)
             .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
-        Ok(rank(rows))
+        Ok(rank(rows, per_class))
     }
 
     /// Nearest neighbours of `vector` per class, at most `per_class` each, nearest first.
@@ -499,26 +517,33 @@ impl Search {
     pub async fn vector(&self, scope: &SearchScope<'_>, vector: &[f32], per_class: i64) -> Result<Ranked, StoreError> {
         let vector = Vector::from(vector.to_vec());
         let mut conn = self.store.tenant_connection([scope.tenant.as_str()]).await?;
-        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.vector_sql))), scope)
-            .bind(per_class)
-            .bind(&vector)
-            .fetch_all(&mut *conn)
-            .await?;
-        let mut ranked = rank(rows);
-        // A tenant class that came back short was either ranked whole (then ranking it again is
-        // a probe of its own index) or is a sliver of a large HNSW index that even an iterative
-        // scan gave up on: then it is ranked exactly. Not in the statement above: there the
-        // planner put this scan under a parallel Gather, whose workers started on every recall.
-        let tenant_short = ranked.get(&Scope::Tenant).map_or(0, Vec::len) < per_class as usize;
-        if scope.classes.contains(&RecallClass::Tenant) && tenant_short {
-            let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.exact_tenant_sql))), scope)
+        let mut rows: Vec<(String, Uuid, f64)> =
+            bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.vector_sql))), scope)
                 .bind(per_class)
                 .bind(&vector)
                 .fetch_all(&mut *conn)
                 .await?;
-            ranked.extend(rank(rows));
+        // A class that came back short was either ranked whole (then ranking it again is a probe
+        // of its own rows) or is a sliver of a large HNSW index that even an iterative scan gave
+        // up on: then the tenant class is ranked exactly, and a session over its newest
+        // `EXACT_ROWS` rows, beside what the scan found. Not in the statement above: there the
+        // planner put the tenant's scan under a parallel Gather, whose workers started on every
+        // recall.
+        let fallbacks = [(Scope::Tenant, &self.exact_tenant_sql), (Scope::Session, &self.exact_session_sql)];
+        for (class, sql) in fallbacks {
+            let searched = scope.classes.iter().any(|c| c.scope() == class);
+            let found = rows.iter().filter(|(c, ..)| c == class.as_str()).count();
+            if searched && found < per_class as usize {
+                let exact: Vec<(String, Uuid, f64)> =
+                    bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(sql))), scope)
+                        .bind(per_class)
+                        .bind(&vector)
+                        .fetch_all(&mut *conn)
+                        .await?;
+                rows.extend(exact);
+            }
         }
-        Ok(ranked)
+        Ok(rank(rows, per_class))
     }
 
     /// The exact nearest neighbours of `vector` in the tenant class (a scan of every vector of
@@ -534,7 +559,7 @@ impl Search {
             .bind(Vector::from(vector.to_vec()))
             .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
-        Ok(rank(rows).remove(&Scope::Tenant).unwrap_or_default())
+        Ok(rank(rows, limit).remove(&Scope::Tenant).unwrap_or_default())
     }
 
     /// Whether live rows in the searched classes still wait for a vector of this model.
