@@ -2,8 +2,8 @@
 //! HTTP to the API in this process, which embeds each query with the local model as the server
 //! does. Every request asks a different LoCoMo question, so no query vector comes from the
 //! recent-query cache: the figures are for distinct questions. The session holds 2,000 LoCoMo
-//! turns, embedded by an in-process worker and then vacuumed and analyzed before the clients start. With
-//! `MNEMO_READ_DATABASE_URL` set, the API reads from that replica (of the bench's database).
+//! turns, embedded by an in-process worker, then vacuumed and analyzed before the clients start.
+//! With `MNEMO_READ_DATABASE_URL` set, the API reads from that replica (of the bench's database).
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -29,26 +29,26 @@ pub use tei::TeiReranker;
 pub use tokens::Tokenizer;
 
 /// Keeps candle's element-wise operations on the thread that runs a forward pass, by running
-/// this program again in place (the same process id, arguments and environment, `exec`) with
+/// this program again in place (`exec`: the same process id, arguments and environment) with
 /// `CANDLE_NUM_THREADS=1`, unless that variable is set. Otherwise candle splits each of those
 /// operations across helper threads that spin at a barrier, one caller at a time; on two cores
 /// shared with PostgreSQL and the API that cost more than it saved: without the helpers the local
 /// model embedded 28% more rows per second in the worker and served 1.2× the recalls at 32
-/// clients (docs/benchmarks.md). Matrix multiplications still use every core. Setting the
-/// variable from within would need `unsafe`. Call it first thing in `main`; if `exec` fails, the
-/// program goes on with candle's default and says so.
+/// clients (docs/benchmarks.md). Matrix multiplications still use the physical cores. Setting the
+/// variable from within would need `unsafe`. Call it at the top of `main`, before any work; if
+/// `exec` fails, the program goes on with candle's default and says so.
 pub fn keep_elementwise_ops_on_one_thread() {
     use std::os::unix::process::CommandExt;
 
     if std::env::var_os("CANDLE_NUM_THREADS").is_some() {
         return;
     }
-    let failed = match std::env::current_exe() {
-        Ok(program) => {
-            std::process::Command::new(program).args(std::env::args_os().skip(1)).env("CANDLE_NUM_THREADS", "1").exec()
-        }
-        Err(e) => e,
-    };
+    let mut args = std::env::args_os();
+    let mut again = std::process::Command::new("/proc/self/exe"); // this binary even if replaced on disk
+    if let Some(name) = args.next() {
+        again.arg0(name);
+    }
+    let failed = again.args(args).env("CANDLE_NUM_THREADS", "1").exec();
     eprintln!("cannot restart with CANDLE_NUM_THREADS=1 ({failed}); the local model keeps candle's helper threads");
 }
 
