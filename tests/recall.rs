@@ -555,6 +555,9 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
         store.bulk_load(MODEL, loaded).await.expect("bulk load");
     }
     store.ensure_vector_index(MODEL, DIMS).await.expect("vector index");
+    // With the statistics autovacuum would gather: without them the planner takes the tables for
+    // empty and ranks every class by a sort, never reaching the HNSW scans tested below.
+    store.vacuum_analyze_memories().await.expect("analyze");
 
     let nearest = async |store: &mnemo_store::Store, who: &Principal, class: RecallClass, row: &BulkRow| {
         let search = store.search(MODEL, DIMS);

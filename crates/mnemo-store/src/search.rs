@@ -270,7 +270,9 @@ impl Store {
             })
             .collect();
         // The size CTEs' conditions are their indexes' predicates (memory_items_session_idx,
-        // memory_items_tenant_class_idx), so they count from the index alone where it can.
+        // memory_items_tenant_class_idx), so they count from the index alone where it can. A
+        // class too large to rank exactly is named in a row without an id, so that only its
+        // short answer costs a second statement (`Search::vector`).
         let vector_sql = format!(
             "WITH session_size AS MATERIALIZED (
                 SELECT count(*) AS n FROM (
@@ -286,8 +288,14 @@ impl Store {
             ), shared AS MATERIALIZED (
                 SELECT m.id FROM memory_items m WHERE {tenant} AND {LIVE} LIMIT {EXACT_ROWS} + 1
             )
-            {}",
+            {}
+            UNION ALL
+            SELECT c.class, NULL::uuid, NULL::float8
+            FROM (VALUES ('{tenant_class}', (SELECT n FROM shared_size)), ('{session_class}', (SELECT n FROM session_size))) c(class, n)
+            WHERE c.n > {EXACT_ROWS}",
             branches.join("\nUNION ALL\n"),
+            tenant_class = Scope::Tenant,
+            session_class = Scope::Session,
             session = class_filter(Scope::Session),
             tenant = class_filter(Scope::Tenant),
         );
@@ -517,23 +525,31 @@ impl Search {
     pub async fn vector(&self, scope: &SearchScope<'_>, vector: &[f32], per_class: i64) -> Result<Ranked, StoreError> {
         let vector = Vector::from(vector.to_vec());
         let mut conn = self.store.tenant_connection([scope.tenant.as_str()]).await?;
-        let mut rows: Vec<(String, Uuid, f64)> =
+        let answer: Vec<(String, Option<Uuid>, Option<f64>)> =
             bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.vector_sql))), scope)
                 .bind(per_class)
                 .bind(&vector)
                 .fetch_all(&mut *conn)
                 .await?;
-        // A class that came back short was either ranked whole (then ranking it again is a probe
-        // of its own rows) or is a sliver of a large HNSW index that even an iterative scan gave
-        // up on: then the tenant class is ranked exactly, and a session over its newest
+        let mut scanned = Vec::new();
+        let mut rows: Vec<(String, Uuid, f64)> = Vec::with_capacity(answer.len());
+        for (class, id, d) in answer {
+            match (id, d) {
+                (Some(id), Some(d)) => rows.push((class, id, d)),
+                _ => scanned.push(class),
+            }
+        }
+        // A class ranked whole that came back short holds no more. One searched by its HNSW scan
+        // that came back short is a sliver of a large index that even an iterative scan gave up
+        // on: then the tenant class is ranked exactly, and a session over its newest
         // `EXACT_ROWS` rows, beside what the scan found. Not in the statement above: there the
         // planner put the tenant's scan under a parallel Gather, whose workers started on every
         // recall.
         let fallbacks = [(Scope::Tenant, &self.exact_tenant_sql), (Scope::Session, &self.exact_session_sql)];
         for (class, sql) in fallbacks {
-            let searched = scope.classes.iter().any(|c| c.scope() == class);
+            let large = scanned.iter().any(|c| c == class.as_str());
             let found = rows.iter().filter(|(c, ..)| c == class.as_str()).count();
-            if searched && found < per_class as usize {
+            if large && found < per_class as usize {
                 let exact: Vec<(String, Uuid, f64)> =
                     bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(sql))), scope)
                         .bind(per_class)
