@@ -87,8 +87,9 @@ impl Store {
         let contents = column(rows, |r| Some(r.content.as_str()));
         let created: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.created_at).collect();
         let deleted: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.deleted_at).collect();
-        let (vector_ids, vectors): (Vec<Uuid>, Vec<Vector>) =
-            rows.iter().filter_map(|r| Some((r.id, Vector::from(r.vector.clone()?)))).unzip();
+        let (vector_keys, vectors): (Vec<(&str, Uuid)>, Vec<Vector>) =
+            rows.iter().filter_map(|r| Some(((r.tenant.as_str(), r.id), Vector::from(r.vector.clone()?)))).unzip();
+        let (vector_tenants, vector_ids): (Vec<&str>, Vec<Uuid>) = vector_keys.into_iter().unzip();
 
         let mut tx = self.pool.begin().await?;
         sqlx::query(
@@ -119,10 +120,14 @@ impl Store {
         .await?;
         if !vector_ids.is_empty() {
             sqlx::query(
+                // By the whole key: on the id alone the join read every row of the table, so a
+                // load's statements grew slower with the table.
                 "INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256)
-                 SELECT m.tenant_id, m.id, $3, v.embedding, m.content_sha256
-                 FROM unnest($1::uuid[], $2::vector[]) AS v(id, embedding) JOIN memory_items m ON m.id = v.id",
+                 SELECT m.tenant_id, m.id, $4, v.embedding, m.content_sha256
+                 FROM unnest($1::text[], $2::uuid[], $3::vector[]) AS v(tenant, id, embedding)
+                 JOIN memory_items m ON m.tenant_id = v.tenant AND m.id = v.id",
             )
+            .bind(&vector_tenants)
             .bind(&vector_ids)
             .bind(&vectors)
             .bind(model)
