@@ -66,7 +66,8 @@ pub struct Search {
     keyword_sql: Arc<str>,
     vector_sql: Arc<str>,
     exact_tenant_sql: Arc<str>,
-    exact_session_sql: Arc<str>,
+    fallback_tenant_sql: Arc<str>,
+    fallback_session_sql: Arc<str>,
     pending_sql: Arc<str>,
 }
 
@@ -111,6 +112,17 @@ const LIVE: &str = "m.deleted_at IS NULL AND m.anonymized_at IS NULL AND ($8 OR 
 /// of 1,000 does; ranking a long session's newest 1,000 exactly as well cost 4 ms of a 5 ms
 /// statement and is done only when the scan comes back short.
 const EXACT_ROWS: u32 = 1000;
+
+/// A large class's HNSW scan that finds at least this many rows (recall's largest `top_k`) is
+/// taken as it is. One that finds fewer is a sliver of a large index, or met a quirk of the graph
+/// (scans of a class that is most of a 1.2M-row index found 35–43 of 50 on one question in ten),
+/// and is also ranked exactly over a bounded set of the class's rows (`Search::vector`).
+const SCAN_ENOUGH: usize = mnemo_core::MAX_TOP_K;
+
+/// The most rows of the tenant class that a short scan's fallback ranks exactly: the whole class
+/// when it is a sliver of the index, a bounded share of it otherwise (ranking all of a
+/// million-row class exactly took 1.8 s).
+const FALLBACK_ROWS: u32 = 20_000;
 
 /// The most rows not yet in the full-text index that one search ranks from the heap, newest
 /// first. More wait only while the embed workers are behind, and recall is `degraded` then.
@@ -306,7 +318,17 @@ impl Store {
             keyword_sql: keyword_sql().into(),
             vector_sql: vector_sql.into(),
             exact_tenant_sql: exact(Scope::Tenant).into(),
-            exact_session_sql: format!(
+            fallback_tenant_sql: format!(
+                "WITH bounded AS MATERIALIZED (
+                    SELECT m.id FROM memory_items m WHERE {tenant} AND {LIVE} LIMIT {FALLBACK_ROWS}
+                 )
+                 SELECT '{class}' AS class, x.id, x.d FROM ({exact}) x",
+                tenant = class_filter(Scope::Tenant),
+                class = Scope::Tenant,
+                exact = exact_over("bounded", "true"),
+            )
+            .into(),
+            fallback_session_sql: format!(
                 "WITH newest AS MATERIALIZED (
                     SELECT m.id FROM memory_items m WHERE {session} AND {LIVE}
                     ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}
@@ -540,16 +562,15 @@ impl Search {
             }
         }
         // A class ranked whole that came back short holds no more. One searched by its HNSW scan
-        // that came back short is a sliver of a large index that even an iterative scan gave up
-        // on: then the tenant class is ranked exactly, and a session over its newest
-        // `EXACT_ROWS` rows, beside what the scan found. Not in the statement above: there the
-        // planner put the tenant's scan under a parallel Gather, whose workers started on every
-        // recall.
-        let fallbacks = [(Scope::Tenant, &self.exact_tenant_sql), (Scope::Session, &self.exact_session_sql)];
+        // that found fewer than `SCAN_ENOUGH` is also ranked exactly, beside what the scan found:
+        // the tenant class over at most `FALLBACK_ROWS` of its rows, a session over its newest
+        // `EXACT_ROWS`. Not in the statement above: there the planner put the tenant's scan under
+        // a parallel Gather, whose workers started on every recall.
+        let fallbacks = [(Scope::Tenant, &self.fallback_tenant_sql), (Scope::Session, &self.fallback_session_sql)];
         for (class, sql) in fallbacks {
             let large = scanned.iter().any(|c| c == class.as_str());
             let found = rows.iter().filter(|(c, ..)| c == class.as_str()).count();
-            if large && found < per_class as usize {
+            if large && found < SCAN_ENOUGH.min(per_class as usize) {
                 let exact: Vec<(String, Uuid, f64)> =
                     bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(sql))), scope)
                         .bind(per_class)
