@@ -602,6 +602,73 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
     }
 }
 
+/// A question that names a period ("on 13 March 2024", "yesterday") brings that period's rows
+/// of each searched class, ranked by the query's vector, as a third list in fusion: they come
+/// first even when the vector half ranks them anywhere and the keyword half finds nothing. Days
+/// are read against `as_of` when relative, and another tenant's rows of that day never come.
+#[tokio::test]
+async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
+    let f = Fixture::start(&[]).await;
+    let store = f.app.db.store();
+    let mut rng = StdRng::seed_from_u64(23);
+    let monday =
+        chrono::NaiveDate::from_ymd_opt(2024, 3, 11).expect("date").and_hms_opt(12, 0, 0).expect("noon").and_utc();
+    let mut unit = || -> Vec<f32> {
+        let raw: Vec<f32> = (0..DIMS).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
+        raw.iter().map(|x| x / norm).collect()
+    };
+    // Ten rows a day from Monday to Thursday, in acme's session and in its tenant class; globex
+    // writes on Wednesday too.
+    let acme = principal("acme", None, None, Some("s1"));
+    let globex = principal("globex", None, None, Some("s1"));
+    let mut rows = Vec::new();
+    for (who, scope, days) in
+        [(&acme, Scope::Session, 0..4), (&acme, Scope::Tenant, 0..4), (&globex, Scope::Session, 2..3)]
+    {
+        for day in days {
+            for i in 0..10 {
+                rows.push(BulkRow {
+                    id: Uuid::now_v7(),
+                    tenant: who.tenant.clone(),
+                    scope,
+                    session: (scope == Scope::Session).then(|| who.session.clone()).flatten(),
+                    user: None,
+                    agent: None,
+                    kind: if scope == Scope::Session { SourceKind::ChatMessage } else { SourceKind::DocumentChunk },
+                    source_ref: SourceRef::parse(&format!("{scope}-{day}-{i}")).expect("ref"),
+                    content: MemoryText::parse(&format!("row {i}")).expect("text"),
+                    created_at: Some(monday + chrono::Duration::days(day) + chrono::Duration::minutes(i)),
+                    deleted_at: None,
+                    vector: Some(unit()),
+                });
+            }
+        }
+    }
+    store.bulk_load(MODEL, &rows).await.expect("bulk load");
+    let query_vector = unit();
+    let recall = f.recall_api();
+    let ask = async |question: &str, scope: RecallScope, as_of: chrono::DateTime<chrono::Utc>| -> Vec<String> {
+        let query = mnemo_recall::Query { text: question, scope, kinds: &[] };
+        let options =
+            RecallOptions { query_vector: Some(query_vector.clone()), as_of: Some(as_of), ..Default::default() };
+        let ranked = recall.ranked(&acme, &query, 10, &options).await.expect("recall");
+        sorted(ranked.items.into_iter().map(|i| i.source_ref).collect())
+    };
+    let written = |scope: Scope, day: i64| sorted((0..10).map(|i| format!("{scope}-{day}-{i}")).collect());
+    let friday = monday + chrono::Duration::days(4);
+
+    for question in ["What happened on 13 March 2024?", "what did we say on 2024-03-13", "and on March 13?"] {
+        assert_eq!(ask(question, RecallScope::Session, friday).await, written(Scope::Session, 2), "{question}");
+        assert_eq!(ask(question, RecallScope::Tenant, friday).await, written(Scope::Tenant, 2), "{question}");
+    }
+    assert_eq!(ask("What happened yesterday?", RecallScope::Session, friday).await, written(Scope::Session, 3));
+    // The same vector without a period: the vector half's order, which is not Wednesday's rows.
+    let undated = ask("What happened then?", RecallScope::Session, friday).await;
+    assert_ne!(undated, written(Scope::Session, 2));
+    assert_eq!(undated.len(), 10);
+}
+
 /// Keyword search ranks by BM25 over counts kept per tenant as rows are embedded: a question's
 /// word that few of the tenant's rows hold outweighs one that many hold, however often a row
 /// repeats the common one. The counts are each tenant's own: globex's rows, where the words are

@@ -4,6 +4,8 @@
 //! any failure there falls back to merge order. Recall never fails because a model did:
 //! without a query vector it answers from full text and says it is degraded. With a read replica
 //! (`Reads`), searches go there, and a replica still behind the primary makes recall degraded.
+//! A question that names a period ("on 13 October 2023") adds a third list: that period's rows
+//! ranked by the query vector (`period`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,11 +22,13 @@ use uuid::Uuid;
 mod access;
 mod fusion;
 mod pack;
+mod period;
 mod query_vectors;
 
 use access::AccessTracker;
 pub use fusion::{RRF_K, fuse};
 pub use pack::{LayerUsage, MemoryPack, PackItem, PackLayer, PackRequest, PackTopK, build_pack};
+pub use period::{Period, named_period};
 use query_vectors::QueryVectors;
 
 /// Candidates each half (full text, vectors) brings per class.
@@ -100,7 +104,8 @@ pub struct RecallOptions {
     /// The query's vector, when the caller already has it (benchmarks time the search alone).
     pub query_vector: Option<Vec<f32>>,
     pub halves: Halves,
-    /// The time decay is measured to (now by default): benchmarks replay dated conversations.
+    /// Now, for decay and for the periods a question names ("yesterday"); the clock by default.
+    /// Benchmarks replay dated conversations.
     pub as_of: Option<DateTime<Utc>>,
 }
 
@@ -238,6 +243,9 @@ impl Recall {
             let common = self.common_lexemes().await;
             search.keyword(&scope, query.text, &common, CANDIDATES_PER_CLASS).await
         };
+        // The vector half, and the rows of the period the question names ranked by the same
+        // vector: a third list, so that what was written on the day asked about is a candidate.
+        let now = options.as_of.unwrap_or_else(Utc::now);
         let vector = async {
             if options.halves == Halves::KeywordOnly {
                 return Ok(Some(Default::default()));
@@ -245,11 +253,19 @@ impl Recall {
             let Some(vector) = self.query_vector(query.text, options.query_vector.clone()).await else {
                 return Ok(None);
             };
-            search.vector(&scope, &vector, CANDIDATES_PER_CLASS).await.map(Some)
+            let nearest = search.vector(&scope, &vector, CANDIDATES_PER_CLASS);
+            let within = async {
+                match named_period(query.text, now) {
+                    Some(period) => search.vector_within(&scope, &vector, period, CANDIDATES_PER_CLASS).await,
+                    None => Ok(Default::default()),
+                }
+            };
+            tokio::try_join!(nearest, within).map(Some)
         };
         let (keyword, vector, pending) = tokio::try_join!(keyword, vector, search.pending_embeddings(&scope))?;
         let degraded = pending || vector.is_none() || lagging;
-        let fused = fuse(&classes, &[&keyword, &vector.unwrap_or_default()]);
+        let (nearest, within) = vector.unwrap_or_default();
+        let fused = fuse(&classes, &[&keyword, &nearest, &within]);
 
         // Signals can lift a row by a bounded factor only, so only rows near the cut can pass
         // it: twice the rows wanted (at least 40) are read and re-scored.
@@ -257,7 +273,6 @@ impl Recall {
         let window = if signals.is_off() { limit } else { (2 * limit).max(40) };
         let ids: Vec<Uuid> = fused.iter().take(window).map(|(id, _)| *id).collect();
         let mut rows = search.store().recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
-        let now = options.as_of.unwrap_or_else(Utc::now);
         // Back into fused order; a row retired since the search is simply gone.
         let mut items: Vec<RecalledItem> = fused
             .iter()

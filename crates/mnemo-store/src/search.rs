@@ -68,6 +68,7 @@ pub struct Search {
     exact_tenant_sql: Arc<str>,
     fallback_tenant_sql: Arc<str>,
     fallback_session_sql: Arc<str>,
+    within_sql: Arc<str>,
     pending_sql: Arc<str>,
 }
 
@@ -247,6 +248,19 @@ impl Store {
                  ORDER BY {distance} + 0 LIMIT $11"
             )
         };
+        // A class's live rows that `pick` (more conditions, an ORDER BY and a LIMIT) bounds,
+        // ranked exactly: a short HNSW scan's fallback (`Search::vector`), a period's rows
+        // (`Search::vector_within`).
+        let ranked_exactly = |class: Scope, pick: &str| {
+            format!(
+                "WITH picked AS MATERIALIZED (
+                    SELECT m.id FROM memory_items m WHERE {filter} AND {LIVE} {pick}
+                 )
+                 SELECT '{class}' AS class, x.id, x.d FROM ({exact}) x",
+                filter = class_filter(class),
+                exact = exact_over("picked", "true"),
+            )
+        };
         // An HNSW scan filtered to `class`, when `condition` holds.
         let approximate = |class: Scope, condition: &str| {
             format!(
@@ -318,27 +332,25 @@ impl Store {
             keyword_sql: keyword_sql().into(),
             vector_sql: vector_sql.into(),
             exact_tenant_sql: exact(Scope::Tenant).into(),
-            fallback_tenant_sql: format!(
-                "WITH bounded AS MATERIALIZED (
-                    SELECT m.id FROM memory_items m WHERE {tenant} AND {LIVE} LIMIT {FALLBACK_ROWS}
-                 )
-                 SELECT '{class}' AS class, x.id, x.d FROM ({exact}) x",
-                tenant = class_filter(Scope::Tenant),
-                class = Scope::Tenant,
-                exact = exact_over("bounded", "true"),
+            fallback_tenant_sql: ranked_exactly(Scope::Tenant, &format!("LIMIT {FALLBACK_ROWS}")).into(),
+            fallback_session_sql: ranked_exactly(
+                Scope::Session,
+                &format!("ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}"),
             )
             .into(),
-            fallback_session_sql: format!(
-                "WITH newest AS MATERIALIZED (
-                    SELECT m.id FROM memory_items m WHERE {session} AND {LIVE}
-                    ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}
-                 )
-                 SELECT '{class}' AS class, x.id, x.d FROM ({exact}) x",
-                session = class_filter(Scope::Session),
-                class = Scope::Session,
-                exact = exact_over("newest", "true"),
-            )
-            .into(),
+            // Each class's newest rows of the period: the session and tenant classes find them
+            // in their indexes by event time (memory_items_session_idx, _tenant_class_idx).
+            within_sql: Scope::ALL
+                .iter()
+                .map(|&class| {
+                    let pick = format!(
+                        "AND m.event_time >= $13 AND m.event_time < $14 ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}"
+                    );
+                    format!("({})", ranked_exactly(class, &pick))
+                })
+                .collect::<Vec<_>>()
+                .join("\nUNION ALL\n")
+                .into(),
             pending_sql: pending_sql(&model_literal).into(),
         }
     }
@@ -580,6 +592,26 @@ impl Search {
                 rows.extend(exact);
             }
         }
+        Ok(rank(rows, per_class))
+    }
+
+    /// Per class, the rows nearest to `vector` among those whose event time is in `from..to`:
+    /// each class's newest `EXACT_ROWS` rows of the period, ranked exactly. A longer period of a
+    /// large class is searched over its newest rows only, at the cost of a session's fallback.
+    pub async fn vector_within(
+        &self,
+        scope: &SearchScope<'_>,
+        vector: &[f32],
+        (from, to): (DateTime<Utc>, DateTime<Utc>),
+        per_class: i64,
+    ) -> Result<Ranked, StoreError> {
+        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.within_sql))), scope)
+            .bind(per_class)
+            .bind(Vector::from(vector.to_vec()))
+            .bind(from)
+            .bind(to)
+            .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
+            .await?;
         Ok(rank(rows, per_class))
     }
 

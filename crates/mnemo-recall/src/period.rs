@@ -1,0 +1,189 @@
+//! The period a question names ("on 13 October 2023", "in July 2023", "last May", "yesterday"),
+//! as event times from one instant to another. Recall ranks that period's rows by meaning as one
+//! more list in fusion, so a question about a day finds what was written that day even when
+//! neither half ranks it. No model: a few date forms in English, read in UTC. A question naming
+//! several periods is read by the most precise form it holds.
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Datelike, Days, Months, NaiveDate, Utc};
+use regex::Regex;
+
+/// Event times from `from` (included) to `to` (excluded).
+pub type Period = (DateTime<Utc>, DateTime<Utc>);
+
+const MONTH: &str = r"(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sept|sep|oct|nov|dec)\.?";
+const DAY: &str = r"([0-9]{1,2})(?:st|nd|rd|th)?";
+
+/// The forms read, most precise first. The whole question is searched for each in turn.
+#[derive(Clone, Copy)]
+enum Form {
+    IsoDay,
+    MonthDayYear,
+    DayMonthYear,
+    MonthYear,
+    MonthDay,
+    DayMonth,
+    LastMonthNamed,
+    MonthNamed,
+    Year,
+    Relative,
+}
+
+static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
+    let forms = [
+        (Form::IsoDay, r"\b([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})\b".to_owned()),
+        (Form::MonthDayYear, format!(r"\b{MONTH}\s+{DAY},?\s+([0-9]{{4}})\b")),
+        (Form::DayMonthYear, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH},?\s+([0-9]{{4}})\b")),
+        (Form::MonthYear, format!(r"\b{MONTH},?\s+(?:of\s+)?([0-9]{{4}})\b")),
+        (Form::MonthDay, format!(r"\b{MONTH}\s+{DAY}\b")),
+        (Form::DayMonth, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH}\b")),
+        (Form::LastMonthNamed, format!(r"\blast\s+{MONTH}\b")),
+        // A month alone only after a preposition: "may" is also a verb.
+        (Form::MonthNamed, format!(r"\b(?:in|during|of)\s+{MONTH}\b")),
+        (Form::Year, r"\b(?:in|during|of)\s+([0-9]{4})\b".to_owned()),
+        (Form::Relative, r"\b(today|yesterday|last\s+week|last\s+month|last\s+year)\b".to_owned()),
+    ];
+    forms.into_iter().map(|(form, pattern)| (form, Regex::new(&pattern).expect("period pattern"))).collect()
+});
+
+/// The period `question` names, read as if asked at `now`; `None` when it names none.
+pub fn named_period(question: &str, now: DateTime<Utc>) -> Option<Period> {
+    let question = question.to_lowercase();
+    let today = now.date_naive();
+    FORMS.iter().find_map(|(form, regex)| {
+        regex.captures_iter(&question).find_map(|c| {
+            let number = |i: usize| c.get(i)?.as_str().parse::<u32>().ok();
+            let year = |i: usize| number(i).and_then(|y| i32::try_from(y).ok());
+            let month = |i: usize| month_number(c.get(i)?.as_str());
+            match form {
+                Form::IsoDay => day(NaiveDate::from_ymd_opt(year(1)?, number(2)?, number(3)?)?),
+                Form::MonthDayYear => day(NaiveDate::from_ymd_opt(year(3)?, month(1)?, number(2)?)?),
+                Form::DayMonthYear => day(NaiveDate::from_ymd_opt(year(3)?, month(2)?, number(1)?)?),
+                Form::MonthYear => whole_month(year(2)?, month(1)?),
+                Form::MonthDay => day(latest_day(today, month(1)?, number(2)?)?),
+                Form::DayMonth => day(latest_day(today, month(2)?, number(1)?)?),
+                Form::LastMonthNamed => {
+                    let m = month(1)?;
+                    whole_month(if m < today.month() { today.year() } else { today.year() - 1 }, m)
+                }
+                Form::MonthNamed => {
+                    let m = month(1)?;
+                    whole_month(if m <= today.month() { today.year() } else { today.year() - 1 }, m)
+                }
+                Form::Year => {
+                    let y = year(1)?;
+                    span(NaiveDate::from_ymd_opt(y, 1, 1)?, NaiveDate::from_ymd_opt(y + 1, 1, 1)?)
+                }
+                Form::Relative => relative(c.get(1)?.as_str(), today),
+            }
+        })
+    })
+}
+
+fn month_number(name: &str) -> Option<u32> {
+    let name = name.trim_end_matches('.');
+    let months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
+    months.iter().position(|m| name.starts_with(m)).and_then(|i| u32::try_from(i + 1).ok())
+}
+
+fn span(from: NaiveDate, to: NaiveDate) -> Option<Period> {
+    Some((from.and_hms_opt(0, 0, 0)?.and_utc(), to.and_hms_opt(0, 0, 0)?.and_utc()))
+}
+
+fn day(date: NaiveDate) -> Option<Period> {
+    span(date, date.checked_add_days(Days::new(1))?)
+}
+
+fn whole_month(year: i32, month: u32) -> Option<Period> {
+    let first = NaiveDate::from_ymd_opt(year, month, 1)?;
+    span(first, first.checked_add_months(Months::new(1))?)
+}
+
+/// The last `month`/`day` on or before `today` ("on May 8" asked in March means last year's).
+fn latest_day(today: NaiveDate, month: u32, day: u32) -> Option<NaiveDate> {
+    NaiveDate::from_ymd_opt(today.year(), month, day)
+        .filter(|d| *d <= today)
+        .or_else(|| NaiveDate::from_ymd_opt(today.year() - 1, month, day))
+}
+
+fn relative(words: &str, today: NaiveDate) -> Option<Period> {
+    let first_of_month = today.with_day(1)?;
+    match words.split_whitespace().collect::<Vec<_>>().as_slice() {
+        ["today"] => day(today),
+        ["yesterday"] => day(today.checked_sub_days(Days::new(1))?),
+        ["last", "week"] => span(today.checked_sub_days(Days::new(7))?, today),
+        ["last", "month"] => span(first_of_month.checked_sub_months(Months::new(1))?, first_of_month),
+        ["last", "year"] => {
+            span(NaiveDate::from_ymd_opt(today.year() - 1, 1, 1)?, NaiveDate::from_ymd_opt(today.year(), 1, 1)?)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn at(y: i32, m: u32, d: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(y, m, d, 0, 0, 0).single().expect("a date")
+    }
+
+    fn named(question: &str) -> Option<Period> {
+        named_period(question, Utc.with_ymd_and_hms(2023, 10, 20, 15, 30, 0).single().expect("now"))
+    }
+
+    #[test]
+    fn a_named_day_is_that_day_whatever_its_form() {
+        let october_13 = Some((at(2023, 10, 13), at(2023, 10, 14)));
+        for question in [
+            "What painting did Melanie show to Caroline on October 13, 2023?",
+            "What happened on 13 October 2023?",
+            "and on the 13th of October, 2023?",
+            "What did we decide on 2023-10-13?",
+            "Notes from Oct. 13 2023",
+            "What did I say on October 13?",
+            "WHAT DID I SAY ON 13 OCTOBER?",
+        ] {
+            assert_eq!(named(question), october_13, "{question}");
+        }
+    }
+
+    #[test]
+    fn months_years_and_relative_words_are_whole_periods() {
+        let cases = [
+            ("What did Mel paint in July 2023?", (at(2023, 7, 1), at(2023, 8, 1))),
+            ("Where did we go in December?", (at(2022, 12, 1), at(2023, 1, 1))),
+            ("What did we plan in October?", (at(2023, 10, 1), at(2023, 11, 1))),
+            ("What did I buy last May?", (at(2023, 5, 1), at(2023, 6, 1))),
+            ("What did I buy last October?", (at(2022, 10, 1), at(2022, 11, 1))),
+            ("How often did Melanie go to the beach in 2022?", (at(2022, 1, 1), at(2023, 1, 1))),
+            ("What did we talk about yesterday?", (at(2023, 10, 19), at(2023, 10, 20))),
+            ("anything today?", (at(2023, 10, 20), at(2023, 10, 21))),
+            ("What changed last week?", (at(2023, 10, 13), at(2023, 10, 20))),
+            ("What changed last month?", (at(2023, 9, 1), at(2023, 10, 1))),
+            ("What changed last year?", (at(2022, 1, 1), at(2023, 1, 1))),
+            ("On December 31 we met", (at(2022, 12, 31), at(2023, 1, 1))),
+        ];
+        for (question, period) in cases {
+            assert_eq!(named(question), Some(period), "{question}");
+        }
+    }
+
+    #[test]
+    fn the_most_precise_form_wins_and_impossible_dates_name_nothing() {
+        assert_eq!(named("In 2023, what did we say on March 3, 2023?"), Some((at(2023, 3, 3), at(2023, 3, 4))));
+        for question in [
+            "What did Caroline research?",
+            "I think this may go later",
+            "Set the limit to 2000 words",
+            "What happened on February 30, 2023?",
+            "What did I write on 2023-13-01?",
+            "Which march did Caroline join?",
+        ] {
+            assert_eq!(named(question), None, "{question}");
+        }
+    }
+}
