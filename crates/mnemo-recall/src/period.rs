@@ -1,12 +1,13 @@
-//! The period a question names ("on 13 October 2023", "in July 2023", "last May", "yesterday"),
-//! as event times from one instant to another. Recall ranks that period's rows by meaning as one
-//! more list in fusion, so a question about a day finds what was written that day even when
-//! neither half ranks it. No model: a few date forms in English, read in UTC. A question naming
-//! several periods is read by the most precise form it holds.
+//! The period a question names ("on 13 October 2023", "in July 2023", "last May", "on Monday",
+//! "3 days ago", "yesterday"), as event times from one instant to another. Recall ranks that
+//! period's rows by meaning as one more list in fusion, so a question about a day finds what was
+//! written that day even when neither half ranks it. No model: a few date forms in English, read
+//! in UTC. A question naming several periods is read by the first form of `FORMS` it holds:
+//! written dates before relative words.
 
 use std::sync::LazyLock;
 
-use chrono::{DateTime, Datelike, Days, Months, NaiveDate, Utc};
+use chrono::{DateTime, Datelike, Days, Months, NaiveDate, Utc, Weekday};
 use regex::Regex;
 
 /// Event times from `from` (included) to `to` (excluded).
@@ -15,7 +16,7 @@ pub type Period = (DateTime<Utc>, DateTime<Utc>);
 const MONTH: &str = r"(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sept|sep|oct|nov|dec)\.?";
 const DAY: &str = r"([0-9]{1,2})(?:st|nd|rd|th)?";
 
-/// The forms read, most precise first. The whole question is searched for each in turn.
+/// The forms read, written dates first. The whole question is searched for each in turn.
 #[derive(Clone, Copy)]
 enum Form {
     IsoDay,
@@ -24,6 +25,8 @@ enum Form {
     MonthYear,
     MonthDay,
     DayMonth,
+    Weekday,
+    DaysAgo,
     LastMonthNamed,
     MonthNamed,
     Year,
@@ -38,6 +41,8 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
         (Form::MonthYear, format!(r"\b{MONTH},?\s+(?:of\s+)?([0-9]{{4}})\b")),
         (Form::MonthDay, format!(r"\b{MONTH}\s+{DAY}\b")),
         (Form::DayMonth, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH}\b")),
+        (Form::Weekday, r"\b(on|last)\s+(monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b".to_owned()),
+        (Form::DaysAgo, r"\b([0-9]{1,3})\s+days?\s+ago\b".to_owned()),
         (Form::LastMonthNamed, format!(r"\blast\s+{MONTH}\b")),
         // A month alone only after a preposition: "may" is also a verb.
         (Form::MonthNamed, format!(r"\b(?:in|during|of)\s+{MONTH}\b")),
@@ -63,6 +68,16 @@ pub fn named_period(question: &str, now: DateTime<Utc>) -> Option<Period> {
                 Form::MonthYear => whole_month(year(2)?, month(1)?),
                 Form::MonthDay => day(latest_day(today, month(1)?, number(2)?)?),
                 Form::DayMonth => day(latest_day(today, month(2)?, number(1)?)?),
+                Form::Weekday => {
+                    let wanted: Weekday = c.get(2)?.as_str().parse().ok()?;
+                    let mut back = (7 + today.weekday().num_days_from_monday() - wanted.num_days_from_monday()) % 7;
+                    // "last Monday" asked on a Monday is a week ago; "on Monday" is today.
+                    if back == 0 && c.get(1)?.as_str() == "last" {
+                        back = 7;
+                    }
+                    day(today.checked_sub_days(Days::new(u64::from(back)))?)
+                }
+                Form::DaysAgo => day(today.checked_sub_days(Days::new(u64::from(number(1)?)))?),
                 Form::LastMonthNamed => {
                     let m = month(1)?;
                     whole_month(if m < today.month() { today.year() } else { today.year() - 1 }, m)
@@ -166,6 +181,13 @@ mod tests {
             ("What changed last month?", (at(2023, 9, 1), at(2023, 10, 1))),
             ("What changed last year?", (at(2022, 1, 1), at(2023, 1, 1))),
             ("On December 31 we met", (at(2022, 12, 31), at(2023, 1, 1))),
+            // 2023-10-20 is a Friday.
+            ("What did we say on Monday?", (at(2023, 10, 16), at(2023, 10, 17))),
+            ("What did we say on Friday?", (at(2023, 10, 20), at(2023, 10, 21))),
+            ("What did we say last Friday?", (at(2023, 10, 13), at(2023, 10, 14))),
+            ("What did we say last Saturday?", (at(2023, 10, 14), at(2023, 10, 15))),
+            ("What did I log 3 days ago?", (at(2023, 10, 17), at(2023, 10, 18))),
+            ("and 1 day ago?", (at(2023, 10, 19), at(2023, 10, 20))),
         ];
         for (question, period) in cases {
             assert_eq!(named(question), Some(period), "{question}");
