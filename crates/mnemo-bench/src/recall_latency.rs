@@ -1,8 +1,8 @@
 //! Recall latency at scale: N rows in one tenant among several, built from LoCoMo turns, then
 //! LoCoMo questions asked three ways: the search alone (query vector given, through
 //! `mnemo-recall`), the same with a period named in each question, and end to end over HTTP with
-//! the local embedder. Also reports index build times, table
-//! sizes, and how many of the exact nearest neighbours the HNSW half finds.
+//! the local embedder. Also reports index build times, table sizes, and how many of the exact
+//! nearest neighbours the HNSW half finds.
 //!
 //! Embedding a million texts takes hours here, so rows are pairs of turns ("turn a turn b") and
 //! their vectors the normalised sum of the two turns' model vectors. Rows are bulk-loaded with
