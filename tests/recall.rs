@@ -109,6 +109,38 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
     v
 }
 
+/// A vector of `DIMS` random components, of length 1.
+fn random_unit(rng: &mut StdRng) -> Vec<f32> {
+    let raw: Vec<f32> = (0..DIMS).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
+    raw.iter().map(|x| x / norm).collect()
+}
+
+/// A row of `who`'s in `scope` (a chat message in its session, or a shared chunk) written `at`,
+/// with a random vector, for `Store::bulk_load`.
+fn random_row(
+    rng: &mut StdRng,
+    who: &Principal,
+    scope: Scope,
+    source_ref: &str,
+    at: chrono::DateTime<chrono::Utc>,
+) -> BulkRow {
+    BulkRow {
+        id: Uuid::now_v7(),
+        tenant: who.tenant.clone(),
+        scope,
+        session: (scope == Scope::Session).then(|| who.session.clone()).flatten(),
+        user: None,
+        agent: None,
+        kind: if scope == Scope::Session { SourceKind::ChatMessage } else { SourceKind::DocumentChunk },
+        source_ref: SourceRef::parse(source_ref).expect("ref"),
+        content: MemoryText::parse("row").expect("text"),
+        created_at: Some(at),
+        deleted_at: None,
+        vector: Some(random_unit(rng)),
+    }
+}
+
 #[tokio::test]
 async fn each_scope_searches_its_own_class_and_needs_its_identity() {
     let f = Fixture::start(&[]).await;
@@ -527,22 +559,8 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
     let mut rows = |who: &Principal, scope: Scope, n: usize| -> Vec<BulkRow> {
         (0..n)
             .map(|i| {
-                let raw: Vec<f32> = (0..DIMS).map(|_| rng.random_range(-1.0..1.0)).collect();
-                let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
-                BulkRow {
-                    id: Uuid::now_v7(),
-                    tenant: who.tenant.clone(),
-                    scope,
-                    session: (scope == Scope::Session).then(|| who.session.clone()).flatten(),
-                    user: None,
-                    agent: None,
-                    kind: if scope == Scope::Session { SourceKind::ChatMessage } else { SourceKind::DocumentChunk },
-                    source_ref: SourceRef::parse(&format!("{scope}-{i}")).expect("ref"),
-                    content: MemoryText::parse(&format!("row {i}")).expect("text"),
-                    created_at: Some(start + chrono::Duration::minutes(i as i64)),
-                    deleted_at: None,
-                    vector: Some(raw.iter().map(|x| x / norm).collect()),
-                }
+                let at = start + chrono::Duration::minutes(i as i64);
+                random_row(&mut rng, who, scope, &format!("{scope}-{i}"), at)
             })
             .collect()
     };
@@ -613,11 +631,6 @@ async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
     let mut rng = StdRng::seed_from_u64(23);
     let monday =
         chrono::NaiveDate::from_ymd_opt(2024, 3, 11).expect("date").and_hms_opt(12, 0, 0).expect("noon").and_utc();
-    let mut unit = || -> Vec<f32> {
-        let raw: Vec<f32> = (0..DIMS).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
-        raw.iter().map(|x| x / norm).collect()
-    };
     // Ten rows a day from Monday to Thursday, in acme's session and in its tenant class; globex
     // writes on Wednesday too.
     let acme = principal("acme", None, None, Some("s1"));
@@ -628,25 +641,13 @@ async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
     {
         for day in days {
             for i in 0..10 {
-                rows.push(BulkRow {
-                    id: Uuid::now_v7(),
-                    tenant: who.tenant.clone(),
-                    scope,
-                    session: (scope == Scope::Session).then(|| who.session.clone()).flatten(),
-                    user: None,
-                    agent: None,
-                    kind: if scope == Scope::Session { SourceKind::ChatMessage } else { SourceKind::DocumentChunk },
-                    source_ref: SourceRef::parse(&format!("{scope}-{day}-{i}")).expect("ref"),
-                    content: MemoryText::parse(&format!("row {i}")).expect("text"),
-                    created_at: Some(monday + chrono::Duration::days(day) + chrono::Duration::minutes(i)),
-                    deleted_at: None,
-                    vector: Some(unit()),
-                });
+                let at = monday + chrono::Duration::days(day) + chrono::Duration::minutes(i);
+                rows.push(random_row(&mut rng, who, scope, &format!("{scope}-{day}-{i}"), at));
             }
         }
     }
     store.bulk_load(MODEL, &rows).await.expect("bulk load");
-    let query_vector = unit();
+    let query_vector = random_unit(&mut rng);
     let recall = f.recall_api();
     let ask = async |question: &str, scope: RecallScope, as_of: chrono::DateTime<chrono::Utc>| -> Vec<String> {
         let query = mnemo_recall::Query { text: question, scope, kinds: &[] };
