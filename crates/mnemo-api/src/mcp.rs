@@ -58,10 +58,11 @@ static TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "recall",
         description: "Search your memory: chat messages and tool outputs of this session, facts about the user \
-            and about you, the tenant's documents, summaries and notes. Keyword and semantic matches are fused. Call \
-            it before answering a question that may depend on something said or learned earlier, and whenever the \
-            conversation was trimmed for length: do not guess. Returns items with their content, kind and score; a \
-            tool output's preview may name a tout_ key for get_tool_output.",
+            and about you, the tenant's documents, summaries and notes. Keyword and semantic matches are fused; a \
+            date in the query (\"on 13 March 2024\", \"last May\", \"yesterday\") also searches what was written \
+            then. Call it before answering a question that may depend on something said or learned earlier, and \
+            whenever the conversation was trimmed for length: do not guess. Returns items with their content, kind \
+            and score; a tool output's preview may name a tout_ key for get_tool_output.",
         method: Method::POST,
         path: "/v1/recall",
         read_only: true,
