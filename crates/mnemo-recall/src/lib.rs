@@ -28,7 +28,7 @@ mod query_vectors;
 use access::AccessTracker;
 pub use fusion::{RRF_K, fuse};
 pub use pack::{LayerUsage, MemoryPack, PackItem, PackLayer, PackRequest, PackTopK, build_pack};
-pub use period::{Period, named_period};
+use period::named_period;
 use query_vectors::QueryVectors;
 
 /// Candidates each half (full text, vectors) brings per class.

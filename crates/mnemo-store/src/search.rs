@@ -325,6 +325,8 @@ impl Store {
             session = class_filter(Scope::Session),
             tenant = class_filter(Scope::Tenant),
         );
+        let within_period =
+            format!("AND m.event_time >= $13 AND m.event_time < $14 ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}");
         Search {
             store: self.clone(),
             model: model.to_owned(),
@@ -342,12 +344,7 @@ impl Store {
             // in their indexes by event time (memory_items_session_idx, _tenant_class_idx).
             within_sql: Scope::ALL
                 .iter()
-                .map(|&class| {
-                    let pick = format!(
-                        "AND m.event_time >= $13 AND m.event_time < $14 ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}"
-                    );
-                    format!("({})", ranked_exactly(class, &pick))
-                })
+                .map(|&class| format!("({})", ranked_exactly(class, &within_period)))
                 .collect::<Vec<_>>()
                 .join("\nUNION ALL\n")
                 .into(),
