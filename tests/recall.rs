@@ -604,8 +604,11 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
 
     // An HNSW scan that gives up at once, as one does on a class that is a sliver of a large
     // index: the tenant class is then ranked whole, and the session over its newest 1,000 rows.
+    // The cast loads pgvector in this connection first: PostgreSQL refuses to store a setting it
+    // does not know yet for a role that is not superuser, and a pooled connection may be fresh.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER DATABASE {db} SET hnsw.ef_search = 1; ALTER DATABASE {db} SET hnsw.iterative_scan = off",
+        "SELECT '[1]'::vector; \
+         ALTER DATABASE {db} SET hnsw.ef_search = 1; ALTER DATABASE {db} SET hnsw.iterative_scan = off",
         db = f.app.db.name
     )))
     .execute(store.pool())
