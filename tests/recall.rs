@@ -733,6 +733,38 @@ async fn keyword_search_weighs_words_by_how_few_of_the_tenants_rows_hold_them() 
     assert!(acme_counts.iter().all(|(_, n)| *n == 12), "only the orchard rows' words are left: {acme_counts:?}");
 }
 
+/// A question whose every word is common searches the rarest of them alone, but only while that
+/// word is in few enough rows to rank quickly (`alone_up_to`, the row bound over the table's
+/// rows): past it the keyword half finds nothing and the vector half answers alone. In a large
+/// table the rarest common word matched tens of thousands of rows, all ranked by RUM.
+#[tokio::test]
+async fn a_question_of_common_words_searches_the_rarest_alone_only_while_it_is_cheap() {
+    let f = Fixture::start(&[]).await;
+    let acme = principal("acme", None, None, None);
+    for i in 0..3 {
+        f.write(&acme, "document_chunk", &format!("orchard-{i}"), "apple orchard").await;
+    }
+    f.embed_all().await;
+    let store = f.app.db.store();
+    store.analyze_memories().await.expect("analyze");
+    let bound = store.common_lexemes(0.01, 5000.0).await.expect("common lexemes").alone_up_to;
+    assert!((bound - 5000.0 / 3.0).abs() < 1.0, "the row bound over the table's 3 rows: {bound}");
+
+    let search = store.search(MODEL, DIMS);
+    let classes = [RecallClass::Tenant];
+    let found = |alone_up_to: f32| {
+        let common =
+            CommonLexemes { lexemes: vec!["appl".into(), "orchard".into()], frequencies: vec![0.5, 0.9], alone_up_to };
+        let (search, scope) = (&search, every_kind(&acme, &classes));
+        async move {
+            let ranked = search.keyword(&scope, "apple orchard", &common, 10).await.expect("keyword search");
+            ranked.get(&Scope::Tenant).map_or(0, Vec::len)
+        }
+    };
+    assert_eq!(found(0.5).await, 3, "the rarest common word, at the bound, is searched alone");
+    assert_eq!(found(0.4).await, 0, "past the bound no word is searched");
+}
+
 /// Two embed jobs of one row can run at once (a re-queue of a slow job, an orphan's recovery); an
 /// erasure can wait on a row while it is being embedded. Either way each row with full text is
 /// counted exactly once: the counts equal a count made from the rows.

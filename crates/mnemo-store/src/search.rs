@@ -39,6 +39,12 @@ pub type Ranked = HashMap<Scope, Vec<Uuid>>;
 pub struct CommonLexemes {
     pub lexemes: Vec<String>,
     pub frequencies: Vec<f32>,
+    /// The largest fraction at which a common lexeme is still searched alone, when every lexeme
+    /// of a question is common: the row bound over the table's rows. In a small table a word is
+    /// common by its fraction and cheap to search; in a large one the rarest common word can
+    /// match tens of thousands of rows, which RUM ranks one by one (tens of milliseconds) for
+    /// candidates that one frequent word hardly orders.
+    pub alone_up_to: f32,
 }
 
 /// A row recall returns, with what ranking and packing read.
@@ -137,7 +143,8 @@ const BM25_K1: f64 = 1.2;
 const BM25_B: f64 = 0.75;
 
 /// Full text with OR semantics: the query's lexemes less the common ones (`$13`, with their
-/// frequencies in `$14`); when every lexeme is common, the rarest alone. Each class's candidates
+/// frequencies in `$14`); when every lexeme is common, the rarest alone if its frequency is at
+/// most `$15`, else none (the vector half answers alone). Each class's candidates
 /// are the `KEYWORD_POOL` nearest by RUM's distance: from the index for embedded rows, and for
 /// rows not embedded yet (whose full-text column is still empty) from their content, stemmed here
 /// (see migrations 024 and 028; the class filter is cheaper than stemming, so only the class's
@@ -181,7 +188,8 @@ fn keyword_sql() -> String {
         ), kept AS (
             SELECT l FROM lexemes WHERE freq IS NULL
             UNION ALL
-            (SELECT l FROM lexemes WHERE NOT EXISTS (SELECT 1 FROM lexemes WHERE freq IS NULL) ORDER BY freq LIMIT 1)
+            (SELECT l FROM lexemes WHERE NOT EXISTS (SELECT 1 FROM lexemes WHERE freq IS NULL) AND freq <= $15
+             ORDER BY freq LIMIT 1)
         ), query AS (
             -- Each lexeme quoted as a tsquery literal: no operator in it is interpreted.
             SELECT tsquery_or_agg(('''' || replace(replace(l, '\\', '\\\\'), '''', '''''') || '''')::tsquery) AS q
@@ -354,15 +362,22 @@ impl Store {
 
     /// Lexemes in more than `fraction` of all rows or in more than `max_rows` rows, with their
     /// frequencies, from the statistics ANALYZE keeps (so only as fresh as the last ANALYZE, and
-    /// over all tenants: migration 029 reads them as the owner).
+    /// over all tenants: migration 029 reads them as the owner), and the fraction of `max_rows`
+    /// in the table, up to which the rarest of a question's common lexemes is searched alone.
     pub async fn common_lexemes(&self, fraction: f64, max_rows: f64) -> Result<CommonLexemes, StoreError> {
-        let rows: Vec<(String, f32)> = sqlx::query_as("SELECT lexeme, freq FROM mnemo_common_lexemes($1, $2)")
-            .bind(fraction)
-            .bind(max_rows)
-            .fetch_all(&self.pool)
-            .await?;
-        let (lexemes, frequencies) = rows.into_iter().unzip();
-        Ok(CommonLexemes { lexemes, frequencies })
+        let rows: Vec<(String, f32, f64)> = sqlx::query_as(
+            "SELECT lexeme, freq,
+                    (SELECT greatest(reltuples, 1)::float8 FROM pg_class WHERE oid = 'memory_items'::regclass)
+             FROM mnemo_common_lexemes($1, $2)",
+        )
+        .bind(fraction)
+        .bind(max_rows)
+        .fetch_all(&self.pool)
+        .await?;
+        // With no common lexeme the bound is never read.
+        let table_rows = rows.first().map_or(1.0, |(_, _, n)| *n);
+        let (lexemes, frequencies) = rows.into_iter().map(|(l, f, _)| (l, f)).unzip();
+        Ok(CommonLexemes { lexemes, frequencies, alone_up_to: (max_rows / table_rows) as f32 })
     }
 
     /// Whether row-level security keeps keyword search from its full-text index, because
@@ -546,6 +561,7 @@ impl Search {
             .bind(query)
             .bind(&common.lexemes)
             .bind(&common.frequencies)
+            .bind(common.alone_up_to)
             .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
         Ok(rank(rows, per_class))
