@@ -362,8 +362,8 @@ impl Store {
 
     /// Lexemes in more than `fraction` of all rows or in more than `max_rows` rows, with their
     /// frequencies, from the statistics ANALYZE keeps (so only as fresh as the last ANALYZE, and
-    /// over all tenants: migration 029 reads them as the owner), and the fraction of `max_rows`
-    /// in the table, up to which the rarest of a question's common lexemes is searched alone.
+    /// over all tenants: migration 029 reads them as the owner), and `max_rows` as a fraction of
+    /// the table's rows: the rarest of a question's common lexemes is searched alone up to it.
     pub async fn common_lexemes(&self, fraction: f64, max_rows: f64) -> Result<CommonLexemes, StoreError> {
         let rows: Vec<(String, f32, f64)> = sqlx::query_as(
             "SELECT lexeme, freq,
