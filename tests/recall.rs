@@ -673,6 +673,56 @@ async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
     assert_eq!(undated.len(), 10);
 }
 
+/// A question that names one participant of the session (the `name` its messages were written
+/// with) ranks the session's vector half within that participant's messages: Melanie's one row
+/// about the sunrise comes first although Caroline's rows about it are all nearer. A question
+/// naming no participant, or two, keeps the vector half's order; another tenant's participant of
+/// the same name and session id never comes; and a deleted message of hers is not found.
+#[tokio::test]
+async fn a_question_that_names_a_participant_ranks_within_their_messages() {
+    let f = Fixture::start(&[]).await;
+    let acme = principal("acme", None, None, Some("s1"));
+    let globex = principal("globex", None, None, Some("s1"));
+    let say = async |who: &Principal, source_ref: &str, name: &str, content: &str| -> Uuid {
+        let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "name": name, "content": content });
+        id_of(f.app.client.post("/v1/memories", Some(&token(who)), &body).await)
+    };
+    for i in 0..12 {
+        say(&acme, &format!("caroline-{i}"), "Caroline", &format!("the sunrise painting number {i}")).await;
+    }
+    say(&acme, "melanie-sunrise", "Melanie", "a sunrise by the lake").await;
+    for i in 0..5 {
+        say(&acme, &format!("melanie-{i}"), "Melanie", &format!("pottery class {i}")).await;
+    }
+    let gone = say(&acme, "melanie-gone", "Melanie", "the sunrise painting").await;
+    say(&globex, "globex-melanie", "Melanie", "the sunrise painting").await;
+    f.embed_all().await;
+    assert_eq!(f.app.client.delete(&format!("/v1/memories/{gone}"), Some(&token(&acme))).await.status, 200);
+
+    let recall = f.recall_api();
+    let vector = unit_bag_of_words("the sunrise painting", DIMS);
+    let ask = async |question: &str| -> Vec<String> {
+        let query = mnemo_recall::Query { text: question, scope: RecallScope::Session, kinds: &[] };
+        let options = RecallOptions {
+            query_vector: Some(vector.clone()),
+            halves: mnemo_recall::Halves::VectorOnly,
+            ..Default::default()
+        };
+        let ranked = recall.ranked(&acme, &query, 10, &options).await.expect("recall");
+        ranked.items.into_iter().map(|i| i.source_ref).collect()
+    };
+
+    let hers = ask("What did Melanie's painting show?").await;
+    assert_eq!(hers.len(), 6, "her live messages only: {hers:?}");
+    assert_eq!(hers[0], "melanie-sunrise", "{hers:?}");
+    assert!(hers.iter().all(|r| r.starts_with("melanie-") && r != "melanie-gone"), "{hers:?}");
+
+    let nearest: Vec<String> = ask("What did the painting show?").await;
+    assert!(nearest.iter().all(|r| r.starts_with("caroline-")), "the vector half's order: {nearest:?}");
+    assert_eq!(ask("What did Melanie and Caroline paint?").await, nearest, "two participants named");
+    assert_eq!(ask("What did Gina paint?").await, nearest, "no participant of that name");
+}
+
 /// Keyword search ranks by BM25 over counts kept per tenant as rows are embedded: a question's
 /// word that few of the tenant's rows hold outweighs one that many hold, however often a row
 /// repeats the common one. The counts are each tenant's own: globex's rows, where the words are

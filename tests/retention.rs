@@ -451,7 +451,9 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     let f = Fixture::start().await;
     let erin = principal("acme", Some("erin"), Some("helper"), Some("s1"));
     let dan = principal("acme", Some("dan"), None, Some("s2"));
-    f.message(&erin, "e1", "Erin here: my cat is called Zephyrine").await;
+    // Her name as the message's participant, which anonymization clears with the content.
+    let named = json!({ "source_kind": "chat_message", "source_ref": "e1", "name": "Erin", "content": "my cat is called Zephyrine" });
+    f.write(&erin, "/v1/memories", named).await;
     f.message(&erin, "e2", "Erin again: Zephyrine likes tuna").await;
     let payload = format!("Zephyrine vet records {}", "y".repeat(20_000));
     f.write(&erin, "/v1/memories", json!({ "source_kind": "tool_output", "source_ref": "e-call", "content": payload }))

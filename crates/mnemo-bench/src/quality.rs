@@ -13,8 +13,8 @@ use anyhow::Context;
 use chrono::{DateTime, NaiveDate, Utc};
 use mnemo_config::{Env, RecallSettings};
 use mnemo_core::{
-    Embedder, Extras, MemoryText, NewMemory, Principal, RecallRequest, RecallScope, SessionId, SignalWeights,
-    SourceRef, TenantId, TokenCounter,
+    Embedder, Extras, MemoryText, NewMemory, Principal, RecallRequest, RecallScope, Role, SessionId, SignalWeights,
+    SourceRef, TenantId, TokenCounter, Turn,
 };
 use mnemo_recall::{Halves, Recall, RecallOptions};
 use mnemo_store::Store;
@@ -112,11 +112,25 @@ pub struct BeamArgs {
     asking: Asking,
 }
 
-/// One conversation: its tenant and session, and its turns as (source_ref, text, when).
+/// One conversation: its tenant and session, and its turns.
 struct Conversation {
     name: String,
-    turns: Vec<(String, String, Option<DateTime<Utc>>)>,
+    turns: Vec<ChatTurn>,
 }
+
+/// A turn written as a chat message: the participant who said it is its `name`, as an agent
+/// writes a multi-party chat (LoCoMo's speakers; BEAM's turns have none).
+struct ChatTurn {
+    source_ref: String,
+    text: String,
+    time: Option<DateTime<Utc>>,
+    role: Role,
+    speaker: Option<String>,
+}
+
+/// Counts the tokens of what is written and of what recall returns (o200k).
+static TOKENS: std::sync::LazyLock<mnemo_models::Tokenizer> =
+    std::sync::LazyLock::new(|| mnemo_models::Tokenizer::new(mnemo_config::TokenizerName::O200kBase));
 
 impl Conversation {
     fn principal(&self) -> anyhow::Result<Principal> {
@@ -131,7 +145,7 @@ impl Conversation {
 
     /// Its last turn's time: "now" for decay, as if the questions came right after it.
     fn as_of(&self) -> Option<DateTime<Utc>> {
-        self.turns.iter().filter_map(|(_, _, time)| *time).max()
+        self.turns.iter().filter_map(|turn| turn.time).max()
     }
 }
 
@@ -153,14 +167,13 @@ async fn ingest(
         let memories = conversation
             .turns
             .iter()
-            .map(|(source_ref, text, time)| {
-                Ok(NewMemory::chat_message(
-                    &who,
-                    SourceRef::parse(source_ref)?,
-                    MemoryText::parse(text)?,
-                    None,
-                    Extras { event_time: *time, ..Extras::default() },
-                )?)
+            .map(|turn| {
+                let text = MemoryText::parse(&turn.text)?;
+                let said =
+                    Turn::parse(turn.role, None, turn.speaker.as_deref(), TOKENS.count(text.as_str()), TOKENS.name())?;
+                let extras = Extras { event_time: turn.time, ..Extras::default() };
+                Ok(NewMemory::chat_message(&who, SourceRef::parse(&turn.source_ref)?, text, None, extras)?
+                    .with_turn(said))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         for chunk in memories.chunks(500) {
@@ -208,12 +221,10 @@ async fn ask(
     k: usize,
     mode: Mode,
 ) -> anyhow::Result<(Vec<String>, u32)> {
-    static TOKENIZER: std::sync::LazyLock<mnemo_models::Tokenizer> =
-        std::sync::LazyLock::new(|| mnemo_models::Tokenizer::new(mnemo_config::TokenizerName::O200kBase));
     let request = RecallRequest::new(question)?.top_k(k)?.scope(RecallScope::Session).enable_rerank(false);
     let options = RecallOptions { halves: mode.halves(), as_of: conversation.as_of(), ..RecallOptions::default() };
     let recalled = recall.recall_with(&conversation.principal()?, &request, options).await?;
-    let tokens = recalled.items.iter().take(10).map(|i| TOKENIZER.count(&i.content)).sum();
+    let tokens = recalled.items.iter().take(10).map(|i| TOKENS.count(&i.content)).sum();
     Ok((recalled.items.into_iter().map(|i| i.source_ref).collect(), tokens))
 }
 
@@ -253,7 +264,7 @@ fn locomo_data(path: &Path) -> anyhow::Result<(Vec<Conversation>, Vec<LocomoQues
     for sample in locomo::read(path)? {
         // A turn without an id cannot be evidence: it is not written. A turn's time is its
         // session's, a minute apart in order.
-        let turns: Vec<(String, String, Option<DateTime<Utc>>)> = sample
+        let turns: Vec<ChatTurn> = sample
             .sessions
             .iter()
             .flat_map(|session| session.turns.iter().enumerate().map(move |(i, turn)| (session.date, i, turn)))
@@ -263,10 +274,16 @@ fn locomo_data(path: &Path) -> anyhow::Result<(Vec<Conversation>, Vec<LocomoQues
                     content.push_str(&format!(" [image: {caption}]"));
                 }
                 let time = date.map(|d| d + chrono::Duration::minutes(i as i64));
-                Some((turn.id.clone()?, capped(&content), time))
+                Some(ChatTurn {
+                    source_ref: turn.id.clone()?,
+                    text: capped(&content),
+                    time,
+                    role: Role::User,
+                    speaker: Some(turn.speaker.clone()),
+                })
             })
             .collect();
-        let known: HashSet<&str> = turns.iter().map(|(id, _, _)| id.as_str()).collect();
+        let known: HashSet<&str> = turns.iter().map(|turn| turn.source_ref.as_str()).collect();
         for qa in &sample.qa {
             let (gold, changed, unknown) = sample.gold(qa, &known);
             normalised += changed;
@@ -489,7 +506,8 @@ fn beam_data(dir: &Path) -> anyhow::Result<BeamData> {
                 *n += 1;
                 *date + chrono::Duration::minutes(*n)
             });
-            turns.push((id.to_string(), text, time));
+            let role = Role::parse(role).unwrap_or(Role::User);
+            turns.push(ChatTurn { source_ref: id.to_string(), text, time, role, speaker: None });
         }
         let probing = read_json(&chat.join("probing_questions.json"))?;
         let conversation = conversations.len();

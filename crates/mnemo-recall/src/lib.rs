@@ -5,7 +5,8 @@
 //! without a query vector it answers from full text and says it is degraded. With a read replica
 //! (`Reads`), searches go there, and a replica still behind the primary makes recall degraded.
 //! A question that names a period ("on 13 October 2023") adds a third list: that period's rows
-//! ranked by the query vector (`period`).
+//! ranked by the query vector (`period`). A question that names one participant of the session
+//! ranks the session's vector half within that participant's messages (`participant`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,12 +23,14 @@ use uuid::Uuid;
 mod access;
 mod fusion;
 mod pack;
+mod participant;
 mod period;
 mod query_vectors;
 
 use access::AccessTracker;
 pub use fusion::{RRF_K, fuse};
 pub use pack::{LayerUsage, MemoryPack, PackItem, PackLayer, PackRequest, PackTopK, build_pack};
+use participant::named_participants;
 use period::named_period;
 use query_vectors::QueryVectors;
 
@@ -260,11 +263,25 @@ impl Recall {
                     None => Ok(Default::default()),
                 }
             };
-            tokio::try_join!(nearest, within).map(Some)
+            let by_participant = async {
+                let names = named_participants(query.text);
+                let in_session = class_list.iter().any(|c| matches!(c, RecallClass::Session(_)));
+                if names.is_empty() || !in_session {
+                    return Ok(Default::default());
+                }
+                search.vector_by_participant(&scope, &vector, &names, CANDIDATES_PER_CLASS).await
+            };
+            tokio::try_join!(nearest, within, by_participant).map(Some)
         };
         let (keyword, vector, pending) = tokio::try_join!(keyword, vector, search.pending_embeddings(&scope))?;
         let degraded = pending || vector.is_none() || lagging;
-        let (nearest, within) = vector.unwrap_or_default();
+        let (mut nearest, within, by_participant) = vector.unwrap_or_default();
+        // The participant the question names: the session's vector list is their messages.
+        for (class, ids) in by_participant {
+            if !ids.is_empty() {
+                nearest.insert(class, ids);
+            }
+        }
         let fused = fuse(&classes, &[&keyword, &nearest, &within]);
 
         // Signals can lift a row by a bounded factor only, so only rows near the cut can pass

@@ -142,6 +142,8 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
                 content_sha256 = sha256('[REDACTED]'::bytea),
                 session_id = NULL, user_id = NULL, agent_id = NULL,
                 metadata = '{{}}'::jsonb, tool_output_key = NULL, fact_key = NULL,
+                -- A user's or assistant's message names its participant; a tool's, its tool.
+                tool_name = CASE WHEN m.role IN ('user', 'assistant') THEN NULL ELSE m.tool_name END,
                 -- Tags and the fingerprint are made of the content.
                 tags = '{{}}', fingerprint = NULL,
                 embedded_model = NULL, embed_error = NULL,

@@ -75,6 +75,7 @@ pub struct Search {
     fallback_tenant_sql: Arc<str>,
     fallback_session_sql: Arc<str>,
     within_sql: Arc<str>,
+    participant_sql: Arc<str>,
     pending_sql: Arc<str>,
 }
 
@@ -335,6 +336,25 @@ impl Store {
         );
         let within_period =
             format!("AND m.event_time >= $13 AND m.event_time < $14 ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}");
+        // The session's messages by the participants `$13` names (lower case), found in
+        // memory_items_participant_idx, ranked exactly when they are one participant's and at
+        // most `EXACT_ROWS`: a question naming several participants, or one who wrote more, is
+        // left to the session's vector list.
+        let participant_sql = format!(
+            "WITH picked AS MATERIALIZED (
+                SELECT m.id, lower(m.tool_name) AS who FROM memory_items m
+                WHERE {session} AND {LIVE} AND m.tool_name IS NOT NULL AND m.role IN ('user', 'assistant')
+                  AND lower(m.tool_name) = ANY($13::text[])
+                LIMIT {EXACT_ROWS} + 1
+             )
+             SELECT '{session_class}' AS class, x.id, x.d FROM ({exact}) x",
+            session = class_filter(Scope::Session),
+            session_class = Scope::Session,
+            exact = exact_over(
+                "picked",
+                &format!("(SELECT count(DISTINCT who) = 1 AND count(*) <= {EXACT_ROWS} FROM picked)")
+            ),
+        );
         Search {
             store: self.clone(),
             model: model.to_owned(),
@@ -356,6 +376,7 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join("\nUNION ALL\n")
                 .into(),
+            participant_sql: participant_sql.into(),
             pending_sql: pending_sql(&model_literal).into(),
         }
     }
@@ -623,6 +644,26 @@ impl Search {
             .bind(Vector::from(vector.to_vec()))
             .bind(from)
             .bind(to)
+            .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
+            .await?;
+        Ok(rank(rows, per_class))
+    }
+
+    /// The session's messages by the one participant `names` holds (names in lower case, as a
+    /// question writes them: the `name` user and assistant messages were written with), nearest
+    /// to `vector` first. Empty when the session has no such participant, or several, or one
+    /// with more than `EXACT_ROWS` messages.
+    pub async fn vector_by_participant(
+        &self,
+        scope: &SearchScope<'_>,
+        vector: &[f32],
+        names: &[String],
+        per_class: i64,
+    ) -> Result<Ranked, StoreError> {
+        let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.participant_sql))), scope)
+            .bind(per_class)
+            .bind(Vector::from(vector.to_vec()))
+            .bind(names)
             .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
         Ok(rank(rows, per_class))
