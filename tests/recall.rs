@@ -674,8 +674,9 @@ async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
 }
 
 /// A question that names one participant of the session (the `name` its messages were written
-/// with) ranks the session's vector half within that participant's messages: Melanie's one row
-/// about the sunrise comes first although Caroline's rows about it are all nearer. A question
+/// with) ranks the session's vector half within that participant's messages, after the session's
+/// nearest message whoever wrote it: Melanie's one row about the sunrise comes second although
+/// Caroline's rows about it are all nearer, and the rest are hers. A question
 /// naming no participant, or two, keeps the vector half's order; another tenant's participant of
 /// the same name and session id never comes; and a deleted message of hers is not found.
 #[tokio::test]
@@ -712,12 +713,12 @@ async fn a_question_that_names_a_participant_ranks_within_their_messages() {
         ranked.items.into_iter().map(|i| i.source_ref).collect()
     };
 
-    let hers = ask("What did Melanie's painting show?").await;
-    assert_eq!(hers.len(), 6, "her live messages only: {hers:?}");
-    assert_eq!(hers[0], "melanie-sunrise", "{hers:?}");
-    assert!(hers.iter().all(|r| r.starts_with("melanie-") && r != "melanie-gone"), "{hers:?}");
-
     let nearest: Vec<String> = ask("What did the painting show?").await;
+    let hers = ask("What did Melanie's painting show?").await;
+    assert_eq!(hers.len(), 7, "the nearest, then her live messages only: {hers:?}");
+    assert_eq!(hers[..2], [nearest[0].as_str(), "melanie-sunrise"], "{hers:?}");
+    assert!(hers[1..].iter().all(|r| r.starts_with("melanie-") && r != "melanie-gone"), "{hers:?}");
+
     assert!(nearest.iter().all(|r| r.starts_with("caroline-")), "the vector half's order: {nearest:?}");
     assert_eq!(ask("What did Melanie and Caroline paint?").await, nearest, "two participants named");
     assert_eq!(ask("What did Gina paint?").await, nearest, "no participant of that name");

@@ -6,7 +6,8 @@
 //! (`Reads`), searches go there, and a replica still behind the primary makes recall degraded.
 //! A question that names a period ("on 13 October 2023") adds a third list: that period's rows
 //! ranked by the query vector (`period`). A question that names one participant of the session
-//! ranks the session's vector half within that participant's messages (`participant`).
+//! ranks the session's vector half within that participant's messages, after the session's
+//! nearest message (`participant`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -276,11 +277,12 @@ impl Recall {
         let (keyword, vector, pending) = tokio::try_join!(keyword, vector, search.pending_embeddings(&scope))?;
         let degraded = pending || vector.is_none() || lagging;
         let (mut nearest, within, by_participant) = vector.unwrap_or_default();
-        // The participant the question names: the session's vector list is their messages.
-        for (class, ids) in by_participant {
-            if !ids.is_empty() {
-                nearest.insert(class, ids);
-            }
+        // The participant the question names: the session's vector list becomes their messages,
+        // after the session's nearest message whoever wrote it (a question can name the wrong one).
+        for (class, ids) in by_participant.into_iter().filter(|(_, ids)| !ids.is_empty()) {
+            let first = nearest.get(&class).and_then(|list| list.first()).copied();
+            let rest = ids.into_iter().filter(|id| Some(*id) != first);
+            nearest.insert(class, first.into_iter().chain(rest).take(CANDIDATES_PER_CLASS as usize).collect());
         }
         let fused = fuse(&classes, &[&keyword, &nearest, &within]);
 
