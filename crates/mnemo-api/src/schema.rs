@@ -136,7 +136,7 @@ pub fn memory_body() -> Value {
             "session_id": text("The conversation it belongs to; default: the token's session."),
             "role": one_of(Role::ALL.iter().map(|r| r.as_str()), "Who said it (chat messages and tool outputs only; default user)."),
             "tool_call_id": text("The tool call a tool message answers (chat messages and tool outputs only)."),
-            "name": text("The tool's name (chat messages and tool outputs only)."),
+            "name": text("Who wrote a user or assistant message (its participant: a question naming them ranks their messages), or a tool message's tool (chat messages and tool outputs only)."),
             "metadata": metadata(),
             "event_time": event_time(),
         }),
