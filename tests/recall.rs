@@ -676,9 +676,9 @@ async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
 /// A question that names one participant of the session (the `name` its messages were written
 /// with) ranks the session's vector half within that participant's messages, after the session's
 /// nearest message whoever wrote it: Melanie's one row about the sunrise comes second although
-/// Caroline's rows about it are all nearer, and the rest are hers. A question
-/// naming no participant, or two, keeps the vector half's order; another tenant's participant of
-/// the same name and session id never comes; and a deleted message of hers is not found.
+/// Caroline's rows about it are all nearer, and the rest are hers. A question naming no
+/// participant, or two, keeps the vector half's order; another tenant's participant of the same
+/// name and session id never comes; and a deleted message of hers is not found.
 #[tokio::test]
 async fn a_question_that_names_a_participant_ranks_within_their_messages() {
     let f = Fixture::start(&[]).await;

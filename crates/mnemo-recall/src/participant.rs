@@ -1,8 +1,9 @@
 //! The participants a question may name: its capitalised words ("What did Melanie paint?"), in
 //! lower case. Whether one of them is a participant of the session, by the `name` its messages
 //! were written with, is the store's to say (`Search::vector_by_participant`); recall then ranks
-//! the session's vector half within that participant's messages. No model: a participant named
-//! in lower case, or by a name of several words, is not recognised.
+//! the session's vector half within that participant's messages, after the session's nearest
+//! message. No model: a participant named in lower case, or by a name of several words, is not
+//! recognised.
 
 /// The most words of a question looked up as names.
 const MAX_NAMES: usize = 16;
