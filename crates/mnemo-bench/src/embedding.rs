@@ -273,7 +273,7 @@ pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     let _ = stop.send(());
     let rate = args.rows as f64 / elapsed.as_secs_f64();
-    let (rows_embedded, calls) = batch_rows();
+    let (rows_embedded, calls, _) = batch_rows();
     let mean_batch = rows_embedded / calls.max(1.0);
     eprintln!("mean rows per model call in the pipeline: {mean_batch:.1}");
     let report = json!({ "scenario": "pipeline", "rows": args.rows, "batch": args.batch, "seconds": elapsed.as_secs_f64(),
@@ -322,6 +322,7 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         let stop = start_worker(&env, &url, batch, embedder.clone(), JudgeQueue::Off)?;
         tokio::time::sleep(Duration::from_secs(2)).await; // the worker connects and listens
         let before = batch_rows();
+        let started = Instant::now();
 
         let total = (rate * args.seconds as f64).round() as usize;
         let mut timer = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
@@ -340,7 +341,13 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         wait_embedded(&store, embedder.model(), total, Duration::from_secs(600)).await?;
         let _ = stop.send(());
         let after = batch_rows();
-        let mean_batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
+        let calls = (after.1 - before.1).max(1.0);
+        let mean_batch = (after.0 - before.0) / calls;
+        // How long a model call took under this load, and the share of the level's time the
+        // model was computing: near 1 the backlog can only grow.
+        let model_seconds = after.2 - before.2;
+        let model_ms_per_call = model_seconds * 1000.0 / calls;
+        let model_busy = model_seconds / started.elapsed().as_secs_f64();
 
         let lags = store.embed_lag_seconds().await?;
         let mut h = Histogram::<u64>::new(3)?;
@@ -349,7 +356,7 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         }
         let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
         let level = json!({ "load": load, "rate_per_s": rate, "rows": lags.len(), "mean_batch_rows": mean_batch,
-            "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0 });
+            "model_ms_per_call": model_ms_per_call, "model_busy": model_busy, "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0 });
         eprintln!("{level}");
         levels.push(level);
     }
@@ -362,15 +369,19 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             "raw embedder at batch 32: {raw:.1} rows/s as embedded ({with}), {alone:.1} short texts/s alone; \
              worker batch {batch}\n"
         );
-        println!("| load | writes/s | rows | rows per model call | p50 ms | p95 ms | p99 ms | max ms |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!(
+            "| load | writes/s | rows | rows per model call | ms per model call | model busy | p50 ms | p95 ms | p99 ms | max ms |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for l in &levels {
             println!(
-                "| {:.2} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                "| {:.2} | {:.1} | {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} |",
                 l["load"].as_f64().unwrap_or(0.0),
                 l["rate_per_s"].as_f64().unwrap_or(0.0),
                 l["rows"],
                 l["mean_batch_rows"].as_f64().unwrap_or(0.0),
+                l["model_ms_per_call"].as_f64().unwrap_or(0.0),
+                l["model_busy"].as_f64().unwrap_or(0.0),
                 l["p50_ms"].as_f64().unwrap_or(0.0),
                 l["p95_ms"].as_f64().unwrap_or(0.0),
                 l["p99_ms"].as_f64().unwrap_or(0.0),
@@ -381,8 +392,13 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rows embedded and model calls made so far in this process (the pipeline's own histogram).
-fn batch_rows() -> (f64, f64) {
+/// Rows embedded, model calls made and seconds spent in them so far in this process (the
+/// pipeline's own histograms).
+fn batch_rows() -> (f64, f64, f64) {
     let text = mnemo_config::metrics_handle().render();
-    (metric(&text, "mnemo_embed_batch_rows_sum"), metric(&text, "mnemo_embed_batch_rows_count"))
+    (
+        metric(&text, "mnemo_embed_batch_rows_sum"),
+        metric(&text, "mnemo_embed_batch_rows_count"),
+        metric(&text, "mnemo_embed_model_seconds_sum"),
+    )
 }
