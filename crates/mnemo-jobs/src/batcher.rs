@@ -3,10 +3,10 @@
 //!
 //! How long a batch gathers is the [`Gather`] policy. A fixed wait suits a model whose cost
 //! hardly depends on the batch (the judge's chat calls). A model that gets cheaper per row with
-//! bigger batches (an embedder) gathers while the model is busy and stops the moment it is free:
-//! a lone job runs at once, and under load each batch holds what arrived during the previous
-//! one, so batches grow with the backlog and shrink again when it drains. Once they are full,
-//! two run at once.
+//! bigger batches (an embedder) gathers while the model's calls are all taken and stops the
+//! moment one is free: a lone job runs at once, and under load each batch holds what arrived
+//! while the calls ran, so batches grow with the backlog and shrink again when it drains. A full
+//! batch goes in beside them.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,9 +28,9 @@ type Handed<J> = (J, Reply, Span);
 pub(crate) enum Gather {
     /// When it is full or its first job has waited this long.
     Wait(Duration),
-    /// When the model is free (a permit of this semaphore, handed to the run, which releases it
-    /// when its model call is done) or the batch is full. A full batch goes in without a permit,
-    /// beside the one in the model: with a backlog, two batches at once keep every core busy.
+    /// When one of the model's calls is free (a permit of this semaphore, handed to the run,
+    /// which releases it when its model call is done) or the batch is full. A full batch goes in
+    /// without a permit, beside the calls in the model: with a backlog, every core stays busy.
     UntilFree(Arc<Semaphore>),
 }
 
@@ -47,8 +47,9 @@ impl<J> Clone for Batcher<J> {
 }
 
 impl<J: Send + 'static> Batcher<J> {
-    /// Starts `loops` batching loops over one queue of jobs: with two, one batch gathers (or
-    /// stores its results) while the other runs. `name` names a batch's span.
+    /// Starts `loops` batching loops over one queue of jobs: with one more loop than the model
+    /// takes calls at once, a batch gathers (or stores its results) while the others run.
+    /// `name` names a batch's span.
     pub fn start<F, Fut>(name: &'static str, loops: usize, batch_size: usize, gather: Gather, run: F) -> Self
     where
         F: Fn(Vec<J>, Option<OwnedSemaphorePermit>) -> Fut + Clone + Send + 'static,
@@ -131,13 +132,17 @@ async fn batch_loop<J, F, Fut>(
 mod tests {
     use super::*;
 
-    /// A batcher over one model whose runs record their batch sizes.
-    fn recording(model: &Arc<Semaphore>, batch_size: usize) -> (Batcher<u32>, Arc<std::sync::Mutex<Vec<usize>>>) {
+    /// A batcher of `loops` loops over one model whose runs record their batch sizes.
+    fn recording(
+        model: &Arc<Semaphore>,
+        loops: usize,
+        batch_size: usize,
+    ) -> (Batcher<u32>, Arc<std::sync::Mutex<Vec<usize>>>) {
         let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
         let recorded = sizes.clone();
         let batcher = Batcher::start(
             "test batch",
-            2,
+            loops,
             batch_size,
             Gather::UntilFree(model.clone()),
             move |jobs: Vec<u32>, permit| {
@@ -164,7 +169,7 @@ mod tests {
     #[tokio::test]
     async fn a_batch_gathers_while_the_model_is_busy_and_a_lone_job_goes_at_once() {
         let model = Arc::new(Semaphore::new(1));
-        let (batcher, sizes) = recording(&model, 32);
+        let (batcher, sizes) = recording(&model, 2, 32);
         // Nothing else waiting, the model free: the job goes alone and at once.
         tokio::time::timeout(Duration::from_millis(500), batcher.submit(1)).await.expect("at once").expect("ok");
 
@@ -180,10 +185,31 @@ mod tests {
         assert_eq!(*sizes.lock().expect("sizes"), vec![1, 5]);
     }
 
+    /// The embed dispatcher's shape: two calls at once, three loops. A lone job waits only when
+    /// both calls are taken.
+    #[tokio::test]
+    async fn with_two_calls_at_once_a_job_gathers_only_while_both_are_taken() {
+        let model = Arc::new(Semaphore::new(2));
+        let (batcher, sizes) = recording(&model, 3, 32);
+        let first = model.clone().acquire_owned().await.expect("permit");
+        tokio::time::timeout(Duration::from_millis(500), batcher.submit(1)).await.expect("at once").expect("ok");
+
+        let second = model.clone().acquire_owned().await.expect("permit");
+        let waiting = submit_all(&batcher, 3);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(*sizes.lock().expect("sizes"), vec![1], "nothing runs while both calls are taken");
+        drop(first);
+        for job in waiting {
+            job.await.expect("task").expect("ok");
+        }
+        assert_eq!(*sizes.lock().expect("sizes"), vec![1, 3]);
+        drop(second);
+    }
+
     #[tokio::test]
     async fn a_full_batch_goes_in_beside_the_busy_model() {
         let model = Arc::new(Semaphore::new(1));
-        let (batcher, sizes) = recording(&model, 4);
+        let (batcher, sizes) = recording(&model, 2, 4);
         let _busy = model.clone().acquire_owned().await.expect("permit");
         for job in submit_all(&batcher, 4) {
             tokio::time::timeout(Duration::from_millis(500), job)

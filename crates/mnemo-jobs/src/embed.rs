@@ -28,6 +28,12 @@ pub struct EmbedPolicy {
     pub previous_turn: bool,
 }
 
+/// Model calls that may run at once. One call on a few rows leaves cores idle while it runs
+/// the parts of a forward pass that are not split across threads; a second call fills them.
+/// Measured under a steady stream (`embed-latency`), two at once halved latency at 0.6-0.8 of
+/// the batched rate against one at once (docs/benchmarks.md).
+const MODEL_CALLS_AT_ONCE: usize = 2;
+
 /// A handle to the batching loops. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EmbedDispatcher {
@@ -35,25 +41,32 @@ pub struct EmbedDispatcher {
 }
 
 impl EmbedDispatcher {
-    /// Starts two batching loops over one model: while one batch is in the model, the next
-    /// gathers, and goes in the moment the model is free (while the first stores its vectors) or
-    /// once it is full. So a lone row is embedded at once; under a steady stream each batch holds
-    /// what arrived during the previous call, so batches grow with the backlog and the model runs
-    /// nearer its batched rate the more it has to do; and a backlog of full batches runs two
-    /// model calls at once.
+    /// Starts one more batching loop than [`MODEL_CALLS_AT_ONCE`]: while the model's calls are
+    /// all taken, the spare loop gathers, and goes in the moment one of them is done (while that
+    /// loop stores its vectors) or once its batch is full. So a lone row is embedded at once;
+    /// under a steady stream each batch holds what arrived while the calls ran, so batches grow
+    /// with the backlog and the model runs nearer its batched rate the more it has to do; and a
+    /// backlog of full batches runs one more call beside them.
     pub fn start(store: Store, embedder: Arc<dyn Embedder>, policy: EmbedPolicy) -> Self {
-        let model = Arc::new(Semaphore::new(1));
+        let model = Arc::new(Semaphore::new(MODEL_CALLS_AT_ONCE));
         let gather = Gather::UntilFree(model);
         let failing = Arc::new(AtomicBool::new(false));
-        let batcher = Batcher::start("embed batch", 2, policy.batch_size, gather, move |jobs: Vec<EmbedRow>, model| {
-            let (store, embedder, failing) = (store.clone(), embedder.clone(), failing.clone());
-            async move {
-                embed_batch(&store, embedder.as_ref(), policy, &jobs, model, &failing).await.map_err(|e| {
+        let loops = MODEL_CALLS_AT_ONCE + 1;
+        let batcher = Batcher::start(
+            "embed batch",
+            loops,
+            policy.batch_size,
+            gather,
+            move |jobs: Vec<EmbedRow>, model| {
+                let (store, embedder, failing) = (store.clone(), embedder.clone(), failing.clone());
+                async move {
+                    embed_batch(&store, embedder.as_ref(), policy, &jobs, model, &failing).await.map_err(|e| {
                     tracing::warn!(error = %e, jobs = jobs.len(), "embed batch could not be stored; its jobs will run again");
                     JobError::from(e)
                 })
-            }
-        });
+                }
+            },
+        );
         Self { batcher }
     }
 

@@ -26,7 +26,7 @@ pub struct LocalEmbedder {
 }
 
 struct Inner {
-    // Forward passes may run side by side (the dispatcher runs two batches at once): on small
+    // Forward passes may run side by side (the dispatcher makes two model calls at once): on small
     // batches one pass cannot keep every core busy, so two in parallel share the cores better.
     model: BertModel,
     tokenizer: Tokenizer,
