@@ -257,10 +257,11 @@ pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
     let (_, embedder) = local_embedder(&env)?;
     let (url, store) = fresh(&env).await?;
 
-    // The raw embedder on the same texts at the same batch size, in this run.
-    let sample = &texts[..texts.len().min(2048)];
-    let raw = raw_rate(embedder.as_ref(), sample, args.batch).await?;
-    eprintln!("raw embedder: {raw:.1} rows/s at batch {}", args.batch);
+    // The raw embedder on the same texts as the worker embeds them, at the same batch size, in
+    // this run.
+    let sample = as_embedded(&env, &texts[..texts.len().min(2048)])?;
+    let raw = raw_rate(embedder.as_ref(), &sample, args.batch).await?;
+    eprintln!("raw embedder: {raw:.1} rows/s as embedded at batch {}", args.batch);
 
     // All rows written (with their jobs) before the worker starts: the pipeline then drains them.
     let rows: Vec<NewMemory> = texts.iter().enumerate().map(|(i, t)| chat(i, t)).collect::<anyhow::Result<_>>()?;
@@ -287,6 +288,18 @@ pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `texts` as the worker embeds them when they are written in order into one session: each
+/// with the one before it, when the worker reads a chat message's previous turn.
+fn as_embedded(env: &Env, texts: &[String]) -> anyhow::Result<Vec<String>> {
+    let previous_turn = WorkerSettings::from_env(env)?.embed_previous_turn;
+    Ok((0..texts.len())
+        .map(|i| {
+            let previous = (previous_turn && i > 0).then(|| texts[i - 1].as_str());
+            mnemo_core::embedding_text(&texts[i], previous)
+        })
+        .collect())
+}
+
 /// The value of an unlabelled series in Prometheus text.
 fn metric(text: &str, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse::<f64>().ok())).unwrap_or(0.0)
@@ -305,13 +318,7 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let sample = &short[..short.len().min(1024)];
     let alone = raw_rate(embedder.as_ref(), sample, 32).await?;
     let previous_turn = WorkerSettings::from_env(&env)?.embed_previous_turn;
-    let as_embedded: Vec<String> = (0..sample.len())
-        .map(|i| {
-            let previous = (previous_turn && i > 0).then(|| sample[i - 1].as_str());
-            mnemo_core::embedding_text(&sample[i], previous)
-        })
-        .collect();
-    let raw = if previous_turn { raw_rate(embedder.as_ref(), &as_embedded, 32).await? } else { alone };
+    let raw = if previous_turn { raw_rate(embedder.as_ref(), &as_embedded(&env, sample)?, 32).await? } else { alone };
     let with = if previous_turn { "with the previous turn" } else { "alone" };
     eprintln!("raw embedder: {alone:.1} short texts/s at batch 32 alone, {raw:.1} as embedded ({with})");
 
