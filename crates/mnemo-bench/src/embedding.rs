@@ -363,7 +363,8 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         }
         let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
         let level = json!({ "load": load, "rate_per_s": rate, "rows": lags.len(), "mean_batch_rows": mean_batch,
-            "model_ms_per_call": model_ms_per_call, "model_busy": model_busy, "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0 });
+            "model_ms_per_call": model_ms_per_call, "model_busy": model_busy,
+            "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0 });
         eprintln!("{level}");
         levels.push(level);
     }
