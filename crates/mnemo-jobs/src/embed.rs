@@ -30,8 +30,8 @@ pub struct EmbedPolicy {
 
 /// Model calls that may run at once. One call on a few rows leaves cores idle while it runs
 /// the parts of a forward pass that are not split across threads; a second call fills them.
-/// Measured under a steady stream (`embed-latency`), two at once halved latency at 0.6-0.8 of
-/// the batched rate against one at once (docs/benchmarks.md).
+/// Measured under a steady stream (`embed-latency`), two at once cut latency by a third to a
+/// half at 0.6-0.8 of the batched rate against one at once (docs/benchmarks.md).
 const MODEL_CALLS_AT_ONCE: usize = 2;
 
 /// A handle to the batching loops. Cheap to clone.
@@ -52,21 +52,20 @@ impl EmbedDispatcher {
         let gather = Gather::UntilFree(model);
         let failing = Arc::new(AtomicBool::new(false));
         let loops = MODEL_CALLS_AT_ONCE + 1;
-        let batcher = Batcher::start(
-            "embed batch",
-            loops,
-            policy.batch_size,
-            gather,
-            move |jobs: Vec<EmbedRow>, model| {
+        let batcher =
+            Batcher::start("embed batch", loops, policy.batch_size, gather, move |jobs: Vec<EmbedRow>, model| {
                 let (store, embedder, failing) = (store.clone(), embedder.clone(), failing.clone());
                 async move {
                     embed_batch(&store, embedder.as_ref(), policy, &jobs, model, &failing).await.map_err(|e| {
-                    tracing::warn!(error = %e, jobs = jobs.len(), "embed batch could not be stored; its jobs will run again");
-                    JobError::from(e)
-                })
+                        tracing::warn!(
+                            error = %e,
+                            jobs = jobs.len(),
+                            "embed batch could not be stored; its jobs will run again"
+                        );
+                        JobError::from(e)
+                    })
                 }
-            },
-        );
+            });
         Self { batcher }
     }
 
