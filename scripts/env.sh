@@ -20,7 +20,7 @@ export MNEMO_APP_DATABASE_URL
 : "${MNEMO_PG_REPLICA_PORT:=55433}"
 : "${MNEMO_REPLICA_DATABASE_URL:=postgres://${MNEMO_PG_USER}:${MNEMO_PG_PASSWORD}@localhost:${MNEMO_PG_REPLICA_PORT}/${MNEMO_PG_DB}?host=${MNEMO_PG_SOCKET_DIR}}"
 export MNEMO_REPLICA_DATABASE_URL
-: "${MNEMO_LOCAL_MODEL_DIR:=$mnemo_root/models/all-MiniLM-L6-v2}"
+: "${MNEMO_LOCAL_MODEL_DIR:=$mnemo_root/models/${MNEMO_EMBED_MODEL:-all-MiniLM-L6-v2}}"
 export MNEMO_LOCAL_MODEL_DIR
 # A development secret only; production sets its own (see README).
 : "${MNEMO_JWT_SECRET:=mnemo-local-development-secret-change-me}"

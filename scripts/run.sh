@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/env.sh
 
 bash scripts/setup-postgres.sh
-bash scripts/fetch-model.sh
+[ "${MNEMO_EMBED_PROVIDER:-local}" != local ] || bash scripts/fetch-model.sh
 log "building mnemo"
 cargo build --bins --locked
 bin=${CARGO_TARGET_DIR:-target}/debug

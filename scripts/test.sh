@@ -4,6 +4,8 @@
 # failure. Honours CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite runs on the default local model, whichever one this shell names.
+unset MNEMO_EMBED_PROVIDER MNEMO_EMBED_MODEL MNEMO_LOCAL_MODEL_DIR
 . scripts/env.sh
 
 bash scripts/setup-postgres.sh

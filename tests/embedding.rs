@@ -344,6 +344,27 @@ async fn a_missing_model_is_a_clear_start_up_error() {
 }
 
 #[tokio::test]
+async fn another_model_s_folder_is_a_clear_start_up_error() {
+    // The folder holds all-MiniLM-L6-v2 (384 dimensions); all-mpnet-base-v2 is named.
+    let dir = std::env::var("MNEMO_LOCAL_MODEL_DIR").expect("MNEMO_LOCAL_MODEL_DIR (scripts/test.sh sets it)");
+    let db = TestDb::new().await;
+    let worker = tokio::process::Command::new(mnemo_testkit::binary("mnemo-worker").expect("built"))
+        .env_clear()
+        .env("MNEMO_DATABASE_URL", &db.url)
+        .env("MNEMO_EMBED_MODEL", "all-mpnet-base-v2")
+        .env("MNEMO_LOCAL_MODEL_DIR", &dir)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), worker)
+        .await
+        .expect("the worker started with another model's folder")
+        .expect("ran");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("384 dimensions") && stderr.contains("all-mpnet-base-v2 has 768"), "{stderr}");
+}
+
+#[tokio::test]
 async fn status_reports_queues_backlog_and_workers() {
     let db = TestDb::new().await;
     let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");

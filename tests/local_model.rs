@@ -6,7 +6,7 @@ use mnemo_models::LocalEmbedder;
 
 fn model() -> LocalEmbedder {
     let dir = std::env::var("MNEMO_LOCAL_MODEL_DIR").expect("MNEMO_LOCAL_MODEL_DIR (scripts/test.sh sets it)");
-    LocalEmbedder::load(std::path::Path::new(&dir)).expect("the model loads")
+    LocalEmbedder::load(std::path::Path::new(&dir), "all-MiniLM-L6-v2", 384).expect("the model loads")
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f32 {

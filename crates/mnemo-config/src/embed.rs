@@ -6,8 +6,9 @@ use crate::{ConfigError, Env, Problems, Secret, vars};
 /// Which embedding provider, and how to reach it.
 #[derive(Debug, Clone)]
 pub enum EmbedProvider {
-    /// all-MiniLM-L6-v2 in-process, loaded from a folder made by `scripts/fetch-model.sh`.
-    Local { model_dir: PathBuf },
+    /// One of [`LOCAL_EMBED_MODELS`] in-process, loaded from a folder made by
+    /// `scripts/fetch-model.sh`.
+    Local { model_dir: PathBuf, dimensions: usize },
     /// Any OpenAI-compatible `/v1/embeddings` endpoint.
     /// `base_url` unset means the client library's default (OpenAI itself).
     OpenAi {
@@ -27,23 +28,31 @@ pub struct EmbedSettings {
     pub model: String,
 }
 
-/// The local model's name.
-pub const LOCAL_EMBED_MODEL: &str = "all-MiniLM-L6-v2";
+/// The models the local provider runs, with their dimensions; the first is the default.
+/// all-mpnet-base-v2 ranks better and costs five to six times as much per text
+/// (docs/benchmarks.md, "A stronger local model").
+pub const LOCAL_EMBED_MODELS: [(&str, usize); 2] = [("all-MiniLM-L6-v2", 384), ("all-mpnet-base-v2", 768)];
 
 impl EmbedSettings {
     pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
         let model = env.get(vars::EMBED_MODEL);
         match env.get(vars::EMBED_PROVIDER).unwrap_or("local") {
             "local" => {
-                if model.is_some_and(|m| m != LOCAL_EMBED_MODEL) {
-                    problems.0.push(format!(
-                        "{}=local runs {LOCAL_EMBED_MODEL} only; unset {} or use the openai provider",
-                        vars::EMBED_PROVIDER,
-                        vars::EMBED_MODEL
-                    ));
-                }
-                let model_dir = PathBuf::from(env.get(vars::LOCAL_MODEL_DIR).unwrap_or("models/all-MiniLM-L6-v2"));
-                Self { provider: EmbedProvider::Local { model_dir }, model: LOCAL_EMBED_MODEL.to_owned() }
+                let (name, dimensions) = match model {
+                    None => LOCAL_EMBED_MODELS[0],
+                    Some(m) => LOCAL_EMBED_MODELS.into_iter().find(|(name, _)| *name == m).unwrap_or_else(|| {
+                        let known: Vec<&str> = LOCAL_EMBED_MODELS.iter().map(|(name, _)| *name).collect();
+                        problems.0.push(format!(
+                            "{}={m:?}: the local provider runs {}; use the openai provider for others",
+                            vars::EMBED_MODEL,
+                            known.join(" or ")
+                        ));
+                        LOCAL_EMBED_MODELS[0]
+                    }),
+                };
+                let model_dir =
+                    env.get(vars::LOCAL_MODEL_DIR).map_or_else(|| PathBuf::from("models").join(name), PathBuf::from);
+                Self { provider: EmbedProvider::Local { model_dir, dimensions }, model: name.to_owned() }
             }
             "openai" => {
                 let base_url = env.get(vars::EMBED_BASE_URL).or_else(|| env.get(vars::OPENAI_BASE_URL));
@@ -81,12 +90,44 @@ impl EmbedSettings {
             }
             other => {
                 problems.0.push(format!("{}={other:?} must be local or openai", vars::EMBED_PROVIDER));
-                Self { provider: EmbedProvider::Local { model_dir: PathBuf::new() }, model: String::new() }
+                Self {
+                    provider: EmbedProvider::Local { model_dir: PathBuf::new(), dimensions: 0 },
+                    model: String::new(),
+                }
             }
         }
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
         Problems::read_all(env, Self::read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local(pairs: &[(&str, &str)]) -> Result<(String, PathBuf, usize), ConfigError> {
+        let settings = EmbedSettings::from_env(&Env::from_pairs(pairs.iter().copied()))?;
+        match settings.provider {
+            EmbedProvider::Local { model_dir, dimensions } => Ok((settings.model, model_dir, dimensions)),
+            EmbedProvider::OpenAi { .. } => panic!("not the local provider"),
+        }
+    }
+
+    #[test]
+    fn the_local_provider_runs_either_model_from_its_own_folder() {
+        let default = local(&[]).unwrap();
+        assert_eq!(default, ("all-MiniLM-L6-v2".into(), "models/all-MiniLM-L6-v2".into(), 384));
+        let mpnet = local(&[(vars::EMBED_MODEL, "all-mpnet-base-v2")]).unwrap();
+        assert_eq!(mpnet, ("all-mpnet-base-v2".into(), "models/all-mpnet-base-v2".into(), 768));
+        let elsewhere = local(&[(vars::EMBED_MODEL, "all-mpnet-base-v2"), (vars::LOCAL_MODEL_DIR, "/srv/mpnet")]);
+        assert_eq!(elsewhere.unwrap().1, PathBuf::from("/srv/mpnet"));
+    }
+
+    #[test]
+    fn the_local_provider_refuses_a_model_it_cannot_run() {
+        let err = local(&[(vars::EMBED_MODEL, "text-embedding-3-small")]).unwrap_err().to_string();
+        assert!(err.contains("all-MiniLM-L6-v2 or all-mpnet-base-v2") && err.contains("openai"), "{err}");
     }
 }

@@ -20,7 +20,7 @@ mod workspace;
 pub use chat_model::ChatModel;
 pub use context::{ContextSettings, TokenizerName};
 pub use database::DatabaseSettings;
-pub use embed::{EmbedProvider, EmbedSettings, LOCAL_EMBED_MODEL};
+pub use embed::{EmbedProvider, EmbedSettings, LOCAL_EMBED_MODELS};
 use env::Problems;
 pub use env::{ConfigError, Env, Secret};
 pub use judge::JudgeSettings;

@@ -23,7 +23,7 @@ pub use chat_consolidate::{CONSOLIDATE_MARKER, OpenAiConsolidator, parse_consoli
 pub use chat_extract::{EXTRACT_MARKER, OpenAiExtractor, parse_extraction};
 pub use chat_judge::{OpenAiJudge, parse_verdicts};
 pub use chat_summary::{OpenAiSummarizer, SUMMARIZE_MARKER};
-pub use local::{LOCAL_MODEL_NAME, LocalEmbedder};
+pub use local::LocalEmbedder;
 pub use openai::OpenAiEmbedder;
 pub use tei::TeiReranker;
 pub use tokens::Tokenizer;
@@ -64,7 +64,9 @@ pub enum ModelError {
 /// or corrupt model fails at start-up.
 pub fn embedder(settings: &EmbedSettings) -> Result<Arc<dyn Embedder>, ModelError> {
     match &settings.provider {
-        EmbedProvider::Local { model_dir } => Ok(Arc::new(LocalEmbedder::load(model_dir)?)),
+        EmbedProvider::Local { model_dir, dimensions } => {
+            Ok(Arc::new(LocalEmbedder::load(model_dir, &settings.model, *dimensions)?))
+        }
         EmbedProvider::OpenAi { base_url, api_key, dimensions, timeout, max_inputs } => {
             install_tls_provider();
             Ok(Arc::new(OpenAiEmbedder::new(

@@ -1,8 +1,9 @@
-//! all-MiniLM-L6-v2 run in-process with candle: BERT, mask-weighted mean pooling, L2
-//! normalisation. The tokenizer shipped with the model pads every input to 128 tokens and cuts at
-//! 128; here texts are cut at 256 tokens (`sentence_bert_config.json`'s `max_seq_length`), which
-//! keeps long ones whole, and each forward pass pads only to the longest of its own texts, which
-//! is 3–6× faster on short ones.
+//! The local model (all-MiniLM-L6-v2, or all-mpnet-base-v2) run in-process with candle: the
+//! encoder, mask-weighted mean pooling, L2 normalisation. The tokenizer shipped with the model
+//! pads every input to 128 tokens and cuts at 128; here texts are cut at 256 tokens
+//! (all-MiniLM-L6-v2's `max_seq_length`; all-mpnet-base-v2's is 384, held to 256 for the same
+//! cost bound), which keeps long ones whole, and each forward pass pads only to the longest of
+//! its own texts, which is 3–6× faster on short ones.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,13 +16,13 @@ use tokenizers::{Encoding, Tokenizer, TruncationParams};
 use crate::ModelError;
 use crate::bert::{BertModel, Config};
 
-/// The name vectors from this model are stored under.
-pub const LOCAL_MODEL_NAME: &str = "all-MiniLM-L6-v2";
 const MAX_TOKENS: usize = 256;
 
 #[derive(Debug)]
 pub struct LocalEmbedder {
     inner: Arc<Inner>,
+    /// The name vectors from this model are stored under.
+    name: String,
     dimensions: usize,
 }
 
@@ -46,13 +47,18 @@ fn missing(dir: &Path, what: &str, e: impl std::fmt::Display) -> ModelError {
 }
 
 impl LocalEmbedder {
-    /// Loads the model from `dir` (config.json, tokenizer.json, model.safetensors). A missing or
-    /// corrupt file is an error that names the fetch script.
-    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+    /// Loads the model `name`, of `dimensions`, from `dir` (config.json, tokenizer.json,
+    /// model.safetensors). A missing or corrupt file, or another model's, is an error that names
+    /// the fetch script.
+    pub fn load(dir: &Path, name: &str, dimensions: usize) -> Result<Self, ModelError> {
         let file = |name: &str| -> PathBuf { dir.join(name) };
         let config = std::fs::read_to_string(file("config.json")).map_err(|e| missing(dir, "config.json", e))?;
         let config: Config =
             serde_json::from_str(&config).map_err(|e| missing(dir, "config.json is not a BERT config", e))?;
+        if config.hidden_size != dimensions {
+            let found = format!("it holds a model of {} dimensions", config.hidden_size);
+            return Err(missing(dir, &found, format!("{name} has {dimensions}")));
+        }
         let mut tokenizer =
             Tokenizer::from_file(file("tokenizer.json")).map_err(|e| missing(dir, "tokenizer.json", e))?;
         // No padding here: `Inner::forward` pads each pass to its own longest text.
@@ -66,7 +72,7 @@ impl LocalEmbedder {
             .map_err(|e| missing(dir, "model.safetensors is corrupt", e))?;
         let model =
             BertModel::load(vb, &config).map_err(|e| missing(dir, "model.safetensors does not fit config.json", e))?;
-        let embedder = Self { dimensions: config.hidden_size, inner: Arc::new(Inner { model, tokenizer }) };
+        let embedder = Self { name: name.to_owned(), dimensions, inner: Arc::new(Inner { model, tokenizer }) };
         // A model that loads but cannot run is as broken as a missing one: find out now.
         embedder.inner.embed(&["warm-up".to_owned()]).map_err(|e| missing(dir, "the model does not run", e))?;
         Ok(embedder)
@@ -138,7 +144,8 @@ impl Inner {
             // The tokenizer adds [CLS] and [SEP] to every text: never a text of no tokens.
             candle_core::bail!("a pass of texts with no tokens");
         }
-        // [PAD] is id 0, of token type 0, masked out.
+        // Padding is masked out, so its id does not matter: 0 ([PAD] in BERT's vocabulary), of
+        // token type 0.
         let padded = |f: fn(&Encoding) -> &[u32]| -> Vec<u32> {
             let mut flat = Vec::with_capacity(rows * width);
             for e in encodings {
@@ -165,7 +172,7 @@ impl Inner {
 
 impl Embedder for LocalEmbedder {
     fn model(&self) -> &str {
-        LOCAL_MODEL_NAME
+        &self.name
     }
 
     fn dimensions(&self) -> usize {

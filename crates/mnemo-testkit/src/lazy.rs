@@ -17,8 +17,7 @@ pub struct LazyEmbedder {
 impl LazyEmbedder {
     pub fn new(settings: EmbedSettings) -> Self {
         let dimensions = match &settings.provider {
-            EmbedProvider::Local { .. } => 384,
-            EmbedProvider::OpenAi { dimensions, .. } => *dimensions,
+            EmbedProvider::Local { dimensions, .. } | EmbedProvider::OpenAi { dimensions, .. } => *dimensions,
         };
         Self { settings, dimensions, loaded: OnceCell::new() }
     }
