@@ -81,10 +81,11 @@ impl BertModel {
         let mpnet = config.is_mpnet();
         let relative_attention_bias = match (mpnet, config.relative_attention_num_buckets) {
             (false, _) => None,
-            (true, Some(buckets)) => {
-                Some(embedding(buckets, config.num_attention_heads, vb.pp("encoder.relative_attention_bias"))?)
+            // `relative_bucket` is MPNet's function for 32 buckets.
+            (true, Some(32)) => {
+                Some(embedding(32, config.num_attention_heads, vb.pp("encoder.relative_attention_bias"))?)
             }
-            (true, None) => candle_core::bail!("an mpnet config without relative_attention_num_buckets"),
+            (true, other) => candle_core::bail!("relative_attention_num_buckets {other:?}: only 32 is supported"),
         };
         Ok(Self {
             word_embeddings: embedding(config.vocab_size, h, e.pp("word_embeddings"))?,

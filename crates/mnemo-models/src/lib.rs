@@ -1,5 +1,5 @@
-//! Model providers, behind the traits in `mnemo-core`: the local all-MiniLM-L6-v2 embedder
-//! (candle, in-process), any OpenAI-compatible embeddings endpoint and chat judge
+//! Model providers, behind the traits in `mnemo-core`: the local embedder (all-MiniLM-L6-v2 or
+//! all-mpnet-base-v2; candle, in-process), any OpenAI-compatible embeddings endpoint and chat judge
 //! (async-openai), and a TEI-compatible reranker. This crate alone talks to model endpoints.
 //! Providers never retry on their own: callers own retries, so backoff is durable and visible.
 
