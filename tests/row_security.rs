@@ -148,6 +148,36 @@ async fn workers_and_the_runbook_refuse_the_api_role() {
 }
 
 #[tokio::test]
+async fn the_runbook_migrates_an_empty_database_and_grants_the_api_role() {
+    // What `make run` does on a fresh machine: an empty database, before any table has an owner.
+    let admin = mnemo_testkit::admin_url();
+    let name = format!("mnemo_test_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.expect("admin connection");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.expect("created");
+    let url = mnemo_store::with_database(&admin, &name);
+    let app_url = std::env::var("MNEMO_APP_DATABASE_URL").expect("MNEMO_APP_DATABASE_URL (scripts/env.sh sets it)");
+    let app_role: sqlx::postgres::PgConnectOptions = app_url.parse().expect("url");
+    let runbook = |args: &[&str]| {
+        let output = std::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+            .args(args)
+            .env_clear()
+            .env(mnemo_config::vars::DATABASE_URL, &url)
+            .output()
+            .expect("runbook runs");
+        let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "{args:?}: {stderr}");
+        stdout.into_owned()
+    };
+    assert!(runbook(&["migrate"]).contains("schema is current"));
+    runbook(&["grant-app-role", app_role.get_username()]);
+    // The second time there is nothing to do.
+    assert!(runbook(&["migrate"]).contains("(0 migrations applied now)"));
+    // The runbook's role owns the tables now; the wall holds the API's.
+    assert!(!Store::connect(&url, 2).await.expect("owner").walled());
+    assert!(Store::connect(&mnemo_store::with_database(&app_url, &name), 2).await.expect("API role").walled());
+}
+
+#[tokio::test]
 async fn every_table_with_a_tenant_is_walled() {
     let db = mnemo_testkit::TestDb::new().await;
     // A table a later migration adds with a tenant_id column, but without the policy, would be

@@ -413,7 +413,10 @@ async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
 }
 
 async fn migrate(env: &Env) -> anyhow::Result<()> {
-    let store = connect(env).await?;
+    // Not `connect`: before the first migration nobody owns the tables, so every role looks held
+    // by the wall. Migrating reads no tenant's rows, and the role that creates the tables owns them.
+    let settings = DatabaseSettings::from_env(env)?;
+    let store = Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")?;
     let before = MIGRATOR.status(store.pool()).await?;
     MIGRATOR.run(store.pool()).await.context("migration failed")?;
     let after = MIGRATOR.status(store.pool()).await?;
