@@ -53,7 +53,11 @@ post() { curl -sS -f -H "Authorization: Bearer $token" -H 'content-type: applica
 # docker exec rather than docker-compose exec, which takes seconds on a loaded machine.
 # PostgreSQL's own user in its container (peer authentication), for read-only checks:
 sql() { "${docker[@]}" exec "$pg" psql -X -q -tA -U postgres -d mnemo -c "$1"; }
-runbook() { "${docker[@]}" exec "$server" mnemo-runbook "$@"; }
+# The runbook as the tables' owner, as the migrate service and the workers connect: the server's
+# own role is the API's, which row-level security holds and the runbook refuses.
+runbook() {
+  "${docker[@]}" exec -e MNEMO_DATABASE_URL=postgres://mnemo:mnemo@postgres:5432/mnemo "$server" mnemo-runbook "$@"
+}
 tenant="compose-test"
 
 up() {
