@@ -150,11 +150,8 @@ async fn workers_and_the_runbook_refuse_the_api_role() {
 #[tokio::test]
 async fn the_runbook_migrates_an_empty_database_and_grants_the_api_role() {
     // What `make run` does on a fresh machine: an empty database, before any table has an owner.
-    let admin = mnemo_testkit::admin_url();
-    let name = format!("mnemo_test_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.expect("admin connection");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.expect("created");
-    let url = mnemo_store::with_database(&admin, &name);
+    let (name, url) =
+        mnemo_store::create_empty_database(&mnemo_testkit::admin_url(), "mnemo_test").await.expect("created");
     let app_url = std::env::var("MNEMO_APP_DATABASE_URL").expect("MNEMO_APP_DATABASE_URL (scripts/env.sh sets it)");
     let app_role: sqlx::postgres::PgConnectOptions = app_url.parse().expect("url");
     let runbook = |args: &[&str]| {

@@ -259,7 +259,8 @@ pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
 
     // The raw embedder on the same texts as the worker embeds them, at the same batch size, in
     // this run.
-    let sample = as_embedded(&env, &texts[..texts.len().min(2048)])?;
+    let previous_turn = WorkerSettings::from_env(&env)?.embed_previous_turn;
+    let sample = as_embedded(&texts[..texts.len().min(2048)], previous_turn);
     let raw = raw_rate(embedder.as_ref(), &sample, args.batch).await?;
     eprintln!("raw embedder: {raw:.1} rows/s as embedded at batch {}", args.batch);
 
@@ -289,15 +290,14 @@ pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
 }
 
 /// `texts` as the worker embeds them when they are written in order into one session: each
-/// with the one before it, when the worker reads a chat message's previous turn.
-fn as_embedded(env: &Env, texts: &[String]) -> anyhow::Result<Vec<String>> {
-    let previous_turn = WorkerSettings::from_env(env)?.embed_previous_turn;
-    Ok((0..texts.len())
+/// with the one before it, when the worker reads a chat message's `previous_turn`.
+fn as_embedded(texts: &[String], previous_turn: bool) -> Vec<String> {
+    (0..texts.len())
         .map(|i| {
             let previous = (previous_turn && i > 0).then(|| texts[i - 1].as_str());
             mnemo_core::embedding_text(&texts[i], previous)
         })
-        .collect())
+        .collect()
 }
 
 /// The value of an unlabelled series in Prometheus text.
@@ -318,7 +318,7 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let sample = &short[..short.len().min(1024)];
     let alone = raw_rate(embedder.as_ref(), sample, 32).await?;
     let previous_turn = WorkerSettings::from_env(&env)?.embed_previous_turn;
-    let raw = if previous_turn { raw_rate(embedder.as_ref(), &as_embedded(&env, sample)?, 32).await? } else { alone };
+    let raw = if previous_turn { raw_rate(embedder.as_ref(), &as_embedded(sample, true), 32).await? } else { alone };
     let with = if previous_turn { "with the previous turn" } else { "alone" };
     eprintln!("raw embedder: {alone:.1} short texts/s at batch 32 alone, {raw:.1} as embedded ({with})");
 

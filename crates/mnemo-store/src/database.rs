@@ -14,14 +14,21 @@ pub struct FreshDatabase {
 /// A new, empty database on the server behind `admin_url`, with the whole schema applied. Tests
 /// and benchmarks each work in one of their own. `prefix` must be a plain identifier.
 pub async fn create_database(admin_url: &str, prefix: &str, max_connections: u32) -> Result<FreshDatabase, StoreError> {
+    let (name, url) = create_empty_database(admin_url, prefix).await?;
+    let pool = PgPoolOptions::new().max_connections(max_connections).connect(&url).await?;
+    MIGRATOR.run(&pool).await?;
+    Ok(FreshDatabase { name, url, pool })
+}
+
+/// A new database with no schema at all (as `make run` finds its own the first time): its name
+/// and URL. `prefix` must be a plain identifier.
+pub async fn create_empty_database(admin_url: &str, prefix: &str) -> Result<(String, String), StoreError> {
     let admin: PgConnectOptions = admin_url.parse().map_err(StoreError::Config)?;
     let name = format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
     let mut conn = admin.connect().await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await?;
     let url = with_database(admin_url, &name);
-    let pool = PgPoolOptions::new().max_connections(max_connections).connect(&url).await?;
-    MIGRATOR.run(&pool).await?;
-    Ok(FreshDatabase { name, url, pool })
+    Ok((name, url))
 }
 
 /// Moves a database made by [`create_database`] (its pool closed) into `tablespace`, such as one

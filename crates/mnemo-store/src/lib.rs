@@ -35,7 +35,7 @@ pub use conversation::{
     Compaction, MessageCursor, NewCompaction, PendingCompaction, STALE_REQUEST, SessionMessage, SessionState,
     SessionSummary,
 };
-pub use database::{FreshDatabase, create_database, move_database, with_database};
+pub use database::{FreshDatabase, create_database, create_empty_database, move_database, with_database};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};
