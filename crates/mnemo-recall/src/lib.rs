@@ -29,7 +29,7 @@ mod period;
 mod query_vectors;
 
 use access::AccessTracker;
-pub use fusion::{RRF_K, fuse};
+pub use fusion::{CLASS_RRF_K, LIST_RRF_K, fuse};
 pub use pack::{LayerUsage, MemoryPack, PackItem, PackLayer, PackRequest, PackTopK, build_pack};
 use participant::named_participants;
 use period::named_period;
