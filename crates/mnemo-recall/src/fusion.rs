@@ -31,7 +31,9 @@ pub fn fuse(classes: &[(RecallClass, f64)], lists: &[&Ranked]) -> Vec<(Uuid, f64
         }
         let mut ranked: Vec<(Uuid, f64)> = in_class.into_iter().collect();
         sort(&mut ranked);
-        fused.extend(ranked.into_iter().enumerate().map(|(rank, (id, _))| (id, weight / (CLASS_RRF_K + rank as f64 + 1.0))));
+        fused.extend(
+            ranked.into_iter().enumerate().map(|(rank, (id, _))| (id, weight / (CLASS_RRF_K + rank as f64 + 1.0))),
+        );
     }
     sort(&mut fused);
     fused
@@ -63,7 +65,8 @@ mod tests {
     #[test]
     fn a_first_place_in_one_half_beats_a_twentieth_in_both() {
         let others = |n: u128, count: u128| (100 * n..100 * n + count).map(id);
-        let keyword = Ranked::from([(Scope::Tenant, [id(1)].into_iter().chain(others(1, 18)).chain([id(2)]).collect())]);
+        let keyword =
+            Ranked::from([(Scope::Tenant, [id(1)].into_iter().chain(others(1, 18)).chain([id(2)]).collect())]);
         let vector = Ranked::from([(Scope::Tenant, others(2, 19).chain([id(2)]).collect())]);
         let fused = fuse(&[(RecallClass::Tenant, 1.0)], &[&keyword, &vector]);
         let at = |wanted: u128| fused.iter().position(|(row, _)| *row == id(wanted)).expect("fused");
