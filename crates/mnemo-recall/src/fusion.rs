@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 /// RRF's constant where a class's lists of 50 candidates meet. The usual 60 (from fusing runs a
 /// thousand deep) makes a list's first place worth only 1.15 times its tenth, so a row both
-/// halves rank middling beat a row one half ranks first; at 10 the first is worth 1.8 times the
+/// halves rank middling beats a row one half ranks first; at 10 the first is worth 1.8 times the
 /// tenth. LoCoMo R@10 0.741–0.743 for any value from 5 to 12, 0.732 at 20 and at 60
 /// (docs/benchmarks.md, "The lists' RRF constant").
 pub const LIST_RRF_K: f64 = 10.0;
