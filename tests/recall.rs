@@ -673,7 +673,8 @@ async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
             let found = ask(question, recall_scope, friday).await;
             let (in_10, in_20) = of_day(&found, scope, 2);
             assert!(in_10 >= 6 && in_20 == 10, "{question} ({scope}): {in_10} in the top 10, {in_20} in the top 20");
-            assert!(found.iter().all(|r| r.starts_with(scope.as_str())), "only the class asked, never globex's");
+            // Globex's rows of the day carry the same refs: `in_20 == 10` is what keeps them out.
+            assert!(found.iter().all(|r| r.starts_with(scope.as_str())), "only the class asked: {found:?}");
         }
     }
     let (in_10, in_20) =
