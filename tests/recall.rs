@@ -701,12 +701,15 @@ async fn a_question_that_names_a_participant_ranks_within_their_messages() {
         let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "name": name, "content": content });
         id_of(f.app.client.post("/v1/memories", Some(&token(who)), &body).await)
     };
+    // Letters, not numbers: one source's similar rows with different numbers would be put newer
+    // first (`of_two_disagreeing_statements_from_one_source_the_newer_comes_first`).
+    let letter = |i: u8| char::from(b'a' + i);
     for i in 0..12 {
-        say(&acme, &format!("caroline-{i}"), "Caroline", &format!("the sunrise painting number {i}")).await;
+        say(&acme, &format!("caroline-{i}"), "Caroline", &format!("the sunrise painting {}", letter(i))).await;
     }
     say(&acme, "melanie-sunrise", "Melanie", "a sunrise by the lake").await;
     for i in 0..5 {
-        say(&acme, &format!("melanie-{i}"), "Melanie", &format!("pottery class {i}")).await;
+        say(&acme, &format!("melanie-{i}"), "Melanie", &format!("pottery class {}", letter(i))).await;
     }
     let gone = say(&acme, "melanie-gone", "Melanie", "the sunrise painting").await;
     say(&globex, "globex-melanie", "Melanie", "the sunrise painting").await;
@@ -735,6 +738,49 @@ async fn a_question_that_names_a_participant_ranks_within_their_messages() {
     assert!(nearest.iter().all(|r| r.starts_with("caroline-")), "the vector half's order: {nearest:?}");
     assert_eq!(ask("What did Melanie and Caroline paint?").await, nearest, "two participants named");
     assert_eq!(ask("What did Gina paint?").await, nearest, "no participant of that name");
+}
+
+/// Two messages from the same participant that say nearly the same thing with different numbers
+/// disagree, and the newer comes just above the older, although the older is nearer the question.
+/// Another participant's statement keeps its place, and a later mention without numbers (a
+/// sunrise painted, then recalled) keeps the order the vectors give.
+#[tokio::test]
+async fn of_two_disagreeing_statements_from_one_source_the_newer_comes_first() {
+    let f = Fixture::start(&[]).await;
+    let acme = principal("acme", None, None, Some("s1"));
+    let say = async |source_ref: &str, name: &str, day: u32, content: &str| {
+        let body = json!({
+            "source_kind": "chat_message", "source_ref": source_ref, "name": name, "content": content,
+            "event_time": format!("2024-03-{day:02}T12:00:00Z"),
+        });
+        id_of(f.app.client.post("/v1/memories", Some(&token(&acme)), &body).await);
+    };
+    say("ann-45", "ann", 1, "my library has 45 sources").await;
+    say("bob-60", "bob", 2, "my library has 60 sources").await;
+    say("ann-52", "ann", 3, "my library has 52 sources now").await;
+    say("ann-painted", "ann", 1, "I painted a lake sunrise").await;
+    say("ann-recalled", "ann", 3, "that lake sunrise I painted").await;
+    for i in 0..6 {
+        say(&format!("filler-{i}"), "ann", 2, &format!("gardening note {i}")).await;
+    }
+    f.embed_all().await;
+
+    let recall = f.recall_api();
+    let ask = async |like: &str| -> Vec<String> {
+        let query = mnemo_recall::Query { text: "what is it?", scope: RecallScope::Session, kinds: &[] };
+        let options = RecallOptions {
+            query_vector: Some(unit_bag_of_words(like, DIMS)),
+            halves: mnemo_recall::Halves::VectorOnly,
+            ..Default::default()
+        };
+        let ranked = recall.ranked(&acme, &query, 10, &options).await.expect("recall");
+        ranked.items.into_iter().map(|i| i.source_ref).collect()
+    };
+
+    let library = ask("my library has 45 sources").await;
+    assert_eq!(library[..3], ["ann-52", "ann-45", "bob-60"], "{library:?}");
+    let sunrise = ask("I painted a lake sunrise").await;
+    assert_eq!(sunrise[..2], ["ann-painted", "ann-recalled"], "{sunrise:?}");
 }
 
 /// Keyword search ranks by BM25 over counts kept per tenant as rows are embedded: a question's

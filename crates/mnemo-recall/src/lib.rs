@@ -7,8 +7,10 @@
 //! A question that names a period ("on 13 October 2023") adds a third list: that period's rows
 //! ranked by the query vector (`period`). A question that names one participant of the session
 //! ranks the session's vector half within that participant's messages, after the session's
-//! nearest message (`participant`).
+//! nearest message (`participant`). Among the first ten, two statements from the same source
+//! that disagree come newer first (`restated`).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,7 @@ mod pack;
 mod participant;
 mod period;
 mod query_vectors;
+mod restated;
 
 use access::AccessTracker;
 pub use fusion::{CLASS_RRF_K, LIST_RRF_K, fuse};
@@ -292,6 +295,11 @@ impl Recall {
         let window = if signals.is_off() { limit } else { (2 * limit).max(40) };
         let ids: Vec<Uuid> = fused.iter().take(window).map(|(id, _)| *id).collect();
         let mut rows = search.store().recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
+        let sources: HashMap<Uuid, restated::Source> = rows
+            .iter()
+            .filter(|r| r.role.is_some() || r.tool_name.is_some())
+            .map(|r| (r.id, (r.source_kind.clone(), r.role.clone(), r.tool_name.clone())))
+            .collect();
         // Back into fused order; a row retired since the search is simply gone.
         let mut items: Vec<RecalledItem> = fused
             .iter()
@@ -321,6 +329,7 @@ impl Recall {
         // Stable: equal scores keep fused order.
         items.sort_by(|a, b| b.score.total_cmp(&a.score));
         items.truncate(limit);
+        restated::newer_first(search, &principal.tenant, &mut items, &sources).await?;
         Ok(Ranked { items, degraded })
     }
 

@@ -61,6 +61,9 @@ pub struct RecalledRow {
     pub confidence: Option<f32>,
     pub last_accessed_at: Option<DateTime<Utc>>,
     pub faded: bool,
+    /// A message's role and `name` (a tool output's tool): with the kind, who or what wrote it.
+    pub role: Option<String>,
+    pub tool_name: Option<String>,
 }
 
 /// Search statements for one embedding model. Build once per process with [`Store::search`].
@@ -426,7 +429,7 @@ impl Store {
     ) -> Result<Vec<RecalledRow>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT id, source_kind, source_ref, content, event_time, scope, layer, importance, confidence,
-                    last_accessed_at, faded_at IS NOT NULL AS faded
+                    last_accessed_at, faded_at IS NOT NULL AS faded, role, tool_name
              FROM memory_items
              WHERE tenant_id = $1 AND id = ANY($2) AND deleted_at IS NULL AND anonymized_at IS NULL
                AND ($3 OR superseded_by IS NULL)",
@@ -667,6 +670,20 @@ impl Search {
             .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
         Ok(rank(rows, per_class))
+    }
+
+    /// This model's vectors of the rows behind `ids`, for the caller's tenant only; a row without
+    /// one is left out.
+    pub async fn vectors(&self, tenant: &TenantId, ids: &[Uuid]) -> Result<HashMap<Uuid, Vec<f32>>, StoreError> {
+        let rows: Vec<(Uuid, Vector)> = sqlx::query_as(
+            "SELECT item_id, embedding FROM memory_embeddings WHERE tenant_id = $1 AND model = $2 AND item_id = ANY($3)",
+        )
+        .bind(tenant.as_str())
+        .bind(&self.model)
+        .bind(ids)
+        .fetch_all(&mut *self.store.tenant_connection([tenant.as_str()]).await?)
+        .await?;
+        Ok(rows.into_iter().map(|(id, v)| (id, v.to_vec())).collect())
     }
 
     /// The exact nearest neighbours of `vector` in the tenant class (a scan of every vector of
