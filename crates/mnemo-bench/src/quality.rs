@@ -550,6 +550,7 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
     let max_k = args.asking.k.iter().copied().max().unwrap_or(10).clamp(1, mnemo_core::MAX_TOP_K);
     let rank = |found: &[String], ids: &[String]| found.iter().position(|f| ids.contains(f));
 
+    let started = Instant::now();
     let mut hit: HashMap<usize, Vec<f64>> = HashMap::new();
     let mut above = Vec::new();
     let mut tokens_at_10 = Vec::new();
@@ -590,6 +591,8 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
         keys.sort();
         keys.into_iter().map(|k| (k.to_string(), json!(mean(&m[k])))).collect()
     };
+    let asked = tokens_at_10.len();
+    let per_query_ms = started.elapsed().as_secs_f64() * 1000.0 / asked.max(1) as f64;
     let report = json!({
         "scenario": "beam",
         "data": args.data.display().to_string(),
@@ -599,6 +602,7 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
         "messages": conversations.iter().map(|c| c.turns.len()).sum::<usize>(),
         "messages_cut_to_16KiB": cut,
         "mean_tokens_top10": mean(&tokens_at_10),
+        "mean_ms_per_question": per_query_ms,
         "knowledge_update": { "questions": above.len(), "hit_at_k": by_k(&hit), "updated_above_original": mean(&above) },
         "contradiction_resolution": {
             "questions": both.values().next().map_or(0, Vec::len),
@@ -629,6 +633,6 @@ async fn beam_report(args: &BeamArgs, recall: &Recall, signals: SignalSwitch, da
         report["knowledge_update"]["updated_above_original"].as_f64().unwrap_or(0.0),
         report["knowledge_update"]["questions"]
     );
-    println!("mean tokens in the top 10: {:.0}", mean(&tokens_at_10));
+    println!("mean tokens in the top 10: {:.0}; mean time per question: {per_query_ms:.1} ms", mean(&tokens_at_10));
     Ok(())
 }
