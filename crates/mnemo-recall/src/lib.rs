@@ -295,11 +295,8 @@ impl Recall {
         let window = if signals.is_off() { limit } else { (2 * limit).max(40) };
         let ids: Vec<Uuid> = fused.iter().take(window).map(|(id, _)| *id).collect();
         let mut rows = search.store().recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
-        let sources: HashMap<Uuid, restated::Source> = rows
-            .iter()
-            .filter(|r| r.role.is_some() || r.tool_name.is_some())
-            .map(|r| (r.id, (r.source_kind.clone(), r.role.clone(), r.tool_name.clone())))
-            .collect();
+        let sources: HashMap<Uuid, restated::Source> =
+            rows.iter().filter_map(|r| Some((r.id, restated::Source::of(r)?))).collect();
         // Back into fused order; a row retired since the search is simply gone.
         let mut items: Vec<RecalledItem> = fused
             .iter()

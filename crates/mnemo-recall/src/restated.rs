@@ -1,5 +1,6 @@
-//! Recency for updates, without a model. Two rows from the same source (the same kind, role and
-//! name: one participant's messages, one tool's outputs) that say nearly the same thing (their
+//! Recency for updates, without a model. Two rows from the same source (the same kind, role,
+//! name, session and user: one participant's messages in a conversation, one tool's outputs
+//! there) that say nearly the same thing (their
 //! vectors' cosine is at least `SAME_THING`) but state different numbers disagree, and the newer
 //! by event time goes just above the older: "my library has 45 sources", then "I've added 52
 //! sources to my library". Only the first `PLACES` are reordered, among themselves, so which
@@ -10,7 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use mnemo_core::TenantId;
-use mnemo_store::{Search, StoreError};
+use mnemo_store::{RecalledRow, Search, StoreError};
 use uuid::Uuid;
 
 use crate::RecalledItem;
@@ -23,9 +24,29 @@ const PLACES: usize = 10;
 /// fewest other pairs moved (docs/benchmarks.md).
 const SAME_THING: f32 = 0.6;
 
-/// Who or what wrote a row: its kind, role and name. Only messages and tool outputs have one;
-/// facts have the judge, and documents are not statements over time.
-pub(crate) type Source = (String, Option<String>, Option<String>);
+/// Who or what wrote a row, and where: its kind, role, name, session and user.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Source {
+    kind: String,
+    role: Option<String>,
+    name: Option<String>,
+    session: Option<String>,
+    user: Option<String>,
+}
+
+impl Source {
+    /// A message's or a tool output's source. Facts have none (they have the judge), nor have
+    /// document chunks (they are not statements over time).
+    pub(crate) fn of(row: &RecalledRow) -> Option<Source> {
+        (row.role.is_some() || row.tool_name.is_some()).then(|| Source {
+            kind: row.source_kind.clone(),
+            role: row.role.clone(),
+            name: row.tool_name.clone(),
+            session: row.session_id.clone(),
+            user: row.user_id.clone(),
+        })
+    }
+}
 
 /// Puts the newer of each disagreeing pair among `items`' first `PLACES` just above the older.
 /// `sources` holds the items that have a source; vectors are read only when a pair could
@@ -133,7 +154,17 @@ mod tests {
     use super::*;
 
     fn source(name: &str) -> Source {
-        ("message".into(), Some("user".into()), Some(name.into()))
+        source_in(name, "s1")
+    }
+
+    fn source_in(name: &str, session: &str) -> Source {
+        Source {
+            kind: "chat_message".into(),
+            role: Some("user".into()),
+            name: Some(name.into()),
+            session: Some(session.into()),
+            user: None,
+        }
     }
 
     fn row<'a>(source: &'a Source, day: u32, text: &'a str, vector: [f32; 2]) -> Row<'a> {
@@ -165,7 +196,7 @@ mod tests {
 
     #[test]
     fn rows_that_do_not_disagree_keep_their_order() {
-        let (ann, bob) = (source("ann"), source("bob"));
+        let (ann, bob, ann_elsewhere) = (source("ann"), source("bob"), source_in("ann", "s2"));
         let cases = [
             // the same numbers: a repetition
             [row(&ann, 1, "45 sources", [1.0, 0.0]), row(&ann, 3, "still 45 sources", [1.0, 0.0])],
@@ -173,6 +204,8 @@ mod tests {
             [row(&ann, 1, "I painted a sunrise", [1.0, 0.0]), row(&ann, 3, "my sunrise painting", [1.0, 0.0])],
             // two writers
             [row(&ann, 1, "45 sources", [1.0, 0.0]), row(&bob, 3, "52 sources", [1.0, 0.0])],
+            // two conversations
+            [row(&ann, 1, "45 sources", [1.0, 0.0]), row(&ann_elsewhere, 3, "52 sources", [1.0, 0.0])],
             // not about the same thing
             [row(&ann, 1, "45 sources", [1.0, 0.0]), row(&ann, 3, "52 sources", [0.5, 0.9])],
             // already newer first

@@ -61,9 +61,12 @@ pub struct RecalledRow {
     pub confidence: Option<f32>,
     pub last_accessed_at: Option<DateTime<Utc>>,
     pub faded: bool,
-    /// A message's role and `name` (a tool output's tool): with the kind, who or what wrote it.
+    /// A message's role and `name` (a tool output's tool), and the conversation and user it was
+    /// written in and for: with the kind, who or what wrote it, and where.
     pub role: Option<String>,
     pub tool_name: Option<String>,
+    pub session_id: Option<String>,
+    pub user_id: Option<String>,
 }
 
 /// Search statements for one embedding model. Build once per process with [`Store::search`].
@@ -429,7 +432,7 @@ impl Store {
     ) -> Result<Vec<RecalledRow>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT id, source_kind, source_ref, content, event_time, scope, layer, importance, confidence,
-                    last_accessed_at, faded_at IS NOT NULL AS faded, role, tool_name
+                    last_accessed_at, faded_at IS NOT NULL AS faded, role, tool_name, session_id, user_id
              FROM memory_items
              WHERE tenant_id = $1 AND id = ANY($2) AND deleted_at IS NULL AND anonymized_at IS NULL
                AND ($3 OR superseded_by IS NULL)",
