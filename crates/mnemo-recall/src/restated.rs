@@ -60,11 +60,11 @@ pub(crate) async fn newer_first(
     let places = items.len().min(PLACES);
     let rows: Vec<Row> = items[..places]
         .iter()
-        .map(|item| Row {
-            source: sources.get(&item.id),
-            event_time: item.event_time,
-            numbers: numbers(&item.content),
-            vector: None,
+        .map(|item| {
+            let source = sources.get(&item.id);
+            // A row without a source never disagrees: its text is not scanned.
+            let numbers = if source.is_some() { numbers(&item.content) } else { BTreeSet::new() };
+            Row { source, event_time: item.event_time, numbers, vector: None }
         })
         .collect();
     let could_disagree = |i: usize| (0..places).any(|j| j != i && may_disagree(&rows[i], &rows[j]));
