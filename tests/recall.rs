@@ -743,7 +743,7 @@ async fn a_question_that_names_a_participant_ranks_within_their_messages() {
 /// Two messages from the same participant that say nearly the same thing with different numbers
 /// disagree, and the newer comes just above the older, although the older is nearer the question.
 /// Another participant's statement keeps its place, and a later mention without numbers (a
-/// sunrise painted, then recalled) keeps the order the vectors give.
+/// sunrise painted, then recalled) keeps the order the vectors give. Scores follow the new order.
 #[tokio::test]
 async fn of_two_disagreeing_statements_from_one_source_the_newer_comes_first() {
     let f = Fixture::start(&[]).await;
@@ -774,6 +774,8 @@ async fn of_two_disagreeing_statements_from_one_source_the_newer_comes_first() {
             ..Default::default()
         };
         let ranked = recall.ranked(&acme, &query, 10, &options).await.expect("recall");
+        let scores: Vec<f64> = ranked.items.iter().map(|i| i.score).collect();
+        assert!(scores.is_sorted_by(|a, b| a >= b), "scores follow the order: {scores:?}");
         ranked.items.into_iter().map(|i| i.source_ref).collect()
     };
 

@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use mnemo_config::{ClassWeights, RecallSettings};
 use mnemo_core::{
     Embedder, Layer, MAX_TOP_K, Principal, RecallClass, RecallRequest, RecallScope, Reranker, Scope, ScopeError,
-    Signals, SourceKind, signal_factor,
+    SignalWeights, Signals, SourceKind, signal_factor,
 };
 use mnemo_store::{CommonLexemes, ReadFrom, Reads, Search, SearchScope, Store, StoreError};
 use uuid::Uuid;
@@ -45,6 +45,9 @@ pub const CANDIDATES_PER_CLASS: i64 = 50;
 /// cost grows with the rows a query matches (about 1 µs each here).
 const MAX_LEXEME_ROWS: f64 = 5000.0;
 
+/// Rows read past those recall could return, to stand in for any retired since the search.
+const RETIRED_SPARE: usize = 10;
+
 /// How long the common-lexeme list is reused before it is read again.
 const COMMON_LEXEMES_TTL: Duration = Duration::from_secs(60);
 
@@ -63,7 +66,8 @@ pub struct RecalledItem {
     /// Its decay fell below the floor: recalled, but no longer packed.
     pub faded: bool,
     /// The reranker's score when it ranked the items; otherwise the fused RRF score times the
-    /// signals' factor.
+    /// signals' factor, except that a statement put above an older one it disagrees with
+    /// (`restated`) takes the score of the place it moved to: scores always follow the order.
     pub score: f64,
 }
 
@@ -289,10 +293,8 @@ impl Recall {
         }
         let fused = fuse(&classes, &[&keyword, &nearest, &within]);
 
-        // Signals can lift a row by a bounded factor only, so only rows near the cut can pass
-        // it: twice the rows wanted (at least 40) are read and re-scored.
         let signals = self.settings.signals;
-        let window = if signals.is_off() { limit } else { (2 * limit).max(40) };
+        let window = rows_to_read(&fused, limit, &signals);
         let ids: Vec<Uuid> = fused.iter().take(window).map(|(id, _)| *id).collect();
         let mut rows = search.store().recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
         let sources: HashMap<Uuid, restated::Source> =
@@ -400,6 +402,17 @@ impl Recall {
     }
 }
 
+/// How many of the fused rows, best first, to read and re-score. Signals move a score by a
+/// bounded factor only, so a row whose score, however lifted, stays below the `limit`-th row's
+/// score however lowered can never enter the first `limit`: the rows before it are read, and
+/// `RETIRED_SPARE` more, so that a row retired since the search leaves its place to the next.
+fn rows_to_read(fused: &[(Uuid, f64)], limit: usize, signals: &SignalWeights) -> usize {
+    let Some(&(_, cut)) = fused.get(limit.saturating_sub(1)) else { return fused.len() };
+    let (low, high) = signals.bounds();
+    let reach = fused.iter().position(|(_, score)| score * high < cut * low).unwrap_or(fused.len());
+    (reach.max(limit) + RETIRED_SPARE).min(fused.len())
+}
+
 fn weight(weights: &ClassWeights, class: &RecallClass) -> f64 {
     match class {
         RecallClass::Session(_) => weights.session,
@@ -435,5 +448,47 @@ async fn rerank(reranker: &dyn Reranker, query: &str, items: &mut [RecalledItem]
             metrics::counter!("mnemo_recall_rerank_total", "outcome" => "failed", "kind" => e.kind).increment(1);
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One class's fused scores, as `fuse` gives them: 1 / (CLASS_RRF_K + rank).
+    fn fused(rows: usize) -> Vec<(Uuid, f64)> {
+        (0..rows).map(|r| (Uuid::from_u128(r as u128), 1.0 / (CLASS_RRF_K + r as f64 + 1.0))).collect()
+    }
+
+    #[test]
+    fn with_the_signals_off_the_rows_wanted_and_a_spare_are_read() {
+        assert_eq!(rows_to_read(&fused(150), 10, &SignalWeights::OFF), 10 + RETIRED_SPARE);
+        assert_eq!(rows_to_read(&fused(12), 10, &SignalWeights::OFF), 12, "never past the candidates");
+        assert_eq!(rows_to_read(&fused(5), 10, &SignalWeights::OFF), 5);
+    }
+
+    #[test]
+    fn every_row_the_signals_could_lift_into_the_first_rows_is_read() {
+        let weights = [
+            SignalWeights { importance: 0.1, confidence: 0.1, decay: 0.02, half_life_days: 30.0 },
+            SignalWeights { importance: 0.5, confidence: 0.5, decay: 0.3, half_life_days: 30.0 },
+            SignalWeights { importance: 1.0, confidence: 1.0, decay: 0.9, half_life_days: 30.0 },
+        ];
+        for signals in weights {
+            let (low, high) = signals.bounds();
+            for limit in [1, 5, 10, 20, 50] {
+                let rows = fused(150);
+                let read = rows_to_read(&rows, limit, &signals);
+                let lowest_kept = rows[limit - 1].1 * low;
+                // A row not read, lifted as far as it can go, stays below the cut lowered as far as it can go.
+                assert!(read <= rows.len());
+                assert!(
+                    rows[read..].iter().all(|(_, s)| s * high < lowest_kept),
+                    "{signals:?}, top {limit}: {read} rows read"
+                );
+            }
+        }
+        let all = SignalWeights { importance: 0.0, confidence: 0.0, decay: 1.0, half_life_days: 30.0 };
+        assert_eq!(rows_to_read(&fused(150), 10, &all), 150, "a factor that can reach 0 leaves no row out");
     }
 }

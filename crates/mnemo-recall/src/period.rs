@@ -8,7 +8,7 @@
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Datelike, Days, Months, NaiveDate, Utc, Weekday};
-use regex::Regex;
+use regex::{Captures, Regex};
 
 /// Event times from `from` (included) to `to` (excluded).
 pub type Period = (DateTime<Utc>, DateTime<Utc>);
@@ -35,7 +35,8 @@ enum Form {
 
 static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
     let forms = [
-        (Form::IsoDay, r"\b([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})\b".to_owned()),
+        // A time may follow the day ("2023-10-13T10:00", lowercased).
+        (Form::IsoDay, r"\b([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})(?:t|\b)".to_owned()),
         (Form::MonthDayYear, format!(r"\b{MONTH}\s+{DAY},?\s+([0-9]{{4}})\b")),
         (Form::DayMonthYear, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH},?\s+([0-9]{{4}})\b")),
         (Form::MonthYear, format!(r"\b{MONTH},?\s+(?:of\s+)?([0-9]{{4}})\b")),
@@ -52,48 +53,51 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
     forms.into_iter().map(|(form, pattern)| (form, Regex::new(&pattern).expect("period pattern"))).collect()
 });
 
-/// The period `question` names, read as if asked at `now`; `None` when it names none.
+/// The period `question` names, read as if asked at `now`; `None` when it names none. The first
+/// form the question holds decides: a day that does not exist ("31 April 2023") names nothing,
+/// not the month around it.
 pub fn named_period(question: &str, now: DateTime<Utc>) -> Option<Period> {
     let question = question.to_lowercase();
     let today = now.date_naive();
-    FORMS.iter().find_map(|(form, regex)| {
-        regex.captures_iter(&question).find_map(|c| {
-            let number = |i: usize| c.get(i)?.as_str().parse::<u32>().ok();
-            let year = |i: usize| number(i).and_then(|y| i32::try_from(y).ok());
-            let month = |i: usize| month_number(c.get(i)?.as_str());
-            match form {
-                Form::IsoDay => day(NaiveDate::from_ymd_opt(year(1)?, number(2)?, number(3)?)?),
-                Form::MonthDayYear => day(NaiveDate::from_ymd_opt(year(3)?, month(1)?, number(2)?)?),
-                Form::DayMonthYear => day(NaiveDate::from_ymd_opt(year(3)?, month(2)?, number(1)?)?),
-                Form::MonthYear => whole_month(year(2)?, month(1)?),
-                Form::MonthDay => day(latest_day(today, month(1)?, number(2)?)?),
-                Form::DayMonth => day(latest_day(today, month(2)?, number(1)?)?),
-                Form::Weekday => {
-                    let wanted: Weekday = c.get(2)?.as_str().parse().ok()?;
-                    let mut back = (7 + today.weekday().num_days_from_monday() - wanted.num_days_from_monday()) % 7;
-                    // "last Monday" asked on a Monday is a week ago; "on Monday" is today.
-                    if back == 0 && c.get(1)?.as_str() == "last" {
-                        back = 7;
-                    }
-                    day(today.checked_sub_days(Days::new(u64::from(back)))?)
-                }
-                Form::DaysAgo => day(today.checked_sub_days(Days::new(u64::from(number(1)?)))?),
-                Form::LastMonthNamed => {
-                    let m = month(1)?;
-                    whole_month(if m < today.month() { today.year() } else { today.year() - 1 }, m)
-                }
-                Form::MonthNamed => {
-                    let m = month(1)?;
-                    whole_month(if m <= today.month() { today.year() } else { today.year() - 1 }, m)
-                }
-                Form::Year => {
-                    let y = year(1)?;
-                    span(NaiveDate::from_ymd_opt(y, 1, 1)?, NaiveDate::from_ymd_opt(y + 1, 1, 1)?)
-                }
-                Form::Relative => relative(c.get(1)?.as_str(), today),
+    FORMS.iter().find_map(|(form, regex)| regex.captures(&question).map(|c| read(*form, &c, today)))?
+}
+
+/// The period one form's match names; `None` when no such day exists.
+fn read(form: Form, c: &Captures, today: NaiveDate) -> Option<Period> {
+    let number = |i: usize| c.get(i)?.as_str().parse::<u32>().ok();
+    let year = |i: usize| number(i).and_then(|y| i32::try_from(y).ok());
+    let month = |i: usize| month_number(c.get(i)?.as_str());
+    match form {
+        Form::IsoDay => day(NaiveDate::from_ymd_opt(year(1)?, number(2)?, number(3)?)?),
+        Form::MonthDayYear => day(NaiveDate::from_ymd_opt(year(3)?, month(1)?, number(2)?)?),
+        Form::DayMonthYear => day(NaiveDate::from_ymd_opt(year(3)?, month(2)?, number(1)?)?),
+        Form::MonthYear => whole_month(year(2)?, month(1)?),
+        Form::MonthDay => day(latest_day(today, month(1)?, number(2)?)?),
+        Form::DayMonth => day(latest_day(today, month(2)?, number(1)?)?),
+        Form::Weekday => {
+            let wanted: Weekday = c.get(2)?.as_str().parse().ok()?;
+            let mut back = (7 + today.weekday().num_days_from_monday() - wanted.num_days_from_monday()) % 7;
+            // "last Monday" asked on a Monday is a week ago; "on Monday" is today.
+            if back == 0 && c.get(1)?.as_str() == "last" {
+                back = 7;
             }
-        })
-    })
+            day(today.checked_sub_days(Days::new(u64::from(back)))?)
+        }
+        Form::DaysAgo => day(today.checked_sub_days(Days::new(u64::from(number(1)?)))?),
+        Form::LastMonthNamed => {
+            let m = month(1)?;
+            whole_month(if m < today.month() { today.year() } else { today.year() - 1 }, m)
+        }
+        Form::MonthNamed => {
+            let m = month(1)?;
+            whole_month(if m <= today.month() { today.year() } else { today.year() - 1 }, m)
+        }
+        Form::Year => {
+            let y = year(1)?;
+            span(NaiveDate::from_ymd_opt(y, 1, 1)?, NaiveDate::from_ymd_opt(y + 1, 1, 1)?)
+        }
+        Form::Relative => relative(c.get(1)?.as_str(), today),
+    }
 }
 
 fn month_number(name: &str) -> Option<u32> {
@@ -116,10 +120,9 @@ fn whole_month(year: i32, month: u32) -> Option<Period> {
 }
 
 /// The last `month`/`day` on or before `today` ("on May 8" asked in March means last year's).
+/// February 29 can be up to eight years back (1896, then 1904).
 fn latest_day(today: NaiveDate, month: u32, day: u32) -> Option<NaiveDate> {
-    NaiveDate::from_ymd_opt(today.year(), month, day)
-        .filter(|d| *d <= today)
-        .or_else(|| NaiveDate::from_ymd_opt(today.year() - 1, month, day))
+    (0..=8).filter_map(|back| NaiveDate::from_ymd_opt(today.year() - back, month, day)).find(|d| *d <= today)
 }
 
 fn relative(words: &str, today: NaiveDate) -> Option<Period> {
@@ -158,6 +161,7 @@ mod tests {
             "What happened on 13 October 2023?",
             "and on the 13th of October, 2023?",
             "What did we decide on 2023-10-13?",
+            "What did we decide at 2023-10-13T10:00?",
             "Notes from Oct. 13 2023",
             "What did I say on October 13?",
             "WHAT DID I SAY ON 13 OCTOBER?",
@@ -181,6 +185,7 @@ mod tests {
             ("What changed last month?", (at(2023, 9, 1), at(2023, 10, 1))),
             ("What changed last year?", (at(2022, 1, 1), at(2023, 1, 1))),
             ("On December 31 we met", (at(2022, 12, 31), at(2023, 1, 1))),
+            ("What did we do on February 29?", (at(2020, 2, 29), at(2020, 3, 1))),
             // 2023-10-20 is a Friday.
             ("What did we say on Monday?", (at(2023, 10, 16), at(2023, 10, 17))),
             ("What did we say on Friday?", (at(2023, 10, 20), at(2023, 10, 21))),
@@ -202,6 +207,8 @@ mod tests {
             "I think this may go later",
             "Set the limit to 2000 words",
             "What happened on February 30, 2023?",
+            "What happened on 31 April 2023?",
+            "and on the 31st of April?",
             "What did I write on 2023-13-01?",
             "Which march did Caroline join?",
         ] {

@@ -76,8 +76,9 @@ pub(crate) async fn newer_first(
     let rows: Vec<Row> =
         rows.into_iter().zip(items.iter()).map(|(row, item)| Row { vector: vectors.remove(&item.id), ..row }).collect();
     let reordered: Vec<RecalledItem> = newer_above_older(&rows).into_iter().map(|i| items[i].clone()).collect();
+    // A place keeps its score, so that ordering by score (as a pack and clients do) keeps this order.
     for (slot, item) in items.iter_mut().zip(reordered) {
-        *slot = item;
+        *slot = RecalledItem { score: slot.score, ..item };
     }
     Ok(())
 }
