@@ -27,10 +27,6 @@ impl SignalWeights {
         let high = (1.0 + self.importance / 2.0) * (1.0 + self.confidence / 2.0);
         (low, high)
     }
-
-    pub fn is_off(&self) -> bool {
-        self.importance == 0.0 && self.confidence == 0.0 && self.decay == 0.0
-    }
 }
 
 /// One row's signals.
