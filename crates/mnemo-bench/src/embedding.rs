@@ -101,7 +101,7 @@ pub(crate) fn local_embedder(env: &Env) -> anyhow::Result<(EmbedSettings, Arc<dy
 }
 
 /// Rows per second of one embedder call per batch over `texts`.
-async fn raw_rate(embedder: &dyn Embedder, texts: &[String], batch: usize) -> anyhow::Result<f64> {
+pub(crate) async fn raw_rate(embedder: &dyn Embedder, texts: &[String], batch: usize) -> anyhow::Result<f64> {
     let started = Instant::now();
     for chunk in texts.chunks(batch.max(1)) {
         embedder.embed(chunk).await.map_err(|e| anyhow::anyhow!("{e}"))?;

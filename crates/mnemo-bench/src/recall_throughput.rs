@@ -15,7 +15,7 @@ use mnemo_core::{Principal, SessionId, TenantId};
 use serde_json::{Value, json};
 
 use crate::context::LocalApi;
-use crate::embedding::{JudgeQueue, local_embedder, start_worker, wait_embedded};
+use crate::embedding::{JudgeQueue, local_embedder, raw_rate, start_worker, wait_embedded};
 use crate::locomo;
 
 #[derive(Debug, clap::Args)]
@@ -68,6 +68,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     api.store.vacuum_analyze_memories().await?;
     eprintln!("{} turns written and embedded in {:.1} s", turns.len(), started.elapsed().as_secs_f64());
 
+    // The model alone on questions at batch 32, in the same run: machines of one kind differ by a
+    // quarter or more, so recall's throughput is also given as a fraction of this rate.
+    let (_, model) = local_embedder(&env)?;
+    let sample: Vec<String> = questions.iter().rev().take(64).cloned().collect();
+    raw_rate(model.as_ref(), &sample[..32], 32).await?; // warm-up
+    let model_rate = raw_rate(model.as_ref(), &sample, 32).await?;
+    drop(model);
+    eprintln!("the model alone: {model_rate:.1} questions/s at batch 32");
+
     let url = format!("{}/recall", api.base);
     let mut results = Vec::new();
     for (level, &clients) in args.clients.iter().enumerate() {
@@ -111,6 +120,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
         results.push(json!({ "clients": clients, "requests": args.requests, "seconds": seconds,
                              "recalls_per_s": args.requests as f64 / seconds,
+                             "of_model_rate": args.requests as f64 / seconds / model_rate,
                              "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "degraded": degraded }));
         eprintln!("{clients} clients: done");
     }
@@ -123,17 +133,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        println!("{}", json!({ "scenario": "recall-throughput", "turns": turns.len(), "levels": results }));
+        println!(
+            "{}",
+            json!({ "scenario": "recall-throughput", "turns": turns.len(), "model_questions_per_s": model_rate,
+                    "levels": results })
+        );
         return Ok(());
     }
-    println!("| clients | requests | recalls/s | p50 ms | p95 ms | p99 ms | degraded |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("the model alone: {model_rate:.1} questions/s at batch 32");
+    println!("| clients | requests | recalls/s | × the model's rate | p50 ms | p95 ms | p99 ms | degraded |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &results {
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {} |",
             r["clients"],
             r["requests"],
             r["recalls_per_s"].as_f64().unwrap_or(0.0),
+            r["of_model_rate"].as_f64().unwrap_or(0.0),
             r["p50_ms"].as_f64().unwrap_or(0.0),
             r["p95_ms"].as_f64().unwrap_or(0.0),
             r["p99_ms"].as_f64().unwrap_or(0.0),
