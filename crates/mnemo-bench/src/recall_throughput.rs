@@ -72,10 +72,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // quarter or more, so recall's throughput is also given as a fraction of this rate.
     let (_, model) = local_embedder(&env)?;
     let sample: Vec<String> = questions.iter().rev().take(64).cloned().collect();
-    raw_rate(model.as_ref(), &sample[..32], 32).await?; // warm-up
+    raw_rate(model.as_ref(), &sample[..sample.len().min(32)], 32).await?; // warm-up
     let model_rate = raw_rate(model.as_ref(), &sample, 32).await?;
     drop(model);
-    eprintln!("the model alone: {model_rate:.1} questions/s at batch 32");
 
     let url = format!("{}/recall", api.base);
     let mut results = Vec::new();

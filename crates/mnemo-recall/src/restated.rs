@@ -1,11 +1,11 @@
 //! Recency for updates, without a model. Two rows from the same source (the same kind, role,
 //! name, session and user: one participant's messages in a conversation, one tool's outputs
-//! there) that say nearly the same thing (their
-//! vectors' cosine is at least `SAME_THING`) but state different numbers disagree, and the newer
-//! by event time goes just above the older: "my library has 45 sources", then "I've added 52
-//! sources to my library". Only the first `PLACES` are reordered, among themselves, so which
-//! rows are returned, and which are in the first ten, never changes. Statements without numbers
-//! are never reordered: a later mention of an event is not an update of it.
+//! there) that say nearly the same thing (their vectors' cosine is at least `SAME_THING`) but
+//! state different numbers disagree, and the newer by event time goes just above the older: "my
+//! library has 45 sources", then "I've added 52 sources to my library". Only the first `PLACES`
+//! are reordered, among themselves, so which rows are returned, and which are in the first ten,
+//! never changes. Statements without numbers are never reordered: a later mention of an event is
+//! not an update of it.
 
 use std::collections::{BTreeSet, HashMap};
 
