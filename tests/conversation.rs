@@ -197,6 +197,73 @@ async fn the_context_always_fits_and_keeps_tool_calls_with_their_results() {
     assert!(!contents.iter().any(|c| c.starts_with("question 7") || c.starts_with("answer 7")), "{contents:?}");
 }
 
+/// What a context answer sends, counted as a chat API counts it: each message's content, a
+/// call's id, name and arguments, a result's call id, and 4 tokens of framing a message.
+fn tokens_sent(messages: &[Value]) -> u64 {
+    use mnemo_core::TokenCounter;
+    let tokenizer = mnemo_models::Tokenizer::new(mnemo_config::TokenizerName::O200kBase);
+    let count = |v: &Value| u64::from(v.as_str().map_or(0, |s| tokenizer.count(s)));
+    let mut total = 0;
+    for m in messages {
+        total += 4 + count(&m["content"]) + count(&m["tool_call_id"]);
+        for call in m["tool_calls"].as_array().into_iter().flatten() {
+            total += 4 + count(&call["id"]) + count(&call["function"]["name"]) + count(&call["function"]["arguments"]);
+        }
+    }
+    total
+}
+
+/// Whether every `tool` message follows the assistant message that made its call (or another
+/// result of that message), as chat APIs require.
+fn results_follow_their_calls(messages: &[Value]) -> bool {
+    let mut open: Vec<&str> = Vec::new();
+    for m in messages {
+        match m["role"].as_str() {
+            Some("tool") if open.contains(&m["tool_call_id"].as_str().unwrap_or_default()) => {}
+            Some("tool") => return false,
+            _ => {
+                open = m["tool_calls"].as_array().into_iter().flatten().filter_map(|c| c["id"].as_str()).collect();
+            }
+        }
+    }
+    true
+}
+
+#[tokio::test]
+async fn what_a_context_sends_fits_its_budget_and_every_tool_result_follows_its_call() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    let tool = "a_tool_whose_name_is_long_enough_to_cost_tokens_of_its_own";
+    // Results whose calls were never stored, under long call ids: each goes as reference text.
+    for i in 0..30 {
+        let id = format!("call-{i}-{}", "7f3a-".repeat(40));
+        let body =
+            json!({ "source_kind": "tool_output", "source_ref": id, "name": tool, "content": format!("result {i}") });
+        write(&app, &t, &body).await;
+    }
+    // A call, then the user speaks, then its result arrives: the result no longer follows it.
+    write(
+        &app,
+        &t,
+        &json!({ "source_kind": "chat_message", "source_ref": "late-call", "role": "assistant",
+                 "tool_call_id": "late", "name": tool, "content": "{\"q\": \"fox\"}" }),
+    )
+    .await;
+    write(&app, &t, &message("interjection", "user", "wait, one more thing")).await;
+    write(&app, &t, &json!({ "source_kind": "tool_output", "source_ref": "late", "name": tool, "content": "found" }))
+        .await;
+    for budget in [150, 300, 600, 1200, 2400, 4800] {
+        let body =
+            json!({ "max_input_tokens": budget, "system_prompt": "You are helpful.", "current_message": "and?" });
+        let reply = app.client.post("/v1/sessions/s1/context", Some(&t), &body).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        let messages = reply.body["messages"].as_array().expect("messages");
+        let sent = tokens_sent(messages);
+        assert!(sent <= budget, "budget {budget}: {sent} tokens sent");
+        assert!(results_follow_their_calls(messages), "budget {budget}: {messages:?}");
+    }
+}
+
 #[tokio::test]
 async fn context_budgets_are_checked() {
     let app = TestApp::spawn().await;
