@@ -516,7 +516,8 @@ async fn packs_keep_their_budgets_and_layer_limits() {
         .await;
     assert_eq!((bad.status, bad.code()), (400, "invalid_field"));
 
-    // The context call places the pack with the workspace files.
+    // The context call places the pack with the workspace's notes: reference under a marker,
+    // never in a system message.
     let context = app
         .client
         .post(
@@ -526,14 +527,22 @@ async fn packs_keep_their_budgets_and_layer_limits() {
         )
         .await;
     assert_eq!(context.status, 200, "{:?}", context.body);
-    let system: String = context.body["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .filter(|m| m["role"] == "system")
-        .map(|m| m["content"].as_str().unwrap_or("").to_owned())
-        .collect();
-    assert!(system.contains("# Memory"), "{system}");
+    let messages = context.body["messages"].as_array().expect("messages");
+    let pack = context.body["diagnostics"]["memory_pack"]["items"].as_array().expect("items");
+    assert!(!pack.is_empty(), "{:?}", context.body);
+    let memory =
+        messages.iter().find(|m| m["content"].as_str().is_some_and(|c| c.starts_with(mnemo_core::MEMORY_PREFIX)));
+    assert!(
+        memory.is_some_and(|m| m["role"] == "user" && m["content"].as_str().is_some_and(|c| c.contains("# Memory"))),
+        "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .filter(|m| m["role"] == "system")
+            .all(|m| !m["content"].as_str().unwrap_or("").contains("# Memory")),
+        "{messages:?}"
+    );
     assert!(context.body["diagnostics"]["memory_pack"]["tokens"].as_u64().expect("tokens") <= 300);
 }
 

@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 use mnemo_core::{
-    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, MESSAGE_OVERHEAD_TOKENS, Placed, Principal, RecallRequest,
-    Role, ScopeError, Section, SessionId, TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace,
-    assemble, tail_suffices,
+    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, MEMORY_PREFIX, MESSAGE_OVERHEAD_TOKENS, Placed, Principal,
+    RecallRequest, Role, ScopeError, Section, SessionId, TriggerSource, Window, WindowError, WindowInput,
+    WindowMessage, Workspace, assemble, history_room, tail_suffices,
 };
 use mnemo_recall::{PackRequest, RecallOptions, build_pack};
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
@@ -128,29 +128,48 @@ pub async fn context(
         tool_name: None,
     });
     let budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
-    // The token's agent workspace: its enabled files, within their share of the budget.
-    let injected = match Workspace::of(&principal) {
+    // What the caller's own system prompt and current message leave for the workspace and the
+    // memory pack: they shrink to fit rather than refuse a call that fits without them.
+    let own: u64 = [asked.system_prompt.as_deref(), current.as_ref().map(|m| m.content.as_str())]
+        .into_iter()
+        .flatten()
+        .map(|text| u64::from(tokenizer.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
+        .sum();
+    let left = u64::from(budget).saturating_sub(own);
+    // The token's agent workspace: its enabled files and its memory, within their share.
+    let workspace = match Workspace::of(&principal) {
         Ok(workspace) => {
-            let share = state.workspace.prompt_max_tokens.min(u64::from(budget / 2));
-            Some(crate::workspace::workspace_prompt(&state, &workspace, share).await?).filter(|s| !s.is_empty())
+            let share = state.workspace.prompt_max_tokens.min(u64::from(budget / 2)).min(left);
+            Some(crate::workspace::workspace_prompt(&state, &workspace, share).await?)
         }
         Err(_) => None,
     };
-    // The memory pack joins the workspace files: both are what the agent knows, before the
-    // conversation.
-    let pack = match &asked.memory_pack {
-        Some(pack_request) => {
-            Some(build_pack(&state.recall, tokenizer, &principal, pack_request, &RecallOptions::default()).await?)
+    let files = workspace.as_ref().map(|w| w.files.as_str());
+    let notes = workspace.as_ref().map_or("", |w| w.memory.as_str());
+    // The memory pack joins the notes: both are what the agent remembers, placed as reference
+    // before the conversation, in what the workspace leaves.
+    let pack = match asked.memory_pack {
+        Some(mut pack_request) => {
+            let placed = [files.unwrap_or(""), notes, MEMORY_PREFIX]
+                .iter()
+                .map(|text| u64::from(tokenizer.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
+                .sum::<u64>();
+            let room = u32::try_from(left.saturating_sub(placed)).unwrap_or(u32::MAX).max(1);
+            pack_request.max_budget_tokens = pack_request.max_budget_tokens.min(room);
+            pack_request.soft_budget_tokens = pack_request.soft_budget_tokens.min(pack_request.max_budget_tokens);
+            Some(build_pack(&state.recall, tokenizer, &principal, &pack_request, &RecallOptions::default()).await?)
         }
         None => None,
     };
-    let injected = match (injected, pack.as_ref().map(|p| p.rendered.as_str()).filter(|r| !r.is_empty())) {
-        (Some(files), Some(memory)) => Some(format!("{files}\n\n{memory}")),
-        (files, memory) => files.or(memory.map(str::to_owned)),
-    };
+    let memory = [notes, pack.as_ref().map_or("", |p| p.rendered.as_str())]
+        .into_iter()
+        .filter(|text| !text.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n");
     let request = Request {
         system_prompt: asked.system_prompt.as_deref(),
-        injected: injected.as_deref(),
+        injected: files,
+        memory: Some(memory.as_str()),
         current: current.as_ref(),
         budget,
         keep_turns: asked.overflow.then_some(state.context.keep_pairs),
@@ -307,6 +326,8 @@ struct Request<'a> {
     system_prompt: Option<&'a str>,
     /// The agent's enabled workspace files, rendered.
     injected: Option<&'a str>,
+    /// Its notes and the memory pack.
+    memory: Option<&'a str>,
     current: Option<&'a WindowMessage>,
     budget: u32,
     keep_turns: Option<usize>,
@@ -339,12 +360,17 @@ async fn build(
     let tokenizer = state.tokenizer.as_ref();
     let summary = session_state.summary.as_ref().map(|s| s.content.as_str());
     let summary_tokens = summary.map_or(0, |s| u64::from(tokenizer.count(s)));
-    let fixed: u64 = [request.system_prompt, request.injected, request.current.map(|m| m.content.as_str())]
-        .into_iter()
-        .flatten()
-        .map(|text| u64::from(tokenizer.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
-        .sum();
-    let room = u64::from(request.budget).saturating_sub(fixed);
+    let mut input = WindowInput {
+        system_prompt: request.system_prompt,
+        injected: request.injected,
+        memory: request.memory,
+        summary,
+        history: &[],
+        current: request.current,
+        budget: request.budget,
+        keep_turns: request.keep_turns,
+    };
+    let room = history_room(&input, tokenizer).map_err(budget_too_small)?;
 
     let mut read: Vec<SessionMessage> = Vec::new();
     let mut newest_first: Vec<WindowMessage> = Vec::new();
@@ -385,23 +411,18 @@ async fn build(
         let count = state.store.count_session_messages(&principal.tenant, session, session_state.through).await?;
         usize::try_from(count).unwrap_or(usize::MAX)
     };
-    let input = WindowInput {
-        system_prompt: request.system_prompt,
-        // The workspace files; the memory pack of a later issue joins them here.
-        injected: request.injected,
-        summary,
-        history: &history,
-        current: request.current,
-        budget: request.budget,
-        keep_turns: request.keep_turns,
-    };
-    let window = assemble(&input, tokenizer).map_err(|e| match e {
+    input.history = &history;
+    let window = assemble(&input, tokenizer).map_err(budget_too_small)?;
+    Ok(Built { window, read, since_compaction, history_tokens: summary_tokens + read_tokens })
+}
+
+fn budget_too_small(error: WindowError) -> ApiError {
+    match error {
         WindowError::BudgetTooSmall { .. } => ApiError::InvalidField {
             field: "max_input_tokens",
             expected: "large enough for the system prompt and the current message",
         },
-    })?;
-    Ok(Built { window, read, since_compaction, history_tokens: summary_tokens + read_tokens })
+    }
 }
 
 /// The first page of a context read, and the largest; pages between are sized by what is still
@@ -457,6 +478,7 @@ fn section_name(section: Section) -> &'static str {
     match section {
         Section::System => "system",
         Section::Injected => "injected",
+        Section::Memory => "memory",
         Section::Summary => "summary",
         Section::History => "history",
         Section::Current => "current",

@@ -304,7 +304,7 @@ pub fn document() -> Value {
             .errors(&[403, 404, 409])]),
         ("/v1/workspace/prompt", vec![Op::new("get", "workspace_prompt", "The enabled files and memory notes rendered for a prompt")
             .param(query_param("max_tokens", json!({ "type": "integer", "minimum": 1, "maximum": 1_000_000 }), "Token budget."))
-            .answer(200, answer(json!({ "prompt": { "type": "string" }, "tokens": { "type": "integer" } })))
+            .answer(200, answer(json!({ "prompt": { "type": "string" }, "files": { "type": "string" }, "memory": { "type": "string" }, "tokens": { "type": "integer" } })))
             .errors(&[400])]),
         ("/healthz", vec![Op::new("get", "healthz", "The process is up").public().answer(200, answer(json!({ "status": { "type": "string" } })))]),
         ("/readyz", vec![Op::new("get", "readyz", "The database answers and its schema is current")

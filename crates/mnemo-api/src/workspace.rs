@@ -5,7 +5,10 @@
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
-use mnemo_core::{FileKey, InvalidInput, MemoryNotes, PromptFile, ScopeError, Workspace, WorkspacePath, render_prompt};
+use mnemo_core::{
+    FileKey, InvalidInput, MemoryNotes, PromptFile, ScopeError, Workspace, WorkspacePath, WorkspacePrompt,
+    render_prompt,
+};
 use mnemo_store::{Edited, FileMeta, WorkspaceFile, Written};
 use serde_json::{Value, json};
 
@@ -233,16 +236,21 @@ pub async fn prompt(
         }
     }
     let workspace = workspace(&state, &principal).await?;
-    let prompt = workspace_prompt(&state, &workspace, budget).await?;
+    let parts = workspace_prompt(&state, &workspace, budget).await?;
+    let prompt = parts.joined();
     let tokens = state.tokenizer.count(&prompt);
-    Ok(Json(json!({ "prompt": prompt, "tokens": tokens })))
+    Ok(Json(json!({ "prompt": prompt, "files": parts.files, "memory": parts.memory, "tokens": tokens })))
 }
 
 /// The workspace's part of a prompt within `budget` tokens: the enabled files, then the memory
 /// sections (MEMORY.md if enabled, today's note and the notes of the days before it, by the
-/// tenant's time zone).
-/// What `/prompt` answers and what a context window injects after the system prompt.
-pub async fn workspace_prompt(state: &AppState, workspace: &Workspace, budget: u64) -> Result<String, ApiError> {
+/// tenant's time zone). What `/prompt` answers, and what a context window places after the
+/// system prompt (the files as system content, the memory as a marked user message).
+pub async fn workspace_prompt(
+    state: &AppState,
+    workspace: &Workspace,
+    budget: u64,
+) -> Result<WorkspacePrompt, ApiError> {
     let (_, today) = state.store.tenant_today(&workspace.tenant).await?;
     let since = today - chrono::Days::new(u64::from(state.workspace.recent_days));
     let files = state.store.enabled_files(workspace).await?;

@@ -230,15 +230,36 @@ pub struct MemoryNotes<'a> {
     pub recent: Vec<(NaiveDate, &'a str)>,
 }
 
+/// The workspace part of a prompt, in two parts a context window places apart: the files an
+/// operator enabled (instructions), and the memory that models and users wrote (reference).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkspacePrompt {
+    /// The enabled files as `--- NAME ---` blocks.
+    pub files: String,
+    /// `# Memory` with its sections, or empty.
+    pub memory: String,
+}
+
+impl WorkspacePrompt {
+    /// Both parts as one text, the files first.
+    pub fn joined(&self) -> String {
+        match (self.files.is_empty(), self.memory.is_empty()) {
+            (_, true) => self.files.clone(),
+            (true, false) => self.memory.clone(),
+            (false, false) => format!("{}\n\n{}", self.files, self.memory),
+        }
+    }
+}
+
 /// The whole workspace part of a prompt within `budget` tokens: the enabled files as
 /// `--- NAME ---` blocks (`MEMORY.md` and daily notes excepted: they are the memory part),
-/// then `# Memory` with its sections. What does not fit is cut, the memory part first.
+/// and `# Memory` with its sections. What does not fit is cut, the memory part first.
 pub fn render_prompt(
     files: &[PromptFile<'_>],
     memory: &MemoryNotes<'_>,
     budget: u64,
     counter: &dyn TokenCounter,
-) -> String {
+) -> WorkspacePrompt {
     let files: Vec<PromptFile<'_>> =
         files.iter().filter(|f| f.path != "MEMORY.md" && !f.path.starts_with("memory/")).cloned().collect();
     let mut sections: Vec<String> = Vec::new();
@@ -256,18 +277,15 @@ pub fn render_prompt(
         .map(|(day, text)| format!("### {}\n{}", day.format("%Y-%m-%d"), text.trim()))
         .collect();
     part("## Recent Context", &recent.join("\n\n"));
-    let rendered = render_files(&files, budget, counter);
-    if sections.is_empty() {
-        return rendered;
-    }
-    let used = u64::from(counter.count(&rendered));
-    let memory_text = format!("# Memory\n\n{}", sections.join("\n\n"));
+    let files = render_files(&files, budget, counter);
+    let used = u64::from(counter.count(&files));
     let left = budget.saturating_sub(used + 2);
-    if left < 16 {
-        return rendered;
-    }
-    let memory_text = cut_to(&memory_text, left, counter);
-    if rendered.is_empty() { memory_text } else { format!("{rendered}\n\n{memory_text}") }
+    let memory = if sections.is_empty() || left < 16 {
+        String::new()
+    } else {
+        cut_to(&format!("# Memory\n\n{}", sections.join("\n\n")), left, counter)
+    };
+    WorkspacePrompt { files, memory }
 }
 
 #[cfg(test)]
@@ -390,12 +408,17 @@ mod tests {
             recent: vec![(day(1), "- asked about trains"), (day(2), "  ")],
         };
         let prompt = render_prompt(&files, &memory, 1000, &Words);
+        assert_eq!(prompt.files, "--- AGENTS.md ---\nBe brief.");
+        assert!(prompt.memory.starts_with("# Memory\n\n## Long-term Memory"), "{}", prompt.memory);
         assert_eq!(
-            prompt,
+            prompt.joined(),
             "--- AGENTS.md ---\nBe brief.\n\n# Memory\n\n## Long-term Memory\nAnn takes trains.\n\n\
 ## Today's Notes\n- booked Lisbon\n\n## Recent Context\n### 2026-04-01\n- asked about trains"
         );
-        assert_eq!(render_prompt(&files, &MemoryNotes::default(), 1000, &Words), "--- AGENTS.md ---\nBe brief.");
-        assert!(Words.count(&render_prompt(&files, &memory, 20, &Words)) <= 20);
+        assert_eq!(
+            render_prompt(&files, &MemoryNotes::default(), 1000, &Words).joined(),
+            "--- AGENTS.md ---\nBe brief."
+        );
+        assert!(Words.count(&render_prompt(&files, &memory, 20, &Words).joined()) <= 20);
     }
 }
