@@ -255,6 +255,52 @@ async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_las
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'disabled'").await, 1);
 }
 
+/// A model that is down for a while: the pair's other jobs wait out the cooldown instead of
+/// spending attempts, and only a conversation that has had all its own attempts is failed.
+#[tokio::test]
+async fn a_model_outage_waits_out_the_cooldown_and_fails_only_conversations_out_of_attempts() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let settings = [(vars::EXTRACT_MAX_ATTEMPTS, "2"), (vars::EXTRACT_COOLDOWN_S, "2")];
+    let runner = runner(&app, Some(&chat), &settings);
+    let down = || chat.then([ChatAnswer::Status(503), ChatAnswer::Status(503)]);
+    let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t1, ": first trip").await;
+    complete(&app, &t1, "s1", "web").await;
+    down();
+    let report = runner.run(&job()).await.expect("a failed model is not a failed job");
+    assert_eq!(report, ExtractReport::Failed { reason: "http_5xx".into(), last_attempt: false });
+    let calls = chat.requests().len();
+
+    // A second conversation completes while the model is down: its job waits, it asks nothing.
+    let t2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    conversation(&app, &t2, ": second trip").await;
+    complete(&app, &t2, "s2", "web").await;
+    assert!(matches!(runner.run(&job()).await.expect("waits"), ExtractReport::Waiting(_)));
+    assert_eq!(chat.requests().len(), calls, "no model call during the cooldown");
+
+    // Still down after the cooldown: s1 has had its two attempts, s2 only one.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    down();
+    let report = runner.run(&job()).await.expect("failed again");
+    assert_eq!(report, ExtractReport::Failed { reason: "http_5xx".into(), last_attempt: false });
+    let status = |sid: &'static str| {
+        let db = &app.db;
+        async move {
+            db.count(&format!(
+                "SELECT count(*) FROM memory_extractions WHERE session_id = '{sid}' AND status = 'failed'"
+            ))
+            .await
+        }
+    };
+    assert_eq!((status("s1").await, status("s2").await), (1, 0));
+
+    // The model is back: s2 is extracted.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let report = runner.run(&job()).await.expect("back");
+    assert!(matches!(report, ExtractReport::Applied { conversations: 1, .. }), "{report:?}");
+}
+
 #[tokio::test]
 async fn the_runbook_reports_memory_status_per_agent_and_user() {
     let chat = ScriptedChat::start().await;

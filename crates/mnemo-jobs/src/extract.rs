@@ -7,8 +7,9 @@
 //! meanwhile is coalesced into this run, never dropped. The model reads the last 30 messages and
 //! the user's PROFILE.md, MEMORY.md and today's note; its checked answer is applied in one
 //! transaction (today's note, the profile, optionally the memory, facts as `POST /v1/facts`
-//! writes them). A failure writes nothing, is recorded, and runs again with backoff until the
-//! last attempt, after which the conversations are `failed` for the runbook to list.
+//! writes them). A failure writes nothing, is recorded, and starts the cooldown (the pair's
+//! other jobs wait rather than spend attempts on a model that is down); the run is tried again
+//! after it, and each conversation that has had its attempts is `failed` for the runbook to list.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +62,8 @@ pub enum ExtractReport {
         conversations: usize,
         facts: usize,
     },
-    /// The model failed (`reason`); `final` when the conversations are given up.
+    /// The model failed (`reason`); `last_attempt` when no conversation is left pending (each
+    /// one that has had its attempts is `failed`).
     Failed {
         reason: String,
         last_attempt: bool,
@@ -104,13 +106,15 @@ impl ExtractRunner {
             Ok(extraction) => extraction,
             Err(failure) => {
                 let attempt = pending.iter().map(|p| p.attempts).max().unwrap_or(0) + 1;
-                let last_attempt = attempt >= self.settings.max_attempts;
-                let status = if last_attempt { "failed" } else { "pending" };
-                tracing::warn!(tenant = %job.tenant_id, kind = failure.kind, attempt, last_attempt,
+                let max_attempts = self.settings.max_attempts;
+                let left =
+                    self.store.fail_extraction(&workspace, &self.worker, &pending, failure.kind, max_attempts).await?;
+                let last_attempt = left == 0;
+                tracing::warn!(tenant = %job.tenant_id, kind = failure.kind, attempt, still_pending = left,
                     "extraction failed; nothing was written");
-                self.store.finish_extraction(&workspace, &self.worker, &pending, status, failure.kind, true).await?;
                 if !last_attempt {
-                    self.store.retry_after(job, backoff(attempt)).await?;
+                    // The run cools down first: the retry waits at least that long.
+                    self.store.retry_after(job, backoff(attempt).max(self.settings.cooldown)).await?;
                 }
                 return Ok(ExtractReport::Failed { reason: failure.kind.to_owned(), last_attempt });
             }

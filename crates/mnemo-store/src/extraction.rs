@@ -63,6 +63,17 @@ SET status = $4, reason = $5, attempts = attempts + $6::int,
 FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
 WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id AND m.status = 'pending'";
 
+/// Counts a failed model call against the conversations `$2`/`$3` with reason `$4`: each one
+/// that has now had `$5` attempts is `failed`, the others stay `pending`. Returns their statuses.
+const MARK_FAILED: &str = "
+UPDATE memory_extractions m
+SET attempts = attempts + 1, reason = $4,
+    status = CASE WHEN attempts + 1 >= $5 THEN 'failed' ELSE 'pending' END,
+    finished_at = CASE WHEN attempts + 1 >= $5 THEN now() END
+FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
+WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id AND m.status = 'pending'
+RETURNING m.status";
+
 /// A completed conversation waiting for extraction.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct PendingExtraction {
@@ -184,9 +195,9 @@ impl Store {
             .await?)
     }
 
-    /// Ends a run that changed nothing: the conversations get `status` (`pending` again after a
-    /// failed attempt, `failed` after the last, `disabled` without a model, `done` when the model
-    /// saw nothing worth keeping) and `reason`; a `done` or `disabled` run starts the cooldown.
+    /// Ends a run that changed nothing: the conversations get `status` (`pending` again when the
+    /// run was given up, `disabled` without a model, `done` when the model saw nothing worth
+    /// keeping) and `reason`; a `done` or `disabled` run starts the cooldown.
     pub async fn finish_extraction(
         &self,
         workspace: &Workspace,
@@ -201,6 +212,34 @@ impl Store {
         release(&mut tx, workspace, worker, status == "done" || status == "disabled").await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Ends a run whose model call failed (`reason`): each conversation counts the attempt, and
+    /// is `failed` once it has had `max_attempts` (its own: one that joined the run late keeps
+    /// its attempts). The cooldown starts, so the (agent, user)'s other jobs wait it out rather
+    /// than spend their conversations' attempts on a model that is down. Returns how many stay
+    /// `pending`.
+    pub async fn fail_extraction(
+        &self,
+        workspace: &Workspace,
+        worker: &str,
+        pending: &[PendingExtraction],
+        reason: &str,
+        max_attempts: i32,
+    ) -> Result<usize, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let (sessions, throughs) = keys(pending);
+        let statuses: Vec<String> = sqlx::query_scalar(MARK_FAILED)
+            .bind(workspace.tenant.as_str())
+            .bind(&sessions)
+            .bind(&throughs)
+            .bind(reason)
+            .bind(max_attempts)
+            .fetch_all(&mut *tx)
+            .await?;
+        release(&mut tx, workspace, worker, true).await?;
+        tx.commit().await?;
+        Ok(statuses.iter().filter(|s| *s == "pending").count())
     }
 
     /// Applies an extraction in one transaction: today's note gets the entry (unless the note is
