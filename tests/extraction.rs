@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mnemo_config::{ContextSettings, Env, WorkspaceSettings, vars};
 use mnemo_core::{AgentId, TenantId, UserId};
-use mnemo_jobs::{ExtractReport, ExtractRunner};
+use mnemo_jobs::{ExtractReport, ExtractRunner, MAX_CONVERSATIONS_PER_RUN};
 use mnemo_store::queue::ExtractJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token, wait_until};
 use serde_json::{Value, json};
@@ -299,6 +299,45 @@ async fn a_model_outage_waits_out_the_cooldown_and_fails_only_conversations_out_
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let report = runner.run(&job()).await.expect("back");
     assert!(matches!(report, ExtractReport::Applied { conversations: 1, .. }), "{report:?}");
+}
+
+/// More conversations than one transcript can show: a run takes the oldest it can show the
+/// model, and every conversation marked done was in the transcript of the run that took it.
+#[tokio::test]
+async fn every_conversation_a_run_marks_done_was_shown_to_the_model() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let total = MAX_CONVERSATIONS_PER_RUN + 5;
+    for i in 0..total {
+        let sid = format!("s{i}");
+        let t = token(&principal("acme", Some("ann"), Some("helper"), Some(&sid)));
+        conversation(&app, &t, &format!(": trip number {i}.")).await;
+        complete(&app, &t, &sid, "web").await;
+        // Said after the completion: not part of what was completed.
+        say(&app, &t, "user", &format!("later in trip number {i}.")).await;
+    }
+    let first = runner.run(&job()).await.expect("first run");
+    assert!(
+        matches!(first, ExtractReport::Applied { conversations, .. } if conversations == MAX_CONVERSATIONS_PER_RUN),
+        "{first:?}"
+    );
+    let second = runner.run(&job()).await.expect("second run");
+    assert!(matches!(second, ExtractReport::Applied { conversations: 5, .. }), "{second:?}");
+    // The transcripts (today's note, also in the prompt, quotes the first run).
+    let prompts: Vec<String> = chat
+        .requests()
+        .iter()
+        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
+        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, transcript)| transcript).to_owned())
+        .collect();
+    assert_eq!(prompts.len(), 2);
+    for i in 0..total {
+        let shown = prompts.iter().filter(|p| p.contains(&format!("trip number {i}."))).count();
+        assert_eq!(shown, 1, "conversation {i} was shown {shown} times");
+        assert!(!prompts.iter().any(|p| p.contains(&format!("later in trip number {i}."))));
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, total as i64);
 }
 
 #[tokio::test]

@@ -24,9 +24,13 @@ use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Stor
 
 use crate::{JobError, backoff};
 
-/// The most messages read from the end of one conversation (after its completion, others may
-/// follow).
+/// The most messages read back from one conversation's completion (tool outputs among them:
+/// only user and assistant messages are kept).
 const MAX_MESSAGES: i64 = 1_000;
+
+/// The most conversations one run takes: each keeps at least two of the transcript's messages.
+/// Later ones wait for the next run.
+pub const MAX_CONVERSATIONS_PER_RUN: usize = TRANSCRIPT_MESSAGES / 2;
 
 /// Runs extract jobs.
 #[derive(Debug, Clone)]
@@ -81,6 +85,14 @@ impl ExtractRunner {
             return Ok(ExtractReport::Waiting(wait));
         }
         let result = self.claimed(job, &workspace).await;
+        // Conversations this run could not take: the job runs again after the cooldown (a
+        // failed run has queued its own retry).
+        if let Ok((report, true)) = &result
+            && !matches!(report, ExtractReport::Failed { last_attempt: false, .. })
+        {
+            self.store.retry_after(job, self.settings.cooldown).await?;
+        }
+        let result = result.map(|(report, _)| report);
         if result.is_err() {
             // Whatever failed, the run is not left held until it goes stale.
             let _ = self.store.finish_extraction(&workspace, &self.worker, &[], "pending", "", false).await;
@@ -88,10 +100,24 @@ impl ExtractRunner {
         result
     }
 
-    /// The run, once this worker holds the (agent, user).
-    async fn claimed(&self, job: &ExtractJob, workspace: &Workspace) -> Result<ExtractReport, JobError> {
+    /// The run, once this worker holds the (agent, user), and whether conversations are left
+    /// for the next run.
+    async fn claimed(&self, job: &ExtractJob, workspace: &Workspace) -> Result<(ExtractReport, bool), JobError> {
+        let mut pending = self.store.pending_extractions(workspace).await?;
+        // The oldest first; what this run cannot show the model stays pending for the next.
+        let more_waiting = pending.len() > MAX_CONVERSATIONS_PER_RUN;
+        pending.truncate(MAX_CONVERSATIONS_PER_RUN);
+        Ok((self.extract(job, workspace, pending).await?, more_waiting))
+    }
+
+    /// Extracts the `pending` conversations in one model call.
+    async fn extract(
+        &self,
+        job: &ExtractJob,
+        workspace: &Workspace,
+        pending: Vec<PendingExtraction>,
+    ) -> Result<ExtractReport, JobError> {
         let workspace = workspace.clone();
-        let pending = self.store.pending_extractions(&workspace).await?;
         if pending.is_empty() {
             self.store.finish_extraction(&workspace, &self.worker, &[], "pending", "", false).await?;
             return Ok(ExtractReport::Nothing);
@@ -213,14 +239,13 @@ impl ExtractRunner {
         let share = (TRANSCRIPT_MESSAGES / latest.len().max(1)).max(2);
         let mut messages: Vec<(Role, String)> = Vec::new();
         for p in latest {
-            let through = p.through();
+            let through = Some(p.through().inclusive());
             let rows = self
                 .store
-                .session_messages_newest_first(&workspace.tenant, &p.session_id, None, None, MAX_MESSAGES)
+                .session_messages_newest_first(&workspace.tenant, &p.session_id, None, through, MAX_MESSAGES)
                 .await?;
             let mut part: Vec<(Role, String)> = rows
                 .into_iter()
-                .filter(|m| (m.event_time, m.id) <= (through.event_time, through.id))
                 .filter(|m| matches!(m.role, Role::User | Role::Assistant))
                 .take(share)
                 .map(|m| (m.role, m.content))

@@ -40,6 +40,14 @@ pub struct MessageCursor {
     pub id: Uuid,
 }
 
+impl MessageCursor {
+    /// The cursor just after this message: as a read's `before` bound it includes the message
+    /// itself (ids order as PostgreSQL orders uuids: as big-endian numbers).
+    pub fn inclusive(self) -> Self {
+        Self { id: Uuid::from_u128(self.id.as_u128().saturating_add(1)), ..self }
+    }
+}
+
 impl SessionMessage {
     pub fn cursor(&self) -> MessageCursor {
         MessageCursor { event_time: self.event_time, id: self.id }
