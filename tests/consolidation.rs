@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mnemo_config::{ContextSettings, Env, TokenizerName, WorkspaceSettings, vars};
 use mnemo_core::{AgentId, TenantId, UserId, Workspace};
-use mnemo_jobs::{ConsolidateReport, ConsolidateRunner};
+use mnemo_jobs::{ConsolidateReport, ConsolidateRunner, MAX_NOTES_CHARS};
 use mnemo_store::queue::ConsolidateJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, principal, token};
 use serde_json::json;
@@ -71,6 +71,16 @@ async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Failed { reason: "over_budget".into() });
     chat.then([ChatAnswer::Malformed]);
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Failed { reason: "unparsable".into() });
+    // Within the token budget but past the file limit: no edit of it could then be saved.
+    let small_files = self::runner(
+        &app,
+        &chat,
+        &[(vars::CONSOLIDATE_MAX_MEMORY_TOKENS, "200"), (vars::WORKSPACE_MAX_FILE_BYTES, "1024")],
+    );
+    chat.then([ChatAnswer::Content(
+        json!({ "should_update": true, "reason": "r", "memory_content": "=".repeat(1100) }).to_string(),
+    )]);
+    assert_eq!(small_files.run(&job()).await.expect("run"), ConsolidateReport::Failed { reason: "too_large".into() });
     assert_eq!(memory(&app, &t).await, before);
 
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 2 });
@@ -91,6 +101,35 @@ async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
     let actors = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'consolidation'").await;
     assert_eq!(actors, 2);
+}
+
+/// Notes longer than one prompt should hold: a run shows the oldest that fit, records only
+/// those as read, and asks for the run that shows the rest.
+#[tokio::test]
+async fn notes_past_what_one_run_shows_wait_for_the_next_run() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let long = |marker: &str| format!("- {marker}\n{}", "a day of notes. ".repeat(MAX_NOTES_CHARS / 16 / 2));
+    for (days_ago, marker) in [(2, "alpha"), (1, "beta"), (0, "gamma")] {
+        note(&app, &t, days_ago, &long(marker)).await;
+    }
+    let runner = runner(&app, &chat, &[]);
+    assert_eq!(runner.run(&job()).await.expect("first"), ConsolidateReport::Updated { notes: 1 });
+    assert_eq!(runner.run(&job()).await.expect("second"), ConsolidateReport::Updated { notes: 1 });
+    assert_eq!(runner.run(&job()).await.expect("third"), ConsolidateReport::Updated { notes: 1 });
+    assert_eq!(runner.run(&job()).await.expect("done"), ConsolidateReport::NothingNew);
+    let shown: Vec<Vec<&str>> = chat
+        .requests()
+        .iter()
+        .map(|r| {
+            let prompt = r["messages"][1]["content"].as_str().unwrap_or_default();
+            ["alpha", "beta", "gamma"].into_iter().filter(|m| prompt.contains(&format!("- {m}"))).collect()
+        })
+        .collect();
+    assert_eq!(shown, [vec!["alpha"], vec!["beta"], vec!["gamma"]]);
+    // Each run that left notes out asked for the next.
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2);
 }
 
 #[tokio::test]

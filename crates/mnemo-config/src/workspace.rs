@@ -37,8 +37,10 @@ pub struct MaintenanceSettings {
 pub struct ConsolidationSettings {
     /// Only notes of this many recent days are read.
     pub day_range: u32,
-    /// MEMORY.md is replaced only by a result within this many tokens.
+    /// MEMORY.md is replaced only by a result within this many tokens,
     pub max_memory_tokens: u64,
+    /// and this many bytes (the workspace's file limit, `MNEMO_WORKSPACE_MAX_FILE_BYTES`).
+    pub max_file_bytes: usize,
     /// Extraction asks for a consolidation at most this often per (agent, user).
     pub throttle: Duration,
     /// When every (agent, user) with daily notes is consolidated (UTC); `None` never.
@@ -120,6 +122,7 @@ impl WorkspaceSettings {
             max_memory_tokens: problems
                 .parsed(env, vars::CONSOLIDATE_MAX_MEMORY_TOKENS, 4000u64, "a whole number")
                 .max(100),
+            max_file_bytes,
             throttle: Duration::from_secs(problems.parsed(
                 env,
                 vars::CONSOLIDATE_THROTTLE_S,

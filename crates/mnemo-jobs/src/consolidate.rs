@@ -17,6 +17,11 @@ use mnemo_store::{ChangedNote, Replacement, Store, StoreError};
 
 use crate::JobError;
 
+/// The most characters of notes one run shows the model (about 16,000 tokens). The notes past
+/// it, the newest, are left to the next run, which this run asks for; a single note longer than
+/// that is shown cut.
+pub const MAX_NOTES_CHARS: usize = 64_000;
+
 /// Runs consolidate jobs.
 #[derive(Debug, Clone)]
 pub struct ConsolidateRunner {
@@ -84,10 +89,22 @@ impl ConsolidateRunner {
     async fn input(&self, workspace: &Workspace) -> Result<Option<Read>, JobError> {
         let (_, today) = self.store.tenant_today(&workspace.tenant).await?;
         let since = today - chrono::Days::new(u64::from(self.settings.day_range));
-        let notes = self.store.notes_to_consolidate(workspace, since).await?;
+        let mut notes = self.store.notes_to_consolidate(workspace, since).await?;
         if notes.is_empty() {
             return Ok(None);
         }
+        // Oldest first, while they fit (the first one always, cut when it alone does not).
+        let mut shown = 0;
+        let fit = notes
+            .iter()
+            .take_while(|n| {
+                shown += n.content.chars().count();
+                shown <= MAX_NOTES_CHARS
+            })
+            .count()
+            .max(1);
+        let more = fit < notes.len();
+        notes.truncate(fit);
         let memory_key = workspace
             .file(WorkspacePath::parse("MEMORY.md").expect("a valid path"))
             .map_err(|e| JobError::Setup(e.to_string()))?;
@@ -95,17 +112,17 @@ impl ConsolidateRunner {
             self.store.read_file(&memory_key).await?.map_or((String::new(), None), |f| (f.content, Some(f.version)));
         let input = ConsolidationInput {
             memory,
-            notes: notes.iter().map(|n| (n.day, n.content.clone())).collect(),
+            notes: notes.iter().map(|n| (n.day, n.content.chars().take(MAX_NOTES_CHARS).collect())).collect(),
             // Told to the model in characters, which it can count; checked in tokens.
             max_chars: usize::try_from(self.settings.max_memory_tokens * 4).unwrap_or(usize::MAX),
         };
-        Ok(Some(Read { input, notes, memory_version }))
+        Ok(Some(Read { input, notes, memory_version, more }))
     }
 
     /// The run, once this worker holds the (agent, user).
     async fn claimed(&self, job: &ConsolidateJob, workspace: &Workspace) -> Result<ConsolidateReport, JobError> {
         let workspace = workspace.clone();
-        let Some(Read { input, notes: read, memory_version }) = self.input(&workspace).await? else {
+        let Some(Read { input, notes: read, memory_version, more }) = self.input(&workspace).await? else {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "nothing_new", "").await?;
             return Ok(ConsolidateReport::NothingNew);
         };
@@ -128,6 +145,13 @@ impl ConsolidateRunner {
                         .finish_consolidation(&workspace, &self.worker, None, None, "failed", "over_budget")
                         .await?;
                     failed("over_budget")
+                }
+                // A MEMORY.md no edit could then save: refused as the API refuses it.
+                Some(content) if content.len() > self.settings.max_file_bytes => {
+                    self.store
+                        .finish_consolidation(&workspace, &self.worker, None, None, "failed", "too_large")
+                        .await?;
+                    failed("too_large")
                 }
                 Some(content) => {
                     let replacement = Replacement { content, read_version: memory_version };
@@ -155,6 +179,9 @@ impl ConsolidateRunner {
             },
         };
         tracing::info!(tenant = %job.tenant_id, notes, ?report, "consolidation finished");
+        if more && matches!(report, ConsolidateReport::Updated { .. } | ConsolidateReport::Kept { .. }) {
+            self.store.request_consolidation(&workspace, None).await?;
+        }
         Ok(report)
     }
 }
@@ -165,4 +192,6 @@ struct Read {
     input: ConsolidationInput,
     notes: Vec<ChangedNote>,
     memory_version: Option<i32>,
+    /// Notes were left out: another run follows.
+    more: bool,
 }

@@ -17,7 +17,7 @@ mod retention;
 mod worker;
 
 pub use compact::{CompactPlan, CompactPolicy, CompactReport, Compactor};
-pub use consolidate::{ConsolidateReport, ConsolidateRunner};
+pub use consolidate::{ConsolidateReport, ConsolidateRunner, MAX_NOTES_CHARS};
 pub use embed::{EmbedDispatcher, EmbedPolicy};
 pub use extract::{ExtractReport, ExtractRunner, MAX_CONVERSATIONS_PER_RUN};
 pub use housekeeping::{HousekeepingPolicy, run_housekeeping};

@@ -15,8 +15,19 @@ use serde_json::{Value, json};
 
 use crate::ModelError;
 
-/// The answer's bound: room for a daily entry, a profile and facts, no more.
-const MAX_TOKENS: u32 = 2000;
+/// The answer's bound without the files it may rewrite: a daily entry (at most 4,000
+/// characters) and 20 facts with their typed fields.
+const BASE_MAX_TOKENS: u32 = 2_500;
+/// The most any answer may hold: what most chat models write at once.
+const MAX_ANSWER_TOKENS: u32 = 16_000;
+
+/// The answer's bound: the base, and room for the whole PROFILE.md and MEMORY.md the model may
+/// write back (a token for every 3 bytes they hold now, more than prose needs), so a long
+/// profile is not a truncated answer every time it changes.
+fn max_tokens(input: &ExtractionInput) -> u32 {
+    let rewritable = u32::try_from((input.profile.len() + input.memory.len()) / 3).unwrap_or(u32::MAX);
+    BASE_MAX_TOKENS.saturating_add(rewritable).min(MAX_ANSWER_TOKENS)
+}
 
 /// Marks an extraction request (the testkit's scripted server recognises requests by it).
 pub const EXTRACT_MARKER: &str = "You decide what an AI assistant should remember";
@@ -48,7 +59,7 @@ impl OpenAiExtractor {
                 {"role": "user", "content": user_prompt(input)},
             ],
             "temperature": 0,
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": max_tokens(input),
             "stream": false,
             "response_format": {"type": "json_object"},
         });
@@ -167,6 +178,20 @@ pub fn parse_extraction(content: &str) -> Result<Extraction, ModelFailure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_answer_has_room_for_the_files_the_model_may_rewrite_within_a_cap() {
+        let input = |profile: usize, memory: usize| ExtractionInput {
+            transcript: String::new(),
+            profile: "p".repeat(profile),
+            memory: "m".repeat(memory),
+            today_note: String::new(),
+            today: Default::default(),
+        };
+        assert_eq!(max_tokens(&input(0, 0)), BASE_MAX_TOKENS);
+        assert_eq!(max_tokens(&input(9_000, 3_000)), BASE_MAX_TOKENS + 4_000);
+        assert_eq!(max_tokens(&input(256 * 1024, 256 * 1024)), MAX_ANSWER_TOKENS);
+    }
 
     #[test]
     fn answers_are_read_tolerantly_and_strictly() {
