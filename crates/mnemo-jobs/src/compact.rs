@@ -11,6 +11,7 @@
 //! after those messages, unsummarized. Stored messages are never changed either way.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use mnemo_config::ContextSettings;
 use mnemo_core::{
@@ -26,8 +27,9 @@ use crate::JobError;
 /// The most messages one job reads; a longer backlog is compacted over several jobs.
 const MAX_MESSAGES: i64 = 20_000;
 
-/// The most chunks one job summarizes (each one model call), so a job ends well within
-/// `MNEMO_JOB_TIMEOUT_S`; the rest of a backlog goes to the next job.
+/// The most chunks one job summarizes (each one model call); the rest of a backlog goes to the
+/// next job. Fewer when the model's timeout would not let them end within the job's
+/// ([`CompactPolicy::within`]).
 const MAX_CHUNKS_PER_JOB: u64 = 4;
 
 /// What compaction keeps and how it calls the model.
@@ -36,6 +38,8 @@ pub struct CompactPolicy {
     pub keep: Keep,
     pub summary_max_tokens: u32,
     pub chunk_tokens: u64,
+    /// The most chunks (model calls) one job summarizes.
+    pub max_chunks: u64,
 }
 
 impl CompactPolicy {
@@ -44,7 +48,16 @@ impl CompactPolicy {
             keep: settings.keep_tokens.map_or(Keep::Turns(settings.keep_pairs), Keep::Tokens),
             summary_max_tokens: settings.summary_max_tokens,
             chunk_tokens: settings.chunk_tokens,
+            max_chunks: MAX_CHUNKS_PER_JOB,
         }
+    }
+
+    /// As many chunks as end within three quarters of `job_timeout` when every model call
+    /// takes all of `model_timeout` (at least one, at most [`MAX_CHUNKS_PER_JOB`]): a slow model
+    /// never gets the job killed midway, its calls paid for and nothing recorded.
+    pub fn within(self, job_timeout: Duration, model_timeout: Duration) -> Self {
+        let calls = (job_timeout.as_millis() * 3 / 4) / model_timeout.as_millis().max(1);
+        Self { max_chunks: u64::try_from(calls).unwrap_or(u64::MAX).clamp(1, MAX_CHUNKS_PER_JOB), ..self }
     }
 }
 
@@ -80,7 +93,7 @@ pub enum CompactReport {
 impl Compactor {
     /// Where a compaction of the session would cut now: before the kept turns (or tokens), and
     /// before `keep_at_most` tokens when the kept turns are longer (one long agent turn), but
-    /// never past what one job summarizes ([`MAX_CHUNKS_PER_JOB`] chunks).
+    /// never past what one job summarizes (`max_chunks` chunks).
     pub async fn plan(
         &self,
         tenant: &TenantId,
@@ -92,7 +105,7 @@ impl Compactor {
         let history: Vec<_> = messages.iter().map(|m| m.to_window(self.counter.as_ref())).collect();
         let cut = compaction_cut(&history, self.policy.keep)
             .max(keep_at_most.map_or(0, |tokens| compaction_cut(&history, Keep::Tokens(tokens))));
-        let per_job = self.policy.chunk_tokens.saturating_mul(MAX_CHUNKS_PER_JOB);
+        let per_job = self.policy.chunk_tokens.saturating_mul(self.policy.max_chunks);
         let cut = units_within(&history[..cut], per_job);
         Ok(CompactPlan { state, messages, history, cut })
     }
@@ -204,5 +217,22 @@ impl Compactor {
             chunks.last_mut().expect("a chunk was pushed").push(line);
         }
         chunks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_summarizes_no_more_chunks_than_end_within_its_timeout() {
+        let policy = CompactPolicy { keep: Keep::Turns(2), summary_max_tokens: 800, chunk_tokens: 8000, max_chunks: 4 };
+        let within =
+            |job: u64, model: u64| policy.within(Duration::from_secs(job), Duration::from_secs(model)).max_chunks;
+        // The defaults: four 30 s calls would take the whole 120 s job timeout.
+        assert_eq!(within(120, 30), 3);
+        assert_eq!(within(120, 100), 1);
+        assert_eq!(within(120, 500), 1);
+        assert_eq!(within(600, 10), 4);
     }
 }

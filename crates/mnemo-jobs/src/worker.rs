@@ -379,7 +379,12 @@ pub async fn run_worker(
                     store: store.clone(),
                     summarizer: summarizer.clone(),
                     counter: counter.clone(),
-                    policy: CompactPolicy::from_settings(&settings.context),
+                    policy: match &settings.context.model {
+                        Some(model) => {
+                            CompactPolicy::from_settings(&settings.context).within(settings.job_timeout, model.timeout)
+                        }
+                        None => CompactPolicy::from_settings(&settings.context),
+                    },
                 };
                 let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, CompactJob, config, compactor, handle_compact);
