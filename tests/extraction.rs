@@ -340,6 +340,33 @@ async fn every_conversation_a_run_marks_done_was_shown_to_the_model() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, total as i64);
 }
 
+/// A fact the user deleted is not brought back when a later conversation (or a stale profile)
+/// makes the model extract it again.
+#[tokio::test]
+async fn a_fact_the_user_deleted_stays_deleted_when_extracted_again() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t1, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t1, "s1", "web").await;
+    assert!(matches!(runner.run(&job()).await.expect("run"), ExtractReport::Applied { facts: 1, .. }));
+    let id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM memory_items WHERE source_kind = 'fact'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("the fact");
+    let ann = token(&principal("acme", Some("ann"), None, None));
+    assert_eq!(app.client.delete(&format!("/v1/memories/{id}"), Some(&ann)).await.status, 200);
+
+    let t2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    conversation(&app, &t2, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t2, "s2", "web").await;
+    assert!(matches!(runner.run(&job()).await.expect("run"), ExtractReport::Applied { .. }));
+    let live = format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND deleted_at IS NULL");
+    assert_eq!(app.db.count(&live).await, 0, "the deleted fact came back");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await, 1);
+}
+
 #[tokio::test]
 async fn the_runbook_reports_memory_status_per_agent_and_user() {
     let chat = ScriptedChat::start().await;

@@ -289,7 +289,7 @@ impl Store {
         let facts: Vec<&NewMemory> = changes.facts.iter().collect();
         for result in insert_in(&mut tx, &facts).await? {
             match result {
-                // A fact the user already has (or had, deleted: it is revived) is as good.
+                // A fact the user already has is as good; one the user deleted stays deleted.
                 Some(Ok(_)) | Some(Err(StoreError::SourceRefDeleted { .. })) => {}
                 Some(Err(e)) => return Err(e),
                 // Its key belonged to a transaction that rolled back: the job runs again.

@@ -419,9 +419,10 @@ async fn settle(
                     && (visibility != typed.visibility.as_str() || roles != joined(&typed.allowed_roles));
                 *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) {
                     Err(StoreError::SourceRefConflict { existing: id })
-                } else if deleted && !is_fact {
+                } else if deleted && (!is_fact || typed.origin == Origin::Extraction) {
                     // A fact is asserted again by its user; a message or chunk under a
-                    // deleted row's key is a retry that must not bring the row back.
+                    // deleted row's key is a retry that must not bring the row back, nor may a
+                    // model bring back a fact its user deleted.
                     Err(StoreError::SourceRefDeleted { existing: id })
                 } else {
                     if is_fact {
