@@ -132,6 +132,33 @@ async fn notes_past_what_one_run_shows_wait_for_the_next_run() {
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2);
 }
 
+/// A worker whose run was taken over (held past the stale limit) changes nothing when its
+/// model call returns; the worker holding the run does.
+#[tokio::test]
+async fn a_run_taken_over_changes_nothing() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- booked Lisbon").await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let slow = runner(&app, &chat, &[]);
+    let eager = ConsolidateRunner { stale_after: Duration::ZERO, ..runner(&app, &chat, &[]) };
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        eager.run(&job()).await
+    };
+    let once = job();
+    let (lost, kept) = tokio::join!(slow.run(&once), later);
+    let lost = lost.expect_err("the run was taken over");
+    assert!(
+        matches!(&lost, mnemo_jobs::JobError::Store(e) if matches!(**e, mnemo_store::StoreError::RunLost)),
+        "{lost:?}"
+    );
+    assert_eq!(kept.expect("kept"), ConsolidateReport::Updated { notes: 1 });
+    let versions = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'consolidation'").await;
+    assert_eq!(versions, 1);
+}
+
 #[tokio::test]
 async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_agent() {
     let chat = ScriptedChat::start().await;

@@ -367,6 +367,36 @@ async fn a_fact_the_user_deleted_stays_deleted_when_extracted_again() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await, 1);
 }
 
+/// A worker whose run was taken over (held past the stale limit) applies nothing when its model
+/// call returns: only the worker that holds the run does.
+#[tokio::test]
+async fn a_run_taken_over_applies_nothing() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, ": first trip").await;
+    complete(&app, &t, "s1", "web").await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let slow = runner(&app, Some(&chat), &[]);
+    // Takes over any run it finds held.
+    let eager = ExtractRunner { stale_after: Duration::ZERO, ..runner(&app, Some(&chat), &[]) };
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        eager.run(&job()).await
+    };
+    let once = job();
+    let (lost, kept) = tokio::join!(slow.run(&once), later);
+    let lost = lost.expect_err("the run was taken over");
+    assert!(
+        matches!(&lost, mnemo_jobs::JobError::Store(e) if matches!(**e, mnemo_store::StoreError::RunLost)),
+        "{lost:?}"
+    );
+    assert!(matches!(kept, Ok(ExtractReport::Applied { conversations: 1, .. })), "{kept:?}");
+    let note = app.client.get(&today_note(), Some(&t)).await;
+    let entries = note.body["content"].as_str().expect("note").matches("messages; last:").count();
+    assert_eq!(entries, 1, "{:?}", note.body);
+}
+
 #[tokio::test]
 async fn the_runbook_reports_memory_status_per_agent_and_user() {
     let chat = ScriptedChat::start().await;

@@ -194,7 +194,8 @@ impl Store {
     /// Ends the run in one transaction: replaces MEMORY.md when `memory` is given (or, when it
     /// changed since the model read it, changes nothing: [`StoreError::FileChanged`]), records the
     /// notes `read` as consolidated when given (so a run that failed leaves them to the next),
-    /// and the outcome and its reason.
+    /// and the outcome and its reason. A run another worker took over changes nothing
+    /// ([`StoreError::RunLost`]).
     pub async fn finish_consolidation(
         &self,
         workspace: &Workspace,
@@ -213,7 +214,7 @@ impl Store {
         let read = read.unwrap_or_default();
         let versions: serde_json::Map<String, serde_json::Value> =
             read.iter().map(|n| (WorkspacePath::daily_note(n.day).to_string(), n.version.into())).collect();
-        sqlx::query(FINISH)
+        let finished = sqlx::query(FINISH)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
             .bind(user_of(workspace)?)
@@ -224,6 +225,10 @@ impl Store {
             .bind(read.iter().map(|n| n.updated_at).max())
             .execute(&mut *tx)
             .await?;
+        // Another worker took the run over: what this one would change is rolled back.
+        if finished.rows_affected() == 0 {
+            return Err(StoreError::RunLost);
+        }
         tx.commit().await?;
         Ok(())
     }

@@ -16,6 +16,10 @@ pub enum StoreError {
     /// written.
     #[error("relation target {target} is not a memory of this tenant")]
     RelationTargetMissing { target: Uuid },
+    /// This worker's run (an extraction's or a consolidation's) was taken over by another
+    /// worker, having been held past the stale limit: nothing it did was kept.
+    #[error("the run was taken over by another worker")]
+    RunLost,
     /// Another row of an all-or-nothing write failed, so this one was not written.
     #[error("not written: another row of the batch was refused")]
     RolledBack,

@@ -324,13 +324,15 @@ async fn mark(
     Ok(())
 }
 
+/// Ends this worker's run in `tx`; [`StoreError::RunLost`] when another worker took it over,
+/// so that the caller's transaction, and all it changed, is rolled back.
 async fn release(
     tx: &mut Transaction<'_, Postgres>,
     workspace: &Workspace,
     worker: &str,
     cooldown: bool,
 ) -> Result<(), StoreError> {
-    sqlx::query(RELEASE)
+    let released = sqlx::query(RELEASE)
         .bind(workspace.tenant.as_str())
         .bind(workspace.agent.as_str())
         .bind(user_of(workspace)?)
@@ -338,6 +340,9 @@ async fn release(
         .bind(worker)
         .execute(&mut **tx)
         .await?;
+    if released.rows_affected() == 0 {
+        return Err(StoreError::RunLost);
+    }
     Ok(())
 }
 
