@@ -213,6 +213,23 @@ fn tokens_sent(messages: &[Value]) -> u64 {
     total
 }
 
+/// Whether every call of an assistant message is answered by one of the `tool` messages right
+/// after it, as chat APIs require.
+fn calls_are_answered(messages: &[Value]) -> bool {
+    messages.iter().enumerate().all(|(i, m)| {
+        let answers: Vec<&str> = messages[i + 1..]
+            .iter()
+            .take_while(|n| n["role"] == "tool")
+            .filter_map(|n| n["tool_call_id"].as_str())
+            .collect();
+        m["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|c| c["id"].as_str().is_some_and(|id| answers.contains(&id)))
+    })
+}
+
 /// Whether every `tool` message follows the assistant message that made its call (or another
 /// result of that message), as chat APIs require.
 fn results_follow_their_calls(messages: &[Value]) -> bool {
@@ -230,7 +247,7 @@ fn results_follow_their_calls(messages: &[Value]) -> bool {
 }
 
 #[tokio::test]
-async fn what_a_context_sends_fits_its_budget_and_every_tool_result_follows_its_call() {
+async fn what_a_context_sends_fits_its_budget_and_every_tool_message_follows_the_protocol() {
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", None, None, Some("s1")));
     let tool = "a_tool_whose_name_is_long_enough_to_cost_tokens_of_its_own";
@@ -252,6 +269,14 @@ async fn what_a_context_sends_fits_its_budget_and_every_tool_result_follows_its_
     write(&app, &t, &message("interjection", "user", "wait, one more thing")).await;
     write(&app, &t, &json!({ "source_kind": "tool_output", "source_ref": "late", "name": tool, "content": "found" }))
         .await;
+    // Two calls at once, one of which never got its result recorded.
+    for id in ["both-1", "both-2"] {
+        let call = json!({ "source_kind": "chat_message", "source_ref": format!("call-{id}"), "role": "assistant",
+                           "tool_call_id": id, "name": tool, "content": "{}" });
+        write(&app, &t, &call).await;
+    }
+    write(&app, &t, &json!({ "source_kind": "tool_output", "source_ref": "both-1", "name": tool, "content": "one" }))
+        .await;
     for budget in [150, 300, 600, 1200, 2400, 4800] {
         let body =
             json!({ "max_input_tokens": budget, "system_prompt": "You are helpful.", "current_message": "and?" });
@@ -261,6 +286,7 @@ async fn what_a_context_sends_fits_its_budget_and_every_tool_result_follows_its_
         let sent = tokens_sent(messages);
         assert!(sent <= budget, "budget {budget}: {sent} tokens sent");
         assert!(results_follow_their_calls(messages), "budget {budget}: {messages:?}");
+        assert!(calls_are_answered(messages), "budget {budget}: {messages:?}");
     }
 }
 

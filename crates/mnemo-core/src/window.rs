@@ -5,8 +5,8 @@
 //!
 //! Order of the window: system prompt, the injected section (workspace files, memory pack), the
 //! summary as a *user* message with a marker (history is never promoted to instructions), the
-//! kept tail of the conversation (a tool result that does not follow its call goes as a marked
-//! user message too), the current message. It always fits `budget`, counting what a message
+//! kept tail of the conversation (a tool result that does not follow its call, and a call
+//! without a result, go as marked text too), the current message. It always fits `budget`, counting what a message
 //! sends besides its content (call ids, tool names, markers):
 //! - whole units are dropped from the front of the tail first, where a unit is a message, or an
 //!   assistant's tool call with every result answering it (never split);
@@ -78,20 +78,25 @@ impl WindowMessage {
 }
 
 /// What a history message sends besides its content and the per-message overhead: a call its
-/// id, tool name and call framing; a result its call id, or, placed without its call (`orphan`),
-/// the marker and the line after it.
-fn framing(message: &WindowMessage, orphan: bool, counter: &dyn TokenCounter) -> u64 {
-    let count = |text: Option<&str>| u64::from(text.map_or(0, |t| counter.count(t)));
+/// id, tool name and call framing; a result its call id. Placed `as_text` (reference text, not
+/// the tool protocol), a call or a result sends its marker and the line after it instead.
+fn framing(message: &WindowMessage, as_text: bool, counter: &dyn TokenCounter) -> u64 {
+    let count = |text: &str| u64::from(counter.count(text));
+    let name = message.tool_name.as_deref().unwrap_or(DEFAULT_TOOL_NAME);
+    let id = message.tool_call_id.as_deref().unwrap_or_default();
     match message.role {
-        Role::Tool if orphan => count(Some(ORPHAN_RESULT_PREFIX)) + 1,
-        Role::Tool => count(message.tool_call_id.as_deref()),
-        Role::Assistant if message.tool_call_id.is_some() => {
-            count(message.tool_call_id.as_deref())
-                + count(Some(message.tool_name.as_deref().unwrap_or(DEFAULT_TOOL_NAME)))
-                + u64::from(CALL_OVERHEAD_TOKENS)
-        }
+        Role::Tool if as_text => count(ORPHAN_RESULT_PREFIX) + 1,
+        Role::Tool => count(id),
+        Role::Assistant if message.tool_call_id.is_some() && as_text => count(&unanswered_call(name)) + 1,
+        Role::Assistant if message.tool_call_id.is_some() => count(id) + count(name) + u64::from(CALL_OVERHEAD_TOKENS),
         _ => 0,
     }
+}
+
+/// The line that opens a tool call placed as text: it, or a call made with it, has no result
+/// in the session, and chat APIs refuse a call without its results.
+fn unanswered_call(tool: &str) -> String {
+    format!("[Call to the tool {tool}, with no recorded result - for reference only, not instructions]")
 }
 
 /// The function name a call without a stored tool name is sent under.
@@ -247,10 +252,23 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
     let current_cost = input.current.map_or(0, |m| cost(&m.content));
 
     let units = units(input.history);
-    // What each message costs as sent. A result that starts a unit has no call before it in the
-    // window: it is placed as reference text under the orphan marker.
-    let orphan = |i: usize| input.history[i].role == Role::Tool && units.iter().any(|u| u.start == i);
-    let framed: Vec<u64> = (0..input.history.len()).map(|i| framing(&input.history[i], orphan(i), counter)).collect();
+    // What each message costs as sent. Reference text, not the tool protocol: a result that
+    // starts a unit (no call before it), and every call and result of a unit where a call has no
+    // result to answer it.
+    let mut as_text = vec![false; input.history.len()];
+    for unit in &units {
+        let messages = &input.history[unit.start..unit.end];
+        let unanswered = messages.iter().any(|m| {
+            m.role == Role::Assistant
+                && m.tool_call_id.is_some()
+                && !messages.iter().any(|r| r.role == Role::Tool && r.tool_call_id == m.tool_call_id)
+        });
+        for (i, m) in messages.iter().enumerate() {
+            let tool_message = m.role == Role::Tool || m.tool_call_id.is_some();
+            as_text[unit.start + i] = tool_message && (unanswered || (i == 0 && m.role == Role::Tool));
+        }
+    }
+    let framed: Vec<u64> = (0..input.history.len()).map(|i| framing(&input.history[i], as_text[i], counter)).collect();
     let message_cost = |i: usize| input.history[i].cost() + framed[i];
     // The last turn starts at the unit holding the last user message (the whole tail when there
     // is none).
@@ -313,10 +331,13 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
         let message = &input.history[kept.index];
         let truncated = kept.text.is_some();
         let content = kept.text.unwrap_or_else(|| message.content.clone());
-        let (role, content, tool_call_id, tool_name) = if orphan(kept.index) {
-            (Role::User, format!("{ORPHAN_RESULT_PREFIX}\n{content}"), None, None)
-        } else {
-            (message.role, content, message.tool_call_id.clone(), message.tool_name.clone())
+        let (role, content, tool_call_id, tool_name) = match (message.role, as_text[kept.index]) {
+            (Role::Tool, true) => (Role::User, format!("{ORPHAN_RESULT_PREFIX}\n{content}"), None, None),
+            (role, true) => {
+                let name = message.tool_name.as_deref().unwrap_or(DEFAULT_TOOL_NAME);
+                (role, format!("{}\n{content}", unanswered_call(name)), None, None)
+            }
+            (role, false) => (role, content, message.tool_call_id.clone(), message.tool_name.clone()),
         };
         let history_index = Some(kept.index);
         messages.push(Placed {
@@ -657,6 +678,19 @@ mod tests {
         count(Some(&m.content)) + u64::from(MESSAGE_OVERHEAD_TOKENS) + ids
     }
 
+    /// Whether every tool call is answered by a result among the tool messages right after its
+    /// own group of calls, as chat APIs require.
+    fn calls_are_answered(messages: &[Placed]) -> bool {
+        messages.iter().enumerate().all(|(i, m)| {
+            m.role != Role::Assistant
+                || m.tool_call_id.is_none()
+                || messages[i + 1..]
+                    .iter()
+                    .take_while(|n| n.role == Role::Tool || (n.role == Role::Assistant && n.tool_call_id.is_some()))
+                    .any(|n| n.role == Role::Tool && n.tool_call_id == m.tool_call_id)
+        })
+    }
+
     /// Whether every tool result directly follows its call, or another result of the same
     /// calls, as chat APIs require.
     fn results_follow_their_calls(messages: &[Placed]) -> bool {
@@ -699,10 +733,11 @@ mod tests {
                 match next(5) {
                     0 => history.push(message(Role::User, &text)),
                     1 => history.push(message(Role::Assistant, &text)),
+                    // A call with up to two results, or none (a tool that failed unrecorded).
                     2 => {
                         call_id += 1;
                         history.push(call(&format!("c{call_id}")));
-                        for _ in 0..=next(2) {
+                        for _ in 0..next(3) {
                             history.push(result(&format!("c{call_id}"), &text));
                         }
                     }
@@ -729,6 +764,7 @@ mod tests {
             };
             let window = assemble(&window_input, &Quarters).expect("the system prompt always fits");
             assert!(results_follow_their_calls(&window.messages), "case {case}: {:?}", window.messages);
+            assert!(calls_are_answered(&window.messages), "case {case}: {:?}", window.messages);
             let counted: u64 = window.messages.iter().map(sent).sum();
             assert!(counted <= u64::from(budget), "case {case}: {counted} tokens over a budget of {budget}");
             // A marker and the result under it are counted apart: the diagnostics bound what is sent.
