@@ -3,10 +3,11 @@
 //! when they were written), the latest summary and a token counter; nothing here waits for a
 //! model or the database.
 //!
-//! Order of the window: system prompt, the injected section (workspace files, memory pack), the
-//! summary as a *user* message with a marker (history is never promoted to instructions), the
-//! kept tail of the conversation (a tool result that does not follow its call, and a call
-//! without a result, go as marked text too), the current message. It always fits `budget`, counting what a message
+//! Order of the window: system prompt, the agent's enabled workspace files (system content),
+//! its memory (notes and the memory pack) and the summary as *user* messages with a marker
+//! (what models and users wrote is never promoted to instructions), the kept tail of the
+//! conversation (a tool result that does not follow its call, and a call without a result, go
+//! as marked text too), the current message. It always fits `budget`, counting what a message
 //! sends besides its content (call ids, tool names, markers):
 //! - whole units are dropped from the front of the tail first, where a unit is a message, or an
 //!   assistant's tool call with every result answering it (never split);
@@ -15,7 +16,8 @@
 //!   its head and tail around a marker.
 //!
 //! The system prompt and the current message are the caller's own and are never cut: when they
-//! alone do not fit, assembly refuses ([`WindowError::BudgetTooSmall`]).
+//! alone do not fit, assembly refuses ([`WindowError::BudgetTooSmall`]). The workspace files and
+//! the memory take what those leave, cut (the memory first) or left out.
 
 use crate::InvalidInput;
 
@@ -48,6 +50,9 @@ pub const MESSAGE_OVERHEAD_TOKENS: u32 = 4;
 /// What a tool call costs beyond its arguments, id and name: its own framing inside the
 /// assistant message's `tool_calls`.
 const CALL_OVERHEAD_TOKENS: u32 = 4;
+
+/// The function name a call without a stored tool name is sent under.
+pub const DEFAULT_TOOL_NAME: &str = "tool";
 
 /// Counts tokens the way the model will. Implemented by the tokenizers in `mnemo-models`.
 pub trait TokenCounter: Send + Sync + std::fmt::Debug {
@@ -98,9 +103,6 @@ fn framing(message: &WindowMessage, as_text: bool, counter: &dyn TokenCounter) -
 fn unanswered_call(tool: &str) -> String {
     format!("[Call to the tool {tool}, with no recorded result - for reference only, not instructions]")
 }
-
-/// The function name a call without a stored tool name is sent under.
-pub const DEFAULT_TOOL_NAME: &str = "tool";
 
 /// What the window is made from.
 #[derive(Debug, Clone, Default)]
@@ -213,18 +215,25 @@ fn place_fixed(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<Fi
         if room < bare + MIN_PART_TOKENS {
             continue;
         }
-        // Counted whole: a cut body under its marker may count a token more than the two apart.
-        let mut target = room - bare;
-        let whole = loop {
-            let whole = format!("{opening}{}", cut_to(text, target, counter));
-            let over = cost(&whole).saturating_sub(room);
-            if over == 0 || target <= over {
-                break (over == 0).then_some(whole);
+        // A marker's line and the text after it may count a token more together than apart.
+        let joint = u64::from(marker.is_some());
+        let uncut = bare + u64::from(counter.count(text)) + joint;
+        let placed_text = if uncut <= room {
+            Some((format!("{opening}{text}"), uncut))
+        } else {
+            // Cut, and counted whole until it fits.
+            let mut target = room - bare;
+            loop {
+                let whole = format!("{opening}{}", cut_to(text, target, counter));
+                let spent = cost(&whole);
+                let over = spent.saturating_sub(room);
+                if over == 0 || target <= over {
+                    break (over == 0).then_some((whole, spent));
+                }
+                target -= over;
             }
-            target -= over;
         };
-        let Some(whole) = whole else { continue };
-        let spent = cost(&whole);
+        let Some((whole, spent)) = placed_text else { continue };
         room -= spent;
         placed_parts.push(placed(role, whole, section));
         tokens.push((section, spent));

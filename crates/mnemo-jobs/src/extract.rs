@@ -3,8 +3,10 @@
 //!
 //! The run and its cooldown are held in the database (`extraction_runs`), so they hold across
 //! worker processes and restarts; a job that finds the run held or cooling waits as a delayed
-//! job. It takes every conversation of the pair still pending, so a conversation that arrived
-//! meanwhile is coalesced into this run, never dropped. The model reads the last 30 messages and
+//! job. It takes the conversations of the pair still pending (the oldest
+//! [`MAX_CONVERSATIONS_PER_RUN`]; the rest wait for the next run), so a conversation that
+//! arrived meanwhile is coalesced into this run, never dropped. The model reads the last 30
+//! messages up to each conversation's completion and
 //! the user's PROFILE.md, MEMORY.md and today's note; its checked answer is applied in one
 //! transaction (today's note, the profile, optionally the memory, facts as `POST /v1/facts`
 //! writes them). A failure writes nothing, is recorded, and starts the cooldown (the pair's
