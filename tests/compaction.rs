@@ -347,6 +347,32 @@ async fn a_long_backlog_is_compacted_over_several_jobs_and_a_long_agent_turn_is_
     assert!(after["messages"][1]["tool_calls"].is_array(), "the window starts at a call, not a result");
 }
 
+/// Messages of more than half a chunk each take a model call each: a job still makes no more
+/// calls than its chunk limit.
+#[tokio::test]
+async fn a_job_makes_no_more_model_calls_than_its_chunk_limit() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    // About 260 tokens a message: two never share a 500-token chunk, seven fit in four chunks'
+    // worth of tokens.
+    let tokenizer = mnemo_models::Tokenizer::new(TokenizerName::O200kBase);
+    let mut long = String::from("about the trip:");
+    while mnemo_core::TokenCounter::count(&tokenizer, &long) < 260 {
+        long.push_str(" the early train to Lisbon");
+    }
+    for i in 0..10 {
+        say(&app, &t, &format!("u{i}"), "user", &format!("question {i} {long}")).await;
+        say(&app, &t, &format!("a{i}"), "assistant", &format!("answer {i} {long}")).await;
+    }
+    let small = settings([llm_env(&chat), vec![(vars::COMPACT_CHUNK_TOKENS, "500".to_owned())]].concat());
+    let compactor = compactor(&app, &small);
+    assert_eq!(compactor.policy.max_chunks, 4);
+    let report = compactor.run(&job("acme", "s1")).await.expect("job");
+    let CompactReport::Compacted { messages, .. } = report else { panic!("{report:?}") };
+    assert_eq!((chat.requests().len(), messages), (4, 4), "one call per message, four messages");
+}
+
 #[tokio::test]
 async fn a_failing_hanging_or_garbage_model_truncates_and_loses_nothing() {
     let chat = ScriptedChat::start().await;

@@ -174,21 +174,23 @@ async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_inject
     assert!(text.ends_with(&memory), "{text}");
     assert!(!text.contains("SOUL.md") && !text.contains("disabled") && !text.contains("long ago"), "{text}");
 
-    assert_eq!(prompt.body["memory"].as_str(), Some(memory.as_str()));
-    assert!(text.starts_with(prompt.body["files"].as_str().expect("files")));
+    // The agent's files, then the user's part: their profile and the memory sections.
+    assert_eq!(prompt.body["files"].as_str(), Some("--- AGENTS.md ---\nAnswer in French."));
+    let users = prompt.body["memory"].as_str().expect("memory").to_owned();
+    assert!(users.starts_with("--- PROFILE.md ---\n") && users.ends_with(&memory), "{users}");
 
     let body = json!({ "source_kind": "chat_message", "source_ref": "m1", "role": "user", "content": "hello" });
     assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
     let window = app.client.post("/v1/sessions/s1/context", Some(&t), &json!({ "system_prompt": "Be kind." })).await;
     let messages = window.body["messages"].as_array().expect("messages");
     assert_eq!(messages[0]["content"], "Be kind.");
-    // The files an operator enabled are instructions; the notes models and users wrote are
-    // reference, under a marker, never in a system message.
+    // The agent's files an operator set are instructions; the user's profile and notes, which
+    // models and users wrote, are reference, under a marker, never in a system message.
     assert_eq!(
         (messages[1]["role"].as_str(), messages[1]["content"].as_str()),
         (Some("system"), prompt.body["files"].as_str())
     );
-    let marked = format!("{}\n{memory}", mnemo_core::MEMORY_PREFIX);
+    let marked = format!("{}\n{users}", mnemo_core::MEMORY_PREFIX);
     assert_eq!((messages[2]["role"].as_str(), messages[2]["content"].as_str()), (Some("user"), Some(marked.as_str())));
     assert!(
         messages
@@ -204,13 +206,18 @@ async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_inject
     );
 
     // A long system prompt, and a workspace that would take half the budget on its own: the files
-    // and the notes shrink to what is left, and the call is answered.
+    // and the notes shrink to what is left (here, nothing), and the call is answered.
     assert!(prompt.body["tokens"].as_u64().is_some_and(|n| n > 50), "{:?}", prompt.body);
-    let body = json!({ "system_prompt": "Be kind. ".repeat(18), "current_message": "and?", "max_input_tokens": 100 });
-    let window = app.client.post("/v1/sessions/s1/context", Some(&t), &body).await;
-    assert_eq!(window.status, 200, "{:?}", window.body);
-    assert!(window.body["diagnostics"]["tokens"]["total"].as_u64().is_some_and(|n| n <= 100), "{:?}", window.body);
-    assert!(window.body["diagnostics"]["tokens"]["injected"].as_u64().is_some_and(|n| n > 0), "{:?}", window.body);
+    for (budget, workspace_placed) in [(100, false), (200, true)] {
+        let body =
+            json!({ "system_prompt": "Be kind. ".repeat(18), "current_message": "and?", "max_input_tokens": budget });
+        let window = app.client.post("/v1/sessions/s1/context", Some(&t), &body).await;
+        assert_eq!(window.status, 200, "{:?}", window.body);
+        let tokens = &window.body["diagnostics"]["tokens"];
+        assert!(tokens["total"].as_u64().is_some_and(|n| n <= budget), "{tokens}");
+        assert_eq!(tokens["injected"].as_u64().is_some_and(|n| n > 0), workspace_placed, "{tokens}");
+        assert_eq!(window.body["messages"][0]["content"], "Be kind. ".repeat(18));
+    }
 }
 
 /// Random tenants, agents and users write files; each then reads what its token reaches and

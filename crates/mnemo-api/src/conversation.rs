@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 use mnemo_core::{
-    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, MEMORY_PREFIX, MESSAGE_OVERHEAD_TOKENS, Placed, Principal,
-    RecallRequest, Role, ScopeError, Section, SessionId, TriggerSource, Window, WindowError, WindowInput,
-    WindowMessage, Workspace, assemble, history_room, tail_suffices,
+    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, MEMORY_PREFIX, MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS,
+    Placed, Principal, RecallRequest, Role, ScopeError, Section, SessionId, TriggerSource, Window, WindowError,
+    WindowInput, WindowMessage, Workspace, assemble, history_room, tail_suffices,
 };
 use mnemo_recall::{PackRequest, RecallOptions, build_pack};
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
@@ -128,6 +128,7 @@ pub async fn context(
         tool_name: None,
     });
     let budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
+    let asked_pack = asked.memory_pack.is_some();
     // What the caller's own system prompt and current message leave for the workspace and the
     // memory pack: they shrink to fit rather than refuse a call that fits without them.
     let own: u64 = [asked.system_prompt.as_deref(), current.as_ref().map(|m| m.content.as_str())]
@@ -135,7 +136,9 @@ pub async fn context(
         .flatten()
         .map(|text| u64::from(tokenizer.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
         .sum();
-    let left = u64::from(budget).saturating_sub(own);
+    // Less the two messages' framing and the memory's marker.
+    let framing = 2 * u64::from(MESSAGE_OVERHEAD_TOKENS) + u64::from(tokenizer.count(MEMORY_PREFIX)) + 1;
+    let left = u64::from(budget).saturating_sub(own + framing);
     // The token's agent workspace: its enabled files and its memory, within their share.
     let workspace = match Workspace::of(&principal) {
         Ok(workspace) => {
@@ -147,20 +150,19 @@ pub async fn context(
     let files = workspace.as_ref().map(|w| w.files.as_str());
     let notes = workspace.as_ref().map_or("", |w| w.memory.as_str());
     // The memory pack joins the notes: both are what the agent remembers, placed as reference
-    // before the conversation, in what the workspace leaves.
+    // before the conversation, in what the workspace leaves (none when too little is left).
+    let placed = [files.unwrap_or(""), notes].iter().map(|text| u64::from(tokenizer.count(text)) + 2).sum::<u64>();
+    let room = left.saturating_sub(placed);
     let pack = match asked.memory_pack {
-        Some(mut pack_request) => {
-            let placed = [files.unwrap_or(""), notes, MEMORY_PREFIX]
-                .iter()
-                .map(|text| u64::from(tokenizer.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
-                .sum::<u64>();
-            let room = u32::try_from(left.saturating_sub(placed)).unwrap_or(u32::MAX).max(1);
-            pack_request.max_budget_tokens = pack_request.max_budget_tokens.min(room);
+        Some(mut pack_request) if room >= MIN_PART_TOKENS => {
+            pack_request.max_budget_tokens =
+                pack_request.max_budget_tokens.min(u32::try_from(room).unwrap_or(u32::MAX));
             pack_request.soft_budget_tokens = pack_request.soft_budget_tokens.min(pack_request.max_budget_tokens);
             Some(build_pack(&state.recall, tokenizer, &principal, &pack_request, &RecallOptions::default()).await?)
         }
-        None => None,
+        _ => None,
     };
+    let pack_left_out = asked_pack && pack.is_none();
     let memory = [notes, pack.as_ref().map_or("", |p| p.rendered.as_str())]
         .into_iter()
         .filter(|text| !text.is_empty())
@@ -216,6 +218,8 @@ pub async fn context(
             "items": pack.items.iter().map(|p| json!({"id": p.id, "layer": p.layer.as_str()})).collect::<Vec<_>>(),
             "degraded": pack.degraded,
         });
+    } else if pack_left_out {
+        answer["diagnostics"]["memory_pack"] = json!({ "tokens": 0, "items": [], "left_out": "no_room" });
     }
     Ok(Json(answer))
 }
@@ -231,8 +235,8 @@ struct ContextBody {
     current_message: Option<String>,
     overflow: bool,
     wait_ms: u64,
-    /// A memory pack for `current_message` (or the pack's own `query`), placed with the
-    /// workspace files.
+    /// A memory pack for `current_message` (or the pack's own `query`), placed after the
+    /// workspace's notes, as reference.
     memory_pack: Option<PackRequest>,
 }
 

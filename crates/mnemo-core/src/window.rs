@@ -98,6 +98,31 @@ fn framing(message: &WindowMessage, as_text: bool, counter: &dyn TokenCounter) -
     }
 }
 
+/// Whether a unit can be sent as the chat APIs' tool protocol: one plain message, or groups of
+/// an assistant's calls (distinct ids) each followed at once by results that answer every call
+/// of its group and nothing else. Otherwise (a result without its call before it, a call never
+/// answered, a result after another group's calls) its calls and results go as text.
+fn follows_the_protocol(unit: &[WindowMessage]) -> bool {
+    let is_call = |m: &WindowMessage| m.role == Role::Assistant && m.tool_call_id.is_some();
+    let mut rest = unit;
+    while let Some(first) = rest.first() {
+        if !is_call(first) {
+            return first.role != Role::Tool && rest.len() == 1;
+        }
+        let calls = rest.iter().take_while(|m| is_call(m)).count();
+        let results = rest[calls..].iter().take_while(|m| m.role == Role::Tool).count();
+        let ids: Vec<Option<&str>> = rest[..calls].iter().map(|m| m.tool_call_id.as_deref()).collect();
+        let answers: Vec<Option<&str>> =
+            rest[calls..calls + results].iter().map(|m| m.tool_call_id.as_deref()).collect();
+        let distinct = ids.iter().enumerate().all(|(i, id)| !ids[..i].contains(id));
+        if !distinct || !ids.iter().all(|id| answers.contains(id)) || !answers.iter().all(|a| ids.contains(a)) {
+            return false;
+        }
+        rest = &rest[calls + results..];
+    }
+    true
+}
+
 /// The line that opens a tool call placed as text: it, or a call made with it, has no result
 /// in the session, and chat APIs refuse a call without its results.
 fn unanswered_call(tool: &str) -> String {
@@ -178,7 +203,7 @@ pub enum WindowError {
 }
 
 /// The fewest tokens of workspace files or memory worth placing.
-const MIN_PART_TOKENS: u64 = 16;
+pub const MIN_PART_TOKENS: u64 = 16;
 
 /// The marker a cut message carries where its middle was.
 fn cut_marker(removed_chars: usize) -> String {
@@ -261,20 +286,12 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
     let current_cost = input.current.map_or(0, |m| cost(&m.content));
 
     let units = units(input.history);
-    // What each message costs as sent. Reference text, not the tool protocol: a result that
-    // starts a unit (no call before it), and every call and result of a unit where a call has no
-    // result to answer it.
+    // What each message costs as sent. The calls and results of a unit that does not follow the
+    // chat protocol go as reference text instead.
     let mut as_text = vec![false; input.history.len()];
-    for unit in &units {
-        let messages = &input.history[unit.start..unit.end];
-        let unanswered = messages.iter().any(|m| {
-            m.role == Role::Assistant
-                && m.tool_call_id.is_some()
-                && !messages.iter().any(|r| r.role == Role::Tool && r.tool_call_id == m.tool_call_id)
-        });
-        for (i, m) in messages.iter().enumerate() {
-            let tool_message = m.role == Role::Tool || m.tool_call_id.is_some();
-            as_text[unit.start + i] = tool_message && (unanswered || (i == 0 && m.role == Role::Tool));
+    for unit in units.iter().filter(|u| !follows_the_protocol(&input.history[u.start..u.end])) {
+        for (flag, m) in as_text[unit.start..unit.end].iter_mut().zip(&input.history[unit.start..unit.end]) {
+            *flag = m.role == Role::Tool || m.tool_call_id.is_some();
         }
     }
     let framed: Vec<u64> = (0..input.history.len()).map(|i| framing(&input.history[i], as_text[i], counter)).collect();
@@ -744,7 +761,8 @@ mod tests {
                     1 => history.push(message(Role::Assistant, &text)),
                     // A call with up to two results, or none (a tool that failed unrecorded).
                     2 => {
-                        call_id += 1;
+                        // Now and then an id used before (some servers number calls per step).
+                        call_id += usize::from(call_id == 0 || next(4) != 0);
                         history.push(call(&format!("c{call_id}")));
                         for _ in 0..next(3) {
                             history.push(result(&format!("c{call_id}"), &text));
@@ -752,7 +770,9 @@ mod tests {
                     }
                     // A result whose call is not before it, or whose call other messages
                     // separate from it.
-                    3 if call_id > 0 && next(2) == 0 => history.push(result(&format!("c{call_id}"), &text)),
+                    3 if call_id > 0 && next(2) == 0 => {
+                        history.push(result(&format!("c{}", call_id - next(3).min(call_id as u64 - 1) as usize), &text))
+                    }
                     3 => history.push(result("orphan", &text)),
                     _ => history.push(message(Role::System, &text)),
                 }

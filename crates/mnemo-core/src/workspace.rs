@@ -23,6 +23,17 @@ pub const CORE_FILES: [(&str, i32); 4] = [("AGENTS.md", 0), ("SOUL.md", 1), ("PR
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WorkspacePath(String);
 
+/// Who the file at `path` belongs to. Case variants (`profile.md`, `Memory/…`) are a user's
+/// too, so they never become shared.
+fn owner_of(path: &str) -> FileOwner {
+    let lower = path.to_lowercase();
+    if lower == "profile.md" || lower == "memory.md" || lower.starts_with("memory/") {
+        FileOwner::User
+    } else {
+        FileOwner::Agent
+    }
+}
+
 /// Who a workspace file belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileOwner {
@@ -76,13 +87,7 @@ impl WorkspacePath {
     }
 
     pub fn owner(&self) -> FileOwner {
-        // Case variants (`profile.md`, `Memory/…`) are a user's too, so they never become shared.
-        let lower = self.0.to_lowercase();
-        if lower == "profile.md" || lower == "memory.md" || lower.starts_with("memory/") {
-            FileOwner::User
-        } else {
-            FileOwner::Agent
-        }
+        owner_of(&self.0)
     }
 
     /// The daily note of `day`: `memory/YYYY-MM-DD.md`.
@@ -230,13 +235,14 @@ pub struct MemoryNotes<'a> {
     pub recent: Vec<(NaiveDate, &'a str)>,
 }
 
-/// The workspace part of a prompt, in two parts a context window places apart: the files an
-/// operator enabled (instructions), and the memory that models and users wrote (reference).
+/// The workspace part of a prompt, in two parts a context window places apart: the agent's
+/// files an operator enabled (instructions), and what models and users wrote about the user
+/// (reference): their PROFILE.md, MEMORY.md and daily notes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkspacePrompt {
-    /// The enabled files as `--- NAME ---` blocks.
+    /// The agent's enabled files as `--- NAME ---` blocks.
     pub files: String,
-    /// `# Memory` with its sections, or empty.
+    /// The user's enabled PROFILE.md as a block, then `# Memory` with its sections; or empty.
     pub memory: String,
 }
 
@@ -251,17 +257,20 @@ impl WorkspacePrompt {
     }
 }
 
-/// The whole workspace part of a prompt within `budget` tokens: the enabled files as
-/// `--- NAME ---` blocks (`MEMORY.md` and daily notes excepted: they are the memory part),
-/// and `# Memory` with its sections. What does not fit is cut, the memory part first.
+/// The whole workspace part of a prompt within `budget` tokens: the agent's enabled files as
+/// `--- NAME ---` blocks, then the user's: PROFILE.md as a block, and `# Memory` with its
+/// sections (MEMORY.md, the daily notes). What does not fit is cut, the user's part first.
 pub fn render_prompt(
     files: &[PromptFile<'_>],
     memory: &MemoryNotes<'_>,
     budget: u64,
     counter: &dyn TokenCounter,
 ) -> WorkspacePrompt {
-    let files: Vec<PromptFile<'_>> =
-        files.iter().filter(|f| f.path != "MEMORY.md" && !f.path.starts_with("memory/")).cloned().collect();
+    let (agent, user): (Vec<PromptFile<'_>>, Vec<PromptFile<'_>>) =
+        files.iter().cloned().partition(|f| owner_of(f.path) == FileOwner::Agent);
+    // MEMORY.md and the daily notes are the `# Memory` sections, not blocks.
+    let profile: Vec<PromptFile<'_>> =
+        user.into_iter().filter(|f| f.path != "MEMORY.md" && !f.path.starts_with("memory/")).collect();
     let mut sections: Vec<String> = Vec::new();
     let mut part = |title: &str, text: &str| {
         if !text.trim().is_empty() {
@@ -277,14 +286,16 @@ pub fn render_prompt(
         .map(|(day, text)| format!("### {}\n{}", day.format("%Y-%m-%d"), text.trim()))
         .collect();
     part("## Recent Context", &recent.join("\n\n"));
-    let files = render_files(&files, budget, counter);
-    let used = u64::from(counter.count(&files));
-    let left = budget.saturating_sub(used + 2);
-    let memory = if sections.is_empty() || left < 16 {
+    let files = render_files(&agent, budget, counter);
+    let left = budget.saturating_sub(u64::from(counter.count(&files)) + 2);
+    let profile = render_files(&profile, left, counter);
+    let left = left.saturating_sub(u64::from(counter.count(&profile)) + 2);
+    let notes = if sections.is_empty() || left < 16 {
         String::new()
     } else {
         cut_to(&format!("# Memory\n\n{}", sections.join("\n\n")), left, counter)
     };
+    let memory = [profile, notes].into_iter().filter(|part| !part.is_empty()).collect::<Vec<_>>().join("\n\n");
     WorkspacePrompt { files, memory }
 }
 
@@ -398,8 +409,10 @@ mod tests {
     fn the_memory_part_follows_the_files_with_its_sections() {
         let files = [
             PromptFile { path: "AGENTS.md", content: "Be brief." },
+            PromptFile { path: "PROFILE.md", content: "Name: Ann" },
             PromptFile { path: "MEMORY.md", content: "Ann takes trains." },
             PromptFile { path: "memory/2026-04-01.md", content: "ignored as a file" },
+            PromptFile { path: "tools.md", content: "Use the map." },
         ];
         let day = |d| NaiveDate::from_ymd_opt(2026, 4, d).expect("date");
         let memory = MemoryNotes {
@@ -408,16 +421,17 @@ mod tests {
             recent: vec![(day(1), "- asked about trains"), (day(2), "  ")],
         };
         let prompt = render_prompt(&files, &memory, 1000, &Words);
-        assert_eq!(prompt.files, "--- AGENTS.md ---\nBe brief.");
-        assert!(prompt.memory.starts_with("# Memory\n\n## Long-term Memory"), "{}", prompt.memory);
+        // The agent's files are instructions; what was written about the user is reference.
+        assert_eq!(prompt.files, "--- AGENTS.md ---\nBe brief.\n\n--- tools.md ---\nUse the map.");
         assert_eq!(
-            prompt.joined(),
-            "--- AGENTS.md ---\nBe brief.\n\n# Memory\n\n## Long-term Memory\nAnn takes trains.\n\n\
+            prompt.memory,
+            "--- PROFILE.md ---\nName: Ann\n\n# Memory\n\n## Long-term Memory\nAnn takes trains.\n\n\
 ## Today's Notes\n- booked Lisbon\n\n## Recent Context\n### 2026-04-01\n- asked about trains"
         );
+        assert_eq!(prompt.joined(), format!("{}\n\n{}", prompt.files, prompt.memory));
         assert_eq!(
             render_prompt(&files, &MemoryNotes::default(), 1000, &Words).joined(),
-            "--- AGENTS.md ---\nBe brief."
+            "--- AGENTS.md ---\nBe brief.\n\n--- tools.md ---\nUse the map.\n\n--- PROFILE.md ---\nName: Ann"
         );
         assert!(Words.count(&render_prompt(&files, &memory, 20, &Words).joined()) <= 20);
     }

@@ -17,7 +17,7 @@ use mnemo_config::ContextSettings;
 use mnemo_core::{
     AgentId, CompactionOutcome, Keep, MemoryText, ModelFailure, NewMemory, SessionId, Summarizer, TenantId,
     TokenCounter, TranscriptLine, UserId, WindowMessage, compaction_cut, cut_to, summary_source_ref, transcript,
-    units_within,
+    units_of, units_within,
 };
 use mnemo_store::queue::CompactJob;
 use mnemo_store::{NewCompaction, SessionMessage, SessionState, Store, StoreError};
@@ -107,6 +107,18 @@ impl Compactor {
             .max(keep_at_most.map_or(0, |tokens| compaction_cut(&history, Keep::Tokens(tokens))));
         let per_job = self.policy.chunk_tokens.saturating_mul(self.policy.max_chunks);
         let cut = units_within(&history[..cut], per_job);
+        // Chunks are packed line by line, so those tokens may still take more calls than
+        // `max_chunks`: then only the whole units within the first `max_chunks` chunks (at least
+        // one unit) are this job's.
+        let chunks = self.chunks(&transcript(&history[..cut]));
+        let cut = match chunks.get(..usize::try_from(self.policy.max_chunks).unwrap_or(usize::MAX)) {
+            Some(first) if first.len() < chunks.len() => {
+                let lines: usize = first.iter().map(Vec::len).sum();
+                let ends = units_of(&history[..cut]).into_iter().map(|(_, end)| end);
+                ends.clone().filter(|&end| end <= lines).max().or(ends.min()).unwrap_or(cut)
+            }
+            _ => cut,
+        };
         Ok(CompactPlan { state, messages, history, cut })
     }
 

@@ -19,7 +19,7 @@ use crate::JobError;
 
 /// The most characters of notes one run shows the model (about 16,000 tokens). The notes past
 /// it, the newest, are left to the next run, which this run asks for; a single note longer than
-/// that is shown cut.
+/// that is shown its end (entries are appended: the newest are last).
 pub const MAX_NOTES_CHARS: usize = 64_000;
 
 /// Runs consolidate jobs.
@@ -112,7 +112,7 @@ impl ConsolidateRunner {
             self.store.read_file(&memory_key).await?.map_or((String::new(), None), |f| (f.content, Some(f.version)));
         let input = ConsolidationInput {
             memory,
-            notes: notes.iter().map(|n| (n.day, n.content.chars().take(MAX_NOTES_CHARS).collect())).collect(),
+            notes: notes.iter().map(|n| (n.day, newest_part(&n.content))).collect(),
             // Told to the model in characters, which it can count; checked in tokens.
             max_chars: usize::try_from(self.settings.max_memory_tokens * 4).unwrap_or(usize::MAX),
         };
@@ -184,6 +184,16 @@ impl ConsolidateRunner {
         }
         Ok(report)
     }
+}
+
+/// A note as a run shows it: whole, or its last [`MAX_NOTES_CHARS`] characters after a marker.
+fn newest_part(note: &str) -> String {
+    let total = note.chars().count();
+    if total <= MAX_NOTES_CHARS {
+        return note.to_owned();
+    }
+    let tail: String = note.chars().skip(total - MAX_NOTES_CHARS).collect();
+    format!("…[{} earlier characters of this note left out]…\n{tail}", total - MAX_NOTES_CHARS)
 }
 
 /// What a run reads: the model's input, the notes at the versions read (recorded as consolidated

@@ -26,8 +26,8 @@ use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Stor
 
 use crate::{JobError, backoff};
 
-/// The most messages read back from one conversation's completion (tool outputs among them:
-/// only user and assistant messages are kept).
+/// The most messages read back from one conversation's completion (tool traffic among them:
+/// only what the user and the assistant said is kept).
 const MAX_MESSAGES: i64 = 1_000;
 
 /// The most conversations one run takes: each keeps at least two of the transcript's messages.
@@ -248,7 +248,7 @@ impl ExtractRunner {
                 .await?;
             let mut part: Vec<(Role, String)> = rows
                 .into_iter()
-                .filter(|m| matches!(m.role, Role::User | Role::Assistant))
+                .filter(|m| matches!(m.role, Role::User | Role::Assistant) && m.tool_call_id.is_none())
                 .take(share)
                 .map(|m| (m.role, m.content))
                 .collect();

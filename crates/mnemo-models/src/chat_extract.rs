@@ -18,8 +18,9 @@ use crate::ModelError;
 /// The answer's bound without the files it may rewrite: a daily entry (at most 4,000
 /// characters) and 20 facts with their typed fields.
 const BASE_MAX_TOKENS: u32 = 2_500;
-/// The most any answer may hold: what most chat models write at once.
-const MAX_ANSWER_TOKENS: u32 = 16_000;
+/// The most any answer may hold: what every common chat model writes at once (some refuse a
+/// larger `max_tokens`).
+const MAX_ANSWER_TOKENS: u32 = 4_096;
 
 /// The answer's bound: the base, and room for the whole PROFILE.md and MEMORY.md the model may
 /// write back (a token for every 3 bytes they hold now, more than prose needs), so a long
@@ -189,7 +190,7 @@ mod tests {
             today: Default::default(),
         };
         assert_eq!(max_tokens(&input(0, 0)), BASE_MAX_TOKENS);
-        assert_eq!(max_tokens(&input(9_000, 3_000)), BASE_MAX_TOKENS + 4_000);
+        assert_eq!(max_tokens(&input(1_500, 600)), BASE_MAX_TOKENS + 700);
         assert_eq!(max_tokens(&input(256 * 1024, 256 * 1024)), MAX_ANSWER_TOKENS);
     }
 
