@@ -66,7 +66,8 @@ impl RetentionPolicy {
         policy.batch_size = whole("batch_size", 1..=MAX_BATCH_SIZE, defaults.batch_size);
         match fields.get("dry_run") {
             None => {}
-            Some(Value::Bool(dry_run)) => policy.dry_run = *dry_run,
+            // A tenant may ask for a dry run, never lift the deployment's.
+            Some(Value::Bool(dry_run)) => policy.dry_run = defaults.dry_run || *dry_run,
             Some(other) => warnings.push(format!(
                 "tenant {tenant:?}: memory_retention.dry_run is {other}, not true or false; using the default {}",
                 defaults.dry_run
@@ -139,6 +140,16 @@ mod tests {
             RetentionPolicy { soft_ttl_days: 7, superseded_ttl_days: 0, batch_size: 500, dry_run: true }
         );
         assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_tenant_cannot_lift_the_deployments_dry_run() {
+        let defaults = RetentionPolicy { dry_run: true, ..RetentionPolicy::default() };
+        let settings = json!({ "dry_run": false });
+        let (policy, _) = RetentionPolicy::for_tenant("acme", Some(&settings), defaults);
+        assert!(policy.dry_run);
+        let (policy, _) = RetentionPolicy::for_tenant("acme", Some(&settings), RetentionPolicy::default());
+        assert!(!policy.dry_run);
     }
 
     #[test]
