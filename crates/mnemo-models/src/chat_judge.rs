@@ -198,7 +198,8 @@ fn schema(candidates: usize) -> Value {
 }
 
 /// One verdict per candidate from the answer's text. Missing candidates are kept; a candidate
-/// given both decisions is kept; labels that name no candidate are ignored.
+/// given both decisions is kept; labels that name no candidate are ignored. An answer that
+/// decides nothing about any candidate is a failure (the judge fails open), not a verdict.
 pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, ModelFailure> {
     let decisions = match crate::openai::json_in(content) {
         Some(value) => decisions_in(&value),
@@ -223,6 +224,9 @@ pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, 
     }
     if !decisions.is_empty() && invented == decisions.len() {
         return Err(ModelFailure::new("invented_ids", format!("{invented} decisions name no candidate")));
+    }
+    if decisions.is_empty() {
+        return Err(ModelFailure::new("no_decisions", "the answer decides about no candidate"));
     }
     Ok(verdicts
         .into_iter()
@@ -254,14 +258,22 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
     }
 }
 
-/// Plain text: lines that name a label and a decision, like `f2: SUPERSEDE`.
+/// Plain text: lines that name a label and a decision, like `f2: SUPERSEDE`. A line is a
+/// supersede only when it says nothing else: with KEEP or a negation ("does not supersede")
+/// in it, it keeps.
 fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
+    const NEGATIONS: [&str; 9] = ["not", "no", "never", "nor", "cannot", "don", "doesn", "isn", "shouldn"];
     let pairs: Vec<_> = content
         .lines()
         .filter_map(|line| {
             let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
             let id = words.iter().find(|w| is_label(w))?;
-            let decision = words.iter().find_map(|w| verdict(w))?;
+            let said: Vec<Verdict> = words.iter().filter_map(|w| verdict(w)).collect();
+            let negated = words.iter().any(|w| NEGATIONS.contains(&w.to_ascii_lowercase().as_str()));
+            let decision = match said.first()? {
+                Verdict::Supersede if !negated && said.iter().all(|v| *v == Verdict::Supersede) => Verdict::Supersede,
+                _ => Verdict::Keep,
+            };
             Some(((*id).to_owned(), decision))
         })
         .collect();
@@ -304,7 +316,17 @@ mod tests {
         assert_eq!(parse_verdicts(single, 2), Ok(vec![Supersede, Keep]));
         assert_eq!(parse_verdicts(r#"{"f1": "SUPERSEDE"}"#, 1), Ok(vec![Supersede]));
         assert_eq!(parse_verdicts("f1: KEEP\nf2 - SUPERSEDE (moved)", 2), Ok(vec![Keep, Supersede]));
-        assert_eq!(parse_verdicts(r#"{"decisions": []}"#, 2), Ok(vec![Keep, Keep]));
+    }
+
+    #[test]
+    fn an_answer_deciding_nothing_fails_and_a_negated_supersede_keeps() {
+        for nothing in [r#"{"decisions": []}"#, r#"{"decisions": [{"id": "f1", "decision": "MAYBE"}]}"#, "[]"] {
+            assert_eq!(parse_verdicts(nothing, 2).unwrap_err().kind, "no_decisions", "{nothing}");
+        }
+        assert_eq!(parse_verdicts("f1: does not supersede it - KEEP", 1), Ok(vec![Keep]));
+        assert_eq!(parse_verdicts("f1: not superseded", 1), Ok(vec![Keep]));
+        assert_eq!(parse_verdicts("f1 doesn't SUPERSEDE", 1), Ok(vec![Keep]));
+        assert_eq!(parse_verdicts("f1: SUPERSEDE, it moved", 1), Ok(vec![Supersede]));
     }
 
     #[test]
