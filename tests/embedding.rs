@@ -32,6 +32,33 @@ async fn write_messages(server: &ServerProcess, n: usize, text: impl Fn(usize) -
     ids
 }
 
+/// Two jobs naming one row in one batch (a recovered orphan and its re-queued copy): the row is
+/// read and saved once, and the batch goes through.
+#[tokio::test]
+async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
+    let app = mnemo_testkit::TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let body = json!({ "source_kind": "chat_message", "source_ref": "m-1", "content": "the early train" });
+    let reply = app.client.post("/v1/memories", Some(&t), &body).await;
+    let id: Uuid = reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let store = app.db.store();
+    let row = mnemo_store::queue::EmbedRow {
+        tenant_id: mnemo_core::TenantId::parse("acme").expect("tenant"),
+        item_id: id,
+        content_sha256: String::new(),
+    };
+    let rows = store.rows_to_embed(&[row.clone(), row], MODEL, false).await.expect("read");
+    assert_eq!(rows.len(), 1);
+    let vector = |x: f32| mnemo_store::NewVector {
+        id,
+        tenant_id: rows[0].tenant_id.clone(),
+        content_sha256: rows[0].content_sha256.clone(),
+        embedding: vec![x; 384],
+    };
+    let saved = store.save_vectors(MODEL, vec![vector(0.1), vector(0.2)]).await.expect("saved");
+    assert_eq!(saved, [id]);
+}
+
 #[tokio::test]
 async fn five_hundred_rows_are_embedded_by_the_local_model() {
     let db = TestDb::new().await;

@@ -42,7 +42,8 @@ pub struct NewVector {
 const ROWS_TO_EMBED: &str = "
 SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, p.previous,
        (e.item_id IS NOT NULL) AS done
-FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
+-- Two jobs naming one row (a recovered orphan and its re-queued copy) read it once.
+FROM (SELECT DISTINCT id, tenant_id FROM unnest($1::uuid[], $2::text[]) AS u(id, tenant_id)) AS j
 JOIN memory_items m ON m.id = j.id AND m.tenant_id = j.tenant_id
 LEFT JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = $3 AND e.content_sha256 = m.content_sha256
 -- p's conditions hold the conversation index's predicate: finding the previous turn is one probe.
@@ -66,7 +67,9 @@ WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 /// statement's snapshot) already holds whatever another transaction counted.
 const SAVE_VECTORS: &str = "
 WITH v AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::vector[]) AS v(id, tenant_id, sha, embedding)
+    -- One vector a row: an upsert may not touch a row twice.
+    SELECT DISTINCT ON (id, tenant_id) *
+    FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::vector[]) AS v(id, tenant_id, sha, embedding)
 ), current AS (
     SELECT v.* FROM v JOIN memory_items m ON m.id = v.id AND m.tenant_id = v.tenant_id AND m.content_sha256 = v.sha
     WHERE m.anonymized_at IS NULL
