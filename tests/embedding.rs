@@ -59,6 +59,25 @@ async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
     assert_eq!(saved, [id]);
 }
 
+/// A job queued again after a failure is a new apalis row (its attempts start at 0): it carries
+/// the failures before it in its metadata, which the worker's backoff grows with.
+#[tokio::test]
+async fn a_job_queued_again_after_failures_carries_their_count() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let tenant_id = mnemo_core::TenantId::parse("acme").expect("tenant");
+    let job = mnemo_store::queue::JudgeJob { tenant_id, item_id: Uuid::now_v7() };
+    store.retry_failed(&job, Duration::from_secs(60), 3).await.expect("queued");
+    store.retry_after(&job, Duration::from_secs(60)).await.expect("queued");
+    let counts: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT metadata -> 'mnemo_failures' FROM apalis.jobs ORDER BY metadata -> 'mnemo_failures'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("jobs");
+    assert_eq!(counts, [Some("3".to_owned()), None]);
+}
+
 #[tokio::test]
 async fn five_hundred_rows_are_embedded_by_the_local_model() {
     let db = TestDb::new().await;

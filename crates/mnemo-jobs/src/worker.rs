@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use apalis::layers::WorkerBuilderExt;
 use apalis::layers::tracing::TraceLayer;
 use apalis::prelude::{
-    AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, ParallelizeExt, Task, WorkerBuilder,
+    AbortError, Attempt, BackendExt, BoxDynError, Data, MetadataStore, Monitor, ParallelizeExt, Task, WorkerBuilder,
 };
 use apalis_postgres::{Config, PostgresStorage};
 use mnemo_config::WorkerSettings;
 use mnemo_core::{Consolidator, Embedder, Extractor, Judge, Queue, Summarizer, TokenCounter};
 use mnemo_store::queue::{
     AccessJob, CompactJob, ConsolidateJob, EmbedJob, ExtractJob, JobArgs, JudgeJob, RetentionJob, TRACEPARENT,
+    failures_before,
 };
 use mnemo_store::{MIGRATOR, Store};
 use tracing::{Instrument, Span};
@@ -70,12 +71,13 @@ async fn handle_embed(
     dispatcher: Data<EmbedDispatcher>,
     store: Data<Store>,
     attempt: Attempt,
+    meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
     // Each row joins whichever batch is gathering; the job runs again (skipping the rows done)
     // if any of them could not be stored.
     let results = futures_util::future::join_all(job.rows().map(|row| dispatcher.submit(row))).await;
     let result = results.into_iter().collect::<Result<(), _>>();
-    finish(&store, &job, Next::after(result, attempt.current())).await
+    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
 }
 
 async fn handle_judge(
@@ -83,9 +85,10 @@ async fn handle_judge(
     dispatcher: Data<JudgeDispatcher>,
     store: Data<Store>,
     attempt: Attempt,
+    meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
     let result = dispatcher.submit(job.clone()).await;
-    finish(&store, &job, Next::after(result, attempt.current())).await
+    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
 }
 
 async fn handle_compact(
@@ -93,9 +96,10 @@ async fn handle_compact(
     compactor: Data<Compactor>,
     store: Data<Store>,
     attempt: Attempt,
+    meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
     let result = compactor.run(&job).await.map(|_| ());
-    finish(&store, &job, Next::after(result, attempt.current())).await
+    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
 }
 
 async fn handle_extract(
@@ -103,9 +107,10 @@ async fn handle_extract(
     runner: Data<ExtractRunner>,
     store: Data<Store>,
     attempt: Attempt,
+    meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
     let result = runner.run(&job).await.map(|_| ());
-    finish(&store, &job, Next::after(result, attempt.current())).await
+    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
 }
 
 async fn handle_consolidate(
@@ -113,14 +118,20 @@ async fn handle_consolidate(
     runner: Data<ConsolidateRunner>,
     store: Data<Store>,
     attempt: Attempt,
+    meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
     let result = runner.run(&job).await.map(|_| ());
-    finish(&store, &job, Next::after(result, attempt.current())).await
+    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
 }
 
-async fn handle_access(job: AccessJob, store: Data<Store>, attempt: Attempt) -> Result<(), BoxDynError> {
+async fn handle_access(
+    job: AccessJob,
+    store: Data<Store>,
+    attempt: Attempt,
+    meta: MetadataStore,
+) -> Result<(), BoxDynError> {
     let result = store.apply_access(&job).await.map(|_| ()).map_err(JobError::from);
-    finish(&store, &job, Next::after(result, attempt.current())).await
+    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
 }
 
 async fn handle_retention(
@@ -128,9 +139,10 @@ async fn handle_retention(
     runner: Data<RetentionRunner>,
     store: Data<Store>,
     attempt: Attempt,
+    meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
     let result = runner.run(&job).await.map_err(JobError::from);
-    finish(&store, &job, Next::after(result, attempt.current())).await
+    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
 }
 
 /// A job's span, continuing the trace of the span that queued the job (the `traceparent` in its
@@ -158,17 +170,23 @@ where
     tokio::spawn(job.in_current_span())
 }
 
-/// Carries out a handler's next step for its job.
-async fn finish<J: JobArgs>(store: &Store, job: &J, next: Next) -> Result<(), BoxDynError> {
+/// Carries out a handler's next step for its job, whose run this is the `failures`-th failure
+/// in a row if it failed (counting those before it was re-queued, so the backoff grows).
+async fn finish<J: JobArgs>(
+    store: &Store,
+    job: &J,
+    result: Result<(), JobError>,
+    failures: usize,
+) -> Result<(), BoxDynError> {
     let queue = J::QUEUE.as_str();
-    match next {
+    match Next::after(result, failures) {
         Next::Done => Ok(()),
         Next::RetryAfter(delay, cause) => {
             tracing::warn!(queue, error = %with_causes(&cause), delay_ms = delay.as_millis() as u64,
                 "job failed; it runs again later");
             metrics::counter!("mnemo_job_retries_total", "queue" => queue).increment(1);
             // When even the retry cannot be queued, the job fails and apalis runs it again at once.
-            store.retry_after(job, delay).await.map_err(Into::into)
+            store.retry_failed(job, delay, failures).await.map_err(Into::into)
         }
         Next::GiveUp(cause) => {
             tracing::error!(queue, error = %with_causes(&cause), "job cannot succeed; given up");

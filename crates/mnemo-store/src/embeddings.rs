@@ -201,7 +201,7 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(delay) = retry_after {
-            push_after(&mut tx, &EmbedJob::of(job), delay).await?;
+            push_after(&mut tx, &EmbedJob::of(job), delay, 0).await?;
         }
         tx.commit().await?;
         Ok(attempts.unwrap_or(0))

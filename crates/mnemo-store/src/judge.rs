@@ -296,7 +296,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         let job = JudgeJob { tenant_id: fact.tenant_id.clone(), item_id: fact.id };
-        push_after(&mut tx, &job, delay).await?;
+        push_after(&mut tx, &job, delay, 0).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -211,11 +211,23 @@ mod parsed {
 /// that trace.
 pub const TRACEPARENT: &str = "traceparent";
 
-/// A job's task, carrying the current trace.
-fn task<J: JobArgs>(job: &J) -> Result<TaskBuilder<Vec<u8>>, StoreError> {
+/// The key of a job's metadata that counts the times it failed before and was queued again: a
+/// re-queued job is a new row, whose apalis attempts start at 0, so its backoff grows by this.
+pub const FAILURES: &str = "mnemo_failures";
+
+/// How many times the job whose metadata this is failed before.
+pub fn failures_before(metadata: &MetadataStore) -> usize {
+    metadata.get(FAILURES).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// A job's task, carrying the current trace and the failures it follows.
+fn task<J: JobArgs>(job: &J, failures: usize) -> Result<TaskBuilder<Vec<u8>>, StoreError> {
     let mut metadata = MetadataStore::new();
     if let Some(traceparent) = mnemo_config::traceparent() {
         let _ = metadata.insert(TRACEPARENT, traceparent);
+    }
+    if failures > 0 {
+        let _ = metadata.insert(FAILURES, failures.to_string());
     }
     Ok(TaskBuilder::new(serde_json::to_vec(job)?).with_metadata(metadata))
 }
@@ -226,7 +238,7 @@ pub(crate) async fn push<J: JobArgs>(conn: &mut PgConnection, jobs: &[J]) -> Res
     if jobs.is_empty() {
         return Ok(());
     }
-    let tasks = jobs.iter().map(|job| Ok(task(job)?.build()));
+    let tasks = jobs.iter().map(|job| Ok(task(job, 0)?.build()));
     push_tasks(conn, J::QUEUE.as_str(), tasks.collect::<Result<_, StoreError>>()?).await?;
     Ok(())
 }
@@ -237,10 +249,11 @@ pub(crate) async fn push_after<J: JobArgs>(
     conn: &mut PgConnection,
     job: &J,
     delay: Duration,
+    failures: usize,
 ) -> Result<(), StoreError> {
     let due = (SystemTime::now() + delay).duration_since(UNIX_EPOCH).unwrap_or_default();
     let due_secs = due.as_secs() + u64::from(due.subsec_nanos() > 0);
-    let task = task(job)?.run_at_timestamp(due_secs).build();
+    let task = task(job, failures)?.run_at_timestamp(due_secs).build();
     push_tasks(conn, J::QUEUE.as_str(), vec![task]).await?;
     Ok(())
 }
@@ -251,7 +264,14 @@ impl crate::Store {
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn retry_after<J: JobArgs>(&self, job: &J, delay: Duration) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
-        push_after(&mut conn, job, delay).await
+        push_after(&mut conn, job, delay, 0).await
+    }
+
+    /// Queues `job` again after it failed for the `failures`-th time in a row, due after
+    /// `delay`; the next run knows how many failures it follows ([`failures_before`]).
+    pub async fn retry_failed<J: JobArgs>(&self, job: &J, delay: Duration, failures: usize) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        push_after(&mut conn, job, delay, failures).await
     }
 
     /// Makes every job of `J`'s queue that waits out a backoff due now, for when what failed
@@ -271,6 +291,14 @@ impl crate::Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_without_a_failure_count_follows_none() {
+        let mut metadata = MetadataStore::new();
+        assert_eq!(failures_before(&metadata), 0);
+        let _ = metadata.insert(FAILURES, "3");
+        assert_eq!(failures_before(&metadata), 3);
+    }
 
     #[test]
     fn embed_jobs_of_one_row_queued_before_still_decode() {
