@@ -424,6 +424,19 @@ async fn a_sweep_killed_mid_way_leaves_whole_rows_and_the_next_one_finishes() {
     assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize'").await, 4000);
 }
 
+/// Each tick schedules once, and a longer interval (smaller tick numbers) still schedules.
+#[tokio::test]
+async fn each_tick_schedules_once_whatever_the_interval_was_before() {
+    let f = Fixture::start().await;
+    retired_rows(&f).await;
+    let store = f.db().store();
+    let now = chrono::Utc::now().timestamp();
+    let (every_minute, every_hour) = (now / 60, now / 3600);
+    assert_eq!(store.schedule_retention(every_minute).await.expect("scheduled"), 1);
+    assert_eq!(store.schedule_retention(every_minute).await.expect("once"), 0);
+    assert_eq!(store.schedule_retention(every_hour).await.expect("after the interval grew"), 1);
+}
+
 #[tokio::test]
 async fn an_invalid_tenant_policy_falls_back_to_the_defaults_with_a_warning() {
     let f = Fixture::start().await;

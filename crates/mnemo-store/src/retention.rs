@@ -454,10 +454,12 @@ impl Store {
     }
 
     /// Schedules retention tick `tick`: one sweep row and one job per tenant holding retired rows,
-    /// unless the tick (or a later one) is scheduled already. Returns the tenants scheduled.
+    /// unless the tick is scheduled already. Returns the tenants scheduled. (Not "or a later
+    /// one": a longer `MNEMO_ANONYMIZE_INTERVAL_S` makes tick numbers smaller, and would stop
+    /// every sweep until the old rows were pruned.)
     pub async fn schedule_retention(&self, tick: i64) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let scheduled: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM retention_sweeps WHERE tick >= $1)")
+        let scheduled: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM retention_sweeps WHERE tick = $1)")
             .bind(tick)
             .fetch_one(&mut *tx)
             .await?;
