@@ -177,6 +177,7 @@ impl ApiError {
                 InvalidInput::Empty { .. }
                 | InvalidInput::TooLong { .. }
                 | InvalidInput::ControlChar { .. }
+                | InvalidInput::ReservedSuffix { .. }
                 | InvalidInput::OutOfRange { .. } => ("invalid_field", BAD_REQUEST),
             },
             Self::Scope(scope) => match scope {

@@ -18,6 +18,8 @@ pub enum InvalidInput {
     UnknownValue { field: &'static str, value: String, expected: &'static str },
     #[error("invalid workspace path: {reason}")]
     BadPath { reason: &'static str },
+    #[error("{field} must not end in {suffix:?}: mnemo keeps that ending for anonymized rows")]
+    ReservedSuffix { field: &'static str, suffix: &'static str },
 }
 
 impl InvalidInput {
@@ -29,7 +31,8 @@ impl InvalidInput {
             | Self::ControlChar { field }
             | Self::OutOfRange { field, .. }
             | Self::TooMany { field, .. }
-            | Self::UnknownValue { field, .. } => field,
+            | Self::UnknownValue { field, .. }
+            | Self::ReservedSuffix { field, .. } => field,
             Self::BadPath { .. } => "path",
         }
     }

@@ -4,6 +4,9 @@ use crate::{FactScope, InvalidInput, MemoryText};
 
 const MAX_SOURCE_REF_BYTES: usize = 512;
 
+/// The ending of an anonymized row's source_ref (retention's statements write it).
+pub const ANONYMIZED_SUFFIX: &str = "|anonymized";
+
 /// The caller's stable id for what a row was made from (a message id, a tool_call_id, a chunk
 /// id). With the tenant and the kind it is the row's unique key, so a retried write finds the
 /// row it already made.
@@ -24,6 +27,11 @@ impl SourceRef {
         }
         if raw.chars().any(char::is_control) {
             return Err(InvalidInput::ControlChar { field: FIELD });
+        }
+        // Anonymization frees a row's key by this suffix (and the row id before it when taken):
+        // a caller's ref holding it could collide with that and block the tenant's sweeps.
+        if raw.ends_with(ANONYMIZED_SUFFIX) {
+            return Err(InvalidInput::ReservedSuffix { field: FIELD, suffix: ANONYMIZED_SUFFIX });
         }
         Ok(Self(raw.to_owned()))
     }
