@@ -256,7 +256,7 @@ async fn a_batch_queues_one_embed_job_naming_the_rows_it_inserted() {
 /// and, atomic, writes nothing when one item cannot be written.
 #[tokio::test]
 async fn batches_answer_per_item_and_atomic_ones_all_or_nothing() {
-    let app = TestApp::spawn_with(&[("MNEMO_MAX_BATCH_ITEMS", "5")]).await;
+    let app = TestApp::spawn_with(&[("MNEMO_MAX_BATCH_ITEMS", "6")]).await;
     let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
     app.client.post("/v1/memories", Some(&token), &chat("taken", "first words")).await;
     let rows = || app.db.count("SELECT count(*) FROM memory_items");
@@ -268,12 +268,13 @@ async fn batches_answer_per_item_and_atomic_ones_all_or_nothing() {
         chat("taken", "other words"),
         chat("b-1", "one"),
         7,
+        { "source_kind": "chat_message", "source_ref": "b-3", "content": "x", "tenant_id": "globex" },
     ]);
     let reply = app.client.post("/v1/memories/batch", Some(&token), &json!({ "items": items })).await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     let results = reply.body["results"].as_array().expect("results");
     let codes: Vec<&str> = results.iter().map(|r| r["error"]["code"].as_str().unwrap_or("ok")).collect();
-    assert_eq!(codes, ["ok", "invalid_value", "source_ref_conflict", "ok", "invalid_field"]);
+    assert_eq!(codes, ["ok", "invalid_value", "source_ref_conflict", "ok", "invalid_field", "tenant_in_body"]);
     assert_eq!((results[0]["was_new"].clone(), results[3]["was_new"].clone()), (json!(true), json!(false)));
     assert_eq!(results[0]["id"], results[3]["id"], "an item repeated in one batch lands on one row");
     assert_eq!((reply.body["written"].clone(), rows().await), (json!(1), before + 1));
@@ -304,7 +305,7 @@ async fn batches_answer_per_item_and_atomic_ones_all_or_nothing() {
         .map(|r| r["error"]["code"].as_str().unwrap_or("ok"))
         .collect();
     assert_eq!(codes, ["ok", "invalid_value"]);
-    for body in [json!({ "items": [] }), json!({ "items": vec![chat("z", "z"); 6] }), json!({})] {
+    for body in [json!({ "items": [] }), json!({ "items": vec![chat("z", "z"); 7] }), json!({})] {
         let reply = app.client.post("/v1/memories/batch", Some(&token), &body).await;
         assert_eq!(reply.status, 400, "{body}: {:?}", reply.body);
     }

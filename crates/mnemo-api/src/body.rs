@@ -150,7 +150,8 @@ impl JsonObject {
         Ok(Self(map))
     }
 
-    /// A nested object, checked like a body.
+    /// A nested object (a batch's item, a pack's options): its tenant fields are refused when it
+    /// is finished, as a body's are.
     pub fn from_map(map: serde_json::Map<String, Value>) -> Self {
         Self(map)
     }
@@ -264,6 +265,9 @@ impl JsonObject {
 
     /// Refuses any field that was not taken.
     pub fn finish(self) -> Result<(), ApiError> {
+        if let Some(field) = TENANT_FIELDS.iter().find(|f| self.0.contains_key(**f)) {
+            return Err(ApiError::TenantInBody((*field).to_owned()));
+        }
         match self.0.into_iter().next() {
             Some((field, _)) => Err(ApiError::UnknownField(field.chars().take(64).collect())),
             None => Ok(()),
