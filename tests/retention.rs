@@ -467,6 +467,9 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     // Her name as the message's participant, which anonymization clears with the content.
     let named = json!({ "source_kind": "chat_message", "source_ref": "e1", "name": "Erin", "content": "my cat is called Zephyrine" });
     f.write(&erin, "/v1/memories", named).await;
+    // A system message naming her as its participant: the name goes too.
+    let system = json!({ "source_kind": "chat_message", "source_ref": "e0", "role": "system", "name": "Erin", "content": "a member joined" });
+    f.write(&erin, "/v1/memories", system).await;
     f.message(&erin, "e2", "Erin again: Zephyrine likes tuna").await;
     let payload = format!("Zephyrine vet records {}", "y".repeat(20_000));
     f.write(&erin, "/v1/memories", json!({ "source_kind": "tool_output", "source_ref": "e-call", "content": payload }))
@@ -478,13 +481,13 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     let before = checksum(f.db()).await;
 
     let dry = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--dry-run", "--json"]).await;
-    assert_eq!(dry["rows_by_kind"], json!({ "chat_message": 2, "fact": 2, "tool_output": 1 }));
-    assert_eq!((dry["tool_outputs"].as_u64(), dry["embeddings"].as_u64()), (Some(1), Some(5)));
+    assert_eq!(dry["rows_by_kind"], json!({ "chat_message": 3, "fact": 2, "tool_output": 1 }));
+    assert_eq!((dry["tool_outputs"].as_u64(), dry["embeddings"].as_u64()), (Some(1), Some(6)));
     assert_eq!(checksum(f.db()).await, before, "a dry run changes nothing");
 
     let erased = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
-    assert_eq!(erased["anonymized"].as_u64(), Some(5));
-    assert_eq!(erased["anonymized_by_kind"], json!({ "chat_message": 2, "fact": 2, "tool_output": 1 }));
+    assert_eq!(erased["anonymized"].as_u64(), Some(6));
+    assert_eq!(erased["anonymized_by_kind"], json!({ "chat_message": 3, "fact": 2, "tool_output": 1 }));
 
     let everywhere = |needle: &str| {
         format!(
@@ -516,7 +519,7 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     assert_eq!(erase_row.len(), 64);
     assert_eq!(
         f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize' AND reason = 'erasure'").await,
-        5
+        6
     );
 
     let again = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;

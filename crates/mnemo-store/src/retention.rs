@@ -142,8 +142,9 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
                 content_sha256 = sha256('[REDACTED]'::bytea),
                 session_id = NULL, user_id = NULL, agent_id = NULL,
                 metadata = '{{}}'::jsonb, tool_output_key = NULL, fact_key = NULL,
-                -- A user's or assistant's message names its participant; a tool's, its tool.
-                tool_name = CASE WHEN m.role IN ('user', 'assistant') THEN NULL ELSE m.tool_name END,
+                -- A tool's output names its tool, which is kept; any other message's name is its
+                -- participant's (a user, an assistant, a system message's sender).
+                tool_name = CASE WHEN m.role = 'tool' OR m.source_kind = 'tool_output' THEN m.tool_name END,
                 -- Tags and the fingerprint are made of the content.
                 tags = '{{}}', fingerprint = NULL,
                 embedded_model = NULL, embed_error = NULL,
