@@ -284,6 +284,31 @@ async fn a_server_that_refuses_json_schema_is_asked_for_json_object_from_then_on
     assert_eq!(f.row(lima).await.superseded_by, Some(quito));
 }
 
+/// One transient 5xx to the schema: the judge uses json_object for a while, then asks for the
+/// schema again.
+#[tokio::test]
+async fn after_a_transient_refusal_the_schema_is_tried_again() {
+    let f = Fixture::start().await;
+    let judge = OpenAiJudge::new(Some(&f.chat.base_url), "test-key", "scripted-judge", Duration::from_secs(5))
+        .expect("judge")
+        .with_format_probe(Duration::from_millis(500));
+    let judge: Option<Arc<dyn Judge>> = Some(Arc::new(judge));
+    let who = principal("acme", Some("u1"), None, None);
+    f.fact(&who, "I live in Tokyo").await;
+    f.settle(judge.clone()).await;
+    f.chat.then([ChatAnswer::Status(500)]);
+    f.fact(&who, "I live in Paris").await;
+    f.settle(judge.clone()).await;
+    f.fact(&who, "I live in Lima").await;
+    f.settle(judge.clone()).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    f.fact(&who, "I live in Quito").await;
+    f.settle(judge).await;
+    let formats: Vec<String> =
+        f.chat.requests().iter().map(|r| r["response_format"]["type"].as_str().unwrap_or("text").to_owned()).collect();
+    assert_eq!(formats, ["json_schema", "json_object", "json_object", "json_schema"]);
+}
+
 #[tokio::test]
 async fn a_fact_waits_for_the_older_facts_of_its_bucket_to_be_embedded() {
     let f = Fixture::start().await;

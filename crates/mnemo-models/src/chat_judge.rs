@@ -10,8 +10,8 @@
 //!   `{id: decision}` map, or one `f2: SUPERSEDE` per line). Labels the model invents are ignored;
 //!   an answer that names none of the real candidates is an error.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
@@ -38,14 +38,6 @@ enum Format {
 }
 
 impl Format {
-    fn from_level(level: u8) -> Self {
-        match level {
-            0 => Self::JsonSchema,
-            1 => Self::JsonObject,
-            _ => Self::PlainText,
-        }
-    }
-
     fn next(self) -> Option<Self> {
         match self {
             Self::JsonSchema => Some(Self::JsonObject),
@@ -55,12 +47,17 @@ impl Format {
     }
 }
 
+/// How long a looser format, accepted after a stricter one failed, is used before the stricter
+/// formats are tried again: a transient 5xx must not drop the schema for the life of the process.
+const FORMAT_PROBE: Duration = Duration::from_secs(600);
+
 #[derive(Debug)]
 pub struct OpenAiJudge {
     client: Client<OpenAIConfig>,
     model: String,
-    /// The most constrained format this server has accepted so far.
-    format: AtomicU8,
+    /// The most constrained format this server accepted last, and since when.
+    format: Mutex<(Format, Instant)>,
+    format_probe: Duration,
 }
 
 impl OpenAiJudge {
@@ -71,16 +68,26 @@ impl OpenAiJudge {
             // operator, visibly.
             client: crate::openai::client(base_url, api_key, timeout)?,
             model: model.to_owned(),
-            format: AtomicU8::new(Format::JsonSchema as u8),
+            format: Mutex::new((Format::JsonSchema, Instant::now())),
+            format_probe: FORMAT_PROBE,
         })
     }
 
+    /// The same judge, trying the stricter formats again after `probe` instead of ten minutes.
+    pub fn with_format_probe(self, probe: Duration) -> Self {
+        Self { format_probe: probe, ..self }
+    }
+
     async fn decide(&self, fact: &str, candidates: &[String]) -> Result<Vec<Verdict>, ModelFailure> {
-        let mut format = Format::from_level(self.format.load(Ordering::Relaxed));
+        let (remembered, since) = *self.format.lock().expect("the format lock");
+        let probing = remembered != Format::JsonSchema && since.elapsed() >= self.format_probe;
+        let mut format = if probing { Format::JsonSchema } else { remembered };
         loop {
             match self.ask(fact, candidates, format).await {
                 Ok(content) => {
-                    self.format.fetch_max(format as u8, Ordering::Relaxed);
+                    if format != remembered || probing {
+                        *self.format.lock().expect("the format lock") = (format, Instant::now());
+                    }
                     return parse_verdicts(&content, candidates.len());
                 }
                 Err(Refusal::Format(e)) => match format.next() {
