@@ -291,7 +291,7 @@ async fn after_a_transient_refusal_the_schema_is_tried_again() {
     let f = Fixture::start().await;
     let judge = OpenAiJudge::new(Some(&f.chat.base_url), "test-key", "scripted-judge", Duration::from_secs(5))
         .expect("judge")
-        .with_format_probe(Duration::from_millis(500));
+        .with_format_probe(Duration::from_secs(3));
     let judge: Option<Arc<dyn Judge>> = Some(Arc::new(judge));
     let who = principal("acme", Some("u1"), None, None);
     f.fact(&who, "I live in Tokyo").await;
@@ -301,7 +301,7 @@ async fn after_a_transient_refusal_the_schema_is_tried_again() {
     f.settle(judge.clone()).await;
     f.fact(&who, "I live in Lima").await;
     f.settle(judge.clone()).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(3100)).await;
     f.fact(&who, "I live in Quito").await;
     f.settle(judge).await;
     let formats: Vec<String> =

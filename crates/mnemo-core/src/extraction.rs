@@ -90,6 +90,9 @@ pub struct ExtractionInput {
     pub transcript: String,
     pub profile: String,
     pub memory: String,
+    /// Whether the model may write MEMORY.md back (`MNEMO_EXTRACT_UPDATE_MEMORY`); else it is
+    /// shown for context only.
+    pub memory_rewritable: bool,
     pub today_note: String,
     pub today: NaiveDate,
 }

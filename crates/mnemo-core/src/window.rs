@@ -123,10 +123,10 @@ fn follows_the_protocol(unit: &[WindowMessage]) -> bool {
     true
 }
 
-/// The line that opens a tool call placed as text: it, or a call made with it, has no result
-/// in the session, and chat APIs refuse a call without its results.
+/// The line that opens a tool call placed as text, because it or a call made with it is not
+/// answered right after them (chat APIs refuse that); its result, if any, follows as text too.
 fn unanswered_call(tool: &str) -> String {
-    format!("[Call to the tool {tool}, with no recorded result - for reference only, not instructions]")
+    format!("[Earlier call to the tool {tool} - for reference only, not instructions]")
 }
 
 /// What the window is made from.

@@ -70,6 +70,8 @@ pub struct CompactPlan {
     pub history: Vec<WindowMessage>,
     /// The first message kept verbatim: `messages[..cut]` are compacted.
     pub cut: usize,
+    /// Where the cut would be without one job's limits: past `cut`, the next job goes on.
+    pub wanted: usize,
 }
 
 /// Runs compact jobs.
@@ -103,8 +105,9 @@ impl Compactor {
         let state = self.store.session_state(tenant, session).await?;
         let messages = self.store.session_messages(tenant, session, state.through, MAX_MESSAGES).await?;
         let history: Vec<_> = messages.iter().map(|m| m.to_window(self.counter.as_ref())).collect();
-        let cut = compaction_cut(&history, self.policy.keep)
+        let wanted = compaction_cut(&history, self.policy.keep)
             .max(keep_at_most.map_or(0, |tokens| compaction_cut(&history, Keep::Tokens(tokens))));
+        let cut = wanted;
         let per_job = self.policy.chunk_tokens.saturating_mul(self.policy.max_chunks);
         let cut = units_within(&history[..cut], per_job);
         // Chunks are packed line by line, so those tokens may still take more calls than
@@ -119,12 +122,12 @@ impl Compactor {
             }
             _ => cut,
         };
-        Ok(CompactPlan { state, messages, history, cut })
+        Ok(CompactPlan { state, messages, history, cut, wanted })
     }
 
     pub async fn run(&self, job: &CompactJob) -> Result<CompactReport, JobError> {
         let (tenant, session) = (&job.tenant_id, &job.session_id);
-        let CompactPlan { state, messages: stored, history, cut } =
+        let CompactPlan { state, messages: stored, history, cut, wanted } =
             self.plan(tenant, session, job.keep_at_most).await?;
         let Some(last) = stored[..cut].last() else {
             self.store.clear_compaction_request(tenant, session).await?;
@@ -184,7 +187,7 @@ impl Compactor {
         };
         self.store.record_compaction(tenant, session, &record).await?;
         // A backlog longer than one job's share continues in the next job.
-        if cut < compaction_cut(&history, self.policy.keep) {
+        if cut < wanted {
             self.store.request_compaction(tenant, session, job.trigger, job.keep_at_most).await?;
         }
         metrics::counter!("mnemo_compactions_total", "outcome" => outcome.as_str()).increment(1);

@@ -277,6 +277,7 @@ impl ExtractRunner {
             transcript: extraction_transcript(&borrowed),
             profile,
             memory,
+            memory_rewritable: self.settings.update_memory,
             today_note: read(WorkspacePath::daily_note(today)).await?.0,
             today,
         };

@@ -18,15 +18,16 @@ use crate::ModelError;
 /// The answer's bound without the files it may rewrite: a daily entry (at most 4,000
 /// characters) and 20 facts with their typed fields.
 const BASE_MAX_TOKENS: u32 = 2_500;
-/// The most any answer may hold: what every common chat model writes at once (some refuse a
-/// larger `max_tokens`).
-const MAX_ANSWER_TOKENS: u32 = 4_096;
+/// The most any answer may hold (what current chat models write at once). Only an answer that
+/// rewrites long files asks for this much: a model that allows less could not write them anyway.
+const MAX_ANSWER_TOKENS: u32 = 16_000;
 
-/// The answer's bound: the base, and room for the whole PROFILE.md and MEMORY.md the model may
-/// write back (a token for every 3 bytes they hold now, more than prose needs), so a long
+/// The answer's bound: the base, and room for the whole PROFILE.md, and MEMORY.md when the model
+/// may write it back (a token for every 3 bytes they hold now, more than prose needs), so a long
 /// profile is not a truncated answer every time it changes.
 fn max_tokens(input: &ExtractionInput) -> u32 {
-    let rewritable = u32::try_from((input.profile.len() + input.memory.len()) / 3).unwrap_or(u32::MAX);
+    let memory = if input.memory_rewritable { input.memory.len() } else { 0 };
+    let rewritable = u32::try_from((input.profile.len() + memory) / 3).unwrap_or(u32::MAX);
     BASE_MAX_TOKENS.saturating_add(rewritable).min(MAX_ANSWER_TOKENS)
 }
 
@@ -109,8 +110,11 @@ At most 20 facts. Nothing worth keeping: should_update false and empty fields.";
 
 fn user_prompt(input: &ExtractionInput) -> String {
     let or_none = |text: &str| if text.trim().is_empty() { "(empty)".to_owned() } else { text.trim().to_owned() };
+    // A MEMORY.md the model may not write back is context only: no room is kept for it.
+    let memory_title =
+        if input.memory_rewritable { "MEMORY.md" } else { "MEMORY.md (read only: leave memory_update empty)" };
     format!(
-        "TODAY: {}\n\nPROFILE.md:\n{}\n\nMEMORY.md:\n{}\n\nTODAY'S NOTES:\n{}\n\nCONVERSATION:\n{}",
+        "TODAY: {}\n\nPROFILE.md:\n{}\n\n{memory_title}:\n{}\n\nTODAY'S NOTES:\n{}\n\nCONVERSATION:\n{}",
         input.today.format("%Y-%m-%d"),
         or_none(&input.profile),
         or_none(&input.memory),
@@ -186,11 +190,14 @@ mod tests {
             transcript: String::new(),
             profile: "p".repeat(profile),
             memory: "m".repeat(memory),
+            memory_rewritable: true,
             today_note: String::new(),
             today: Default::default(),
         };
         assert_eq!(max_tokens(&input(0, 0)), BASE_MAX_TOKENS);
-        assert_eq!(max_tokens(&input(1_500, 600)), BASE_MAX_TOKENS + 700);
+        assert_eq!(max_tokens(&input(9_000, 3_000)), BASE_MAX_TOKENS + 4_000);
+        let read_only = ExtractionInput { memory_rewritable: false, ..input(9_000, 3_000) };
+        assert_eq!(max_tokens(&read_only), BASE_MAX_TOKENS + 3_000);
         assert_eq!(max_tokens(&input(256 * 1024, 256 * 1024)), MAX_ANSWER_TOKENS);
     }
 

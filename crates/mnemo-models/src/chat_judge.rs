@@ -97,6 +97,12 @@ impl OpenAiJudge {
                     }
                     None => return Err(e),
                 },
+                // A probe of the schema that fails otherwise (a timeout, a truncated answer)
+                // goes back to the format that worked, for another probe period.
+                Err(Refusal::Other(_)) if probing && format == Format::JsonSchema => {
+                    *self.format.lock().expect("the format lock") = (remembered, Instant::now());
+                    format = remembered;
+                }
                 Err(Refusal::Other(e)) => return Err(e),
             }
         }
@@ -265,25 +271,30 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
     }
 }
 
-/// Plain text: lines that name a label and a decision, like `f2: SUPERSEDE`. A line is a
-/// supersede only when it says nothing else: with KEEP or a negation ("does not supersede")
-/// in it, it keeps.
+/// Plain text: each label with the decision after it, up to the next label, like
+/// `f2: SUPERSEDE` or `f1 KEEP, f2 SUPERSEDE`. A supersede right after a negation ("does not
+/// supersede", "not superseded") keeps, and so does a label given both decisions.
 fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
-    const NEGATIONS: [&str; 9] = ["not", "no", "never", "nor", "cannot", "don", "doesn", "isn", "shouldn"];
-    let pairs: Vec<_> = content
-        .lines()
-        .filter_map(|line| {
-            let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
-            let id = words.iter().find(|w| is_label(w))?;
-            let said: Vec<Verdict> = words.iter().filter_map(|w| verdict(w)).collect();
-            let negated = words.iter().any(|w| NEGATIONS.contains(&w.to_ascii_lowercase().as_str()));
-            let decision = match said.first()? {
-                Verdict::Supersede if !negated && said.iter().all(|v| *v == Verdict::Supersede) => Verdict::Supersede,
+    const NEGATIONS: [&str; 8] = ["not", "no", "never", "cannot", "don", "doesn", "isn", "shouldn"];
+    let mut pairs = Vec::new();
+    for line in content.lines() {
+        let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+        let labels: Vec<usize> = (0..words.len()).filter(|&i| is_label(words[i])).collect();
+        for (n, &at) in labels.iter().enumerate() {
+            let segment = &words[at + 1..labels.get(n + 1).copied().unwrap_or(words.len())];
+            let said: Vec<(usize, Verdict)> =
+                segment.iter().enumerate().filter_map(|(i, w)| Some((i, verdict(w)?))).collect();
+            let negated = |i: usize| {
+                segment[i.saturating_sub(2)..i].iter().any(|w| NEGATIONS.contains(&w.to_ascii_lowercase().as_str()))
+            };
+            let decision = match said.as_slice() {
+                [] => continue,
+                all if all.iter().all(|&(i, v)| v == Verdict::Supersede && !negated(i)) => Verdict::Supersede,
                 _ => Verdict::Keep,
             };
-            Some(((*id).to_owned(), decision))
-        })
-        .collect();
+            pairs.push((words[at].to_owned(), decision));
+        }
+    }
     (!pairs.is_empty()).then_some(pairs)
 }
 
@@ -334,6 +345,9 @@ mod tests {
         assert_eq!(parse_verdicts("f1: not superseded", 1), Ok(vec![Keep]));
         assert_eq!(parse_verdicts("f1 doesn't SUPERSEDE", 1), Ok(vec![Keep]));
         assert_eq!(parse_verdicts("f1: SUPERSEDE, it moved", 1), Ok(vec![Supersede]));
+        // A negation elsewhere on the line is the model's reason, not its decision.
+        assert_eq!(parse_verdicts("f1: SUPERSEDE - no longer true", 1), Ok(vec![Supersede]));
+        assert_eq!(parse_verdicts("f1 SUPERSEDE, f2 KEEP", 2), Ok(vec![Supersede, Keep]));
     }
 
     #[test]
