@@ -309,6 +309,31 @@ async fn after_a_transient_refusal_the_schema_is_tried_again() {
     assert_eq!(formats, ["json_schema", "json_object", "json_object", "json_schema"]);
 }
 
+/// A probe of the schema that fails otherwise (here a truncated answer) falls back to the format
+/// that worked, and the judgement goes through.
+#[tokio::test]
+async fn a_probe_that_fails_falls_back_to_the_format_that_worked() {
+    let f = Fixture::start().await;
+    let judge = OpenAiJudge::new(Some(&f.chat.base_url), "test-key", "scripted-judge", Duration::from_secs(5))
+        .expect("judge")
+        .with_format_probe(Duration::from_secs(1));
+    let judge: Option<Arc<dyn Judge>> = Some(Arc::new(judge));
+    let who = principal("acme", Some("u1"), None, None);
+    f.fact(&who, "I live in Tokyo").await;
+    f.settle(judge.clone()).await;
+    f.chat.then([ChatAnswer::Status(500)]);
+    let paris = f.fact(&who, "I live in Paris").await;
+    f.settle(judge.clone()).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    f.chat.then([ChatAnswer::Runaway]);
+    let lima = f.fact(&who, "I live in Lima").await;
+    f.settle(judge).await;
+    assert_eq!(f.row(paris).await.superseded_by, Some(lima));
+    let formats: Vec<String> =
+        f.chat.requests().iter().map(|r| r["response_format"]["type"].as_str().unwrap_or("text").to_owned()).collect();
+    assert_eq!(formats, ["json_schema", "json_object", "json_schema", "json_object"]);
+}
+
 #[tokio::test]
 async fn a_fact_waits_for_the_older_facts_of_its_bucket_to_be_embedded() {
     let f = Fixture::start().await;
