@@ -130,15 +130,17 @@ pub async fn context(
     let budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
     let asked_pack = asked.memory_pack.is_some();
     // What the caller's own system prompt and current message leave for the workspace and the
-    // memory pack: they shrink to fit rather than refuse a call that fits without them.
-    let own: u64 = [asked.system_prompt.as_deref(), current.as_ref().map(|m| m.content.as_str())]
-        .into_iter()
-        .flatten()
-        .map(|text| u64::from(tokenizer.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS))
-        .sum();
+    // memory pack (counted as the window counts them; nothing when they do not fit, which
+    // assembly refuses): they shrink to fit rather than refuse a call that fits without them.
+    let own = WindowInput {
+        system_prompt: asked.system_prompt.as_deref(),
+        current: current.as_ref(),
+        budget,
+        ..Default::default()
+    };
     // Less the two messages' framing and the memory's marker.
     let framing = 2 * u64::from(MESSAGE_OVERHEAD_TOKENS) + u64::from(tokenizer.count(MEMORY_PREFIX)) + 1;
-    let left = u64::from(budget).saturating_sub(own + framing);
+    let left = history_room(&own, tokenizer).unwrap_or(0).saturating_sub(framing);
     // The token's agent workspace: its enabled files and its memory, within their share.
     let workspace = match Workspace::of(&principal) {
         Ok(workspace) => {
