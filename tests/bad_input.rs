@@ -3,7 +3,7 @@
 
 use mnemo_api::auth::{Claims, claims_for, sign_claims};
 use mnemo_testkit::{TEST_JWT_SECRET, TestApp, principal, token};
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
@@ -454,4 +454,32 @@ async fn a_tenant_over_its_rate_gets_429_with_retry_after_and_others_do_not() {
     assert_eq!(get("globex").await.expect("request").status(), 200, "another tenant is not held back");
     tokio::time::sleep(std::time::Duration::from_secs(retry_after)).await;
     assert_eq!(get("acme").await.expect("request").status(), 200, "the bucket refills");
+}
+
+#[tokio::test]
+async fn an_mcp_tool_call_costs_one_request_of_the_rate_limit() {
+    let app = TestApp::spawn_with(&[("MNEMO_RATE_LIMIT_PER_TENANT", "0.5"), ("MNEMO_RATE_LIMIT_BURST", "3")]).await;
+    let http = reqwest::Client::new();
+    let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let mut answers = Vec::new();
+    for id in 1..=3 {
+        let call = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": { "name": "list_files", "arguments": {} } });
+        let reply = http
+            .post(format!("{}/mcp", app.client.base))
+            .bearer_auth(&token)
+            .header("accept", "application/json, text/event-stream")
+            .json(&call)
+            .send()
+            .await
+            .expect("request");
+        let status = reply.status().as_u16();
+        let body: Value = reply.json().await.expect("json");
+        answers.push((status, body["result"]["isError"].clone(), body["result"]["structuredContent"].clone()));
+    }
+    // Before, the call to the endpoint inside took a second token: the second call was refused.
+    for (status, is_error, content) in &answers {
+        assert_eq!((*status, is_error), (200, &json!(false)), "{answers:?}");
+        assert!(content["files"].is_array(), "{answers:?}");
+    }
 }

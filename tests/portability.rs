@@ -133,6 +133,14 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
         assert!(line.contains(" 0 written"), "a second import wrote: {line}");
     }
 
+    // The copy's retirements have their audit rows, written once: its chains check as sound.
+    let audited = "SELECT count(*) FROM audit_log WHERE actor = 'import' AND reason = 'imported'";
+    assert_eq!(target.count(audited).await, 2, "one supersede and one anonymization");
+    let check = runbook(&target.url, &["judge", "check", "--tenant", "acme", "--json"], None).await;
+    assert!(check.ok, "{}{}", check.stdout, check.stderr);
+    let check: serde_json::Value = serde_json::from_str(&check.stdout).expect("json");
+    assert_eq!((check["superseded"].as_i64(), check["unaudited"].as_i64()), (Some(1), Some(0)), "{check}");
+
     let second = temp("second.jsonl.gz");
     let run = runbook(&target.url, &["export", "--tenant", "acme", "--with-vectors"], Some(&second)).await;
     assert!(run.ok, "{}", run.stderr);
@@ -373,4 +381,58 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
         .expect("count");
     assert_eq!(beta, 3);
     let _ = std::fs::remove_file(&good);
+}
+
+#[tokio::test]
+async fn a_memory_whose_source_ref_another_row_holds_is_refused() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let body = json!({ "source_kind": "chat_message", "source_ref": "m0", "content": "message 0" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+    let good = temp("clash.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&good)).await.ok);
+    let target = TestDb::new().await;
+    assert!(runbook(&target.url, &["import", "--tenant", "acme", good.to_str().expect("path")], None).await.ok);
+
+    // The same message under another id (written to each copy on its own, say): the insert would
+    // have skipped it as if it were there already.
+    let mut lines = lines_of(&good);
+    let item = lines.iter().position(|l| l.contains("\"table\":\"memory_items\"")).expect("an item line");
+    let id = serde_json::from_str::<serde_json::Value>(&lines[item]).expect("json")["row"]["id"].clone();
+    let other = Uuid::now_v7();
+    lines[item] = lines[item].replace(id.as_str().expect("id"), &other.to_string());
+    let clash = temp("clash2.jsonl.gz");
+    write_gz(&clash, &lines);
+    let run = runbook(&target.url, &["import", "--tenant", "acme", clash.to_str().expect("path")], None).await;
+    assert!(!run.ok, "imported: {}", run.stdout);
+    let expected = format!(
+        "line {}: its memory's source_ref is held by another row of the tenant ({})",
+        item + 1,
+        id.as_str().expect("id")
+    );
+    assert!(run.stderr.contains(&expected), "{}", run.stderr);
+    assert_eq!(target.count("SELECT count(*) FROM memory_items").await, 1);
+    for path in [good, clash] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+#[tokio::test]
+async fn an_export_reads_every_table_from_one_snapshot() {
+    use futures_util::StreamExt;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let tenant = TenantId::parse("acme").expect("tenant");
+    let store = app.db.store();
+    let mut export = store.begin_export().await.expect("an export");
+    let items: Vec<_> = export.rows(&tenant, ("memory_items", "changed_at"), None).collect().await;
+    assert!(items.is_empty(), "{items:?}");
+
+    // A long tool output written while the export is under way: its item was not exported, so
+    // its payload must not be either (an import would refuse the payload as dangling).
+    let long = json!({ "source_kind": "tool_output", "source_ref": "call-1", "content": "y".repeat(20_000) });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &long).await.status, 201);
+    assert_eq!(app.db.count("SELECT count(*) FROM tool_outputs").await, 1);
+    let payloads: Vec<_> = export.rows(&tenant, ("tool_outputs", "created_at"), None).collect().await;
+    assert!(payloads.is_empty(), "a payload from after the snapshot: {} rows", payloads.len());
 }

@@ -62,6 +62,24 @@ async fn different_content_under_the_same_source_ref_is_a_conflict() {
 }
 
 #[tokio::test]
+async fn the_same_message_under_a_ref_another_session_holds_is_a_conflict() {
+    let app = TestApp::spawn().await;
+    let first = token(&principal("acme", Some("u1"), None, Some("s1")));
+    let other = token(&principal("acme", Some("u2"), None, Some("s2")));
+    assert_eq!(app.client.post("/v1/memories", Some(&first), &chat("m-1", "same words")).await.status, 201);
+
+    // Landing on the first session's row would lose this write from its own session.
+    let reply = app.client.post("/v1/memories", Some(&other), &chat("m-1", "same words")).await;
+    assert_eq!((reply.status, reply.code()), (409, "source_ref_conflict"), "{:?}", reply.body);
+    assert!(reply.body.get("id").is_none(), "the other session's row id is not told");
+    // A retry from the row's own session still finds it.
+    assert_eq!(app.client.post("/v1/memories", Some(&first), &chat("m-1", "same words")).await.status, 200);
+    let sessions: Vec<String> =
+        sqlx::query_scalar("SELECT session_id FROM memory_items").fetch_all(&app.db.pool).await.expect("rows");
+    assert_eq!(sessions, ["s1"]);
+}
+
+#[tokio::test]
 async fn each_kind_lands_in_its_scope_with_the_token_identities() {
     let app = TestApp::spawn().await;
     let bound = token(&principal("acme", Some("u1"), Some("a1"), Some("s-token")));

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import tempfile
 
 import httpx2
 from mcp import ClientSession, StdioServerParameters
@@ -88,6 +89,8 @@ async def schemas(s):
         check(len(tool.description or "") >= 40, f"{name}: no description an agent can act on")
     check(listed["recall"].annotations.read_only_hint is True, "recall is read-only")
     check(listed["forget"].annotations.destructive_hint is True, "forget is destructive")
+    check(listed["edit_file"].annotations.destructive_hint is True, "edit_file replaces text")
+    check(listed["write_file"].annotations.idempotent_hint is False, "each write_file is a new version")
     scope = listed["recall"].input_schema["properties"]["scope"]["enum"]
     check(scope == ["session", "tenant", "user", "agent", "any"], f"recall scopes {scope}")
 
@@ -209,12 +212,29 @@ async def bad_token(transport):
             await refused(s, "recall", {"query": "anything"}, "invalid_token")
 
 
+async def unreachable():
+    """mnemo-mcp whose API is down: a tool error the agent sees, and no path in its log."""
+    env = {"MNEMO_URL": "http://127.0.0.1:9", "MNEMO_TOKEN": os.environ["TOKEN_A"], "MNEMO_LOG": "info"}
+    params = StdioServerParameters(command=os.environ["MNEMO_MCP_BIN"], args=[], env=env)
+    with tempfile.TemporaryFile(mode="w+") as log:
+        async with stdio_client(params, errlog=log) as (read, write, *_):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                await refused(s, "read_file", {"path": "memory/secret-plan.md"}, "unavailable")
+        log.seek(0)
+        text = log.read()
+    check("could not reach the API" in text, f"the failure is logged: {text}")
+    check("secret-plan" not in text, f"the call's path stays out of the log: {text}")
+
+
 async def main():
     for transport in ("http", "stdio"):
         a = await every_tool(transport)
         await isolation(transport, a)
         await bad_token(transport)
         print(f"{transport}: every tool, bad arguments, isolation and a bad token checked", flush=True)
+    await unreachable()
+    print("stdio: an unreachable API checked", flush=True)
 
 
 if __name__ == "__main__":

@@ -135,6 +135,11 @@ pub fn sign_claims(secret: &[u8], claims: &Claims) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Marks a request made inside mnemo for one the rate limit already counted. Only code can set
+/// an extension: no header or body sets it.
+#[derive(Debug, Clone, Copy)]
+pub struct Charged;
+
 /// An authenticated caller, extracted from `Authorization: Bearer …`.
 #[derive(Debug, Clone)]
 pub struct Authenticated(pub Principal);
@@ -152,7 +157,9 @@ impl FromRequestParts<AppState> for Authenticated {
             .filter(|t| !t.is_empty())
             .ok_or(ApiError::MissingToken)?;
         let principal = state.auth.verify(token)?;
-        if let Some(limiter) = &state.rate_limit {
+        // An MCP tool call's request to its endpoint was charged as the `/mcp` request it is.
+        let charged = parts.extensions.get::<Charged>().is_some();
+        if let Some(limiter) = state.rate_limit.as_ref().filter(|_| !charged) {
             limiter.check(&principal.tenant).map_err(ApiError::RateLimited)?;
         }
         Ok(Self(principal))

@@ -7,7 +7,6 @@
 //! API's router in process), and stdio in the `mnemo-mcp` binary (which forwards each call to a
 //! running server with a token from its environment).
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -167,7 +166,8 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: true,
         query: &[],
-        idempotent: true,
+        // Each call is one more version of the file.
+        idempotent: false,
         schema: write_file_schema,
     },
     ToolSpec {
@@ -177,7 +177,8 @@ static TOOLS: &[ToolSpec] = &[
         method: Method::POST,
         path: "/v1/workspace/files/{path}/edit",
         read_only: false,
-        destructive: false,
+        // It replaces text, as write_file does (both keep the old versions).
+        destructive: true,
         query: &[],
         idempotent: false,
         schema: edit_file_schema,
@@ -315,7 +316,9 @@ fn tool_result(answer: ApiAnswer) -> CallToolResult {
         return result;
     }
     // Anything but the API's error body (another service at MNEMO_URL, say) is an error too.
-    let body = if answer.body.get("error").is_some() {
+    let error = answer.body.get("error");
+    let is_ours = error.is_some_and(|e| e["code"].is_string() && e["message"].is_string());
+    let body = if is_ours {
         answer.body
     } else {
         json!({ "error": { "code": "internal", "message": format!("not an answer of mnemo's API (HTTP {})", answer.status) } })
@@ -328,6 +331,10 @@ fn tool_result(answer: ApiAnswer) -> CallToolResult {
 fn refused(error: &ApiError) -> CallToolResult {
     tool_result(ApiAnswer { status: error.status().as_u16(), body: error.body() })
 }
+
+/// The tool error's code when the API could not be reached (`mnemo-mcp` and a server that is
+/// down or too slow); every other code is the API's own.
+pub const UNAVAILABLE: &str = "unavailable";
 
 /// Sends an [`ApiCall`] to mnemo's API on behalf of the MCP client.
 pub trait Forward: Clone + Send + Sync + 'static {
@@ -383,10 +390,16 @@ impl<F: Forward> ServerHandler for MnemoMcp<F> {
             Ok(call) => call,
             Err(e) => return Ok(refused(&e).into()),
         };
-        let answer = self.forward.forward(call, &context).await.map_err(|e| {
-            tracing::warn!(tool = spec.name, error = %e, "an MCP tool call could not reach the API");
-            ErrorData::internal_error(Cow::Owned(format!("mnemo is unreachable: {e}")), None)
-        })?;
+        let answer = match self.forward.forward(call, &context).await {
+            Ok(answer) => answer,
+            // A tool error, not a protocol one: the agent sees it and may try again later.
+            Err(e) => {
+                tracing::warn!(tool = spec.name, error = %e, "an MCP tool call could not reach the API");
+                let message = "mnemo's API could not be reached or did not answer in time; try again later";
+                let body = json!({ "error": { "code": UNAVAILABLE, "message": message } });
+                ApiAnswer { status: 503, body }
+            }
+        };
         Ok(tool_result(answer).into())
     }
 }
@@ -404,6 +417,7 @@ impl Forward for InProcess {
         if let Some(bearer) = context.extensions.get::<Parts>().and_then(|p| p.headers.get(AUTHORIZATION)) {
             request = request.header(AUTHORIZATION, bearer);
         }
+        request = request.extension(crate::auth::Charged);
         let body = match call.body {
             Some(body) => {
                 request = request.header(CONTENT_TYPE, "application/json");
@@ -477,6 +491,21 @@ mod tests {
         assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "tenant": "other" })), "tenant_in_body");
         assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "owner": "x" })), "unknown_field");
         assert_eq!(code("list_files", json!({ "prefix": 1 })), "invalid_field");
+    }
+
+    #[test]
+    fn only_the_api_error_shape_passes_through_and_anything_else_is_internal() {
+        let error_of = |status: u16, body: Value| {
+            let result = tool_result(ApiAnswer { status, body });
+            assert_eq!(result.is_error, Some(true));
+            result.structured_content.expect("structured")["error"].clone()
+        };
+        let ours = json!({ "error": { "code": "not_found", "message": "no such row" } });
+        assert_eq!(error_of(404, ours.clone()), ours["error"]);
+        // Another service at MNEMO_URL: its own error shapes are not mnemo's codes.
+        assert_eq!(error_of(404, json!({ "error": "Not Found" }))["code"], "internal");
+        assert_eq!(error_of(500, json!({ "error": { "code": 7 } }))["code"], "internal");
+        assert_eq!(error_of(200, json!([1, 2]))["code"], "internal");
     }
 
     #[test]

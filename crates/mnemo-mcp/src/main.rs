@@ -9,12 +9,16 @@ use anyhow::{Context, bail};
 use mnemo_api::mcp::{ApiAnswer, ApiCall, Forward, MnemoMcp};
 use rmcp::ServiceExt;
 use rmcp::service::{RequestContext, RoleServer};
+use serde_json::json;
 
 const URL: &str = "MNEMO_URL";
 const TOKEN: &str = "MNEMO_TOKEN";
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
 /// A recall embeds its query and may rerank; a write may wait for group commit.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// mnemo's largest answer is a whole tool output (4 MiB by default), which JSON may escape to a
+/// few times its size; more than this is not mnemo answering.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// Forwards calls over HTTP to mnemo-server.
 #[derive(Debug, Clone)]
@@ -33,9 +37,18 @@ impl Forward for Remote {
         if let Some(body) = call.body {
             request = request.json(&body);
         }
-        let response = request.send().await.map_err(|e| format!("{}: {e}", self.base))?;
+        // Without the URL: its path may name a file, a memory or a tool output.
+        let response = request.send().await.map_err(|e| format!("{}: {}", self.base, e.without_url()))?;
         let status = response.status().as_u16();
-        let bytes = response.bytes().await.map_err(|e| e.to_string())?;
+        let mut response = response;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
+            if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
+                let message = format!("the answer at {} was over {} MiB", self.base, MAX_ANSWER_BYTES >> 20);
+                return Ok(ApiAnswer { status, body: json!({ "error": { "code": "internal", "message": message } }) });
+            }
+            bytes.extend_from_slice(&chunk);
+        }
         Ok(ApiAnswer::from_bytes(status, &bytes))
     }
 }
@@ -59,7 +72,11 @@ async fn main() -> anyhow::Result<()> {
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).build().context("cannot build the HTTP client")?;
-    let remote = Remote { http, base, bearer: format!("Bearer {}", token.trim()) };
+    let bearer = format!("Bearer {}", token.trim());
+    if reqwest::header::HeaderValue::from_str(&bearer).is_err() {
+        bail!("{TOKEN} holds characters an HTTP header cannot carry (a line break, say)");
+    }
+    let remote = Remote { http, base, bearer };
     tracing::info!(url = %remote.base, "mnemo-mcp serving MCP on stdio");
     let server = MnemoMcp::new(remote).serve(rmcp::transport::stdio()).await.context("MCP handshake failed")?;
     server.waiting().await.context("MCP session failed")?;

@@ -16,8 +16,10 @@ use serde_json::{Value, json};
 
 const FORMAT: &str = "mnemo-export";
 const VERSION: u64 = 1;
-/// Rows staged per statement on import.
+/// Rows staged per statement on import, and the most bytes of them (a tool output's payload may
+/// be megabytes, and one statement's parameters must stay well under PostgreSQL's 1 GB).
 const STAGE_BATCH: usize = 1000;
+const STAGE_BYTES: usize = 32 << 20;
 /// Progress on stderr every this many rows.
 const PROGRESS_EVERY: u64 = 100_000;
 
@@ -55,9 +57,10 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
         bail!("the export is compressed: redirect it to a file (mnemo-runbook export --tenant T > T.jsonl.gz)");
     }
     let started = Instant::now();
+    let mut export = store.begin_export().await?;
     let mut out = flate2::write::GzEncoder::new(std::io::BufWriter::new(stdout.lock()), flate2::Compression::fast());
     let header = json!({
-        "format": FORMAT, "version": VERSION, "tenant": args.tenant.as_str(), "exported_at": Utc::now(),
+        "format": FORMAT, "version": VERSION, "tenant": args.tenant.as_str(), "exported_at": export.started_at,
         "since": args.since, "with_vectors": args.with_vectors,
     });
     writeln!(out, "{header}")?;
@@ -66,7 +69,7 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
         if table == "memory_embeddings" && !args.with_vectors {
             continue;
         }
-        let mut stream = store.export_rows(&args.tenant, (table, time), args.since);
+        let mut stream = export.rows(&args.tenant, (table, time), args.since);
         let mut count = 0u64;
         while let Some(row) = stream.next().await {
             writeln!(out, "{}", json!({ "table": table, "row": row? }))?;
@@ -93,14 +96,17 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     let file = std::fs::File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
     let mut lines = BufReader::new(flate2::read::GzDecoder::new(file)).lines();
     let mut line_no = 1i64;
-    let read = |line: Option<std::io::Result<String>>, n: i64| -> anyhow::Result<Option<Value>> {
+    // A line as JSON, and its length.
+    let read = |line: Option<std::io::Result<String>>, n: i64| -> anyhow::Result<Option<(Value, usize)>> {
         match line {
             None => Ok(None),
             Some(Err(e)) => bail!("line {n}: the file is truncated or not a mnemo export ({e})"),
-            Some(Ok(text)) => serde_json::from_str(&text).map(Some).with_context(|| format!("line {n}: not JSON")),
+            Some(Ok(text)) => serde_json::from_str(&text)
+                .map(|value| Some((value, text.len())))
+                .with_context(|| format!("line {n}: not JSON")),
         }
     };
-    let header = read(lines.next(), line_no)?.context("the file is empty")?;
+    let (header, _) = read(lines.next(), line_no)?.context("the file is empty")?;
     if header["format"] != FORMAT {
         bail!("line 1: not a mnemo export (format {})", header["format"]);
     }
@@ -117,10 +123,10 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
 
     let mut import = store.begin_import(&args.tenant).await?;
     let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
-    let mut rows = 0u64;
+    let (mut rows, mut batch_bytes) = (0u64, 0usize);
     let end = loop {
         line_no += 1;
-        let Some(mut value) = read(lines.next(), line_no)? else {
+        let Some((mut value, bytes)) = read(lines.next(), line_no)? else {
             bail!("the file ends after line {} without its end line: it is truncated", line_no - 1);
         };
         if let Some(end) = value.get("end") {
@@ -137,9 +143,11 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         row["tenant_id"] = json!(args.tenant.as_str());
         batch.push((line_no, table, row.take()));
         rows += 1;
-        if batch.len() == STAGE_BATCH {
+        batch_bytes += bytes;
+        if batch.len() == STAGE_BATCH || batch_bytes >= STAGE_BYTES {
             import.stage(&batch).await?;
             batch.clear();
+            batch_bytes = 0;
         }
         if rows.is_multiple_of(PROGRESS_EVERY) {
             eprintln!("read {rows} rows, {:.0} rows/s", rows as f64 / started.elapsed().as_secs_f64());

@@ -646,8 +646,8 @@ impl Store {
     /// supersede audit row naming its successor, which is newer and of the same bucket, and each
     /// supersede audit row matches its fact. Facts ever revived are left out, with their audit
     /// rows: their history legitimately differs. An anonymized fact has lost its user or agent,
-    /// so only its successor's age is checked. An imported tenant's chains come without their
-    /// audit rows (the log is not exported), so they count as unaudited.
+    /// so only its successor's age is checked. An imported chain has the audit row the import
+    /// wrote for it (the source's log is not exported).
     pub async fn supersede_integrity(&self, tenant: &TenantId) -> Result<SupersedeIntegrity, StoreError> {
         let sql = format!(
             "WITH f AS (

@@ -84,9 +84,22 @@ const ROWS_PER_EMBED_JOB: usize = 8;
 
 /// The rows that already held the keys of rows not inserted, by their position in the batch.
 const FIND_ITEMS: &str = "
-SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL, m.visibility, array_to_string(m.allowed_roles, ',')
+SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL AS deleted, m.visibility,
+       array_to_string(m.allowed_roles, ',') AS roles, m.session_id
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
 JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
+
+/// A row [`FIND_ITEMS`] found holding a key, with what decides whether a write may land on it.
+#[derive(sqlx::FromRow)]
+struct KeyHolder {
+    ord: i64,
+    id: Uuid,
+    content_sha256: Vec<u8>,
+    deleted: bool,
+    visibility: String,
+    roles: String,
+    session_id: Option<String>,
+}
 
 /// Re-asserting a superseded or deleted fact makes it live again: its validity restarts, its
 /// judgement is cleared so it is judged again (against the facts that are now older than it),
@@ -405,9 +418,9 @@ async fn settle(
         let column = |f: fn(&NewMemory) -> String| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
         let (tenants, kinds, refs) =
             (column(|m| m.tenant.to_string()), column(|m| m.kind.to_string()), column(|m| m.source_ref.to_string()));
-        let existing: Vec<(i64, Uuid, Vec<u8>, bool, String, String)> =
+        let existing: Vec<KeyHolder> =
             sqlx::query_as(FIND_ITEMS).bind(tenants).bind(kinds).bind(refs).fetch_all(&mut *tx).await?;
-        for (ord, id, sha, deleted, visibility, roles) in existing {
+        for KeyHolder { ord, id, content_sha256: sha, deleted, visibility, roles, session_id: session } in existing {
             let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
             if let Some(slot @ None) = results.get_mut(i) {
                 let is_fact = rows[i].kind == SourceKind::Fact;
@@ -417,7 +430,10 @@ async fn settle(
                 let typed = &rows[i].typed;
                 let readers_differ = matches!(typed.origin, Origin::Api | Origin::User)
                     && (visibility != typed.visibility.as_str() || roles != joined(&typed.allowed_roles));
-                *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) {
+                // A session's row under a ref another session's row holds is another write: it
+                // would land on a row its session never reads.
+                let other_session = rows[i].session.as_ref().is_some_and(|s| session.as_deref() != Some(s.as_str()));
+                *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) || other_session {
                     Err(StoreError::SourceRefConflict { existing: id })
                 } else if deleted && (!is_fact || typed.origin == Origin::Extraction) {
                     // A fact is asserted again by its user; a message or chunk under a

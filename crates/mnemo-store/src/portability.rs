@@ -65,6 +65,11 @@ const REFERENCES: &[(&str, &str, &str, &[&str])] = &[
 pub enum ImportError {
     #[error("line {line}: {table}.{field} points at {target}, which is neither in the file nor in the tenant")]
     Dangling { line: i64, table: String, field: &'static str, target: String },
+    #[error(
+        "line {line}: its memory's source_ref is held by another row of the tenant ({existing}): the file and the \
+         tenant disagree about which row it names"
+    )]
+    SourceRefTaken { line: i64, existing: uuid::Uuid },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -91,11 +96,21 @@ pub struct Import {
     tx: Transaction<'static, Postgres>,
 }
 
-impl Store {
+/// An export under way: every table is read in one read-only snapshot, so a row and the rows
+/// it points at (an item and its tool output, a file and its versions) leave together.
+#[derive(Debug)]
+pub struct Export {
+    tx: Transaction<'static, Postgres>,
+    /// The snapshot's time by the database's clock: an export `--since` it misses nothing this
+    /// one left out.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl Export {
     /// The tenant's rows of one of [`EXPORT_TABLES`] (created or changed since `since`, if given)
-    /// as JSON objects of their stored columns, streamed in key order.
-    pub fn export_rows<'a>(
-        &'a self,
+    /// as JSON objects of their stored columns, streamed.
+    pub fn rows<'a>(
+        &'a mut self,
         tenant: &'a TenantId,
         (table, time): (&'static str, &'static str),
         since: Option<chrono::DateTime<chrono::Utc>>,
@@ -110,9 +125,21 @@ impl Store {
         sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(sql))
             .bind(tenant.as_str())
             .bind(since)
-            .fetch(&self.pool)
+            .fetch(&mut *self.tx)
             .map(|r| r.map_err(StoreError::from))
             .boxed()
+    }
+}
+
+impl Store {
+    /// Opens an export: a repeatable-read, read-only transaction whose snapshot every table is
+    /// read from.
+    pub async fn begin_export(&self) -> Result<Export, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
+        // The first query takes the snapshot; `now()` is the transaction's start, just before it.
+        let started_at = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        Ok(Export { tx, started_at })
     }
 
     /// Opens an import into `tenant`. Rows must already name `tenant`.
@@ -217,6 +244,26 @@ impl Import {
                     .await?
                     .rows_affected();
             }
+            // A new row's key held by another row would make the insert below skip it as if it
+            // were there already (checked after the overwrites: an anonymized row frees its key).
+            // A row whose id is stored is there already, whatever its key.
+            if *table == "memory_items" {
+                let taken: Option<(i64, uuid::Uuid)> = sqlx::query_as(
+                    "SELECT l.line, m.id FROM import_rows l
+                     JOIN memory_items m ON m.tenant_id = $1 AND m.source_kind = l.row->>'source_kind'
+                                        AND m.source_ref = l.row->>'source_ref' AND m.id <> (l.row->>'id')::uuid
+                     WHERE l.tbl = 'memory_items'
+                       AND NOT EXISTS (SELECT 1 FROM memory_items s
+                                       WHERE s.tenant_id = $1 AND s.id = (l.row->>'id')::uuid)
+                     ORDER BY l.line LIMIT 1",
+                )
+                .bind(tenant)
+                .fetch_optional(&mut *self.tx)
+                .await?;
+                if let Some((line, existing)) = taken {
+                    return Err(ImportError::SourceRefTaken { line, existing });
+                }
+            }
             // One statement per table, so references between its own rows (a supersede chain)
             // are checked when all of them are in.
             let not_erased = if ERASED_WITH_ITEM.contains(table) {
@@ -237,6 +284,7 @@ impl Import {
             // Before the tables that hang off items go in: a new item may take the tool-output
             // key the anonymized one held.
             if *table == "memory_items" {
+                audit_imported_changes(&mut self.tx, tenant).await?;
                 for erased in ERASED_WITH_ITEM {
                     let sql = format!(
                         "DELETE FROM {erased} x USING memory_items m, import_rows l
@@ -265,4 +313,26 @@ impl Import {
         self.tx.commit().await?;
         Ok(report)
     }
+}
+
+/// The audit rows of the supersedes and anonymizations an import brings in (actor `import`), once
+/// per row: the source's own audit log stays behind, and every retirement has its audit row.
+async fn audit_imported_changes(tx: &mut sqlx::PgConnection, tenant: &str) -> Result<(), StoreError> {
+    let sql = format!(
+        "INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
+         SELECT $1, c.event, m.id, c.related, 'imported', 'import'
+         FROM import_rows l
+         JOIN memory_items m ON m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
+         CROSS JOIN LATERAL (VALUES ('{supersede}', m.superseded_by, m.superseded_by IS NOT NULL),
+                                    ('{anonymize}', NULL::uuid, m.anonymized_at IS NOT NULL)) AS c(event, related, happened)
+         WHERE l.tbl = 'memory_items' AND c.happened
+           AND NOT EXISTS (SELECT 1 FROM audit_log a
+                           WHERE a.tenant_id = $1 AND a.item_id = m.id AND a.event = c.event
+                             AND a.related_item_id IS NOT DISTINCT FROM c.related)
+         ORDER BY l.line",
+        supersede = mnemo_core::AuditEvent::Supersede,
+        anonymize = mnemo_core::AuditEvent::Anonymize,
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(tx).await?;
+    Ok(())
 }
