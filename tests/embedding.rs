@@ -450,3 +450,25 @@ async fn sigterm_lets_in_flight_batches_finish() {
     assert_eq!(db.count("SELECT count(*) FROM memory_embeddings").await, 200);
     next.kill().await;
 }
+
+#[tokio::test]
+async fn a_job_past_its_timeout_runs_again_and_is_not_left_running() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(32).await;
+    // The model call outlives the 1 s job timeout; the batch it belongs to still finishes.
+    provider.then([Answer::Hang(Duration::from_secs(3))]);
+    let mut env = openai_env(&provider);
+    env.retain(|(name, _)| *name != "MNEMO_EMBED_TIMEOUT_MS");
+    env.extend([("MNEMO_EMBED_TIMEOUT_MS", "10000".to_owned()), ("MNEMO_JOB_TIMEOUT_S", "1".to_owned())]);
+    write_messages(&server, 1, |_| "a row behind a slow model".into()).await;
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");
+    // The timed-out job was retried as a new one; none stays Running in a live worker's hands
+    // (apalis' own timeout left it so until the worker stopped).
+    let running = || async { db.count("SELECT count(*) FROM apalis.jobs WHERE status = 'Running'").await };
+    assert!(wait_until(Duration::from_secs(20), || async { running().await == 0 }).await, "a job left Running");
+    assert!(worker.metric("mnemo_job_retries_total").await >= 1.0, "the timed-out job was retried");
+    worker.kill().await;
+}

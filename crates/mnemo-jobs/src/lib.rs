@@ -35,6 +35,8 @@ pub enum JobError {
     Store(#[source] Arc<mnemo_store::StoreError>),
     #[error("the worker is shutting down")]
     ShuttingDown,
+    #[error("the job ran past its timeout of {0:?}")]
+    TimedOut(Duration),
     #[error("{0}")]
     Setup(String),
 }
@@ -65,7 +67,7 @@ impl Next {
     pub fn after(result: Result<(), JobError>, attempt: usize) -> Self {
         match result {
             Ok(()) => Self::Done,
-            Err(e @ (JobError::Store(_) | JobError::ShuttingDown)) => {
+            Err(e @ (JobError::Store(_) | JobError::ShuttingDown | JobError::TimedOut(_))) => {
                 Self::RetryAfter(backoff(i32::try_from(attempt).unwrap_or(i32::MAX)), e)
             }
             Err(e @ JobError::Setup(_)) => Self::GiveUp(e),

@@ -70,79 +70,83 @@ async fn handle_embed(
     job: EmbedJob,
     dispatcher: Data<EmbedDispatcher>,
     store: Data<Store>,
+    timeout: Data<JobTimeout>,
     attempt: Attempt,
     meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
     // Each row joins whichever batch is gathering; the job runs again (skipping the rows done)
     // if any of them could not be stored.
-    let results = futures_util::future::join_all(job.rows().map(|row| dispatcher.submit(row))).await;
-    let result = results.into_iter().collect::<Result<(), _>>();
-    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
+    let work = async {
+        let results = futures_util::future::join_all(job.rows().map(|row| dispatcher.submit(row))).await;
+        results.into_iter().collect::<Result<(), _>>()
+    };
+    run(&store, &job, &attempt, &meta, *timeout, work).await
 }
 
 async fn handle_judge(
     job: JudgeJob,
     dispatcher: Data<JudgeDispatcher>,
     store: Data<Store>,
+    timeout: Data<JobTimeout>,
     attempt: Attempt,
     meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
-    let result = dispatcher.submit(job.clone()).await;
-    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
+    run(&store, &job, &attempt, &meta, *timeout, dispatcher.submit(job.clone())).await
 }
 
 async fn handle_compact(
     job: CompactJob,
     compactor: Data<Compactor>,
     store: Data<Store>,
+    timeout: Data<JobTimeout>,
     attempt: Attempt,
     meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
-    let result = compactor.run(&job).await.map(|_| ());
-    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
+    run(&store, &job, &attempt, &meta, *timeout, async { compactor.run(&job).await.map(|_| ()) }).await
 }
 
 async fn handle_extract(
     job: ExtractJob,
     runner: Data<ExtractRunner>,
     store: Data<Store>,
+    timeout: Data<JobTimeout>,
     attempt: Attempt,
     meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
-    let result = runner.run(&job).await.map(|_| ());
-    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
+    run(&store, &job, &attempt, &meta, *timeout, async { runner.run(&job).await.map(|_| ()) }).await
 }
 
 async fn handle_consolidate(
     job: ConsolidateJob,
     runner: Data<ConsolidateRunner>,
     store: Data<Store>,
+    timeout: Data<JobTimeout>,
     attempt: Attempt,
     meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
-    let result = runner.run(&job).await.map(|_| ());
-    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
+    run(&store, &job, &attempt, &meta, *timeout, async { runner.run(&job).await.map(|_| ()) }).await
 }
 
 async fn handle_access(
     job: AccessJob,
     store: Data<Store>,
+    timeout: Data<JobTimeout>,
     attempt: Attempt,
     meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
-    let result = store.apply_access(&job).await.map(|_| ()).map_err(JobError::from);
-    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
+    let work = async { store.apply_access(&job).await.map(|_| ()).map_err(JobError::from) };
+    run(&store, &job, &attempt, &meta, *timeout, work).await
 }
 
 async fn handle_retention(
     job: RetentionJob,
     runner: Data<RetentionRunner>,
     store: Data<Store>,
+    timeout: Data<JobTimeout>,
     attempt: Attempt,
     meta: MetadataStore,
 ) -> Result<(), BoxDynError> {
-    let result = runner.run(&job).await.map_err(JobError::from);
-    finish(&store, &job, result, failures_before(&meta) + attempt.current()).await
+    run(&store, &job, &attempt, &meta, *timeout, async { runner.run(&job).await.map_err(JobError::from) }).await
 }
 
 /// A job's span, continuing the trace of the span that queued the job (the `traceparent` in its
@@ -160,14 +164,55 @@ fn job_span<J: JobArgs>(task: &Task<J>) -> Span {
     span
 }
 
+/// How long past the job timeout apalis' own timeout waits, for `run` to retry the job.
+const BACKSTOP_MARGIN: Duration = Duration::from_secs(30);
+
 /// Runs a job on a task of its own, in the job's span: `tokio::spawn` alone would leave the span
-/// behind, and the job's batches and statements would start traces of their own.
-fn spawn_in_span<F>(job: F) -> tokio::task::JoinHandle<F::Output>
+/// behind, and the job's batches and statements would start traces of their own. The task is
+/// aborted when its handle is dropped (by apalis' timeout), instead of running on unseen.
+fn spawn_in_span<F>(job: F) -> AbortOnDrop<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    tokio::spawn(job.in_current_span())
+    AbortOnDrop(tokio::spawn(job.in_current_span()))
+}
+
+/// A task's handle that aborts the task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How long one job may run: [`run`] stops its work then and retries it later.
+#[derive(Debug, Clone, Copy)]
+struct JobTimeout(Duration);
+
+/// Runs a job's work within the job timeout, then carries out its next step. Work still going
+/// at the timeout is dropped (a transaction it holds rolls back, as after a crash) and the job
+/// runs again later like any failed one: apalis' own timeout would leave the work running and
+/// the job marked running until its worker stopped.
+async fn run<J: JobArgs>(
+    store: &Store,
+    job: &J,
+    attempt: &Attempt,
+    meta: &MetadataStore,
+    JobTimeout(timeout): JobTimeout,
+    work: impl Future<Output = Result<(), JobError>>,
+) -> Result<(), BoxDynError> {
+    let result = tokio::time::timeout(timeout, work).await.unwrap_or(Err(JobError::TimedOut(timeout)));
+    finish(store, job, result, failures_before(meta) + attempt.current()).await
 }
 
 /// Carries out a handler's next step for its job, whose run this is the `failures`-th failure
@@ -337,9 +382,11 @@ pub async fn run_worker(
                         .backend(backend)
                         .data(dispatcher.clone())
                         .data(store.clone())
+                        .data(JobTimeout(job_timeout))
                         .catch_panic()
                         .concurrency(concurrency)
-                        .timeout(job_timeout)
+                        // A backstop only: `run` ends a job's work at the timeout itself.
+                        .timeout(job_timeout + BACKSTOP_MARGIN)
                         .layer(
                             TraceLayer::new()
                                 .make_span_with(job_span::<$job>)
