@@ -75,7 +75,30 @@ impl Problems {
 
     /// A whole number of seconds, at least 1.
     pub(crate) fn seconds(&mut self, env: &Env, name: &str, default: u64) -> std::time::Duration {
-        std::time::Duration::from_secs(self.parsed(env, name, default, "a number of seconds").max(1))
+        std::time::Duration::from_secs(self.bounded(env, name, default, 1..=u64::MAX, "a number of seconds"))
+    }
+
+    /// A value within `range`; outside it, a problem and the default.
+    pub(crate) fn bounded<T>(
+        &mut self,
+        env: &Env,
+        name: &str,
+        default: T,
+        range: std::ops::RangeInclusive<T>,
+        what: &str,
+    ) -> T
+    where
+        T: FromStr + PartialOrd + std::fmt::Display + Copy,
+        T::Err: std::fmt::Display,
+    {
+        let value = self.parsed(env, name, default, what);
+        if range.contains(&value) {
+            return value;
+        }
+        let (low, high) = range.into_inner();
+        let bounds = if high.to_string().len() > 12 { format!("at least {low}") } else { format!("{low} to {high}") };
+        self.0.push(format!("{name}={value} is out of range: {what}, {bounds}"));
+        default
     }
 
     /// Reads settings with `read` and fails with every problem it found.

@@ -118,10 +118,13 @@ impl ServerSettings {
                 vars::RATE_LIMIT_BURST
             ));
         }
-        // Committers' transactions run on the same cores as the server and PostgreSQL: on two cores one
-        // committer with twice the rows per transaction writes more than two (docs/benchmarks.md).
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        let write_committers = problems.parsed(env, vars::WRITE_COMMITTERS, (cores / 2).max(1), "a whole number");
+        let write_committers = problems.parsed(
+            env,
+            vars::WRITE_COMMITTERS,
+            default_committers(cores, database.max_connections),
+            "a whole number",
+        );
         let write_max_batch = problems.parsed(env, vars::WRITE_MAX_BATCH, 64usize, "a whole number");
         if write_committers == 0 || write_max_batch == 0 {
             problems.0.push(format!("{} and {} must be at least 1", vars::WRITE_COMMITTERS, vars::WRITE_MAX_BATCH));
@@ -161,9 +164,26 @@ impl ServerSettings {
     }
 }
 
+/// Committers' transactions run on the same cores as the server and PostgreSQL: on two cores one
+/// committer with twice the rows per transaction writes more than two (docs/benchmarks.md). Half
+/// the cores, and never more than half the pool's connections, which reads need too.
+fn default_committers(cores: usize, max_connections: u32) -> usize {
+    (cores / 2).min(max_connections as usize / 2).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_committers_leave_connections_for_reads_on_any_machine() {
+        assert_eq!(default_committers(1, 16), 1);
+        assert_eq!(default_committers(2, 16), 1);
+        assert_eq!(default_committers(8, 16), 4);
+        // On 32 cores half the cores (16) would take every default connection.
+        assert_eq!(default_committers(32, 16), 8);
+        assert_eq!(default_committers(64, 2), 1);
+    }
 
     #[test]
     fn all_problems_are_reported_at_once() {

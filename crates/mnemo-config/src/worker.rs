@@ -52,7 +52,8 @@ impl WorkerSettings {
         let context = ContextSettings::read(env, &mut problems);
         let workspace = WorkspaceSettings::read(env, &mut problems);
         let signals = SignalSettings::read(env, &mut problems);
-        let embed_batch_size = problems.parsed(env, vars::EMBED_BATCH_SIZE, 32usize, "a whole number").max(1);
+        // A model call's inputs: OpenAI takes at most 2,048 a request.
+        let embed_batch_size = problems.bounded(env, vars::EMBED_BATCH_SIZE, 32usize, 1..=2048, "a whole number");
         let default = |queue| default_concurrency(queue, embed_batch_size, &judge);
         let queues = match env.get(vars::WORKER_QUEUES) {
             None => Queue::ALL.iter().map(|&q| (q, default(q))).collect(),
@@ -68,7 +69,7 @@ impl WorkerSettings {
                 judge.batch_size
             ));
         }
-        let embed_max_attempts = problems.parsed(env, vars::EMBED_MAX_ATTEMPTS, 16i32, "a whole number").max(1);
+        let embed_max_attempts = problems.bounded(env, vars::EMBED_MAX_ATTEMPTS, 16i32, 1..=1000, "a whole number");
         let embed_previous_turn = problems.parsed(env, vars::EMBED_PREVIOUS_TURN, true, "true or false");
         let orphan_timeout = problems.seconds(env, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
         let job_timeout = problems.seconds(env, vars::JOB_TIMEOUT_S, 120);
@@ -177,6 +178,27 @@ mod tests {
         let named = env.with(vars::JUDGE_BATCH_SIZE, "30").with(vars::WORKER_QUEUES, "judge,retention=3");
         let settings = WorkerSettings::from_env(&named).expect("valid");
         assert_eq!(settings.queues, [(Queue::Judge, 60), (Queue::Retention, 3)]);
+    }
+
+    #[test]
+    fn values_out_of_range_are_refused_not_bent() {
+        let env = Env::from_pairs([
+            (vars::DATABASE_URL, "postgres://x"),
+            (vars::JOB_TIMEOUT_S, "0"),
+            (vars::EMBED_BATCH_SIZE, "0"),
+            (vars::EMBED_MAX_ATTEMPTS, "-3"),
+        ]);
+        let err = WorkerSettings::from_env(&env).unwrap_err();
+        assert_eq!(err.0.len(), 3, "{err}");
+        assert!(
+            err.0.iter().any(|p| p.contains("MNEMO_EMBED_BATCH_SIZE=0 is out of range: a whole number, 1 to 2048"))
+        );
+        assert!(err.0.iter().any(|p| p.contains("MNEMO_EMBED_MAX_ATTEMPTS=-3 is out of range")), "{err}");
+        assert!(
+            err.0.iter().any(|p| p.contains("MNEMO_JOB_TIMEOUT_S=0 is out of range: a number of seconds, at least 1"))
+        );
+        let huge = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::EMBED_BATCH_SIZE, "100000")]);
+        assert!(WorkerSettings::from_env(&huge).is_err());
     }
 
     #[test]

@@ -9,9 +9,11 @@
 //! batch goes in beside them.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tracing::{Instrument, Span};
 
@@ -121,7 +123,12 @@ async fn batch_loop<J, F, Fut>(
         }
         let span = mnemo_config::batch_span(name, batch.iter().map(|(_, _, caller)| caller));
         let (jobs, replies): (Vec<J>, Vec<Reply>) = batch.into_iter().map(|(job, reply, _)| (job, reply)).unzip();
-        let result = run(jobs, permit).instrument(span).await;
+        // A batch that panics fails its own jobs; the loop lives on for the next batches (a
+        // dead loop would leave every later job of the queue waiting for an answer in vain).
+        let result = AssertUnwindSafe(run(jobs, permit).instrument(span)).catch_unwind().await.unwrap_or_else(|_| {
+            tracing::error!(batch = name, "a batch panicked: its jobs fail and are not retried");
+            Err(JobError::Panicked)
+        });
         for reply in replies {
             let _ = reply.send(result.clone());
         }
@@ -164,6 +171,17 @@ mod tests {
                 tokio::spawn(async move { batcher.submit(i).await })
             })
             .collect()
+    }
+
+    #[tokio::test]
+    async fn a_panicking_batch_fails_its_jobs_and_the_loop_goes_on() {
+        let batcher =
+            Batcher::start("test batch", 1, 1, Gather::Wait(Duration::ZERO), |jobs: Vec<u32>, _| async move {
+                assert!(jobs[0] != 1, "job 1 panics");
+                Ok(())
+            });
+        assert!(matches!(batcher.submit(1).await, Err(JobError::Panicked)));
+        assert!(batcher.submit(2).await.is_ok(), "the only loop survived the panic");
     }
 
     #[tokio::test]

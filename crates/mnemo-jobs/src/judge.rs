@@ -93,7 +93,8 @@ pub async fn judge_batch(
     let (mut model_calls, mut model_sum, mut model_max) = (0, Duration::ZERO, Duration::ZERO);
     let mut failure = None;
     while let Some(done) = running.join_next().await {
-        // A panicking judgement panics the job, as it would have without the task.
+        // A panicking judgement panics the batch, as it would have without the task: the
+        // batcher fails its jobs.
         let done = done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         match done {
             Ok((outcome, model_time)) => {

@@ -37,6 +37,8 @@ pub enum JobError {
     ShuttingDown,
     #[error("the job ran past its timeout of {0:?}")]
     TimedOut(Duration),
+    #[error("the job's batch panicked")]
+    Panicked,
     #[error("{0}")]
     Setup(String),
 }
@@ -70,7 +72,8 @@ impl Next {
             Err(e @ (JobError::Store(_) | JobError::ShuttingDown | JobError::TimedOut(_))) => {
                 Self::RetryAfter(backoff(i32::try_from(attempt).unwrap_or(i32::MAX)), e)
             }
-            Err(e @ JobError::Setup(_)) => Self::GiveUp(e),
+            // A panic is a bug: running the job again would only panic again.
+            Err(e @ (JobError::Setup(_) | JobError::Panicked)) => Self::GiveUp(e),
         }
     }
 }
