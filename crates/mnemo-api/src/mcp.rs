@@ -259,9 +259,13 @@ impl ToolSpec {
             let close = rest[open..].find('}').map_or(rest.len(), |c| open + c);
             let field = &rest[open + 1..close];
             let value = match args.remove(field) {
-                // URL parsers resolve a `.` or `..` segment before the endpoint could refuse it.
+                // URL parsers resolve a `.` or `..` segment before the endpoint could refuse it; a
+                // file's path gets the code the endpoint would give it.
                 Some(Value::String(s)) if s == "." || s == ".." => {
-                    return Err(ApiError::InvalidField { field, expected: "a name other than . or .." });
+                    return Err(match mnemo_core::WorkspacePath::parse(&s) {
+                        Err(bad) if field == "path" => bad.into(),
+                        _ => ApiError::InvalidField { field, expected: "a name other than . or .." },
+                    });
                 }
                 Some(Value::String(s)) if !s.is_empty() => s,
                 None | Some(Value::Null) => return Err(ApiError::MissingField(field)),
@@ -487,7 +491,8 @@ mod tests {
         let code = |tool: &str, value: Value| spec(tool).call(args(value)).unwrap_err().code();
         assert_eq!(code("forget", json!({})), "missing_field");
         assert_eq!(code("forget", json!({ "id": 5 })), "invalid_field");
-        assert_eq!(code("read_file", json!({ "path": ".." })), "invalid_field");
+        assert_eq!(code("read_file", json!({ "path": ".." })), "invalid_path");
+        assert_eq!(code("forget", json!({ "id": ".." })), "invalid_field");
         assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "tenant": "other" })), "tenant_in_body");
         assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "owner": "x" })), "unknown_field");
         assert_eq!(code("list_files", json!({ "prefix": 1 })), "invalid_field");
