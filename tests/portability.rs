@@ -436,3 +436,32 @@ async fn an_export_reads_every_table_from_one_snapshot() {
     let payloads: Vec<_> = export.rows(&tenant, ("tool_outputs", "created_at"), None).collect().await;
     assert!(payloads.is_empty(), "a payload from after the snapshot: {} rows", payloads.len());
 }
+
+#[tokio::test]
+async fn an_export_made_before_an_erasure_does_not_bring_the_users_files_back() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let put =
+        app.client.put("/v1/workspace/files/memory/notes.md", Some(&t), &json!({ "content": "# Notes\n\nv1\n" })).await;
+    assert!(put.status < 300, "{:?}", put.body);
+    let said = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "my secret plan" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    let before = temp("before-erasure.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&before)).await.ok);
+    let files = "SELECT count(*) FROM workspace_files WHERE user_id = 'u1'";
+    assert!(app.db.count(files).await > 0);
+
+    let erased = runbook(&app.db.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await;
+    assert!(erased.ok, "{}", erased.stderr);
+    assert_eq!(app.db.count(files).await, 0);
+
+    // Restoring the earlier copy over the erased tenant: the memories stay anonymized (an
+    // anonymized row is never replaced) and the files stay gone.
+    let run = runbook(&app.db.url, &["import", "--tenant", "acme", before.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(app.db.count(files).await, 0, "the erased user's files came back");
+    assert!(run.stdout.contains("workspace files and versions of users erased since left out"), "{}", run.stdout);
+    assert_eq!(app.db.count("SELECT count(*) FROM workspace_file_versions WHERE user_id = 'u1'").await, 0);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE content = 'my secret plan'").await, 0);
+    let _ = std::fs::remove_file(&before);
+}

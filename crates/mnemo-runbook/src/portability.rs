@@ -170,6 +170,9 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         );
     }
     println!("{} items to embed again (no vector of their model came with them)", report.to_embed);
+    if report.erased_left_out > 0 {
+        println!("{} workspace files and versions of users erased since left out", report.erased_left_out);
+    }
     eprintln!("imported {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));
     Ok(())
 }

@@ -87,6 +87,8 @@ pub struct ImportReport {
     pub tables: Vec<(&'static str, u64, u64, u64)>,
     /// Items whose vectors did not come with them (or not of their model): the workers embed them.
     pub to_embed: u64,
+    /// Workspace files and versions of users erased here after they were written, left out.
+    pub erased_left_out: u64,
 }
 
 /// An import under way: rows staged in its transaction until [`Import::finish`].
@@ -184,6 +186,20 @@ impl Import {
         )
         .execute(&mut *self.tx)
         .await?;
+        // An erasure deletes a user's files outright; a copy made before it must not bring them
+        // back (their memories come back anonymized already: an anonymized row is never replaced).
+        let erased_left_out = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM import_rows l USING audit_log a
+             WHERE l.tbl IN ('workspace_files', 'workspace_file_versions')
+               AND a.tenant_id = $1 AND a.event = '{erase}'
+               AND a.details->>'user_sha256' = encode(sha256(convert_to(l.row->>'user_id', 'UTF8')), 'hex')
+               AND (l.row->>'created_at')::timestamptz <= a.created_at",
+            erase = mnemo_core::AuditEvent::Erase,
+        )))
+        .bind(tenant)
+        .execute(&mut *self.tx)
+        .await?
+        .rows_affected();
         sqlx::query("ANALYZE import_rows").execute(&mut *self.tx).await?;
         for (table, field, target, keys) in REFERENCES {
             // The referencing row's value of each key: `field` stands for the target's `id`.
@@ -211,7 +227,7 @@ impl Import {
             }
         }
 
-        let mut report = ImportReport::default();
+        let mut report = ImportReport { erased_left_out, ..ImportReport::default() };
         for (table, _) in EXPORT_TABLES {
             let columns: Vec<String> = sqlx::query_scalar(
                 "SELECT column_name::text FROM information_schema.columns
