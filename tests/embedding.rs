@@ -472,3 +472,24 @@ async fn a_job_past_its_timeout_runs_again_and_is_not_left_running() {
     assert!(worker.metric("mnemo_job_retries_total").await >= 1.0, "the timed-out job was retried");
     worker.kill().await;
 }
+
+#[tokio::test]
+async fn housekeeping_queues_again_only_rows_whose_job_is_gone() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    write_messages(&server, 5, |i| format!("row {i}")).await;
+    let jobs = || async { db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'embed'").await };
+    let before = jobs().await;
+    assert!(before >= 1);
+    let store = db.store();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // A backlog older than the grace: every row's job still waits, so nothing is queued twice.
+    let requeued = store.requeue_unembedded("scripted-embedder", Duration::from_secs(1), 100).await.expect("requeue");
+    assert_eq!((requeued, jobs().await), (0, before));
+    // Jobs lost (as an operator's purge would lose them): their rows are queued again.
+    sqlx::query("DELETE FROM apalis.jobs").execute(&db.pool).await.expect("purge");
+    let requeued = store.requeue_unembedded("scripted-embedder", Duration::from_secs(1), 100).await.expect("requeue");
+    assert_eq!(requeued, 5);
+    assert!(jobs().await >= 1);
+}

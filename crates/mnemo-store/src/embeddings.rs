@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::TenantId;
+use mnemo_core::{Queue, TenantId};
 use pgvector::Vector;
 use uuid::Uuid;
 
@@ -224,14 +224,21 @@ impl Store {
 
     /// Queues a new embed job for every live row without a vector of `model` whose job was last
     /// queued before `grace` ago (a lost job, a crash, or a model switch). At most `limit` rows.
+    /// A row queued after the oldest embed job still waiting has its own job waiting too (they
+    /// are run oldest first): a backlog longer than `grace` is not queued a second time.
     pub async fn requeue_unembedded(&self, model: &str, grace: Duration, limit: i64) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let stale: Vec<(Uuid, String, Vec<u8>)> = sqlx::query_as(
-            "WITH stale AS (
+            "WITH oldest_waiting AS (
+                SELECT run_at FROM apalis.jobs
+                WHERE job_type = $4 AND status = 'Pending' AND priority = 0
+                ORDER BY run_at LIMIT 1
+            ), stale AS (
                 SELECT tenant_id, id FROM memory_items
                 WHERE embed_error IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL
                   AND (embedded_model IS NULL OR embedded_model <> $1)
                   AND embed_enqueued_at < now() - make_interval(secs => $2)
+                  AND embed_enqueued_at < COALESCE((SELECT run_at FROM oldest_waiting), 'infinity')
                 ORDER BY embed_enqueued_at
                 LIMIT $3
                 FOR UPDATE SKIP LOCKED
@@ -243,6 +250,7 @@ impl Store {
         .bind(model)
         .bind(grace.as_secs_f64())
         .bind(limit)
+        .bind(Queue::Embed.as_str())
         .fetch_all(&mut *tx)
         .await?;
         let count = stale.len() as u64;
