@@ -465,3 +465,43 @@ async fn an_export_made_before_an_erasure_does_not_bring_the_users_files_back() 
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE content = 'my secret plan'").await, 0);
     let _ = std::fs::remove_file(&before);
 }
+
+#[tokio::test]
+async fn a_revival_carried_by_an_export_since_keeps_the_copys_chains_sound() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let fact = |content: &str| json!({ "content": content, "scope": "user", "key": "home_city" });
+    let old = app.client.post("/v1/facts", Some(&t), &fact("Alice lives in Paris")).await.body["id"].clone();
+    let new = app.client.post("/v1/facts", Some(&t), &fact("Alice moved to Lyon")).await.body["id"].clone();
+    sqlx::query("UPDATE memory_items SET superseded_by = $2::uuid, superseded_at = now() WHERE id = $1::uuid")
+        .bind(old.as_str())
+        .bind(new.as_str())
+        .execute(&app.db.pool)
+        .await
+        .expect("a chain");
+    let full = temp("revival-full.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&full)).await.ok);
+    let copy = TestDb::new().await;
+    assert!(runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await.ok);
+
+    // The user asserts the older fact again: the source revives it (and audits the revival).
+    let since: String = sqlx::query_scalar(
+        "SELECT to_char(now() AT TIME ZONE 'UTC' - interval '1 second', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("now");
+    assert_eq!(app.client.post("/v1/facts", Some(&t), &fact("Alice lives in Paris")).await.status, 200);
+    let later = temp("revival-later.jsonl.gz");
+    let run = runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await;
+    assert!(run.ok, "{}", run.stderr);
+    let run = runbook(&copy.url, &["import", "--tenant", "acme", later.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+
+    let check = runbook(&copy.url, &["judge", "check", "--tenant", "acme", "--json"], None).await;
+    assert!(check.ok, "the copy's chains: {}{}", check.stdout, check.stderr);
+    assert_eq!(copy.count("SELECT count(*) FROM audit_log WHERE event = 'revive' AND actor = 'import'").await, 1);
+    for path in [full, later] {
+        let _ = std::fs::remove_file(path);
+    }
+}

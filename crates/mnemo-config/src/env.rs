@@ -73,9 +73,9 @@ impl Problems {
         }
     }
 
-    /// A whole number of seconds, at least 1.
+    /// A whole number of seconds, from 1 to a week.
     pub(crate) fn seconds(&mut self, env: &Env, name: &str, default: u64) -> std::time::Duration {
-        std::time::Duration::from_secs(self.bounded(env, name, default, 1..=u64::MAX, "a number of seconds"))
+        std::time::Duration::from_secs(self.bounded(env, name, default, 1..=604_800, "a number of seconds"))
     }
 
     /// A value within `range`; outside it, a problem and the default.
@@ -96,6 +96,7 @@ impl Problems {
             return value;
         }
         let (low, high) = range.into_inner();
+        // An open-ended range (up to u64::MAX, say) reads as "at least".
         let bounds = if high.to_string().len() > 12 { format!("at least {low}") } else { format!("{low} to {high}") };
         self.0.push(format!("{name}={value} is out of range: {what}, {bounds}"));
         default

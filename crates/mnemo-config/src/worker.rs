@@ -73,6 +73,20 @@ impl WorkerSettings {
         let embed_previous_turn = problems.parsed(env, vars::EMBED_PREVIOUS_TURN, true, "true or false");
         let orphan_timeout = problems.seconds(env, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
         let job_timeout = problems.seconds(env, vars::JOB_TIMEOUT_S, 120);
+        // A job's work is cut off at its timeout: a model call that may outlast three quarters of
+        // it would be cut off unrecorded and paid again on every retry.
+        for (name, model) in [(vars::JUDGE_TIMEOUT_MS, &judge.model), (vars::LLM_TIMEOUT_MS, &context.model)] {
+            if let Some(model) = model
+                && model.timeout >= job_timeout.mul_f64(0.75)
+            {
+                problems.0.push(format!(
+                    "{name}={} is not below three quarters of {}={}",
+                    model.timeout.as_millis(),
+                    vars::JOB_TIMEOUT_S,
+                    job_timeout.as_secs()
+                ));
+            }
+        }
         let housekeeping_interval = problems.seconds(env, vars::HOUSEKEEPING_INTERVAL_S, 10);
         let embed_grace = problems.seconds(env, vars::EMBED_GRACE_S, 60);
         let job_retention = problems.seconds(env, vars::JOB_RETENTION_S, 3600);
@@ -195,10 +209,24 @@ mod tests {
         );
         assert!(err.0.iter().any(|p| p.contains("MNEMO_EMBED_MAX_ATTEMPTS=-3 is out of range")), "{err}");
         assert!(
-            err.0.iter().any(|p| p.contains("MNEMO_JOB_TIMEOUT_S=0 is out of range: a number of seconds, at least 1"))
+            err.0.iter().any(|p| p.contains("MNEMO_JOB_TIMEOUT_S=0 is out of range: a number of seconds, 1 to 604800"))
         );
         let huge = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::EMBED_BATCH_SIZE, "100000")]);
         assert!(WorkerSettings::from_env(&huge).is_err());
+        // A model call that could outlast most of its job is refused.
+        let slow = Env::from_pairs([
+            (vars::DATABASE_URL, "postgres://x"),
+            (vars::LLM_MODEL, "m"),
+            (vars::LLM_BASE_URL, "http://127.0.0.1:9/v1"),
+            (vars::LLM_TIMEOUT_MS, "90000"),
+            (vars::JOB_TIMEOUT_S, "120"),
+        ]);
+        let err = WorkerSettings::from_env(&slow).unwrap_err();
+        assert!(
+            err.0[0].contains("MNEMO_LLM_TIMEOUT_MS=90000 is not below three quarters of MNEMO_JOB_TIMEOUT_S=120"),
+            "{err}"
+        );
+        assert!(WorkerSettings::from_env(&slow.with(vars::LLM_TIMEOUT_MS, "89000")).is_ok());
     }
 
     #[test]

@@ -121,13 +121,20 @@ async fn batch_loop<J, F, Fut>(
                 }
             }
         }
+        // A job that stopped waiting (its timeout cut it off) runs again as a new job: running
+        // it here too would pay for it twice.
+        batch.retain(|(_, reply, _)| !reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let alone = batch.len() == 1;
         let span = mnemo_config::batch_span(name, batch.iter().map(|(_, _, caller)| caller));
         let (jobs, replies): (Vec<J>, Vec<Reply>) = batch.into_iter().map(|(job, reply, _)| (job, reply)).unzip();
         // A batch that panics fails its own jobs; the loop lives on for the next batches (a
         // dead loop would leave every later job of the queue waiting for an answer in vain).
         let result = AssertUnwindSafe(run(jobs, permit).instrument(span)).catch_unwind().await.unwrap_or_else(|_| {
-            tracing::error!(batch = name, "a batch panicked: its jobs fail and are not retried");
-            Err(JobError::Panicked)
+            tracing::error!(batch = name, jobs = replies.len(), "a batch panicked: its jobs fail");
+            Err(JobError::Panicked { alone })
         });
         for reply in replies {
             let _ = reply.send(result.clone());
@@ -180,8 +187,27 @@ mod tests {
                 assert!(jobs[0] != 1, "job 1 panics");
                 Ok(())
             });
-        assert!(matches!(batcher.submit(1).await, Err(JobError::Panicked)));
+        assert!(matches!(batcher.submit(1).await, Err(JobError::Panicked { alone: true })));
         assert!(batcher.submit(2).await.is_ok(), "the only loop survived the panic");
+    }
+
+    #[tokio::test]
+    async fn a_job_that_stopped_waiting_is_left_out_of_its_batch() {
+        let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = ran.clone();
+        let batcher =
+            Batcher::start("test batch", 1, 8, Gather::Wait(Duration::from_millis(300)), move |jobs: Vec<u32>, _| {
+                seen.lock().expect("ran").extend(jobs);
+                async { Ok(()) }
+            });
+        let gone = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.submit(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        gone.abort();
+        assert!(batcher.submit(2).await.is_ok());
+        assert_eq!(*ran.lock().expect("ran"), [2]);
     }
 
     #[tokio::test]

@@ -37,8 +37,9 @@ pub enum JobError {
     ShuttingDown,
     #[error("the job ran past its timeout of {0:?}")]
     TimedOut(Duration),
+    /// `alone`: the job was the batch's only one, so it is the one that panics.
     #[error("the job's batch panicked")]
-    Panicked,
+    Panicked { alone: bool },
     #[error("{0}")]
     Setup(String),
 }
@@ -69,11 +70,15 @@ impl Next {
     pub fn after(result: Result<(), JobError>, attempt: usize) -> Self {
         match result {
             Ok(()) => Self::Done,
-            Err(e @ (JobError::Store(_) | JobError::ShuttingDown | JobError::TimedOut(_))) => {
-                Self::RetryAfter(backoff(i32::try_from(attempt).unwrap_or(i32::MAX)), e)
-            }
-            // A panic is a bug: running the job again would only panic again.
-            Err(e @ (JobError::Setup(_) | JobError::Panicked)) => Self::GiveUp(e),
+            Err(
+                e @ (JobError::Store(_)
+                | JobError::ShuttingDown
+                | JobError::TimedOut(_)
+                | JobError::Panicked { alone: false }),
+            ) => Self::RetryAfter(backoff(i32::try_from(attempt).unwrap_or(i32::MAX)), e),
+            // A panic is a bug: a job that panicked alone would only panic again. Its batch-mates
+            // run again (in smaller batches as they retry at different times).
+            Err(e @ (JobError::Setup(_) | JobError::Panicked { alone: true })) => Self::GiveUp(e),
         }
     }
 }

@@ -45,7 +45,9 @@ impl Forward for Remote {
         while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
             if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
                 let message = format!("the answer at {} was over {} MiB", self.base, MAX_ANSWER_BYTES >> 20);
-                return Ok(ApiAnswer { status, body: json!({ "error": { "code": "internal", "message": message } }) });
+                // Whatever the status said, this is no answer: a tool error.
+                let body = json!({ "error": { "code": "internal", "message": message } });
+                return Ok(ApiAnswer { status: 502, body });
             }
             bytes.extend_from_slice(&chunk);
         }
