@@ -556,3 +556,30 @@ async fn two_worker_processes_run_one_extraction_at_a_time_per_user_and_lose_no_
         worker.kill().await;
     }
 }
+
+#[tokio::test]
+async fn a_run_cut_off_at_its_job_timeout_releases_its_claim() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "that I fly on Friday").await;
+    complete(&app, &t, "s1", "web").await;
+    chat.then([ChatAnswer::Hang(Duration::from_secs(5))]);
+
+    // As the worker's job timeout does: the run's future is dropped during the model call.
+    let cut = tokio::time::timeout(Duration::from_millis(500), runner.run(&job())).await;
+    assert!(cut.is_err(), "the model call hangs past the cut");
+    let held = "SELECT count(*) FROM extraction_runs WHERE running_by IS NOT NULL";
+    let released = async {
+        for _ in 0..50 {
+            if app.db.count(held).await == 0 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+    assert!(released.await, "the claim stays held until it goes stale");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'pending'").await, 1);
+}

@@ -15,7 +15,7 @@ use mnemo_core::{
 use mnemo_store::queue::ConsolidateJob;
 use mnemo_store::{ChangedNote, Replacement, Store, StoreError};
 
-use crate::JobError;
+use crate::{JobError, OnDrop};
 
 /// The most characters of notes one run shows the model (about 16,000 tokens). The notes past
 /// it, the newest, are left to the next run, which this run asks for; a single note longer than
@@ -63,7 +63,17 @@ impl ConsolidateRunner {
             self.store.retry_after(job, Duration::from_secs(5)).await?;
             return Ok(ConsolidateReport::Held);
         }
+        // Cut off midway, the run is released as a failed one is below.
+        let cut_off = {
+            let (store, workspace, worker) = (self.store.clone(), workspace.clone(), self.worker.clone());
+            OnDrop::new(move || {
+                tokio::spawn(async move {
+                    let _ = store.finish_consolidation(&workspace, &worker, None, None, "failed", "timeout").await;
+                });
+            })
+        };
         let result = self.claimed(job, &workspace).await;
+        cut_off.disarm();
         if result.is_err() {
             // Whatever failed, the run is not left held until it goes stale.
             let _ = self.store.finish_consolidation(&workspace, &self.worker, None, None, "failed", "error").await;

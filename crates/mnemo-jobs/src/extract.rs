@@ -24,7 +24,7 @@ use mnemo_core::{
 use mnemo_store::queue::ExtractJob;
 use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Store};
 
-use crate::{JobError, backoff};
+use crate::{JobError, OnDrop, backoff};
 
 /// The most messages read back from one conversation's completion (tool traffic among them:
 /// only what the user and the assistant said is kept).
@@ -86,7 +86,18 @@ impl ExtractRunner {
             self.store.retry_after(job, wait).await?;
             return Ok(ExtractReport::Waiting(wait));
         }
+        // Cut off midway, the run is released as a failed one is below (the release is the
+        // holder's only: it never ends a run another worker took over).
+        let cut_off = {
+            let (store, workspace, worker) = (self.store.clone(), workspace.clone(), self.worker.clone());
+            OnDrop::new(move || {
+                tokio::spawn(async move {
+                    let _ = store.finish_extraction(&workspace, &worker, &[], "pending", "", false).await;
+                });
+            })
+        };
         let result = self.claimed(job, &workspace).await;
+        cut_off.disarm();
         // Conversations this run could not take: the job runs again after the cooldown (a
         // failed run has queued its own retry).
         if let Ok((report, true)) = &result

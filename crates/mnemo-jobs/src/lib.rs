@@ -50,6 +50,28 @@ impl From<mnemo_store::StoreError> for JobError {
     }
 }
 
+/// Runs its closure when dropped, unless disarmed: what a run must undo when its job is cut off
+/// at the timeout (a future dropped midway runs none of its code after the await it was at).
+pub(crate) struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnDrop<F> {
+    pub(crate) fn new(undo: F) -> Self {
+        Self(Some(undo))
+    }
+
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(undo) = self.0.take() {
+            undo();
+        }
+    }
+}
+
 /// What a handler means the worker to do with its job next. Failures a job records itself
 /// (an embed error on its row, a judge fail-open) are `Done`: the job did its work.
 #[derive(Debug)]
