@@ -571,15 +571,7 @@ async fn a_run_cut_off_at_its_job_timeout_releases_its_claim() {
     let cut = tokio::time::timeout(Duration::from_millis(500), runner.run(&job())).await;
     assert!(cut.is_err(), "the model call hangs past the cut");
     let held = "SELECT count(*) FROM extraction_runs WHERE running_by IS NOT NULL";
-    let released = async {
-        for _ in 0..50 {
-            if app.db.count(held).await == 0 {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
-    };
-    assert!(released.await, "the claim stays held until it goes stale");
+    let released = wait_until(Duration::from_millis(2500), || async { app.db.count(held).await == 0 }).await;
+    assert!(released, "the claim stays held until it goes stale");
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'pending'").await, 1);
 }

@@ -37,7 +37,7 @@ impl ChatModel {
                 vars::OPENAI_API_KEY
             ));
         }
-        let timeout_ms = problems.bounded(env, names.timeout_ms, timeout_ms, 1..=u64::MAX, "milliseconds");
+        let timeout_ms = problems.milliseconds(env, names.timeout_ms, timeout_ms);
         Some(Self {
             name: name.trim().to_owned(),
             base_url: base_url.map(|u| u.trim().trim_end_matches('/').to_owned()),

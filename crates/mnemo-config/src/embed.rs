@@ -75,7 +75,7 @@ impl EmbedSettings {
                 if dimensions == 0 {
                     problems.0.push(format!("the openai provider needs {} (e.g. 1536)", vars::EMBED_DIMENSIONS));
                 }
-                let timeout_ms = problems.bounded(env, vars::EMBED_TIMEOUT_MS, 10_000u64, 1..=u64::MAX, "milliseconds");
+                let timeout_ms = problems.milliseconds(env, vars::EMBED_TIMEOUT_MS, 10_000);
                 let max_inputs = problems.parsed(env, vars::EMBED_MAX_INPUTS, 256usize, "a whole number").max(1);
                 Self {
                     provider: EmbedProvider::OpenAi {

@@ -78,6 +78,11 @@ impl Problems {
         std::time::Duration::from_secs(self.bounded(env, name, default, 1..=604_800, "a number of seconds"))
     }
 
+    /// A whole number of milliseconds, at least 1.
+    pub(crate) fn milliseconds(&mut self, env: &Env, name: &str, default: u64) -> u64 {
+        self.bounded(env, name, default, 1..=u64::MAX, "milliseconds")
+    }
+
     /// A value within `range`; outside it, a problem and the default.
     pub(crate) fn bounded<T>(
         &mut self,

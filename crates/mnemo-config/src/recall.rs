@@ -128,7 +128,7 @@ impl RecallSettings {
         {
             problems.0.push(format!("{}={url:?} must be an http:// or https:// URL", vars::RERANKER_URL));
         }
-        let timeout_ms = problems.bounded(env, vars::RERANKER_TIMEOUT_MS, 1000u64, 1..=u64::MAX, "milliseconds");
+        let timeout_ms = problems.milliseconds(env, vars::RERANKER_TIMEOUT_MS, 1000);
         let prune_fraction = problems.parsed(env, vars::RECALL_PRUNE_FRACTION, defaults.prune_fraction, "a fraction");
         if !(0.0..=1.0).contains(&prune_fraction) {
             problems.0.push(format!("{} must be between 0 and 1", vars::RECALL_PRUNE_FRACTION));

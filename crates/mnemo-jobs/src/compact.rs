@@ -107,9 +107,8 @@ impl Compactor {
         let history: Vec<_> = messages.iter().map(|m| m.to_window(self.counter.as_ref())).collect();
         let wanted = compaction_cut(&history, self.policy.keep)
             .max(keep_at_most.map_or(0, |tokens| compaction_cut(&history, Keep::Tokens(tokens))));
-        let cut = wanted;
         let per_job = self.policy.chunk_tokens.saturating_mul(self.policy.max_chunks);
-        let cut = units_within(&history[..cut], per_job);
+        let cut = units_within(&history[..wanted], per_job);
         // Chunks are packed line by line, so those tokens may still take more calls than
         // `max_chunks`: then only the whole units within the first `max_chunks` chunks (at least
         // one unit) are this job's.

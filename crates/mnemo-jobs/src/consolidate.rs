@@ -15,7 +15,7 @@ use mnemo_core::{
 use mnemo_store::queue::ConsolidateJob;
 use mnemo_store::{ChangedNote, Replacement, Store, StoreError};
 
-use crate::{JobError, OnDrop};
+use crate::{JobError, UndoIfDropped};
 
 /// The most characters of notes one run shows the model (about 16,000 tokens). The notes past
 /// it, the newest, are left to the next run, which this run asks for; a single note longer than
@@ -66,10 +66,8 @@ impl ConsolidateRunner {
         // Cut off midway, the run is released as a failed one is below.
         let cut_off = {
             let (store, workspace, worker) = (self.store.clone(), workspace.clone(), self.worker.clone());
-            OnDrop::new(move || {
-                tokio::spawn(async move {
-                    let _ = store.finish_consolidation(&workspace, &worker, None, None, "failed", "timeout").await;
-                });
+            UndoIfDropped::new(async move {
+                let _ = store.finish_consolidation(&workspace, &worker, None, None, "failed", "timeout").await;
             })
         };
         let result = self.claimed(job, &workspace).await;

@@ -24,7 +24,7 @@ use mnemo_core::{
 use mnemo_store::queue::ExtractJob;
 use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Store};
 
-use crate::{JobError, OnDrop, backoff};
+use crate::{JobError, UndoIfDropped, backoff};
 
 /// The most messages read back from one conversation's completion (tool traffic among them:
 /// only what the user and the assistant said is kept).
@@ -90,10 +90,8 @@ impl ExtractRunner {
         // holder's only: it never ends a run another worker took over).
         let cut_off = {
             let (store, workspace, worker) = (self.store.clone(), workspace.clone(), self.worker.clone());
-            OnDrop::new(move || {
-                tokio::spawn(async move {
-                    let _ = store.finish_extraction(&workspace, &worker, &[], "pending", "", false).await;
-                });
+            UndoIfDropped::new(async move {
+                let _ = store.finish_extraction(&workspace, &worker, &[], "pending", "", false).await;
             })
         };
         let result = self.claimed(job, &workspace).await;

@@ -50,11 +50,11 @@ impl From<mnemo_store::StoreError> for JobError {
     }
 }
 
-/// Runs its closure when dropped, unless disarmed: what a run must undo when its job is cut off
+/// Spawns its future when dropped, unless disarmed: what a run must undo when its job is cut off
 /// at the timeout (a future dropped midway runs none of its code after the await it was at).
-pub(crate) struct OnDrop<F: FnOnce()>(Option<F>);
+pub(crate) struct UndoIfDropped<F: Future<Output = ()> + Send + 'static>(Option<F>);
 
-impl<F: FnOnce()> OnDrop<F> {
+impl<F: Future<Output = ()> + Send + 'static> UndoIfDropped<F> {
     pub(crate) fn new(undo: F) -> Self {
         Self(Some(undo))
     }
@@ -64,10 +64,10 @@ impl<F: FnOnce()> OnDrop<F> {
     }
 }
 
-impl<F: FnOnce()> Drop for OnDrop<F> {
+impl<F: Future<Output = ()> + Send + 'static> Drop for UndoIfDropped<F> {
     fn drop(&mut self) {
         if let Some(undo) = self.0.take() {
-            undo();
+            tokio::spawn(undo);
         }
     }
 }

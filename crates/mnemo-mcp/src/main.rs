@@ -38,9 +38,8 @@ impl Forward for Remote {
             request = request.json(&body);
         }
         // Without the URL: its path may name a file, a memory or a tool output.
-        let response = request.send().await.map_err(|e| format!("{}: {}", self.base, e.without_url()))?;
+        let mut response = request.send().await.map_err(|e| format!("{}: {}", self.base, e.without_url()))?;
         let status = response.status().as_u16();
-        let mut response = response;
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
             if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {

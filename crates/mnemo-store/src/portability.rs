@@ -250,18 +250,7 @@ impl Import {
                 let values = columns.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
                 let matched = keys.iter().map(|k| format!("s.{k} = r.{k}")).collect::<Vec<_>>().join(" AND ");
                 if *table == "memory_items" {
-                    // A retired fact the file's copy brings back (revived at the source, whose
-                    // audit rows stay behind) gets its revive row, as the supersede did.
-                    let revived = format!(
-                        "INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
-                         SELECT $1, '{revive}', s.id, s.superseded_by, 'imported', 'import'
-                         FROM import_rows l, jsonb_populate_record(NULL::memory_items, l.row) r, memory_items s
-                         WHERE l.tbl = 'memory_items' AND s.tenant_id = $1 AND s.id = r.id AND ({wins})
-                           AND s.superseded_by IS NOT NULL AND r.superseded_by IS DISTINCT FROM s.superseded_by
-                         ORDER BY l.line",
-                        revive = mnemo_core::AuditEvent::Revive,
-                    );
-                    sqlx::query(sqlx::AssertSqlSafe(revived)).bind(tenant).execute(&mut *self.tx).await?;
+                    audit_imported_revivals(&mut self.tx, tenant, wins).await?;
                 }
                 let overwrite = format!(
                     "UPDATE {table} s SET ({list}) = ROW({values})
@@ -343,6 +332,23 @@ impl Import {
         self.tx.commit().await?;
         Ok(report)
     }
+}
+
+/// The revive audit rows of the retired facts the file's copies bring back (revived at the
+/// source, whose audit rows stay behind), written before those copies overwrite them; `wins`
+/// is when a copy `r` replaces the stored row `s`.
+async fn audit_imported_revivals(tx: &mut sqlx::PgConnection, tenant: &str, wins: &str) -> Result<(), StoreError> {
+    let sql = format!(
+        "INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
+         SELECT $1, '{revive}', s.id, s.superseded_by, 'imported', 'import'
+         FROM import_rows l, jsonb_populate_record(NULL::memory_items, l.row) r, memory_items s
+         WHERE l.tbl = 'memory_items' AND s.tenant_id = $1 AND s.id = r.id AND ({wins})
+           AND s.superseded_by IS NOT NULL AND r.superseded_by IS DISTINCT FROM s.superseded_by
+         ORDER BY l.line",
+        revive = mnemo_core::AuditEvent::Revive,
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(tx).await?;
+    Ok(())
 }
 
 /// The audit rows of the supersedes and anonymizations an import brings in (actor `import`), once
