@@ -310,6 +310,13 @@ async fn every_memory_column_is_state_or_bookkeeping() {
     assert!(unclassified.is_empty(), "columns neither state nor bookkeeping: {unclassified:?}");
 }
 
+/// A `{"table", "row"}` line with one field of its row set to `value`.
+fn set_field(line: &str, field: &str, value: serde_json::Value) -> String {
+    let mut parsed: serde_json::Value = serde_json::from_str(line).expect("a row line");
+    parsed["row"][field] = value;
+    parsed.to_string()
+}
+
 /// Imports `lines` and expects a refusal saying `expected`, with nothing written.
 async fn refused(target: &TestDb, name: &str, lines: Vec<String>, extra: &[&str], expected: &str) {
     let path = temp(name);
@@ -357,6 +364,32 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     let expected = format!("line {}: memory_items.superseded_by points at {missing}", item + 1);
     refused(&target, "chain", chain, &[], &expected).await;
 
+    let mut newer = lines.clone();
+    let mut header: serde_json::Value = serde_json::from_str(&lines[0]).expect("header");
+    assert!(header["schema"].as_i64().is_some_and(|v| v > 0), "{header}");
+    header["schema"] = json!(i64::MAX);
+    newer[0] = header.to_string();
+    refused(&target, "newer schema", newer, &[], "line 1: the file was exported from a newer schema").await;
+
+    // A field no column holds would be dropped without a word.
+    let mut unknown = lines.clone();
+    unknown[item] = unknown[item].replace("\"tenant_id\":", "\"mood\":\"sunny\",\"tenant_id\":");
+    let expected = format!("line {}: memory_items has no column \"mood\"", item + 1);
+    refused(&target, "unknown column", unknown, &[], &expected).await;
+
+    // A value of the wrong type, found before anything is written, and one that breaks a
+    // constraint, found as the rows are written: both name their line.
+    let last_item = lines.iter().rposition(|l| l.contains("\"table\":\"memory_items\"")).expect("an item line");
+    assert!(last_item > item);
+    let mut bad_time = lines.clone();
+    bad_time[last_item] = set_field(&bad_time[last_item], "created_at", json!("the day before"));
+    let expected = format!("line {}: a memory_items row this mnemo cannot store: invalid input syntax", last_item + 1);
+    refused(&target, "bad time", bad_time, &[], &expected).await;
+    let mut out_of_range = lines.clone();
+    out_of_range[last_item] = set_field(&out_of_range[last_item], "importance", json!(7));
+    let expected = format!("line {}: a memory_items row this mnemo cannot store: new row for relation", last_item + 1);
+    refused(&target, "out of range", out_of_range, &[], &expected).await;
+
     let mut cut = lines.clone();
     cut.pop();
     refused(&target, "no end line", cut, &[], "without its end line").await;
@@ -381,6 +414,41 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
         .expect("count");
     assert_eq!(beta, 3);
     let _ = std::fs::remove_file(&good);
+}
+
+#[tokio::test]
+async fn a_file_of_an_earlier_schema_takes_the_defaults_of_the_columns_added_since() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    for i in 0..3 {
+        let body = json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "content": format!("m {i}") });
+        assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+    }
+    let file = temp("earlier.jsonl.gz");
+    let run = runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&file)).await;
+    assert!(run.ok, "{}", run.stderr);
+    // As a file written before `tags` (a default) and `importance` (none) existed.
+    let lines: Vec<String> = lines_of(&file)
+        .into_iter()
+        .map(|line| {
+            let mut value: serde_json::Value = serde_json::from_str(&line).expect("json");
+            if value["table"] == "memory_items" {
+                let row = value["row"].as_object_mut().expect("row");
+                assert!(row.remove("tags").is_some() && row.remove("importance").is_some());
+            }
+            value.to_string()
+        })
+        .collect();
+    write_gz(&file, &lines);
+
+    let target = TestDb::new().await;
+    let run = runbook(&target.url, &["import", "--tenant", "acme", file.to_str().expect("path")], None).await;
+    let _ = std::fs::remove_file(&file);
+    assert!(run.ok, "{}", run.stderr);
+    let rows: Vec<(Vec<String>, Option<f32>)> =
+        sqlx::query_as("SELECT tags, importance FROM memory_items").fetch_all(&target.pool).await.expect("rows");
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|(tags, importance)| tags.is_empty() && importance.is_none()), "{rows:?}");
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! `export` and `import`: a tenant's data as gzip-compressed JSON Lines. Line 1 is a header (the
-//! format, its version, the tenant), then one `{"table", "row"}` per row, then `{"end": {"rows"}}`,
+//! format, its version, the database's schema, the tenant), then one `{"table", "row"}` per row, then `{"end": {"rows"}}`,
 //! so a cut file is told from a whole one. Export streams (constant memory); import checks every
 //! line and every reference before it writes anything, in one transaction.
 
@@ -60,8 +60,8 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
     let mut export = store.begin_export().await?;
     let mut out = flate2::write::GzEncoder::new(std::io::BufWriter::new(stdout.lock()), flate2::Compression::fast());
     let header = json!({
-        "format": FORMAT, "version": VERSION, "tenant": args.tenant.as_str(), "exported_at": export.started_at,
-        "since": args.since, "with_vectors": args.with_vectors,
+        "format": FORMAT, "version": VERSION, "schema": export.schema, "tenant": args.tenant.as_str(),
+        "exported_at": export.started_at, "since": args.since, "with_vectors": args.with_vectors,
     });
     writeln!(out, "{header}")?;
     let mut rows = 0u64;
@@ -112,6 +112,15 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     }
     if header["version"] != VERSION {
         bail!("line 1: export format version {} is not one this mnemo reads (it reads {VERSION})", header["version"]);
+    }
+    // Files exported before the header named its schema have no later columns than this one.
+    let schema = header.get("schema").map_or(Some(0), Value::as_i64).context("line 1: the schema is not a number")?;
+    let ours = store.schema_version().await?;
+    if schema > ours {
+        bail!(
+            "line 1: the file was exported from a newer schema (migration {schema}; this database has {ours}): \
+             upgrade mnemo and run `mnemo-runbook migrate` before importing it"
+        );
     }
     let source = header["tenant"].as_str().context("line 1: the header names no tenant")?.to_owned();
     if source != args.tenant.as_str() && !args.retarget {

@@ -70,6 +70,10 @@ pub enum ImportError {
          tenant disagree about which row it names"
     )]
     SourceRefTaken { line: i64, existing: uuid::Uuid },
+    #[error("line {line}: {table} has no column {column:?} (was the file exported by a newer mnemo?)")]
+    UnknownColumn { line: i64, table: &'static str, column: String },
+    #[error("line {line}: a {table} row this mnemo cannot store: {problem}")]
+    BadRow { line: i64, table: &'static str, problem: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -106,6 +110,8 @@ pub struct Export {
     /// The snapshot's time by the database's clock: an export `--since` it misses nothing this
     /// one left out.
     pub started_at: chrono::DateTime<chrono::Utc>,
+    /// The last migration the database has applied: rows have the columns of that schema.
+    pub schema: i64,
 }
 
 impl Export {
@@ -141,7 +147,14 @@ impl Store {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
         // The first query takes the snapshot; `now()` is the transaction's start, just before it.
         let started_at = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
-        Ok(Export { tx, started_at })
+        let schema = schema_version(&mut tx).await?;
+        Ok(Export { tx, started_at, schema })
+    }
+
+    /// The last migration the database has applied: an import refuses a file of a later schema,
+    /// whose columns this database may not have.
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        schema_version(&mut *self.pool.acquire().await?).await
     }
 
     /// Opens an import into `tenant`. Rows must already name `tenant`.
@@ -186,6 +199,7 @@ impl Import {
         )
         .execute(&mut *self.tx)
         .await?;
+        let columns = check_rows(&mut self.tx, tenant).await?;
         // An erasure deletes a user's files outright; a copy made before it must not bring them
         // back (their memories come back anonymized already: an anonymized row is never replaced).
         let erased_left_out = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -228,15 +242,7 @@ impl Import {
         }
 
         let mut report = ImportReport { erased_left_out, ..ImportReport::default() };
-        for (table, _) in EXPORT_TABLES {
-            let columns: Vec<String> = sqlx::query_scalar(
-                "SELECT column_name::text FROM information_schema.columns
-                 WHERE table_schema = current_schema() AND table_name = $1 AND is_generated = 'NEVER'
-                 ORDER BY ordinal_position",
-            )
-            .bind(table)
-            .fetch_all(&mut *self.tx)
-            .await?;
+        for (table, columns) in &columns {
             let list = columns.join(", ");
             let staged: i64 = sqlx::query_scalar("SELECT count(*) FROM import_rows WHERE tbl = $1")
                 .bind(table)
@@ -257,11 +263,7 @@ impl Import {
                      FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
                      WHERE l.tbl = '{table}' AND s.tenant_id = $1 AND {matched} AND ({wins})"
                 );
-                overwritten = sqlx::query(sqlx::AssertSqlSafe(overwrite))
-                    .bind(tenant)
-                    .execute(&mut *self.tx)
-                    .await?
-                    .rows_affected();
+                overwritten = checked(&mut self.tx, tenant, (table, &list), overwrite).await?;
             }
             // A new row's key held by another row would make the insert below skip it as if it
             // were there already (checked after the overwrites: an anonymized row frees its key).
@@ -297,8 +299,7 @@ impl Import {
                  WHERE l.tbl = '{table}' {not_erased} ORDER BY l.line
                  ON CONFLICT DO NOTHING"
             );
-            let written =
-                sqlx::query(sqlx::AssertSqlSafe(insert)).bind(tenant).execute(&mut *self.tx).await?.rows_affected();
+            let written = checked(&mut self.tx, tenant, (table, &list), insert).await?;
             report.tables.push((table, staged as u64, written, overwritten));
             // Before the tables that hang off items go in: a new item may take the tool-output
             // key the anonymized one held.
@@ -332,6 +333,127 @@ impl Import {
         self.tx.commit().await?;
         Ok(report)
     }
+}
+
+/// Checks every staged row against the tables' columns before anything is written, and returns
+/// each table's column list (those the database does not compute). A field of no column (a file
+/// of a newer schema) is refused, not dropped; a column the file lacks (one added since it was
+/// exported) takes its default, as rows written before it did; a value of the wrong type is
+/// refused, naming its line.
+async fn check_rows(
+    tx: &mut sqlx::PgConnection,
+    tenant: &str,
+) -> Result<Vec<(&'static str, Vec<String>)>, ImportError> {
+    sqlx::query(FIRST_BAD_ROW).execute(&mut *tx).await?;
+    let mut lists = Vec::new();
+    for &(table, _) in EXPORT_TABLES {
+        let columns: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT column_name::text, column_default::text FROM information_schema.columns
+             WHERE table_schema = current_schema() AND table_name = $1 AND is_generated = 'NEVER'
+             ORDER BY ordinal_position",
+        )
+        .bind(table)
+        .fetch_all(&mut *tx)
+        .await?;
+        let names: Vec<&str> = columns.iter().map(|(name, _)| name.as_str()).collect();
+        let unknown: Option<(i64, String)> = sqlx::query_as(
+            "SELECT l.line, k FROM import_rows l, jsonb_object_keys(l.row) k
+             WHERE l.tbl = $1 AND k <> ALL($2) ORDER BY l.line LIMIT 1",
+        )
+        .bind(table)
+        .bind(&names)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((line, column)) = unknown {
+            return Err(ImportError::UnknownColumn { line, table, column });
+        }
+        let defaulted: Vec<(&str, &str)> =
+            columns.iter().filter_map(|(name, default)| Some((name.as_str(), default.as_deref()?))).collect();
+        if !defaulted.is_empty() {
+            // Each default is evaluated only for a row that lacks its column.
+            let fill = defaulted
+                .iter()
+                .map(|(name, default)| format!("'{name}', CASE WHEN NOT row ? '{name}' THEN to_jsonb({default}) END"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "UPDATE import_rows SET row = jsonb_strip_nulls(jsonb_build_object({fill})) || row
+                 WHERE tbl = $1 AND NOT row ?& $2"
+            );
+            let names: Vec<&str> = defaulted.iter().map(|(name, _)| *name).collect();
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(table).bind(&names).execute(&mut *tx).await?;
+        }
+        let probe = format!(
+            "SELECT count(*) FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
+             WHERE l.tbl = '{table}' AND l.row->>'tenant_id' = $1"
+        );
+        checked(&mut *tx, tenant, (table, &names.join(", ")), probe).await?;
+        lists.push((table, columns.into_iter().map(|(name, _)| name).collect()));
+    }
+    Ok(lists)
+}
+
+/// Runs one of the import's statements over the staged rows of `table` (`$1` is the tenant). If
+/// a row's values fail it, the statement is undone and the error names the first such line.
+async fn checked(
+    tx: &mut sqlx::PgConnection,
+    tenant: &str,
+    (table, columns): (&'static str, &str),
+    sql: String,
+) -> Result<u64, ImportError> {
+    sqlx::query("SAVEPOINT import_step").execute(&mut *tx).await?;
+    match sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *tx).await {
+        Ok(done) => {
+            sqlx::query("RELEASE SAVEPOINT import_step").execute(&mut *tx).await?;
+            Ok(done.rows_affected())
+        }
+        Err(e) if is_bad_value(&e) => {
+            sqlx::query("ROLLBACK TO SAVEPOINT import_step").execute(&mut *tx).await?;
+            let bad: Option<(i64, String)> =
+                sqlx::query_as("SELECT line, problem FROM pg_temp.import_first_bad_row($1, $2)")
+                    .bind(table)
+                    .bind(columns)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            match bad {
+                Some((line, problem)) => Err(ImportError::BadRow { line, table, problem }),
+                None => Err(e.into()),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn schema_version(db: &mut sqlx::PgConnection) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM _sqlx_migrations WHERE success").fetch_one(db).await?)
+}
+
+/// The first staged row of `table` that cannot be written, in file order, and why: each row is
+/// written alone in a subtransaction that is then undone. Only a row's own faults count (a value
+/// of the wrong type, a missing or out-of-range field); a reference to a row not in yet does not.
+/// Run only after a statement over all of them failed, to name the line.
+const FIRST_BAD_ROW: &str = "
+CREATE FUNCTION pg_temp.import_first_bad_row(t text, columns text) RETURNS TABLE (line bigint, problem text)
+LANGUAGE plpgsql AS $f$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT l.line, l.row FROM import_rows l WHERE l.tbl = t ORDER BY l.line LOOP
+        BEGIN
+            EXECUTE format('INSERT INTO %I (%s) SELECT %s FROM jsonb_populate_record(NULL::%I, $1) ON CONFLICT DO NOTHING',
+                           t, columns, columns, t) USING r.row;
+            RAISE EXCEPTION USING ERRCODE = 'MNEMO';
+        EXCEPTION
+            WHEN SQLSTATE 'MNEMO' OR foreign_key_violation THEN NULL;
+            WHEN data_exception OR integrity_constraint_violation THEN
+                line := r.line; problem := SQLERRM; RETURN NEXT; RETURN;
+        END;
+    END LOOP;
+END $f$";
+
+/// Whether `e` is a fault of the rows' values (SQLSTATE classes 22 and 23), which
+/// [`FIRST_BAD_ROW`] can pin to a line.
+fn is_bad_value(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("22") || c.starts_with("23")))
 }
 
 /// The revive audit rows of the retired facts the file's copies bring back (revived at the
