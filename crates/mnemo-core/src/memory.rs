@@ -78,7 +78,7 @@ impl FactKey {
 pub enum ScopeError {
     #[error("{0} rows belong to a session: give session_id or use a token with a sid claim")]
     MissingSession(SourceKind),
-    #[error("this token is bound to one session and cannot write to another")]
+    #[error("this token may write only to the session it is bound to (a user's token without one, to none it names)")]
     SessionMismatch,
     #[error("document chunks are tenant-wide and take no session_id")]
     SessionNotAllowed,
@@ -183,9 +183,13 @@ fn sha256(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
 }
 
+/// A session-scoped row goes into the token's own session, or into any session named by a
+/// service token (no user, no session): as a session is read. A user's token without a session
+/// naming one would write into sessions, other users' too, that it cannot read.
 fn session_for(principal: &Principal, kind: SourceKind, given: Option<SessionId>) -> Result<SessionId, ScopeError> {
     match (given, &principal.session) {
         (Some(given), Some(bound)) if &given != bound => Err(ScopeError::SessionMismatch),
+        (Some(_), None) if principal.user.is_some() => Err(ScopeError::SessionMismatch),
         (Some(given), _) => Ok(given),
         (None, Some(bound)) => Ok(bound.clone()),
         (None, None) => Err(ScopeError::MissingSession(kind)),
@@ -446,6 +450,10 @@ mod tests {
         assert_eq!(err.unwrap_err(), ScopeError::MissingSession(SourceKind::ChatMessage));
         let row = NewMemory::chat_message(&service, source("m1"), text("hi"), session("s9"), Extras::default());
         assert_eq!(row.expect("ok").session, session("s9"));
+        // A user's token without a session reads no session, so it writes into none it names.
+        let user = principal(Some("u"), None, None);
+        let err = NewMemory::chat_message(&user, source("m1"), text("hi"), session("s9"), Extras::default());
+        assert_eq!(err.unwrap_err(), ScopeError::SessionMismatch);
     }
 
     #[test]
