@@ -55,6 +55,11 @@ async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
     assert_eq!((all.status, all.body["replaced"].as_i64()), (200, Some(2)), "{:?}", all.body);
     let once = app.client.post(&edit, Some(&t), &json!({ "old_text": "packed", "new_text": "packed light" })).await;
     assert_eq!(once.body["replaced"], 1);
+    // Two matches of 140,000 bytes each would make 280,045 bytes, over the 256 KiB a file holds.
+    let big = json!({ "old_text": "*", "new_text": "x".repeat(140_000), "replace_all": true });
+    let too_large = app.client.post(&edit, Some(&t), &big).await;
+    assert_eq!((too_large.status, too_large.code()), (400, "content_too_long"));
+    assert!(too_large.body["error"]["message"].as_str().is_some_and(|m| m.contains("280045")), "{:?}", too_large.body);
     let read = app.client.get(note, Some(&t)).await;
     assert_eq!(read.body["content"], "# 2026-04-01\n* booked the train\n* packed light\n");
 

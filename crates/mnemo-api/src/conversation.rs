@@ -27,6 +27,9 @@ const MAX_PAGE: usize = 1000;
 const DEFAULT_PAGE: usize = 100;
 /// The most history one context call reads; a longer session needs compaction to be complete.
 const MAX_HISTORY: usize = 100_000;
+/// The newest messages of a session the extraction gates read: at least twice the most
+/// `MNEMO_EXTRACT_MIN_MESSAGES` may ask for.
+const GATE_MESSAGES: i64 = 2 * mnemo_config::MAX_EXTRACT_MIN_MESSAGES as i64;
 /// Budgets a context call accepts: below the smallest nothing useful fits; the largest is past
 /// any model's window, so a larger one is a mistake.
 const MIN_INPUT_TOKENS: i64 = 64;
@@ -573,7 +576,10 @@ async fn ask_extraction(
     if !state.workspace.extraction.enabled {
         return answer(false, Some("disabled"));
     }
-    let messages = state.store.session_messages(&principal.tenant, &session, None, MAX_HISTORY as i64).await?;
+    // The gates read the conversation's end, however long the session.
+    let mut messages =
+        state.store.session_messages_newest_first(&principal.tenant, &session, None, None, GATE_MESSAGES).await?;
+    messages.reverse();
     let spoken: Vec<(Role, &str)> = messages.iter().map(|m| (m.role, m.content.as_str())).collect();
     if let Some(gate) = state.workspace.extraction.gates.refuse(source, &spoken) {
         return answer(false, Some(gate));

@@ -32,4 +32,6 @@ pub use telemetry::{
     model_span, shutdown_signal, traceparent,
 };
 pub use worker::WorkerSettings;
-pub use workspace::{ConsolidationSettings, ExtractionSettings, MaintenanceSettings, WorkspaceSettings};
+pub use workspace::{
+    ConsolidationSettings, ExtractionSettings, MAX_EXTRACT_MIN_MESSAGES, MaintenanceSettings, WorkspaceSettings,
+};

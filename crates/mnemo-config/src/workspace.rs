@@ -47,6 +47,9 @@ pub struct ConsolidationSettings {
     pub schedule: Option<CronSchedule>,
 }
 
+/// The most user and assistant messages the extraction gates may ask a conversation for.
+pub const MAX_EXTRACT_MIN_MESSAGES: usize = 1000;
+
 /// Extraction after a conversation.
 #[derive(Debug, Clone)]
 pub struct ExtractionSettings {
@@ -105,7 +108,13 @@ impl WorkspaceSettings {
             enabled: bool_var(problems, vars::EXTRACT_ENABLED, true),
             gates: Gates {
                 skip_cron: bool_var(problems, vars::EXTRACT_SKIP_CRON, true),
-                min_messages: problems.parsed(env, vars::EXTRACT_MIN_MESSAGES, 4usize, "a whole number"),
+                min_messages: problems.bounded(
+                    env,
+                    vars::EXTRACT_MIN_MESSAGES,
+                    4usize,
+                    0..=MAX_EXTRACT_MIN_MESSAGES,
+                    "a whole number",
+                ),
                 min_last_user_chars: problems.parsed(env, vars::EXTRACT_MIN_USER_CHARS, 10usize, "a whole number"),
             },
             cooldown: Duration::from_secs(problems.parsed(

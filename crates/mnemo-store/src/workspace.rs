@@ -315,10 +315,14 @@ impl Store {
             0 => Edited::TextNotFound,
             n if n > 1 && !replace_all => Edited::Ambiguous { count: n },
             n => {
-                let content = c.file.content.replacen(old, new, if replace_all { usize::MAX } else { 1 });
-                if content.len() > max_bytes {
-                    return Ok(Edited::TooLarge { bytes: content.len() });
+                let replaced = if replace_all { n } else { 1 };
+                // Sized before it is built: many matches of a short text replaced by a long one
+                // would otherwise build a string of gigabytes.
+                let bytes = (c.file.content.len() - replaced * old.len()).saturating_add(replaced.saturating_mul(new.len()));
+                if bytes > max_bytes {
+                    return Ok(Edited::TooLarge { bytes });
                 }
+                let content = c.file.content.replacen(old, new, replaced);
                 let state = NewState {
                     content: &content,
                     enabled: c.file.enabled,
