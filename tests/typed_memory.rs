@@ -544,6 +544,16 @@ async fn packs_keep_their_budgets_and_layer_limits() {
         "{messages:?}"
     );
     assert!(context.body["diagnostics"]["memory_pack"]["tokens"].as_u64().expect("tokens") <= 300);
+
+    // A current message longer than a query may be (a paste) asks the pack with its end.
+    let paste = format!("{}\nwhat about the kayak?", "é lorem ipsum ".repeat(400));
+    assert!(paste.len() > mnemo_core::MAX_QUERY_BYTES);
+    let context = app
+        .client
+        .post("/v1/sessions/s1/context", Some(&token(&ann)), &json!({"current_message": paste, "memory_pack": true}))
+        .await;
+    assert_eq!(context.status, 200, "{:?}", context.body);
+    assert!(context.body["diagnostics"]["memory_pack"]["items"].as_array().is_some(), "{:?}", context.body);
 }
 
 /// A tool output is read as its session's messages are: by a token bound to that session, the

@@ -36,6 +36,15 @@ const MIN_INPUT_TOKENS: i64 = 64;
 const MAX_INPUT_TOKENS: i64 = 10_000_000;
 const DEFAULT_INPUT_TOKENS: i64 = 128_000;
 
+/// The end of `text` that a recall query holds, cut at a character boundary.
+fn last_query_bytes(text: &str) -> String {
+    let mut start = text.len().saturating_sub(mnemo_core::MAX_QUERY_BYTES);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_owned()
+}
+
 /// A session's rows are read by a token bound to that session, or by a service token (no user,
 /// no session) of the tenant.
 fn session_for(principal: &Principal, raw: &str) -> Result<SessionId, ApiError> {
@@ -273,7 +282,9 @@ impl ContextBody {
         };
         let memory_pack = memory_pack
             .map(|mut options| {
-                let query = options.take_opt_str("query")?.or_else(|| current_message.clone());
+                // A long message (a paste) asks with its end, where its question usually is: the
+                // caller never sent a query to be refused.
+                let query = options.take_opt_str("query")?.or_else(|| current_message.as_deref().map(last_query_bytes));
                 let query = query.ok_or(ApiError::MissingField("memory_pack.query (or current_message)"))?;
                 // The window holds the conversation already: no working memory unless asked.
                 let working_given = options.nested_has("top_k", "working");

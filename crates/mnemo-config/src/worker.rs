@@ -73,14 +73,15 @@ impl WorkerSettings {
         let embed_previous_turn = problems.parsed(env, vars::EMBED_PREVIOUS_TURN, true, "true or false");
         let orphan_timeout = problems.seconds(env, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
         let job_timeout = problems.seconds(env, vars::JOB_TIMEOUT_S, 120);
-        // A job's work is cut off at its timeout: a model call that may outlast three quarters of
-        // it would be cut off unrecorded and paid again on every retry.
+        // A job's work is cut off at its timeout: model calls that may outlast three quarters of
+        // it would be cut off unrecorded and paid again on every retry. A job may make two in a
+        // row (a server that refuses the answer format is asked again without it).
         for (name, model) in [(vars::JUDGE_TIMEOUT_MS, &judge.model), (vars::LLM_TIMEOUT_MS, &context.model)] {
             if let Some(model) = model
-                && model.timeout >= job_timeout.mul_f64(0.75)
+                && model.timeout * 2 >= job_timeout.mul_f64(0.75)
             {
                 problems.0.push(format!(
-                    "{name}={} is not below three quarters of {}={}",
+                    "{name}={}, twice over, is not below three quarters of {}={}",
                     model.timeout.as_millis(),
                     vars::JOB_TIMEOUT_S,
                     job_timeout.as_secs()
@@ -218,15 +219,17 @@ mod tests {
             (vars::DATABASE_URL, "postgres://x"),
             (vars::LLM_MODEL, "m"),
             (vars::LLM_BASE_URL, "http://127.0.0.1:9/v1"),
-            (vars::LLM_TIMEOUT_MS, "90000"),
+            (vars::LLM_TIMEOUT_MS, "45000"),
             (vars::JOB_TIMEOUT_S, "120"),
         ]);
         let err = WorkerSettings::from_env(&slow).unwrap_err();
         assert!(
-            err.0[0].contains("MNEMO_LLM_TIMEOUT_MS=90000 is not below three quarters of MNEMO_JOB_TIMEOUT_S=120"),
+            err.0[0].contains(
+                "MNEMO_LLM_TIMEOUT_MS=45000, twice over, is not below three quarters of MNEMO_JOB_TIMEOUT_S=120"
+            ),
             "{err}"
         );
-        assert!(WorkerSettings::from_env(&slow.with(vars::LLM_TIMEOUT_MS, "89000")).is_ok());
+        assert!(WorkerSettings::from_env(&slow.with(vars::LLM_TIMEOUT_MS, "44000")).is_ok());
     }
 
     #[test]
