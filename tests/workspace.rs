@@ -359,10 +359,21 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
         assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
     }
 
+    // A note named for no real day, stored before such names were refused, sorts first: a page
+    // of one row passes it over and archives the real old note after it.
+    sqlx::query(
+        "INSERT INTO workspace_files SELECT (jsonb_populate_record(NULL::workspace_files,
+             to_jsonb(w) || '{\"path\": \"memory/2020-99-99.md\"}')).* FROM workspace_files w WHERE w.path = $1",
+    )
+    .bind(format!("memory/{}.md", old.format("%Y-%m-%d")))
+    .execute(&app.db.pool)
+    .await
+    .expect("a note of no real day");
+
     let store = app.db.store();
     assert!(store.claim_maintenance(1, "w1").await.expect("claim"));
     assert!(!store.claim_maintenance(1, "w2").await.expect("claimed already"), "once per interval across workers");
-    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1).await.expect("archive"), 1);
     let old_path = format!("/v1/workspace/files/memory/{}.md", old.format("%Y-%m-%d"));
     assert_eq!(app.client.get(&old_path, Some(&t)).await.status, 404);
     let archived =

@@ -79,7 +79,16 @@ impl WorkspacePath {
         if segments.last().is_some_and(|name| name.len() <= 3) {
             return bad("the file name is empty");
         }
-        Ok(Self(raw.to_owned()))
+        let path = Self(raw.to_owned());
+        // Named as a daily note, it must be one: its day decides when it is archived.
+        let dated = raw.strip_prefix("memory/").and_then(|r| r.strip_suffix(".md")).is_some_and(|name| {
+            name.len() == 10
+                && name.bytes().enumerate().all(|(i, b)| if i == 4 || i == 7 { b == b'-' } else { b.is_ascii_digit() })
+        });
+        if dated && path.note_day().is_none() {
+            return bad("a daily note's name must be a real day (memory/YYYY-MM-DD.md)");
+        }
+        Ok(path)
     }
 
     pub fn as_str(&self) -> &str {
@@ -318,7 +327,13 @@ mod tests {
 
     #[test]
     fn paths_are_relative_markdown_and_bounded() {
-        for good in ["MEMORY.md", "memory/2026-04-01.md", "notes/a b.md", "memory/archive/2026-01-01.md"] {
+        for good in [
+            "MEMORY.md",
+            "memory/2026-04-01.md",
+            "notes/a b.md",
+            "memory/archive/2026-01-01.md",
+            "memory/2024-02-29.md",
+        ] {
             assert!(WorkspacePath::parse(good).is_ok(), "{good}");
         }
         let bad = [
@@ -339,6 +354,8 @@ mod tests {
             "a\u{200B}b.md",
             "a\u{2028}b.md",
             "\u{FEFF}a.md",
+            "memory/2020-99-99.md",
+            "memory/2023-02-29.md",
         ];
         for raw in bad {
             assert!(matches!(WorkspacePath::parse(raw), Err(InvalidInput::BadPath { .. })), "{raw:?}");

@@ -18,11 +18,14 @@ const FINISH: &str =
     "UPDATE maintenance_runs SET archived = $2, pruned = $3, promoted = $4, faded = $5, finished_at = now()
                       WHERE tick = $1";
 
-/// Live daily notes of days before `$1` (a path bound), at most `$2`.
+/// Live daily notes of days before `$1` (a path bound), at most `$2`, in key order after the
+/// key `($3, $4, $5, $6)`: a page at a time, so a row passed over never holds up the rest.
 const OLD_NOTES: &str = "
 SELECT tenant_id, agent_id, user_id, path FROM workspace_files
 WHERE user_id <> '' AND deleted_at IS NULL
   AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path < $1
+  AND (tenant_id, agent_id, user_id, path) > ($3, $4, $5, $6)
+ORDER BY tenant_id, agent_id, user_id, path
 LIMIT $2";
 
 /// Soft-deletes at most `$2` live session messages older than `$1` days, with an audit row each.
@@ -76,49 +79,71 @@ impl Store {
     /// Moves at most `limit` daily notes of days before `before` to `memory/archive/`, one
     /// transaction each: the archive copy (disabled) and the note's soft delete.
     pub async fn archive_daily_notes(&self, before: NaiveDate, limit: i64) -> Result<u64, StoreError> {
-        let old: Vec<(String, String, String, String)> = sqlx::query_as(OLD_NOTES)
-            .bind(WorkspacePath::daily_note(before).as_str())
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut archived = 0;
-        for (tenant, agent, user, path) in old {
-            let note = WorkspacePath::parse(&path).map_err(StoreError::Stored)?;
-            let Some(day) = note.note_day() else { continue };
-            let archive = WorkspacePath::parse(&format!("memory/archive/{}.md", day.format("%Y-%m-%d")))
-                .map_err(StoreError::Stored)?;
-            let key = |path: WorkspacePath| -> Result<FileKey, StoreError> {
-                Ok(FileKey {
-                    tenant: TenantId::parse(&tenant).map_err(StoreError::Stored)?,
-                    agent: AgentId::parse(&agent).map_err(StoreError::Stored)?,
-                    user: Some(UserId::parse(&user).map_err(StoreError::Stored)?),
-                    path,
-                })
-            };
-            let (from, to) = (key(note)?, key(archive)?);
-            let mut tx = self.pool.begin().await?;
-            lock(&mut tx, &from).await?;
-            lock(&mut tx, &to).await?;
-            let Some(note) = current(&mut tx, &from).await?.filter(|c| !c.deleted) else { continue };
-            let existing = current(&mut tx, &to).await?;
-            let copy = NewState {
-                content: &note.file.content,
-                enabled: false,
-                sort_order: DEFAULT_SORT_ORDER,
-                deleted: false,
-            };
-            apply(&mut tx, &to, &copy, existing.map_or(1, |c| c.file.version + 1), "archived", ACTOR).await?;
-            let gone = NewState {
-                content: &note.file.content,
-                enabled: note.file.enabled,
-                sort_order: note.file.sort_order,
-                deleted: true,
-            };
-            apply(&mut tx, &from, &gone, note.file.version + 1, "deleted", ACTOR).await?;
-            tx.commit().await?;
-            archived += 1;
+        if limit < 1 {
+            return Ok(0);
         }
-        Ok(archived)
+        let bound = WorkspacePath::daily_note(before);
+        let mut after = (String::new(), String::new(), String::new(), String::new());
+        let mut archived = 0;
+        loop {
+            let page: Vec<(String, String, String, String)> = sqlx::query_as(OLD_NOTES)
+                .bind(bound.as_str())
+                .bind(limit)
+                .bind(&after.0)
+                .bind(&after.1)
+                .bind(&after.2)
+                .bind(&after.3)
+                .fetch_all(&self.pool)
+                .await?;
+            let last_page = (page.len() as i64) < limit;
+            for row in page {
+                if self.archive_note(&row.0, &row.1, &row.2, &row.3).await? {
+                    archived += 1;
+                    if archived as i64 == limit {
+                        return Ok(archived);
+                    }
+                }
+                after = row;
+            }
+            if last_page {
+                return Ok(archived);
+            }
+        }
+    }
+
+    /// Archives one daily note; false when it is not one, or is gone already.
+    async fn archive_note(&self, tenant: &str, agent: &str, user: &str, path: &str) -> Result<bool, StoreError> {
+        // A name of no real day (written before such names were refused) is passed over.
+        let Ok(note) = WorkspacePath::parse(path) else { return Ok(false) };
+        let Some(day) = note.note_day() else { return Ok(false) };
+        let archive = WorkspacePath::parse(&format!("memory/archive/{}.md", day.format("%Y-%m-%d")))
+            .map_err(StoreError::Stored)?;
+        let key = |path: WorkspacePath| -> Result<FileKey, StoreError> {
+            Ok(FileKey {
+                tenant: TenantId::parse(tenant).map_err(StoreError::Stored)?,
+                agent: AgentId::parse(agent).map_err(StoreError::Stored)?,
+                user: Some(UserId::parse(user).map_err(StoreError::Stored)?),
+                path,
+            })
+        };
+        let (from, to) = (key(note)?, key(archive)?);
+        let mut tx = self.pool.begin().await?;
+        lock(&mut tx, &from).await?;
+        lock(&mut tx, &to).await?;
+        let Some(note) = current(&mut tx, &from).await?.filter(|c| !c.deleted) else { return Ok(false) };
+        let existing = current(&mut tx, &to).await?;
+        let copy =
+            NewState { content: &note.file.content, enabled: false, sort_order: DEFAULT_SORT_ORDER, deleted: false };
+        apply(&mut tx, &to, &copy, existing.map_or(1, |c| c.file.version + 1), "archived", ACTOR).await?;
+        let gone = NewState {
+            content: &note.file.content,
+            enabled: note.file.enabled,
+            sort_order: note.file.sort_order,
+            deleted: true,
+        };
+        apply(&mut tx, &from, &gone, note.file.version + 1, "deleted", ACTOR).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Soft-deletes at most `limit` session messages older than `days` days (the retention

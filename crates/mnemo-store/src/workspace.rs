@@ -318,7 +318,8 @@ impl Store {
                 let replaced = if replace_all { n } else { 1 };
                 // Sized before it is built: many matches of a short text replaced by a long one
                 // would otherwise build a string of gigabytes.
-                let bytes = (c.file.content.len() - replaced * old.len()).saturating_add(replaced.saturating_mul(new.len()));
+                let bytes =
+                    (c.file.content.len() - replaced * old.len()).saturating_add(replaced.saturating_mul(new.len()));
                 if bytes > max_bytes {
                     return Ok(Edited::TooLarge { bytes });
                 }
