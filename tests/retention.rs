@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use mnemo_config::vars;
-use mnemo_core::Principal;
+use mnemo_core::{MemoryText, NewMemory, Principal, SessionId, SourceRef, TenantId};
 use mnemo_testkit::{
     ScriptedEmbeddings, TestApp, TestDb, WorkerProcess, binary, embed_like_the_provider, principal, token, wait_until,
 };
@@ -477,17 +477,30 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     f.fact(&erin, "my cat Zephyrine is nine").await;
     f.write(&erin, "/v1/facts", json!({ "scope": "agent", "content": "Erin's cat is Zephyrine" })).await;
     let dans = f.message(&dan, "d1", "Dan here: my dog is called Zephyrine too").await;
+    // A summary of her session stamped with no user, as a compaction whose last message is the
+    // assistant's writes it: it holds her words all the same.
+    let summary = NewMemory::session_summary(
+        TenantId::parse("acme").expect("tenant"),
+        SessionId::parse("s1").expect("session"),
+        None,
+        None,
+        SourceRef::parse("summary:s1").expect("ref"),
+        MemoryText::parse("Erin's cat Zephyrine is nine and likes tuna").expect("text"),
+        chrono::Utc::now(),
+    );
+    f.db().store().remember(&summary).await.expect("a summary");
     embed_like_the_provider(&f.db().store(), MODEL, DIMS).await;
     let before = checksum(f.db()).await;
 
     let dry = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--dry-run", "--json"]).await;
-    assert_eq!(dry["rows_by_kind"], json!({ "chat_message": 3, "fact": 2, "tool_output": 1 }));
-    assert_eq!((dry["tool_outputs"].as_u64(), dry["embeddings"].as_u64()), (Some(1), Some(6)));
+    let kinds = json!({ "chat_message": 3, "fact": 2, "session_summary": 1, "tool_output": 1 });
+    assert_eq!(dry["rows_by_kind"], kinds);
+    assert_eq!((dry["tool_outputs"].as_u64(), dry["embeddings"].as_u64()), (Some(1), Some(7)));
     assert_eq!(checksum(f.db()).await, before, "a dry run changes nothing");
 
     let erased = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
-    assert_eq!(erased["anonymized"].as_u64(), Some(6));
-    assert_eq!(erased["anonymized_by_kind"], json!({ "chat_message": 3, "fact": 2, "tool_output": 1 }));
+    assert_eq!(erased["anonymized"].as_u64(), Some(7));
+    assert_eq!(erased["anonymized_by_kind"], kinds);
 
     let everywhere = |needle: &str| {
         format!(
@@ -519,7 +532,7 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     assert_eq!(erase_row.len(), 64);
     assert_eq!(
         f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize' AND reason = 'erasure'").await,
-        6
+        7
     );
 
     let again = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;

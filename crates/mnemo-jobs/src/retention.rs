@@ -256,6 +256,13 @@ async fn erase_rows(
     total: u64,
     progress: &mut impl FnMut(u64, u64),
 ) -> Result<u64, StoreError> {
+    let summaries = store.erase_user_session_summaries(tenant, user, actor).await?;
+    for (_, kind) in &summaries {
+        *report.anonymized.entry(kind.clone()).or_default() += 1;
+    }
+    metrics::counter!("mnemo_anonymized_rows_total", "reason" => AnonymizeReason::Erasure.as_str())
+        .increment(summaries.len() as u64);
+    done += summaries.len() as u64;
     let mut after = Uuid::nil();
     loop {
         let batch = store.erase_user_rows(tenant, user, after, i64::from(batch_size.max(1)), actor).await?;

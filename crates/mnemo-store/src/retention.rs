@@ -107,6 +107,10 @@ const DUE_REASON: &str = "CASE WHEN m.deleted_at < $2 THEN 'soft_deleted' ELSE '
 
 /// Anonymizes the rows `picked` selects (`id`, `reason`; locked), with tenant $1 and the actor
 /// as parameter `$actor`. Returns (id, source_kind, reason) of each row anonymized.
+/// A row `m` of tenant `$1` that summarizes a session user `$2` has rows in.
+const SUMMARY_OF_USERS_SESSION: &str = "m.source_kind = 'session_summary' AND m.session_id IN (
+    SELECT s.session_id FROM memory_items s WHERE s.tenant_id = $1 AND s.user_id = $2 AND s.session_id IS NOT NULL)";
+
 fn anonymize_sql(picked: &str, actor: &str) -> String {
     format!(
         "WITH picked AS ({picked}),
@@ -321,19 +325,22 @@ impl Store {
 
     /// What erasing `user` of `tenant` would anonymize.
     pub async fn erasure_plan(&self, tenant: &TenantId, user: &UserId) -> Result<ErasurePlan, StoreError> {
-        let kinds: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT source_kind, count(*) FROM memory_items WHERE tenant_id = $1 AND user_id = $2 GROUP BY 1 ORDER BY 1",
-        )
+        let kinds: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT source_kind, count(*) FROM memory_items m
+             WHERE tenant_id = $1 AND (user_id = $2 OR ({SUMMARY_OF_USERS_SESSION} AND anonymized_at IS NULL))
+             GROUP BY 1 ORDER BY 1"
+        )))
         .bind(tenant.as_str())
         .bind(user.as_str())
         .fetch_all(&self.pool)
         .await?;
-        let (tool_outputs, embeddings): (i64, i64) = sqlx::query_as(
+        let (tool_outputs, embeddings): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT (SELECT count(*) FROM tool_outputs t JOIN memory_items m ON m.tenant_id = t.tenant_id AND m.id = t.item_id
                      WHERE t.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2),
                     (SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-                     WHERE e.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2)",
-        )
+                     WHERE e.tenant_id = $1 AND m.tenant_id = $1
+                       AND (m.user_id = $2 OR ({SUMMARY_OF_USERS_SESSION} AND m.anonymized_at IS NULL)))"
+        )))
         .bind(tenant.as_str())
         .bind(user.as_str())
         .fetch_one(&self.pool)
@@ -382,6 +389,33 @@ impl Store {
             .rows_affected();
         tx.commit().await?;
         Ok(files)
+    }
+
+    /// Soft-deletes and anonymizes the summaries of every session `user` has rows in, whoever
+    /// they name: a summary is stamped with one writer but holds every speaker's words. Run
+    /// before the user's own rows, which stop naming their session once anonymized. Returns (id,
+    /// source_kind) of each.
+    pub async fn erase_user_session_summaries(
+        &self,
+        tenant: &TenantId,
+        user: &UserId,
+        actor: &str,
+    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let picked = format!(
+            "SELECT m.id, 'erasure' AS reason FROM memory_items m
+             WHERE m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION} AND m.anonymized_at IS NULL
+             ORDER BY m.id FOR UPDATE"
+        );
+        let mut tx = self.pool.begin().await?;
+        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
+        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(&picked, "$3")))
+            .bind(tenant.as_str())
+            .bind(user.as_str())
+            .bind(actor)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
     }
 
     /// Soft-deletes and anonymizes up to `limit` rows carrying `user` with ids after `after`, in
