@@ -378,12 +378,18 @@ async fn a_failing_hanging_or_garbage_model_truncates_and_loses_nothing() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;
     let settings = settings(llm_env(&chat));
-    let cases: [(&str, ChatAnswer, &str); 5] = [
+    // A well-formed summary far over its max_tokens (300), from a server that ignored them.
+    let sprawling = format!(
+        "SESSION INTENT: x\nSUMMARY: {}\nARTIFACTS: none\nNEXT STEPS: none",
+        "they talked about the weather again ".repeat(150)
+    );
+    let cases: [(&str, ChatAnswer, &str); 6] = [
         ("s1", ChatAnswer::Status(500), "http_5xx"),
         ("s2", ChatAnswer::Hang(Duration::from_secs(3)), "timeout"),
         ("s3", ChatAnswer::Content("Sure! Here is a summary: they talked.".into()), "unparsable"),
         ("s4", ChatAnswer::Runaway, "truncated"),
         ("s5", ChatAnswer::Malformed, "unparsable"),
+        ("s7", ChatAnswer::Content(sprawling), "too_long"),
     ];
     for (sid, answer, reason) in cases {
         let t = token(&principal("acme", None, None, Some(sid)));

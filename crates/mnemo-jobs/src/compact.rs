@@ -204,8 +204,16 @@ impl Compactor {
         lines: &[TranscriptLine],
     ) -> Result<MemoryText, ModelFailure> {
         let mut summary = previous.map(str::to_owned);
+        let max = self.policy.summary_max_tokens;
         for chunk in self.chunks(lines) {
-            summary = Some(model.summarize(summary.as_deref(), &chunk, self.policy.summary_max_tokens).await?);
+            let text = model.summarize(summary.as_deref(), &chunk, max).await?;
+            // A server may ignore max_tokens; twice them leaves room for another tokenizer's count.
+            let tokens = self.counter.count(&text);
+            if tokens > max.saturating_mul(2) {
+                let detail = format!("the summary is {tokens} tokens, for at most {max}");
+                return Err(ModelFailure::new("too_long", detail));
+            }
+            summary = Some(text);
         }
         let summary = summary.ok_or_else(|| ModelFailure::new("empty", "nothing to summarize"))?;
         MemoryText::parse(&summary).map_err(|e| ModelFailure::new("unstorable", e.to_string()))
