@@ -535,3 +535,38 @@ async fn the_runbook_shows_a_session_and_compacts_it_on_demand() {
     assert_eq!(shown["compactions"][0]["trigger"], "operator");
     assert_eq!(shown["compactions"][0]["summary_id"], shown["summary_id"]);
 }
+
+/// Two compactions of one session planned from the same start (a stale request queued again, an
+/// operator's `session compact` beside the worker): the second to finish is not recorded, so the
+/// summary the first recorded is never dropped for one that does not include it.
+#[tokio::test]
+async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 4).await;
+    let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let store = app.db.store();
+    let report = compactor(&app, &settings(llm_env(&chat))).run(&job("acme", "s1")).await.expect("job");
+    assert!(matches!(report, CompactReport::Compacted { outcome: CompactionOutcome::Summarized, .. }), "{report:?}");
+    let recorded = store.session_compactions(&tenant, &session).await.expect("compactions");
+    assert_eq!(recorded.len(), 1);
+
+    // The other job planned from the start (no compaction then) and covers every message.
+    let last = store.session_messages(&tenant, &session, None, 100).await.expect("messages");
+    let stale = mnemo_store::NewCompaction {
+        from: None,
+        through: last.last().expect("a message").cursor(),
+        messages: 8,
+        outcome: CompactionOutcome::Truncated,
+        reason: Some("timeout".into()),
+        summary_id: None,
+        model: None,
+        trigger: CompactionTrigger::Operator,
+    };
+    store.record_compaction(&tenant, &session, &stale).await.expect("record");
+    let after = store.session_compactions(&tenant, &session).await.expect("compactions");
+    assert_eq!(after.len(), 1, "the stale plan's compaction is not recorded");
+    let window = context(&app, &t, "s1", json!({})).await;
+    assert!(!window["diagnostics"]["summary"].is_null(), "the first job's summary stays in effect");
+}

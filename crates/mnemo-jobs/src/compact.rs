@@ -176,6 +176,7 @@ impl Compactor {
             }
         };
         let record = NewCompaction {
+            from: state.through,
             through: last.cursor(),
             messages: i32::try_from(cut).unwrap_or(i32::MAX),
             outcome,

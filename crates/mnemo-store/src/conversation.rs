@@ -146,7 +146,11 @@ INSERT INTO session_compactions
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10
 WHERE NOT EXISTS (
     SELECT 1 FROM session_compactions
-    WHERE tenant_id = $1 AND session_id = $2 AND (through_time, through_id) >= ($4, $3)
+    WHERE tenant_id = $1 AND session_id = $2
+      -- Recorded already, or another job recorded past where this one's plan started: its
+      -- summary would be dropped for this one's, which does not include it.
+      AND ((through_time, through_id) >= ($4, $3) OR $11::timestamptz IS NULL
+           OR (through_time, through_id) > ($11, $12))
 )
 ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING";
 
@@ -226,6 +230,8 @@ pub struct Compaction {
 /// What a compaction job records.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewCompaction {
+    /// Where the compaction this one continues ended (its plan's start): none when it is the first.
+    pub from: Option<MessageCursor>,
     pub through: MessageCursor,
     pub messages: i32,
     pub outcome: CompactionOutcome,
@@ -346,6 +352,8 @@ impl Store {
     }
 
     /// Records a compaction (once: a retried job finds its record made) and clears the request.
+    /// Not when another compaction was recorded since this one's plan started: the two ran side by
+    /// side, and the next job plans again from the one recorded.
     pub async fn record_compaction(
         &self,
         tenant: &TenantId,
@@ -364,6 +372,8 @@ impl Store {
             .bind(compaction.summary_id)
             .bind(compaction.model.as_deref())
             .bind(compaction.trigger.as_str())
+            .bind(compaction.from.map(|c| c.event_time))
+            .bind(compaction.from.map(|c| c.id))
             .execute(&mut *tx)
             .await?;
         sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
