@@ -420,10 +420,14 @@ async fn erasing_a_user_removes_their_workspace_files_with_every_version_and_kee
         let reply = app.client.put(&format!("/v1/workspace/files/{path}"), Some(&ann), &body).await;
         assert!(reply.status < 300, "{:?}", reply.body);
     }
+    // A name of her own choosing says what the file holds: the audit log keeps it by a hash.
+    let named = "memory/divorce-lawyer.md";
+    let reply = app.client.put(&format!("/v1/workspace/files/{named}"), Some(&ann), &json!({ "content": "x" })).await;
+    assert!(reply.status < 300, "{:?}", reply.body);
     let store = app.db.store();
     let (tenant, user) = (TenantId::parse("acme").expect("tenant"), UserId::parse("ann").expect("user"));
     let plan = store.erasure_plan(&tenant, &user).await.expect("plan");
-    assert_eq!(plan.workspace_files, 3, "PROFILE.md, MEMORY.md and the note");
+    assert_eq!(plan.workspace_files, 4, "PROFILE.md, MEMORY.md, the note and her own");
     mnemo_jobs::erase_user(&store, &tenant, &user, 100, false, "runbook", |_, _| {}).await.expect("erase");
     let left = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE content LIKE 'ann%'").await;
     assert_eq!(left, 0, "no version of ann's files is left");
@@ -437,6 +441,10 @@ async fn erasing_a_user_removes_their_workspace_files_with_every_version_and_kee
     assert_eq!(bobs.body["content"], "bob v2");
     let raw_ids = app.db.count("SELECT count(*) FROM audit_log WHERE details::text LIKE '%\"ann\"%'").await;
     assert_eq!(raw_ids, 0, "audit rows name users only by a hash");
+    let names = app.db.count("SELECT count(*) FROM audit_log WHERE details::text LIKE '%lawyer%'").await;
+    assert_eq!(names, 0, "a user's own file names only by a hash");
+    let standard = app.db.count("SELECT count(*) FROM audit_log WHERE details->>'path' = 'memory/2026-04-01.md'").await;
+    assert_eq!(standard, 1, "a dated note by its name");
 }
 
 /// The live recall pieces of a file, by id.

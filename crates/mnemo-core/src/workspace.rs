@@ -110,6 +110,15 @@ impl WorkspacePath {
         NaiveDate::parse_from_str(name, "%Y-%m-%d").ok()
     }
 
+    /// Whether the name is one mnemo gives (a core file, a daily note or its archive), which says
+    /// nothing of what the file holds; other names are their writer's.
+    pub fn is_standard_name(&self) -> bool {
+        let archived = self.0.strip_prefix("memory/archive/").and_then(|r| r.strip_suffix(".md"));
+        self.core_sort_order().is_some()
+            || self.note_day().is_some()
+            || archived.is_some_and(|day| NaiveDate::parse_from_str(day, "%Y-%m-%d").is_ok())
+    }
+
     /// Whether recall searches this file (when it is a user's): `MEMORY.md` and the daily notes.
     pub fn is_recallable(&self) -> bool {
         self.0 == "MEMORY.md" || self.note_day().is_some()

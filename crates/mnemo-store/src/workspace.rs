@@ -560,10 +560,16 @@ pub(crate) async fn apply(
         .bind(actor)
         .execute(&mut **tx)
         .await?;
-    // The user by a hash, as erasure names them: the audit log outlives an erasure.
-    let user_sha256 = (!user.is_empty()).then(|| hex::encode(Sha256::digest(user.as_bytes())));
-    let details =
-        json!({ "path": path, "agent": agent, "user_sha256": user_sha256, "version": version, "bytes": size });
+    // The user by a hash, as erasure names them: the audit log outlives an erasure. So does a
+    // user's own file name, which may say what the file held: by a hash too.
+    let hash = |text: &str| hex::encode(Sha256::digest(text.as_bytes()));
+    let user_sha256 = (!user.is_empty()).then(|| hash(user));
+    let mut details = json!({ "agent": agent, "user_sha256": user_sha256, "version": version, "bytes": size });
+    if user.is_empty() || key.path.is_standard_name() {
+        details["path"] = json!(path);
+    } else {
+        details["path_sha256"] = json!(hash(path));
+    }
     sqlx::query(AUDIT)
         .bind(tenant)
         .bind(AuditEvent::WorkspaceChange.as_str())
