@@ -180,25 +180,6 @@ async fn a_keyed_fact_supersedes_its_key_without_a_model_call() {
 }
 
 #[tokio::test]
-async fn a_fact_retires_only_facts_with_its_readers() {
-    let f = Fixture::start().await;
-    let mut coach = principal("acme", Some("alice"), Some("a1"), None);
-    coach.roles = vec![mnemo_core::Label::parse("roles", "coach").expect("role")];
-    let bob = principal("acme", Some("bob"), Some("a1"), None);
-    let keyed = |content: &str, roles: &[&str]| json!({ "scope": "agent", "content": content, "key": "plan", "visibility": "agent", "allowed_roles": roles });
-    let (coaches, _) = f.remember(&coach, keyed("the plan is A", &["coach"])).await;
-    f.settle(f.judge(Duration::from_secs(5))).await;
-    // Bob cannot read the coaches' fact: his, for every reader, does not retire it.
-    let (everyones, _) = f.remember(&bob, keyed("the plan is B", &[])).await;
-    f.settle(f.judge(Duration::from_secs(5))).await;
-    assert_eq!(f.row(coaches).await.superseded_by, None, "a fact for other readers stays");
-    let (coaches_again, _) = f.remember(&coach, keyed("the plan is C", &["coach"])).await;
-    f.settle(f.judge(Duration::from_secs(5))).await;
-    assert_eq!(f.row(coaches).await.superseded_by, Some(coaches_again));
-    assert_eq!(f.row(everyones).await.superseded_by, None);
-}
-
-#[tokio::test]
 async fn candidates_never_leave_the_bucket() {
     let f = Fixture::start().await;
     let u1 = principal("acme", Some("u1"), Some("a1"), None);

@@ -182,17 +182,6 @@ pub struct BatchRecord {
 const LIVE_FACT: &str =
     "source_kind = 'fact' AND superseded_by IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL";
 
-/// Whether the pending fact (whose id is the parameter `id`) may retire the older fact `o`: only
-/// one with the same readers. A fact for fewer readers would take one away from readers who
-/// cannot see what replaced it, and a writer could retire a fact its roles cannot read.
-fn same_readers(id: &str) -> String {
-    format!(
-        "EXISTS (SELECT 1 FROM memory_items n
-             WHERE n.tenant_id = o.tenant_id AND n.id = {id} AND n.visibility = o.visibility
-               AND o.allowed_roles <@ n.allowed_roles AND n.allowed_roles <@ o.allowed_roles)"
-    )
-}
-
 const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
     m.content, m.fact_key, COALESCE(m.valid_from, m.created_at) AS valid_from, m.embedded_model";
@@ -252,13 +241,12 @@ impl Store {
              JOIN memory_items o ON o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3
              JOIN memory_embeddings e ON e.tenant_id = $1 AND e.item_id = o.id AND e.model = p.model
              WHERE p.tenant_id = $1 AND p.item_id = $4 AND p.model = $5
-               AND o.{LIVE_FACT} AND {readers}
+               AND o.{LIVE_FACT}
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
                AND (e.embedding <=> p.embedding) < $7
              ORDER BY distance, o.id
              LIMIT $8",
             column = fact.identity_column(),
-            readers = same_readers("$4"),
         );
         Ok(sqlx::query_as(AssertSqlSafe(sql))
             .bind(fact.tenant_id.as_str())
@@ -281,12 +269,11 @@ impl Store {
         let sql = format!(
             "SELECT EXISTS (
                 SELECT 1 FROM memory_items o
-                WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.{LIVE_FACT} AND {readers}
+                WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.{LIVE_FACT}
                   AND o.embed_error IS NULL AND o.embedded_model IS DISTINCT FROM $4
                   AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
             )",
             column = fact.identity_column(),
-            readers = same_readers("$6"),
         );
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(fact.tenant_id.as_str())
@@ -321,12 +308,11 @@ impl Store {
             "SELECT o.id, o.content, NULL::float8 AS distance
              FROM memory_items o
              WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.fact_key = $4
-               AND o.{LIVE_FACT} AND {readers}
+               AND o.{LIVE_FACT}
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
              ORDER BY o.valid_from, o.id
              LIMIT 1000",
             column = fact.identity_column(),
-            readers = same_readers("$6"),
         );
         Ok(sqlx::query_as(AssertSqlSafe(sql))
             .bind(fact.tenant_id.as_str())
