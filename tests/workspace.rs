@@ -369,6 +369,10 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
     .execute(&app.db.pool)
     .await
     .expect("a note of no real day");
+    // Such a name is refused for a new file; the stored one still reads.
+    let bad = app.client.put("/v1/workspace/files/memory/2021-02-30.md", Some(&t), &json!({ "content": "x" })).await;
+    assert_eq!((bad.status, bad.code()), (400, "invalid_path"));
+    assert_eq!(app.client.get("/v1/workspace/files/memory/2020-99-99.md", Some(&t)).await.status, 200);
 
     let store = app.db.store();
     assert!(store.claim_maintenance(1, "w1").await.expect("claim"));

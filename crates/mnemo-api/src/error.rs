@@ -93,7 +93,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "invalid_path",
         400,
-        "a workspace path is not a relative .md path of at most 4 levels and 200 bytes without .., backslashes or control characters",
+        "a workspace path is not a relative .md path of at most 4 levels and 200 bytes without .., backslashes or control characters, or names a daily note of no real day",
     ),
     ("nul_byte", 400, "a string contains a NUL character"),
     ("too_many_values", 400, "a list is over its limit (tags 16, relations 16, allowed_roles 8)"),
@@ -109,7 +109,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("invalid_token", 401, "the token is malformed, forged, lacks a required claim, or an id in it is invalid"),
     ("token_expired", 401, "the token's exp has passed"),
     ("missing_identity", 401, "the scope needs a user (sub), agent or session (sid) claim the token lacks"),
-    ("session_mismatch", 403, "the token is bound to another session"),
+    (
+        "session_mismatch",
+        403,
+        "the token is bound to another session, or is a user's token without one naming a session",
+    ),
     ("agent_mismatch", 403, "the path names an agent other than the token's"),
     ("agent_file_read_only", 403, "a token with a user (sub) may read the agent's shared files but not change them"),
     ("not_found", 404, "no such route or resource for this tenant"),

@@ -135,6 +135,7 @@ pub async fn write(
     body.finish()?;
     check_content(&state, &content)?;
     let key = writable_key(&state, &principal, &path).await?;
+    key.path.check_new_name()?;
     let (status, result, version) = match state.store.write_file(&key, &content, ACTOR).await? {
         Written::Created { version } => (StatusCode::CREATED, "created", version),
         Written::Overwritten { version } => (StatusCode::OK, "overwritten", version),

@@ -79,16 +79,23 @@ impl WorkspacePath {
         if segments.last().is_some_and(|name| name.len() <= 3) {
             return bad("the file name is empty");
         }
-        let path = Self(raw.to_owned());
-        // Named as a daily note, it must be one: its day decides when it is archived.
-        let dated = raw.strip_prefix("memory/").and_then(|r| r.strip_suffix(".md")).is_some_and(|name| {
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// Refuses a file to be written under a name shaped as a daily note that names no real day
+    /// (its day decides when it is archived). Files stored before this rule keep their names, and
+    /// can still be read and deleted.
+    pub fn check_new_name(&self) -> Result<(), InvalidInput> {
+        let dated = self.0.strip_prefix("memory/").and_then(|r| r.strip_suffix(".md")).is_some_and(|name| {
             name.len() == 10
                 && name.bytes().enumerate().all(|(i, b)| if i == 4 || i == 7 { b == b'-' } else { b.is_ascii_digit() })
         });
-        if dated && path.note_day().is_none() {
-            return bad("a daily note's name must be a real day (memory/YYYY-MM-DD.md)");
+        if dated && self.note_day().is_none() {
+            return Err(InvalidInput::BadPath {
+                reason: "a daily note's name must be a real day (memory/YYYY-MM-DD.md)",
+            });
         }
-        Ok(path)
+        Ok(())
     }
 
     pub fn as_str(&self) -> &str {
@@ -363,14 +370,19 @@ mod tests {
             "a\u{200B}b.md",
             "a\u{2028}b.md",
             "\u{FEFF}a.md",
-            "memory/2020-99-99.md",
-            "memory/2023-02-29.md",
         ];
         for raw in bad {
             assert!(matches!(WorkspacePath::parse(raw), Err(InvalidInput::BadPath { .. })), "{raw:?}");
         }
         let long = format!("{}.md", "x".repeat(MAX_PATH_BYTES));
         assert!(WorkspacePath::parse(&long).is_err());
+        // A new file named as a daily note must name a real day; a stored one still reads.
+        for (raw, new_ok) in
+            [("memory/2024-02-29.md", true), ("memory/2020-99-99.md", false), ("memory/2023-02-29.md", false)]
+        {
+            let path = WorkspacePath::parse(raw).expect("a stored name");
+            assert_eq!(path.check_new_name().is_ok(), new_ok, "{raw}");
+        }
     }
 
     #[test]

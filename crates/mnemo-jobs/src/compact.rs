@@ -90,6 +90,10 @@ pub enum CompactReport {
     NothingToCompact,
     /// `messages` were compacted, summarized or truncated (with the reason).
     Compacted { messages: usize, outcome: CompactionOutcome, reason: Option<String> },
+    /// Another compaction of the session was recorded while this one ran (or this job's own, if
+    /// it ran again): this one is not recorded, and the next job plans from that one. A summary
+    /// it wrote stays a recallable row of the session.
+    Overtaken,
 }
 
 impl Compactor {
@@ -185,7 +189,10 @@ impl Compactor {
             model: self.summarizer.as_ref().map(|m| m.model().to_owned()),
             trigger: job.trigger,
         };
-        self.store.record_compaction(tenant, session, &record).await?;
+        if !self.store.record_compaction(tenant, session, &record).await? {
+            tracing::info!(tenant = %tenant, trigger = job.trigger.as_str(), "session compaction overtaken by another");
+            return Ok(CompactReport::Overtaken);
+        }
         // A backlog longer than one job's share continues in the next job.
         if cut < wanted {
             self.store.request_compaction(tenant, session, job.trigger, job.keep_at_most).await?;

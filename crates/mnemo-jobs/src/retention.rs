@@ -219,6 +219,10 @@ pub async fn erase_user(
     let mut done = 0;
     // Files first, then rows, again until a pass finds no file: a file written meanwhile (an
     // extraction in flight) made recall rows that the next row pass erases.
+    // The summaries of the user's sessions before and after their rows: the sessions are read
+    // while the rows still name them, and a compaction under way may record one meanwhile.
+    let sessions = store.user_sessions(tenant, user).await?;
+    done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
     let mut workspace_files = 0;
     loop {
         let files = store.erase_user_workspace(tenant, user).await?;
@@ -228,6 +232,7 @@ pub async fn erase_user(
             break;
         }
     }
+    done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
     let details = json!({
         "user_sha256": hex::encode(Sha256::digest(user.as_str().as_bytes())),
         "rows": report.anonymized,
@@ -239,6 +244,25 @@ pub async fn erase_user(
     report.elapsed = started.elapsed();
     tracing::info!(tenant = %tenant, rows = done, seconds = report.elapsed.as_secs_f64(), "user erased");
     Ok(report)
+}
+
+/// Erases the summaries of `sessions` (see [`Store::erase_session_summaries`]); returns `done`
+/// plus those erased.
+async fn erase_summaries(
+    store: &Store,
+    tenant: &TenantId,
+    sessions: &[String],
+    actor: &str,
+    report: &mut ErasureReport,
+    done: u64,
+) -> Result<u64, StoreError> {
+    let summaries = store.erase_session_summaries(tenant, sessions, actor).await?;
+    for (_, kind) in &summaries {
+        *report.anonymized.entry(kind.clone()).or_default() += 1;
+    }
+    metrics::counter!("mnemo_anonymized_rows_total", "reason" => AnonymizeReason::Erasure.as_str())
+        .increment(summaries.len() as u64);
+    Ok(done + summaries.len() as u64)
 }
 
 /// Erases the rows carrying `user`, a page of ids at a time, then checks again from the start:
@@ -256,13 +280,6 @@ async fn erase_rows(
     total: u64,
     progress: &mut impl FnMut(u64, u64),
 ) -> Result<u64, StoreError> {
-    let summaries = store.erase_user_session_summaries(tenant, user, actor).await?;
-    for (_, kind) in &summaries {
-        *report.anonymized.entry(kind.clone()).or_default() += 1;
-    }
-    metrics::counter!("mnemo_anonymized_rows_total", "reason" => AnonymizeReason::Erasure.as_str())
-        .increment(summaries.len() as u64);
-    done += summaries.len() as u64;
     let mut after = Uuid::nil();
     loop {
         let batch = store.erase_user_rows(tenant, user, after, i64::from(batch_size.max(1)), actor).await?;

@@ -184,6 +184,7 @@ async fn compact(
         let report = compactor.run(&job).await.context("compaction failed")?;
         let (messages, outcome, reason) = match &report {
             CompactReport::NothingToCompact => (0, "nothing", None),
+            CompactReport::Overtaken => (0, "overtaken", None),
             CompactReport::Compacted { messages, outcome, reason } => (*messages, outcome.as_str(), reason.clone()),
         };
         if json {

@@ -353,15 +353,15 @@ impl Store {
 
     /// Records a compaction (once: a retried job finds its record made) and clears the request.
     /// Not when another compaction was recorded since this one's plan started: the two ran side by
-    /// side, and the next job plans again from the one recorded.
+    /// side, and the next job plans again from the one recorded. True when this one was recorded.
     pub async fn record_compaction(
         &self,
         tenant: &TenantId,
         session: &SessionId,
         compaction: &NewCompaction,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(RECORD_COMPACTION)
+        let recorded = sqlx::query(RECORD_COMPACTION)
             .bind(tenant.as_str())
             .bind(session.as_str())
             .bind(compaction.through.id)
@@ -375,10 +375,11 @@ impl Store {
             .bind(compaction.from.map(|c| c.event_time))
             .bind(compaction.from.map(|c| c.id))
             .execute(&mut *tx)
-            .await?;
+            .await?
+            .rows_affected();
         sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(recorded == 1)
     }
 
     /// Clears the session's compaction request: its job found nothing to compact.

@@ -433,7 +433,7 @@ async fn schema_version(db: &mut sqlx::PgConnection) -> Result<i64, StoreError> 
 /// of the wrong type, a missing or out-of-range field); a reference to a row not in yet does not.
 /// Run only after a statement over all of them failed, to name the line.
 const FIRST_BAD_ROW: &str = "
-CREATE FUNCTION pg_temp.import_first_bad_row(t text, columns text) RETURNS TABLE (line bigint, problem text)
+CREATE OR REPLACE FUNCTION pg_temp.import_first_bad_row(t text, columns text) RETURNS TABLE (line bigint, problem text)
 LANGUAGE plpgsql AS $f$
 DECLARE r record;
 BEGIN

@@ -105,12 +105,12 @@ fn due_filter() -> String {
 /// A due row's reason: deletion first, as it is the caller's own decision.
 const DUE_REASON: &str = "CASE WHEN m.deleted_at < $2 THEN 'soft_deleted' ELSE 'superseded' END";
 
-/// Anonymizes the rows `picked` selects (`id`, `reason`; locked), with tenant $1 and the actor
-/// as parameter `$actor`. Returns (id, source_kind, reason) of each row anonymized.
 /// A row `m` of tenant `$1` that summarizes a session user `$2` has rows in.
 const SUMMARY_OF_USERS_SESSION: &str = "m.source_kind = 'session_summary' AND m.session_id IN (
     SELECT s.session_id FROM memory_items s WHERE s.tenant_id = $1 AND s.user_id = $2 AND s.session_id IS NOT NULL)";
 
+/// Anonymizes the rows `picked` selects (`id`, `reason`; locked), with tenant $1 and the actor
+/// as parameter `$actor`. Returns (id, source_kind, reason) of each row anonymized.
 fn anonymize_sql(picked: &str, actor: &str) -> String {
     format!(
         "WITH picked AS ({picked}),
@@ -325,10 +325,15 @@ impl Store {
 
     /// What erasing `user` of `tenant` would anonymize.
     pub async fn erasure_plan(&self, tenant: &TenantId, user: &UserId) -> Result<ErasurePlan, StoreError> {
+        // The user's rows, then the summaries of their sessions that another writer stamped: two
+        // selections, each on its index (under one OR, the tenant's every row is read).
         let kinds: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT source_kind, count(*) FROM memory_items m
-             WHERE tenant_id = $1 AND (user_id = $2 OR ({SUMMARY_OF_USERS_SESSION} AND anonymized_at IS NULL))
-             GROUP BY 1 ORDER BY 1"
+            "SELECT source_kind, count(*) FROM memory_items WHERE tenant_id = $1 AND user_id = $2 GROUP BY 1
+             UNION ALL
+             SELECT m.source_kind, count(*) FROM memory_items m
+             WHERE m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION} AND m.user_id IS DISTINCT FROM $2
+               AND m.anonymized_at IS NULL
+             GROUP BY 1"
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())
@@ -338,8 +343,10 @@ impl Store {
             "SELECT (SELECT count(*) FROM tool_outputs t JOIN memory_items m ON m.tenant_id = t.tenant_id AND m.id = t.item_id
                      WHERE t.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2),
                     (SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-                     WHERE e.tenant_id = $1 AND m.tenant_id = $1
-                       AND (m.user_id = $2 OR ({SUMMARY_OF_USERS_SESSION} AND m.anonymized_at IS NULL)))"
+                     WHERE e.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2)
+                    + (SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
+                       WHERE e.tenant_id = $1 AND m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION}
+                         AND m.user_id IS DISTINCT FROM $2 AND m.anonymized_at IS NULL)"
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())
@@ -353,7 +360,10 @@ impl Store {
                 .await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         Ok(ErasurePlan {
-            rows_by_kind: kinds.into_iter().map(|(kind, count)| (kind, n(count))).collect(),
+            rows_by_kind: kinds.into_iter().fold(BTreeMap::new(), |mut by_kind, (kind, count)| {
+                *by_kind.entry(kind).or_default() += n(count);
+                by_kind
+            }),
             tool_outputs: n(tool_outputs),
             embeddings: n(embeddings),
             workspace_files: n(workspace_files),
@@ -391,26 +401,36 @@ impl Store {
         Ok(files)
     }
 
-    /// Soft-deletes and anonymizes the summaries of every session `user` has rows in, whoever
-    /// they name: a summary is stamped with one writer but holds every speaker's words. Run
-    /// before the user's own rows, which stop naming their session once anonymized. Returns (id,
-    /// source_kind) of each.
-    pub async fn erase_user_session_summaries(
+    /// The sessions `user` has rows in, read before an erasure anonymizes them (an anonymized row
+    /// names no session).
+    pub async fn user_sessions(&self, tenant: &TenantId, user: &UserId) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT session_id FROM memory_items
+             WHERE tenant_id = $1 AND user_id = $2 AND session_id IS NOT NULL",
+        )
+        .bind(tenant.as_str())
+        .bind(user.as_str())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Soft-deletes and anonymizes the summaries of `sessions`, whoever they name: a summary is
+    /// stamped with one writer but holds every speaker's words. Returns (id, source_kind) of each.
+    pub async fn erase_session_summaries(
         &self,
         tenant: &TenantId,
-        user: &UserId,
+        sessions: &[String],
         actor: &str,
     ) -> Result<Vec<(Uuid, String)>, StoreError> {
-        let picked = format!(
-            "SELECT m.id, 'erasure' AS reason FROM memory_items m
-             WHERE m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION} AND m.anonymized_at IS NULL
-             ORDER BY m.id FOR UPDATE"
-        );
+        let picked = "SELECT m.id, 'erasure' AS reason FROM memory_items m
+                      WHERE m.tenant_id = $1 AND m.source_kind = 'session_summary' AND m.session_id = ANY($2)
+                        AND m.anonymized_at IS NULL
+                      ORDER BY m.id FOR UPDATE";
         let mut tx = self.pool.begin().await?;
         lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
-        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(&picked, "$3")))
+        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(picked, "$3")))
             .bind(tenant.as_str())
-            .bind(user.as_str())
+            .bind(sessions)
             .bind(actor)
             .fetch_all(&mut *tx)
             .await?;
