@@ -195,12 +195,9 @@ impl ExtractRunner {
             reason: "applied".to_owned(),
             facts,
             max_note_bytes: self.max_file_bytes,
+            consolidation_throttle: self.consolidation_throttle,
         };
-        let note_changed = self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await?;
-        // The day's notes changed: consolidation follows, at most once per throttle period.
-        if note_changed {
-            self.store.request_consolidation(&workspace, Some(self.consolidation_throttle)).await?;
-        }
+        self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await?;
         let facts = changes.facts.len();
         metrics::counter!("mnemo_extractions_total", "outcome" => "applied").increment(1);
         tracing::info!(tenant = %job.tenant_id, conversations, facts, "extraction applied");

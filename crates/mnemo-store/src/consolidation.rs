@@ -84,23 +84,9 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let asked: Option<bool> = sqlx::query_scalar(REQUEST)
-            .bind(workspace.tenant.as_str())
-            .bind(workspace.agent.as_str())
-            .bind(user_of(workspace)?)
-            .bind(throttle.map(|t| t.as_secs_f64()))
-            .fetch_optional(&mut *tx)
-            .await?;
-        if asked.is_some() {
-            let job = ConsolidateJob {
-                tenant_id: workspace.tenant.clone(),
-                agent_id: workspace.agent.clone(),
-                user_id: workspace.user.clone().expect("checked above"),
-            };
-            push(&mut tx, &[job]).await?;
-        }
+        let asked = request_consolidation_in(&mut tx, workspace, throttle).await?;
         tx.commit().await?;
-        Ok(asked.is_some())
+        Ok(asked)
     }
 
     /// Queues a consolidation for every (agent, user) with daily notes, of the tenants in `zone`,
@@ -232,4 +218,29 @@ impl Store {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// [`Store::request_consolidation`] within `tx`: the request and its job commit with what
+/// asked for them.
+pub(crate) async fn request_consolidation_in(
+    tx: &mut sqlx::PgConnection,
+    workspace: &Workspace,
+    throttle: Option<Duration>,
+) -> Result<bool, StoreError> {
+    let asked: Option<bool> = sqlx::query_scalar(REQUEST)
+        .bind(workspace.tenant.as_str())
+        .bind(workspace.agent.as_str())
+        .bind(user_of(workspace)?)
+        .bind(throttle.map(|t| t.as_secs_f64()))
+        .fetch_optional(&mut *tx)
+        .await?;
+    if asked.is_some() {
+        let job = ConsolidateJob {
+            tenant_id: workspace.tenant.clone(),
+            agent_id: workspace.agent.clone(),
+            user_id: workspace.user.clone().expect("checked above"),
+        };
+        push(tx, &[job]).await?;
+    }
+    Ok(asked.is_some())
 }

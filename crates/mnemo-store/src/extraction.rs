@@ -9,6 +9,7 @@ use mnemo_core::{NewMemory, SessionId, TriggerSource, Workspace, WorkspacePath, 
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::consolidation::request_consolidation_in;
 use crate::memories::insert_in;
 use crate::queue::{ExtractJob, push};
 use crate::workspace::{NewState, Replacement, apply, current, key_in, lock, replace_core_file, user_of};
@@ -113,6 +114,9 @@ pub struct ExtractionChanges {
     /// The largest a workspace file may be: an entry that would take today's note past it is
     /// not added (the rest applies), as an API write past it is refused.
     pub max_note_bytes: usize,
+    /// When today's note changes, a consolidation is asked for in the same transaction, at most
+    /// once per this period.
+    pub consolidation_throttle: Duration,
 }
 
 fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
@@ -245,7 +249,8 @@ impl Store {
     /// Applies an extraction in one transaction: today's note gets the entry (unless the note is
     /// full: the conversations' reason is then `daily_note_full`), PROFILE.md and MEMORY.md are
     /// replaced when given (unless changed since the model read them: `file_changed`), the facts are written as `POST /v1/facts` writes them (embedded, then
-    /// judged), the conversations are done and the cooldown starts. True when today's note changed.
+    /// judged), the conversations are done and the cooldown starts, and a consolidation is asked
+    /// for when today's note changed. True when today's note changed.
     pub async fn apply_extraction(
         &self,
         workspace: &Workspace,
@@ -295,6 +300,9 @@ impl Store {
                 // Its key belonged to a transaction that rolled back: the job runs again.
                 None => return Err(StoreError::Database(sqlx::Error::RowNotFound)),
             }
+        }
+        if note_changed {
+            request_consolidation_in(&mut tx, workspace, Some(changes.consolidation_throttle)).await?;
         }
         mark(&mut tx, workspace, pending, "done", reason, true).await?;
         release(&mut tx, workspace, worker, true).await?;
