@@ -38,11 +38,7 @@ const DEFAULT_INPUT_TOKENS: i64 = 128_000;
 
 /// The end of `text` that a recall query holds, cut at a character boundary.
 fn last_query_bytes(text: &str) -> String {
-    let mut start = text.len().saturating_sub(mnemo_core::MAX_QUERY_BYTES);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    text[start..].to_owned()
+    text[text.ceil_char_boundary(text.len().saturating_sub(mnemo_core::MAX_QUERY_BYTES))..].to_owned()
 }
 
 /// A session's rows are read by a token bound to that session, or by a service token (no user,

@@ -75,25 +75,11 @@ fn elide(full: &str, key: &ToolOutputKey) -> String {
     let marker = format!("\n\n[… {} bytes elided; the full output is tool output {key} …]\n\n", full.len());
     // Leave room for the marker even if the elided count is written with more digits.
     let budget = MAX_CONTENT_BYTES - marker.len() - 8;
-    let head_end = floor_char_boundary(full, budget * 2 / 3);
-    let tail_start = ceil_char_boundary(full, full.len() - (budget - head_end));
+    let head_end = full.floor_char_boundary(budget * 2 / 3);
+    let tail_start = full.ceil_char_boundary(full.len() - (budget - head_end));
     let elided = tail_start - head_end;
     let marker = format!("\n\n[… {elided} bytes elided; the full output is tool output {key} …]\n\n");
     format!("{}{marker}{}", &full[..head_end], &full[tail_start..])
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
 }
 
 /// `tout_` and 32 hex digits, derived from the tenant and the tool call, so a retried write
