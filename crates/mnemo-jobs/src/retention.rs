@@ -217,12 +217,12 @@ pub async fn erase_user(
     }
     let total = report.plan.rows();
     let mut done = 0;
-    // Files first, then rows, again until a pass finds no file: a file written meanwhile (an
-    // extraction in flight) made recall rows that the next row pass erases.
     // The summaries of the user's sessions before and after their rows: the sessions are read
     // while the rows still name them, and a compaction under way may record one meanwhile.
     let sessions = store.user_sessions(tenant, user).await?;
     done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
+    // Files first, then rows, again until a pass finds no file: a file written meanwhile (an
+    // extraction in flight) made recall rows that the next row pass erases.
     let mut workspace_files = 0;
     loop {
         let files = store.erase_user_workspace(tenant, user).await?;
