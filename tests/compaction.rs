@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mnemo_config::{ContextSettings, Env, TokenizerName, vars};
-use mnemo_core::{CompactionOutcome, CompactionTrigger, Keep, SUMMARY_PREFIX, SessionId, TenantId};
+use mnemo_core::{
+    CompactionOutcome, CompactionTrigger, Keep, MemoryText, NewMemory, SUMMARY_PREFIX, SessionId, TenantId,
+    summary_source_ref,
+};
 use mnemo_jobs::{CompactPolicy, CompactReport, Compactor};
 use mnemo_store::queue::CompactJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token};
@@ -556,15 +559,29 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
     let recorded = store.session_compactions(&tenant, &session).await.expect("compactions");
     assert_eq!(recorded.len(), 1);
 
-    // The other job planned from the start (no compaction then) and covers every message.
+    // The other job planned from the start (no compaction then), covers every message and wrote
+    // its summary before recording.
     let last = store.session_messages(&tenant, &session, None, 100).await.expect("messages");
+    let last = last.last().expect("a message");
+    let summary_of = |text: &str| {
+        NewMemory::session_summary(
+            tenant.clone(),
+            session.clone(),
+            None,
+            None,
+            summary_source_ref(&session, last.id.simple()),
+            MemoryText::parse(text).expect("text"),
+            last.event_time,
+        )
+    };
+    let written = store.remember(&summary_of("the stale plan's summary")).await.expect("summary");
     let stale = mnemo_store::NewCompaction {
         from: None,
-        through: last.last().expect("a message").cursor(),
+        through: last.cursor(),
         messages: 8,
-        outcome: CompactionOutcome::Truncated,
-        reason: Some("timeout".into()),
-        summary_id: None,
+        outcome: CompactionOutcome::Summarized,
+        reason: None,
+        summary_id: Some(written.id),
         model: None,
         trigger: CompactionTrigger::Operator,
     };
@@ -573,4 +590,19 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
     assert_eq!(after.len(), 1, "the stale plan's compaction is not recorded");
     let window = context(&app, &t, "s1", json!({})).await;
     assert!(!window["diagnostics"]["summary"].is_null(), "the first job's summary stays in effect");
+
+    // Its summary leaves recall, audited; the recorded one stays; the next compaction through
+    // the same message writes a summary of its own.
+    let live = |id: uuid::Uuid| {
+        format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND deleted_at IS NULL AND anonymized_at IS NULL")
+    };
+    assert_eq!(app.db.count(&live(written.id)).await, 0, "the unrecorded summary is deleted");
+    assert_eq!(app.db.count(&live(after[0].summary_id.expect("a summary"))).await, 1, "the recorded one is not");
+    let audited = format!(
+        "SELECT count(*) FROM audit_log WHERE item_id = '{}' AND reason = 'compaction_overtaken'",
+        written.id
+    );
+    assert_eq!(app.db.count(&audited).await, 1);
+    let next = store.remember(&summary_of("the next compaction's summary")).await.expect("its source_ref is free");
+    assert!(next.was_new && next.id != written.id);
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter, WindowMessage,
+    AuditEvent, CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter, WindowMessage,
 };
 use uuid::Uuid;
 
@@ -153,6 +153,25 @@ WHERE NOT EXISTS (
            OR (through_time, through_id) > ($11, $12))
 )
 ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING";
+
+/// Compactions of one session record one at a time, so two cannot both pass the check above.
+const LOCK_SESSION: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))";
+
+/// The summary `$3` of a compaction that was not recorded leaves recall, unless a recorded
+/// compaction holds it (a duplicated job lands on the first one's row). Its source_ref is freed,
+/// so the next compaction through the same message can write its own.
+const DROP_UNRECORDED_SUMMARY: &str = "
+WITH dropped AS (
+    UPDATE memory_items m
+    SET deleted_at = now(), source_ref = m.source_ref || '|' || m.id || '|overtaken'
+    WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.id = $3 AND m.source_kind = 'session_summary'
+      AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM session_compactions c WHERE c.tenant_id = $1 AND c.session_id = $2 AND c.summary_id = $3)
+    RETURNING m.id
+)
+INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+SELECT $1, $4, id, 'compaction_overtaken', 'compaction' FROM dropped";
 
 const CLEAR_REQUEST: &str = "DELETE FROM session_compaction_requests WHERE tenant_id = $1 AND session_id = $2";
 
@@ -353,7 +372,8 @@ impl Store {
 
     /// Records a compaction (once: a retried job finds its record made) and clears the request.
     /// Not when another compaction was recorded since this one's plan started: the two ran side by
-    /// side, and the next job plans again from the one recorded. True when this one was recorded.
+    /// side, and the next job plans again from the one recorded; the summary this one wrote leaves
+    /// recall. True when this one was recorded.
     pub async fn record_compaction(
         &self,
         tenant: &TenantId,
@@ -361,6 +381,7 @@ impl Store {
         compaction: &NewCompaction,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
+        sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
         let recorded = sqlx::query(RECORD_COMPACTION)
             .bind(tenant.as_str())
             .bind(session.as_str())
@@ -376,10 +397,20 @@ impl Store {
             .bind(compaction.from.map(|c| c.id))
             .execute(&mut *tx)
             .await?
-            .rows_affected();
+            .rows_affected()
+            == 1;
+        if let (false, Some(summary)) = (recorded, compaction.summary_id) {
+            sqlx::query(DROP_UNRECORDED_SUMMARY)
+                .bind(tenant.as_str())
+                .bind(session.as_str())
+                .bind(summary)
+                .bind(AuditEvent::Delete.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
         sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(recorded == 1)
+        Ok(recorded)
     }
 
     /// Clears the session's compaction request: its job found nothing to compact.
