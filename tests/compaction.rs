@@ -598,10 +598,8 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
     };
     assert_eq!(app.db.count(&live(written.id)).await, 0, "the unrecorded summary is deleted");
     assert_eq!(app.db.count(&live(after[0].summary_id.expect("a summary"))).await, 1, "the recorded one is not");
-    let audited = format!(
-        "SELECT count(*) FROM audit_log WHERE item_id = '{}' AND reason = 'compaction_overtaken'",
-        written.id
-    );
+    let audited =
+        format!("SELECT count(*) FROM audit_log WHERE item_id = '{}' AND reason = 'compaction_overtaken'", written.id);
     assert_eq!(app.db.count(&audited).await, 1);
     let next = store.remember(&summary_of("the next compaction's summary")).await.expect("its source_ref is free");
     assert!(next.was_new && next.id != written.id);

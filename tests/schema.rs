@@ -82,3 +82,33 @@ async fn every_key_of_tenant_data_leads_with_the_tenant() {
     let astray: Vec<_> = keys.iter().filter(|(_, _, first)| first != "tenant_id").collect();
     assert!(astray.is_empty(), "keys that do not lead with tenant_id: {astray:?}");
 }
+
+/// What the worker gives up on after a few attempts: a statement the database refuses for what it
+/// says. Never what passes: an outage, a full disk, a lost race.
+#[tokio::test]
+async fn the_store_tells_a_refused_statement_from_one_that_may_pass_later() {
+    let db = TestDb::new().await;
+    let error = |statement: String| {
+        let pool = db.pool.clone();
+        async move {
+            let e = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone())).execute(&pool).await.expect_err(&statement);
+            mnemo_store::StoreError::from(e)
+        }
+    };
+    let raise = |code: &str| format!("DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{code}'; END $$");
+    for refused in [
+        "SELECT 1 / 0",
+        "INSERT INTO audit_log (tenant_id, event, actor) VALUES (NULL, 'test.event', 'test')",
+        "SELECT no_such_column FROM audit_log",
+        "TRUNCATE audit_log",
+    ] {
+        assert!(error(refused.to_owned()).await.is_permanent(), "{refused}");
+    }
+    for code in ["40001", "40P01", "53100", "57P01", "08006", "55P03", "57014"] {
+        assert!(!error(raise(code)).await.is_permanent(), "SQLSTATE {code}");
+    }
+    let unreachable = <sqlx::PgConnection as sqlx::Connection>::connect("postgres://mnemo@127.0.0.1:1/mnemo")
+        .await
+        .expect_err("nothing listens");
+    assert!(!mnemo_store::StoreError::from(unreachable).is_permanent());
+}

@@ -88,10 +88,15 @@ pub enum Next {
 impl Next {
     /// The next step after a handler's result: a store failure is transient (the database may be
     /// back in a moment), a worker shutting down leaves the job to orphan recovery, and a set-up
-    /// error never heals by itself.
+    /// error never heals by itself. A statement the database refuses for what it says is tried
+    /// [`REFUSED_ATTEMPTS`] times (a unique key lost to a racing write passes on the next), then
+    /// given up: retried forever, it would come back every five minutes.
     pub fn after(result: Result<(), JobError>, attempt: usize) -> Self {
         match result {
             Ok(()) => Self::Done,
+            Err(JobError::Store(e)) if e.is_permanent() && attempt >= REFUSED_ATTEMPTS => {
+                Self::GiveUp(JobError::Store(e))
+            }
             Err(
                 e @ (JobError::Store(_)
                 | JobError::ShuttingDown
@@ -105,6 +110,9 @@ impl Next {
     }
 }
 
+/// How many times a job is run whose statement the database refuses for what it says.
+pub const REFUSED_ATTEMPTS: usize = 5;
+
 /// Exponential backoff with full jitter: attempt 1 waits 0.5–1.5 s, doubling each attempt, at
 /// most five minutes. Jitter spreads the retries of a batch that failed together.
 pub fn backoff(attempt: i32) -> Duration {
@@ -116,6 +124,16 @@ pub fn backoff(attempt: i32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_statement_the_database_refuses_is_given_up_after_its_attempts() {
+        let refused =
+            || JobError::from(mnemo_store::StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "content" }));
+        for attempt in 1..REFUSED_ATTEMPTS {
+            assert!(matches!(Next::after(Err(refused()), attempt), Next::RetryAfter(..)), "attempt {attempt}");
+        }
+        assert!(matches!(Next::after(Err(refused()), REFUSED_ATTEMPTS), Next::GiveUp(_)));
+    }
 
     #[test]
     fn backoff_grows_with_jitter_and_a_cap() {
@@ -137,6 +155,8 @@ mod tests {
             other => panic!("a store failure is transient: {other:?}"),
         }
         assert!(matches!(Next::after(Err(JobError::ShuttingDown), 1), Next::RetryAfter(..)));
+        let unavailable = || JobError::from(mnemo_store::StoreError::Unavailable("connection refused".into()));
+        assert!(matches!(Next::after(Err(unavailable()), 1000), Next::RetryAfter(..)), "an outage never gives up");
         assert!(matches!(Next::after(Err(JobError::Setup("no model".into())), 1), Next::GiveUp(_)));
         assert!(matches!(Next::after(Ok(()), 1), Next::Done));
     }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    AuditEvent, CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter, WindowMessage,
+    AuditEvent, CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter,
+    WindowMessage,
 };
 use uuid::Uuid;
 

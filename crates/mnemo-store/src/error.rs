@@ -62,6 +62,27 @@ impl StoreError {
             || matches!(self.sqlx(), Some(sqlx::Error::Database(e)) if e.code().as_deref() == Some("53100"))
     }
 
+    /// Whether the same statement over the same rows would be refused the same way again: the
+    /// database refused what it says (a value, a constraint, a missing column or privilege:
+    /// SQLSTATE classes 22, 23, 42 and 0A), or a value does not encode or decode. Not a lost
+    /// connection, a full disk, a deadlock or a serialization failure, which pass.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::Stored(_) | Self::Encode(_) | Self::Config(_) | Self::Migrate(_) => true,
+            _ => self.sqlx().is_some_and(|e| match e {
+                sqlx::Error::Database(d) => {
+                    d.code().is_some_and(|c| ["22", "23", "42", "0A"].iter().any(|class| c.starts_with(class)))
+                }
+                sqlx::Error::ColumnDecode { .. }
+                | sqlx::Error::Decode(_)
+                | sqlx::Error::ColumnNotFound(_)
+                | sqlx::Error::TypeNotFound { .. }
+                | sqlx::Error::Encode(_) => true,
+                _ => false,
+            }),
+        }
+    }
+
     /// The database's own error, from a statement or from the job queue.
     fn sqlx(&self) -> Option<&sqlx::Error> {
         match self {
