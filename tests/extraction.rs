@@ -490,6 +490,37 @@ async fn an_edit_made_during_the_model_call_is_never_overwritten() {
     assert_eq!(app.db.count(by_extraction).await, 0);
 }
 
+/// A profile deleted while the model answers stays deleted: the model's profile was made from the
+/// one the user removed.
+#[tokio::test]
+async fn a_profile_deleted_during_the_model_call_is_not_brought_back() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let profile = json!({ "content": "# PROFILE.md\n\nName: Ann\nWorks as: nurse\n" });
+    assert!(app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &profile).await.status < 300);
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let once = job();
+    let (report, deleted) = tokio::join!(runner.run(&once), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.client.delete("/v1/workspace/files/PROFILE.md", Some(&t)).await
+    });
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    assert!(matches!(report.expect("run"), ExtractReport::Applied { .. }));
+    assert_eq!(app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await.status, 404, "still deleted");
+    let reason: String = sqlx::query_scalar("SELECT reason FROM memory_extractions WHERE status = 'done'")
+        .fetch_one(app.db.store().pool())
+        .await
+        .expect("reason");
+    assert_eq!(reason, "file_changed");
+    let by_extraction =
+        "SELECT count(*) FROM workspace_file_versions WHERE path = 'PROFILE.md' AND actor = 'extraction'";
+    assert_eq!(app.db.count(by_extraction).await, 0);
+}
+
 #[tokio::test]
 async fn an_entry_that_would_overfill_todays_note_is_left_out_and_the_rest_applies() {
     let chat = ScriptedChat::start().await;
