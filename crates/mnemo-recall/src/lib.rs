@@ -296,7 +296,10 @@ impl Recall {
         let signals = self.settings.signals;
         let window = rows_to_read(&fused, limit, &signals);
         let ids: Vec<Uuid> = fused.iter().take(window).map(|(id, _)| *id).collect();
-        let mut rows = search.store().recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
+        // A replica that is behind has not replayed the latest deletes, erasures and supersedes:
+        // its candidates are read back from the primary, which drops those.
+        let rows_from = if lagging { self.search.store() } else { search.store() };
+        let mut rows = rows_from.recalled_rows(&principal.tenant, &ids, options.include_superseded).await?;
         let sources: HashMap<Uuid, restated::Source> =
             rows.iter().filter_map(|r| Some((r.id, restated::Source::of(r)?))).collect();
         // Back into fused order; a row retired since the search is simply gone.
