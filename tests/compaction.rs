@@ -12,6 +12,7 @@ use mnemo_core::{
     summary_source_ref,
 };
 use mnemo_jobs::{CompactPolicy, CompactReport, Compactor};
+use mnemo_store::Recording;
 use mnemo_store::queue::CompactJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token};
 use serde_json::{Value, json};
@@ -287,7 +288,8 @@ async fn a_duplicated_or_retried_job_leaves_one_summary_and_one_record() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary'").await, 1);
     assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 1);
     assert_eq!(app.db.count("SELECT count(*) FROM session_compaction_requests").await, 0);
-    // The summary row's source_ref names the session and the last message it covers.
+    // The summary row's source_ref names the session, where its plan started and the last
+    // message it covers.
     let source_ref: String =
         sqlx::query_scalar("SELECT source_ref FROM memory_items WHERE source_kind = 'session_summary'")
             .fetch_one(&app.db.pool)
@@ -295,7 +297,7 @@ async fn a_duplicated_or_retried_job_leaves_one_summary_and_one_record() {
             .expect("summary");
     let through: uuid::Uuid =
         sqlx::query_scalar("SELECT through_id FROM session_compactions").fetch_one(&app.db.pool).await.expect("record");
-    assert_eq!(source_ref, format!("session-summary:s1:{}", through.simple()));
+    assert_eq!(source_ref, format!("session-summary:s1:start:{}", through.simple()));
     // It is queued for embedding like every row, so recall finds it.
     let rows = app.db.count("SELECT count(*) FROM memory_items").await;
     assert_eq!(rows, 11);
@@ -319,7 +321,9 @@ async fn a_long_backlog_is_compacted_over_several_jobs_and_a_long_agent_turn_is_
         match compactor(&app, &small).run(&job("acme", "s1")).await.expect("job") {
             CompactReport::Compacted { messages, .. } => covered.push(messages),
             CompactReport::NothingToCompact => break,
-            CompactReport::Overtaken => panic!("one job at a time is never overtaken"),
+            report @ (CompactReport::Overtaken | CompactReport::MessagesChanged) => {
+                panic!("one job at a time over a session nobody changes is always recorded: {report:?}")
+            }
         }
         assert!(chat.requests().len() - calls_before <= 4, "at most four model calls a job");
         let pending = app.db.count("SELECT count(*) FROM session_compaction_requests").await;
@@ -561,15 +565,15 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
 
     // The other job planned from the start (no compaction then), covers every message and wrote
     // its summary before recording.
-    let last = store.session_messages(&tenant, &session, None, 100).await.expect("messages");
-    let last = last.last().expect("a message");
+    let messages = store.session_messages(&tenant, &session, None, 100).await.expect("messages");
+    let last = messages.last().expect("a message");
     let summary_of = |text: &str| {
         NewMemory::session_summary(
             tenant.clone(),
             session.clone(),
             None,
             None,
-            summary_source_ref(&session, last.id.simple()),
+            summary_source_ref(&session, None, last.id),
             MemoryText::parse(text).expect("text"),
             last.event_time,
         )
@@ -578,29 +582,83 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
     let stale = mnemo_store::NewCompaction {
         from: None,
         through: last.cursor(),
-        messages: 8,
+        covered: messages.iter().map(|m| m.id).collect(),
         outcome: CompactionOutcome::Summarized,
         reason: None,
         summary_id: Some(written.id),
         model: None,
         trigger: CompactionTrigger::Operator,
     };
-    assert!(!store.record_compaction(&tenant, &session, &stale).await.expect("record"), "reported as not recorded");
+    assert_eq!(store.record_compaction(&tenant, &session, &stale).await.expect("record"), Recording::Overtaken);
     let after = store.session_compactions(&tenant, &session).await.expect("compactions");
     assert_eq!(after.len(), 1, "the stale plan's compaction is not recorded");
     let window = context(&app, &t, "s1", json!({})).await;
     assert!(!window["diagnostics"]["summary"].is_null(), "the first job's summary stays in effect");
 
-    // Its summary leaves recall, audited; the recorded one stays; the next compaction through
-    // the same message writes a summary of its own.
-    let live = |id: uuid::Uuid| {
-        format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND deleted_at IS NULL AND anonymized_at IS NULL")
-    };
-    assert_eq!(app.db.count(&live(written.id)).await, 0, "the unrecorded summary is deleted");
+    // Its summary leaves recall and is anonymized, audited; the recorded one stays; a summary
+    // under the same source_ref can be written again.
+    assert_eq!(app.db.count(&anonymized(written.id)).await, 1, "the unrecorded summary is anonymized");
     assert_eq!(app.db.count(&live(after[0].summary_id.expect("a summary"))).await, 1, "the recorded one is not");
     let audited =
         format!("SELECT count(*) FROM audit_log WHERE item_id = '{}' AND reason = 'compaction_overtaken'", written.id);
     assert_eq!(app.db.count(&audited).await, 1);
     let next = store.remember(&summary_of("the next compaction's summary")).await.expect("its source_ref is free");
     assert!(next.was_new && next.id != written.id);
+
+    // That one's job crashed before recording: the next compaction that records anonymizes it.
+    turns(&app, &t, 4, 3).await;
+    let report = compactor(&app, &settings(llm_env(&chat))).run(&job("acme", "s1")).await.expect("job");
+    assert!(matches!(report, CompactReport::Compacted { outcome: CompactionOutcome::Summarized, .. }), "{report:?}");
+    assert_eq!(app.db.count(&anonymized(next.id)).await, 1, "the crashed job's summary is anonymized");
+    assert_eq!(
+        app.db
+            .count("SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary' AND anonymized_at IS NULL")
+            .await,
+        2
+    );
+}
+
+fn live(id: uuid::Uuid) -> String {
+    format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND deleted_at IS NULL AND anonymized_at IS NULL")
+}
+
+fn anonymized(id: uuid::Uuid) -> String {
+    format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND deleted_at IS NOT NULL AND content = '[REDACTED]'")
+}
+
+/// A message deleted (or its user erased) while the model writes the summary: the summary, which
+/// may quote it, is anonymized and not recorded, and the compaction is planned again without it.
+#[tokio::test]
+async fn a_message_deleted_while_its_summary_is_written_is_in_no_summary() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 4).await;
+    let first: uuid::Uuid = sqlx::query_scalar("SELECT id FROM memory_items WHERE source_ref LIKE 'u0-%'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("u0");
+    chat.delay_every_answer(Duration::from_millis(600));
+    let compactor = compactor(&app, &settings(llm_env(&chat)));
+    let once = job("acme", "s1");
+    let (report, deleted) = tokio::join!(compactor.run(&once), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.client.delete(&format!("/v1/memories/{first}"), Some(&t)).await
+    });
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    assert_eq!(report.expect("job"), CompactReport::MessagesChanged);
+    let summaries = "SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary'";
+    assert_eq!(app.db.count(summaries).await, 1, "the summary was written");
+    assert_eq!(app.db.count(&format!("{summaries} AND content = '[REDACTED]'")).await, 1, "and anonymized");
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 0);
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compaction_requests").await, 1, "asked for again");
+    assert_eq!(compact_jobs(&app).await, 1);
+
+    chat.delay_every_answer(Duration::ZERO);
+    let again = compactor.run(&once).await.expect("job");
+    assert!(matches!(again, CompactReport::Compacted { outcome: CompactionOutcome::Summarized, .. }), "{again:?}");
+    let prompt =
+        chat.requests().last().expect("a request")["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(!prompt.contains("question 0 "), "the deleted message went to the model: {prompt}");
+    assert_eq!(app.db.count(&format!("{summaries} AND anonymized_at IS NULL")).await, 1);
 }

@@ -158,11 +158,13 @@ fn is_markup_before(text: &str, at: usize) -> bool {
     text[line_start..at].chars().all(|c| matches!(c, '#' | '*' | '-' | ' ' | '_'))
 }
 
-/// The source_ref of the summary that covers a session through `through` (the id of the last
-/// message it covers): a retried or duplicated job lands on the same row.
-pub fn summary_source_ref(session: &SessionId, through: impl std::fmt::Display) -> crate::SourceRef {
-    crate::SourceRef::parse(&format!("session-summary:{session}:{through}"))
-        .expect("a session id and a uuid make a valid source_ref")
+/// The source_ref of the summary that covers a session after `from` (the last message the
+/// compaction it continues covered; none for the first) through `through`: a retried or
+/// duplicated job lands on the same row, and two jobs planned from different starts do not.
+pub fn summary_source_ref(session: &SessionId, from: Option<uuid::Uuid>, through: uuid::Uuid) -> crate::SourceRef {
+    let from = from.map_or_else(|| "start".to_owned(), |id| id.simple().to_string());
+    crate::SourceRef::parse(&format!("session-summary:{session}:{from}:{}", through.simple()))
+        .expect("a session id and two uuids make a valid source_ref")
 }
 
 pub type SummaryFuture<'a> = Pin<Box<dyn Future<Output = Result<String, ModelFailure>> + Send + 'a>>;

@@ -20,7 +20,7 @@ use mnemo_core::{
     units_of, units_within,
 };
 use mnemo_store::queue::CompactJob;
-use mnemo_store::{NewCompaction, SessionMessage, SessionState, Store, StoreError};
+use mnemo_store::{NewCompaction, Recording, SessionMessage, SessionState, Store, StoreError};
 
 use crate::JobError;
 
@@ -92,8 +92,12 @@ pub enum CompactReport {
     Compacted { messages: usize, outcome: CompactionOutcome, reason: Option<String> },
     /// Another compaction of the session was recorded while this one ran (or this job's own, if
     /// it ran again): this one is not recorded, and the next job plans from that one. A summary
-    /// it wrote stays a recallable row of the session.
+    /// it wrote is deleted and anonymized.
     Overtaken,
+    /// A message it covered was deleted or erased (or one was written into its range) while it
+    /// ran: it is not recorded, a summary it wrote is deleted and anonymized, and the compaction
+    /// is asked for again.
+    MessagesChanged,
 }
 
 impl Compactor {
@@ -151,7 +155,7 @@ impl Compactor {
                     session.clone(),
                     last.user_id.as_deref().and_then(|u| UserId::parse(u).ok()),
                     last.agent_id.as_deref().and_then(|a| AgentId::parse(a).ok()),
-                    summary_source_ref(session, last.id.simple()),
+                    summary_source_ref(session, state.through.map(|c| c.id), last.id),
                     text,
                     last.event_time,
                 );
@@ -182,16 +186,25 @@ impl Compactor {
         let record = NewCompaction {
             from: state.through,
             through: last.cursor(),
-            messages: i32::try_from(cut).unwrap_or(i32::MAX),
+            covered: stored[..cut].iter().map(|m| m.id).collect(),
             outcome,
             reason: reason.clone(),
             summary_id,
             model: self.summarizer.as_ref().map(|m| m.model().to_owned()),
             trigger: job.trigger,
         };
-        if !self.store.record_compaction(tenant, session, &record).await? {
-            tracing::info!(tenant = %tenant, trigger = job.trigger.as_str(), "session compaction overtaken by another");
-            return Ok(CompactReport::Overtaken);
+        match self.store.record_compaction(tenant, session, &record).await? {
+            Recording::Recorded => {}
+            Recording::Overtaken => {
+                tracing::info!(tenant = %tenant, trigger = job.trigger.as_str(), "session compaction overtaken by another");
+                return Ok(CompactReport::Overtaken);
+            }
+            Recording::MessagesChanged => {
+                tracing::info!(tenant = %tenant, trigger = job.trigger.as_str(),
+                    "the session's messages changed during its compaction; it is planned again");
+                self.store.request_compaction(tenant, session, job.trigger, job.keep_at_most).await?;
+                return Ok(CompactReport::MessagesChanged);
+            }
         }
         // A backlog longer than one job's share continues in the next job.
         if cut < wanted {

@@ -185,6 +185,7 @@ async fn compact(
         let (messages, outcome, reason) = match &report {
             CompactReport::NothingToCompact => (0, "nothing", None),
             CompactReport::Overtaken => (0, "overtaken", None),
+            CompactReport::MessagesChanged => (0, "messages_changed", None),
             CompactReport::Compacted { messages, outcome, reason } => (*messages, outcome.as_str(), reason.clone()),
         };
         if json {

@@ -12,6 +12,7 @@ use mnemo_core::{
 use uuid::Uuid;
 
 use crate::queue::{CompactJob, push};
+use crate::retention::anonymize_ids;
 use crate::{Store, StoreError};
 
 /// One message of a session, as stored.
@@ -138,9 +139,8 @@ ON CONFLICT (tenant_id, session_id) DO UPDATE SET trigger = EXCLUDED.trigger, re
 WHERE r.requested_at < now() - make_interval(secs => $4)
 RETURNING true";
 
-/// Records a compaction unless one through the same or a later message is recorded already: of
-/// two jobs that ran side by side, the one that covered less is not recorded (its summary row
-/// stays, unused).
+/// Records a compaction unless one through the same or a later message is recorded already, or
+/// one past where this one's plan started.
 const RECORD_COMPACTION: &str = "
 INSERT INTO session_compactions
     (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger)
@@ -158,21 +158,33 @@ ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING";
 /// Compactions of one session record one at a time, so two cannot both pass the check above.
 const LOCK_SESSION: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))";
 
-/// The summary `$3` of a compaction that was not recorded leaves recall, unless a recorded
-/// compaction holds it (a duplicated job lands on the first one's row). Its source_ref is freed,
-/// so the next compaction through the same message can write its own.
-const DROP_UNRECORDED_SUMMARY: &str = "
+/// Whether the session's live messages after `($3, $4)` through `($5, $6)` are exactly `$7`,
+/// the ones the compaction's plan read: none deleted, erased or written into the range since.
+const COVERED_UNCHANGED: &str = concat!(
+    "WITH live AS (SELECT m.id",
+    conversation_rows!(),
+    "
+  AND (m.event_time, m.id) <= ($5, $6))
+SELECT (SELECT count(*) FROM live) = cardinality($7::uuid[])
+   AND NOT EXISTS (SELECT id FROM live EXCEPT SELECT unnest($7::uuid[]))"
+);
+
+/// Soft-deletes the session's live summaries that no recorded compaction holds: only `$3` when
+/// given, never `$4`; with a delete audit row each, reason `$6`. Returns their ids.
+const DROP_UNHELD_SUMMARIES: &str = "
 WITH dropped AS (
-    UPDATE memory_items m
-    SET deleted_at = now(), source_ref = m.source_ref || '|' || m.id || '|overtaken'
-    WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.id = $3 AND m.source_kind = 'session_summary'
+    UPDATE memory_items m SET deleted_at = now()
+    WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.source_kind = 'session_summary'
       AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+      AND ($3::uuid IS NULL OR m.id = $3) AND m.id IS DISTINCT FROM $4
       AND NOT EXISTS (
-          SELECT 1 FROM session_compactions c WHERE c.tenant_id = $1 AND c.session_id = $2 AND c.summary_id = $3)
+          SELECT 1 FROM session_compactions c WHERE c.tenant_id = $1 AND c.session_id = $2 AND c.summary_id = m.id)
     RETURNING m.id
+), audit AS (
+    INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+    SELECT $1, $5, id, $6, 'compaction' FROM dropped
 )
-INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
-SELECT $1, $4, id, 'compaction_overtaken', 'compaction' FROM dropped";
+SELECT id FROM dropped";
 
 const CLEAR_REQUEST: &str = "DELETE FROM session_compaction_requests WHERE tenant_id = $1 AND session_id = $2";
 
@@ -253,12 +265,34 @@ pub struct NewCompaction {
     /// Where the compaction this one continues ended (its plan's start): none when it is the first.
     pub from: Option<MessageCursor>,
     pub through: MessageCursor,
-    pub messages: i32,
+    /// The messages it covers, as its plan read them: through `through`, after `from`.
+    pub covered: Vec<Uuid>,
     pub outcome: CompactionOutcome,
     pub reason: Option<String>,
     pub summary_id: Option<Uuid>,
     pub model: Option<String>,
     pub trigger: CompactionTrigger,
+}
+
+/// What became of a compaction's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    Recorded,
+    /// Another compaction of the session was recorded since this one's plan started.
+    Overtaken,
+    /// A message it covers was deleted or erased, or one was written into its range, since its
+    /// plan read them.
+    MessagesChanged,
+}
+
+impl Recording {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Recorded => "recorded",
+            Self::Overtaken => "compaction_overtaken",
+            Self::MessagesChanged => "messages_changed",
+        }
+    }
 }
 
 impl Store {
@@ -372,46 +406,74 @@ impl Store {
     }
 
     /// Records a compaction (once: a retried job finds its record made) and clears the request.
-    /// Not when another compaction was recorded since this one's plan started: the two ran side by
-    /// side, and the next job plans again from the one recorded; the summary this one wrote leaves
-    /// recall. True when this one was recorded.
+    /// Not when another compaction was recorded since this one's plan started (the two ran side
+    /// by side, and the next job plans again from the one recorded), nor when the messages it
+    /// covers changed since (one was deleted or its user erased): then the summary it wrote is
+    /// deleted and anonymized. Once recorded, the summaries no compaction holds (written by jobs
+    /// that crashed before recording, or that this one overtakes) are too.
     pub async fn record_compaction(
         &self,
         tenant: &TenantId,
         session: &SessionId,
         compaction: &NewCompaction,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Recording, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
-        let recorded = sqlx::query(RECORD_COMPACTION)
+        let unchanged: bool = sqlx::query_scalar(COVERED_UNCHANGED)
             .bind(tenant.as_str())
             .bind(session.as_str())
-            .bind(compaction.through.id)
-            .bind(compaction.through.event_time)
-            .bind(compaction.messages)
-            .bind(compaction.outcome.as_str())
-            .bind(compaction.reason.as_deref())
-            .bind(compaction.summary_id)
-            .bind(compaction.model.as_deref())
-            .bind(compaction.trigger.as_str())
             .bind(compaction.from.map(|c| c.event_time))
             .bind(compaction.from.map(|c| c.id))
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            == 1;
-        if let (false, Some(summary)) = (recorded, compaction.summary_id) {
-            sqlx::query(DROP_UNRECORDED_SUMMARY)
+            .bind(compaction.through.event_time)
+            .bind(compaction.through.id)
+            .bind(&compaction.covered)
+            .fetch_one(&mut *tx)
+            .await?;
+        let recorded = unchanged
+            && sqlx::query(RECORD_COMPACTION)
                 .bind(tenant.as_str())
                 .bind(session.as_str())
-                .bind(summary)
-                .bind(AuditEvent::Delete.as_str())
+                .bind(compaction.through.id)
+                .bind(compaction.through.event_time)
+                .bind(i32::try_from(compaction.covered.len()).unwrap_or(i32::MAX))
+                .bind(compaction.outcome.as_str())
+                .bind(compaction.reason.as_deref())
+                .bind(compaction.summary_id)
+                .bind(compaction.model.as_deref())
+                .bind(compaction.trigger.as_str())
+                .bind(compaction.from.map(|c| c.event_time))
+                .bind(compaction.from.map(|c| c.id))
                 .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                == 1;
+        let recording = match (unchanged, recorded) {
+            (false, _) => Recording::MessagesChanged,
+            (true, false) => Recording::Overtaken,
+            (true, true) => Recording::Recorded,
+        };
+        // Recorded: every other job of the session is overtaken, so no summary it holds is lost.
+        let (only, never) = match recording {
+            Recording::Recorded => (None, compaction.summary_id),
+            _ => (compaction.summary_id, None),
+        };
+        if recording == Recording::Recorded || only.is_some() {
+            let dropped: Vec<Uuid> = sqlx::query_scalar(DROP_UNHELD_SUMMARIES)
+                .bind(tenant.as_str())
+                .bind(session.as_str())
+                .bind(only)
+                .bind(never)
+                .bind(AuditEvent::Delete.as_str())
+                .bind(recording.as_str())
+                .fetch_all(&mut *tx)
                 .await?;
+            if !dropped.is_empty() {
+                anonymize_ids(&mut tx, tenant, &dropped, "compaction").await?;
+            }
         }
         sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(recorded)
+        Ok(recording)
     }
 
     /// Clears the session's compaction request: its job found nothing to compact.

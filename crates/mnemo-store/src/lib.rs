@@ -32,8 +32,8 @@ mod workspace;
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
 pub use consolidation::ChangedNote;
 pub use conversation::{
-    Compaction, MessageCursor, NewCompaction, PendingCompaction, STALE_REQUEST, SessionMessage, SessionState,
-    SessionSummary,
+    Compaction, MessageCursor, NewCompaction, PendingCompaction, Recording, STALE_REQUEST, SessionMessage,
+    SessionState, SessionSummary,
 };
 pub use database::{FreshDatabase, create_database, create_empty_database, move_database, with_database};
 pub use embeddings::{NewVector, RowToEmbed};

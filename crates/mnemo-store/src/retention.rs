@@ -182,6 +182,27 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
     )
 }
 
+/// Anonymizes the soft-deleted rows `ids` of `tenant` now, in the caller's transaction, with
+/// `actor` on their audit rows: rows whose content must not wait for the retention sweep.
+pub(crate) async fn anonymize_ids(
+    tx: &mut sqlx::PgConnection,
+    tenant: &TenantId,
+    ids: &[Uuid],
+    actor: &str,
+) -> Result<(), StoreError> {
+    let picked = "SELECT m.id, 'soft_deleted' AS reason FROM memory_items m
+                  WHERE m.tenant_id = $1 AND m.id = ANY($2) AND m.anonymized_at IS NULL
+                  ORDER BY m.id FOR UPDATE";
+    lock_text_counts(&mut *tx, &[tenant.as_str().to_owned()]).await?;
+    sqlx::query(AssertSqlSafe(anonymize_sql(picked, "$3")))
+        .bind(tenant.as_str())
+        .bind(ids)
+        .bind(actor)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
 impl Store {
     /// Soft-deletes a row of `tenant`. With `only_user`, only a row carrying that user (a user's
     /// token may delete only its own rows). `None` when no such row exists for the caller. The
