@@ -554,6 +554,15 @@ async fn packs_keep_their_budgets_and_layer_limits() {
         .await;
     assert_eq!(context.status, 200, "{:?}", context.body);
     assert!(context.body["diagnostics"]["memory_pack"]["items"].as_array().is_some(), "{:?}", context.body);
+
+    // A message that holds nothing to ask with leaves the pack out; one with a NUL asks without it.
+    for (message, left_out) in [("", Some("no_query")), ("  \n ", Some("no_query")), ("the kayak\u{0}?", None)] {
+        let body = json!({"current_message": message, "memory_pack": true});
+        let context = app.client.post("/v1/sessions/s1/context", Some(&token(&ann)), &body).await;
+        assert_eq!(context.status, 200, "{message:?}: {:?}", context.body);
+        let pack = &context.body["diagnostics"]["memory_pack"];
+        assert_eq!(pack["left_out"].as_str(), left_out, "{message:?}: {pack}");
+    }
 }
 
 /// A tool output is read as its session's messages are: by a token bound to that session, the

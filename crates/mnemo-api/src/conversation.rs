@@ -36,9 +36,20 @@ const MIN_INPUT_TOKENS: i64 = 64;
 const MAX_INPUT_TOKENS: i64 = 10_000_000;
 const DEFAULT_INPUT_TOKENS: i64 = 128_000;
 
-/// The end of `text` that a recall query holds, cut at a character boundary.
-fn last_query_bytes(text: &str) -> String {
-    text[text.ceil_char_boundary(text.len().saturating_sub(mnemo_core::MAX_QUERY_BYTES))..].to_owned()
+/// The query a message asks a memory pack with: its end (a paste's question is usually there),
+/// as much as a query holds, cut at a character boundary, without the NUL bytes a query may not
+/// hold; `None` when nothing but whitespace is left.
+fn message_query(message: &str) -> Option<String> {
+    let end = &message[message.ceil_char_boundary(message.len().saturating_sub(mnemo_core::MAX_QUERY_BYTES))..];
+    let query = end.replace('\0', " ");
+    (!query.trim().is_empty()).then_some(query)
+}
+
+/// A memory pack a context call asks for.
+enum AskedPack {
+    Pack(PackRequest),
+    /// Asked for `current_message`, which holds nothing to ask with (empty or whitespace).
+    NoQuery,
 }
 
 /// A session's rows are read by a token bound to that session, or by a service token (no user,
@@ -136,7 +147,11 @@ pub async fn context(
         tool_name: None,
     });
     let budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
-    let asked_pack = asked.memory_pack.is_some();
+    let pack_left_out = match &asked.memory_pack {
+        None => None,
+        Some(AskedPack::NoQuery) => Some("no_query"),
+        Some(AskedPack::Pack(_)) => Some("no_room"),
+    };
     // What the caller's own system prompt and current message leave for the workspace and the
     // memory pack (counted as the window counts them; nothing when they do not fit, which
     // assembly refuses): they shrink to fit rather than refuse a call that fits without them.
@@ -164,7 +179,7 @@ pub async fn context(
     let placed = [files.unwrap_or(""), notes].iter().map(|text| u64::from(tokenizer.count(text)) + 2).sum::<u64>();
     let room = left.saturating_sub(placed);
     let pack = match asked.memory_pack {
-        Some(mut pack_request) if room >= MIN_PART_TOKENS => {
+        Some(AskedPack::Pack(mut pack_request)) if room >= MIN_PART_TOKENS => {
             pack_request.max_budget_tokens =
                 pack_request.max_budget_tokens.min(u32::try_from(room).unwrap_or(u32::MAX));
             pack_request.soft_budget_tokens = pack_request.soft_budget_tokens.min(pack_request.max_budget_tokens);
@@ -172,7 +187,6 @@ pub async fn context(
         }
         _ => None,
     };
-    let pack_left_out = asked_pack && pack.is_none();
     let memory = [notes, pack.as_ref().map_or("", |p| p.rendered.as_str())]
         .into_iter()
         .filter(|text| !text.is_empty())
@@ -228,8 +242,8 @@ pub async fn context(
             "items": pack.items.iter().map(|p| json!({"id": p.id, "layer": p.layer.as_str()})).collect::<Vec<_>>(),
             "degraded": pack.degraded,
         });
-    } else if pack_left_out {
-        answer["diagnostics"]["memory_pack"] = json!({ "tokens": 0, "items": [], "left_out": "no_room" });
+    } else if let Some(reason) = pack_left_out {
+        answer["diagnostics"]["memory_pack"] = json!({ "tokens": 0, "items": [], "left_out": reason });
     }
     Ok(Json(answer))
 }
@@ -247,7 +261,7 @@ struct ContextBody {
     wait_ms: u64,
     /// A memory pack for `current_message` (or the pack's own `query`), placed after the
     /// workspace's notes, as reference.
-    memory_pack: Option<PackRequest>,
+    memory_pack: Option<AskedPack>,
 }
 
 impl ContextBody {
@@ -278,10 +292,15 @@ impl ContextBody {
         };
         let memory_pack = memory_pack
             .map(|mut options| {
-                // A long message (a paste) asks with its end, where its question usually is: the
-                // caller never sent a query to be refused.
-                let query = options.take_opt_str("query")?.or_else(|| current_message.as_deref().map(last_query_bytes));
-                let query = query.ok_or(ApiError::MissingField("memory_pack.query (or current_message)"))?;
+                // The caller never sent a query to be refused: a message is asked with as it can be.
+                let query = match (options.take_opt_str("query")?, &current_message) {
+                    (Some(query), _) => query,
+                    (None, Some(message)) => match message_query(message) {
+                        Some(query) => query,
+                        None => return Ok(AskedPack::NoQuery),
+                    },
+                    (None, None) => return Err(ApiError::MissingField("memory_pack.query (or current_message)")),
+                };
                 // The window holds the conversation already: no working memory unless asked.
                 let working_given = options.nested_has("top_k", "working");
                 let mut request = crate::routes::pack_request(&mut options, RecallRequest::new(&query)?.query)?;
@@ -293,7 +312,7 @@ impl ContextBody {
                 let quarter = u32::try_from((max_input_tokens - reserve_output_tokens) / 4).unwrap_or(u32::MAX);
                 request.max_budget_tokens = request.max_budget_tokens.min(quarter);
                 request.soft_budget_tokens = request.soft_budget_tokens.min(request.max_budget_tokens);
-                Ok::<_, ApiError>(request)
+                Ok::<_, ApiError>(AskedPack::Pack(request))
             })
             .transpose()?;
         let parsed = Self {
