@@ -3,12 +3,13 @@
 //! queries of concurrent recalls are embedded together: one task embeds whatever queries are
 //! waiting, up to `MNEMO_RECALL_QUERY_BATCH` (32), while the next ones queue. A lone query is
 //! embedded at once; it never waits for company. The vectors of the last `MNEMO_RECALL_QUERY_CACHE`
-//! (1,024) distinct queries are kept.
+//! (1,024) distinct queries are kept, per tenant: a hit, which is faster and counted on
+//! `/metrics`, must not tell one tenant what another asked.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use mnemo_core::{EmbedError, Embedder};
+use mnemo_core::{EmbedError, Embedder, TenantId};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
 
@@ -28,11 +29,11 @@ pub(crate) struct QueryVectors {
     cache: Mutex<Cache>,
 }
 
-/// Vectors by query text, the oldest dropped first.
+/// Vectors by tenant and query text, the oldest dropped first.
 #[derive(Debug, Default)]
 struct Cache {
-    vectors: HashMap<String, Vec<f32>>,
-    order: VecDeque<String>,
+    vectors: HashMap<(TenantId, String), Vec<f32>>,
+    order: VecDeque<(TenantId, String)>,
 }
 
 impl QueryVectors {
@@ -41,8 +42,9 @@ impl QueryVectors {
     }
 
     /// The query's vector, from the cache or embedded with the queries waiting beside it.
-    pub(crate) async fn vector(&self, query: &str) -> Result<Vec<f32>, EmbedError> {
-        if let Some(vector) = self.cache.lock().expect("query cache").vectors.get(query) {
+    pub(crate) async fn vector(&self, tenant: &TenantId, query: &str) -> Result<Vec<f32>, EmbedError> {
+        let key = (tenant.clone(), query.to_owned());
+        if let Some(vector) = self.cache.lock().expect("query cache").vectors.get(&key) {
             metrics::counter!("mnemo_recall_query_cache_hits_total").increment(1);
             return Ok(vector.clone());
         }
@@ -60,8 +62,8 @@ impl QueryVectors {
         queue.send((query.to_owned(), reply, Span::current())).map_err(|_| gone())?;
         let vector = answer.await.map_err(|_| gone())??;
         let mut cache = self.cache.lock().expect("query cache");
-        if self.cache_entries > 0 && cache.vectors.insert(query.to_owned(), vector.clone()).is_none() {
-            cache.order.push_back(query.to_owned());
+        if self.cache_entries > 0 && cache.vectors.insert(key.clone(), vector.clone()).is_none() {
+            cache.order.push_back(key);
             if cache.order.len() > self.cache_entries
                 && let Some(oldest) = cache.order.pop_front()
             {
@@ -100,5 +102,42 @@ async fn embed_batches(embedder: Arc<dyn Embedder>, max_batch: usize, mut queue:
             Ok(vectors) => batch.into_iter().zip(vectors).for_each(|((_, reply, _), v)| drop(reply.send(Ok(v)))),
             Err(e) => batch.into_iter().for_each(|(_, reply, _)| drop(reply.send(Err(e.clone())))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Counts the texts it embeds.
+    #[derive(Debug, Default)]
+    struct Counting(AtomicUsize);
+
+    impl Embedder for Counting {
+        fn model(&self) -> &str {
+            "counting"
+        }
+
+        fn dimensions(&self) -> usize {
+            1
+        }
+
+        fn embed<'a>(&'a self, texts: &'a [String]) -> mnemo_core::EmbedFuture<'a> {
+            self.0.fetch_add(texts.len(), Ordering::SeqCst);
+            Box::pin(async move { Ok(texts.iter().map(|_| vec![1.0]).collect()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_query_is_cached_for_its_own_tenant_only() {
+        let embedder = Arc::new(Counting::default());
+        let vectors = QueryVectors::new(embedder.clone(), 32, 16);
+        let (acme, globex) = (TenantId::parse("acme").expect("tenant"), TenantId::parse("globex").expect("tenant"));
+        for tenant in [&acme, &acme, &globex, &globex] {
+            vectors.vector(tenant, "is Initech being acquired?").await.expect("vector");
+        }
+        assert_eq!(embedder.0.load(Ordering::SeqCst), 2, "once per tenant");
     }
 }
