@@ -91,10 +91,17 @@ impl Fixture {
 
     /// Runs `mnemo-runbook export` with the replica configured; its stderr.
     async fn export(&self, tenant: &str) -> String {
+        let (succeeded, stderr) = self.export_from(tenant, &self.replica_url).await;
+        assert!(succeeded, "{stderr}");
+        stderr
+    }
+
+    /// Whether an export of `tenant` reading from `replica_url` succeeded, and its stderr.
+    async fn export_from(&self, tenant: &str, replica_url: &str) -> (bool, String) {
         let output = tokio::process::Command::new(binary("mnemo-runbook").expect("mnemo-runbook is built"))
             .env_clear()
             .env(vars::DATABASE_URL, &self.app.db.url)
-            .env(vars::READ_DATABASE_URL, &self.replica_url)
+            .env(vars::READ_DATABASE_URL, replica_url)
             .env(vars::READ_REPLICA_WAIT_MS, "200")
             .env("MNEMO_LOG", "warn")
             .args(["export", "--tenant", tenant])
@@ -102,9 +109,7 @@ impl Fixture {
             .output()
             .await
             .expect("runbook runs");
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        assert!(output.status.success(), "{stderr}");
-        stderr
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
     }
 }
 
@@ -177,6 +182,12 @@ async fn reads_go_to_the_replica_and_never_silently_miss_an_acknowledged_write()
     let after = f.routes().await;
     assert_eq!([after[0] - before[0], after[1] - before[1], after[2] - before[2]], [2, 0, 0], "{after:?}");
     assert!(f.export("acme").await.contains("exporting from the replica"));
+    // The replica as the API's role would export nothing: refused, as the primary is.
+    let user_info =
+        |url: &str| url.split("://").nth(1).and_then(|rest| rest.split('@').next()).expect("user").to_owned();
+    let walled = f.replica_url.replacen(&user_info(&f.replica_url), &user_info(&f.app.db.app_url), 1);
+    let (succeeded, stderr) = f.export_from("acme", &walled).await;
+    assert!(!succeeded && stderr.contains("held by row-level security"), "{stderr}");
 
     // Behind: the replica has not replayed m2 and t2. Recall still reads it and says degraded; a
     // tool output, which cannot say so, comes from the primary, and so does an export.

@@ -343,7 +343,20 @@ async fn reads(env: &Env) -> anyhow::Result<Reads> {
     let primary = as_owner(settings.url.expose(), 4).await?;
     let reads = Reads::primary(primary);
     Ok(match &settings.read_url {
-        Some(url) => reads.with_replica(url.expose(), 4, settings.replica_wait).context(vars::READ_DATABASE_URL)?,
+        Some(url) => {
+            // As for the primary: a role the wall holds would read an empty tenant from the
+            // replica. A replica that cannot be reached now is left to `Reads`, which reads the
+            // primary then.
+            if let Ok(replica) = Store::connect(url.expose(), 1).await {
+                anyhow::ensure!(
+                    !replica.walled(),
+                    "{}'s role is held by row-level security (the API's role?): the runbook reads as the \
+                     tables' owner (ARCHITECTURE.md, \"Two roles\")",
+                    vars::READ_DATABASE_URL
+                );
+            }
+            reads.with_replica(url.expose(), 4, settings.replica_wait).context(vars::READ_DATABASE_URL)?
+        }
         None => reads,
     })
 }
