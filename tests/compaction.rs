@@ -498,15 +498,20 @@ async fn compaction_stays_inside_its_session_and_tenant() {
 }
 
 /// Runs the runbook without blocking this test's runtime (the scripted server lives on it).
-async fn runbook(app: &TestApp, env: &[(&str, String)], args: &[&str]) -> Value {
-    let output = tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+async fn run_runbook(app: &TestApp, env: &[(&str, String)], args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
         .args(args)
         .env_clear()
         .env(vars::DATABASE_URL, &app.db.url)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .await
-        .expect("runbook runs");
+        .expect("runbook runs")
+}
+
+/// The runbook's JSON answer; it must succeed.
+async fn runbook(app: &TestApp, env: &[(&str, String)], args: &[&str]) -> Value {
+    let output = run_runbook(app, env, args).await;
     assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
     serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&output.stdout)))
@@ -533,6 +538,14 @@ async fn the_runbook_shows_a_session_and_compacts_it_on_demand() {
     let shown = runbook(&app, &[], &args("show", &[])).await;
     assert_eq!(shown["pending"], "operator");
     assert!(shown["messages"][0].get("content").is_none(), "content only with --content");
+    assert!(shown["messages"][0].get("name").is_none(), "a participant's name only with --content");
+    assert_eq!(shown["truncated"], false);
+
+    // --now without a model here would truncate for good: refused unless asked for.
+    let refused = run_runbook(&app, &[], &args("compact", &["--now"])).await;
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--truncate"));
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 0, "refused: nothing recorded");
 
     let now = runbook(&app, &llm_env(&chat), &args("compact", &["--now"])).await;
     assert_eq!((now["messages"].as_u64(), now["outcome"].as_str()), (Some(4), Some("summarized")));
@@ -545,6 +558,13 @@ async fn the_runbook_shows_a_session_and_compacts_it_on_demand() {
     assert_eq!(shown["compactions"][0]["outcome"], "summarized");
     assert_eq!(shown["compactions"][0]["trigger"], "operator");
     assert_eq!(shown["compactions"][0]["summary_id"], shown["summary_id"]);
+
+    // Without a model, --truncate truncates here and now.
+    let t2 = token(&principal("acme", None, None, Some("s2")));
+    turns(&app, &t2, 0, 4).await;
+    let truncate = ["session", "compact", "--tenant", "acme", "--session", "s2", "--json", "--now", "--truncate"];
+    let done = runbook(&app, &[], &truncate).await;
+    assert_eq!((done["outcome"].as_str(), done["reason"].as_str()), (Some("truncated"), Some("no_model")));
 }
 
 /// Two compactions of one session planned from the same start (a stale request queued again, an

@@ -31,7 +31,8 @@ pub enum SessionCommand {
         json: bool,
     },
     /// Compact the session: queue a compact job for the workers, or with --now run it here with
-    /// the configured model (MNEMO_LLM_*). --dry-run says what would be compacted.
+    /// the configured model (MNEMO_LLM_*; without one, add --truncate to truncate). --dry-run
+    /// says what would be compacted.
     Compact {
         #[arg(long, value_parser = TenantId::parse)]
         tenant: TenantId,
@@ -41,6 +42,9 @@ pub enum SessionCommand {
         dry_run: bool,
         #[arg(long, conflicts_with = "dry_run")]
         now: bool,
+        /// With --now and no model configured: truncate (the messages leave the window unsummarized).
+        #[arg(long, requires = "now")]
+        truncate: bool,
         #[arg(long)]
         json: bool,
     },
@@ -49,8 +53,13 @@ pub enum SessionCommand {
 pub async fn run(store: &Store, settings: &ContextSettings, command: SessionCommand) -> anyhow::Result<()> {
     match command {
         SessionCommand::Show { tenant, session, content, json } => show(store, &tenant, &session, content, json).await,
-        SessionCommand::Compact { tenant, session, dry_run, now, json } => {
-            compact(store, settings, &tenant, &session, dry_run, now, json).await
+        SessionCommand::Compact { tenant, session, dry_run, now, truncate, json } => {
+            let how = match (dry_run, now) {
+                (true, _) => How::DryRun,
+                (false, true) => How::Now { truncate },
+                (false, false) => How::Queue,
+            };
+            compact(store, settings, &tenant, &session, how, json).await
         }
     }
 }
@@ -68,9 +77,12 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
             .map(|m| {
                 let mut row = json!({
                     "id": m.id, "role": m.role.as_str(), "token_count": m.token_count,
-                    "tool_call_id": m.tool_call_id, "name": m.tool_name, "event_time": m.event_time,
-                    "compacted": compacted(m),
+                    "tool_call_id": m.tool_call_id, "event_time": m.event_time, "compacted": compacted(m),
                 });
+                // Any other message's name is its participant's: shown with the content only.
+                if content || m.tool_call_id.is_some() {
+                    row["name"] = json!(m.tool_name);
+                }
                 if content {
                     row["content"] = json!(m.content);
                 }
@@ -86,6 +98,7 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
             })
             .collect();
         let report = json!({
+            "truncated": messages.len() as i64 == SHOW_LIMIT,
             "messages": messages,
             "compactions": compactions,
             "summary_id": state.summary.as_ref().map(|s| s.id),
@@ -135,13 +148,22 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
     Ok(())
 }
 
+/// What `session compact` does.
+enum How {
+    DryRun,
+    /// Here and now; `truncate` allows it without a model.
+    Now {
+        truncate: bool,
+    },
+    Queue,
+}
+
 async fn compact(
     store: &Store,
     settings: &ContextSettings,
     tenant: &TenantId,
     session: &SessionId,
-    dry_run: bool,
-    now: bool,
+    how: How,
     json: bool,
 ) -> anyhow::Result<()> {
     let compactor = Compactor {
@@ -150,7 +172,17 @@ async fn compact(
         counter: Arc::new(mnemo_models::Tokenizer::new(settings.tokenizer)),
         policy: CompactPolicy::from_settings(settings),
     };
-    if dry_run {
+    if let How::Now { truncate: false } = how
+        && compactor.summarizer.is_none()
+    {
+        // The workers may have a model this shell does not: a truncation here is for good.
+        anyhow::bail!(
+            "no MNEMO_LLM_MODEL here, so --now would truncate (the messages leave the window unsummarized, \
+             for good); set the model as the workers have it, leave out --now to queue the job for them, \
+             or add --truncate"
+        );
+    }
+    if let How::DryRun = how {
         let CompactPlan { messages, history, cut, .. } = compactor.plan(tenant, session, None).await?;
         let tokens: u64 = history[..cut].iter().map(|m| m.cost()).sum();
         let way = if compactor.summarizer.is_some() { "summarize" } else { "truncate" };
@@ -174,7 +206,7 @@ async fn compact(
         }
         return Ok(());
     }
-    if now {
+    if let How::Now { .. } = how {
         let job = CompactJob {
             tenant_id: tenant.clone(),
             session_id: session.clone(),
