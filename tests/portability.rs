@@ -154,6 +154,9 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
     // Without vectors, the importing side embeds again.
     let bare = temp("bare.jsonl.gz");
     assert!(runbook(&source.db.url, &["export", "--tenant", "acme"], Some(&bare)).await.ok);
+    // A tenant the database holds nothing of (a mistyped name) is refused, not exported empty.
+    let typo = runbook(&source.db.url, &["export", "--tenant", "acmee"], None).await;
+    assert!(!typo.ok && typo.stderr.contains("nothing to export"), "{}", typo.stderr);
     let fresh = TestDb::new().await;
     let run = runbook(&fresh.url, &["import", "--tenant", "acme", bare.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);

@@ -537,6 +537,17 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
 
     let again = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
     assert_eq!(again["anonymized"].as_u64(), Some(0), "erasing twice finds nothing");
+    assert!(again["already_erased_at"].is_string(), "{again}");
+
+    // A user nothing carries and who was never erased (a mistyped id): refused, nothing audited,
+    // unless forced.
+    let erasures = "SELECT count(*) FROM audit_log WHERE event = 'memory.erase'";
+    let typo = f.runbook(&[], &["erase", "--tenant", "acme", "--user", "ernie"]).await;
+    assert!(!typo.status.success());
+    assert!(String::from_utf8_lossy(&typo.stderr).contains("check the id"));
+    assert_eq!(f.db().count(erasures).await, 1);
+    f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "ernie", "--force", "--json"]).await;
+    assert_eq!(f.db().count(erasures).await, 2);
 }
 
 #[tokio::test]

@@ -234,7 +234,7 @@ pub async fn erase_user(
     }
     done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
     let details = json!({
-        "user_sha256": hex::encode(Sha256::digest(user.as_str().as_bytes())),
+        "user_sha256": user_sha256(user),
         "rows": report.anonymized,
         "workspace_files": workspace_files,
         "tool_outputs": report.plan.tool_outputs,
@@ -244,6 +244,11 @@ pub async fn erase_user(
     report.elapsed = started.elapsed();
     tracing::info!(tenant = %tenant, rows = done, seconds = report.elapsed.as_secs_f64(), "user erased");
     Ok(report)
+}
+
+/// How the erasure's audit row names the user.
+pub fn user_sha256(user: &UserId) -> String {
+    hex::encode(Sha256::digest(user.as_str().as_bytes()))
 }
 
 /// Erases the summaries of `sessions` (see [`Store::erase_session_summaries`]); returns `done`

@@ -170,6 +170,9 @@ enum Command {
         /// Report what would be erased and change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Erase (and audit) even when no row or file carries the user.
+        #[arg(long)]
+        force: bool,
         #[arg(long)]
         json: bool,
     },
@@ -247,9 +250,9 @@ async fn main() -> anyhow::Result<()> {
             let settings = RetentionSettings::from_env(&env)?;
             retention::anonymize(&connect(&env).await?, &settings, &tenant, dry_run, allow_large_sweep, json).await
         }
-        Command::Erase { tenant, user, dry_run, json } => {
+        Command::Erase { tenant, user, dry_run, force, json } => {
             let settings = RetentionSettings::from_env(&env)?;
-            retention::erase(&connect(&env).await?, &settings, &tenant, &user, dry_run, json).await
+            retention::erase(&connect(&env).await?, &settings, &tenant, &user, dry_run, force, json).await
         }
         Command::Audit { tenant, event, item, since, limit, json } => {
             retention::audit(&connect(&env).await?, tenant, event, item, since, limit, json).await

@@ -58,6 +58,10 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let mut export = store.begin_export().await?;
+    // An empty file would pass for the backup of a tenant whose name was mistyped.
+    if args.since.is_none() && !export.holds(&args.tenant).await? {
+        bail!("tenant {} holds no memories, workspace files or settings: nothing to export", args.tenant);
+    }
     let mut out = flate2::write::GzEncoder::new(std::io::BufWriter::new(stdout.lock()), flate2::Compression::fast());
     let header = json!({
         "format": FORMAT, "version": VERSION, "schema": export.schema, "tenant": args.tenant.as_str(),

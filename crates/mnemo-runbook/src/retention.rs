@@ -174,9 +174,28 @@ pub async fn erase(
     tenant: &TenantId,
     user: &UserId,
     dry_run: bool,
+    force: bool,
     json: bool,
 ) -> anyhow::Result<()> {
     let (policy, _) = store.retention_policy(tenant, settings.defaults).await?;
+    if !dry_run && !force {
+        // An audit row would read as the erasure of someone whose id was mistyped.
+        let plan = store.erasure_plan(tenant, user).await?;
+        if plan.rows() == 0 && plan.workspace_files == 0 {
+            let Some(at) = store.last_erasure(tenant, &mnemo_jobs::user_sha256(user)).await? else {
+                anyhow::bail!(
+                    "no row or workspace file of tenant {tenant} carries user {user}, who was never erased: check \
+                     the id (--force erases and audits anyway)"
+                );
+            };
+            if json {
+                println!("{}", json!({ "dry_run": false, "rows": 0, "anonymized": 0, "already_erased_at": at }));
+            } else {
+                println!("user {user} of tenant {tenant} was erased at {at}; nothing carries them since");
+            }
+            return Ok(());
+        }
+    }
     let mut progress = Progress::new("erased");
     let report = mnemo_jobs::erase_user(store, tenant, user, policy.batch_size, dry_run, "runbook", |done, total| {
         progress.update(done, total)

@@ -115,6 +115,18 @@ pub struct Export {
 }
 
 impl Export {
+    /// Whether the snapshot holds anything of `tenant`: a memory, a workspace file or settings.
+    pub async fn holds(&mut self, tenant: &TenantId) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1)
+                 OR EXISTS (SELECT 1 FROM workspace_files WHERE tenant_id = $1)
+                 OR EXISTS (SELECT 1 FROM tenant_config WHERE tenant_id = $1)",
+        )
+        .bind(tenant.as_str())
+        .fetch_one(&mut *self.tx)
+        .await?)
+    }
+
     /// The tenant's rows of one of [`EXPORT_TABLES`] (created or changed since `since`, if given)
     /// as JSON objects of their stored columns, streamed.
     pub fn rows<'a>(

@@ -508,6 +508,23 @@ impl Store {
         Ok(())
     }
 
+    /// When the user whose hash is `user_sha256` was last erased from `tenant`, if ever.
+    pub async fn last_erasure(
+        &self,
+        tenant: &TenantId,
+        user_sha256: &str,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT max(created_at) FROM audit_log
+             WHERE tenant_id = $1 AND event = $2 AND details ->> 'user_sha256' = $3",
+        )
+        .bind(tenant.as_str())
+        .bind(AuditEvent::Erase.as_str())
+        .bind(user_sha256)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// Audit rows, newest first.
     pub async fn audit_entries(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
         Ok(sqlx::query_as(
