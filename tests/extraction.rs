@@ -427,14 +427,14 @@ async fn the_runbook_dry_run_shows_the_proposal_and_writes_nothing() {
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
     conversation(&app, &t, "home_city: Ann lives in Lyon").await;
-    let args =
-        ["memory", "extract", "--tenant", "acme", "--agent", "helper", "--user", "ann", "--session", "s1", "--json"];
-    let run = |extra: &'static [&'static str]| {
+    let run_as = |user: &'static str, extra: &'static [&'static str]| {
         let env = llm_env(&chat);
         let url = app.db.url.clone();
+        let args = ["memory", "extract", "--tenant", "acme", "--agent", "helper", "--user", user, "--session", "s1"];
         async move {
             tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
                 .args(args)
+                .arg("--json")
                 .args(extra)
                 .env_clear()
                 .env(vars::DATABASE_URL, url)
@@ -444,6 +444,13 @@ async fn the_runbook_dry_run_shows_the_proposal_and_writes_nothing() {
                 .expect("runbook runs")
         }
     };
+    let run = |extra: &'static [&'static str]| run_as("ann", extra);
+    // Ann's conversation never goes into another user's files and facts.
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let bob = run_as("bob", extra).await;
+        assert!(!bob.status.success() && String::from_utf8_lossy(&bob.stderr).contains("wrote nothing"));
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions").await, 0);
     let dry = run(&["--dry-run"]).await;
     assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
     let proposal: Value = serde_json::from_slice(&dry.stdout).expect("json");

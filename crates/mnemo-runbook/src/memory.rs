@@ -68,6 +68,12 @@ pub enum MemoryCommand {
 pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Result<()> {
     match command {
         MemoryCommand::Extract { tenant, agent, user, session, dry_run, json } => {
+            // What is extracted goes into this user's files and facts: never another's conversation.
+            if !store.user_in_session(&tenant, &user, &session).await? {
+                bail!(
+                    "user {user} wrote nothing in session {session} of tenant {tenant}: nothing of theirs to extract"
+                );
+            }
             let workspace = Workspace { tenant, agent, user: Some(user) };
             if !dry_run {
                 let last = store.session_messages_newest_first(&workspace.tenant, &session, None, None, 1).await?;

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::{AnonymizeReason, AuditEvent, Label, RetentionPolicy, TenantId, UserId};
+use mnemo_core::{AnonymizeReason, AuditEvent, Label, RetentionPolicy, SessionId, TenantId, UserId};
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
@@ -420,6 +420,23 @@ impl Store {
             .rows_affected();
         tx.commit().await?;
         Ok(files)
+    }
+
+    /// Whether `user` has rows in `session`.
+    pub async fn user_in_session(
+        &self,
+        tenant: &TenantId,
+        user: &UserId,
+        session: &SessionId,
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND session_id = $2 AND user_id = $3)",
+        )
+        .bind(tenant.as_str())
+        .bind(session.as_str())
+        .bind(user.as_str())
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     /// The sessions `user` has rows in, read before an erasure anonymizes them (an anonymized row
