@@ -345,6 +345,10 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
             json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "content": format!("message {i}") });
         assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
     }
+    sqlx::query("INSERT INTO tenant_config (tenant_id, settings) VALUES ('acme', '{\"time_zone\": \"Asia/Tokyo\"}')")
+        .execute(&app.db.pool)
+        .await
+        .expect("acme's settings");
     let good = temp("good.jsonl.gz");
     let run = runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&good)).await;
     assert!(run.ok, "{}", run.stderr);
@@ -405,17 +409,36 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     assert!(!run.ok && run.stderr.contains("truncated"), "{}", run.stderr);
     let _ = std::fs::remove_file(&truncated);
 
-    // Another tenant's export goes in only with --retarget, and then under the new tenant.
+    // Another tenant's export goes in only with --retarget, and then under the new tenant, which
+    // keeps its own settings unless --with-settings.
     let run = runbook(&target.url, &["import", "--tenant", "beta", good.to_str().expect("path")], None).await;
     assert!(!run.ok && run.stderr.contains("line 1: the file holds tenant \"acme\""), "{}", run.stderr);
-    let run =
-        runbook(&target.url, &["import", "--tenant", "beta", "--retarget", good.to_str().expect("path")], None).await;
+    sqlx::query(
+        "INSERT INTO tenant_config (tenant_id, settings, updated_at)
+         VALUES ('beta', '{\"time_zone\": \"Europe/Paris\"}', now() - interval '1 day')",
+    )
+    .execute(&target.pool)
+    .await
+    .expect("beta's settings");
+    let retarget = ["import", "--tenant", "beta", "--retarget", good.to_str().expect("path")];
+    let run = runbook(&target.url, &retarget, None).await;
     assert!(run.ok, "{}", run.stderr);
+    assert!(run.stdout.contains("settings left out"), "{}", run.stdout);
     let beta: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_items WHERE tenant_id = 'beta'")
         .fetch_one(&target.pool)
         .await
         .expect("count");
     assert_eq!(beta, 3);
+    let zone = || async {
+        sqlx::query_scalar::<_, String>("SELECT settings ->> 'time_zone' FROM tenant_config WHERE tenant_id = 'beta'")
+            .fetch_one(&target.pool)
+            .await
+            .expect("zone")
+    };
+    assert_eq!(zone().await, "Europe/Paris");
+    let run = runbook(&target.url, &[&retarget[..], &["--with-settings"]].concat(), None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(zone().await, "Asia/Tokyo");
     let _ = std::fs::remove_file(&good);
 }
 

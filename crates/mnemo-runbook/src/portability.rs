@@ -41,9 +41,13 @@ pub struct ImportArgs {
     /// The tenant to import into; the file's tenant unless `--retarget`.
     #[arg(long, value_parser = TenantId::parse)]
     tenant: TenantId,
-    /// Import a file exported from another tenant into `--tenant`.
+    /// Import a file exported from another tenant into `--tenant`. The target keeps its own
+    /// settings (time zone, retention policy) unless `--with-settings`.
     #[arg(long)]
     retarget: bool,
+    /// With `--retarget`: take the file's tenant settings too, replacing the target's.
+    #[arg(long, requires = "retarget")]
+    with_settings: bool,
     file: PathBuf,
 }
 
@@ -137,6 +141,7 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     let mut import = store.begin_import(&args.tenant).await?;
     let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
     let (mut rows, mut batch_bytes) = (0u64, 0usize);
+    let mut settings_left_out = false;
     let end = loop {
         line_no += 1;
         let Some((mut value, bytes)) = read(lines.next(), line_no)? else {
@@ -153,9 +158,15 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         if row["tenant_id"] != source.as_str() {
             bail!("line {line_no}: a row of tenant {}, in an export of tenant {source:?}", row["tenant_id"]);
         }
+        rows += 1;
+        // Another tenant's time zone and retention policy (its dry run, its TTLs) are not this
+        // one's: a retargeted import keeps the target's unless asked.
+        if table == "tenant_config" && args.retarget && !args.with_settings {
+            settings_left_out = true;
+            continue;
+        }
         row["tenant_id"] = json!(args.tenant.as_str());
         batch.push((line_no, table, row.take()));
-        rows += 1;
         batch_bytes += bytes;
         if batch.len() == STAGE_BATCH || batch_bytes >= STAGE_BYTES {
             import.stage(&batch).await?;
@@ -183,6 +194,9 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         );
     }
     println!("{} items to embed again (no vector of their model came with them)", report.to_embed);
+    if settings_left_out {
+        println!("the file's tenant settings left out: {} keeps its own (--with-settings takes them)", args.tenant);
+    }
     if report.erased_left_out > 0 {
         println!("{} workspace files and versions of users erased since left out", report.erased_left_out);
     }
