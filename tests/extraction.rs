@@ -369,6 +369,29 @@ async fn a_fact_the_user_deleted_stays_deleted_when_extracted_again() {
 
 /// A worker whose run was taken over (held past the stale limit) applies nothing when its model
 /// call returns: only the worker that holds the run does.
+/// A conversation whose job was given up (or lost in a crash) is not left waiting for the user's
+/// next conversation: housekeeping queues its (agent, user) a job.
+#[tokio::test]
+async fn a_conversation_without_a_job_that_will_run_gets_one() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    let store = app.db.store();
+    let extract_jobs = "SELECT count(*) FROM apalis.jobs WHERE job_type = 'extract' AND status = 'Pending'";
+    assert_eq!(app.db.count(extract_jobs).await, 1);
+    assert_eq!(store.requeue_unextracted(Duration::ZERO, 100).await.expect("requeue"), 0, "its job will run");
+
+    sqlx::query("UPDATE apalis.jobs SET status = 'Killed' WHERE job_type = 'extract'")
+        .execute(&app.db.pool)
+        .await
+        .expect("give the job up");
+    assert_eq!(store.requeue_unextracted(Duration::from_secs(3600), 100).await.expect("requeue"), 0, "not yet");
+    assert_eq!(store.requeue_unextracted(Duration::ZERO, 100).await.expect("requeue"), 1);
+    assert_eq!(app.db.count(extract_jobs).await, 1);
+    assert_eq!(store.requeue_unextracted(Duration::ZERO, 100).await.expect("requeue"), 0, "once");
+}
+
 #[tokio::test]
 async fn a_run_taken_over_applies_nothing() {
     let chat = ScriptedChat::start().await;

@@ -29,6 +29,11 @@ pub struct HousekeepingPolicy {
     pub signals: SignalSettings,
 }
 
+/// How long a conversation waits for extraction with no job that will run before housekeeping
+/// queues one: a request and its job are written together, so only a job given up or a crash
+/// leaves one waiting.
+const EXTRACTION_GRACE: Duration = Duration::from_secs(600);
+
 /// The current tick number: wall-clock time in whole intervals, the same on every machine.
 fn tick_number(interval: Duration) -> i64 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -47,7 +52,8 @@ pub async fn run_housekeeping(
     }
     let done = Housekeeping {
         requeued: store.requeue_unembedded(&policy.model, policy.embed_grace, 10_000).await?
-            + store.requeue_unjudged(policy.judge_grace, 10_000).await?,
+            + store.requeue_unjudged(policy.judge_grace, 10_000).await?
+            + store.requeue_unextracted(EXTRACTION_GRACE, 1_000).await?,
         pruned_jobs: store.prune_finished_jobs(policy.job_retention).await?,
         removed_workers: store.remove_stale_workers(policy.dead_worker_after).await?,
         retention_scheduled: store.schedule_retention(tick_number(policy.retention_interval)).await?,

@@ -123,7 +123,46 @@ fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
     pending.iter().map(|p| (p.session_id.to_string(), p.through_id)).unzip()
 }
 
+/// The (agent, user)s with a conversation waiting for longer than `$1` seconds and no extract
+/// job that will run: at most `$2`.
+const STRANDED: &str = "
+WITH live AS (
+    SELECT convert_from(job, 'UTF8')::jsonb AS args FROM apalis.jobs
+    WHERE job_type = $3
+      AND (status IN ('Pending', 'Queued', 'Running') OR (status = 'Failed' AND attempts < max_attempts))
+)
+SELECT DISTINCT e.tenant_id, e.agent_id, e.user_id FROM memory_extractions e
+WHERE e.status = 'pending' AND e.created_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (
+      SELECT 1 FROM live
+      WHERE live.args @> jsonb_build_object('tenant_id', e.tenant_id, 'agent_id', e.agent_id, 'user_id', e.user_id))
+LIMIT $2";
+
 impl Store {
+    /// Queues an extract job for each (agent, user) whose conversations have waited longer than
+    /// `grace` with no job that will run: a job given up, or a crash between a run and the job
+    /// it queues for what it left. At most `limit`; how many.
+    pub async fn requeue_unextracted(&self, grace: Duration, limit: i64) -> Result<u64, StoreError> {
+        let stranded: Vec<(String, String, String)> = sqlx::query_as(STRANDED)
+            .bind(grace.as_secs_f64())
+            .bind(limit)
+            .bind(mnemo_core::Queue::Extract.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        let jobs = stranded
+            .iter()
+            .map(|(tenant, agent, user)| {
+                Ok(ExtractJob {
+                    tenant_id: mnemo_core::TenantId::parse(tenant)?,
+                    agent_id: mnemo_core::AgentId::parse(agent)?,
+                    user_id: mnemo_core::UserId::parse(user)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        push(&mut *self.pool.acquire().await?, &jobs).await?;
+        Ok(jobs.len() as u64)
+    }
+
     /// Asks for the extraction of a completed conversation (once per session and last message)
     /// and queues the (agent, user)'s job. True when this call asked.
     pub async fn request_extraction(
