@@ -337,6 +337,45 @@ async fn the_runbook_lists_prints_and_restores_any_version() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--user"));
 }
 
+/// A maintenance run that fails gives its claim back: the next housekeeping tick runs it, not the
+/// next maintenance interval hours later.
+#[tokio::test]
+async fn a_failed_maintenance_run_is_run_again_at_the_next_tick() {
+    let app = TestApp::spawn().await;
+    let store = app.db.store();
+    let policy = mnemo_jobs::HousekeepingPolicy {
+        interval: Duration::from_secs(1),
+        model: "m".into(),
+        embed_grace: Duration::from_secs(60),
+        judge_grace: Duration::from_secs(60),
+        job_retention: Duration::from_secs(3600),
+        dead_worker_after: Duration::from_secs(60),
+        retention_interval: Duration::from_secs(3600),
+        consolidate_cron: None,
+        maintenance: mnemo_config::MaintenanceSettings {
+            interval: Duration::from_secs(6 * 3600),
+            note_retention_days: 90,
+            session_retention_days: 0,
+        },
+        signals: mnemo_config::SignalSettings::default(),
+    };
+    let exec = |sql: &'static str| {
+        let pool = app.db.pool.clone();
+        async move { sqlx::query(sql).execute(&pool).await.expect(sql) }
+    };
+    // Its last step fails (the table is away).
+    exec("ALTER TABLE access_batches RENAME TO access_batches_away").await;
+    assert!(mnemo_jobs::run_housekeeping(&store, "w", &policy).await.is_err());
+    assert_eq!(app.db.count("SELECT count(*) FROM maintenance_runs").await, 0, "the claim is given back");
+    exec("ALTER TABLE access_batches_away RENAME TO access_batches").await;
+    let ran = wait_until(Duration::from_secs(5), || async {
+        let _ = mnemo_jobs::run_housekeeping(&store, "w", &policy).await;
+        app.db.count("SELECT count(*) FROM maintenance_runs WHERE finished_at IS NOT NULL").await == 1
+    })
+    .await;
+    assert!(ran, "the next tick runs maintenance");
+}
+
 #[tokio::test]
 async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per_interval() {
     let app = TestApp::spawn().await;

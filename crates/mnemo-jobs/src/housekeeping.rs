@@ -97,20 +97,15 @@ async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> R
     if !store.claim_maintenance(tick, worker).await? {
         return Ok(());
     }
-    let mut done = Maintained::default();
-    if settings.note_retention_days > 0 {
-        let before = Utc::now().date_naive() - chrono::Days::new(u64::from(settings.note_retention_days));
-        done.archived = store.archive_daily_notes(before, 1000).await?;
-    }
-    if settings.session_retention_days > 0 {
-        done.pruned = store.prune_old_sessions(settings.session_retention_days, 10_000).await?;
-    }
-    let signals = &policy.signals;
-    done.promoted = store.promote_episodic(signals.promotion_min_confidence, 10_000).await?;
-    if signals.decay_floor > 0.0 {
-        done.faded = store.fade_episodic(fade_before(&signals.weights, signals.decay_floor), 10_000).await?;
-    }
-    store.prune_access_batches().await?;
+    let done = match maintenance_run(store, settings, &policy.signals).await {
+        Ok(done) => done,
+        Err(e) => {
+            // Each step is bounded and may run again: the next housekeeping tick does, rather
+            // than the next maintenance interval hours later.
+            store.release_maintenance(tick).await?;
+            return Err(e);
+        }
+    };
     store.finish_maintenance(tick, done).await?;
     tracing::info!(
         tick,
@@ -121,6 +116,28 @@ async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> R
         "maintenance"
     );
     Ok(())
+}
+
+/// One maintenance run's steps.
+async fn maintenance_run(
+    store: &Store,
+    settings: &MaintenanceSettings,
+    signals: &SignalSettings,
+) -> Result<Maintained, JobError> {
+    let mut done = Maintained::default();
+    if settings.note_retention_days > 0 {
+        let before = Utc::now().date_naive() - chrono::Days::new(u64::from(settings.note_retention_days));
+        done.archived = store.archive_daily_notes(before, 1000).await?;
+    }
+    if settings.session_retention_days > 0 {
+        done.pruned = store.prune_old_sessions(settings.session_retention_days, 10_000).await?;
+    }
+    done.promoted = store.promote_episodic(signals.promotion_min_confidence, 10_000).await?;
+    if signals.decay_floor > 0.0 {
+        done.faded = store.fade_episodic(fade_before(&signals.weights, signals.decay_floor), 10_000).await?;
+    }
+    store.prune_access_batches().await?;
+    Ok(done)
 }
 
 /// The last use before which an episodic memory's decay is below `floor`: ½^(age / half-life)

@@ -64,6 +64,15 @@ impl Store {
         Ok(claimed.rows_affected() == 1)
     }
 
+    /// Gives up claim `tick` when its run failed, so the next caller runs it again.
+    pub async fn release_maintenance(&self, tick: i64) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM maintenance_runs WHERE tick = $1 AND finished_at IS NULL")
+            .bind(tick)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     pub async fn finish_maintenance(&self, tick: i64, done: Maintained) -> Result<(), StoreError> {
         sqlx::query(FINISH)
             .bind(tick)
