@@ -137,6 +137,48 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_relations").await, 1);
 }
 
+/// A single scope holds what its class holds: `agent` what the agent's other users shared with
+/// it and `tenant` what others shared with the tenant, never the caller's own facts, which
+/// `user` (and `any`, once) holds.
+#[tokio::test]
+async fn a_single_scope_never_holds_the_callers_own_facts() {
+    let (app, _provider) = app().await;
+    let ann = principal("acme", Some("ann"), Some("helper"), None);
+    let bob = principal("acme", Some("bob"), Some("helper"), None);
+    let anns = id_of(&fact(&app, &ann, json!({"scope": "user", "content": "zebra ann", "visibility": "agent"})).await);
+    let bobs = id_of(&fact(&app, &bob, json!({"scope": "user", "content": "zebra bob", "visibility": "tenant"})).await);
+    embed_like_the_provider(&app.db.store(), MODEL, DIMS).await;
+    let client = &app.client;
+    let recall = |who: &Principal, scope: &str| {
+        let body = json!({"query": "zebra", "scope": scope, "top_k": 20});
+        let token = token(who);
+        async move {
+            let reply = client.post("/v1/recall", Some(&token), &body).await;
+            assert_eq!(reply.status, 200, "{:?}", reply.body);
+            let mut ids: Vec<Uuid> = reply.body["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .map(|i| i["id"].as_str().and_then(|s| s.parse().ok()).expect("id"))
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    let sorted = |mut ids: Vec<Uuid>| {
+        ids.sort();
+        ids
+    };
+    assert_eq!(recall(&ann, "agent").await, [bobs], "ann's own fact is not in her agent's scope");
+    assert_eq!(recall(&bob, "agent").await, [anns]);
+    assert_eq!(recall(&ann, "tenant").await, [bobs], "bob shared it with the tenant");
+    assert_eq!(recall(&bob, "tenant").await, Vec::<Uuid>::new(), "bob's own fact is not in the tenant scope for him");
+    assert_eq!(recall(&ann, "user").await, [anns]);
+    assert_eq!(recall(&ann, "any").await, sorted(vec![anns, bobs]));
+    let carl = principal("acme", Some("carl"), Some("coach"), None);
+    assert_eq!(recall(&carl, "tenant").await, [bobs], "shared with the tenant: carl, of another agent, reads it");
+}
+
 /// What one written fact is, for the reference model of who may read it.
 #[derive(Debug, Clone)]
 struct Written {

@@ -104,11 +104,11 @@ fn class_filter(class: Scope) -> &'static str {
         }
         Scope::Agent => {
             "$5::text IS NOT NULL AND m.agent_id = $5 AND (m.scope = 'agent' \
-             OR (m.scope = 'user' AND m.visibility <> 'private' AND m.user_id IS DISTINCT FROM $4::text))"
+             OR (m.scope = 'user' AND m.visibility <> 'private' AND m.user_id IS DISTINCT FROM $10::text))"
         }
         Scope::Tenant => {
             "$3 AND (m.scope = 'tenant' OR (m.visibility = 'tenant' \
-             AND NOT COALESCE(m.scope = 'user' AND m.user_id = $4::text, false) \
+             AND NOT COALESCE(m.scope = 'user' AND m.user_id = $10::text, false) \
              AND NOT COALESCE(m.agent_id = $5::text, false)))"
         }
     }
