@@ -500,6 +500,24 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
         listed["facts"],
         json!([{"id": paris, "tenant": "acme", "judge_at": listed["facts"][0]["judge_at"], "reason": "unparsable"}])
     );
+    assert_eq!(listed["truncated"], false);
+    // With Tokyo failed open too (for a moment), --limit 1 lists one and says there are more.
+    let set_tokyo = |outcome: Option<String>| {
+        let pool = f.app.db.pool.clone();
+        async move {
+            sqlx::query("UPDATE memory_items SET judge_outcome = $2 WHERE id = $1")
+                .bind(tokyo)
+                .bind(outcome)
+                .execute(&pool)
+                .await
+                .expect("outcome")
+        }
+    };
+    let was = f.row(tokyo).await.outcome;
+    set_tokyo(Some("fail_open".into())).await;
+    let first = runbook(&f, &["judge", "fail-open", "--tenant", "acme", "--limit", "1", "--json"]);
+    assert_eq!((first["facts"].as_array().map(Vec::len), &first["truncated"]), (Some(1), &json!(true)));
+    set_tokyo(was).await;
     let status = runbook(&f, &["judge", "status", "--json"]);
     assert_eq!((status["outcomes"]["fail_open"].as_i64(), status["judged"].as_i64()), (Some(1), Some(2)));
     assert_eq!(status["fail_open_rate"].as_f64(), Some(0.5));

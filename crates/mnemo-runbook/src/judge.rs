@@ -32,7 +32,7 @@ pub enum JudgeCommand {
         /// A time (RFC 3339) or an age like 24h.
         #[arg(long, default_value = "24h", value_parser = parse_time)]
         since: DateTime<Utc>,
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
         limit: i64,
         #[arg(long)]
         json: bool,
@@ -108,20 +108,25 @@ pub async fn run(store: &Store, command: JudgeCommand) -> anyhow::Result<()> {
     match command {
         JudgeCommand::Status { window, json } => status(store, window, json).await,
         JudgeCommand::FailOpen { tenant, since, limit, json } => {
-            let rows = store.fail_open_facts(tenant.as_ref(), since, limit).await?;
+            // One more than asked tells whether there are more.
+            let mut rows = store.fail_open_facts(tenant.as_ref(), since, limit.saturating_add(1)).await?;
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            let truncated = rows.len() > limit;
+            rows.truncate(limit);
             if json {
                 let rows: Vec<_> = rows
                     .iter()
                     .map(|r| json!({"id": r.id, "tenant": r.tenant_id.as_str(), "judge_at": r.judge_at, "reason": r.reason}))
                     .collect();
-                println!("{}", json!({ "since": since, "facts": rows }));
+                println!("{}", json!({ "since": since, "facts": rows, "truncated": truncated }));
                 return Ok(());
             }
             for r in &rows {
                 let reason = r.reason.as_deref().unwrap_or("-");
                 println!("{}  {}  {}  {reason}", r.id, r.tenant_id, r.judge_at.to_rfc3339());
             }
-            println!("{} fail-open facts since {}", rows.len(), since.to_rfc3339());
+            let more = if truncated { " (the first --limit; there are more)" } else { "" };
+            println!("{} fail-open facts since {}{more}", rows.len(), since.to_rfc3339());
             Ok(())
         }
         JudgeCommand::Clear { ids, outcome, since, tenant, dry_run, json } => {
