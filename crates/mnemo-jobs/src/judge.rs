@@ -19,6 +19,7 @@ use mnemo_core::{Judge, JudgeOutcome, Verdict};
 use mnemo_store::queue::JudgeJob;
 use mnemo_store::{BatchRecord, Judgement, PendingFact, Store, StoreError};
 use tracing::Instrument;
+use uuid::Uuid;
 
 use crate::JobError;
 use crate::batcher::{Batcher, Gather};
@@ -154,8 +155,20 @@ pub async fn judge_pending(
     }
 }
 
-/// How long a judgement waits for an older fact of its bucket to be embedded.
-const DEFER: Duration = Duration::from_secs(1);
+/// How long a judgement waits for an older fact of its bucket to be embedded: a second, then a
+/// tenth of the time the fact has waited so far, at most a minute, so a long embedding outage
+/// does not queue every pending fact's job again each second.
+fn defer_delay(fact: Uuid, now: std::time::SystemTime) -> Duration {
+    let written = fact
+        .get_timestamp()
+        .map(|t| {
+            let (secs, nanos) = t.to_unix();
+            std::time::UNIX_EPOCH + Duration::new(secs, nanos)
+        })
+        .unwrap_or(now);
+    let waited = now.duration_since(written).unwrap_or_default();
+    (waited / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
 
 /// Decides and applies one fact's judgement; the outcome recorded (none if the fact stopped
 /// being pending meanwhile, or waits for an older fact's vector) and how long the model took,
@@ -168,7 +181,7 @@ async fn judge_fact(
 ) -> Result<(Option<JudgeOutcome>, Option<Duration>), StoreError> {
     let mut model_time = None;
     if store.older_facts_unembedded(&fact).await? {
-        store.defer_judgement(&fact, DEFER).await?;
+        store.defer_judgement(&fact, defer_delay(fact.id, std::time::SystemTime::now())).await?;
         metrics::counter!("mnemo_judge_deferred_total").increment(1);
         return Ok((None, None));
     }
@@ -238,4 +251,21 @@ fn fail_open(fact: &PendingFact, kind: &'static str, detail: &str) {
     metrics::counter!("mnemo_judge_fail_open_total", "reason" => kind).increment(1);
     tracing::warn!(item = %fact.id, tenant = %fact.tenant_id, reason = kind, "judge failed; nothing retired (fail-open)");
     tracing::debug!(item = %fact.id, detail, "judge failure detail");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deferral_grows_with_the_time_the_fact_has_waited() {
+        // A whole second: a UUIDv7 holds its time in milliseconds.
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs();
+        let written = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+        let fact = Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, secs, 0));
+        let after = |wait: u64| defer_delay(fact, written + Duration::from_secs(wait));
+        assert_eq!(after(0), Duration::from_secs(1), "a fresh fact waits a second");
+        assert_eq!(after(100), Duration::from_secs(10));
+        assert_eq!(after(3600), Duration::from_secs(60), "at most a minute");
+    }
 }
