@@ -560,6 +560,53 @@ async fn an_export_made_before_an_erasure_does_not_bring_the_users_files_back() 
     let _ = std::fs::remove_file(&before);
 }
 
+/// A copy kept up to date by exports `--since` drops an erased user's files and sightings: the
+/// source deletes them outright, so the export carries the erasure itself.
+#[tokio::test]
+async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let put =
+        app.client.put("/v1/workspace/files/memory/notes.md", Some(&t), &json!({ "content": "# Notes\n\nv1\n" })).await;
+    assert!(put.status < 300, "{:?}", put.body);
+    let said = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "my secret plan" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    let full = temp("copy-full.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&full)).await.ok);
+    let copy = TestDb::new().await;
+    let run = runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    let files = "SELECT count(*) FROM workspace_files WHERE user_id = 'u1'";
+    assert!(copy.count(files).await > 0);
+
+    let since: String =
+        sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("now");
+    assert!(runbook(&app.db.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await.ok);
+    let later = temp("copy-since.jsonl.gz");
+    let run = runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await;
+    assert!(run.ok && run.stderr.contains("erasures: 1"), "{}", run.stderr);
+    let import = ["import", "--tenant", "acme", later.to_str().expect("path")];
+    let run = runbook(&copy.url, &import, None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(run.stdout.contains("1 erasures recorded"), "{}", run.stdout);
+    assert_eq!(copy.count(files).await, 0, "the erased user's files stay in the copy");
+    assert_eq!(copy.count("SELECT count(*) FROM workspace_file_versions WHERE user_id = 'u1'").await, 0);
+    assert_eq!(copy.count("SELECT count(*) FROM memory_items WHERE content = 'my secret plan'").await, 0);
+    let audited = "SELECT count(*) FROM audit_log WHERE event = 'memory.erase' AND actor = 'import'";
+    assert_eq!(copy.count(audited).await, 1);
+    // The same file again records nothing twice; a full copy from before stays without the files.
+    assert!(runbook(&copy.url, &import, None).await.ok);
+    assert_eq!(copy.count(audited).await, 1);
+    assert!(runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await.ok);
+    assert_eq!(copy.count(files).await, 0);
+    for path in [full, later] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 #[tokio::test]
 async fn a_revival_carried_by_an_export_since_keeps_the_copys_chains_sound() {
     let app = TestApp::spawn().await;

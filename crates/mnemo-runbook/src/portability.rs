@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use mnemo_core::TenantId;
-use mnemo_store::{EXPORT_TABLES, Store};
+use mnemo_store::{ERASURES, EXPORT_TABLES, Store};
 use serde_json::{Value, json};
 
 const FORMAT: &str = "mnemo-export";
@@ -92,6 +92,14 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
         }
         eprintln!("{table}: {count}");
     }
+    // The erasures since, so that a copy kept up to date by exports `--since` drops what it still
+    // holds of those users (their files are deleted here, which no row can carry).
+    let erasures = export.erasures(&args.tenant, args.since).await?;
+    for row in &erasures {
+        writeln!(out, "{}", json!({ "table": ERASURES, "row": row }))?;
+    }
+    rows += erasures.len() as u64;
+    eprintln!("{ERASURES}: {}", erasures.len());
     writeln!(out, "{}", json!({ "end": { "rows": rows } }))?;
     out.finish()?.flush()?;
     let seconds = started.elapsed().as_secs_f64();
@@ -151,7 +159,8 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
             break end.clone();
         }
         let table = value["table"].as_str().unwrap_or_default();
-        let Some(&(table, _)) = EXPORT_TABLES.iter().find(|(t, _)| *t == table) else {
+        let known = EXPORT_TABLES.iter().map(|(t, _)| *t).chain([ERASURES]).find(|t| *t == table);
+        let Some(table) = known else {
             bail!("line {line_no}: unknown table {:?}", value["table"]);
         };
         let row = value.get_mut("row").filter(|r| r.is_object()).with_context(|| format!("line {line_no}: no row"))?;
@@ -159,6 +168,10 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
             bail!("line {line_no}: a row of tenant {}, in an export of tenant {source:?}", row["tenant_id"]);
         }
         rows += 1;
+        if table == ERASURES {
+            import.erasure(line_no, row)?;
+            continue;
+        }
         // Another tenant's time zone and retention policy (its dry run, its TTLs) are not this
         // one's: a retargeted import keeps the target's unless asked.
         if table == "tenant_config" && args.retarget && !args.with_settings {
@@ -196,6 +209,12 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     println!("{} items to embed again (no vector of their model came with them)", report.to_embed);
     if settings_left_out {
         println!("the file's tenant settings left out: {} keeps its own (--with-settings takes them)", args.tenant);
+    }
+    if report.erasures > 0 {
+        println!(
+            "{} erasures recorded from the file; {} stored workspace files, versions and sightings of those users deleted",
+            report.erasures, report.erased_here
+        );
     }
     if report.erased_left_out > 0 {
         println!("{} workspace files and versions of users erased since left out", report.erased_left_out);

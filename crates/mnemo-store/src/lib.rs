@@ -47,7 +47,7 @@ pub use judge::{
 pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutput};
 pub use ops::{Delivery, EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
-pub use portability::{EXPORT_TABLES, Export, Import, ImportError, ImportReport};
+pub use portability::{ERASURES, EXPORT_TABLES, Export, Import, ImportError, ImportReport};
 pub use replica::{ReadFrom, Reads};
 pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, SweepPlan};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};

@@ -74,6 +74,8 @@ pub enum ImportError {
     UnknownColumn { line: i64, table: &'static str, column: String },
     #[error("line {line}: a {table} row this mnemo cannot store: {problem}")]
     BadRow { line: i64, table: &'static str, problem: String },
+    #[error("line {line}: an erasure needs a user_sha256 (64 hex digits) and an erased_at time")]
+    BadErasure { line: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -93,6 +95,10 @@ pub struct ImportReport {
     pub to_embed: u64,
     /// Workspace files and versions of users erased here after they were written, left out.
     pub erased_left_out: u64,
+    /// Erasures the file brought that this tenant had not recorded.
+    pub erasures: u64,
+    /// Stored workspace files, versions and sightings of users the file says were erased since.
+    pub erased_here: u64,
 }
 
 /// An import under way: rows staged in its transaction until [`Import::finish`].
@@ -100,7 +106,12 @@ pub struct ImportReport {
 pub struct Import {
     tenant: TenantId,
     tx: Transaction<'static, Postgres>,
+    /// (line, the user's hash, when) of each erasure the file carries.
+    erasures: Vec<(i64, String, chrono::DateTime<chrono::Utc>)>,
 }
+
+/// The name an export gives its erasure lines in place of a table.
+pub const ERASURES: &str = "erasures";
 
 /// An export under way: every table is read in one read-only snapshot, so a row and the rows
 /// it points at (an item and its tool output, a file and its versions) leave together.
@@ -124,6 +135,29 @@ impl Export {
         )
         .bind(tenant.as_str())
         .fetch_one(&mut *self.tx)
+        .await?)
+    }
+
+    /// The tenant's erasures (since `since`, if given): the user's hash and when, as the
+    /// `memory.erase` audit row has them. An erasure deletes the user's files outright, so a copy
+    /// kept up to date by exports `--since` learns of it only this way.
+    pub async fn erasures(
+        &mut self,
+        tenant: &TenantId,
+        since: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Vec<Value>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT jsonb_build_object('tenant_id', tenant_id, 'user_sha256', details->>'user_sha256',
+                                       'erased_at', created_at)
+             FROM audit_log
+             WHERE tenant_id = $1 AND event = $2 AND details ? 'user_sha256'
+               AND ($3::timestamptz IS NULL OR created_at >= $3)
+             ORDER BY created_at, id",
+        )
+        .bind(tenant.as_str())
+        .bind(mnemo_core::AuditEvent::Erase.as_str())
+        .bind(since)
+        .fetch_all(&mut *self.tx)
         .await?)
     }
 
@@ -179,11 +213,63 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        Ok(Import { tenant: tenant.clone(), tx })
+        Ok(Import { tenant: tenant.clone(), tx, erasures: Vec::new() })
     }
 }
 
 impl Import {
+    /// Takes the erasure on line `line` of the file (an [`Export::erasures`] row).
+    pub fn erasure(&mut self, line: i64, row: &Value) -> Result<(), ImportError> {
+        let hash = row["user_sha256"].as_str().filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+        let at = row["erased_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+        let (Some(hash), Some(at)) = (hash, at) else { return Err(ImportError::BadErasure { line }) };
+        self.erasures.push((line, hash.to_ascii_lowercase(), at.with_timezone(&chrono::Utc)));
+        Ok(())
+    }
+
+    /// Records the file's erasures this tenant has not (an audit row each, at the source's
+    /// time), and deletes what the tenant still holds of those users from before their erasure:
+    /// their workspace files with every version, and their sightings. Their memories come in
+    /// the file anonymized. Returns (erasures recorded, rows deleted).
+    async fn apply_erasures(&mut self) -> Result<(u64, u64), StoreError> {
+        let (hashes, times): (Vec<String>, Vec<chrono::DateTime<chrono::Utc>>) =
+            self.erasures.iter().map(|(_, hash, at)| (hash.clone(), *at)).unzip();
+        let erase = mnemo_core::AuditEvent::Erase.as_str();
+        let recorded = sqlx::query(
+            "INSERT INTO audit_log (tenant_id, event, reason, actor, details, created_at)
+             SELECT DISTINCT $1, $2, 'erasure', 'import', jsonb_build_object('user_sha256', e.hash, 'imported', true), e.at
+             FROM unnest($3::text[], $4::timestamptz[]) AS e(hash, at)
+             WHERE NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.tenant_id = $1 AND a.event = $2
+                               AND a.details->>'user_sha256' = e.hash AND a.created_at = e.at)",
+        )
+        .bind(self.tenant.as_str())
+        .bind(erase)
+        .bind(&hashes)
+        .bind(&times)
+        .execute(&mut *self.tx)
+        .await?
+        .rows_affected();
+        let mut deleted = 0;
+        for (table, time) in [
+            ("workspace_file_versions", "created_at"),
+            ("workspace_files", "created_at"),
+            ("memory_sightings", "seen_at"),
+        ] {
+            deleted += sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM {table} x USING unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
+                 WHERE x.tenant_id = $1 AND x.user_id IS NOT NULL AND x.{time} <= e.at
+                   AND encode(sha256(convert_to(x.user_id, 'UTF8')), 'hex') = e.hash"
+            )))
+            .bind(self.tenant.as_str())
+            .bind(&hashes)
+            .bind(&times)
+            .execute(&mut *self.tx)
+            .await?
+            .rows_affected();
+        }
+        Ok((recorded, deleted))
+    }
+
     /// Stages rows: (line in the file, table, row).
     pub async fn stage(&mut self, rows: &[(i64, &'static str, Value)]) -> Result<(), StoreError> {
         let lines: Vec<i64> = rows.iter().map(|r| r.0).collect();
@@ -202,6 +288,7 @@ impl Import {
     /// rows changed in place whose stored copy is older, and commits. Items that came without a vector of their model are left for the workers to
     /// embed. On any error nothing is written.
     pub async fn finish(mut self) -> Result<ImportReport, ImportError> {
+        let (erasures, erased_here) = self.apply_erasures().await?;
         let tenant = self.tenant.as_str();
         sqlx::query("CREATE INDEX ON import_rows (tbl, (row->>'id'))").execute(&mut *self.tx).await?;
         // Files exported before rows kept `changed_at` carry their creation time instead.
@@ -253,7 +340,7 @@ impl Import {
             }
         }
 
-        let mut report = ImportReport { erased_left_out, ..ImportReport::default() };
+        let mut report = ImportReport { erased_left_out, erasures, erased_here, ..ImportReport::default() };
         for (table, columns) in &columns {
             let list = columns.join(", ");
             let staged: i64 = sqlx::query_scalar("SELECT count(*) FROM import_rows WHERE tbl = $1")
