@@ -371,6 +371,18 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     let expected = format!("line {}: memory_items.superseded_by points at {missing}", item + 1);
     refused(&target, "chain", chain, &[], &expected).await;
 
+    // An erasure line without a usable hash.
+    let mut erasure = lines.clone();
+    let end = erasure.pop().expect("the end line");
+    let rows = serde_json::from_str::<serde_json::Value>(&end).expect("json")["end"]["rows"].as_u64().expect("rows");
+    erasure.push(
+        json!({"table": "erasures", "row": {"tenant_id": "acme", "user_sha256": "beef", "erased_at": "2026-01-01T00:00:00Z"}})
+            .to_string(),
+    );
+    erasure.push(json!({"end": {"rows": rows + 1}}).to_string());
+    let expected = format!("line {}: an erasure needs a user_sha256", erasure.len() - 1);
+    refused(&target, "erasure", erasure, &[], &expected).await;
+
     let mut newer = lines.clone();
     let mut header: serde_json::Value = serde_json::from_str(&lines[0]).expect("header");
     assert!(header["schema"].as_i64().is_some_and(|v| v > 0), "{header}");
