@@ -573,15 +573,17 @@ async fn audit_imported_revivals(tx: &mut sqlx::PgConnection, tenant: &str, wins
 }
 
 /// The audit rows of the supersedes and anonymizations an import brings in (actor `import`), once
-/// per row: the source's own audit log stays behind, and every retirement has its audit row.
+/// per row, stamped when they happened at the source (as-of reads go by them): the source's own
+/// audit log stays behind, and every retirement has its audit row.
 async fn audit_imported_changes(tx: &mut sqlx::PgConnection, tenant: &str) -> Result<(), StoreError> {
     let sql = format!(
-        "INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
-         SELECT $1, c.event, m.id, c.related, 'imported', 'import'
+        "INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, created_at)
+         SELECT $1, c.event, m.id, c.related, 'imported', 'import', COALESCE(c.at, now())
          FROM import_rows l
          JOIN memory_items m ON m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
-         CROSS JOIN LATERAL (VALUES ('{supersede}', m.superseded_by, m.superseded_by IS NOT NULL),
-                                    ('{anonymize}', NULL::uuid, m.anonymized_at IS NOT NULL)) AS c(event, related, happened)
+         CROSS JOIN LATERAL (VALUES ('{supersede}', m.superseded_by, m.superseded_by IS NOT NULL, m.superseded_at),
+                                    ('{anonymize}', NULL::uuid, m.anonymized_at IS NOT NULL, m.anonymized_at))
+                    AS c(event, related, happened, at)
          WHERE l.tbl = 'memory_items' AND c.happened
            AND NOT EXISTS (SELECT 1 FROM audit_log a
                            WHERE a.tenant_id = $1 AND a.item_id = m.id AND a.event = c.event
