@@ -28,3 +28,20 @@ export MNEMO_JWT_SECRET
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# The toolchain the build needs: cargo at the workspace's rust-version, and a C compiler and
+# linker (Debian's build-essential, installed when missing). Rust itself comes from the machine
+# (rustup or the image): no script downloads it.
+check_toolchain() {
+  local wanted have
+  wanted=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' "$mnemo_root/Cargo.toml")
+  command -v cargo >/dev/null || die "cargo is not installed: mnemo needs Rust $wanted or later (rustup)"
+  have=$(cargo --version | awk '{print $2}')
+  [ "$(printf '%s\n%s\n' "$wanted" "$have" | sort -V | head -1)" = "$wanted" ] ||
+    die "cargo $have is older than the Rust $wanted mnemo needs (rustup update)"
+  if ! command -v cc >/dev/null; then
+    . "$mnemo_root/scripts/debian.sh"
+    log "installing a C compiler and linker (build-essential)"
+    apt_install build-essential
+  fi
+}

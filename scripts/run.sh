@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 
+check_toolchain
 bash scripts/setup-postgres.sh
 [ "${MNEMO_EMBED_PROVIDER:-local}" != local ] || bash scripts/fetch-model.sh
 log "building mnemo"

@@ -39,31 +39,52 @@ fi
 [ -f "$ext_dir/vector.control" ] || die "pgvector is not installed for PostgreSQL $pg_major"
 
 # --- mnemo's cluster --------------------------------------------------------------------------
-if ! pg_lsclusters -h | awk -v c="$MNEMO_PG_CLUSTER" '$2 == c { found = 1 } END { exit !found }'; then
+exists() { pg_lsclusters -h | awk -v c="$MNEMO_PG_CLUSTER" '$2 == c { found = 1 } END { exit !found }'; }
+online() { pg_lsclusters -h | awk -v c="$MNEMO_PG_CLUSTER" '$2 == c && $4 == "online" { found = 1 } END { exit !found }'; }
+if ! exists; then
   log "creating cluster $pg_major/$MNEMO_PG_CLUSTER on port $MNEMO_PG_PORT"
   as_root pg_createcluster "$pg_major" "$MNEMO_PG_CLUSTER" --port "$MNEMO_PG_PORT" >/dev/null
-  conf=/etc/postgresql/$pg_major/$MNEMO_PG_CLUSTER
-  as_root tee "$conf/conf.d/mnemo.conf" >/dev/null <<EOF
+fi
+# The settings are written on every run, not only at creation: a first run cut off after
+# pg_createcluster would otherwise leave Debian's defaults (peer authentication) for good.
+# Shared buffers: a quarter of the memory, at most 1 GB.
+conf=/etc/postgresql/$pg_major/$MNEMO_PG_CLUSTER
+memory_mb=$(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)
+buffers_mb=$((memory_mb / 4 < 1024 ? memory_mb / 4 : 1024))
+changed=0
+# Writes stdin to $1 when it differs.
+write_conf() {
+  local text
+  text=$(cat)
+  if [ "$(as_root cat "$1" 2>/dev/null)" != "$text" ]; then
+    printf '%s\n' "$text" | as_root tee "$1" >/dev/null
+    changed=1
+  fi
+}
+write_conf "$conf/conf.d/mnemo.conf" <<CONF
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$MNEMO_PG_SOCKET_DIR'
 max_connections = 300
-shared_buffers = 1GB
-maintenance_work_mem = 1GB
+shared_buffers = ${buffers_mb}MB
+maintenance_work_mem = ${buffers_mb}MB
 work_mem = 16MB
 max_parallel_maintenance_workers = 2
-EOF
-  as_root tee "$conf/pg_hba.conf" >/dev/null <<'EOF'
+CONF
+write_conf "$conf/pg_hba.conf" <<'CONF'
 # TYPE  DATABASE  USER      ADDRESS        METHOD
 local   all       postgres                 peer
 local   all       all                      scram-sha-256
 host    all       all       127.0.0.1/32   scram-sha-256
 host    all       all       ::1/128        scram-sha-256
-EOF
+CONF
+if [ "$changed" = 1 ] && online; then
+  log "restarting cluster $pg_major/$MNEMO_PG_CLUSTER for its settings"
+  as_root pg_ctlcluster "$pg_major" "$MNEMO_PG_CLUSTER" restart
 fi
 
 port=$(pg_lsclusters -h | awk -v c="$MNEMO_PG_CLUSTER" '$2 == c { print $3 }')
 [ "$port" = "$MNEMO_PG_PORT" ] || die "cluster $MNEMO_PG_CLUSTER listens on $port, not MNEMO_PG_PORT=$MNEMO_PG_PORT"
-if ! pg_lsclusters -h | awk -v c="$MNEMO_PG_CLUSTER" '$2 == c && $4 == "online" { found = 1 } END { exit !found }'; then
+if ! online; then
   log "starting cluster $pg_major/$MNEMO_PG_CLUSTER"
   as_root install -d -o postgres -g postgres -m 2775 "$MNEMO_PG_SOCKET_DIR"
   as_root pg_ctlcluster "$pg_major" "$MNEMO_PG_CLUSTER" start
@@ -87,8 +108,11 @@ SQL
 # Extensions need a superuser: put them in template1, so every database mnemo creates
 # (its own, and one per test) has them before its migrations run.
 for db in template1 postgres; do
-  psql_admin -d "$db" -c 'CREATE EXTENSION IF NOT EXISTS vector; CREATE EXTENSION IF NOT EXISTS hstore;' 2>/dev/null
-  if [ -f "$ext_dir/rum.control" ]; then psql_admin -d "$db" -c 'CREATE EXTENSION IF NOT EXISTS rum;' 2>/dev/null; fi
+  # Only "already exists" notices are quiet: a broken extension says why.
+  psql_admin -d "$db" -c 'SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS vector; CREATE EXTENSION IF NOT EXISTS hstore;'
+  if [ -f "$ext_dir/rum.control" ]; then
+    psql_admin -d "$db" -c 'SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS rum;'
+  fi
 done
 if [ "$(psql_admin -d postgres -tA -c "SELECT count(*) FROM pg_database WHERE datname = '$MNEMO_PG_DB'")" = 0 ]; then
   psql_admin -d postgres -c "CREATE DATABASE \"$MNEMO_PG_DB\" OWNER \"$MNEMO_PG_USER\""

@@ -73,7 +73,8 @@ if ! exists || [ "$(slot_state)" = lost ] || [ "$(slot_state)" = none ]; then
 elif ! online; then
   log "starting replica $pg_major/$MNEMO_PG_REPLICA_CLUSTER"
   as_root install -d -o postgres -g postgres -m 2775 "$MNEMO_PG_SOCKET_DIR"
-  as_root pg_ctlcluster "$pg_major" "$MNEMO_PG_REPLICA_CLUSTER" start
+  # A cluster left half made (an interrupted base backup) does not start: made again below.
+  as_root pg_ctlcluster "$pg_major" "$MNEMO_PG_REPLICA_CLUSTER" start || log "the replica does not start"
 fi
 if ! wait_streaming; then
   log "the replica does not stream; making it again"

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 unset MNEMO_EMBED_PROVIDER MNEMO_EMBED_MODEL MNEMO_LOCAL_MODEL_DIR
 . scripts/env.sh
 
+check_toolchain
 bash scripts/setup-postgres.sh
 bash scripts/setup-replica.sh
 bash scripts/fetch-model.sh
