@@ -76,7 +76,7 @@ impl EmbedSettings {
                     problems.0.push(format!("the openai provider needs {} (e.g. 1536)", vars::EMBED_DIMENSIONS));
                 }
                 let timeout_ms = problems.milliseconds(env, vars::EMBED_TIMEOUT_MS, 10_000);
-                let max_inputs = problems.parsed(env, vars::EMBED_MAX_INPUTS, 256usize, "a whole number").max(1);
+                let max_inputs = problems.bounded(env, vars::EMBED_MAX_INPUTS, 256usize, 1..=100_000, "a whole number");
                 Self {
                     provider: EmbedProvider::OpenAi {
                         base_url: base_url.map(|u| u.trim_end_matches('/').to_owned()),

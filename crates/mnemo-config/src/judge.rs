@@ -46,7 +46,7 @@ impl JudgeSettings {
         }
         let max_wait = Duration::from_millis(problems.parsed(env, vars::JUDGE_MAX_WAIT_MS, 50u64, "milliseconds"));
         let grace =
-            Duration::from_secs(problems.parsed(env, vars::JUDGE_GRACE_S, 120u64, "a number of seconds").max(1));
+            Duration::from_secs(problems.bounded(env, vars::JUDGE_GRACE_S, 120u64, 1..=86_400, "a number of seconds"));
         Self { model, topk, threshold, batch_size: batch_size.max(1), max_wait, grace }
     }
 

@@ -45,7 +45,8 @@ impl RetentionSettings {
             problems.0.push(format!("{} must be between 0 and 1", vars::ANONYMIZE_MAX_FRACTION));
         }
         let floor_rows = problems.parsed(env, vars::ANONYMIZE_FLOOR_ROWS, 1000u64, "a whole number of rows");
-        let interval = problems.parsed(env, vars::ANONYMIZE_INTERVAL_S, 3600u64, "a number of seconds").max(1);
+        let interval =
+            problems.bounded(env, vars::ANONYMIZE_INTERVAL_S, 3600u64, 1..=30 * 86_400, "a number of seconds");
         Self {
             defaults: RetentionPolicy { soft_ttl_days, superseded_ttl_days, batch_size: batch_size.max(1), dry_run },
             floor: SafetyFloor { max_fraction, floor_rows },
@@ -76,7 +77,9 @@ mod tests {
             (vars::ANONYMIZE_BATCH_SIZE, "0"),
             (vars::ANONYMIZE_MAX_FRACTION, "1.5"),
             (vars::ANONYMIZE_SUP_TTL_DAYS, "-1"),
+            // 0 means "off" elsewhere: here it would sweep on every housekeeping tick.
+            (vars::ANONYMIZE_INTERVAL_S, "0"),
         ]);
-        assert_eq!(RetentionSettings::from_env(&bad).unwrap_err().0.len(), 4);
+        assert_eq!(RetentionSettings::from_env(&bad).unwrap_err().0.len(), 5);
     }
 }

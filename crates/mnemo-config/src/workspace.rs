@@ -123,14 +123,18 @@ impl WorkspaceSettings {
                 300u64,
                 "a number of seconds",
             )),
-            max_attempts: problems.parsed(env, vars::EXTRACT_MAX_ATTEMPTS, 3i32, "a whole number").max(1),
+            max_attempts: problems.bounded(env, vars::EXTRACT_MAX_ATTEMPTS, 3i32, 1..=100, "a whole number"),
             update_memory: bool_var(problems, vars::EXTRACT_UPDATE_MEMORY, false),
         };
         let consolidation = ConsolidationSettings {
-            day_range: problems.parsed(env, vars::CONSOLIDATE_DAY_RANGE, 7u32, "a whole number of days").clamp(1, 366),
-            max_memory_tokens: problems
-                .parsed(env, vars::CONSOLIDATE_MAX_MEMORY_TOKENS, 4000u64, "a whole number")
-                .max(100),
+            day_range: problems.bounded(env, vars::CONSOLIDATE_DAY_RANGE, 7u32, 1..=366, "a whole number of days"),
+            max_memory_tokens: problems.bounded(
+                env,
+                vars::CONSOLIDATE_MAX_MEMORY_TOKENS,
+                4000u64,
+                100..=1_000_000,
+                "a whole number",
+            ),
             max_file_bytes,
             throttle: Duration::from_secs(problems.parsed(
                 env,
@@ -150,9 +154,13 @@ impl WorkspaceSettings {
             },
         };
         let maintenance = MaintenanceSettings {
-            interval: Duration::from_secs(
-                problems.parsed(env, vars::MAINTENANCE_INTERVAL_S, 6 * 3600u64, "a number of seconds").max(1),
-            ),
+            interval: Duration::from_secs(problems.bounded(
+                env,
+                vars::MAINTENANCE_INTERVAL_S,
+                6 * 3600u64,
+                1..=30 * 86_400,
+                "a number of seconds",
+            )),
             note_retention_days: problems.parsed(env, vars::DAILY_NOTE_RETENTION_DAYS, 90u32, "a whole number of days"),
             session_retention_days: problems.parsed(
                 env,
