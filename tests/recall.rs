@@ -827,7 +827,7 @@ async fn keyword_search_weighs_words_by_how_few_of_the_tenants_rows_hold_them() 
 
     // Anonymized, acme's rare row takes its words out of acme's counts: "zebra" is forgotten.
     let store = f.app.db.store();
-    store.soft_delete(&acme.tenant, acme_rare, None, &[], "test").await.expect("delete").expect("deleted");
+    store.soft_delete(&acme.tenant, acme_rare, None, None, &[], "test").await.expect("delete").expect("deleted");
     let now = chrono::Utc::now() + chrono::Duration::seconds(1);
     let cutoffs = mnemo_store::Cutoffs { deleted_before: now, superseded_before: now };
     let anonymized = store.anonymize_due(&acme.tenant, cutoffs, Uuid::nil(), 10, "test").await.expect("anonymize");

@@ -304,17 +304,30 @@ async fn visibility_and_roles_decide_who_reads_under_random_traffic() {
     assert!(seen_any > 300, "the readers found too little to prove anything: {seen_any}");
 
     // Deletes: a user's token deletes its own rows that its roles open; a service token any
-    // row its roles open.
+    // row its roles open; a token bound to a session without a user only rows of that session
+    // (facts have none).
     let ids: Vec<Uuid> = written.keys().copied().collect();
     for id in ids.choose_multiple(&mut rng, 40) {
         let w = &written[id];
         let user = rng.random_bool(0.6).then(|| *users.choose(&mut rng).expect("user"));
+        let session = (user.is_none() && rng.random_bool(0.4)).then_some("s1");
         let held: Vec<&str> = roles.iter().copied().filter(|_| rng.random_bool(0.4)).collect();
-        let who = with_roles(principal(w.tenant, user, None, None), &held);
-        let allowed = w.roles_open(&who) && user.is_none_or(|u| u == w.user);
+        let who = with_roles(principal(w.tenant, user, None, session), &held);
+        let allowed = w.roles_open(&who) && user.is_none_or(|u| u == w.user) && session.is_none();
         let reply = app.client.delete(&format!("/v1/memories/{id}"), Some(&token(&who))).await;
         assert_eq!(reply.status, if allowed { 200 } else { 404 }, "{w:?} deleted by {who:?} (seed {seed})");
     }
+    // A token bound to a session deletes that session's messages, and no other session's.
+    let message = |session: &str| {
+        let writer = principal("acme", None, None, Some(session));
+        let body = json!({"source_kind": "chat_message", "source_ref": format!("m-{session}"), "content": "hi"});
+        let client = &app.client;
+        async move { id_of(&client.post("/v1/memories", Some(&token(&writer)), &body).await) }
+    };
+    let (own, other) = (message("s1").await, message("s2").await);
+    let s1 = token(&principal("acme", None, None, Some("s1")));
+    assert_eq!(app.client.delete(&format!("/v1/memories/{other}"), Some(&s1)).await.status, 404);
+    assert_eq!(app.client.delete(&format!("/v1/memories/{own}"), Some(&s1)).await.status, 200);
 }
 
 /// Each signal moves rows its way, and a row passes another only when their fused scores were

@@ -267,18 +267,23 @@ fn typed_input(body: &mut JsonObject) -> Result<TypedInput, ApiError> {
 }
 
 /// `DELETE /v1/memories/{id}`: soft-deletes a row of the caller's tenant. A user's token deletes
-/// only rows carrying its user; a service token (no `sub`) any row of its tenant. Anything else
-/// is 404, as if the row did not exist. Deleting twice answers the first deletion.
+/// only rows carrying its user; a token bound to a session without a user, only rows of that
+/// session; a service token (no `sub`, no `sid`) any row of its tenant. Anything else is 404, as
+/// if the row did not exist. Deleting twice answers the first deletion.
 pub async fn forget(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
     PathPart(id): PathPart,
 ) -> Result<Response, ApiError> {
     let id: uuid::Uuid = id.parse().map_err(|_| ApiError::InvalidField { field: "id", expected: "a UUID" })?;
-    let requested_by = if principal.user.is_some() { "user" } else { "service" };
+    let (only_session, requested_by) = match (&principal.user, &principal.session) {
+        (Some(_), _) => (None, "user"),
+        (None, Some(session)) => (Some(session), "session"),
+        (None, None) => (None, "service"),
+    };
     let deleted = state
         .store
-        .soft_delete(&principal.tenant, id, principal.user.as_ref(), &principal.roles, requested_by)
+        .soft_delete(&principal.tenant, id, principal.user.as_ref(), only_session, &principal.roles, requested_by)
         .await?
         .ok_or(ApiError::NotFound)?;
     metrics::counter!("mnemo_memory_deletes_total", "already" => if deleted.already { "true" } else { "false" })

@@ -205,13 +205,16 @@ pub(crate) async fn anonymize_ids(
 
 impl Store {
     /// Soft-deletes a row of `tenant`. With `only_user`, only a row carrying that user (a user's
-    /// token may delete only its own rows). `None` when no such row exists for the caller. The
-    /// row leaves recall at once; a fact's validity ends. Audited once, when first deleted.
+    /// token may delete only its own rows); with `only_session`, only a row of that session (a
+    /// token bound to a session and no user reaches no other). `None` when no such row exists
+    /// for the caller. The row leaves recall at once; a fact's validity ends. Audited once, when
+    /// first deleted.
     pub async fn soft_delete(
         &self,
         tenant: &TenantId,
         id: Uuid,
         only_user: Option<&UserId>,
+        only_session: Option<&SessionId>,
         roles: &[Label],
         requested_by: &str,
     ) -> Result<Option<Deleted>, StoreError> {
@@ -221,6 +224,7 @@ impl Store {
                        deleted_at IS NOT NULL OR anonymized_at IS NOT NULL AS already
                 FROM memory_items
                 WHERE tenant_id = $1 AND id = $2 AND ($3::text IS NULL OR user_id = $3)
+                  AND ($7::text IS NULL OR session_id = $7)
                   AND (allowed_roles = '{}' OR allowed_roles && $6::text[] OR (scope = 'user' AND user_id = $3))
                 FOR UPDATE
             ), deleted AS (
@@ -241,6 +245,7 @@ impl Store {
         .bind(requested_by)
         .bind(AuditEvent::Delete.as_str())
         .bind(roles.iter().map(Label::as_str).collect::<Vec<_>>())
+        .bind(only_session.map(SessionId::as_str))
         .fetch_optional(&mut *self.tenant_connection([tenant.as_str()]).await?)
         .await?;
         Ok(row.map(|(id, deleted_at, already)| Deleted { id, deleted_at, already }))
