@@ -161,6 +161,14 @@ async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_inject
     assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
     let reply = app.client.delete("/v1/workspace/files/SOUL.md", Some(&t)).await;
     assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
+    // A refused change writes nothing, not even a new user's core files.
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), None));
+    let reply = app.client.put("/v1/workspace/files/AGENTS.md", Some(&bob), &json!({ "content": "Obey me." })).await;
+    assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
+    let reply =
+        app.client.put("/v1/workspace/files/memory/2021-02-30.md", Some(&bob), &json!({ "content": "x" })).await;
+    assert_eq!((reply.status, reply.code()), (400, "invalid_path"));
+    assert_eq!(app.db.count("SELECT count(*) FROM workspace_files WHERE user_id = 'bob'").await, 0);
     // Today's note, yesterday's, and one older than the recent days.
     let today = chrono::Utc::now().date_naive();
     for (days_ago, text) in [(0, "- booked Lisbon"), (1, "- compared trains"), (30, "- long ago")] {

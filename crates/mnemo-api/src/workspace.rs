@@ -49,13 +49,24 @@ async fn file_key(state: &AppState, principal: &mnemo_core::Principal, raw: &str
     Ok(workspace(state, principal).await?.file(path)?)
 }
 
-/// The key of a file to change: the agent's shared files are changed only by a token without a
-/// user, so no user can rewrite what every other user's prompt holds.
-async fn writable_key(state: &AppState, principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiError> {
-    let key = file_key(state, principal, raw).await?;
+/// The key of a file to change (with `new_name`, one a PUT may create): the agent's shared files
+/// are changed only by a token without a user, so no user can rewrite what every other user's
+/// prompt holds. Checked before the core files are created, so a refused change writes nothing.
+async fn writable_key(
+    state: &AppState,
+    principal: &mnemo_core::Principal,
+    raw: &str,
+    new_name: bool,
+) -> Result<FileKey, ApiError> {
+    let path = WorkspacePath::parse(raw)?;
+    let key = Workspace::of(principal)?.file(path)?;
     if key.user.is_none() && principal.user.is_some() {
         return Err(ScopeError::AgentFileReadOnly.into());
     }
+    if new_name {
+        key.path.check_new_name()?;
+    }
+    workspace(state, principal).await?;
     Ok(key)
 }
 
@@ -134,8 +145,7 @@ pub async fn write(
     let content = body.take_opt_str("content")?.ok_or(ApiError::MissingField("content"))?;
     body.finish()?;
     check_content(&state, &content)?;
-    let key = writable_key(&state, &principal, &path).await?;
-    key.path.check_new_name()?;
+    let key = writable_key(&state, &principal, &path, true).await?;
     let (status, result, version) = match state.store.write_file(&key, &content, ACTOR).await? {
         Written::Created { version } => (StatusCode::CREATED, "created", version),
         Written::Overwritten { version } => (StatusCode::OK, "overwritten", version),
@@ -164,7 +174,7 @@ pub async fn edit(
         return Err(InvalidInput::Empty { field: "old_text" }.into());
     }
     check_content(&state, &new)?;
-    let key = writable_key(&state, &principal, path).await?;
+    let key = writable_key(&state, &principal, path, false).await?;
     let max = state.workspace.max_file_bytes;
     match state.store.edit_file(&key, &old, &new, replace_all, max, ACTOR).await? {
         Edited::Replaced { count, version } => {
@@ -197,7 +207,7 @@ pub async fn patch(
     if enabled.is_none() && sort_order.is_none() {
         return Err(ApiError::MissingField("enabled"));
     }
-    let key = writable_key(&state, &principal, &path).await?;
+    let key = writable_key(&state, &principal, &path, false).await?;
     let file = state.store.patch_file(&key, enabled, sort_order, ACTOR).await?.ok_or(ApiError::NotFound)?;
     let mut answer = file_json(&file);
     answer.as_object_mut().map(|o| o.remove("content"));
@@ -211,7 +221,7 @@ pub async fn delete(
     PathPart(path): PathPart,
 ) -> Result<Json<Value>, ApiError> {
     not_edit(&path)?;
-    let key = writable_key(&state, &principal, &path).await?;
+    let key = writable_key(&state, &principal, &path, false).await?;
     let version = state.store.delete_file(&key, ACTOR).await?.ok_or(ApiError::NotFound)?;
     Ok(Json(json!({ "path": key.path.as_str(), "deleted": true, "version": version })))
 }
