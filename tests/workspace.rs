@@ -142,6 +142,17 @@ async fn bad_paths_large_files_and_missing_identities_are_refused_and_write_noth
     assert_eq!(files(&reply.body).iter().map(|f| f.0.as_str()).collect::<Vec<_>>(), ["AGENTS.md", "SOUL.md"]);
 }
 
+/// A file as large as `MNEMO_WORKSPACE_MAX_FILE_BYTES` allows goes in, whatever the tool-output
+/// limit the request body's size was once tied to alone.
+#[tokio::test]
+async fn a_file_within_its_own_limit_is_not_refused_for_its_body_size() {
+    let app = TestApp::spawn_with(&[(vars::MAX_TOOL_OUTPUT_BYTES, "16384")]).await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let content = "x".repeat(200 * 1024);
+    let reply = app.client.put("/v1/workspace/files/memory/notes.md", Some(&t), &json!({ "content": content })).await;
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+}
+
 #[tokio::test]
 async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_injects_it() {
     let app = TestApp::spawn().await;

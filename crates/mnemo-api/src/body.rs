@@ -112,13 +112,24 @@ impl<'de> Visitor<'de> for StrictVisitor {
         let mut object = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             if object.contains_key(&key) {
-                return Err(serde::de::Error::custom(format_args!("duplicate key {key:?}")));
+                // A key may be any text: named, like an unknown field, by its start only.
+                let shown: String = key.chars().take(64).collect();
+                return Err(serde::de::Error::custom(format_args!("duplicate key {shown:?}")));
             }
             let Strict(value) = map.next_value()?;
             object.insert(key, value);
         }
         Ok(Value::Object(object))
     }
+}
+
+/// A JSON number's integer value: `5` and, as JSON Schema's `integer` allows, `5.0` (clients that
+/// hold every number as a float send that); not `5.5`, nor one past i64.
+fn integer(n: &serde_json::Number) -> Option<i64> {
+    n.as_i64().or_else(|| {
+        let f = n.as_f64()?;
+        (f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64).then_some(f as i64)
+    })
 }
 
 /// The one parameter of a route's path, percent-decoded: axum's own `Path` would answer a bad
@@ -202,8 +213,7 @@ impl JsonObject {
     pub fn take_opt_usize(&mut self, field: &'static str) -> Result<Option<usize>, ApiError> {
         match self.take(field) {
             None => Ok(None),
-            Some(Value::Number(n)) => n
-                .as_u64()
+            Some(Value::Number(n)) => integer(&n)
                 .and_then(|n| usize::try_from(n).ok())
                 .map(Some)
                 .ok_or(ApiError::InvalidField { field, expected: "a whole number" }),
@@ -215,7 +225,7 @@ impl JsonObject {
         match self.take(field) {
             None => Ok(None),
             Some(Value::Number(n)) => {
-                n.as_i64().map(Some).ok_or(ApiError::InvalidField { field, expected: "an integer" })
+                integer(&n).map(Some).ok_or(ApiError::InvalidField { field, expected: "an integer" })
             }
             Some(_) => Err(ApiError::InvalidField { field, expected: "an integer" }),
         }
@@ -278,6 +288,24 @@ impl JsonObject {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_numbers_may_come_as_floats_without_a_fraction() {
+        let mut body = JsonObject::parse(br#"{"a": 5.0, "b": 5.5, "c": -3.0, "d": 1e300, "e": 7}"#).expect("object");
+        assert_eq!(body.take_opt_usize("a").expect("5.0"), Some(5));
+        assert_eq!(body.take_opt_usize("b").unwrap_err().code(), "invalid_field");
+        assert_eq!(body.take_opt_i64("c").expect("-3.0"), Some(-3));
+        assert_eq!(body.take_opt_i64("d").unwrap_err().code(), "invalid_field");
+        assert_eq!(body.take_opt_usize("e").expect("7"), Some(7));
+    }
+
+    #[test]
+    fn a_duplicate_key_is_named_by_its_start_only() {
+        let key = "k".repeat(100_000);
+        let body = format!(r#"{{"{key}": 1, "{key}": 2}}"#);
+        let message = JsonObject::parse(body.as_bytes()).map(|_| ()).unwrap_err().to_string();
+        assert!(message.contains("duplicate key") && message.len() < 1_000, "{} bytes", message.len());
+    }
 
     #[test]
     fn bodies_are_refused_with_precise_codes() {

@@ -29,7 +29,9 @@ pub enum ApiError {
     Scope(#[from] ScopeError),
     #[error("Content-Type must be application/json")]
     UnsupportedMediaType,
-    #[error("the request body is over the server's limit (see MNEMO_MAX_TOOL_OUTPUT_BYTES)")]
+    #[error(
+        "the request body is over the server's limit (twice MNEMO_MAX_TOOL_OUTPUT_BYTES or MNEMO_WORKSPACE_MAX_FILE_BYTES, whichever is larger)"
+    )]
     PayloadTooLarge,
     #[error("the request body did not arrive within MNEMO_BODY_TIMEOUT_S")]
     RequestTimeout,

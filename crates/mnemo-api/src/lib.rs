@@ -110,8 +110,10 @@ impl AppState {
 
 /// The whole API: `/v1`, the probes and metrics, and the MCP tools at `/mcp`.
 pub fn app(state: AppState) -> Router {
-    // JSON escaping can double a payload's size; leave room for the other fields.
-    let body_limit = state.max_tool_output_bytes.saturating_mul(2).saturating_add(64 * 1024);
+    // The largest content a body may carry (a tool output's payload, a workspace file); JSON
+    // escaping can double its size; room for the other fields.
+    let largest = state.max_tool_output_bytes.max(state.workspace.max_file_bytes);
+    let body_limit = largest.saturating_mul(2).saturating_add(64 * 1024);
     let v1 = Router::new()
         .route("/memories", post(routes::remember))
         .route("/memories/batch", post(routes::remember_batch))
