@@ -62,11 +62,13 @@ impl Op {
         // Any request may fail inside, or reach a route with a method it lacks.
         let mut errors: Vec<u16> = self.errors.iter().copied().chain([405, 500]).collect();
         if !self.public {
-            // A token may lack the identity an operation needs, or be bound to another session.
-            errors.extend([401, 403]);
+            // A token may lack the identity an operation needs, or be bound to another session;
+            // its tenant may be over its rate; the database may be unreachable.
+            errors.extend([401, 403, 429, 503]);
         }
         if self.body.is_some() {
-            errors.extend([400, 413, 415]);
+            // A body may be refused, arrive too slowly, or not fit on a full disk.
+            errors.extend([400, 408, 413, 415, 507]);
         }
         errors.sort_unstable();
         errors.dedup();
@@ -139,13 +141,17 @@ fn components() -> Value {
             .filter(|(_, s, _)| *s == status)
             .map(|(code, _, meaning)| format!("`{code}`: {meaning}"))
             .collect();
-        responses.insert(
-            format!("E{status}"),
-            json!({
-                "description": listed.join("; "),
-                "content": { "application/json": { "schema": refs("Error") } },
-            }),
-        );
+        let mut response = json!({
+            "description": listed.join("; "),
+            "content": { "application/json": { "schema": refs("Error") } },
+        });
+        if status == 429 {
+            response["headers"] = json!({ "Retry-After": {
+                "description": "Seconds until the tenant's rate allows another request",
+                "schema": { "type": "integer" },
+            }});
+        }
+        responses.insert(format!("E{status}"), response);
     }
     let file_meta = answer(json!({
         "path": { "type": "string" }, "size_bytes": { "type": "integer" }, "enabled": { "type": "boolean" },
@@ -361,6 +367,27 @@ mod tests {
         let mut seen = 0;
         walk(&doc, &doc, &mut seen);
         assert!(seen > 50, "only {seen} references");
+    }
+
+    #[test]
+    fn every_error_answer_is_listed_where_it_can_happen() {
+        let doc = document();
+        let mut referenced = std::collections::BTreeSet::new();
+        for (path, ops) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in ops.as_object().expect("operations") {
+                let responses = op["responses"].as_object().expect("responses");
+                referenced.extend(responses.keys().cloned());
+                if path.starts_with("/v1/") {
+                    for status in ["429", "503"] {
+                        assert!(responses.contains_key(status), "{method} {path} lacks {status}");
+                    }
+                }
+            }
+        }
+        for name in doc["components"]["responses"].as_object().expect("responses").keys() {
+            let status = name.trim_start_matches('E');
+            assert!(referenced.contains(status), "{name} is listed by no operation");
+        }
     }
 
     #[test]
