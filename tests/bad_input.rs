@@ -462,7 +462,7 @@ async fn an_mcp_tool_call_costs_one_request_of_the_rate_limit() {
     let http = reqwest::Client::new();
     let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
     let mut answers = Vec::new();
-    for id in 1..=3 {
+    for id in 1..=4 {
         let call = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": { "name": "list_files", "arguments": {} } });
         let reply = http
@@ -478,8 +478,14 @@ async fn an_mcp_tool_call_costs_one_request_of_the_rate_limit() {
         answers.push((status, body["result"]["isError"].clone(), body["result"]["structuredContent"].clone()));
     }
     // Before, the call to the endpoint inside took a second token: the second call was refused.
+    let refused = answers.pop().expect("the fourth");
     for (status, is_error, content) in &answers {
         assert_eq!((*status, is_error), (200, &json!(false)), "{answers:?}");
         assert!(content["files"].is_array(), "{answers:?}");
     }
+    // The fourth is over the burst: a tool error the agent can read, with the wait in its message.
+    let (status, is_error, content) = refused;
+    assert_eq!((status, &is_error), (200, &json!(true)), "{content}");
+    assert_eq!(content["error"]["code"], "rate_limited", "{content}");
+    assert!(content["error"]["message"].as_str().is_some_and(|m| m.contains("try again in")), "{content}");
 }

@@ -135,16 +135,29 @@ pub fn sign_claims(secret: &[u8], claims: &Claims) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Marks a request made inside mnemo for one the rate limit already counted. Only code can set
-/// an extension: no header or body sets it.
-#[derive(Debug, Clone, Copy)]
-pub struct Charged;
-
-/// An authenticated caller, extracted from `Authorization: Bearer …`.
+/// An authenticated caller, extracted from `Authorization: Bearer …`, charged one request of its
+/// tenant's rate.
 #[derive(Debug, Clone)]
 pub struct Authenticated(pub Principal);
 
 impl FromRequestParts<AppState> for Authenticated {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Verified(principal) = Verified::from_request_parts(parts, state).await?;
+        if let Some(limiter) = &state.rate_limit {
+            limiter.check(&principal.tenant).map_err(ApiError::RateLimited)?;
+        }
+        Ok(Self(principal))
+    }
+}
+
+/// A caller whose token verifies, not charged: `/mcp`, whose tool calls are charged as the
+/// requests they make inside, so that a refusal reaches the agent as a tool error.
+#[derive(Debug, Clone)]
+pub struct Verified(pub Principal);
+
+impl FromRequestParts<AppState> for Verified {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
@@ -156,12 +169,6 @@ impl FromRequestParts<AppState> for Authenticated {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or(ApiError::MissingToken)?;
-        let principal = state.auth.verify(token)?;
-        // An MCP tool call's request to its endpoint was charged as the `/mcp` request it is.
-        let charged = parts.extensions.get::<Charged>().is_some();
-        if let Some(limiter) = state.rate_limit.as_ref().filter(|_| !charged) {
-            limiter.check(&principal.tenant).map_err(ApiError::RateLimited)?;
-        }
-        Ok(Self(principal))
+        Ok(Self(state.auth.verify(token)?))
     }
 }

@@ -35,8 +35,9 @@ pub enum ApiError {
     PayloadTooLarge,
     #[error("the request body did not arrive within MNEMO_BODY_TIMEOUT_S")]
     RequestTimeout,
-    /// With how long until the tenant may send the next request.
-    #[error("too many requests for this tenant: see Retry-After")]
+    /// With how long until the tenant may send the next request (also in the message, for an
+    /// MCP client, which sees no header).
+    #[error("too many requests for this tenant: try again in {} s (Retry-After)", retry_after_secs(.0))]
     RateLimited(std::time::Duration),
     #[error("missing bearer token: send Authorization: Bearer <JWT>")]
     MissingToken,
@@ -268,11 +269,15 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(axum::http::header::ALLOW, axum::http::HeaderValue::from_static(allow));
         }
         if let Self::RateLimited(wait) = self {
-            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.max(1).into());
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, retry_after_secs(&wait).into());
         }
         response
     }
+}
+
+/// Whole seconds to wait, rounded up, at least one.
+fn retry_after_secs(wait: &std::time::Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 #[cfg(test)]

@@ -162,7 +162,7 @@ pub fn app(state: AppState) -> Router {
     api.merge(mcp)
 }
 
-async fn authenticate(_: auth::Authenticated, request: Request, next: Next) -> Response {
+async fn authenticate(_: auth::Verified, request: Request, next: Next) -> Response {
     next.run(request).await
 }
 

@@ -421,7 +421,6 @@ impl Forward for InProcess {
         if let Some(bearer) = context.extensions.get::<Parts>().and_then(|p| p.headers.get(AUTHORIZATION)) {
             request = request.header(AUTHORIZATION, bearer);
         }
-        request = request.extension(crate::auth::Charged);
         let body = match call.body {
             Some(body) => {
                 request = request.header(CONTENT_TYPE, "application/json");
