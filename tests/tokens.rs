@@ -97,3 +97,37 @@ async fn unsigned_tokens_and_algorithm_confusion_are_refused() {
         assert_eq!(rows, expected, "a forged token wrote a row");
     }
 }
+
+/// With MNEMO_JWT_AUDIENCE and MNEMO_JWT_ISSUER, a token signed with the right key opens nothing
+/// unless it names this audience and issuer: an identity provider's key also signs tokens for
+/// other applications.
+#[tokio::test]
+async fn a_configured_audience_and_issuer_are_required() {
+    let secret = "a-secret-of-at-least-thirty-two-bytes!";
+    let app = TestApp::spawn_with(&[
+        ("MNEMO_JWT_SECRET", secret),
+        ("MNEMO_JWT_AUDIENCE", "mnemo"),
+        ("MNEMO_JWT_ISSUER", "https://id.example"),
+    ])
+    .await;
+    let sign = |extra: serde_json::Value| {
+        let mut claims =
+            serde_json::to_value(claims_for(&principal("acme", Some("u1"), None, None), exp())).expect("claims");
+        claims.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()))
+            .expect("sign")
+    };
+    let fact = json!({ "content": "prefers dark mode", "scope": "user" });
+    for (claims, expected) in [
+        (json!({ "aud": "mnemo", "iss": "https://id.example" }), 201),
+        (json!({ "aud": ["billing", "mnemo"], "iss": "https://id.example" }), 201),
+        (json!({ "aud": "billing", "iss": "https://id.example" }), 401),
+        (json!({ "aud": "mnemo", "iss": "https://other.example" }), 401),
+        (json!({ "iss": "https://id.example" }), 401),
+        (json!({ "aud": "mnemo" }), 401),
+    ] {
+        let reply = app.client.post("/v1/facts", Some(&sign(claims.clone())), &fact).await;
+        let status = if reply.status == 200 { 201 } else { reply.status };
+        assert_eq!(status, expected, "{claims}: {:?}", reply.body);
+    }
+}

@@ -64,7 +64,8 @@ fn token_roles(claim: &serde_json::Value) -> Vec<Label> {
 const LEEWAY_SECONDS: u64 = 5;
 
 impl Authenticator {
-    pub fn new(key: &JwtKey) -> Result<Self, String> {
+    /// With `audience` and `issuer`, a token must carry them as `aud` and `iss`.
+    pub fn new(key: &JwtKey, audience: Option<&str>, issuer: Option<&str>) -> Result<Self, String> {
         let (key, algorithm) = match key {
             JwtKey::Hmac(secret) => (DecodingKey::from_secret(secret.expose()), Algorithm::HS256),
             JwtKey::PublicKeyPem { path, pem } => {
@@ -78,11 +79,20 @@ impl Authenticator {
             }
         };
         let mut validation = Validation::new(algorithm);
-        validation.set_required_spec_claims(&["exp"]);
+        let mut required = vec!["exp"];
         validation.leeway = LEEWAY_SECONDS;
         // jsonwebtoken ignores `nbf` unless asked: a token meant for later must not work now.
         validation.validate_nbf = true;
-        validation.validate_aud = false;
+        validation.validate_aud = audience.is_some();
+        if let Some(audience) = audience {
+            validation.set_audience(&[audience]);
+            required.push("aud");
+        }
+        if let Some(issuer) = issuer {
+            validation.set_issuer(&[issuer]);
+            required.push("iss");
+        }
+        validation.set_required_spec_claims(&required);
         Ok(Self { key, validation })
     }
 
@@ -94,6 +104,8 @@ impl Authenticator {
                 ErrorKind::InvalidSignature => ApiError::InvalidToken("bad signature".into()),
                 ErrorKind::MissingRequiredClaim(claim) => ApiError::InvalidToken(format!("missing claim {claim}")),
                 ErrorKind::InvalidAlgorithm => ApiError::InvalidToken("wrong signing algorithm".into()),
+                ErrorKind::InvalidAudience => ApiError::InvalidToken("not for this audience (aud)".into()),
+                ErrorKind::InvalidIssuer => ApiError::InvalidToken("not from this issuer (iss)".into()),
                 _ => ApiError::InvalidToken("malformed token".into()),
             })?
             .claims;

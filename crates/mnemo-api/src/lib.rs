@@ -95,7 +95,11 @@ impl AppState {
             ),
             reads,
             store,
-            auth: Arc::new(Authenticator::new(&settings.jwt)?),
+            auth: Arc::new(Authenticator::new(
+                &settings.jwt,
+                settings.jwt_audience.as_deref(),
+                settings.jwt_issuer.as_deref(),
+            )?),
             max_tool_output_bytes: settings.max_tool_output_bytes,
             max_batch_items: settings.max_batch_items,
             tokenizer: Arc::new(mnemo_models::Tokenizer::new(settings.context.tokenizer)),

@@ -60,6 +60,10 @@ pub struct ServerSettings {
     pub database: DatabaseSettings,
     pub listen: SocketAddr,
     pub jwt: JwtKey,
+    /// When set, a token must carry this `aud` (one of its audiences) and this `iss`: a key that
+    /// an identity provider signs other applications' tokens with then opens nothing else.
+    pub jwt_audience: Option<String>,
+    pub jwt_issuer: Option<String>,
     /// The largest tool output accepted in one write; longer ones are refused with 413.
     pub max_tool_output_bytes: usize,
     /// The most items of one batch write.
@@ -96,6 +100,8 @@ impl ServerSettings {
             "an address like 127.0.0.1:8080",
         );
         let jwt = JwtKey::read(env, &mut problems);
+        let named = |name: &str| env.get(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        let (jwt_audience, jwt_issuer) = (named(vars::JWT_AUDIENCE), named(vars::JWT_ISSUER));
         let max_tool_output_bytes = problems.parsed(env, vars::MAX_TOOL_OUTPUT_BYTES, 4 << 20, "a number of bytes");
         let max_batch_items = problems.parsed(env, vars::MAX_BATCH_ITEMS, 1000usize, "a whole number");
         if !(1..=10_000).contains(&max_batch_items) {
@@ -147,6 +153,8 @@ impl ServerSettings {
             database,
             listen,
             jwt,
+            jwt_audience,
+            jwt_issuer,
             max_tool_output_bytes,
             max_batch_items,
             header_timeout,
