@@ -34,5 +34,8 @@ async fn the_official_python_client_uses_every_tool_over_both_transports() {
     for transport in ["http", "stdio"] {
         assert!(stdout.contains(&format!("{transport}: every tool")), "{transport} was not checked: {stdout}");
     }
-    assert!(stdout.contains("stdio: an unreachable API"), "the unreachable API was not checked: {stdout}");
+    assert!(
+        stdout.contains("stdio: an unreachable API and a redirect"),
+        "the unreachable API was not checked: {stdout}"
+    );
 }

@@ -227,6 +227,42 @@ async def unreachable():
     check("secret-plan" not in text, f"the call's path stays out of the log: {text}")
 
 
+async def redirecting():
+    """mnemo-mcp whose MNEMO_URL answers with a redirect: not followed (the token would go where it
+    points, and a POST would come back a GET), and the tool error names where it points."""
+    import http.server
+    import threading
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        seen = []
+
+        def answer(self):
+            Redirect.seen.append(self.path)
+            self.send_response(301)
+            self.send_header("Location", "https://mnemo.example/moved")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"MNEMO_URL": f"http://127.0.0.1:{server.server_port}", "MNEMO_TOKEN": os.environ["TOKEN_A"]}
+        params = StdioServerParameters(command=os.environ["MNEMO_MCP_BIN"], args=[], env=env)
+        async with stdio_client(params) as (read, write, *_):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                good, body = await call(s, "recall", {"query": "anything"})
+        check(not good and "redirect to https://mnemo.example/moved" in body["error"]["message"], f"{body}")
+        check(len(Redirect.seen) == 1, f"the redirect was followed: {Redirect.seen}")
+    finally:
+        server.shutdown()
+
+
 async def main():
     for transport in ("http", "stdio"):
         a = await every_tool(transport)
@@ -234,7 +270,8 @@ async def main():
         await bad_token(transport)
         print(f"{transport}: every tool, bad arguments, isolation and a bad token checked", flush=True)
     await unreachable()
-    print("stdio: an unreachable API checked", flush=True)
+    await redirecting()
+    print("stdio: an unreachable API and a redirect checked", flush=True)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,14 @@ impl Forward for Remote {
         // Without the URL: its path may name a file, a memory or a tool output.
         let mut response = request.send().await.map_err(|e| format!("{}: {}", self.base, e.without_url()))?;
         let status = response.status().as_u16();
+        // Redirects are not followed: the token would go to wherever they point, and a POST
+        // would come back a GET.
+        if response.status().is_redirection() {
+            let to = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok()).unwrap_or("?");
+            let message =
+                format!("{} answered {status}, a redirect to {to}: set {URL} to the address it names", self.base);
+            return Ok(ApiAnswer { status: 502, body: json!({ "error": { "code": "internal", "message": message } }) });
+        }
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
             if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
@@ -72,7 +80,11 @@ async fn main() -> anyhow::Result<()> {
         bail!("{URL} must be an http:// or https:// address, not {base:?}");
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).build().context("cannot build the HTTP client")?;
+    let http = reqwest::Client::builder()
+        .timeout(CALL_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .context("cannot build the HTTP client")?;
     let bearer = format!("Bearer {}", token.trim());
     if reqwest::header::HeaderValue::from_str(&bearer).is_err() {
         bail!("{TOKEN} holds characters an HTTP header cannot carry (a line break, say)");
