@@ -171,11 +171,18 @@ fn components() -> Value {
             "Error": {
                 "type": "object",
                 "required": ["error"],
-                "properties": { "error": {
-                    "type": "object",
-                    "required": ["code", "message"],
-                    "properties": { "code": { "type": "string", "enum": codes }, "message": { "type": "string" } },
-                } },
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "required": ["code", "message"],
+                        "properties": { "code": { "type": "string", "enum": codes }, "message": { "type": "string" } },
+                    },
+                    "results": {
+                        "description": "`batch_rejected` only: each item's result, in order (the refused ones say why)",
+                        "type": "array",
+                        "items": { "oneOf": [refs("Remembered"), refs("Error")] },
+                    },
+                },
             },
             "Remembered": answer(json!({ "id": uuid(), "was_new": { "type": "boolean" } })),
             "BatchResults": answer(json!({
