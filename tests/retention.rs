@@ -178,6 +178,21 @@ async fn delete_soft_deletes_only_what_the_caller_may_and_leaves_recall_at_once(
     assert_eq!((retry.status, retry.code()), (409, "memory_deleted"));
     assert_eq!(f.fact(&ann, "I prefer window seats").await, fact);
     assert_eq!(f.recalled(&ann, "window seats").await, ["I prefer window seats"]);
+
+    // An agent fact deleted by a service token is not brought back by another user of the agent
+    // restating it (the row names its first writer, whose erasure would take it).
+    let agent_fact = json!({ "scope": "agent", "content": "the office closes at six" });
+    let ann = principal("acme", Some("ann"), Some("helper"), None);
+    let written = f.app.client.post("/v1/facts", Some(&token(&ann)), &agent_fact).await;
+    assert_eq!(written.status, 201, "{:?}", written.body);
+    let id = written.body["id"].as_str().expect("id").to_owned();
+    let service = principal("acme", None, Some("helper"), None);
+    assert_eq!(f.delete(&service, &id).await.status, 200);
+    let bob = principal("acme", Some("bob"), Some("helper"), None);
+    let restated = f.app.client.post("/v1/facts", Some(&token(&bob)), &agent_fact).await;
+    assert_eq!((restated.status, restated.code()), (409, "memory_deleted"), "{:?}", restated.body);
+    let again = f.app.client.post("/v1/facts", Some(&token(&ann)), &agent_fact).await;
+    assert_eq!((again.status, again.body["id"].as_str()), (200, Some(id.as_str())), "its writer restates it");
 }
 
 /// Rows of tenant `acme` for the sweep tests: a deleted message past the soft TTL, one deleted

@@ -85,7 +85,7 @@ const ROWS_PER_EMBED_JOB: usize = 8;
 /// The rows that already held the keys of rows not inserted, by their position in the batch.
 const FIND_ITEMS: &str = "
 SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL AS deleted, m.visibility,
-       array_to_string(m.allowed_roles, ',') AS roles, m.session_id
+       array_to_string(m.allowed_roles, ',') AS roles, m.session_id, m.user_id
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
 JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
 
@@ -99,6 +99,7 @@ struct KeyHolder {
     visibility: String,
     roles: String,
     session_id: Option<String>,
+    user_id: Option<String>,
 }
 
 /// Re-asserting a superseded or deleted fact makes it live again: its validity restarts, its
@@ -420,7 +421,17 @@ async fn settle(
             (column(|m| m.tenant.to_string()), column(|m| m.kind.to_string()), column(|m| m.source_ref.to_string()));
         let existing: Vec<KeyHolder> =
             sqlx::query_as(FIND_ITEMS).bind(tenants).bind(kinds).bind(refs).fetch_all(&mut *tx).await?;
-        for KeyHolder { ord, id, content_sha256: sha, deleted, visibility, roles, session_id: session } in existing {
+        for KeyHolder {
+            ord,
+            id,
+            content_sha256: sha,
+            deleted,
+            visibility,
+            roles,
+            session_id: session,
+            user_id: holder,
+        } in existing
+        {
             let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
             if let Some(slot @ None) = results.get_mut(i) {
                 let is_fact = rows[i].kind == SourceKind::Fact;
@@ -435,10 +446,15 @@ async fn settle(
                 let other_session = rows[i].session.as_ref().is_some_and(|s| session.as_deref() != Some(s.as_str()));
                 *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) || other_session {
                     Err(StoreError::SourceRefConflict { existing: id })
-                } else if deleted && (!is_fact || typed.origin == Origin::Extraction) {
+                } else if deleted
+                    && (!is_fact
+                        || typed.origin == Origin::Extraction
+                        || holder.as_deref() != rows[i].user.as_ref().map(|u| u.as_str()))
+                {
                     // A fact is asserted again by its user; a message or chunk under a
                     // deleted row's key is a retry that must not bring the row back, nor may a
-                    // model bring back a fact its user deleted.
+                    // model bring back a fact its user deleted, nor another user of an agent
+                    // an agent fact someone deleted (the row names its first writer).
                     Err(StoreError::SourceRefDeleted { existing: id })
                 } else {
                     if is_fact {
