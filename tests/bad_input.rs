@@ -287,7 +287,7 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
             "body over the server limit",
             "/v1/memories",
             &session,
-            json!({ "source_kind": "tool_output", "source_ref": "c", "content": "y".repeat(300 * 1024) }).to_string(),
+            json!({ "source_kind": "tool_output", "source_ref": "c", "content": "y".repeat(700 * 1024) }).to_string(),
             413,
             "payload_too_large",
         ),

@@ -186,6 +186,8 @@ async def bad_token(transport):
             answer = await http.post(os.environ["MCP_URL"], json=init, headers=headers)
             check(answer.status_code == 401, f"forged token over HTTP: {answer.status_code}")
             check(answer.json()["error"]["code"] == "invalid_token", f"forged token: {answer.text}")
+        # A new connection: the server answered before reading the body, and may close the first.
+        async with httpx2.AsyncClient() as http:
             answer = await http.post(os.environ["MCP_URL"], json=init, headers={"Accept": headers["Accept"]})
             check(answer.status_code == 401 and answer.json()["error"]["code"] == "missing_token", answer.text)
         # Through the official client too: its connection fails on the 401 (seen by a hook, as the

@@ -128,7 +128,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "the source_ref already holds different content (for a fact: or other visibility or allowed_roles; for a chat message or tool output: a row of another session)",
     ),
     ("not_written", 409, "an item of an atomic batch, not written because another item was refused"),
-    ("memory_deleted", 409, "the source_ref names a deleted row (a deleted fact asserted again by its writer is revived instead)"),
+    (
+        "memory_deleted",
+        409,
+        "the source_ref names a deleted row (a deleted fact asserted again by its writer is revived instead)",
+    ),
     ("edit_text_not_found", 409, "a workspace edit's old_text is not in the file"),
     (
         "edit_text_ambiguous",
