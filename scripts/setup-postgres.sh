@@ -70,9 +70,11 @@ maintenance_work_mem = ${buffers_mb}MB
 work_mem = 16MB
 max_parallel_maintenance_workers = 2
 CONF
+# The replication line is for scripts/setup-replica.sh (pg_basebackup as postgres).
 write_conf "$conf/pg_hba.conf" <<'CONF'
 # TYPE  DATABASE  USER      ADDRESS        METHOD
 local   all       postgres                 peer
+local   replication postgres               peer
 local   all       all                      scram-sha-256
 host    all       all       127.0.0.1/32   scram-sha-256
 host    all       all       ::1/128        scram-sha-256

@@ -23,10 +23,8 @@ primary_sql() { as_postgres psql -X -q -tA -v ON_ERROR_STOP=1 -h "$MNEMO_PG_SOCK
 
 # --- the primary allows it ----------------------------------------------------------------------
 reload=0
-if ! grep -Eq '^local[[:space:]]+replication[[:space:]]+postgres' "$primary_conf/pg_hba.conf"; then
-  echo 'local   replication postgres                 peer' | as_root tee -a "$primary_conf/pg_hba.conf" >/dev/null
-  reload=1
-fi
+grep -Eq '^local[[:space:]]+replication[[:space:]]+postgres' "$primary_conf/pg_hba.conf" ||
+  die "$primary_conf/pg_hba.conf does not let postgres replicate: run scripts/setup-postgres.sh"
 if [ ! -f "$primary_conf/conf.d/replication.conf" ]; then
   # A stopped replica's slot keeps WAL on the primary; past this much the slot is given up and
   # the next run of this script makes the replica again.
