@@ -158,7 +158,7 @@ async fn embed_batch(
         let attempts: HashMap<Uuid, i32> = store.embed_attempts(&failed).await?.into_iter().collect();
         for (id, error) in failures {
             let Some(job) = by_id.get(&id) else { continue };
-            let attempt = attempts.get(&id).copied().unwrap_or(1);
+            let attempt = attempts.get(&id).copied().unwrap_or(0) + 1;
             let retry = error.class == FailureClass::Transient && attempt < policy.max_attempts;
             let class = match error.class {
                 FailureClass::Transient if retry => "transient",
@@ -170,14 +170,14 @@ async fn embed_batch(
                 let delay = backoff(attempt);
                 tracing::info!(item = %id, attempt, kind = error.kind, delay_ms = delay.as_millis() as u64,
                     "embedding failed; retrying later");
-                store.record_embed_failure(job, attempt, &error.to_string(), Some(delay)).await?;
+                store.record_embed_failure(job, &error.to_string(), Some(delay)).await?;
             } else {
                 let recorded = match error.class {
                     FailureClass::Transient => format!("gave up after {attempt} attempts: {error}"),
                     FailureClass::Permanent => error.to_string(),
                 };
                 tracing::warn!(item = %id, attempt, kind = error.kind, "embedding failed for good");
-                store.record_embed_failure(job, attempt, &recorded, None).await?;
+                store.record_embed_failure(job, &recorded, None).await?;
             }
         }
     }

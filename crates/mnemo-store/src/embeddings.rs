@@ -172,56 +172,48 @@ impl Store {
         Ok(saved.into_iter().map(|(id, _, _)| id).collect())
     }
 
-    /// Records failed attempt number `attempt` (from [`Store::embed_attempts`]). When
-    /// `retry_after` is given, the row's job is queued again to run after that delay (in the same
-    /// transaction); otherwise the failure is final and `error` stays on the row.
+    /// Records a failed attempt. When `retry_after` is given, the row's job is queued again to run
+    /// after that delay (in the same transaction); otherwise the failure is final and `error`
+    /// stays on the row. Returns the row's attempts so far.
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn record_embed_failure(
         &self,
         job: &EmbedRow,
-        attempt: i32,
         error: &str,
         retry_after: Option<Duration>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<i32, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
+        let attempts: Option<i32> = sqlx::query_scalar(
             "UPDATE memory_items
-             SET embed_attempts = $6,
+             SET embed_attempts = embed_attempts + 1,
                  embed_error = CASE WHEN $3 THEN NULL ELSE $4 END,
                  -- When the retry is due: the housekeeping grace counts from then, so a long
                  -- backoff is not cut short by a re-queue.
                  embed_enqueued_at = now() + make_interval(secs => $5)
-             WHERE id = $1 AND tenant_id = $2",
+             WHERE id = $1 AND tenant_id = $2
+             RETURNING embed_attempts",
         )
         .bind(job.item_id)
         .bind(job.tenant_id.as_str())
         .bind(retry_after.is_some())
         .bind(error)
         .bind(retry_after.unwrap_or_default().as_secs_f64())
-        .bind(attempt)
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
         if let Some(delay) = retry_after {
             push_after(&mut tx, &EmbedJob::of(job), delay, 0).await?;
         }
         tx.commit().await?;
-        Ok(())
+        Ok(attempts.unwrap_or(0))
     }
 
-    /// Which attempt the failure of each of these rows' jobs is. A retry that ran before it was
-    /// due (brought forward when the endpoint answered again, [`Store::retry_now`]) does not
-    /// count: under a flapping endpoint every success brings the retries forward, and counting
-    /// those would give rows up in minutes rather than after the backoff's 20–60. A second's
-    /// slack covers the worker's and the database's clocks.
+    /// How many times the rows of these jobs have failed so far.
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn embed_attempts(&self, jobs: &[&EmbedRow]) -> Result<Vec<(Uuid, i32)>, StoreError> {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
         let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
         Ok(sqlx::query_as(
-            "SELECT m.id, m.embed_attempts
-                   + CASE WHEN m.embed_attempts > 0 AND m.embed_enqueued_at > now() + interval '1 second'
-                          THEN 0 ELSE 1 END
-             FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
+            "SELECT m.id, m.embed_attempts FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
              JOIN memory_items m ON m.tenant_id = j.tenant_id AND m.id = j.id",
         )
         .bind(ids)
