@@ -603,6 +603,7 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
         from: None,
         through: last.cursor(),
         covered: messages.iter().map(|m| m.id).collect(),
+        previous_summary: None,
         outcome: CompactionOutcome::Summarized,
         reason: None,
         summary_id: Some(written.id),
@@ -644,6 +645,34 @@ fn live(id: uuid::Uuid) -> String {
 
 fn anonymized(id: uuid::Uuid) -> String {
     format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND deleted_at IS NOT NULL AND content = '[REDACTED]'")
+}
+
+/// The summary a compaction builds on, deleted (or erased with its user) while the model writes
+/// the next: the next, which carries it forward, is not recorded either.
+#[tokio::test]
+async fn a_summary_deleted_while_the_next_is_written_is_not_carried_forward() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 4).await;
+    let compactor = compactor(&app, &settings(llm_env(&chat)));
+    let once = job("acme", "s1");
+    assert!(matches!(compactor.run(&once).await.expect("first"), CompactReport::Compacted { .. }));
+    let first: uuid::Uuid = sqlx::query_scalar("SELECT summary_id FROM session_compactions")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("summary");
+    turns(&app, &t, 4, 3).await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let (report, deleted) = tokio::join!(compactor.run(&once), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.client.delete(&format!("/v1/memories/{first}"), Some(&t)).await
+    });
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    assert_eq!(report.expect("job"), CompactReport::MessagesChanged);
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 1, "only the first");
+    let live = "SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary' AND deleted_at IS NULL";
+    assert_eq!(app.db.count(live).await, 0, "neither summary is live");
 }
 
 /// A message deleted (or its user erased) while the model writes the summary: the summary, which

@@ -367,8 +367,6 @@ async fn a_fact_the_user_deleted_stays_deleted_when_extracted_again() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await, 1);
 }
 
-/// A worker whose run was taken over (held past the stale limit) applies nothing when its model
-/// call returns: only the worker that holds the run does.
 /// A conversation whose job was given up (or lost in a crash) is not left waiting for the user's
 /// next conversation: housekeeping queues its (agent, user) a job.
 #[tokio::test]
@@ -392,6 +390,8 @@ async fn a_conversation_without_a_job_that_will_run_gets_one() {
     assert_eq!(store.requeue_unextracted(Duration::ZERO, 100).await.expect("requeue"), 0, "once");
 }
 
+/// A worker whose run was taken over (held past the stale limit) applies nothing when its model
+/// call returns: only the worker that holds the run does.
 #[tokio::test]
 async fn a_run_taken_over_applies_nothing() {
     let chat = ScriptedChat::start().await;

@@ -604,6 +604,11 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     let later = temp("copy-since.jsonl.gz");
     let run = runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await;
     assert!(run.ok && run.stderr.contains("erasures: 1"), "{}", run.stderr);
+    // The copy wrote a version of the erased user's file after the erasure: it goes with its file.
+    sqlx::query("UPDATE workspace_file_versions SET created_at = now() + interval '1 hour' WHERE user_id = 'u1'")
+        .execute(&copy.pool)
+        .await
+        .expect("a later version");
     let import = ["import", "--tenant", "acme", later.to_str().expect("path")];
     let run = runbook(&copy.url, &import, None).await;
     assert!(run.ok, "{}", run.stderr);

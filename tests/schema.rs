@@ -104,7 +104,7 @@ async fn the_store_tells_a_refused_statement_from_one_that_may_pass_later() {
     ] {
         assert!(error(refused.to_owned()).await.is_permanent(), "{refused}");
     }
-    for code in ["40001", "40P01", "53100", "57P01", "08006", "55P03", "57014"] {
+    for code in ["40001", "40P01", "53100", "57P01", "08006", "55P03", "57014", "23505"] {
         assert!(!error(raise(code)).await.is_permanent(), "SQLSTATE {code}");
     }
     let unreachable = <sqlx::PgConnection as sqlx::Connection>::connect("postgres://mnemo@127.0.0.1:1/mnemo")

@@ -45,8 +45,14 @@ fn not_edit(path: &str) -> Result<(), ApiError> {
 }
 
 async fn file_key(state: &AppState, principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiError> {
-    let path = WorkspacePath::parse(raw)?;
-    Ok(workspace(state, principal).await?.file(path)?)
+    let key = key_of(principal, raw)?;
+    workspace(state, principal).await?;
+    Ok(key)
+}
+
+/// The key `raw` names in the token's workspace, without creating anything.
+fn key_of(principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiError> {
+    Ok(Workspace::of(principal)?.file(WorkspacePath::parse(raw)?)?)
 }
 
 /// The key of a file to change (with `new_name`, one a PUT may create): the agent's shared files
@@ -58,8 +64,7 @@ async fn writable_key(
     raw: &str,
     new_name: bool,
 ) -> Result<FileKey, ApiError> {
-    let path = WorkspacePath::parse(raw)?;
-    let key = Workspace::of(principal)?.file(path)?;
+    let key = key_of(principal, raw)?;
     if key.user.is_none() && principal.user.is_some() {
         return Err(ScopeError::AgentFileReadOnly.into());
     }

@@ -187,6 +187,7 @@ impl Compactor {
             from: state.through,
             through: last.cursor(),
             covered: stored[..cut].iter().map(|m| m.id).collect(),
+            previous_summary: previous.map(|s| s.id),
             outcome,
             reason: reason.clone(),
             summary_id,

@@ -102,7 +102,9 @@ async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> R
         Err(e) => {
             // Each step is bounded and may run again: the next housekeeping tick does, rather
             // than the next maintenance interval hours later.
-            store.release_maintenance(tick).await?;
+            if let Err(release) = store.release_maintenance(tick).await {
+                tracing::warn!(tick, error = %release, "cannot give the failed maintenance run's claim back");
+            }
             return Err(e);
         }
     };

@@ -89,9 +89,9 @@ pub enum Next {
 impl Next {
     /// The next step after a handler's result: a store failure is transient (the database may be
     /// back in a moment), a worker shutting down leaves the job to orphan recovery, and a set-up
-    /// error never heals by itself. A statement the database refuses for what it says is tried
-    /// [`REFUSED_ATTEMPTS`] times (a unique key lost to a racing write passes on the next), then
-    /// given up: retried forever, it would come back every five minutes.
+    /// error never heals by itself. A job whose statement the database refuses for what it says
+    /// is given up once it has failed [`REFUSED_ATTEMPTS`] times in a row: retried forever, it
+    /// would come back every five minutes.
     pub fn after(result: Result<(), JobError>, attempt: usize) -> Self {
         match result {
             Ok(()) => Self::Done,

@@ -331,13 +331,17 @@ async fn connect(env: &Env) -> anyhow::Result<Store> {
 /// than report an empty database.
 async fn as_owner(url: &str, max_connections: u32) -> anyhow::Result<Store> {
     let store = Store::connect(url, max_connections).await.context("cannot connect to the database")?;
+    refuse_walled(&store, vars::DATABASE_URL)?;
+    Ok(store)
+}
+
+fn refuse_walled(store: &Store, variable: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         !store.walled(),
-        "{}'s role is held by row-level security (the API's role?): the runbook connects as the tables' \
-         owner (ARCHITECTURE.md, \"Two roles\")",
-        vars::DATABASE_URL
+        "{variable}'s role is held by row-level security (the API's role?): the runbook connects as the tables' \
+         owner (ARCHITECTURE.md, \"Two roles\")"
     );
-    Ok(store)
+    Ok(())
 }
 
 /// The primary, and the replica named by `MNEMO_READ_DATABASE_URL` if one is.
@@ -351,12 +355,7 @@ async fn reads(env: &Env) -> anyhow::Result<Reads> {
             // replica. A replica that cannot be reached now is left to `Reads`, which reads the
             // primary then.
             if let Ok(replica) = Store::connect(url.expose(), 1).await {
-                anyhow::ensure!(
-                    !replica.walled(),
-                    "{}'s role is held by row-level security (the API's role?): the runbook reads as the \
-                     tables' owner (ARCHITECTURE.md, \"Two roles\")",
-                    vars::READ_DATABASE_URL
-                );
+                refuse_walled(&replica, vars::READ_DATABASE_URL)?;
             }
             reads.with_replica(url.expose(), 4, settings.replica_wait).context(vars::READ_DATABASE_URL)?
         }

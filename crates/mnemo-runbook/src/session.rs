@@ -65,7 +65,10 @@ pub async fn run(store: &Store, settings: &ContextSettings, command: SessionComm
 }
 
 async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bool, json: bool) -> anyhow::Result<()> {
-    let messages = store.session_messages(tenant, session, None, SHOW_LIMIT).await?;
+    // One more than shown tells whether there are more.
+    let mut messages = store.session_messages(tenant, session, None, SHOW_LIMIT + 1).await?;
+    let truncated = messages.len() as i64 > SHOW_LIMIT;
+    messages.truncate(SHOW_LIMIT as usize);
     let compactions = store.session_compactions(tenant, session).await?;
     let state = store.session_state(tenant, session).await?;
     // Compacted: at or before the last message compacted (which may itself be deleted since).
@@ -98,7 +101,7 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
             })
             .collect();
         let report = json!({
-            "truncated": messages.len() as i64 == SHOW_LIMIT,
+            "truncated": truncated,
             "messages": messages,
             "compactions": compactions,
             "summary_id": state.summary.as_ref().map(|s| s.id),
@@ -108,11 +111,7 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
         println!("{report}");
         return Ok(());
     }
-    println!(
-        "{} messages{}",
-        messages.len(),
-        if messages.len() as i64 == SHOW_LIMIT { " (first ones only)" } else { "" }
-    );
+    println!("{} messages{}", messages.len(), if truncated { " (first ones only)" } else { "" });
     for m in &messages {
         let tool = match (&m.tool_call_id, &m.tool_name) {
             (Some(id), name) => format!(" {}#{id}", name.as_deref().unwrap_or("tool")),

@@ -11,6 +11,7 @@ use mnemo_core::{
 };
 use uuid::Uuid;
 
+use crate::embeddings::lock_text_counts;
 use crate::queue::{CompactJob, push};
 use crate::retention::anonymize_ids;
 use crate::{Store, StoreError};
@@ -159,14 +160,18 @@ ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING";
 const LOCK_SESSION: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))";
 
 /// Whether the session's live messages after `($3, $4)` through `($5, $6)` are exactly `$7`,
-/// the ones the compaction's plan read: none deleted, erased or written into the range since.
+/// the ones the compaction's plan read (none deleted, erased or written into the range since),
+/// and the summary `$8` it built on, if any, is still live (not erased).
 const COVERED_UNCHANGED: &str = concat!(
     "WITH live AS (SELECT m.id",
     conversation_rows!(),
     "
   AND (m.event_time, m.id) <= ($5, $6))
 SELECT (SELECT count(*) FROM live) = cardinality($7::uuid[])
-   AND NOT EXISTS (SELECT id FROM live EXCEPT SELECT unnest($7::uuid[]))"
+   AND NOT EXISTS (SELECT id FROM live EXCEPT SELECT unnest($7::uuid[]))
+   AND ($8::uuid IS NULL OR EXISTS (
+       SELECT 1 FROM memory_items s
+       WHERE s.tenant_id = $1 AND s.id = $8 AND s.deleted_at IS NULL AND s.anonymized_at IS NULL))"
 );
 
 /// Soft-deletes the session's live summaries that no recorded compaction holds: only `$3` when
@@ -267,6 +272,8 @@ pub struct NewCompaction {
     pub through: MessageCursor,
     /// The messages it covers, as its plan read them: through `through`, after `from`.
     pub covered: Vec<Uuid>,
+    /// The summary its own builds on (the one in effect when it planned).
+    pub previous_summary: Option<Uuid>,
     pub outcome: CompactionOutcome,
     pub reason: Option<String>,
     pub summary_id: Option<Uuid>,
@@ -280,16 +287,17 @@ pub enum Recording {
     Recorded,
     /// Another compaction of the session was recorded since this one's plan started.
     Overtaken,
-    /// A message it covers was deleted or erased, or one was written into its range, since its
-    /// plan read them.
+    /// A message it covers, or the summary it built on, was deleted or erased, or a message was
+    /// written into its range, since its plan read them.
     MessagesChanged,
 }
 
 impl Recording {
-    pub fn as_str(self) -> &'static str {
+    /// The audit reason of the summaries this outcome drops: a recorded compaction drops the
+    /// ones it overtook.
+    fn drop_reason(self) -> &'static str {
         match self {
-            Self::Recorded => "recorded",
-            Self::Overtaken => "compaction_overtaken",
+            Self::Recorded | Self::Overtaken => "compaction_overtaken",
             Self::MessagesChanged => "messages_changed",
         }
     }
@@ -419,6 +427,9 @@ impl Store {
     ) -> Result<Recording, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+        // Before any row lock: embedding and erasure take the tenant's text counts, then rows, and
+        // anonymizing a dropped summary below needs the counts.
+        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
         let unchanged: bool = sqlx::query_scalar(COVERED_UNCHANGED)
             .bind(tenant.as_str())
             .bind(session.as_str())
@@ -427,6 +438,7 @@ impl Store {
             .bind(compaction.through.event_time)
             .bind(compaction.through.id)
             .bind(&compaction.covered)
+            .bind(compaction.previous_summary)
             .fetch_one(&mut *tx)
             .await?;
         let recorded = unchanged
@@ -464,7 +476,7 @@ impl Store {
                 .bind(only)
                 .bind(never)
                 .bind(AuditEvent::Delete.as_str())
-                .bind(recording.as_str())
+                .bind(recording.drop_reason())
                 .fetch_all(&mut *tx)
                 .await?;
             if !dropped.is_empty() {

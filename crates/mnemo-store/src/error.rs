@@ -65,14 +65,16 @@ impl StoreError {
     /// Whether the same statement over the same rows would be refused the same way again: the
     /// database refused what it says (a value, a constraint, a missing column or privilege:
     /// SQLSTATE classes 22, 23, 42 and 0A), or a value does not encode or decode. Not a lost
-    /// connection, a full disk, a deadlock or a serialization failure, which pass.
+    /// connection, a full disk, a deadlock or a serialization failure, nor a unique or exclusion
+    /// violation (a race another write won), which pass.
     pub fn is_permanent(&self) -> bool {
         match self {
             Self::Stored(_) | Self::Encode(_) | Self::Config(_) | Self::Migrate(_) => true,
             _ => self.sqlx().is_some_and(|e| match e {
-                sqlx::Error::Database(d) => {
-                    d.code().is_some_and(|c| ["22", "23", "42", "0A"].iter().any(|class| c.starts_with(class)))
-                }
+                sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+                    ["22", "23", "42", "0A"].iter().any(|class| c.starts_with(class))
+                        && !["23505", "23P01"].contains(&&*c)
+                }),
                 sqlx::Error::ColumnDecode { .. }
                 | sqlx::Error::Decode(_)
                 | sqlx::Error::ColumnNotFound(_)

@@ -249,23 +249,34 @@ impl Import {
         .execute(&mut *self.tx)
         .await?
         .rows_affected();
+        // A file written before the erasure goes with every version, later ones too.
+        let erased = "encode(sha256(convert_to(x.user_id, 'UTF8')), 'hex') = e.hash";
+        let statements = [
+            format!(
+                "DELETE FROM workspace_file_versions v
+                 USING workspace_files x, unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
+                 WHERE v.tenant_id = $1 AND x.tenant_id = $1 AND x.user_id <> ''
+                   AND (v.agent_id, v.user_id, v.path) = (x.agent_id, x.user_id, x.path)
+                   AND x.created_at <= e.at AND {erased}"
+            ),
+            format!(
+                "DELETE FROM workspace_files x USING unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
+                 WHERE x.tenant_id = $1 AND x.user_id <> '' AND x.created_at <= e.at AND {erased}"
+            ),
+            format!(
+                "DELETE FROM memory_sightings x USING unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
+                 WHERE x.tenant_id = $1 AND x.user_id IS NOT NULL AND x.seen_at <= e.at AND {erased}"
+            ),
+        ];
         let mut deleted = 0;
-        for (table, time) in [
-            ("workspace_file_versions", "created_at"),
-            ("workspace_files", "created_at"),
-            ("memory_sightings", "seen_at"),
-        ] {
-            deleted += sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM {table} x USING unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
-                 WHERE x.tenant_id = $1 AND x.user_id IS NOT NULL AND x.{time} <= e.at
-                   AND encode(sha256(convert_to(x.user_id, 'UTF8')), 'hex') = e.hash"
-            )))
-            .bind(self.tenant.as_str())
-            .bind(&hashes)
-            .bind(&times)
-            .execute(&mut *self.tx)
-            .await?
-            .rows_affected();
+        for sql in statements {
+            deleted += sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(self.tenant.as_str())
+                .bind(&hashes)
+                .bind(&times)
+                .execute(&mut *self.tx)
+                .await?
+                .rows_affected();
         }
         Ok((recorded, deleted))
     }
