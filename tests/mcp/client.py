@@ -215,8 +215,9 @@ async def bad_token(transport):
 
 
 async def unreachable():
-    """mnemo-mcp whose API is down: a tool error the agent sees, and no path in its log."""
-    env = {"MNEMO_URL": "http://127.0.0.1:9", "MNEMO_TOKEN": os.environ["TOKEN_A"], "MNEMO_LOG": "info"}
+    """mnemo-mcp whose API is down: a tool error the agent sees, and no path nor the URL's
+    password in its log."""
+    env = {"MNEMO_URL": "http://ops:s3cret@127.0.0.1:9", "MNEMO_TOKEN": os.environ["TOKEN_A"], "MNEMO_LOG": "info"}
     params = StdioServerParameters(command=os.environ["MNEMO_MCP_BIN"], args=[], env=env)
     with tempfile.TemporaryFile(mode="w+") as log:
         async with stdio_client(params, errlog=log) as (read, write, *_):
@@ -227,6 +228,7 @@ async def unreachable():
         text = log.read()
     check("could not reach the API" in text, f"the failure is logged: {text}")
     check("secret-plan" not in text, f"the call's path stays out of the log: {text}")
+    check("s3cret" not in text, f"the URL's password stays out of the log: {text}")
 
 
 async def redirecting():

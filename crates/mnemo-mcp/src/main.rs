@@ -25,6 +25,8 @@ const MAX_ANSWER_BYTES: usize = 64 << 20;
 struct Remote {
     http: reqwest::Client,
     base: String,
+    /// `base` without any user and password in it, for messages and logs.
+    shown: String,
     bearer: String,
 }
 
@@ -38,20 +40,20 @@ impl Forward for Remote {
             request = request.json(&body);
         }
         // Without the URL: its path may name a file, a memory or a tool output.
-        let mut response = request.send().await.map_err(|e| format!("{}: {}", self.base, e.without_url()))?;
+        let mut response = request.send().await.map_err(|e| format!("{}: {}", self.shown, e.without_url()))?;
         let status = response.status().as_u16();
         // Redirects are not followed: the token would go to wherever they point, and a POST
         // would come back a GET.
         if response.status().is_redirection() {
             let to = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok()).unwrap_or("?");
             let message =
-                format!("{} answered {status}, a redirect to {to}: set {URL} to the address it names", self.base);
+                format!("{} answered {status}, a redirect to {to}: set {URL} to the address it names", self.shown);
             return Ok(ApiAnswer { status: 502, body: json!({ "error": { "code": "internal", "message": message } }) });
         }
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
             if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
-                let message = format!("the answer at {} was over {} MiB", self.base, MAX_ANSWER_BYTES >> 20);
+                let message = format!("the answer at {} was over {} MiB", self.shown, MAX_ANSWER_BYTES >> 20);
                 // Whatever the status said, this is no answer: a tool error.
                 let body = json!({ "error": { "code": "internal", "message": message } });
                 return Ok(ApiAnswer { status: 502, body });
@@ -77,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
     let base = std::env::var(URL).unwrap_or_else(|_| DEFAULT_URL.to_owned());
     let base = base.trim_end_matches('/').to_owned();
     if !(base.starts_with("http://") || base.starts_with("https://")) {
-        bail!("{URL} must be an http:// or https:// address, not {base:?}");
+        bail!("{URL} must be an http:// or https:// address, not {:?}", without_credentials(&base));
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::builder()
@@ -89,9 +91,31 @@ async fn main() -> anyhow::Result<()> {
     if reqwest::header::HeaderValue::from_str(&bearer).is_err() {
         bail!("{TOKEN} holds characters an HTTP header cannot carry (a line break, say)");
     }
-    let remote = Remote { http, base, bearer };
-    tracing::info!(url = %remote.base, "mnemo-mcp serving MCP on stdio");
+    let shown = without_credentials(&base);
+    let remote = Remote { http, base, shown, bearer };
+    tracing::info!(url = %remote.shown, "mnemo-mcp serving MCP on stdio");
     let server = MnemoMcp::new(remote).serve(rmcp::transport::stdio()).await.context("MCP handshake failed")?;
     server.waiting().await.context("MCP session failed")?;
     Ok(())
+}
+
+/// `url` without the `user:password@` of its authority, if it has one.
+fn without_credentials(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    format!("{scheme}://{host}{path}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_in_the_url_are_never_shown() {
+        assert_eq!(without_credentials("https://u:s3cret@mnemo.example:8443/base"), "https://mnemo.example:8443/base");
+        assert_eq!(without_credentials("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
+        assert_eq!(without_credentials("http://host/a@b"), "http://host/a@b");
+    }
 }
