@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    AuditEvent, CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter,
+    AuditEvent, CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter, UserId,
     WindowMessage,
 };
 use uuid::Uuid;
@@ -304,6 +304,23 @@ impl Recording {
 }
 
 impl Store {
+    /// Whether `user` has rows in `session`.
+    pub async fn user_in_session(
+        &self,
+        tenant: &TenantId,
+        user: &UserId,
+        session: &SessionId,
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND session_id = $2 AND user_id = $3)",
+        )
+        .bind(tenant.as_str())
+        .bind(session.as_str())
+        .bind(user.as_str())
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// Up to `limit` messages of the session after `after`, in the session's order.
     pub async fn session_messages(
         &self,

@@ -106,8 +106,8 @@ pub struct ImportReport {
 pub struct Import {
     tenant: TenantId,
     tx: Transaction<'static, Postgres>,
-    /// (line, the user's hash, when) of each erasure the file carries.
-    erasures: Vec<(i64, String, chrono::DateTime<chrono::Utc>)>,
+    /// (the user's hash, when) of each erasure the file carries.
+    erasures: Vec<(String, chrono::DateTime<chrono::Utc>)>,
 }
 
 /// The name an export gives its erasure lines in place of a table.
@@ -223,7 +223,7 @@ impl Import {
         let hash = row["user_sha256"].as_str().filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
         let at = row["erased_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
         let (Some(hash), Some(at)) = (hash, at) else { return Err(ImportError::BadErasure { line }) };
-        self.erasures.push((line, hash.to_ascii_lowercase(), at.with_timezone(&chrono::Utc)));
+        self.erasures.push((hash.to_ascii_lowercase(), at.with_timezone(&chrono::Utc)));
         Ok(())
     }
 
@@ -232,8 +232,10 @@ impl Import {
     /// their workspace files with every version, and their sightings. Their memories come in
     /// the file anonymized. Returns (erasures recorded, rows deleted).
     async fn apply_erasures(&mut self) -> Result<(u64, u64), StoreError> {
-        let (hashes, times): (Vec<String>, Vec<chrono::DateTime<chrono::Utc>>) =
-            self.erasures.iter().map(|(_, hash, at)| (hash.clone(), *at)).unzip();
+        if self.erasures.is_empty() {
+            return Ok((0, 0));
+        }
+        let (hashes, times): (Vec<String>, Vec<chrono::DateTime<chrono::Utc>>) = self.erasures.iter().cloned().unzip();
         let erase = mnemo_core::AuditEvent::Erase.as_str();
         let recorded = sqlx::query(
             "INSERT INTO audit_log (tenant_id, event, reason, actor, details, created_at)
@@ -250,7 +252,7 @@ impl Import {
         .await?
         .rows_affected();
         // A file written before the erasure goes with every version, later ones too.
-        let erased = "encode(sha256(convert_to(x.user_id, 'UTF8')), 'hex') = e.hash";
+        let erased = format!("{} = e.hash", user_sha256_sql("x.user_id"));
         let statements = [
             format!(
                 "DELETE FROM workspace_file_versions v
@@ -316,9 +318,10 @@ impl Import {
             "DELETE FROM import_rows l USING audit_log a
              WHERE l.tbl IN ('workspace_files', 'workspace_file_versions')
                AND a.tenant_id = $1 AND a.event = '{erase}'
-               AND a.details->>'user_sha256' = encode(sha256(convert_to(l.row->>'user_id', 'UTF8')), 'hex')
+               AND a.details->>'user_sha256' = {user_hash}
                AND (l.row->>'created_at')::timestamptz <= a.created_at",
             erase = mnemo_core::AuditEvent::Erase,
+            user_hash = user_sha256_sql("l.row->>'user_id'"),
         )))
         .bind(tenant)
         .execute(&mut *self.tx)
@@ -581,6 +584,12 @@ async fn audit_imported_revivals(tx: &mut sqlx::PgConnection, tenant: &str, wins
     );
     sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(tx).await?;
     Ok(())
+}
+
+/// The SQL of the hash an erasure's audit row names the user `column` by, as
+/// `mnemo_jobs::user_sha256` computes it.
+fn user_sha256_sql(column: &str) -> String {
+    format!("encode(sha256(convert_to({column}, 'UTF8')), 'hex')")
 }
 
 /// The audit rows of the supersedes and anonymizations an import brings in (actor `import`), once

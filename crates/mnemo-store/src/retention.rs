@@ -183,7 +183,9 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
 }
 
 /// Anonymizes the soft-deleted rows `ids` of `tenant` now, in the caller's transaction, with
-/// `actor` on their audit rows: rows whose content must not wait for the retention sweep.
+/// `actor` on their audit rows: rows whose content must not wait for the retention sweep. The
+/// caller holds the tenant's text-count lock, taken before any row lock (embedding and erasure
+/// take it first too).
 pub(crate) async fn anonymize_ids(
     tx: &mut sqlx::PgConnection,
     tenant: &TenantId,
@@ -193,7 +195,6 @@ pub(crate) async fn anonymize_ids(
     let picked = "SELECT m.id, 'soft_deleted' AS reason FROM memory_items m
                   WHERE m.tenant_id = $1 AND m.id = ANY($2) AND m.anonymized_at IS NULL
                   ORDER BY m.id FOR UPDATE";
-    lock_text_counts(&mut *tx, &[tenant.as_str().to_owned()]).await?;
     sqlx::query(AssertSqlSafe(anonymize_sql(picked, "$3")))
         .bind(tenant.as_str())
         .bind(ids)
@@ -425,23 +426,6 @@ impl Store {
             .rows_affected();
         tx.commit().await?;
         Ok(files)
-    }
-
-    /// Whether `user` has rows in `session`.
-    pub async fn user_in_session(
-        &self,
-        tenant: &TenantId,
-        user: &UserId,
-        session: &SessionId,
-    ) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND session_id = $2 AND user_id = $3)",
-        )
-        .bind(tenant.as_str())
-        .bind(session.as_str())
-        .bind(user.as_str())
-        .fetch_one(&self.pool)
-        .await?)
     }
 
     /// The sessions `user` has rows in, read before an erasure anonymizes them (an anonymized row
