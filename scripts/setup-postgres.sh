@@ -105,6 +105,12 @@ DO \$\$ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$MNEMO_PG_APP_USER') THEN
     CREATE ROLE "$MNEMO_PG_APP_USER" LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD '$MNEMO_PG_APP_PASSWORD';
   END IF;
+  -- The owner may end the API role's sessions, as DROP DATABASE … WITH (FORCE) does when a
+  -- passing test's database is dropped. (The reverse would open the walls: the API's role is
+  -- never a member of the owner.)
+  IF NOT pg_has_role('$MNEMO_PG_USER', '$MNEMO_PG_APP_USER', 'MEMBER') THEN
+    GRANT "$MNEMO_PG_APP_USER" TO "$MNEMO_PG_USER";
+  END IF;
 END \$\$;
 SQL
 # Extensions need a superuser: put them in template1, so every database mnemo creates

@@ -31,6 +31,16 @@ pub async fn create_empty_database(admin_url: &str, prefix: &str) -> Result<(Str
     Ok((name, url))
 }
 
+/// Drops the database `name` (a plain identifier, as [`create_empty_database`] makes),
+/// ending the sessions connected to it that `admin_url`'s role may end.
+pub async fn drop_database(admin_url: &str, name: &str) -> Result<(), StoreError> {
+    let admin: PgConnectOptions = admin_url.parse().map_err(StoreError::Config)?;
+    let mut conn = admin.connect().await?;
+    let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await?;
+    Ok(())
+}
+
 /// Moves a database made by [`create_database`] (its pool closed) into `tablespace`, such as one
 /// on a small filesystem for the disk-full fault. `tablespace` must be a plain identifier.
 pub async fn move_database(admin_url: &str, database: &FreshDatabase, tablespace: &str) -> Result<(), StoreError> {

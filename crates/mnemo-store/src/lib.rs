@@ -35,7 +35,9 @@ pub use conversation::{
     Compaction, MessageCursor, NewCompaction, PendingCompaction, Recording, STALE_REQUEST, SessionMessage,
     SessionState, SessionSummary,
 };
-pub use database::{FreshDatabase, create_database, create_empty_database, move_database, with_database};
+pub use database::{
+    FreshDatabase, create_database, create_empty_database, drop_database, move_database, with_database,
+};
 pub use embeddings::{NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};

@@ -51,8 +51,9 @@ pub async fn grant_app_role(owner: &PgPool, name: &str) -> anyhow::Result<String
     Ok(app_url)
 }
 
-/// A database of its own, with the whole schema applied. It is left behind after the test, so a
-/// failure can be inspected; `scripts/test.sh` drops old ones before each run.
+/// A database of its own, with the whole schema applied. It is dropped when its test passes and
+/// left behind when it panics, so a failure can be inspected; `scripts/test.sh` drops those
+/// before each run.
 #[derive(Debug)]
 pub struct TestDb {
     pub name: String,
@@ -88,6 +89,37 @@ impl TestDb {
     /// A count from any `SELECT count(*) …`, for assertions.
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(&self.pool).await.expect("count query")
+    }
+}
+
+/// A run of the whole suite kept every test's database, on the primary and its replica, until
+/// the next run: gigabytes on a machine with little disk to spare.
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let (admin, name) = (admin_url(), self.name.clone());
+        // Its own runtime on its own thread: this may run inside the test's runtime, which
+        // cannot be blocked on. The API's connections (another role's, which this one cannot
+        // end) close as their pools are dropped, so a refusal is tried again for a while, then
+        // left to the next run's sweep.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async {
+                for _ in 0..50 {
+                    if mnemo_store::drop_database(&admin, &name).await.is_ok() {
+                        return Some(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                None
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!("test database {} not dropped; scripts/test.sh drops it next run", self.name);
+        }
     }
 }
 
