@@ -489,3 +489,30 @@ async fn an_mcp_tool_call_costs_one_request_of_the_rate_limit() {
     assert_eq!(content["error"]["code"], "rate_limited", "{content}");
     assert!(content["error"]["message"].as_str().is_some_and(|m| m.contains("try again in")), "{content}");
 }
+
+#[tokio::test]
+async fn mcp_messages_other_than_tool_calls_cost_one_request_each() {
+    let app = TestApp::spawn_with(&[("MNEMO_RATE_LIMIT_PER_TENANT", "0.5"), ("MNEMO_RATE_LIMIT_BURST", "3")]).await;
+    let http = reqwest::Client::new();
+    let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let send = |message: Value| {
+        http.post(format!("{}/mcp", app.client.base))
+            .bearer_auth(&token)
+            .header("accept", "application/json, text/event-stream")
+            .json(&message)
+            .send()
+    };
+    let mut statuses = Vec::new();
+    for id in 1..=4 {
+        let list = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/list" });
+        statuses.push(send(list).await.expect("request").status().as_u16());
+    }
+    // Before, only tool calls were charged: tools/list could be sent without limit.
+    assert_eq!(statuses, [200, 200, 200, 429], "a burst of 3, then refused");
+    let call = json!({ "jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": { "name": "list_files", "arguments": {} } });
+    let reply = send(call).await.expect("request");
+    assert_eq!(reply.status(), 200, "a tool call is refused as a tool error");
+    let body: Value = reply.json().await.expect("json");
+    assert_eq!(body["result"]["structuredContent"]["error"]["code"], "rate_limited", "{body}");
+}

@@ -627,8 +627,8 @@ async fn long_sessions_and_large_tenant_classes_find_their_rows_by_meaning() {
 /// of each searched class, ranked by the query's vector, as a third list in fusion: they fill
 /// most of the top 10 and all come within the top 20 even when the vector half ranks them
 /// anywhere and the keyword half finds nothing (RRF with k = 10 lets at most the vector half's
-/// best 4 other rows pass the day's last). Days are read against `as_of` when relative, and
-/// another tenant's rows of that day never come.
+/// best 4 other rows pass the day's last). Days are the tenant's time zone's, read against
+/// `as_of` when relative, and another tenant's rows of that day never come.
 #[tokio::test]
 async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
     let f = Fixture::start(&[]).await;
@@ -684,6 +684,17 @@ async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
     let undated = ask("What happened then?", RecallScope::Session, friday).await;
     assert!(of_day(&undated, Scope::Session, 2).0 < 6, "undated: {undated:?}");
     assert_eq!(undated.len(), 20);
+
+    // Days are the tenant's: at UTC+14 each noon (UTC) row was written at 2 a.m. the next day,
+    // and Friday 9 a.m. (UTC) is 11 p.m. on Friday, whose yesterday holds Wednesday's rows.
+    assert!(store.set_time_zone(&acme.tenant, "Pacific/Kiritimati").await.expect("time zone"));
+    let friday_morning = friday - chrono::Duration::hours(3);
+    for (question, day) in
+        [("What happened on 14 March 2024?", 2), ("and on March 13?", 1), ("What happened yesterday?", 2)]
+    {
+        let (in_10, in_20) = of_day(&ask(question, RecallScope::Session, friday_morning).await, Scope::Session, day);
+        assert!(in_10 >= 6 && in_20 == 10, "{question} at UTC+14: {in_10} in the top 10, {in_20} in the top 20");
+    }
 }
 
 /// A question that names one participant of the session (the `name` its messages were written

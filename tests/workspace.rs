@@ -67,6 +67,25 @@ async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
     assert_eq!((patched.status, patched.body["enabled"].as_bool()), (200, Some(true)), "{:?}", patched.body);
     let under = app.client.get("/v1/workspace/files?prefix=memory%2F", Some(&t)).await;
     assert_eq!(files(&under.body), [("memory/2026-04-01.md".to_owned(), 4, true)]);
+    // A page at a time, in the same order: the pages join to the whole list.
+    let whole = app.client.get("/v1/workspace/files", Some(&t)).await;
+    assert_eq!((files(&whole.body).len(), &whole.body["next_cursor"]), (5, &json!(null)));
+    let (mut paged, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let query = cursor.map_or(String::new(), |c| format!("&cursor={c}"));
+        let page = app.client.get(&format!("/v1/workspace/files?limit=2{query}"), Some(&t)).await;
+        assert!(files(&page.body).len() <= 2, "{:?}", page.body);
+        paged.extend(files(&page.body));
+        cursor = page.body["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(paged, files(&whole.body));
+    for query in ["limit=0", "limit=1001", "cursor=4_zz", "cursor=x"] {
+        let refused = app.client.get(&format!("/v1/workspace/files?{query}"), Some(&t)).await;
+        assert_eq!((refused.status, refused.code()), (400, "invalid_field"), "{query}");
+    }
 
     let deleted = app.client.delete(note, Some(&t)).await;
     assert_eq!((deleted.status, deleted.body["deleted"].as_bool()), (200, Some(true)));

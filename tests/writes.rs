@@ -162,6 +162,27 @@ async fn long_tool_outputs_are_elided_and_readable_by_their_tenant_only() {
     assert_eq!(read.status, 200);
     assert_eq!(read.body["content"].as_str(), Some(full.as_str()));
     assert_eq!(read.body["item_id"], reply.body["id"]);
+    assert_eq!((read.body["total_bytes"].as_u64(), &read.body["next_offset"]), (Some(full.len() as u64), &json!(null)));
+    // A page at a time: the pages join to the whole payload.
+    let (mut joined, mut offset) = (String::new(), Some(0));
+    while let Some(at) = offset {
+        let page = app.client.get(&format!("/v1/tool-outputs/{key}?offset={at}&max_bytes=10000"), Some(&acme)).await;
+        assert_eq!(page.status, 200, "{:?}", page.body);
+        let content = page.body["content"].as_str().expect("content");
+        assert!(content.len() <= 10_000 && !content.is_empty());
+        joined.push_str(content);
+        offset = page.body["next_offset"].as_u64();
+    }
+    assert_eq!(joined, full);
+    for (query, code) in [
+        (format!("offset={}", full.len() + 1), "invalid_field"),
+        ("max_bytes=0".to_owned(), "invalid_field"),
+        ("offset=-1".to_owned(), "invalid_field"),
+        ("page=2".to_owned(), "unknown_field"),
+    ] {
+        let refused = app.client.get(&format!("/v1/tool-outputs/{key}?{query}"), Some(&acme)).await;
+        assert_eq!((refused.status, refused.code()), (400, code), "{query}");
+    }
 
     let stolen = app.client.get(&format!("/v1/tool-outputs/{key}"), Some(&other)).await;
     assert_eq!((stolen.status, stolen.code()), (404, "not_found"));

@@ -118,7 +118,14 @@ async def every_tool(transport):
         key = preview.split("tool output ")[1].split(" ")[0]
         check(key.startswith("tout_"), f"preview names a key: {key}")
         full = await ok(s, "get_tool_output", {"key": key})
-        check(full["content"] == big, "get_tool_output gives the whole payload")
+        check(full["content"] == big and full["next_offset"] is None, "get_tool_output gives the whole payload")
+        pages, offset = [], 0
+        while offset is not None:
+            page = await ok(s, "get_tool_output", {"key": key, "offset": offset, "max_bytes": 8192})
+            check(len(page["content"]) <= 8192 and page["total_bytes"] == len(big), f"a page: {page['offset']}")
+            pages.append(page["content"])
+            offset = page["next_offset"]
+        check(len(pages) == 3 and "".join(pages) == big, "get_tool_output's pages join to the whole payload")
         pack = await ok(s, "memory_pack", {"query": tag, "max_budget_tokens": 500})
         check(pack["rendered"].startswith("# Memory") and tag in pack["rendered"], f"pack: {pack['rendered'][:200]}")
         check(pack["diagnostics"]["tokens"] <= 500, "pack within budget")
@@ -132,6 +139,11 @@ async def every_tool(transport):
         check(read["content"] == f"# Notes\n\nFed a {tag}.\n", f"read_file: {read}")
         listed = await ok(s, "list_files", {"prefix": "memory/"})
         check(path in [f["path"] for f in listed["files"]], f"list_files: {listed}")
+        first = await ok(s, "list_files", {"limit": 1})
+        rest = await ok(s, "list_files", {"cursor": first["next_cursor"]})
+        every = await ok(s, "list_files", {})
+        check(first["files"] + rest["files"] == every["files"] and rest["next_cursor"] is None,
+              f"list_files pages: {first} {rest}")
         await refused(s, "edit_file", {"path": path, "old_text": "not there", "new_text": "y"}, "edit_text_not_found")
 
         # bad arguments: the API's codes, nothing written

@@ -157,15 +157,22 @@ impl FromRequestParts<AppState> for Authenticated {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let Verified(principal) = Verified::from_request_parts(parts, state).await?;
-        if let Some(limiter) = &state.rate_limit {
-            limiter.check(&principal.tenant).map_err(ApiError::RateLimited)?;
-        }
+        charge(state, &principal)?;
         Ok(Self(principal))
     }
 }
 
+/// Takes one request of the caller's tenant's rate, or refuses with the wait.
+pub fn charge(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
+    match &state.rate_limit {
+        Some(limiter) => limiter.check(&principal.tenant).map_err(ApiError::RateLimited),
+        None => Ok(()),
+    }
+}
+
 /// A caller whose token verifies, not charged: `/mcp`, whose tool calls are charged as the
-/// requests they make inside, so that a refusal reaches the agent as a tool error.
+/// requests they make inside, so that a refusal reaches the agent as a tool error (its other
+/// messages are charged by its own middleware).
 #[derive(Debug, Clone)]
 pub struct Verified(pub Principal);
 

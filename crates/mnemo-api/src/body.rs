@@ -17,6 +17,17 @@ use crate::serve::BodyTimedOut;
 /// Fields that would let a caller pick a tenant. The tenant comes only from the token.
 pub const TENANT_FIELDS: &[&str] = &["tenant", "tenant_id", "tenantId"];
 
+/// The most items one page of a list returns.
+pub const MAX_PAGE: usize = 1000;
+
+/// A list's `limit` from a query: a whole number from 1 to [`MAX_PAGE`].
+pub fn page_limit(raw: &str) -> Result<usize, ApiError> {
+    raw.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=MAX_PAGE).contains(n))
+        .ok_or(ApiError::InvalidField { field: "limit", expected: "a whole number from 1 to 1000" })
+}
+
 /// The body of a request: a JSON object, taken apart with [`JsonObject::take_str`] and friends,
 /// then closed with [`JsonObject::finish`].
 #[derive(Debug)]
@@ -49,7 +60,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
 }
 
 /// Whether `E` is somewhere in `error`'s chain of causes.
-fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
     std::iter::successors(Some(error), |e| e.source()).any(|e| e.is::<E>())
 }
 

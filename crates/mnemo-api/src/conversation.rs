@@ -19,11 +19,10 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::auth::Authenticated;
-use crate::body::{JsonObject, PathPart};
+use crate::body::{JsonObject, PathPart, page_limit};
 use crate::{ApiError, AppState};
 
-/// The most messages one page returns, and the default.
-const MAX_PAGE: usize = 1000;
+/// The messages one page returns unless asked for another number.
 const DEFAULT_PAGE: usize = 100;
 /// The most history one context call reads; a longer session needs compaction to be complete.
 const MAX_HISTORY: usize = 100_000;
@@ -76,13 +75,7 @@ pub async fn messages(
     for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=').unwrap_or((pair, "")) {
             ("cursor", raw) => cursor = Some(parse_cursor(raw)?),
-            ("limit", raw) => {
-                limit = raw
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=MAX_PAGE).contains(n))
-                    .ok_or(ApiError::InvalidField { field: "limit", expected: "a whole number from 1 to 1000" })?
-            }
+            ("limit", raw) => limit = page_limit(raw)?,
             (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
         }
     }

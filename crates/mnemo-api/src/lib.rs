@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, OriginalUri, Request};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, OriginalUri, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
@@ -161,13 +161,35 @@ pub fn app(state: AppState) -> Router {
     // tool call then presents to `api` as its own.
     let mcp = Router::new()
         .route_service("/mcp", mcp::http_service(api.clone(), body_limit))
-        .layer(middleware::from_fn_with_state(state, authenticate))
+        .layer(middleware::from_fn_with_state((state, body_limit), authenticate))
         .layer(middleware::from_fn(observe));
     api.merge(mcp)
 }
 
-async fn authenticate(_: auth::Verified, request: Request, next: Next) -> Response {
-    next.run(request).await
+/// Lets an MCP request through only with a valid token, and charges the tenant's rate for
+/// every message but a tool call (initialize, tools/list, pings, notifications, a batch): a
+/// tool call is charged as the request it makes inside, so its refusal reaches the agent as a
+/// tool error, not as an HTTP 429 its client raises.
+async fn authenticate(
+    State((state, body_limit)): State<(AppState, usize)>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let (mut parts, body) = request.into_parts();
+    let auth::Verified(principal) = auth::Verified::from_request_parts(&mut parts, &state).await?;
+    let body = axum::body::to_bytes(body, body_limit).await.map_err(|e| {
+        if body::caused_by::<http_body_util::LengthLimitError>(&e) {
+            ApiError::PayloadTooLarge
+        } else if body::caused_by::<serve::BodyTimedOut>(&e) {
+            ApiError::RequestTimeout
+        } else {
+            ApiError::MalformedJson(e.to_string())
+        }
+    })?;
+    if !mcp::is_tool_call(&body) {
+        auth::charge(&state, &principal)?;
+    }
+    Ok(next.run(Request::from_parts(parts, body.into())).await)
 }
 
 /// Counts, times and traces every request by route template (never by concrete path, which may

@@ -44,6 +44,9 @@ pub struct ToolSpec {
     path: &'static str,
     /// The arguments a GET sends as its query.
     query: &'static [&'static str],
+    /// Query arguments the tool sends when the call leaves them out, where an agent needs a
+    /// narrower default than the endpoint's.
+    defaults: &'static [(&'static str, &'static str)],
     read_only: bool,
     destructive: bool,
     /// Calling it again with the same arguments changes nothing more.
@@ -67,6 +70,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: true,
         destructive: false,
         query: &[],
+        defaults: &[],
         idempotent: true,
         schema: schema::recall_body,
     },
@@ -80,6 +84,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: true,
         destructive: false,
         query: &[],
+        defaults: &[],
         idempotent: true,
         schema: schema::pack_body,
     },
@@ -94,6 +99,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: false,
         query: &[],
+        defaults: &[],
         idempotent: true,
         schema: schema::memory_body,
     },
@@ -108,6 +114,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: false,
         query: &[],
+        defaults: &[],
         idempotent: true,
         schema: schema::fact_body,
     },
@@ -120,29 +127,35 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: true,
         query: &[],
+        defaults: &[],
         idempotent: true,
         schema: forget_schema,
     },
     ToolSpec {
         name: "get_tool_output",
-        description: "The full text of a long tool output whose recalled preview names a tout_ key.",
+        description: "The full text of a long tool output whose recalled preview names a tout_ key, a page at a \
+            time: at most max_bytes (default 65536) from byte offset (default 0). While next_offset is not null, \
+            call again with offset set to it to read on; total_bytes is the whole output's size.",
         method: Method::GET,
         path: "/v1/tool-outputs/{key}",
         read_only: true,
         destructive: false,
-        query: &[],
+        query: &["offset", "max_bytes"],
+        defaults: &[("max_bytes", "65536")],
         idempotent: true,
         schema: tool_output_schema,
     },
     ToolSpec {
         name: "list_files",
         description: "List your workspace files (PROFILE.md, MEMORY.md, daily notes under memory/, your own \
-            files) with their sizes and versions.",
+            files) with their sizes and versions, up to limit (default 1000) at a time: while next_cursor is not \
+            null, call again with cursor set to it for the rest.",
         method: Method::GET,
         path: "/v1/workspace/files",
         read_only: true,
         destructive: false,
-        query: &["prefix"],
+        query: &["prefix", "cursor", "limit"],
+        defaults: &[],
         idempotent: true,
         schema: list_files_schema,
     },
@@ -154,6 +167,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: true,
         destructive: false,
         query: &[],
+        defaults: &[],
         idempotent: true,
         schema: read_file_schema,
     },
@@ -166,6 +180,7 @@ static TOOLS: &[ToolSpec] = &[
         read_only: false,
         destructive: true,
         query: &[],
+        defaults: &[],
         // Each call is one more version of the file.
         idempotent: false,
         schema: write_file_schema,
@@ -180,6 +195,7 @@ static TOOLS: &[ToolSpec] = &[
         // It replaces text, as write_file does (both keep the old versions).
         destructive: true,
         query: &[],
+        defaults: &[],
         idempotent: false,
         schema: edit_file_schema,
     },
@@ -192,11 +208,25 @@ fn forget_schema() -> Value {
 }
 
 fn tool_output_schema() -> Value {
-    schema::object(&["key"], json!({ "key": schema::tool_output_key() }))
+    schema::object(
+        &["key"],
+        json!({
+            "key": schema::tool_output_key(),
+            "offset": { "type": "integer", "minimum": 0, "description": "The byte to start at: 0, or next_offset." },
+            "max_bytes": { "type": "integer", "minimum": 1, "description": "At most this many bytes (default 65536)." },
+        }),
+    )
 }
 
 fn list_files_schema() -> Value {
-    schema::object(&[], json!({ "prefix": schema::file_prefix() }))
+    schema::object(
+        &[],
+        json!({
+            "prefix": schema::file_prefix(),
+            "cursor": { "type": "string", "description": "next_cursor of the page before." },
+            "limit": { "type": "integer", "minimum": 1, "maximum": 1000, "description": "Page size (default 1000)." },
+        }),
+    )
 }
 
 fn read_file_schema() -> Value {
@@ -281,13 +311,26 @@ impl ToolSpec {
             return Ok(ApiCall { method: self.method.clone(), uri, body: Some(Value::Object(args)) });
         }
         let mut query = Vec::new();
+        for (field, value) in self.defaults {
+            if args.get(*field).is_none_or(Value::is_null) {
+                query.push(format!("{field}={value}"));
+            }
+        }
+        let schema = (self.schema)();
         for (name, value) in args {
             let Some(field) = self.query.iter().find(|q| **q == name) else {
                 return Err(ApiError::UnknownField(name.chars().take(64).collect()));
             };
+            let whole = matches!(schema["properties"][*field]["type"].as_str(), Some("integer"));
             match value {
                 Value::Null => {}
-                Value::String(s) => query.push(format!("{field}={}", percent_encode(&s))),
+                Value::String(s) if !whole => query.push(format!("{field}={}", percent_encode(&s))),
+                // 5.0 too, as clients that hold every number as a float send it.
+                Value::Number(n) if whole => match n.as_u64().or_else(|| whole_float(n.as_f64()?)) {
+                    Some(n) => query.push(format!("{field}={n}")),
+                    None => return Err(ApiError::InvalidField { field, expected: "a whole number from 0" }),
+                },
+                _ if whole => return Err(ApiError::InvalidField { field, expected: "a whole number" }),
                 _ => return Err(ApiError::InvalidField { field, expected: "a string" }),
             }
         }
@@ -296,6 +339,22 @@ impl ToolSpec {
         }
         Ok(ApiCall { method: self.method.clone(), uri, body: None })
     }
+}
+
+/// Whether an MCP HTTP body is one JSON-RPC `tools/call` request (a batch, or anything
+/// unreadable, is not).
+pub fn is_tool_call(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Message>(body).is_ok_and(|m| m.method.as_deref() == Some("tools/call"))
+}
+
+/// A float that is a whole number a u64 holds exactly.
+fn whole_float(f: f64) -> Option<u64> {
+    (f.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&f)).then_some(f as u64)
 }
 
 /// RFC 3986 unreserved characters stay; everything else, `/` too, is %-encoded.
@@ -483,6 +542,13 @@ mod tests {
         assert_eq!(call.uri, "/v1/memories/..%2Ffacts");
         let call = spec("list_files").call(args(json!({ "prefix": "memory/" }))).expect("a call");
         assert_eq!(call.uri, "/v1/workspace/files?prefix=memory%2F");
+        let call = spec("list_files").call(args(json!({ "limit": 5.0, "cursor": "0_4d" }))).expect("a call");
+        assert_eq!(call.uri, "/v1/workspace/files?cursor=0_4d&limit=5");
+        // An agent reads a long tool output a page at a time unless it asks for more.
+        let call = spec("get_tool_output").call(args(json!({ "key": "tout_x", "offset": 10 }))).expect("a call");
+        assert_eq!(call.uri, "/v1/tool-outputs/tout_x?max_bytes=65536&offset=10");
+        let call = spec("get_tool_output").call(args(json!({ "key": "tout_x", "max_bytes": 9 }))).expect("a call");
+        assert_eq!(call.uri, "/v1/tool-outputs/tout_x?max_bytes=9");
     }
 
     #[test]
@@ -495,6 +561,9 @@ mod tests {
         assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "tenant": "other" })), "tenant_in_body");
         assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "owner": "x" })), "unknown_field");
         assert_eq!(code("list_files", json!({ "prefix": 1 })), "invalid_field");
+        assert_eq!(code("list_files", json!({ "limit": "5" })), "invalid_field");
+        assert_eq!(code("list_files", json!({ "limit": 2.5 })), "invalid_field");
+        assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "offset": -1 })), "invalid_field");
     }
 
     #[test]

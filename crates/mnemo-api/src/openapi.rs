@@ -247,10 +247,15 @@ pub fn document() -> Value {
                 }))] } },
                 "diagnostics": { "type": "object" },
             })))]),
-        ("/v1/tool-outputs/{key}", vec![Op::new("get", "tool_output", "A long tool output's whole payload")
+        ("/v1/tool-outputs/{key}", vec![Op::new("get", "tool_output", "A long tool output's payload, whole or a page of it")
             .param(path_param("key", "The tout_ key its preview names."))
-            .answer(200, answer(json!({ "key": { "type": "string" }, "item_id": uuid(), "content": { "type": "string" } })))
-            .errors(&[404])]),
+            .param(query_param("offset", json!({ "type": "integer", "minimum": 0 }), "Byte to start at: 0 (the default) or next_offset."))
+            .param(query_param("max_bytes", json!({ "type": "integer", "minimum": 1 }), "At most this many bytes, cut between characters (default: the rest)."))
+            .answer(200, answer(json!({
+                "key": { "type": "string" }, "item_id": uuid(), "content": { "type": "string" },
+                "offset": { "type": "integer" }, "total_bytes": { "type": "integer" }, "next_offset": nullable("integer"),
+            })))
+            .errors(&[400, 404])]),
         ("/v1/sessions/{sid}/messages", vec![Op::new("get", "session_messages", "A session's messages in order, a page at a time")
             .param(sid())
             .param(query_param("limit", json!({ "type": "integer", "minimum": 1, "maximum": 1000 }), "Page size (default 100)."))
@@ -284,9 +289,11 @@ pub fn document() -> Value {
             .body(schema::empty_body())
             .answer(202, answer(json!({ "queued": { "type": "boolean" } })))
             .errors(&[403])]),
-        ("/v1/workspace/files", vec![Op::new("get", "list_files", "The workspace's live files, by sort order")
+        ("/v1/workspace/files", vec![Op::new("get", "list_files", "The workspace's live files, by sort order, a page at a time")
             .param(query_param("prefix", json!({ "type": "string" }), "Only paths starting with this."))
-            .answer(200, answer(json!({ "files": { "type": "array", "items": refs("FileMeta") } })))
+            .param(query_param("limit", json!({ "type": "integer", "minimum": 1, "maximum": 1000 }), "Page size (default 1000)."))
+            .param(query_param("cursor", json!({ "type": "string" }), "next_cursor of the page before."))
+            .answer(200, answer(json!({ "files": { "type": "array", "items": refs("FileMeta") }, "next_cursor": nullable("string") })))
             .errors(&[400])]),
         ("/v1/workspace/files/{path}", vec![
             Op::new("get", "read_file", "One workspace file").param(file()).answer(200, refs("File")).errors(&[400, 404]),

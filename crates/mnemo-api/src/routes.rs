@@ -1,5 +1,5 @@
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mnemo_core::{
@@ -450,11 +450,51 @@ pub async fn tool_output(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
     PathPart(key): PathPart,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
+    let (mut offset, mut max_bytes) = (0, usize::MAX);
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let whole = |field: &'static str, raw: &str, least: usize| {
+            raw.parse::<usize>().ok().filter(|n| *n >= least).ok_or(ApiError::InvalidField {
+                field,
+                expected: if least == 0 { "a whole number of bytes" } else { "a whole number of bytes from 1" },
+            })
+        };
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("offset", raw) => offset = whole("offset", raw, 0)?,
+            ("max_bytes", raw) => max_bytes = whole("max_bytes", raw, 1)?,
+            (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
+        }
+    }
     let key = ToolOutputKey::parse(&key).ok_or(ApiError::NotFound)?;
     let output = state.reads.complete().await.tool_output(&principal, &key).await?.ok_or(ApiError::NotFound)?;
-    let body = json!({ "key": output.key.as_str(), "item_id": output.item_id, "content": output.content });
+    let (content, next_offset) = byte_range(&output.content, offset, max_bytes).ok_or(ApiError::InvalidField {
+        field: "offset",
+        expected: "0, a next_offset from an earlier answer, or the output's total_bytes",
+    })?;
+    let body = json!({
+        "key": output.key.as_str(), "item_id": output.item_id, "content": content,
+        "offset": offset, "total_bytes": output.content.len(), "next_offset": next_offset,
+    });
     Ok(Json(body).into_response())
+}
+
+/// At most `max_bytes` of `text` from byte `offset`, cut at a character's start (one whole
+/// character when it alone is longer), and where the rest starts if any is left; `None` when
+/// `offset` is past the end or inside a character.
+fn byte_range(text: &str, offset: usize, max_bytes: usize) -> Option<(&str, Option<usize>)> {
+    if !text.is_char_boundary(offset) {
+        return None;
+    }
+    let rest = &text[offset..];
+    let mut end = rest.len().min(max_bytes);
+    while !rest.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end == 0 {
+        end = rest.chars().next().map_or(0, char::len_utf8);
+    }
+    Some((&rest[..end], (end < rest.len()).then_some(offset + end)))
 }
 
 /// `GET /healthz`: the process is up.
@@ -484,4 +524,30 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Va
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(state): State<AppState>) -> Response {
     ([("content-type", "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_range;
+
+    #[test]
+    fn pages_of_a_tool_output_are_cut_between_characters_and_join_to_the_whole() {
+        let text = "aé€😀b"; // characters of 1, 2, 3, 4 and 1 bytes
+        for max_bytes in 1..=12 {
+            let (mut offset, mut joined) = (0, String::new());
+            loop {
+                let (page, next) = byte_range(text, offset, max_bytes).expect("a page");
+                assert!(!page.is_empty() && (page.len() <= max_bytes || page.chars().count() == 1), "{page:?}");
+                joined.push_str(page);
+                match next {
+                    Some(next) => offset = next,
+                    None => break,
+                }
+            }
+            assert_eq!(joined, text, "max_bytes {max_bytes}");
+        }
+        assert_eq!(byte_range(text, 2, 10), None, "inside é");
+        assert_eq!(byte_range(text, text.len(), 10), Some(("", None)));
+        assert_eq!(byte_range(text, text.len() + 1, 10), None);
+    }
 }

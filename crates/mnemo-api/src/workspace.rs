@@ -13,7 +13,7 @@ use mnemo_store::{Edited, FileMeta, WorkspaceFile, Written};
 use serde_json::{Value, json};
 
 use crate::auth::Authenticated;
-use crate::body::{JsonObject, PathPart};
+use crate::body::{JsonObject, MAX_PAGE, PathPart, page_limit};
 use crate::{ApiError, AppState};
 
 /// Who changed a file through the API, in its version and audit rows.
@@ -101,13 +101,14 @@ fn check_content(state: &AppState, content: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `GET /v1/workspace/files?prefix=`: the live files, by sort order.
+/// `GET /v1/workspace/files?prefix=&cursor=&limit=`: the live files, by sort order, a page at a
+/// time (1,000 unless `limit` says fewer); `next_cursor` is absent on the last page.
 pub async fn list(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
-    let mut prefix = String::new();
+    let (mut prefix, mut cursor, mut limit) = (String::new(), None, MAX_PAGE);
     for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=').unwrap_or((pair, "")) {
             ("prefix", raw) => {
@@ -119,12 +120,36 @@ pub async fn list(
                     return Err(InvalidInput::NulByte { field: "prefix" }.into());
                 }
             }
+            ("cursor", raw) => cursor = Some(parse_file_cursor(raw)?),
+            ("limit", raw) => limit = page_limit(raw)?,
             (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
         }
     }
     let workspace = workspace(&state, &principal).await?;
-    let files = state.store.list_files(&workspace, &prefix).await?;
-    Ok(Json(json!({ "files": files.iter().map(meta_json).collect::<Vec<_>>() })))
+    let mut files = state.store.list_files(&workspace, &prefix, cursor.as_ref(), limit as i64 + 1).await?;
+    let more = files.len() > limit;
+    files.truncate(limit);
+    let next = more.then(|| files.last().map(format_file_cursor)).flatten();
+    Ok(Json(json!({ "files": files.iter().map(meta_json).collect::<Vec<_>>(), "next_cursor": next })))
+}
+
+/// Cursors are opaque to clients: the last file's sort order and its path in hexadecimal (a
+/// path may hold any character but NUL).
+fn format_file_cursor(f: &FileMeta) -> String {
+    let hex: String = f.path.as_str().bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{}_{hex}", f.sort_order)
+}
+
+fn parse_file_cursor(raw: &str) -> Result<(i32, String), ApiError> {
+    let invalid = || ApiError::InvalidField { field: "cursor", expected: "a cursor from an earlier page" };
+    let (order, hex) = raw.split_once('_').ok_or_else(invalid)?;
+    let order = order.parse::<i32>().map_err(|_| invalid())?;
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(invalid)?;
+    Ok((order, String::from_utf8(bytes).map_err(|_| invalid())?))
 }
 
 /// `GET /v1/workspace/files/{path}`.

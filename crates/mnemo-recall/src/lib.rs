@@ -35,7 +35,7 @@ use access::AccessTracker;
 pub use fusion::{CLASS_RRF_K, LIST_RRF_K, fuse};
 pub use pack::{LayerUsage, MemoryPack, PackItem, PackLayer, PackRequest, PackTopK, build_pack};
 use participant::named_participants;
-use period::named_period;
+use period::{named_period, names_a_period};
 use query_vectors::QueryVectors;
 
 /// Candidates each half (full text, vectors) brings per class.
@@ -267,8 +267,12 @@ impl Recall {
             };
             let nearest = search.vector(&scope, &vector, CANDIDATES_PER_CLASS);
             let within = async {
-                match named_period(query.text, now) {
-                    Some(period) => search.vector_within(&scope, &vector, period, CANDIDATES_PER_CLASS).await,
+                if !names_a_period(query.text) {
+                    return Ok(Default::default());
+                }
+                let (zone, today) = search.tenant_day(&principal.tenant, now).await?;
+                match named_period(query.text, today) {
+                    Some(period) => search.vector_within(&scope, &vector, period, &zone, CANDIDATES_PER_CLASS).await,
                     None => Ok(Default::default()),
                 }
             };

@@ -1,17 +1,18 @@
 //! The period a question names ("on 13 October 2023", "in July 2023", "last May", "on Monday",
 //! "3 days ago", "yesterday"), as event times from one instant to another. Recall ranks that
 //! period's rows by meaning as one more list in fusion, so a question about a day finds what was
-//! written that day even when neither half ranks it. No model: a few date forms in English, read
-//! in UTC. A question naming several periods is read by the first form of `FORMS` it holds:
-//! written dates before relative words.
+//! written that day even when neither half ranks it. No model: a few date forms in English. Days
+//! are the tenant's (its time zone's "today" and midnights, as for daily notes): the caller turns
+//! them into event times. A question naming several periods is read by the first form of `FORMS`
+//! it holds: written dates before relative words.
 
 use std::sync::LazyLock;
 
-use chrono::{DateTime, Datelike, Days, Months, NaiveDate, Utc, Weekday};
+use chrono::{Datelike, Days, Months, NaiveDate, Weekday};
 use regex::{Captures, Regex};
 
-/// Event times from `from` (included) to `to` (excluded).
-pub type Period = (DateTime<Utc>, DateTime<Utc>);
+/// Days from `from` (included) to `to` (excluded), in the tenant's calendar.
+pub type Period = (NaiveDate, NaiveDate);
 
 const MONTH: &str = r"(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sept|sep|oct|nov|dec)\.?";
 const DAY: &str = r"([0-9]{1,2})(?:st|nd|rd|th)?";
@@ -53,12 +54,18 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
     forms.into_iter().map(|(form, pattern)| (form, Regex::new(&pattern).expect("period pattern"))).collect()
 });
 
-/// The period `question` names, read as if asked at `now`; `None` when it names none. The first
-/// form the question holds decides: a day that does not exist ("31 April 2023") names nothing,
-/// not the month around it.
-pub fn named_period(question: &str, now: DateTime<Utc>) -> Option<Period> {
+/// Whether `question` holds any form of a period; [`named_period`] says which period, given the
+/// day it is asked on. Most questions name none, and need not look up the tenant's day.
+pub fn names_a_period(question: &str) -> bool {
     let question = question.to_lowercase();
-    let today = now.date_naive();
+    FORMS.iter().any(|(_, regex)| regex.is_match(&question))
+}
+
+/// The period `question` names, read as if asked on `today`; `None` when it names none. The
+/// first form the question holds decides: a day that does not exist ("31 April 2023") names
+/// nothing, not the month around it.
+pub fn named_period(question: &str, today: NaiveDate) -> Option<Period> {
+    let question = question.to_lowercase();
     FORMS.iter().find_map(|(form, regex)| regex.captures(&question).map(|c| read(*form, &c, today)))?
 }
 
@@ -107,7 +114,7 @@ fn month_number(name: &str) -> Option<u32> {
 }
 
 fn span(from: NaiveDate, to: NaiveDate) -> Option<Period> {
-    Some((from.and_hms_opt(0, 0, 0)?.and_utc(), to.and_hms_opt(0, 0, 0)?.and_utc()))
+    Some((from, to))
 }
 
 fn day(date: NaiveDate) -> Option<Period> {
@@ -141,17 +148,25 @@ fn relative(words: &str, today: NaiveDate) -> Option<Period> {
 
 #[cfg(test)]
 mod tests {
-    use chrono::TimeZone;
-
     use super::*;
 
-    fn at(y: i32, m: u32, d: u32) -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(y, m, d, 0, 0, 0).single().expect("a date")
+    fn at(y: i32, m: u32, d: u32) -> NaiveDate {
+        NaiveDate::from_ymd_opt(y, m, d).expect("a date")
     }
 
     fn named(question: &str) -> Option<Period> {
-        named_period(question, Utc.with_ymd_and_hms(2023, 10, 20, 15, 30, 0).single().expect("now"))
+        let period = named_period(question, at(2023, 10, 20));
+        assert_eq!(names_a_period(question), period.is_some() || IMPOSSIBLE.contains(&question), "{question}");
+        period
     }
+
+    /// Questions holding a form whose day does not exist.
+    const IMPOSSIBLE: [&str; 4] = [
+        "What happened on February 30, 2023?",
+        "What happened on 31 April 2023?",
+        "and on the 31st of April?",
+        "What did I write on 2023-13-01?",
+    ];
 
     #[test]
     fn a_named_day_is_that_day_whatever_its_form() {
@@ -206,12 +221,11 @@ mod tests {
             "What did Caroline research?",
             "I think this may go later",
             "Set the limit to 2000 words",
-            "What happened on February 30, 2023?",
-            "What happened on 31 April 2023?",
-            "and on the 31st of April?",
-            "What did I write on 2023-13-01?",
             "Which march did Caroline join?",
-        ] {
+        ]
+        .into_iter()
+        .chain(IMPOSSIBLE)
+        {
             assert_eq!(named(question), None, "{question}");
         }
     }

@@ -92,7 +92,7 @@ pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()>
             }
         }
         WorkspaceCommand::Ls { owner, prefix, json } => {
-            let files = store.list_files(&owner.workspace(), &prefix).await?;
+            let files = store.list_files(&owner.workspace(), &prefix, None, i64::MAX).await?;
             if json {
                 let files: Vec<Value> = files
                     .iter()

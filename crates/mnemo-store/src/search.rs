@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use mnemo_core::{Label, RecallClass, Scope, SourceKind, TenantId, UserId};
 use pgvector::Vector;
 use sha2::{Digest, Sha256};
@@ -341,7 +341,12 @@ impl Store {
             tenant = class_filter(Scope::Tenant),
         );
         let within_period =
-            format!("AND m.event_time >= $13 AND m.event_time < $14 ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}");
+            // Days `$13` to `$14` (excluded) in time zone `$15`: constants to the planner.
+            format!(
+                "AND m.event_time >= ($13::date::timestamp AT TIME ZONE $15::text) \
+                 AND m.event_time < ($14::date::timestamp AT TIME ZONE $15::text) \
+                 ORDER BY m.event_time DESC LIMIT {EXACT_ROWS}"
+            );
         // The session's messages by the participants `$13` names (lower case), found in
         // memory_items_participant_idx, ranked exactly when they are one participant's and at
         // most `EXACT_ROWS`: a question naming several participants, or one who wrote more, is
@@ -635,14 +640,25 @@ impl Search {
         Ok(rank(rows, per_class))
     }
 
-    /// Per class, the rows nearest to `vector` among those whose event time is in `from..to`:
-    /// each class's newest `EXACT_ROWS` rows of the period, ranked exactly. A longer period of a
-    /// large class is searched over its newest rows only, at the cost of a session's fallback.
+    /// The tenant's time zone and the date there at `at`: the day a question is asked on.
+    pub async fn tenant_day(&self, tenant: &TenantId, at: DateTime<Utc>) -> Result<(String, NaiveDate), StoreError> {
+        Ok(sqlx::query_as("SELECT zone, ($2::timestamptz AT TIME ZONE zone)::date FROM tenant_time_zone($1) AS zone")
+            .bind(tenant.as_str())
+            .bind(at)
+            .fetch_one(&mut *self.store.tenant_connection([tenant.as_str()]).await?)
+            .await?)
+    }
+
+    /// Per class, the rows nearest to `vector` among those whose event time is in the days
+    /// `from..to` of time zone `zone`: each class's newest `EXACT_ROWS` rows of the period,
+    /// ranked exactly. A longer period of a large class is searched over its newest rows only, at
+    /// the cost of a session's fallback.
     pub async fn vector_within(
         &self,
         scope: &SearchScope<'_>,
         vector: &[f32],
-        (from, to): (DateTime<Utc>, DateTime<Utc>),
+        (from, to): (NaiveDate, NaiveDate),
+        zone: &str,
         per_class: i64,
     ) -> Result<Ranked, StoreError> {
         let rows = bind_scope!(sqlx::query_as(sqlx::AssertSqlSafe(Arc::clone(&self.within_sql))), scope)
@@ -650,6 +666,7 @@ impl Search {
             .bind(Vector::from(vector.to_vec()))
             .bind(from)
             .bind(to)
+            .bind(zone)
             .fetch_all(&mut *self.store.tenant_connection([scope.tenant.as_str()]).await?)
             .await?;
         Ok(rank(rows, per_class))

@@ -120,8 +120,9 @@ const LIST: &str = "
 SELECT path, size_bytes, enabled, sort_order, version, updated_at, user_id
 FROM workspace_files
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id IN ('', $3) AND deleted_at IS NULL
-  AND starts_with(path, $4)
-ORDER BY sort_order, path";
+  AND starts_with(path, $4) AND ($5::int IS NULL OR (sort_order, path) > ($5, $6))
+ORDER BY sort_order, path
+LIMIT $7";
 
 const ENABLED: &str = "
 SELECT path, content, size_bytes, enabled, sort_order, version, created_at, updated_at
@@ -219,14 +220,23 @@ impl Store {
         Ok(())
     }
 
-    /// The workspace's live files under `prefix`, by sort order: the agent's and, with a user,
-    /// that user's.
-    pub async fn list_files(&self, workspace: &Workspace, prefix: &str) -> Result<Vec<FileMeta>, StoreError> {
+    /// The workspace's live files under `prefix`, by sort order and path: the agent's and, with
+    /// a user, that user's; at most `limit`, after the (sort order, path) `after` when given.
+    pub async fn list_files(
+        &self,
+        workspace: &Workspace,
+        prefix: &str,
+        after: Option<&(i32, String)>,
+        limit: i64,
+    ) -> Result<Vec<FileMeta>, StoreError> {
         Ok(sqlx::query_as(LIST)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
             .bind(workspace.user.as_ref().map(|u| u.as_str()))
             .bind(prefix)
+            .bind(after.map(|a| a.0))
+            .bind(after.map(|a| a.1.as_str()))
+            .bind(limit)
             .fetch_all(&mut *self.tenant_connection([workspace.tenant.as_str()]).await?)
             .await?)
     }
