@@ -502,12 +502,19 @@ async fn mcp_messages_other_than_tool_calls_cost_one_request_each() {
             .json(&message)
             .send()
     };
+    // A call of no tool, and one with refused arguments, never reach the API: they are charged
+    // on the way in all the same, as tools/list is (it was not charged at all before).
+    let messages = [
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": { "name": "nothing", "arguments": {} } }),
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": { "name": "list_files", "arguments": { "limit": "x" } } }),
+        json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/list" }),
+        json!({ "jsonrpc": "2.0", "id": 4, "method": "tools/list" }),
+    ];
     let mut statuses = Vec::new();
-    for id in 1..=4 {
-        let list = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/list" });
-        statuses.push(send(list).await.expect("request").status().as_u16());
+    for message in messages {
+        statuses.push(send(message).await.expect("request").status().as_u16());
     }
-    // Before, only tool calls were charged: tools/list could be sent without limit.
     assert_eq!(statuses, [200, 200, 200, 429], "a burst of 3, then refused");
     let call = json!({ "jsonrpc": "2.0", "id": 5, "method": "tools/call",
         "params": { "name": "list_files", "arguments": {} } });

@@ -172,7 +172,8 @@ async fn the_runbook_migrates_an_empty_database_and_grants_the_api_role() {
     // The runbook's role owns the tables now; the wall holds the API's.
     assert!(!Store::connect(&url, 2).await.expect("owner").walled());
     assert!(Store::connect(&mnemo_store::with_database(&app_url, &name), 2).await.expect("API role").walled());
-    mnemo_store::drop_database(&mnemo_testkit::admin_url(), &name).await.expect("dropped");
+    // An autovacuum worker on it can refuse the drop; scripts/test.sh drops it next run then.
+    let _ = mnemo_store::drop_database(&mnemo_testkit::admin_url(), &name).await;
 }
 
 #[tokio::test]

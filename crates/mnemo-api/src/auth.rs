@@ -157,10 +157,17 @@ impl FromRequestParts<AppState> for Authenticated {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let Verified(principal) = Verified::from_request_parts(parts, state).await?;
-        charge(state, &principal)?;
+        if parts.extensions.get::<Charged>().is_none() {
+            charge(state, &principal)?;
+        }
         Ok(Self(principal))
     }
 }
+
+/// Marks the request mnemo makes itself for an MCP tool call, whose charge `/mcp` took already.
+/// Extensions never come from a client: nothing on the wire can set it.
+#[derive(Debug, Clone, Copy)]
+pub struct Charged;
 
 /// Takes one request of the caller's tenant's rate, or refuses with the wait.
 pub fn charge(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
@@ -170,9 +177,7 @@ pub fn charge(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
     }
 }
 
-/// A caller whose token verifies, not charged: `/mcp`, whose tool calls are charged as the
-/// requests they make inside, so that a refusal reaches the agent as a tool error (its other
-/// messages are charged by its own middleware).
+/// A caller whose token verifies, not charged: `/mcp`, which charges each message itself.
 #[derive(Debug, Clone)]
 pub struct Verified(pub Principal);
 

@@ -166,10 +166,10 @@ pub fn app(state: AppState) -> Router {
     api.merge(mcp)
 }
 
-/// Lets an MCP request through only with a valid token, and charges the tenant's rate for
-/// every message but a tool call (initialize, tools/list, pings, notifications, a batch): a
-/// tool call is charged as the request it makes inside, so its refusal reaches the agent as a
-/// tool error, not as an HTTP 429 its client raises.
+/// Lets an MCP request through only with a valid token, and charges one request of the tenant's
+/// rate for every message. A message over the limit is refused with 429, except a tool call:
+/// that goes on marked [`mcp::OverLimit`], so the agent gets a tool error it can read rather than
+/// an HTTP error its client raises.
 async fn authenticate(
     State((state, body_limit)): State<(AppState, usize)>,
     request: Request,
@@ -186,8 +186,12 @@ async fn authenticate(
             ApiError::MalformedJson(e.to_string())
         }
     })?;
-    if !mcp::is_tool_call(&body) {
-        auth::charge(&state, &principal)?;
+    if let Err(refused) = auth::charge(&state, &principal) {
+        let ApiError::RateLimited(wait) = refused else { return Err(refused) };
+        if !mcp::is_tool_call(&body) {
+            return Err(refused);
+        }
+        parts.extensions.insert(mcp::OverLimit(wait));
     }
     Ok(next.run(Request::from_parts(parts, body.into())).await)
 }

@@ -342,7 +342,7 @@ impl ToolSpec {
 }
 
 /// Whether an MCP HTTP body is one JSON-RPC `tools/call` request (a batch, or anything
-/// unreadable, is not).
+/// unreadable, is not): one whose refusal can be a tool error.
 pub fn is_tool_call(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Message<'a> {
@@ -473,11 +473,22 @@ pub struct InProcess {
     api: Router,
 }
 
+/// Set by `/mcp` on a tool call over the tenant's rate limit: it is answered `rate_limited`
+/// without calling the API.
+#[derive(Debug, Clone, Copy)]
+pub struct OverLimit(pub std::time::Duration);
+
 impl Forward for InProcess {
     async fn forward(&self, call: ApiCall, context: &RequestContext<RoleServer>) -> Result<ApiAnswer, String> {
-        let mut request = Request::builder().method(call.method).uri(call.uri);
+        let outer = context.extensions.get::<Parts>();
+        if let Some(OverLimit(wait)) = outer.and_then(|p| p.extensions.get::<OverLimit>()) {
+            let refused = ApiError::RateLimited(*wait);
+            return Ok(ApiAnswer { status: refused.status().as_u16(), body: refused.body() });
+        }
+        // `/mcp` charged this call when it came in.
+        let mut request = Request::builder().method(call.method).uri(call.uri).extension(crate::auth::Charged);
         // `/mcp` verified this header before rmcp saw the request.
-        if let Some(bearer) = context.extensions.get::<Parts>().and_then(|p| p.headers.get(AUTHORIZATION)) {
+        if let Some(bearer) = outer.and_then(|p| p.headers.get(AUTHORIZATION)) {
             request = request.header(AUTHORIZATION, bearer);
         }
         let body = match call.body {

@@ -102,7 +102,7 @@ fn check_content(state: &AppState, content: &str) -> Result<(), ApiError> {
 }
 
 /// `GET /v1/workspace/files?prefix=&cursor=&limit=`: the live files, by sort order, a page at a
-/// time (1,000 unless `limit` says fewer); `next_cursor` is absent on the last page.
+/// time (1,000 unless `limit` says fewer); `next_cursor` is null on the last page.
 pub async fn list(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,

@@ -101,9 +101,9 @@ impl Drop for TestDb {
         }
         let (admin, name) = (admin_url(), self.name.clone());
         // Its own runtime on its own thread: this may run inside the test's runtime, which
-        // cannot be blocked on. The API's connections (another role's, which this one cannot
-        // end) close as their pools are dropped, so a refusal is tried again for a while, then
-        // left to the next run's sweep.
+        // cannot be blocked on. FORCE ends the sessions on it, the API role's too
+        // (setup-postgres.sh makes the owner a member of it), but not an autovacuum worker's:
+        // a refusal is tried again for a while, then left to the next run's sweep.
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             runtime.block_on(async {
