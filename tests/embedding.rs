@@ -290,6 +290,61 @@ async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
     worker.kill().await;
 }
 
+/// A row whose calls fail while the endpoint answers the others (an endpoint that flaps, as one
+/// row sees it): each answer brings its retry forward, so it makes its attempts within seconds.
+/// It is given up only once it has been failing as long as its backoffs take at their shortest
+/// (7.5 s for 5 attempts), and then it is given up: a row that never embeds is not retried
+/// forever. Before, it was given up at its fifth attempt, a second or two after the first.
+#[tokio::test]
+async fn a_row_whose_retries_are_brought_forward_is_kept_for_its_whole_schedule() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(16).await;
+    provider.fail_inputs_containing("flaky", 503);
+    let mut env = openai_env(&provider);
+    env.push(("MNEMO_EMBED_MAX_ATTEMPTS", "5".into()));
+    // Each message alone, and in a call of its own: the others neither carry the failing one's
+    // words nor fail in its batch, so they keep succeeding.
+    env.push(("MNEMO_EMBED_PREVIOUS_TURN", "false".into()));
+    env.push(("MNEMO_EMBED_BATCH_SIZE", "1".into()));
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let write = async |source_ref: String, content: &str| {
+        let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": content });
+        let reply = server.client.post("/v1/memories", Some(&t), &body).await;
+        assert_eq!(reply.status, 201, "{:?}", reply.body);
+        reply.body["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()).expect("id")
+    };
+    let flaky = write("flaky".into(), "a flaky row").await;
+    let (mut kept_past_its_attempts, mut given_up) = (false, false);
+    let started = std::time::Instant::now();
+    for i in 0.. {
+        assert!(started.elapsed() < Duration::from_secs(90), "never given up");
+        // Other rows keep the endpoint answering.
+        write(format!("other-{i}"), &format!("row {i} about the garden")).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let (attempts, error, failing_secs): (i32, bool, Option<f64>) = sqlx::query_as(
+            "SELECT embed_attempts, embed_error IS NOT NULL,
+                    extract(epoch FROM now() - embed_failing_since)::float8
+             FROM memory_items WHERE id = $1",
+        )
+        .bind(flaky)
+        .fetch_one(&db.pool)
+        .await
+        .expect("row");
+        let failing_secs = failing_secs.unwrap_or_default();
+        if error {
+            assert!(failing_secs >= 7.5, "given up after {attempts} attempts in {failing_secs:.1} s");
+            given_up = true;
+            break;
+        }
+        kept_past_its_attempts |= attempts >= 5;
+    }
+    assert!(given_up && kept_past_its_attempts, "its retries were not brought forward past its 5 attempts");
+    assert!(embedded(&db).await >= 2, "the other rows were embedded");
+    worker.kill().await;
+}
+
 /// A row waiting out a long backoff is retried as soon as the endpoint answers another row: an
 /// outage's backlog drains when the endpoint is mended, not minutes later.
 #[tokio::test]

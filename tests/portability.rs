@@ -291,6 +291,7 @@ async fn every_memory_column_is_state_or_bookkeeping() {
         "tsv",
         "embedded_model",
         "embed_attempts",
+        "embed_failing_since",
         "embed_error",
         "embed_enqueued_at",
         "judge_enqueued_at",

@@ -155,11 +155,15 @@ async fn embed_batch(
     if !failures.is_empty() {
         let by_id: HashMap<Uuid, &EmbedRow> = jobs.iter().map(|j| (j.item_id, j)).collect();
         let failed: Vec<&EmbedRow> = failures.iter().filter_map(|(id, _)| by_id.get(id).copied()).collect();
-        let attempts: HashMap<Uuid, i32> = store.embed_attempts(&failed).await?.into_iter().collect();
+        let so_far: HashMap<Uuid, (i32, f64)> =
+            store.embed_failures(&failed).await?.into_iter().map(|(id, n, secs)| (id, (n, secs))).collect();
+        let promised = crate::shortest_schedule(policy.max_attempts).as_secs_f64();
         for (id, error) in failures {
             let Some(job) = by_id.get(&id) else { continue };
-            let attempt = attempts.get(&id).copied().unwrap_or(0) + 1;
-            let retry = error.class == FailureClass::Transient && attempt < policy.max_attempts;
+            let (attempts, failing_secs) = so_far.get(&id).copied().unwrap_or_default();
+            let attempt = attempts + 1;
+            let retry =
+                error.class == FailureClass::Transient && (attempt < policy.max_attempts || failing_secs < promised);
             let class = match error.class {
                 FailureClass::Transient if retry => "transient",
                 FailureClass::Transient => "exhausted",

@@ -117,9 +117,19 @@ pub const REFUSED_ATTEMPTS: usize = 5;
 /// Exponential backoff with full jitter: attempt 1 waits 0.5–1.5 s, doubling each attempt, at
 /// most five minutes. Jitter spreads the retries of a batch that failed together.
 pub fn backoff(attempt: i32) -> Duration {
+    nominal_backoff(attempt).mul_f64(0.5 + rand::random::<f64>())
+}
+
+fn nominal_backoff(attempt: i32) -> Duration {
     let base = Duration::from_secs(1).saturating_mul(1u32 << attempt.clamp(1, 20).saturating_sub(1));
-    let capped = base.min(Duration::from_secs(300));
-    capped.mul_f64(0.5 + rand::random::<f64>())
+    base.min(Duration::from_secs(300))
+}
+
+/// The least time the backoffs before attempt `max_attempts` add up to (each at its shortest).
+/// A row failing for less is not given up, however many attempts it has made: an endpoint that
+/// answers now and then brings retries forward, and would otherwise use them up in minutes.
+pub fn shortest_schedule(max_attempts: i32) -> Duration {
+    (1..max_attempts).map(|attempt| nominal_backoff(attempt).mul_f64(0.5)).sum()
 }
 
 #[cfg(test)]
@@ -134,6 +144,14 @@ mod tests {
             assert!(matches!(Next::after(Err(refused()), attempt), Next::RetryAfter(..)), "attempt {attempt}");
         }
         assert!(matches!(Next::after(Err(refused()), REFUSED_ATTEMPTS), Next::GiveUp(_)));
+    }
+
+    #[test]
+    fn a_row_is_kept_for_as_long_as_its_backoffs_take_at_their_shortest() {
+        assert_eq!(shortest_schedule(1), Duration::ZERO);
+        assert_eq!(shortest_schedule(4), Duration::from_secs_f64(3.5));
+        // The default 16: 1 + 2 + … + 256 s, then six times 300 s, halved.
+        assert_eq!(shortest_schedule(16), Duration::from_secs_f64(1155.5));
     }
 
     #[test]

@@ -80,7 +80,7 @@ WITH v AS (
         SET embedding = EXCLUDED.embedding, content_sha256 = EXCLUDED.content_sha256, embedded_at = now()
     RETURNING tenant_id, item_id
 ), updated AS (
-    UPDATE memory_items m SET embedded_model = $5, embed_error = NULL,
+    UPDATE memory_items m SET embedded_model = $5, embed_error = NULL, embed_failing_since = NULL,
         judge_enqueued_at = CASE WHEN m.source_kind = 'fact' AND m.judge_at IS NULL AND m.superseded_by IS NULL
                                  THEN now() ELSE m.judge_enqueued_at END
     FROM saved WHERE m.tenant_id = saved.tenant_id AND m.id = saved.item_id
@@ -186,6 +186,7 @@ impl Store {
         let attempts: Option<i32> = sqlx::query_scalar(
             "UPDATE memory_items
              SET embed_attempts = embed_attempts + 1,
+                 embed_failing_since = coalesce(embed_failing_since, now()),
                  embed_error = CASE WHEN $3 THEN NULL ELSE $4 END,
                  -- When the retry is due: the housekeeping grace counts from then, so a long
                  -- backoff is not cut short by a re-queue.
@@ -207,13 +208,16 @@ impl Store {
         Ok(attempts.unwrap_or(0))
     }
 
-    /// How many times the rows of these jobs have failed so far.
+    /// How many times the rows of these jobs have failed so far, and for how many seconds they
+    /// have been failing without a success (0 for a row not failing).
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
-    pub async fn embed_attempts(&self, jobs: &[&EmbedRow]) -> Result<Vec<(Uuid, i32)>, StoreError> {
+    pub async fn embed_failures(&self, jobs: &[&EmbedRow]) -> Result<Vec<(Uuid, i32, f64)>, StoreError> {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
         let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
         Ok(sqlx::query_as(
-            "SELECT m.id, m.embed_attempts FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
+            "SELECT m.id, m.embed_attempts,
+                    extract(epoch FROM now() - coalesce(m.embed_failing_since, now()))::float8
+             FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
              JOIN memory_items m ON m.tenant_id = j.tenant_id AND m.id = j.id",
         )
         .bind(ids)

@@ -28,8 +28,8 @@ struct Script {
     answers: VecDeque<Answer>,
     /// While set, every request gets this answer, whatever is queued.
     outage: Option<Answer>,
-    /// Inputs containing this text are refused with 400, whatever the script says.
-    refuse_containing: Option<String>,
+    /// A request with an input containing this text gets this status, whatever the script says.
+    refuse_containing: Option<(String, StatusCode)>,
     requests: usize,
     inputs: usize,
     arrivals: Vec<std::time::Instant>,
@@ -74,8 +74,15 @@ impl ScriptedEmbeddings {
         self.script.lock().expect("script").outage = answer;
     }
 
+    /// A request with an input containing `marker` is refused with 400, a permanent failure.
     pub fn refuse_inputs_containing(&self, marker: &str) {
-        self.script.lock().expect("script").refuse_containing = Some(marker.to_owned());
+        self.fail_inputs_containing(marker, 400);
+    }
+
+    /// A request with an input containing `marker` gets `status` (503: a transient failure).
+    pub fn fail_inputs_containing(&self, marker: &str, status: u16) {
+        let status = StatusCode::from_u16(status).expect("an HTTP status");
+        self.script.lock().expect("script").refuse_containing = Some((marker.to_owned(), status));
     }
 
     /// The gaps between successive requests.
@@ -155,13 +162,17 @@ async fn embeddings(
         s.requests += 1;
         s.inputs += inputs.len();
         s.arrivals.push(std::time::Instant::now());
-        let refused = s.refuse_containing.as_ref().is_some_and(|m| inputs.iter().any(|i| i.contains(m.as_str())));
+        let refused = s
+            .refuse_containing
+            .as_ref()
+            .filter(|(marker, _)| inputs.iter().any(|i| i.contains(marker.as_str())))
+            .map(|(_, status)| *status);
         let answer = s.outage.clone().or_else(|| s.answers.pop_front());
         (answer, refused)
     };
-    if refused {
+    if let Some(status) = refused {
         let error = json!({"error": {"message": "input rejected", "type": "invalid_request_error"}});
-        return (StatusCode::BAD_REQUEST, Json(error)).into_response();
+        return (status, Json(error)).into_response();
     }
     let mut dims = dimensions;
     match answer {
