@@ -139,9 +139,7 @@ async fn embed_batch(
     }
     metrics::counter!("mnemo_embed_rows_embedded_total").increment(saved.len() as u64);
     let transient = failures.iter().any(|(_, e)| e.class == FailureClass::Transient);
-    if transient {
-        failing.store(true, Ordering::Relaxed);
-    } else if answered && failing.swap(false, Ordering::Relaxed) {
+    if !transient && answered && failing.swap(false, Ordering::Relaxed) {
         // Only a shortcut: if it fails, the retries stay due when their backoff ends.
         match store.retry_now::<EmbedJob>().await {
             Ok(due) => tracing::info!(
@@ -184,6 +182,11 @@ async fn embed_batch(
                 store.record_embed_failure(job, &recorded, None).await?;
             }
         }
+    }
+    // Only once the retries are queued: a concurrent batch's answer that took the flag before
+    // would bring nothing forward, and these retries would wait out their whole backoff.
+    if transient {
+        failing.store(true, Ordering::Relaxed);
     }
     Ok(())
 }
