@@ -150,43 +150,58 @@ async fn embed_batch(
         }
     }
 
-    if !failures.is_empty() {
-        let by_id: HashMap<Uuid, &EmbedRow> = jobs.iter().map(|j| (j.item_id, j)).collect();
-        let failed: Vec<&EmbedRow> = failures.iter().filter_map(|(id, _)| by_id.get(id).copied()).collect();
-        let so_far: HashMap<Uuid, (i32, f64)> =
-            store.embed_failures(&failed).await?.into_iter().map(|(id, n, secs)| (id, (n, secs))).collect();
-        let promised = crate::shortest_schedule(policy.max_attempts).as_secs_f64();
-        for (id, error) in failures {
-            let Some(job) = by_id.get(&id) else { continue };
-            let (attempts, failing_secs) = so_far.get(&id).copied().unwrap_or_default();
-            let attempt = attempts + 1;
-            let retry =
-                error.class == FailureClass::Transient && (attempt < policy.max_attempts || failing_secs < promised);
-            let class = match error.class {
-                FailureClass::Transient if retry => "transient",
-                FailureClass::Transient => "exhausted",
-                FailureClass::Permanent => "permanent",
-            };
-            metrics::counter!("mnemo_embed_failures_total", "class" => class, "kind" => error.kind).increment(1);
-            if retry {
-                let delay = backoff(attempt);
-                tracing::info!(item = %id, attempt, kind = error.kind, delay_ms = delay.as_millis() as u64,
-                    "embedding failed; retrying later");
-                store.record_embed_failure(job, &error.to_string(), Some(delay)).await?;
-            } else {
-                let recorded = match error.class {
-                    FailureClass::Transient => format!("gave up after {attempt} attempts: {error}"),
-                    FailureClass::Permanent => error.to_string(),
-                };
-                tracing::warn!(item = %id, attempt, kind = error.kind, "embedding failed for good");
-                store.record_embed_failure(job, &recorded, None).await?;
-            }
-        }
-    }
-    // Only once the retries are queued: a concurrent batch's answer that took the flag before
-    // would bring nothing forward, and these retries would wait out their whole backoff.
+    let recorded = record_failures(store, policy, jobs, failures).await;
+    // Only once the retries are queued (those queued before a store error too): a concurrent
+    // batch's answer that took the flag before would bring nothing forward, and these retries
+    // would wait out their whole backoff.
     if transient {
         failing.store(true, Ordering::Relaxed);
+    }
+    recorded
+}
+
+/// Records each failed row's attempt: a transient failure is retried after a backoff until the
+/// row has made its attempts and failed for as long as their backoffs take at their shortest;
+/// then, or at a permanent failure, the row is given up with the reason on it.
+async fn record_failures(
+    store: &Store,
+    policy: EmbedPolicy,
+    jobs: &[EmbedRow],
+    failures: Vec<(Uuid, EmbedError)>,
+) -> Result<(), StoreError> {
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let by_id: HashMap<Uuid, &EmbedRow> = jobs.iter().map(|j| (j.item_id, j)).collect();
+    let failed: Vec<&EmbedRow> = failures.iter().filter_map(|(id, _)| by_id.get(id).copied()).collect();
+    let so_far: HashMap<Uuid, (i32, f64)> =
+        store.embed_failures(&failed).await?.into_iter().map(|(id, n, secs)| (id, (n, secs))).collect();
+    let promised = crate::shortest_schedule(policy.max_attempts).as_secs_f64();
+    for (id, error) in failures {
+        let Some(job) = by_id.get(&id) else { continue };
+        let (attempts, failing_secs) = so_far.get(&id).copied().unwrap_or_default();
+        let attempt = attempts + 1;
+        let retry =
+            error.class == FailureClass::Transient && (attempt < policy.max_attempts || failing_secs < promised);
+        let class = match error.class {
+            FailureClass::Transient if retry => "transient",
+            FailureClass::Transient => "exhausted",
+            FailureClass::Permanent => "permanent",
+        };
+        metrics::counter!("mnemo_embed_failures_total", "class" => class, "kind" => error.kind).increment(1);
+        if retry {
+            let delay = backoff(attempt);
+            tracing::info!(item = %id, attempt, kind = error.kind, delay_ms = delay.as_millis() as u64,
+                "embedding failed; retrying later");
+            store.record_embed_failure(job, &error.to_string(), Some(delay)).await?;
+        } else {
+            let recorded = match error.class {
+                FailureClass::Transient => format!("gave up after {attempt} attempts: {error}"),
+                FailureClass::Permanent => error.to_string(),
+            };
+            tracing::warn!(item = %id, attempt, kind = error.kind, "embedding failed for good");
+            store.record_embed_failure(job, &recorded, None).await?;
+        }
     }
     Ok(())
 }

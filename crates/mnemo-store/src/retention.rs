@@ -151,7 +151,7 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
                 tool_name = CASE WHEN m.role = 'tool' OR m.source_kind = 'tool_output' THEN m.tool_name END,
                 -- Tags and the fingerprint are made of the content.
                 tags = '{{}}', fingerprint = NULL,
-                embedded_model = NULL, embed_error = NULL,
+                embedded_model = NULL, embed_error = NULL, embed_failing_since = NULL,
                 -- A fact's ref is made of its identity and a hash of its content, a workspace
                 -- note's of a hash of its agent and user and the file's path: replaced. Other
                 -- refs are the caller's ids: kept, suffixed, with the row id when a row already
