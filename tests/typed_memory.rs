@@ -618,6 +618,12 @@ async fn packs_keep_their_budgets_and_layer_limits() {
         let pack = &context.body["diagnostics"]["memory_pack"];
         assert_eq!(pack["left_out"].as_str(), left_out, "{message:?}: {pack}");
     }
+    // Left out or not, the pack's options are checked (schemathesis found these taken unread).
+    for options in [json!({"soft_budget_tokens": [1]}), json!({"top_k": {"episodic": "x"}}), json!({"nonsense": 1})] {
+        let body = json!({"current_message": "", "memory_pack": options});
+        let context = app.client.post("/v1/sessions/s1/context", Some(&token(&ann)), &body).await;
+        assert_eq!(context.status, 400, "{options}: {:?}", context.body);
+    }
 }
 
 /// A tool output is read as its session's messages are: by a token bound to that session, the

@@ -285,22 +285,26 @@ impl ContextBody {
         };
         let memory_pack = memory_pack
             .map(|mut options| {
-                // The caller never sent a query to be refused: a message is asked with as it can be.
+                // The caller never sent a query to be refused: a message is asked with as it can be
+                // (`None`: it holds nothing to ask with).
                 let query = match (options.take_opt_str("query")?, &current_message) {
-                    (Some(query), _) => query,
-                    (None, Some(message)) => match message_query(message) {
-                        Some(query) => query,
-                        None => return Ok(AskedPack::NoQuery),
-                    },
+                    (Some(query), _) => Some(RecallRequest::new(&query)?.query),
+                    (None, Some(message)) => {
+                        message_query(message).map(|q| RecallRequest::new(&q)).transpose()?.map(|r| r.query)
+                    }
                     (None, None) => return Err(ApiError::MissingField("memory_pack.query (or current_message)")),
                 };
                 // The window holds the conversation already: no working memory unless asked.
                 let working_given = options.nested_has("top_k", "working");
-                let mut request = crate::routes::pack_request(&mut options, RecallRequest::new(&query)?.query)?;
+                // The options are checked even when there is nothing to ask with.
+                let mut request = crate::routes::pack_request(&mut options, query.clone().unwrap_or_default())?;
+                options.finish()?;
+                if query.is_none() {
+                    return Ok(AskedPack::NoQuery);
+                }
                 if !working_given {
                     request.top_k.working = 0;
                 }
-                options.finish()?;
                 // The pack takes at most a quarter of the window.
                 let quarter = u32::try_from((max_input_tokens - reserve_output_tokens) / 4).unwrap_or(u32::MAX);
                 request.max_budget_tokens = request.max_budget_tokens.min(quarter);
