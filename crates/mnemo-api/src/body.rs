@@ -20,12 +20,25 @@ pub const TENANT_FIELDS: &[&str] = &["tenant", "tenant_id", "tenantId"];
 /// The most items one page of a list returns.
 pub const MAX_PAGE: usize = 1000;
 
+/// A GET's query as (name, raw value) pairs; the endpoint takes the names it knows, refuses the
+/// rest, and decodes the values it needs.
+pub fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
+    query.unwrap_or("").split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, "")))
+}
+
+/// A whole number from a query, within `range`; `expected` says what is taken.
+pub fn query_number<T: std::str::FromStr + PartialOrd>(
+    field: &'static str,
+    raw: &str,
+    range: std::ops::RangeInclusive<T>,
+    expected: &'static str,
+) -> Result<T, ApiError> {
+    raw.parse::<T>().ok().filter(|n| range.contains(n)).ok_or(ApiError::InvalidField { field, expected })
+}
+
 /// A list's `limit` from a query: a whole number from 1 to [`MAX_PAGE`].
 pub fn page_limit(raw: &str) -> Result<usize, ApiError> {
-    raw.parse::<usize>()
-        .ok()
-        .filter(|n| (1..=MAX_PAGE).contains(n))
-        .ok_or(ApiError::InvalidField { field: "limit", expected: "a whole number from 1 to 1000" })
+    query_number("limit", raw, 1..=MAX_PAGE, "a whole number from 1 to 1000")
 }
 
 /// The body of a request: a JSON object, taken apart with [`JsonObject::take_str`] and friends,
@@ -136,7 +149,7 @@ impl<'de> Visitor<'de> for StrictVisitor {
 
 /// A JSON number's integer value: `5` and, as JSON Schema's `integer` allows, `5.0` (clients that
 /// hold every number as a float send that); not `5.5`, nor one past i64.
-fn integer(n: &serde_json::Number) -> Option<i64> {
+pub(crate) fn integer(n: &serde_json::Number) -> Option<i64> {
     n.as_i64().or_else(|| {
         let f = n.as_f64()?;
         (f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64).then_some(f as i64)
@@ -290,7 +303,7 @@ impl JsonObject {
             return Err(ApiError::TenantInBody((*field).to_owned()));
         }
         match self.0.into_iter().next() {
-            Some((field, _)) => Err(ApiError::UnknownField(field.chars().take(64).collect())),
+            Some((field, _)) => Err(ApiError::unknown_field(&field)),
             None => Ok(()),
         }
     }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::auth::Authenticated;
-use crate::body::{JsonObject, PathPart, page_limit};
+use crate::body::{JsonObject, PathPart, page_limit, query_pairs};
 use crate::{ApiError, AppState};
 
 /// The messages one page returns unless asked for another number.
@@ -72,11 +72,11 @@ pub async fn messages(
 ) -> Result<Json<Value>, ApiError> {
     let session = session_for(&principal, &sid)?;
     let (mut cursor, mut limit) = (None, DEFAULT_PAGE);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=').unwrap_or((pair, "")) {
+    for pair in query_pairs(query.as_deref()) {
+        match pair {
             ("cursor", raw) => cursor = Some(parse_cursor(raw)?),
             ("limit", raw) => limit = page_limit(raw)?,
-            (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
+            (other, _) => return Err(ApiError::unknown_field(other)),
         }
     }
     let rows = state.store.session_messages(&principal.tenant, &session, cursor, limit as i64 + 1).await?;

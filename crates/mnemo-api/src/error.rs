@@ -157,6 +157,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
 
 impl ApiError {
     /// The stable code clients branch on.
+    /// A field nobody takes, named by its first 64 characters (a name can be of any length).
+    pub fn unknown_field(name: &str) -> Self {
+        Self::UnknownField(name.chars().take(64).collect())
+    }
+
     pub fn code(&self) -> &'static str {
         self.code_and_status().0
     }

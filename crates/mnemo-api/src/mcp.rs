@@ -319,14 +319,14 @@ impl ToolSpec {
         let schema = (self.schema)();
         for (name, value) in args {
             let Some(field) = self.query.iter().find(|q| **q == name) else {
-                return Err(ApiError::UnknownField(name.chars().take(64).collect()));
+                return Err(ApiError::unknown_field(&name));
             };
             let whole = matches!(schema["properties"][*field]["type"].as_str(), Some("integer"));
             match value {
                 Value::Null => {}
                 Value::String(s) if !whole => query.push(format!("{field}={}", percent_encode(&s))),
                 // 5.0 too, as clients that hold every number as a float send it.
-                Value::Number(n) if whole => match n.as_u64().or_else(|| whole_float(n.as_f64()?)) {
+                Value::Number(n) if whole => match crate::body::integer(&n).and_then(|n| u64::try_from(n).ok()) {
                     Some(n) => query.push(format!("{field}={n}")),
                     None => return Err(ApiError::InvalidField { field, expected: "a whole number from 0" }),
                 },
@@ -350,11 +350,6 @@ pub fn is_tool_call(body: &[u8]) -> bool {
         method: Option<std::borrow::Cow<'a, str>>,
     }
     serde_json::from_slice::<Message>(body).is_ok_and(|m| m.method.as_deref() == Some("tools/call"))
-}
-
-/// A float that is a whole number a u64 holds exactly.
-fn whole_float(f: f64) -> Option<u64> {
-    (f.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&f)).then_some(f as u64)
 }
 
 /// RFC 3986 unreserved characters stay; everything else, `/` too, is %-encoded.

@@ -12,7 +12,7 @@ use mnemo_store::{MIGRATOR, Remembered, StoreError};
 use serde_json::json;
 
 use crate::auth::Authenticated;
-use crate::body::{JsonObject, PathPart};
+use crate::body::{JsonObject, PathPart, query_number, query_pairs};
 use crate::{ApiError, AppState};
 
 /// `{id, was_new}`: 201 when this write made the row, 200 when it already existed.
@@ -453,17 +453,13 @@ pub async fn tool_output(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let (mut offset, mut max_bytes) = (0, usize::MAX);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let whole = |field: &'static str, raw: &str, least: usize| {
-            raw.parse::<usize>().ok().filter(|n| *n >= least).ok_or(ApiError::InvalidField {
-                field,
-                expected: if least == 0 { "a whole number of bytes" } else { "a whole number of bytes from 1" },
-            })
-        };
-        match pair.split_once('=').unwrap_or((pair, "")) {
-            ("offset", raw) => offset = whole("offset", raw, 0)?,
-            ("max_bytes", raw) => max_bytes = whole("max_bytes", raw, 1)?,
-            (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
+    for pair in query_pairs(query.as_deref()) {
+        match pair {
+            ("offset", raw) => offset = query_number("offset", raw, 0..=usize::MAX, "a whole number of bytes")?,
+            ("max_bytes", raw) => {
+                max_bytes = query_number("max_bytes", raw, 1..=usize::MAX, "a whole number of bytes from 1")?
+            }
+            (other, _) => return Err(ApiError::unknown_field(other)),
         }
     }
     let key = ToolOutputKey::parse(&key).ok_or(ApiError::NotFound)?;

@@ -13,7 +13,7 @@ use mnemo_store::{Edited, FileMeta, WorkspaceFile, Written};
 use serde_json::{Value, json};
 
 use crate::auth::Authenticated;
-use crate::body::{JsonObject, MAX_PAGE, PathPart, page_limit};
+use crate::body::{JsonObject, MAX_PAGE, PathPart, page_limit, query_number, query_pairs};
 use crate::{ApiError, AppState};
 
 /// Who changed a file through the API, in its version and audit rows.
@@ -109,8 +109,8 @@ pub async fn list(
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let (mut prefix, mut cursor, mut limit) = (String::new(), None, MAX_PAGE);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=').unwrap_or((pair, "")) {
+    for pair in query_pairs(query.as_deref()) {
+        match pair {
             ("prefix", raw) => {
                 prefix = percent_decode(raw).ok_or(ApiError::InvalidField {
                     field: "prefix",
@@ -122,7 +122,7 @@ pub async fn list(
             }
             ("cursor", raw) => cursor = Some(parse_file_cursor(raw)?),
             ("limit", raw) => limit = page_limit(raw)?,
-            (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
+            (other, _) => return Err(ApiError::unknown_field(other)),
         }
     }
     let workspace = workspace(&state, &principal).await?;
@@ -265,15 +265,12 @@ pub async fn prompt(
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let mut budget = state.workspace.prompt_max_tokens;
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=').unwrap_or((pair, "")) {
+    for pair in query_pairs(query.as_deref()) {
+        match pair {
             ("max_tokens", raw) => {
-                budget = raw.parse().ok().filter(|n| (1..=1_000_000).contains(n)).ok_or(ApiError::InvalidField {
-                    field: "max_tokens",
-                    expected: "a whole number from 1 to 1000000",
-                })?
+                budget = query_number("max_tokens", raw, 1..=1_000_000, "a whole number from 1 to 1000000")?
             }
-            (other, _) => return Err(ApiError::UnknownField(other.chars().take(64).collect())),
+            (other, _) => return Err(ApiError::unknown_field(other)),
         }
     }
     let workspace = workspace(&state, &principal).await?;

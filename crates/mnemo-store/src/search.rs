@@ -640,13 +640,10 @@ impl Search {
         Ok(rank(rows, per_class))
     }
 
-    /// The tenant's time zone and the date there at `at`: the day a question is asked on.
+    /// The tenant's time zone and the date there at `at`, read where this search reads: the day
+    /// a question is asked on.
     pub async fn tenant_day(&self, tenant: &TenantId, at: DateTime<Utc>) -> Result<(String, NaiveDate), StoreError> {
-        Ok(sqlx::query_as("SELECT zone, ($2::timestamptz AT TIME ZONE zone)::date FROM tenant_time_zone($1) AS zone")
-            .bind(tenant.as_str())
-            .bind(at)
-            .fetch_one(&mut *self.store.tenant_connection([tenant.as_str()]).await?)
-            .await?)
+        self.store.tenant_day(tenant, at).await
     }
 
     /// Per class, the rows nearest to `vector` among those whose event time is in the days

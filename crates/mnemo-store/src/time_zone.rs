@@ -4,7 +4,7 @@
 //! arithmetic are PostgreSQL's tz database (SQL function `tenant_time_zone`), so mnemo ships no
 //! second copy.
 
-use chrono::{NaiveDate, NaiveDateTime};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use mnemo_core::TenantId;
 
 use crate::{Store, StoreError};
@@ -38,8 +38,14 @@ impl Store {
 
     /// The tenant's time zone and today's date there.
     pub async fn tenant_today(&self, tenant: &TenantId) -> Result<(String, NaiveDate), StoreError> {
-        Ok(sqlx::query_as("SELECT zone, (now() AT TIME ZONE zone)::date FROM tenant_time_zone($1) AS zone")
+        self.tenant_day(tenant, Utc::now()).await
+    }
+
+    /// The tenant's time zone and the date there at `at`.
+    pub async fn tenant_day(&self, tenant: &TenantId, at: DateTime<Utc>) -> Result<(String, NaiveDate), StoreError> {
+        Ok(sqlx::query_as("SELECT zone, ($2::timestamptz AT TIME ZONE zone)::date FROM tenant_time_zone($1) AS zone")
             .bind(tenant.as_str())
+            .bind(at)
             .fetch_one(&mut *self.tenant_connection([tenant.as_str()]).await?)
             .await?)
     }
