@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_config::vars;
-use mnemo_core::{FactScope, Judge, Principal, TenantId};
+use mnemo_core::{FactScope, Judge, Label, Principal, TenantId};
 use mnemo_jobs::{JudgePolicy, judge_batch, judge_pending};
 use mnemo_models::OpenAiJudge;
 use mnemo_store::queue::JudgeJob;
@@ -215,6 +215,73 @@ async fn candidates_never_leave_the_bucket() {
     for (id, live) in [(oslo, false), (paris, false), (berlin, true), (lima, true), (quito, true), (cairo, true)] {
         assert_eq!(f.row(id).await.superseded_by.is_none(), live, "{id}");
     }
+}
+
+/// A fact replaces only older facts with exactly its readers (`visibility`, `allowed_roles`),
+/// and an agent's fact restricted to roles is written only by a token holding one of them: no
+/// writer retires a fact it cannot read, and no reader loses a fact to one they cannot read.
+#[tokio::test]
+async fn a_fact_replaces_only_facts_read_by_the_same_readers() {
+    let f = Fixture::start().await;
+    let mut hr = principal("acme", Some("ann"), Some("helper"), None);
+    hr.roles = vec![Label::parse("roles", "hr").expect("role")];
+    let plain = principal("acme", Some("bob"), Some("helper"), None);
+    let judge = f.judge(Duration::from_secs(5));
+    let agent_fact = |content: &str, extra: Value| {
+        let mut body = json!({ "scope": "agent", "content": content });
+        body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        body
+    };
+
+    // Keyed: the open fact and the hr fact share a key, not readers.
+    let (restricted, _) =
+        f.remember(&hr, agent_fact("band is B3", json!({ "key": "band", "allowed_roles": ["hr"] }))).await;
+    let (open, _) = f.remember(&plain, agent_fact("band is public", json!({ "key": "band" }))).await;
+    // Judged by the model: the same first three words, other readers.
+    let (rome, _) = f.remember(&hr, agent_fact("office is in Rome", json!({ "allowed_roles": ["hr"] }))).await;
+    let (oslo, _) = f.remember(&plain, agent_fact("office is in Oslo", json!({}))).await;
+    let (lima, _) = f.remember(&plain, agent_fact("office is in Lima", json!({ "visibility": "tenant" }))).await;
+    f.settle(judge.clone()).await;
+    for id in [restricted, open, rome, oslo, lima] {
+        assert_eq!(f.row(id).await.superseded_by, None, "{id} was retired by a fact of other readers");
+    }
+
+    // A writer without the role cannot step into the hr facts' bucket.
+    let facts = "SELECT count(*) FROM memory_items WHERE source_kind = 'fact'";
+    let before = f.app.db.count(facts).await;
+    let reply = f
+        .app
+        .client
+        .post(
+            "/v1/facts",
+            Some(&token(&plain)),
+            &agent_fact("band is B1", json!({ "key": "band", "allowed_roles": ["hr"] })),
+        )
+        .await;
+    assert_eq!((reply.status, reply.body["error"]["code"].as_str()), (403, Some("roles_not_held")), "{:?}", reply.body);
+    assert_eq!(f.app.db.count(facts).await, before, "a refused fact writes nothing");
+    // A user's own fact stays open to that user whatever its roles.
+    f.remember(&plain, json!({ "scope": "user", "content": "I like tea", "allowed_roles": ["hr"] })).await;
+
+    // Within the same readers, facts replace each other as before.
+    let (newer, _) = f.remember(&hr, agent_fact("band is B4", json!({ "key": "band", "allowed_roles": ["hr"] }))).await;
+    let (paris, _) = f.remember(&plain, agent_fact("office is in Paris", json!({}))).await;
+    f.settle(judge).await;
+    assert_eq!(f.row(restricted).await.superseded_by, Some(newer));
+    assert_eq!(f.row(oslo).await.superseded_by, Some(paris));
+    for id in [open, rome, lima] {
+        assert_eq!(f.row(id).await.superseded_by, None, "{id}");
+    }
+    let asked = f.asked();
+    let compared = |new: &str, old: &str| {
+        asked.iter().any(|(n, existing)| n.contains(new) && existing.iter().any(|e| e.contains(old)))
+    };
+    for (new, old) in [("Oslo", "Rome"), ("Lima", "Rome"), ("Lima", "Oslo"), ("Paris", "Rome"), ("Paris", "Lima")] {
+        assert!(!compared(new, old), "{new} was compared with {old}, a fact of other readers");
+    }
+    assert!(compared("Paris", "Oslo"), "facts of the same readers are compared");
+    let check = runbook(&f, &["judge", "check", "--tenant", "acme", "--json"]);
+    assert_eq!(check["retired_wrongly"], 0, "{check}");
 }
 
 #[tokio::test]

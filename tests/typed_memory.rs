@@ -250,7 +250,9 @@ async fn visibility_and_roles_decide_who_reads_under_random_traffic() {
         } else {
             Vec::new()
         };
-        let writer = principal(tenant, Some(user), agent, None);
+        // An agent's fact restricted to roles is written by a token holding them.
+        let writer =
+            with_roles(principal(tenant, Some(user), agent, None), if scope == "agent" { &allowed } else { &[] });
         let body = json!({
             "scope": scope, "content": format!("zebra note {i}"), "visibility": visibility, "allowed_roles": allowed,
         });

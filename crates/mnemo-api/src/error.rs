@@ -119,6 +119,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ),
     ("agent_mismatch", 403, "the path names an agent other than the token's"),
     ("agent_file_read_only", 403, "a token with a user (sub) may read the agent's shared files but not change them"),
+    (
+        "roles_not_held",
+        403,
+        "an agent's fact with allowed_roles, written by a token holding none of them (a writer may not restrict a fact to readers it is not one of)",
+    ),
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
     ("request_timeout", 408, "the request body did not arrive in time"),
@@ -202,6 +207,7 @@ impl ApiError {
                 ScopeError::SessionMismatch => ("session_mismatch", StatusCode::FORBIDDEN),
                 ScopeError::AgentMismatch => ("agent_mismatch", StatusCode::FORBIDDEN),
                 ScopeError::AgentFileReadOnly => ("agent_file_read_only", StatusCode::FORBIDDEN),
+                ScopeError::RolesNotHeld => ("roles_not_held", StatusCode::FORBIDDEN),
                 ScopeError::MissingIdentity(_)
                 | ScopeError::RecallWithoutSession
                 | ScopeError::WorkspaceNeedsAgent
@@ -324,6 +330,7 @@ mod tests {
             ApiError::Scope(ScopeError::WorkspaceNeedsUser),
             ApiError::Scope(ScopeError::AgentMismatch),
             ApiError::Scope(ScopeError::AgentFileReadOnly),
+            ApiError::Scope(ScopeError::RolesNotHeld),
             ApiError::Invalid(InvalidInput::BadPath { reason: "x" }),
             ApiError::Invalid(InvalidInput::TooMany { field: "tags", max: 16, actual: 17 }),
             ApiError::RelationTargetNotFound(uuid::Uuid::nil()),

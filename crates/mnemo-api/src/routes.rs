@@ -140,7 +140,9 @@ fn fact_from(principal: &Principal, mut body: JsonObject) -> Result<NewMemory, A
     };
     body.finish()?;
 
-    Ok(NewMemory::fact(principal, scope, content, key, extras)?.with_typed(typed, origin)?)
+    Ok(NewMemory::fact(principal, scope, content, key, extras)?
+        .with_typed(typed, origin)?
+        .check_writer_reads(principal)?)
 }
 
 /// `POST /v1/memories/batch`: many `POST /v1/memories` bodies in one transaction.

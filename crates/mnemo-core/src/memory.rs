@@ -96,6 +96,10 @@ pub enum ScopeError {
         "the agent's own files are shared by all its users: change them with a token that names the agent and no user (no sub claim)"
     )]
     AgentFileReadOnly,
+    #[error(
+        "an agent's fact restricted to allowed_roles needs a token holding one of them: a writer may not restrict a fact to readers it is not one of"
+    )]
+    RolesNotHeld,
 }
 
 /// A validated row to remember: its scope and identities follow the rules of its kind, and its
@@ -318,6 +322,22 @@ impl NewMemory {
             ),
             seen_in: None,
         })
+    }
+
+    /// Refuses an agent's fact restricted to roles `principal` holds none of. The judge lets a
+    /// fact replace the older facts of its bucket that have the same readers, so such a writer
+    /// could otherwise retire facts it cannot read. A user's own facts are always open to that
+    /// user, so only agent facts are checked.
+    pub fn check_writer_reads(self, principal: &Principal) -> Result<Self, ScopeError> {
+        let roles = &self.typed.allowed_roles;
+        if self.kind == SourceKind::Fact
+            && self.scope == Scope::Agent
+            && !roles.is_empty()
+            && !roles.iter().any(|r| principal.roles.contains(r))
+        {
+            return Err(ScopeError::RolesNotHeld);
+        }
+        Ok(self)
     }
 
     /// The row with its place in the conversation.

@@ -31,6 +31,12 @@ pub struct PendingFact {
     /// superseded by.
     pub valid_from: DateTime<Utc>,
     pub embedded_model: String,
+    /// Its readers: a fact replaces only older facts that exactly the same readers read, so a
+    /// supersession never hides a fact from readers who cannot see its successor, nor lets a
+    /// writer replace a fact it cannot read (the API refuses an agent fact restricted to roles
+    /// its writer holds none of).
+    pub visibility: String,
+    pub allowed_roles: Vec<String>,
 }
 
 impl PendingFact {
@@ -184,7 +190,8 @@ const LIVE_FACT: &str =
 
 const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
-    m.content, m.fact_key, COALESCE(m.valid_from, m.created_at) AS valid_from, m.embedded_model";
+    m.content, m.fact_key, COALESCE(m.valid_from, m.created_at) AS valid_from, m.embedded_model,
+    m.visibility, m.allowed_roles";
 
 /// The advisory lock of a bucket: judgements in one bucket apply one at a time.
 const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2 || chr(31) || $3, 0))";
@@ -244,6 +251,7 @@ impl Store {
                AND o.{LIVE_FACT}
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
                AND (e.embedding <=> p.embedding) < $7
+               AND o.visibility = $9 AND o.allowed_roles = $10
              ORDER BY distance, o.id
              LIMIT $8",
             column = fact.identity_column(),
@@ -257,6 +265,8 @@ impl Store {
             .bind(fact.valid_from)
             .bind(threshold)
             .bind(i64::try_from(topk).unwrap_or(i64::MAX))
+            .bind(&fact.visibility)
+            .bind(&fact.allowed_roles)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -272,6 +282,7 @@ impl Store {
                 WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.{LIVE_FACT}
                   AND o.embed_error IS NULL AND o.embedded_model IS DISTINCT FROM $4
                   AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
+                  AND o.visibility = $7 AND o.allowed_roles = $8
             )",
             column = fact.identity_column(),
         );
@@ -282,6 +293,8 @@ impl Store {
             .bind(&fact.embedded_model)
             .bind(fact.valid_from)
             .bind(fact.id)
+            .bind(&fact.visibility)
+            .bind(&fact.allowed_roles)
             .fetch_one(&self.pool)
             .await?)
     }
@@ -310,6 +323,7 @@ impl Store {
              WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.fact_key = $4
                AND o.{LIVE_FACT}
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
+               AND o.visibility = $7 AND o.allowed_roles = $8
              ORDER BY o.valid_from, o.id
              LIMIT 1000",
             column = fact.identity_column(),
@@ -321,6 +335,8 @@ impl Store {
             .bind(key)
             .bind(fact.valid_from)
             .bind(fact.id)
+            .bind(&fact.visibility)
+            .bind(&fact.allowed_roles)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -364,6 +380,7 @@ impl Store {
                     WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.id = ANY($5)
                       AND o.{LIVE_FACT}
                       AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
+                      AND o.visibility = $9 AND o.allowed_roles = $10
                     RETURNING o.id
                 )
                 INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, details)
@@ -381,6 +398,8 @@ impl Store {
             .bind(fact.valid_from)
             .bind(judgement.reason)
             .bind(&judgement.model)
+            .bind(&fact.visibility)
+            .bind(&fact.allowed_roles)
             .fetch_all(&mut *tx)
             .await?;
             if retired.is_empty() && outcome == JudgeOutcome::Superseded {
@@ -652,6 +671,7 @@ impl Store {
         let sql = format!(
             "WITH f AS (
                 SELECT m.id, m.scope, COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
+                       m.visibility, m.allowed_roles,
                        COALESCE(m.valid_from, m.created_at) AS valid_from, m.superseded_by, m.judge_at,
                        m.judge_outcome, m.embedded_model, m.anonymized_at IS NOT NULL AS anonymized,
                        (m.superseded_by IS NULL AND m.deleted_at IS NULL AND m.anonymized_at IS NULL) AS live
@@ -676,8 +696,11 @@ impl Store {
                    (SELECT count(*) FROM f JOIN f n ON n.id = f.superseded_by
                     WHERE (n.valid_from, n.id) <= (f.valid_from, f.id)
                        OR (NOT f.anonymized AND NOT n.anonymized
-                           AND (n.scope <> f.scope OR n.identity <> f.identity))) AS retired_wrongly,
-                   (SELECT count(*) FROM (SELECT 1 FROM f WHERE live GROUP BY scope, identity HAVING count(*) > 1) t)
+                           AND (n.scope <> f.scope OR n.identity <> f.identity
+                                OR n.visibility <> f.visibility OR n.allowed_roles <> f.allowed_roles)))
+                       AS retired_wrongly,
+                   (SELECT count(*) FROM (SELECT 1 FROM f WHERE live
+                                          GROUP BY scope, identity, visibility, allowed_roles HAVING count(*) > 1) t)
                        AS buckets_with_several_live",
             revive = AuditEvent::Revive,
             supersede = AuditEvent::Supersede,
