@@ -285,22 +285,28 @@ async fn a_duplicated_or_retried_job_leaves_one_summary_and_one_record() {
     assert!(matches!(reports[0], CompactReport::Compacted { messages: 6, .. }), "{reports:?}");
     assert_eq!(reports[1], CompactReport::Overtaken);
     assert_eq!(a.run(&job("acme", "s1")).await.expect("retry"), CompactReport::NothingToCompact);
-    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary'").await, 1);
+    // Each wrote its own summary; the one not recorded is anonymized at once.
+    let summaries = "SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary'";
+    assert_eq!(app.db.count(summaries).await, 2);
+    assert_eq!(app.db.count(&format!("{summaries} AND anonymized_at IS NULL")).await, 1);
     assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 1);
     assert_eq!(app.db.count("SELECT count(*) FROM session_compaction_requests").await, 0);
-    // The summary row's source_ref names the session, where its plan started and the last
-    // message it covers.
-    let source_ref: String =
-        sqlx::query_scalar("SELECT source_ref FROM memory_items WHERE source_kind = 'session_summary'")
-            .fetch_one(&app.db.pool)
-            .await
-            .expect("summary");
+    // The summary row's source_ref names the session, where its plan started, the last message
+    // it covers and its text.
+    let (source_ref, content): (String, String) = sqlx::query_as(
+        "SELECT m.source_ref, m.content FROM memory_items m JOIN session_compactions c ON c.summary_id = m.id",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("summary");
     let through: uuid::Uuid =
         sqlx::query_scalar("SELECT through_id FROM session_compactions").fetch_one(&app.db.pool).await.expect("record");
-    assert_eq!(source_ref, format!("session-summary:s1:start:{}", through.simple()));
+    let session = SessionId::parse("s1").expect("session");
+    assert_eq!(source_ref, summary_source_ref(&session, None, through, &content).as_str());
+    assert!(source_ref.starts_with(&format!("session-summary:s1:start:{}:", through.simple())), "{source_ref}");
     // It is queued for embedding like every row, so recall finds it.
     let rows = app.db.count("SELECT count(*) FROM memory_items").await;
-    assert_eq!(rows, 11);
+    assert_eq!(rows, 12, "10 messages and the two summaries");
     let queued = "SELECT count(DISTINCT i->>'item_id') FROM apalis.jobs, \
                   jsonb_array_elements(convert_from(job, 'UTF8')::jsonb->'items') AS i WHERE job_type = 'embed'";
     assert_eq!(app.db.count(queued).await, rows);
@@ -593,7 +599,7 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
             session.clone(),
             None,
             None,
-            summary_source_ref(&session, None, last.id),
+            summary_source_ref(&session, None, last.id, text),
             MemoryText::parse(text).expect("text"),
             last.event_time,
         )
@@ -610,7 +616,14 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
         model: None,
         trigger: CompactionTrigger::Operator,
     };
+    // A request made after the first job recorded (its follow-up) outlives the overtaken one.
+    assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Operator, None).await.expect("request"));
     assert_eq!(store.record_compaction(&tenant, &session, &stale).await.expect("record"), Recording::Overtaken);
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM session_compaction_requests").await,
+        1,
+        "a later request was cleared"
+    );
     let after = store.session_compactions(&tenant, &session).await.expect("compactions");
     assert_eq!(after.len(), 1, "the stale plan's compaction is not recorded");
     let window = context(&app, &t, "s1", json!({})).await;
@@ -623,7 +636,7 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
     let audited =
         format!("SELECT count(*) FROM audit_log WHERE item_id = '{}' AND reason = 'compaction_overtaken'", written.id);
     assert_eq!(app.db.count(&audited).await, 1);
-    let next = store.remember(&summary_of("the next compaction's summary")).await.expect("its source_ref is free");
+    let next = store.remember(&summary_of("the next compaction's summary")).await.expect("summary");
     assert!(next.was_new && next.id != written.id);
 
     // That one's job crashed before recording: the next compaction that records anonymizes it.
@@ -710,4 +723,42 @@ async fn a_message_deleted_while_its_summary_is_written_is_in_no_summary() {
         chat.requests().last().expect("a request")["messages"][1]["content"].as_str().expect("prompt").to_owned();
     assert!(!prompt.contains("question 0 "), "the deleted message went to the model: {prompt}");
     assert_eq!(app.db.count(&format!("{summaries} AND anonymized_at IS NULL")).await, 1);
+}
+
+/// A job that wrote its summary and crashed before recording it, retried after a message it
+/// summarized was deleted: the retry records the summary its model writes now, and the earlier
+/// try's, which quotes the deleted message, is anonymized. Before, the retry landed on the same
+/// source_ref and took the earlier row over.
+#[tokio::test]
+async fn a_retried_job_never_takes_over_the_summary_of_an_earlier_try() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 4).await;
+    let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let compactor = compactor(&app, &settings(llm_env(&chat)));
+    let plan = compactor.plan(&tenant, &session, None).await.expect("plan");
+    let (first, last) = (&plan.messages[0], &plan.messages[plan.cut - 1]);
+    let quoted =
+        "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
+    let orphan = NewMemory::session_summary(
+        tenant.clone(),
+        session.clone(),
+        None,
+        None,
+        summary_source_ref(&session, None, last.id, quoted),
+        MemoryText::parse(quoted).expect("text"),
+        last.event_time,
+    );
+    let orphan = app.db.store().remember(&orphan).await.expect("the earlier try's summary").id;
+    let deleted = app.client.delete(&format!("/v1/memories/{}", first.id), Some(&t)).await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+
+    let report = compactor.run(&job("acme", "s1")).await.expect("job");
+    assert!(matches!(report, CompactReport::Compacted { outcome: CompactionOutcome::Summarized, .. }), "{report:?}");
+    let recorded = app.db.store().session_compactions(&tenant, &session).await.expect("compactions");
+    assert_ne!(recorded[0].summary_id, Some(orphan), "the earlier try's summary was taken over");
+    assert_eq!(app.db.count(&anonymized(orphan)).await, 1, "the earlier try's summary is anonymized");
+    let window = context(&app, &t, "s1", json!({})).await;
+    assert!(!contents(&window).iter().any(|m| m.contains("question 0 ")), "{window}");
 }

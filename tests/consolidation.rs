@@ -60,6 +60,7 @@ async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only
     let t = token(&principal("acme", Some("ann"), Some("helper"), None));
     note(&app, &t, 0, "- booked Lisbon").await;
     note(&app, &t, 1, "- compared trains").await;
+    note(&app, &t, 7, "- a week ago").await;
     note(&app, &t, 20, "- long ago").await;
     let runner = runner(&app, &chat, &[(vars::CONSOLIDATE_MAX_MEMORY_TOKENS, "200")]);
 
@@ -87,7 +88,8 @@ async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only
     assert_eq!(memory(&app, &t).await, format!("# MEMORY.md\n\n- consolidated {}, {}\n", day(1), day(0)));
     let prompt =
         chat.requests().last().expect("a request")["messages"][1]["content"].as_str().expect("prompt").to_owned();
-    assert!(prompt.contains("- booked Lisbon") && !prompt.contains("long ago"), "{prompt}");
+    // 7 days are today and the 6 before it.
+    assert!(prompt.contains("- booked Lisbon") && !prompt.contains("ago"), "{prompt}");
     assert!(chat.requests()[0]["messages"][0]["content"].as_str().unwrap_or("").contains("under 800 characters"));
 
     // Nothing new since the watermark; then one changed note is read alone.

@@ -468,6 +468,13 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
     assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("again"), 0);
     let by_maintenance = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'maintenance'").await;
     assert_eq!(by_maintenance, 2, "the archive copy and the note's delete");
+    // The same day's note written again: archived beside the first, not in its place.
+    let again = app.client.put(&old_path, Some(&t), &json!({ "content": "- more notes" })).await;
+    assert_eq!(again.status, 201, "{:?}", again.body);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
+    let archive_path = format!("/v1/workspace/files/memory/archive/{}.md", old.format("%Y-%m-%d"));
+    let archived = app.client.get(&archive_path, Some(&t)).await;
+    assert_eq!(archived.body["content"], format!("# {old}\n- notes\n\n- more notes"));
     // The archived note leaves recall; the recent one stays.
     let live_notes = "SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note' AND deleted_at IS NULL";
     assert_eq!(app.db.count(&format!("{live_notes} AND metadata ->> 'path' LIKE '%{old}%'")).await, 0);
@@ -482,6 +489,69 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
         .count("SELECT count(*) FROM audit_log WHERE reason = 'session_retention' AND actor = 'maintenance'")
         .await;
     assert_eq!(audited, 1);
+}
+
+/// A writer who read a file can make its write conditional on the version it read: a change
+/// made since (another session, consolidation) is not overwritten, and nothing is written.
+#[tokio::test]
+async fn a_write_with_the_version_it_read_overwrites_no_later_change() {
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let put = |path: &'static str, body: Value| {
+        let (client, ann) = (app.client.clone(), ann.clone());
+        async move { client.put(&format!("/v1/workspace/files/{path}"), Some(&ann), &body).await }
+    };
+    let first = put("MEMORY.md", json!({ "content": "# MEMORY.md\n\n- one" })).await;
+    let read = first.body["version"].as_i64().expect("version");
+    assert!(put("MEMORY.md", json!({ "content": "# MEMORY.md\n\n- one\n- two" })).await.status < 300);
+    let stale = put("MEMORY.md", json!({ "content": "# MEMORY.md\n\n- mine", "expected_version": read })).await;
+    assert_eq!((stale.status, stale.body["error"]["code"].as_str()), (409, Some("file_changed")), "{:?}", stale.body);
+    let now = app.client.get("/v1/workspace/files/MEMORY.md", Some(&ann)).await;
+    assert_eq!(now.body["content"], "# MEMORY.md\n\n- one\n- two", "a refused write changes nothing");
+    let current = now.body["version"].as_i64().expect("version");
+    let fresh = put("MEMORY.md", json!({ "content": "# MEMORY.md\n\n- mine", "expected_version": current })).await;
+    assert_eq!((fresh.status, fresh.body["version"].as_i64()), (200, Some(current + 1)), "{:?}", fresh.body);
+    // 0: only while the file does not exist.
+    assert_eq!(put("memory/plans.md", json!({ "content": "a", "expected_version": 0 })).await.status, 201);
+    assert_eq!(put("memory/plans.md", json!({ "content": "b", "expected_version": 0 })).await.status, 409);
+    for bad in [json!(-1), json!("1"), json!(1.5)] {
+        let reply = put("memory/plans.md", json!({ "content": "c", "expected_version": bad })).await;
+        assert_eq!((reply.status, reply.body["error"]["code"].as_str()), (400, Some("invalid_field")), "{bad}");
+    }
+}
+
+/// A write of a user's file in flight when the user is erased: the erasure waits for it and
+/// removes what it wrote. Without the wait, the erasure could not see the version the write had
+/// not committed yet, and left it behind with its content.
+#[tokio::test]
+async fn an_erasure_waits_for_a_write_in_flight_and_removes_what_it_wrote() {
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), None));
+    // The file's own lock (`LOCK_FILE`'s key), held as a slow writer of the file would: the
+    // API's write waits for it inside its transaction, after taking the user's lock.
+    let mut slow_writer = app.db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('acme/helper/ann/memory/plans.md', 0))")
+        .execute(&mut *slow_writer)
+        .await
+        .expect("lock");
+    let client = app.client.clone();
+    let write = tokio::spawn(async move {
+        let body = json!({ "content": "ann's plans for the weekend" });
+        client.put("/v1/workspace/files/memory/plans.md", Some(&ann), &body).await.status
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let store = app.db.store();
+    let erase = tokio::spawn(async move {
+        let (tenant, user) = (TenantId::parse("acme").expect("tenant"), UserId::parse("ann").expect("user"));
+        mnemo_jobs::erase_user(&store, &tenant, &user, 100, false, "runbook", |_, _| {}).await.expect("erase");
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!erase.is_finished(), "the erasure did not wait for the write in flight");
+    slow_writer.commit().await.expect("commit");
+    assert_eq!(write.await.expect("write"), 201);
+    erase.await.expect("erase");
+    assert_eq!(app.db.count("SELECT count(*) FROM workspace_file_versions WHERE user_id = 'ann'").await, 0);
+    assert_eq!(app.db.count("SELECT count(*) FROM workspace_files WHERE user_id = 'ann'").await, 0);
 }
 
 #[tokio::test]

@@ -60,6 +60,8 @@ pub enum ApiError {
     BatchRejected(usize),
     #[error("not written: another item of the atomic batch was refused")]
     NotWritten,
+    #[error("the file is not at expected_version: it changed after you read it (read it again)")]
+    FileChanged,
     #[error("old_text is not in the file")]
     EditTextNotFound,
     #[error("old_text is in the file {0} times: make it unique, or set replace_all")]
@@ -137,6 +139,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "memory_deleted",
         409,
         "the source_ref names a deleted row (a deleted fact asserted again by its writer is revived instead)",
+    ),
+    (
+        "file_changed",
+        409,
+        "a workspace write's expected_version is not the file's version: it changed after it was read",
     ),
     ("edit_text_not_found", 409, "a workspace edit's old_text is not in the file"),
     (
@@ -227,6 +234,7 @@ impl ApiError {
             Self::RelationTargetNotFound(_) => ("relation_target_not_found", BAD_REQUEST),
             Self::BatchRejected(_) => ("batch_rejected", BAD_REQUEST),
             Self::NotWritten => ("not_written", StatusCode::CONFLICT),
+            Self::FileChanged => ("file_changed", StatusCode::CONFLICT),
             Self::EditTextNotFound => ("edit_text_not_found", StatusCode::CONFLICT),
             Self::EditTextAmbiguous(_) => ("edit_text_ambiguous", StatusCode::CONFLICT),
             Self::NotReady(_) => ("not_ready", StatusCode::SERVICE_UNAVAILABLE),
@@ -243,6 +251,7 @@ impl From<StoreError> for ApiError {
             StoreError::SourceRefDeleted { .. } => Self::MemoryDeleted,
             StoreError::RelationTargetMissing { target } => Self::RelationTargetNotFound(target),
             StoreError::RolledBack => Self::NotWritten,
+            StoreError::FileChanged { .. } => Self::FileChanged,
             // The detail (an I/O error, a pool timeout) is the operator's, in the log.
             other if other.is_unavailable() => {
                 tracing::warn!(error = %other, "database unavailable");
@@ -336,6 +345,7 @@ mod tests {
             ApiError::RelationTargetNotFound(uuid::Uuid::nil()),
             ApiError::BatchRejected(3),
             ApiError::NotWritten,
+            ApiError::FileChanged,
             ApiError::EditTextNotFound,
             ApiError::EditTextAmbiguous(2),
             ApiError::UnsupportedMediaType,

@@ -174,7 +174,8 @@ static TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "write_file",
         description: "Replace a workspace file's whole content (creating it if needed). Every write is a new \
-            version. To change part of a file, use edit_file.",
+            version. Pass the version you read as expected_version, so that a change made since (by another \
+            session, or mnemo's own consolidation) is not overwritten. To change part of a file, use edit_file.",
         method: Method::PUT,
         path: "/v1/workspace/files/{path}",
         read_only: false,

@@ -302,7 +302,7 @@ pub fn document() -> Value {
                 .body(schema::file_write_body())
                 .answer(201, written.clone())
                 .answer(200, written)
-                .errors(&[403]),
+                .errors(&[403, 409]),
             Op::new("patch", "patch_file", "Enable, disable or reorder a workspace file")
                 .param(file())
                 .body(schema::file_patch_body())

@@ -222,7 +222,17 @@ pub fn empty_body() -> Value {
 }
 
 pub fn file_write_body() -> Value {
-    object(&["content"], json!({ "content": text("The file's whole new content (Markdown).") }))
+    object(
+        &["content"],
+        json!({
+            "content": text("The file's whole new content (Markdown)."),
+            "expected_version": {
+                "type": "integer", "minimum": 0,
+                "description": "The version you read (0: the file does not exist): if the file is now at another, \
+                    nothing is written and the answer is 409 file_changed. Without it, the write replaces whatever is there.",
+            },
+        }),
+    )
 }
 
 pub fn file_edit_body() -> Value {

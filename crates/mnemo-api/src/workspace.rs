@@ -164,7 +164,9 @@ pub async fn read(
     Ok(Json(file_json(&file)))
 }
 
-/// `PUT /v1/workspace/files/{path}` `{content}`: replaces the whole file (201 when it is new).
+/// `PUT /v1/workspace/files/{path}` `{content, expected_version?}`: replaces the whole file (201
+/// when it is new); with `expected_version`, only while the file is at that version (0: absent),
+/// else 409 `file_changed`.
 pub async fn write(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
@@ -173,10 +175,18 @@ pub async fn write(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     not_edit(&path)?;
     let content = body.take_opt_str("content")?.ok_or(ApiError::MissingField("content"))?;
+    let expected =
+        match body.take_opt_i64("expected_version")? {
+            None => None,
+            Some(v) => Some(i32::try_from(v).ok().filter(|v| *v >= 0).ok_or(ApiError::InvalidField {
+                field: "expected_version",
+                expected: "a version number: 0 or more",
+            })?),
+        };
     body.finish()?;
     check_content(&state, &content)?;
     let key = writable_key(&state, &principal, &path, true).await?;
-    let (status, result, version) = match state.store.write_file(&key, &content, ACTOR).await? {
+    let (status, result, version) = match state.store.write_file(&key, &content, ACTOR, expected).await? {
         Written::Created { version } => (StatusCode::CREATED, "created", version),
         Written::Overwritten { version } => (StatusCode::OK, "overwritten", version),
     };

@@ -211,12 +211,12 @@ async fn prompt_latency(api: &LocalApi, notes: usize, calls: usize) -> anyhow::R
         for back in 0..notes {
             let day = today - chrono::Days::new(back as u64);
             let key = workspace.file(WorkspacePath::daily_note(day))?;
-            api.store.write_file(&key, &day_note(day), "api").await?;
+            api.store.write_file(&key, &day_note(day), "api", None).await?;
         }
         if notes > 0 {
             let memory = (0..120).map(|i| format!("- Durable fact number {i} about the user's habits and plans.\n"));
             let key = workspace.file(WorkspacePath::parse("MEMORY.md")?)?;
-            api.store.write_file(&key, &format!("# MEMORY.md\n\n{}", memory.collect::<String>()), "api").await?;
+            api.store.write_file(&key, &format!("# MEMORY.md\n\n{}", memory.collect::<String>()), "api", None).await?;
         }
         eprintln!("{user}: {notes} notes written in {:.1} s", started.elapsed().as_secs_f64());
         let url = format!("{}/workspace/prompt", api.base);

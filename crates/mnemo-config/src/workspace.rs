@@ -169,6 +169,14 @@ impl WorkspaceSettings {
                 "a whole number of days",
             ),
         };
+        let (kept, read) = (maintenance.note_retention_days, consolidation.day_range);
+        if kept > 0 && kept < read {
+            problems.0.push(format!(
+                "{} ({kept}) is under {} ({read}): notes would be archived before consolidation reads them",
+                vars::DAILY_NOTE_RETENTION_DAYS,
+                vars::CONSOLIDATE_DAY_RANGE
+            ));
+        }
         Self { max_file_bytes, templates, prompt_max_tokens, recent_days, extraction, consolidation, maintenance }
     }
 
@@ -194,5 +202,18 @@ mod tests {
         let missing = Env::from_pairs([(vars::WORKSPACE_TEMPLATES_DIR, "/nonexistent-mnemo-templates")]);
         let err = WorkspaceSettings::from_env(&missing).unwrap_err().to_string();
         assert!(err.contains("cannot read AGENTS.md"), "{err}");
+    }
+
+    #[test]
+    fn notes_are_kept_at_least_as_long_as_consolidation_reads_them() {
+        let read = |range: &str, kept: &str| {
+            WorkspaceSettings::from_env(&Env::from_pairs([
+                (vars::CONSOLIDATE_DAY_RANGE, range),
+                (vars::DAILY_NOTE_RETENTION_DAYS, kept),
+            ]))
+        };
+        let err = read("30", "10").unwrap_err().to_string();
+        assert!(err.contains(vars::DAILY_NOTE_RETENTION_DAYS) && err.contains("archived"), "{err}");
+        assert!(read("30", "30").is_ok() && read("30", "0").is_ok(), "equal, or never archived");
     }
 }

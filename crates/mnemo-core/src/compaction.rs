@@ -158,13 +158,24 @@ fn is_markup_before(text: &str, at: usize) -> bool {
     text[line_start..at].chars().all(|c| matches!(c, '#' | '*' | '-' | ' ' | '_'))
 }
 
-/// The source_ref of the summary that covers a session after `from` (the last message the
-/// compaction it continues covered; none for the first) through `through`: a retried or
-/// duplicated job lands on the same row, and two jobs planned from different starts do not.
-pub fn summary_source_ref(session: &SessionId, from: Option<uuid::Uuid>, through: uuid::Uuid) -> crate::SourceRef {
+/// The source_ref of the summary `text` of a session after `from` (the last message the
+/// compaction it continues covered; none for the first) through `through`. It names the text
+/// too: a job retried after a crash writes the summary its model wrote now, from the messages
+/// as they are now, and never takes over the row of an earlier try, which may quote a message
+/// deleted since (that row, held by no compaction, is dropped when one is recorded). The same
+/// text twice lands on one row.
+pub fn summary_source_ref(
+    session: &SessionId,
+    from: Option<uuid::Uuid>,
+    through: uuid::Uuid,
+    text: &str,
+) -> crate::SourceRef {
+    use sha2::Digest;
     let from = from.map_or_else(|| "start".to_owned(), |id| id.simple().to_string());
-    crate::SourceRef::parse(&format!("session-summary:{session}:{from}:{}", through.simple()))
-        .expect("a session id and two uuids make a valid source_ref")
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    let text: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    crate::SourceRef::parse(&format!("session-summary:{session}:{from}:{}:{text}", through.simple()))
+        .expect("a session id, two uuids and a digest make a valid source_ref")
 }
 
 pub type SummaryFuture<'a> = Pin<Box<dyn Future<Output = Result<String, ModelFailure>> + Send + 'a>>;

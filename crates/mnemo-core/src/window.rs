@@ -294,15 +294,17 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
             *flag = m.role == Role::Tool || m.tool_call_id.is_some();
         }
     }
-    let framed: Vec<u64> = (0..input.history.len()).map(|i| framing(&input.history[i], as_text[i], counter)).collect();
+    let mut framed: Vec<u64> =
+        (0..input.history.len()).map(|i| framing(&input.history[i], as_text[i], counter)).collect();
     let message_cost = |i: usize| input.history[i].cost() + framed[i];
     // The last turn starts at the unit holding the last user message (the whole tail when there
     // is none).
     let last_turn = units.iter().rposition(|u| input.history[u.start].role == Role::User).unwrap_or(0);
-    let mut first = match input.keep_turns {
+    let keep_from = match input.keep_turns {
         Some(turns) => turn_start(input.history, &units, turns),
         None => 0,
     };
+    let mut first = keep_from;
     // What the tail costs from each unit on, from the counts stored with the messages.
     let mut from_unit = vec![0u64; units.len() + 1];
     for (i, unit) in units.iter().enumerate().rev() {
@@ -318,6 +320,10 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
     }
     let summary_used = summary.is_some() && summary_cost + tail_cost(first) <= room;
     let room = room - if summary_used { summary_cost } else { 0 };
+    // Without the summary, what was dropped to make room for it comes back while it fits.
+    while !summary_used && first > keep_from && tail_cost(first - 1) <= room {
+        first -= 1;
+    }
     // Then the last turn itself, unit by unit, keeping its final unit.
     while first + 1 < units.len() && tail_cost(first) > room {
         first += 1;
@@ -330,18 +336,38 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
         (start..input.history.len()).map(|i| Kept { index: i, text: None, cost: message_cost(i) }).collect();
     let mut history_cost: u64 = contents.iter().map(|k| k.cost).sum();
     // What a message costs with no content at all.
-    let bare = |k: &Kept| u64::from(MESSAGE_OVERHEAD_TOKENS) + framed[k.index];
+    let bare = |k: &Kept, framed: &[u64]| u64::from(MESSAGE_OVERHEAD_TOKENS) + framed[k.index];
     while history_cost > room {
-        let Some(largest) = contents.iter_mut().filter(|k| k.cost > bare(k)).max_by_key(|k| k.cost) else {
+        let cuttable = |i: &usize| contents[*i].cost > bare(&contents[*i], &framed);
+        let Some(largest) = (0..contents.len()).filter(cuttable).max_by_key(|&i| contents[i].cost) else {
             contents.clear();
             history_cost = 0;
             break;
         };
-        let now = largest.cost - bare(largest);
+        let index = contents[largest].index;
+        let message = &input.history[index];
+        if message.role == Role::Assistant && message.tool_call_id.is_some() && !as_text[index] {
+            // A call's arguments are JSON that providers parse, which a cut would break: its
+            // whole unit goes as marked text instead (kept whole, as units are), then is cut
+            // as text.
+            let unit = units.iter().find(|u| (u.start..u.end).contains(&index)).expect("every message is in a unit");
+            for kept in contents.iter_mut().filter(|k| (unit.start..unit.end).contains(&k.index)) {
+                let m = &input.history[kept.index];
+                as_text[kept.index] = m.role == Role::Tool || m.tool_call_id.is_some();
+                let before = framed[kept.index];
+                framed[kept.index] = framing(m, as_text[kept.index], counter);
+                let cost = kept.cost - before + framed[kept.index];
+                history_cost = history_cost - kept.cost + cost;
+                kept.cost = cost;
+            }
+            continue;
+        }
+        let largest = &mut contents[largest];
+        let now = largest.cost - bare(largest, &framed);
         let target = now.saturating_sub(history_cost - room).min(now - 1);
         let text = largest.text.take().unwrap_or_else(|| input.history[largest.index].content.clone());
         let text = cut_to(&text, target, counter);
-        let cut_cost = u64::from(counter.count(&text)) + bare(largest);
+        let cut_cost = u64::from(counter.count(&text)) + bare(largest, &framed);
         history_cost = history_cost - largest.cost + cut_cost;
         largest.cost = cut_cost;
         largest.text = Some(text);
@@ -607,6 +633,23 @@ mod tests {
         assert!(window.total_tokens() <= 40);
     }
 
+    /// A summary too large to place even beside the last turn alone goes, and the older
+    /// messages dropped to make room for it come back: the summary does not cover them.
+    #[test]
+    fn older_messages_dropped_for_a_summary_that_does_not_fit_come_back() {
+        let history = [
+            message(Role::User, "first question"),
+            message(Role::Assistant, "first answer"),
+            message(Role::User, "second question"),
+        ];
+        let summary = "word ".repeat(200);
+        let window =
+            assemble(&WindowInput { summary: Some(&summary), ..input(&history, 40) }, &Quarters).expect("fits");
+        assert!(window.messages.iter().all(|m| m.section != Section::Summary), "the summary cannot fit");
+        assert_eq!((window.kept.clone(), window.dropped.clone()), (vec![0, 1, 2], vec![]));
+        assert!(window.total_tokens() <= 40);
+    }
+
     #[test]
     fn a_tool_call_and_its_results_stay_together_or_go_together() {
         let history = [
@@ -629,6 +672,27 @@ mod tests {
                 assert!(inside == 0 || inside == end - start, "budget {budget}: unit {start}..{end} split: {kept:?}");
             }
         }
+    }
+
+    /// A call's arguments are JSON a provider parses: a call that must be cut goes, with its
+    /// results, as marked text, and no call is ever sent cut.
+    #[test]
+    fn a_call_too_large_to_send_whole_goes_as_text_and_is_never_cut_as_a_call() {
+        let arguments = format!("{{\"path\": \"notes.md\", \"content\": \"{}\"}}", "x".repeat(4000));
+        let write = WindowMessage {
+            tool_call_id: Some("c1".into()),
+            tool_name: Some("write_file".into()),
+            ..message(Role::Assistant, &arguments)
+        };
+        let history = [message(Role::User, "write the notes"), write, result("c1", "written")];
+        let whole = assemble(&input(&history, 2000), &Quarters).expect("fits");
+        assert_eq!(whole.messages[2].tool_call_id.as_deref(), Some("c1"), "a call that fits goes as a call");
+        let window = assemble(&input(&history, 200), &Quarters).expect("fits");
+        assert!(window.total_tokens() <= 200);
+        assert!(window.messages.iter().all(|m| m.tool_call_id.is_none()), "{:?}", window.messages);
+        let call = window.messages.iter().find(|m| m.content.contains("notes.md")).expect("the call, as text");
+        assert!(call.truncated && call.content.starts_with(&unanswered_call("write_file")), "{}", call.content);
+        assert!(window.messages.iter().any(|m| m.content.starts_with(ORPHAN_RESULT_PREFIX)), "its result as text");
     }
 
     #[test]

@@ -86,10 +86,7 @@ impl WorkspacePath {
     /// (its day decides when it is archived). Files stored before this rule keep their names, and
     /// can still be read and deleted.
     pub fn check_new_name(&self) -> Result<(), InvalidInput> {
-        let dated = self.0.strip_prefix("memory/").and_then(|r| r.strip_suffix(".md")).is_some_and(|name| {
-            name.len() == 10
-                && name.bytes().enumerate().all(|(i, b)| if i == 4 || i == 7 { b == b'-' } else { b.is_ascii_digit() })
-        });
+        let dated = self.0.strip_prefix("memory/").and_then(|r| r.strip_suffix(".md")).is_some_and(is_dated);
         if dated && self.note_day().is_none() {
             return Err(InvalidInput::BadPath {
                 reason: "a daily note's name must be a real day (memory/YYYY-MM-DD.md)",
@@ -113,17 +110,14 @@ impl WorkspacePath {
 
     /// The day of a daily note (`memory/YYYY-MM-DD.md`), if this is one.
     pub fn note_day(&self) -> Option<NaiveDate> {
-        let name = self.0.strip_prefix("memory/")?.strip_suffix(".md")?;
-        NaiveDate::parse_from_str(name, "%Y-%m-%d").ok()
+        day_of(self.0.strip_prefix("memory/")?.strip_suffix(".md")?)
     }
 
     /// Whether the name is one mnemo gives (a core file, a daily note or its archive), which says
     /// nothing of what the file holds; other names are their writer's.
     pub fn is_standard_name(&self) -> bool {
         let archived = self.0.strip_prefix("memory/archive/").and_then(|r| r.strip_suffix(".md"));
-        self.core_sort_order().is_some()
-            || self.note_day().is_some()
-            || archived.is_some_and(|day| NaiveDate::parse_from_str(day, "%Y-%m-%d").is_ok())
+        self.core_sort_order().is_some() || self.note_day().is_some() || archived.and_then(day_of).is_some()
     }
 
     /// Whether recall searches this file (when it is a user's): `MEMORY.md` and the daily notes.
@@ -324,6 +318,18 @@ pub fn render_prompt(
     WorkspacePrompt { files, memory }
 }
 
+/// Whether `name` is shaped `YYYY-MM-DD`, digits where digits go (a real day or not).
+fn is_dated(name: &str) -> bool {
+    name.len() == 10
+        && name.bytes().enumerate().all(|(i, b)| if i == 4 || i == 7 { b == b'-' } else { b.is_ascii_digit() })
+}
+
+/// The day `name` names as `YYYY-MM-DD`: exactly that shape, as the daily notes' SQL matches
+/// them (chrono alone also reads `2026-4-1`, a name no statement would treat as a note).
+fn day_of(name: &str) -> Option<NaiveDate> {
+    is_dated(name).then(|| NaiveDate::parse_from_str(name, "%Y-%m-%d").ok()).flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,6 +405,11 @@ mod tests {
         let day = NaiveDate::from_ymd_opt(2026, 4, 1).expect("date");
         assert_eq!(WorkspacePath::daily_note(day).as_str(), "memory/2026-04-01.md");
         assert_eq!(WorkspacePath::daily_note(day).note_day(), Some(day));
+        // Only the name the notes' SQL matches is a note: chrono alone would read these too.
+        for other in ["memory/2026-4-1.md", "memory/2026-04-1.md"] {
+            let path = WorkspacePath::parse(other).expect("valid");
+            assert_eq!((path.note_day(), path.is_recallable()), (None, false), "{other}");
+        }
         assert_eq!(WorkspacePath::parse("MEMORY.md").expect("valid").core_sort_order(), Some(3));
     }
 

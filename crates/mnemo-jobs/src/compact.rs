@@ -155,18 +155,14 @@ impl Compactor {
                     session.clone(),
                     last.user_id.as_deref().and_then(|u| UserId::parse(u).ok()),
                     last.agent_id.as_deref().and_then(|a| AgentId::parse(a).ok()),
-                    summary_source_ref(session, state.through.map(|c| c.id), last.id),
+                    summary_source_ref(session, state.through.map(|c| c.id), last.id, text.as_str()),
                     text,
                     last.event_time,
                 );
                 match self.store.remember(&row).await {
                     Ok(written) => (CompactionOutcome::Summarized, None, Some(written.id)),
-                    // A duplicated or retried job summarized the same messages first (a model
-                    // rarely writes the same words twice): its row is the summary.
-                    Err(StoreError::SourceRefConflict { existing }) => {
-                        (CompactionOutcome::Summarized, None, Some(existing))
-                    }
-                    // That row was deleted since: these messages go unsummarized.
+                    // An earlier try wrote the same words, and that row was deleted since: these
+                    // messages go unsummarized.
                     Err(StoreError::SourceRefDeleted { .. }) => {
                         (CompactionOutcome::Truncated, Some("summary_deleted".to_owned()), previous.map(|s| s.id))
                     }

@@ -96,7 +96,8 @@ impl ConsolidateRunner {
     /// consolidation last read them, and MEMORY.md; `None` when no note changed.
     async fn input(&self, workspace: &Workspace) -> Result<Option<Read>, JobError> {
         let (_, today) = self.store.tenant_today(&workspace.tenant).await?;
-        let since = today - chrono::Days::new(u64::from(self.settings.day_range));
+        // Today is one of the days: a range of 7 reads today and the 6 before it.
+        let since = today - chrono::Days::new(u64::from(self.settings.day_range.saturating_sub(1)));
         let mut notes = self.store.notes_to_consolidate(workspace, since).await?;
         if notes.is_empty() {
             return Ok(None);

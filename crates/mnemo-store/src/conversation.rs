@@ -430,7 +430,8 @@ impl Store {
         Ok(queued.is_some())
     }
 
-    /// Records a compaction (once: a retried job finds its record made) and clears the request.
+    /// Records a compaction (once: a retried job finds its record made) and clears the request
+    /// (unless overtaken).
     /// Not when another compaction was recorded since this one's plan started (the two ran side
     /// by side, and the next job plans again from the one recorded), nor when the messages it
     /// covers changed since (one was deleted or its user erased): then the summary it wrote is
@@ -500,7 +501,11 @@ impl Store {
                 anonymize_ids(&mut tx, tenant, &dropped, "compaction").await?;
             }
         }
-        sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+        // An overtaken job's request was cleared by the job that overtook it: a request there now
+        // is a later one (that job's follow-up), which must stay.
+        if recording != Recording::Overtaken {
+            sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+        }
         tx.commit().await?;
         Ok(recording)
     }

@@ -141,8 +141,13 @@ impl Store {
         lock(&mut tx, &to).await?;
         let Some(note) = current(&mut tx, &from).await?.filter(|c| !c.deleted) else { return Ok(false) };
         let existing = current(&mut tx, &to).await?;
-        let copy =
-            NewState { content: &note.file.content, enabled: false, sort_order: DEFAULT_SORT_ORDER, deleted: false };
+        // A note of a day archived before (written again since) is added to that day's archive,
+        // not put in its place.
+        let content = match existing.as_ref().filter(|c| !c.deleted && !c.file.content.trim().is_empty()) {
+            Some(archived) => format!("{}\n\n{}", archived.file.content.trim_end(), note.file.content),
+            None => note.file.content.clone(),
+        };
+        let copy = NewState { content: &content, enabled: false, sort_order: DEFAULT_SORT_ORDER, deleted: false };
         apply(&mut tx, &to, &copy, existing.map_or(1, |c| c.file.version + 1), "archived", ACTOR).await?;
         let gone = NewState {
             content: &note.file.content,

@@ -402,6 +402,7 @@ impl Store {
     /// Returns the files removed.
     pub async fn erase_user_workspace(&self, tenant: &TenantId, user: &UserId) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
+        crate::workspace::lock_user_files(&mut tx, tenant, user).await?;
         // Sightings name the sessions the user stated memories in, on any row (another user's
         // agent fact, too).
         let tables = [

@@ -96,6 +96,15 @@ pub const DEFAULT_SORT_ORDER: i32 = 100;
 
 const LOCK_FILE: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2 || '/' || $3 || '/' || $4, 0))";
 
+/// A user's files, as a whole: each write of one of them holds this shared for its transaction
+/// (before the file's own lock), and the user's erasure holds it alone. An erasure then waits
+/// for the writes in flight, whose new versions it could not see and would leave behind, and a
+/// write that comes while it runs waits for it.
+const LOCK_USER_FILES: &str =
+    "SELECT pg_advisory_xact_lock_shared(hashtextextended('user files/' || $1 || '/' || $2, 0))";
+const LOCK_USER_FILES_ALONE: &str =
+    "SELECT pg_advisory_xact_lock(hashtextextended('user files/' || $1 || '/' || $2, 0))";
+
 const CURRENT: &str = "
 SELECT path, content, size_bytes, enabled, sort_order, version, created_at, updated_at, deleted_at IS NOT NULL AS deleted
 FROM workspace_files WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4";
@@ -278,11 +287,25 @@ impl Store {
     }
 
     /// Replaces the file's content, creating it (disabled, unless it is a core file) if needed.
-    pub async fn write_file(&self, key: &FileKey, content: &str, actor: &str) -> Result<Written, StoreError> {
+    /// With `expected_version`, only while the live file is at that version (0: while there is
+    /// none), so that a writer who read the file overwrites no change made since
+    /// ([`StoreError::FileChanged`] otherwise, and nothing is written).
+    pub async fn write_file(
+        &self,
+        key: &FileKey,
+        content: &str,
+        actor: &str,
+        expected_version: Option<i32>,
+    ) -> Result<Written, StoreError> {
         let mut conn = self.tenant_connection([key.tenant.as_str()]).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         lock(&mut tx, key).await?;
-        let written = match current(&mut tx, key).await? {
+        let current = current(&mut tx, key).await?;
+        let live_version = current.as_ref().filter(|c| !c.deleted).map_or(0, |c| c.file.version);
+        if expected_version.is_some_and(|expected| expected != live_version) {
+            return Err(StoreError::FileChanged { path: key.path.as_str().to_owned() });
+        }
+        let written = match current {
             Some(c) if !c.deleted => {
                 let state =
                     NewState { content, enabled: c.file.enabled, sort_order: c.file.sort_order, deleted: false };
@@ -512,6 +535,9 @@ pub(crate) async fn replace_core_file(
 }
 
 pub(crate) async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), StoreError> {
+    if let Some(user) = &key.user {
+        sqlx::query(LOCK_USER_FILES).bind(key.tenant.as_str()).bind(user.as_str()).execute(&mut **tx).await?;
+    }
     sqlx::query(LOCK_FILE)
         .bind(key.tenant.as_str())
         .bind(key.agent.as_str())
@@ -519,6 +545,16 @@ pub(crate) async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> R
         .bind(key.path.as_str())
         .execute(&mut **tx)
         .await?;
+    Ok(())
+}
+
+/// Holds every file of the user still until `tx` ends (see [`LOCK_USER_FILES`]).
+pub(crate) async fn lock_user_files(
+    tx: &mut Transaction<'_, Postgres>,
+    tenant: &TenantId,
+    user: &UserId,
+) -> Result<(), StoreError> {
+    sqlx::query(LOCK_USER_FILES_ALONE).bind(tenant.as_str()).bind(user.as_str()).execute(&mut **tx).await?;
     Ok(())
 }
 
