@@ -131,3 +131,26 @@ async fn a_configured_audience_and_issuer_are_required() {
         assert_eq!(status, expected, "{claims}: {:?}", reply.body);
     }
 }
+
+/// The scheme's name is read whatever its case (RFC 9110), and a 401 names the scheme to use
+/// (`WWW-Authenticate: Bearer`, RFC 6750), as MCP clients look for it.
+#[tokio::test]
+async fn the_bearer_scheme_is_read_in_any_case_and_a_401_names_it() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), None, Some("s1")));
+    let http = reqwest::Client::new();
+    let messages = format!("{}/v1/sessions/s1/messages", app.client.base);
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let reply = http.get(&messages).header("authorization", format!("{scheme} {t}")).send().await.expect("sent");
+        assert_eq!(reply.status(), 200, "{scheme}");
+    }
+    for authorization in [None, Some(format!("Basic {t}")), Some("Bearer".to_owned())] {
+        let mut request = http.get(&messages);
+        if let Some(value) = &authorization {
+            request = request.header("authorization", value);
+        }
+        let reply = request.send().await.expect("sent");
+        assert_eq!(reply.status(), 401, "{authorization:?}");
+        assert_eq!(reply.headers().get("www-authenticate").and_then(|v| v.to_str().ok()), Some("Bearer"));
+    }
+}

@@ -443,6 +443,21 @@ async fn recall_records_access_through_an_idempotent_job_and_never_writes_itself
         .await
         .expect("row");
     assert_eq!(count, 3);
+
+    // A count at the column's largest value stays there, and the batch still applies.
+    sqlx::query("UPDATE memory_items SET access_count = 2147483647 WHERE id = $1")
+        .bind(id)
+        .execute(&app.db.pool)
+        .await
+        .expect("set");
+    let again = mnemo_store::queue::AccessJob { batch: uuid::Uuid::now_v7(), ..jobs[0].clone() };
+    store.apply_access(&again).await.expect("a count at its largest still applies");
+    let count: i32 = sqlx::query_scalar("SELECT access_count FROM memory_items WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("row");
+    assert_eq!(count, i32::MAX);
 }
 
 #[tokio::test]

@@ -390,3 +390,21 @@ async fn writes_queued_behind_an_unreachable_database_fail_with_the_batch_ahead(
     let took = started.elapsed();
     assert!(took < Duration::from_millis(1900), "four writes took {took:?}: more than one timeout");
 }
+
+/// A statement that cannot finish (a lock held elsewhere) is cancelled by PostgreSQL after
+/// `MNEMO_STATEMENT_TIMEOUT_S`: the request gets 503 `not_ready` rather than holding its
+/// connection for as long as the lock is held, and writes go in again once it is let go.
+#[tokio::test]
+async fn a_statement_past_its_timeout_is_cancelled_and_answered_503() {
+    let app = TestApp::spawn_with(&[(mnemo_config::vars::STATEMENT_TIMEOUT_S, "1")]).await;
+    let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let mut holder = app.db.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE memory_items IN ACCESS EXCLUSIVE MODE").execute(&mut *holder).await.expect("lock");
+    let started = std::time::Instant::now();
+    let reply = app.client.post("/v1/memories", Some(&token), &chat("m-1", "hello")).await;
+    assert_eq!((reply.status, reply.code()), (503, "not_ready"), "{:?}", reply.body);
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "{:?}", started.elapsed());
+    holder.rollback().await.expect("let go");
+    let again = app.client.post("/v1/memories", Some(&token), &chat("m-1", "hello")).await;
+    assert_eq!(again.status, 201, "{:?}", again.body);
+}

@@ -226,10 +226,21 @@ async def bad_token(transport):
             await refused(s, "recall", {"query": "anything"}, "invalid_token")
 
 
+def credentials_refused():
+    """mnemo-mcp with a user and password in MNEMO_URL: refused at start (the HTTP client would
+    send them as a second Authorization header), without showing the password."""
+    import subprocess
+
+    env = {"MNEMO_URL": "http://ops:s3cret@127.0.0.1:9", "MNEMO_TOKEN": os.environ["TOKEN_A"]}
+    done = subprocess.run([os.environ["MNEMO_MCP_BIN"]], env=env, capture_output=True, text=True, timeout=30)
+    check(done.returncode != 0, f"it started: {done.stderr}")
+    check("user and password" in done.stderr, f"the refusal says why: {done.stderr}")
+    check("s3cret" not in done.stderr, f"the URL's password stays out of the refusal: {done.stderr}")
+
+
 async def unreachable():
-    """mnemo-mcp whose API is down: a tool error the agent sees, and no path nor the URL's
-    password in its log."""
-    env = {"MNEMO_URL": "http://ops:s3cret@127.0.0.1:9", "MNEMO_TOKEN": os.environ["TOKEN_A"], "MNEMO_LOG": "info"}
+    """mnemo-mcp whose API is down: a tool error the agent sees, and no path in its log."""
+    env = {"MNEMO_URL": "http://127.0.0.1:9", "MNEMO_TOKEN": os.environ["TOKEN_A"], "MNEMO_LOG": "info"}
     params = StdioServerParameters(command=os.environ["MNEMO_MCP_BIN"], args=[], env=env)
     with tempfile.TemporaryFile(mode="w+") as log:
         async with stdio_client(params, errlog=log) as (read, write, *_):
@@ -240,7 +251,6 @@ async def unreachable():
         text = log.read()
     check("could not reach the API" in text, f"the failure is logged: {text}")
     check("secret-plan" not in text, f"the call's path stays out of the log: {text}")
-    check("s3cret" not in text, f"the URL's password stays out of the log: {text}")
 
 
 async def redirecting():
@@ -285,6 +295,7 @@ async def main():
         await isolation(transport, a)
         await bad_token(transport)
         print(f"{transport}: every tool, bad arguments, isolation and a bad token checked", flush=True)
+    credentials_refused()
     await unreachable()
     await redirecting()
     print("stdio: an unreachable API and a redirect checked", flush=True)

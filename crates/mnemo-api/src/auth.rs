@@ -187,10 +187,11 @@ impl FromRequestParts<AppState> for Verified {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let header = parts.headers.get(AUTHORIZATION).ok_or(ApiError::MissingToken)?;
         let value = header.to_str().map_err(|_| ApiError::InvalidToken("unreadable Authorization header".into()))?;
+        // The scheme's name is case-insensitive (RFC 9110 §11.1).
         let token = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::trim)
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .filter(|t| !t.is_empty())
             .ok_or(ApiError::MissingToken)?;
         Ok(Self(state.auth.verify(token)?))

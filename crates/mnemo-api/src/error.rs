@@ -159,7 +159,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "the tenant is over its request rate (MNEMO_RATE_LIMIT_PER_TENANT); Retry-After says when to try again",
     ),
     ("internal", 500, "something failed inside mnemo; details are in its log"),
-    ("not_ready", 503, "the database is unreachable or its schema is not current"),
+    (
+        "not_ready",
+        503,
+        "the database is unreachable, its schema is not current, or a statement ran past MNEMO_STATEMENT_TIMEOUT_S",
+    ),
     (
         "storage_full",
         507,
@@ -257,6 +261,10 @@ impl From<StoreError> for ApiError {
                 tracing::warn!(error = %other, "database unavailable");
                 Self::NotReady("the database is unavailable".into())
             }
+            other if other.is_cancelled() => {
+                tracing::warn!(error = %other, "a database statement was cancelled");
+                Self::NotReady("a database statement ran past MNEMO_STATEMENT_TIMEOUT_S".into())
+            }
             other if other.is_storage_full() => {
                 tracing::error!(error = %other, "database out of disk space");
                 Self::StorageFull
@@ -294,6 +302,12 @@ impl IntoResponse for ApiError {
         }
         if let Self::RateLimited(wait) = self {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, retry_after_secs(&wait).into());
+        }
+        // RFC 6750 §3: a 401 names the scheme to authenticate with (MCP clients look for it).
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
         }
         response
     }

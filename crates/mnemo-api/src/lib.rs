@@ -250,7 +250,8 @@ pub async fn run(
     settings: ServerSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let store = Store::connect(settings.database.url.expose(), settings.database.max_connections).await?;
+    let (url, max) = (settings.database.url.expose(), settings.database.max_connections);
+    let store = Store::connect_bounded(url, max, settings.statement_timeout).await?;
     let schema = MIGRATOR.status(store.pool()).await?;
     if !schema.is_current() {
         tracing::warn!(

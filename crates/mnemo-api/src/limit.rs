@@ -35,7 +35,8 @@ impl RateLimiter {
     /// Takes one request from the tenant's bucket, or says how long until one is available.
     pub fn check(&self, tenant: &TenantId) -> Result<(), Duration> {
         let now = Instant::now();
-        let mut buckets = self.buckets.lock().expect("rate limit buckets");
+        // A panic elsewhere while the lock was held left the buckets whole: they are plain counts.
+        let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if buckets.len() >= MAX_TRACKED_TENANTS && !buckets.contains_key(tenant) {
             self.make_room(now, &mut buckets);
         }
@@ -46,13 +47,14 @@ impl RateLimiter {
             bucket.tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - bucket.tokens) / self.per_second))
+            // A rate small enough overflows a Duration: the wait is then as long as it gets.
+            Err(Duration::try_from_secs_f64((1.0 - bucket.tokens) / self.per_second).unwrap_or(Duration::MAX))
         }
     }
 
     /// How many tenants are tracked now.
     pub fn tracked(&self) -> usize {
-        self.buckets.lock().expect("rate limit buckets").len()
+        self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
     }
 
     fn refilled(&self, bucket: &Bucket, now: Instant) -> f64 {
@@ -88,6 +90,16 @@ mod tests {
         assert!(wait > Duration::ZERO && wait <= Duration::from_millis(100), "{wait:?}");
         limiter.check(&tenant(2)).expect("another tenant has its own bucket");
         assert!(RateLimiter::new(0.0, 10.0).is_none(), "0 means no limit");
+    }
+
+    /// A rate so small that its wait overflows a Duration waits as long as one gets, and does
+    /// not panic (which, under the lock, would have jammed every later request).
+    #[test]
+    fn a_tiny_rate_waits_without_panicking() {
+        let limiter = RateLimiter::new(1e-20, 1.0).expect("on");
+        limiter.check(&tenant(1)).expect("the burst");
+        assert_eq!(limiter.check(&tenant(1)), Err(Duration::MAX));
+        assert_eq!(limiter.check(&tenant(1)), Err(Duration::MAX));
     }
 
     #[test]

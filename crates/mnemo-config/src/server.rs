@@ -72,6 +72,8 @@ pub struct ServerSettings {
     pub header_timeout: Duration,
     /// …and a request for its body.
     pub body_timeout: Duration,
+    /// The longest a statement of the API's may run; PostgreSQL cancels it then.
+    pub statement_timeout: Duration,
     /// Requests per second per tenant (0: no limit), and how many may come at once.
     pub rate_limit_per_tenant: f64,
     pub rate_limit_burst: f64,
@@ -109,6 +111,7 @@ impl ServerSettings {
         }
         let header_timeout = problems.seconds(env, vars::HEADER_TIMEOUT_S, 10);
         let body_timeout = problems.seconds(env, vars::BODY_TIMEOUT_S, 60);
+        let statement_timeout = problems.seconds(env, vars::STATEMENT_TIMEOUT_S, 30);
         let rate_limit_per_tenant: f64 = problems.parsed(env, vars::RATE_LIMIT_PER_TENANT, 0.0, "requests per second");
         let rate_limit_burst = problems.parsed(
             env,
@@ -116,10 +119,12 @@ impl ServerSettings {
             (2.0 * rate_limit_per_tenant).max(1.0),
             "a number of requests",
         );
-        let valid = rate_limit_per_tenant.is_finite() && rate_limit_per_tenant >= 0.0 && rate_limit_burst >= 1.0;
+        // Below one request a day a limit means nothing, and its waits overflow.
+        let rate = rate_limit_per_tenant;
+        let valid = rate.is_finite() && (rate == 0.0 || rate >= 1.0 / 86_400.0) && rate_limit_burst >= 1.0;
         if !valid {
             problems.0.push(format!(
-                "{} must be 0 or more and {} at least 1",
+                "{} must be 0 (no limit) or at least one request a day (0.0000116) and {} at least 1",
                 vars::RATE_LIMIT_PER_TENANT,
                 vars::RATE_LIMIT_BURST
             ));
@@ -158,6 +163,7 @@ impl ServerSettings {
             max_tool_output_bytes,
             max_batch_items,
             header_timeout,
+            statement_timeout,
             body_timeout,
             rate_limit_per_tenant,
             rate_limit_burst,

@@ -42,7 +42,8 @@ pub struct TraceExport {
 
 impl LogSettings {
     pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
-        let filter = env.get(vars::LOG).unwrap_or("info").to_owned();
+        // rmcp logs each /mcp message's session at info, with what the client says it is.
+        let filter = env.get(vars::LOG).unwrap_or("info,rmcp=warn").to_owned();
         if let Err(e) = EnvFilter::try_new(&filter) {
             problems.0.push(format!("{}={filter:?} is not a tracing filter: {e}", vars::LOG));
         }

@@ -81,6 +81,14 @@ async fn main() -> anyhow::Result<()> {
     if !(base.starts_with("http://") || base.starts_with("https://")) {
         bail!("{URL} must be an http:// or https:// address, not {:?}", without_credentials(&base));
     }
+    // The HTTP client would send them as Basic credentials, an Authorization header beside the
+    // bearer token's, and the server reads only one.
+    if without_credentials(&base) != base {
+        bail!(
+            "{URL} holds a user and password ({}): mnemo authenticates with {TOKEN} alone; remove them",
+            without_credentials(&base)
+        );
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::builder()
         .timeout(CALL_TIMEOUT)

@@ -55,6 +55,12 @@ impl StoreError {
         matches!(self, Self::Unavailable(_) | Self::ShuttingDown) || self.sqlx().is_some_and(database_unavailable)
     }
 
+    /// Whether PostgreSQL cancelled the statement (SQLSTATE 57014): it ran past its
+    /// `statement_timeout`, or was cancelled by an operator.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self.sqlx(), Some(sqlx::Error::Database(e)) if e.code().as_deref() == Some("57014"))
+    }
+
     /// Whether the database refused the write for want of disk space (SQLSTATE 53100): nothing
     /// was written, and the same write succeeds once an operator frees space.
     pub fn is_storage_full(&self) -> bool {

@@ -83,7 +83,23 @@ impl Store {
     /// pool is the one tenants are named on, and a quarter as many (at least 2) serve what names
     /// none (job pushes, WAL positions, catalog reads).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with(url.parse().map_err(StoreError::Config)?, max_connections).await
+    }
+
+    /// Like [`Store::connect`], with each statement cancelled by PostgreSQL past
+    /// `statement_timeout`: the API's, so that a request whose client gave up (or a lock that is
+    /// not let go) does not hold a connection for as long as its statement would run.
+    pub async fn connect_bounded(
+        url: &str,
+        max_connections: u32,
+        statement_timeout: Duration,
+    ) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Config)?;
+        let limit = statement_timeout.as_millis().to_string();
+        Self::connect_with(options.options([("statement_timeout", limit)]), max_connections).await
+    }
+
+    async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<Self, StoreError> {
         let options = options.application_name("mnemo");
         let mut first = sqlx::ConnectOptions::connect(&options).await?;
         let walled = !role_bypasses_wall(&mut first, None).await?.unwrap_or(false);

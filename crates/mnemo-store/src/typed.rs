@@ -24,7 +24,9 @@ WITH batch AS (
     WHERE m.tenant_id = $1 ORDER BY m.id FOR UPDATE OF m
 )
 UPDATE memory_items m
-SET last_accessed_at = greatest(m.last_accessed_at, $4), access_count = m.access_count + locked.n, faded_at = NULL
+-- The count stops at the column's largest value: an overflow would fail the whole batch.
+SET last_accessed_at = greatest(m.last_accessed_at, $4),
+    access_count = least(m.access_count::bigint + locked.n, 2147483647)::int, faded_at = NULL
 FROM locked WHERE m.tenant_id = $1 AND m.id = locked.id";
 
 /// Live episodic memories (not session rows) with confidence at least `$1`, whose fingerprint

@@ -251,7 +251,9 @@ impl TestApp {
         // The model loads on the first recall, so tests that never recall do not pay for it.
         let embedder = Arc::new(LazyEmbedder::new(settings.embed.clone()));
         // As the API's role, so that every request runs under row-level security.
-        let store = Store::connect(&db.app_url, 20).await.expect("connect as the API's role");
+        let store = Store::connect_bounded(&db.app_url, 20, settings.statement_timeout)
+            .await
+            .expect("connect as the API's role");
         assert!(store.walled(), "the API's role must be held by row-level security");
         let state = AppState::new(store, &settings, embedder).expect("test state");
         // Served as `mnemo-server` serves it, with its connection timeouts.
