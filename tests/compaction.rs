@@ -762,3 +762,25 @@ async fn a_retried_job_never_takes_over_the_summary_of_an_earlier_try() {
     let window = context(&app, &t, "s1", json!({})).await;
     assert!(!contents(&window).iter().any(|m| m.contains("question 0 ")), "{window}");
 }
+
+/// A session whose agent replies with a service token (its replies carry no user): the summary
+/// is stamped with the user of the messages it covers, not with the last message's writer, so
+/// that the user's erasure finds it even after their messages were anonymized.
+#[tokio::test]
+async fn a_summary_carries_the_user_of_the_messages_it_covers() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), None, Some("s1")));
+    let agent = token(&principal("acme", None, None, Some("s1")));
+    for i in 0..4 {
+        say(&app, &ann, &format!("u{i}"), "user", &format!("question {i} about the trip to Lisbon")).await;
+        say(&app, &agent, &format!("a{i}"), "assistant", &format!("answer {i}: take the early train")).await;
+    }
+    let report = compactor(&app, &settings(llm_env(&chat))).run(&job("acme", "s1")).await.expect("job");
+    assert!(matches!(report, CompactReport::Compacted { outcome: CompactionOutcome::Summarized, .. }), "{report:?}");
+    let stamped = app
+        .db
+        .count("SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary' AND user_id = 'ann'")
+        .await;
+    assert_eq!(stamped, 1);
+}

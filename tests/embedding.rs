@@ -290,6 +290,23 @@ async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
     worker.kill().await;
 }
 
+/// An endpoint that refuses the key or does not know the model (401, 403, 404: a key rotated, a
+/// model misnamed) is in a state its operator mends: the row is retried and embedded, not given
+/// up at the first answer as a refused input is.
+#[tokio::test]
+async fn an_endpoint_that_refuses_the_key_is_retried_not_given_up() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(16).await;
+    provider.then([Answer::Status(401), Answer::Status(403), Answer::Status(404)]);
+    write_messages(&server, 1, |_| "one row".into()).await;
+    let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(60), || async { embedded(&db).await == 1 }).await, "never embedded");
+    assert_eq!(db.count("SELECT count(*) FROM memory_items WHERE embed_error IS NOT NULL").await, 0);
+    assert_eq!(db.count("SELECT embed_attempts::bigint FROM memory_items").await, 3, "three refusals, then a vector");
+    worker.kill().await;
+}
+
 /// A row whose calls fail while the endpoint answers the others (an endpoint that flaps, as one
 /// row sees it): each answer brings its retry forward, so it makes its attempts within seconds.
 /// It is given up only once it has been failing as long as its backoffs take at their shortest

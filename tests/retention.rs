@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use mnemo_config::vars;
-use mnemo_core::{MemoryText, NewMemory, Principal, SessionId, SourceRef, TenantId};
+use mnemo_core::{MemoryText, NewMemory, Principal, SessionId, TenantId};
 use mnemo_testkit::{
     ScriptedEmbeddings, TestApp, TestDb, WorkerProcess, binary, embed_like_the_provider, principal, token, wait_until,
 };
@@ -494,13 +494,17 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     let dans = f.message(&dan, "d1", "Dan here: my dog is called Zephyrine too").await;
     // A summary of her session stamped with no user, as a compaction whose last message is the
     // assistant's writes it: it holds her words all the same.
+    // Its source_ref, as compaction makes it, names the session and a hash of the text.
+    let text = "Erin's cat Zephyrine is nine and likes tuna";
+    let session = SessionId::parse("s1").expect("session");
+    let summary_ref = mnemo_core::summary_source_ref(&session, None, Uuid::now_v7(), text);
     let summary = NewMemory::session_summary(
         TenantId::parse("acme").expect("tenant"),
-        SessionId::parse("s1").expect("session"),
+        session,
         None,
         None,
-        SourceRef::parse("summary:s1").expect("ref"),
-        MemoryText::parse("Erin's cat Zephyrine is nine and likes tuna").expect("text"),
+        summary_ref.clone(),
+        MemoryText::parse(text).expect("text"),
         chrono::Utc::now(),
     );
     f.db().store().remember(&summary).await.expect("a summary");
@@ -537,6 +541,12 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
         "no vector of the user is left"
     );
     assert_eq!(half_anonymized(f.db()).await, 0);
+    let summary_refs = format!(
+        "SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary'
+           AND (source_ref LIKE '%:s1:%' OR source_ref LIKE '{}%')",
+        summary_ref.as_str()
+    );
+    assert_eq!(f.db().count(&summary_refs).await, 0, "the summary's ref named her session and hashed her words");
     assert_eq!(f.recalled(&dan, "Zephyrine").await, ["Dan here: my dog is called Zephyrine too"]);
     assert!(f.recalled(&erin, "Zephyrine").await.is_empty());
     let erase_row: String =

@@ -444,6 +444,24 @@ async fn recall_records_access_through_an_idempotent_job_and_never_writes_itself
         .expect("row");
     assert_eq!(count, 3);
 
+    // A job still waiting (every worker down for more than a day, say) keeps its batch known
+    // past the day: run again, it counts nothing twice. Once done, the batch is forgotten.
+    sqlx::query("UPDATE access_batches SET applied_at = now() - interval '2 days'")
+        .execute(&app.db.pool)
+        .await
+        .expect("age");
+    sqlx::query("UPDATE apalis.jobs SET run_at = now() - interval '3 days' WHERE job_type = 'access'")
+        .execute(&app.db.pool)
+        .await
+        .expect("age");
+    assert_eq!(store.prune_access_batches().await.expect("prune"), 0, "the batch of a job not done was forgotten");
+    assert_eq!(store.apply_access(&jobs[0]).await.expect("again"), 0);
+    sqlx::query("UPDATE apalis.jobs SET status = 'Done' WHERE job_type = 'access'")
+        .execute(&app.db.pool)
+        .await
+        .expect("done");
+    assert!(store.prune_access_batches().await.expect("prune") > 0);
+
     // A count at the column's largest value stays there, and the batch still applies.
     sqlx::query("UPDATE memory_items SET access_count = 2147483647 WHERE id = $1")
         .bind(id)

@@ -83,7 +83,12 @@ impl AppState {
         let mut reads = Reads::primary(store.clone());
         if let Some(url) = &settings.database.read_url {
             reads = reads
-                .with_replica(url.expose(), settings.database.max_connections, settings.database.replica_wait)
+                .with_replica(
+                    url.expose(),
+                    settings.database.max_connections,
+                    settings.database.replica_wait,
+                    Some(settings.statement_timeout),
+                )
                 .map_err(|e| format!("{}: {e}", mnemo_config::vars::READ_DATABASE_URL))?;
         }
         Ok(Self(Arc::new(AppParts {

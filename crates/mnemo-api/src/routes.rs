@@ -506,7 +506,10 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Va
         tracing::warn!(error = %e, "readiness: database unreachable");
         ApiError::NotReady("database unreachable".into())
     })?;
-    let schema = MIGRATOR.status(state.store.pool()).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    let schema = MIGRATOR.status(state.store.pool()).await.map_err(|e| {
+        tracing::warn!(error = %e, "readiness: cannot read the applied migrations");
+        ApiError::NotReady("cannot read the applied migrations".into())
+    })?;
     if !schema.pending.is_empty() {
         return Err(ApiError::NotReady(format!(
             "{} migrations pending: run `mnemo-runbook migrate`",

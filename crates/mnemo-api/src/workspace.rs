@@ -321,8 +321,9 @@ fn percent_decode(raw: &str) -> Option<String> {
     while i < bytes.len() {
         match bytes[i] {
             b'%' => {
-                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
+                // Two hex digits: from_str_radix alone also takes a sign ("%+A").
+                let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
+                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
                 i += 3;
             }
             b'+' => {
@@ -356,4 +357,15 @@ pub async fn consolidate(
     }
     let queued = state.store.request_consolidation(&workspace, None).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "queued": queued }))))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_two_hex_digits_make_an_escape() {
+        assert_eq!(super::percent_decode("memory%2Fa+b%C3%A9").as_deref(), Some("memory/a bé"));
+        for bad in ["%+A", "%-1", "%G0", "%4", "%"] {
+            assert_eq!(super::percent_decode(bad), None, "{bad}");
+        }
+    }
 }

@@ -153,7 +153,10 @@ impl Compactor {
                 let row = NewMemory::session_summary(
                     tenant.clone(),
                     session.clone(),
-                    last.user_id.as_deref().and_then(|u| UserId::parse(u).ok()),
+                    // The user of the covered messages (an agent's replies written with a
+                    // service token carry none), so that the user's erasure finds the summary
+                    // even after their messages were anonymized.
+                    stored[..cut].iter().rev().find_map(|m| m.user_id.as_deref()).and_then(|u| UserId::parse(u).ok()),
                     last.agent_id.as_deref().and_then(|a| AgentId::parse(a).ok()),
                     summary_source_ref(session, state.through.map(|c| c.id), last.id, text.as_str()),
                     text,

@@ -215,7 +215,20 @@ async fn embed_isolating(embedder: &dyn Embedder, texts: &[String]) -> Vec<Resul
         embedder.embed(texts).instrument(mnemo_config::model_span("embeddings", embedder.model(), texts.len())).await;
     metrics::histogram!("mnemo_embed_model_seconds").record(started.elapsed().as_secs_f64());
     match answer {
-        Ok(vectors) if vectors.len() == texts.len() => vectors.into_iter().map(Ok).collect(),
+        Ok(vectors) if vectors.len() == texts.len() => {
+            // One vector pgvector would refuse fails its row alone, not the batch's save.
+            let dimensions = embedder.dimensions();
+            vectors
+                .into_iter()
+                .map(|v| match v.len() == dimensions && v.iter().all(|x| x.is_finite()) {
+                    true => Ok(v),
+                    false => Err(EmbedError::permanent(
+                        "bad_vector",
+                        format!("{} values, not {dimensions} finite ones", v.len()),
+                    )),
+                })
+                .collect()
+        }
         Ok(vectors) => {
             let e = EmbedError::transient("wrong_count", format!("asked for {}, got {}", texts.len(), vectors.len()));
             texts.iter().map(|_| Err(e.clone())).collect()
@@ -227,5 +240,39 @@ async fn embed_isolating(embedder: &dyn Embedder, texts: &[String]) -> Vec<Resul
             results
         }
         Err(e) => texts.iter().map(|_| Err(e.clone())).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mnemo_core::{EmbedFuture, Embedder, FailureClass};
+
+    /// Answers NaN for the text "bad", as a local model's arithmetic might.
+    #[derive(Debug)]
+    struct NanFor;
+
+    impl Embedder for NanFor {
+        fn model(&self) -> &str {
+            "nan-for-bad"
+        }
+
+        fn dimensions(&self) -> usize {
+            2
+        }
+
+        fn embed<'a>(&'a self, texts: &'a [String]) -> EmbedFuture<'a> {
+            let vectors = texts.iter().map(|t| if t == "bad" { vec![f32::NAN, 0.0] } else { vec![1.0, 0.0] });
+            let vectors: Vec<Vec<f32>> = vectors.collect();
+            Box::pin(async move { Ok(vectors) })
+        }
+    }
+
+    /// pgvector refuses a NaN, which would fail the whole batch's save: the row fails alone.
+    #[tokio::test]
+    async fn a_vector_that_is_not_finite_fails_its_row_alone() {
+        let texts = ["a", "bad", "c"].map(String::from);
+        let results = super::embed_isolating(&NanFor, &texts).await;
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert_eq!(results[1].as_ref().map_err(|e| e.class), Err(FailureClass::Permanent));
     }
 }

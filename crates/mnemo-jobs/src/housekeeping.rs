@@ -146,7 +146,9 @@ async fn maintenance_run(
 /// < floor exactly when age > half-life · log2(1 / floor).
 fn fade_before(signals: &SignalWeights, floor: f64) -> chrono::DateTime<Utc> {
     let days = signals.half_life_days * (1.0 / floor).log2();
-    Utc::now() - chrono::Duration::milliseconds((days * 86_400_000.0).min(1e15) as i64)
+    // At most about 3,000 years back: PostgreSQL's timestamps end at 4713 BC, and a cut-off
+    // before them failed every maintenance run.
+    Utc::now() - chrono::Duration::milliseconds((days * 86_400_000.0).min(1e14) as i64)
 }
 
 /// Tries every interval until `stop` resolves.
@@ -158,5 +160,21 @@ pub(crate) async fn housekeeping_loop(store: Store, worker: String, policy: Hous
         if let Err(e) = run_housekeeping(&store, &worker, &policy).await {
             tracing::warn!(error = %e, "housekeeping failed; trying again next tick");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Datelike;
+
+    /// However long the half-life and small the floor (both valid settings), the cut-off is a
+    /// time PostgreSQL can hold (from 4713 BC), so the fading statement runs.
+    #[test]
+    fn the_fade_cut_off_stays_within_postgresql_s_timestamps() {
+        let weights = mnemo_core::SignalWeights { half_life_days: 36_500.0, ..mnemo_core::SignalWeights::OFF };
+        assert!(super::fade_before(&weights, 1e-30).year() > -4713);
+        let usual = mnemo_core::SignalWeights { half_life_days: 30.0, ..mnemo_core::SignalWeights::OFF };
+        let days = (chrono::Utc::now() - super::fade_before(&usual, 0.5)).num_days();
+        assert_eq!(days, 30, "a floor of one half is one half-life");
     }
 }

@@ -120,10 +120,13 @@ fn classify(e: OpenAIError) -> EmbedError {
                 _ => "http_4xx",
             };
             let detail = format!("HTTP {status}: {}", api.api_error.message.chars().take(200).collect::<String>());
-            if status == 429 || status >= 500 {
-                EmbedError::transient(kind, detail)
-            } else {
+            // Only these refuse the input itself. The others (401, 403 and 404 above all: a key
+            // rotated, a model misnamed) are the endpoint's state, which mending it ends: given
+            // up on, every row written meanwhile would have stayed without a vector.
+            if matches!(status, 400 | 413 | 422) {
                 EmbedError::permanent(kind, detail)
+            } else {
+                EmbedError::transient(kind, detail)
             }
         }
         OpenAIError::JSONDeserialize(e, _) => EmbedError::transient("malformed_response", e.to_string()),

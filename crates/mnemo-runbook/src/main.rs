@@ -357,7 +357,7 @@ async fn reads(env: &Env) -> anyhow::Result<Reads> {
             if let Ok(replica) = Store::connect(url.expose(), 1).await {
                 refuse_walled(&replica, vars::READ_DATABASE_URL)?;
             }
-            reads.with_replica(url.expose(), 4, settings.replica_wait).context(vars::READ_DATABASE_URL)?
+            reads.with_replica(url.expose(), 4, settings.replica_wait, None).context(vars::READ_DATABASE_URL)?
         }
         None => reads,
     })

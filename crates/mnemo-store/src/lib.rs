@@ -67,6 +67,11 @@ pub struct Store {
     named: Option<PgPool>,
 }
 
+/// `options` with each statement cancelled by PostgreSQL past `statement_timeout`.
+pub(crate) fn bounded(options: PgConnectOptions, statement_timeout: Duration) -> PgConnectOptions {
+    options.options([("statement_timeout", statement_timeout.as_millis().to_string())])
+}
+
 /// The session setting row-level security reads (migration 029): a text[] literal.
 const TENANTS_SETTING: &str = "mnemo.tenants";
 
@@ -95,8 +100,7 @@ impl Store {
         statement_timeout: Duration,
     ) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Config)?;
-        let limit = statement_timeout.as_millis().to_string();
-        Self::connect_with(options.options([("statement_timeout", limit)]), max_connections).await
+        Self::connect_with(bounded(options, statement_timeout), max_connections).await
     }
 
     async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<Self, StoreError> {

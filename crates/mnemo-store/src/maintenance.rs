@@ -32,7 +32,7 @@ LIMIT $2";
 const PRUNE_SESSIONS: &str = "
 WITH old AS (
     SELECT tenant_id, id FROM memory_items
-    WHERE scope = 'session' AND source_kind IN ('chat_message', 'tool_output')
+    WHERE scope = 'session' AND source_kind IN ('chat_message', 'tool_output', 'session_summary')
       AND deleted_at IS NULL AND anonymized_at IS NULL AND event_time < now() - make_interval(days => $1)
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -160,8 +160,8 @@ impl Store {
         Ok(true)
     }
 
-    /// Soft-deletes at most `limit` session messages older than `days` days (the retention
-    /// sweep anonymizes them later); how many.
+    /// Soft-deletes at most `limit` session messages and summaries older than `days` days (the
+    /// retention sweep anonymizes them later); how many.
     pub async fn prune_old_sessions(&self, days: u32, limit: i64) -> Result<u64, StoreError> {
         let pruned: i64 = sqlx::query_scalar(PRUNE_SESSIONS)
             .bind(i32::try_from(days).unwrap_or(i32::MAX))

@@ -56,8 +56,20 @@ impl Reads {
     /// Reads go to the replica at `url` once it has caught up, waiting at most `wait` for it.
     /// Connecting is lazy, so a replica that is down at start-up does not stop the caller; a URL
     /// that does not parse does.
-    pub fn with_replica(self, url: &str, max_connections: u32, wait: Duration) -> Result<Self, StoreError> {
+    /// With `statement_timeout`, each statement on the replica is cancelled past it, as on the
+    /// API's primary connections ([`Store::connect_bounded`]).
+    pub fn with_replica(
+        self,
+        url: &str,
+        max_connections: u32,
+        wait: Duration,
+        statement_timeout: Option<Duration>,
+    ) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse().map_err(StoreError::Config)?;
+        let options = match statement_timeout {
+            Some(limit) => crate::bounded(options, limit),
+            None => options,
+        };
         // Connecting is lazy, so whether row-level security holds the role is not known:
         // assume it does (naming tenants costs the owner nothing but a statement).
         let store =

@@ -153,12 +153,14 @@ fn anonymize_sql(picked: &str, actor: &str) -> String {
                 tags = '{{}}', fingerprint = NULL,
                 embedded_model = NULL, embed_error = NULL, embed_failing_since = NULL,
                 -- A fact's ref is made of its identity and a hash of its content, a workspace
-                -- note's of a hash of its agent and user and the file's path: replaced. Other
-                -- refs are the caller's ids: kept, suffixed, with the row id when a row already
-                -- took the plain suffix. Either way the key is free for a new write.
+                -- note's of a hash of its agent and user and the file's path, a session
+                -- summary's of its session and a hash of its text: replaced. Other refs are the
+                -- caller's ids: kept, suffixed, with the row id when a row already took the
+                -- plain suffix. Either way the key is free for a new write.
                 source_ref = CASE
                     WHEN m.source_kind = 'fact' THEN 'fact:' || m.scope || ':' || m.id || '|anonymized'
                     WHEN m.source_kind = 'workspace_note' THEN 'workspace:' || m.id || '|anonymized'
+                    WHEN m.source_kind = 'session_summary' THEN 'session-summary:' || m.id || '|anonymized'
                     WHEN EXISTS (
                         SELECT 1 FROM memory_items x
                         WHERE x.tenant_id = m.tenant_id AND x.source_kind = m.source_kind

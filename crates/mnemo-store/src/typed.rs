@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use mnemo_core::{AuditEvent, TenantId};
 use uuid::Uuid;
 
-use crate::queue::{AccessJob, push};
+use crate::queue::{AccessJob, JobArgs, push};
 use crate::{Store, StoreError};
 
 /// Applies one access batch once: a retried job finds its batch id taken and counts nothing.
@@ -109,11 +109,13 @@ impl Store {
         Ok(sqlx::query(FADE).bind(before).bind(limit).execute(&self.pool).await?.rows_affected())
     }
 
-    /// Forgets applied access batches older than a day: a job is retried within minutes.
+    /// Forgets applied access batches older than a day, and older than every access job not
+    /// yet done: a job retried after a long outage (every worker down for a day) still finds its
+    /// batch applied, and counts nothing twice.
     pub async fn prune_access_batches(&self) -> Result<u64, StoreError> {
-        Ok(sqlx::query("DELETE FROM access_batches WHERE applied_at < now() - interval '1 day'")
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
+        let prune = "DELETE FROM access_batches WHERE applied_at < least(now() - interval '1 day', (
+                         SELECT min(run_at) FROM apalis.jobs WHERE job_type = $1
+                           AND (status IN ('Pending', 'Queued', 'Running') OR (status = 'Failed' AND attempts < max_attempts))))";
+        Ok(sqlx::query(prune).bind(AccessJob::QUEUE.as_str()).execute(&self.pool).await?.rows_affected())
     }
 }
