@@ -174,7 +174,8 @@ mod tests {
         let weights = mnemo_core::SignalWeights { half_life_days: 36_500.0, ..mnemo_core::SignalWeights::OFF };
         assert!(super::fade_before(&weights, 1e-30).year() > -4713);
         let usual = mnemo_core::SignalWeights { half_life_days: 30.0, ..mnemo_core::SignalWeights::OFF };
-        let days = (chrono::Utc::now() - super::fade_before(&usual, 0.5)).num_days();
+        let cut_off = super::fade_before(&usual, 0.5);
+        let days = (chrono::Utc::now() - cut_off).num_days();
         assert_eq!(days, 30, "a floor of one half is one half-life");
     }
 }
