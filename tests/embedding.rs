@@ -54,6 +54,7 @@ async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
         tenant_id: rows[0].tenant_id.clone(),
         content_sha256: rows[0].content_sha256.clone(),
         embedding: vec![x; 384],
+        previous_id: None,
     };
     let saved = store.save_vectors(MODEL, vec![vector(0.1), vector(0.2)]).await.expect("saved");
     assert_eq!(saved, [id]);
@@ -275,6 +276,94 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
     worker.kill().await;
 }
 
+/// A chat message's vector holds words of the turn before it. When that turn is anonymized (here
+/// by its user's erasure) the vector goes and the message is embedded again without them, also
+/// when the erasure lands while the message is being embedded.
+#[tokio::test]
+async fn an_anonymized_turn_leaves_no_words_in_the_vector_of_the_next() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(64).await;
+    let mut env = openai_env(&provider);
+    // Housekeeping's re-queueing of rows without a vector must not stand in for the mend.
+    env.push(("MNEMO_EMBED_GRACE_S", "3600".into()));
+    let coach = token(&principal("acme", None, Some("a1"), Some("s1")));
+    let write = |user: Option<&'static str>, source_ref: &'static str, content: &'static str| {
+        let t = user.map_or(coach.clone(), |u| token(&principal("acme", Some(u), Some("a1"), Some("s1"))));
+        let client = server.client.clone();
+        async move {
+            let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": content });
+            let reply = client.post("/v1/memories", Some(&t), &body).await;
+            assert_eq!(reply.status, 201, "{:?}", reply.body);
+            reply.body["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()).expect("id")
+        }
+    };
+    let greeting = "Coach: how are you today";
+    let answer = "Coach: I am sorry to hear that";
+    write(None, "m-0", greeting).await;
+    write(Some("alice"), "m-1", "Alice: my diagnosis came back positive").await;
+    let reply = write(None, "m-2", answer).await;
+    write(Some("alice"), "m-3", "Alice: the doctor said it is early").await;
+    let later = write(None, "m-4", "Coach: that is good news").await;
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 5 }).await, "never embedded");
+    let store = db.store();
+    let model = "scripted-embedder";
+    let bag = |text: &str| mnemo_testkit::unit_bag_of_words(text, 64);
+    let vector = |id: Uuid| {
+        let store = store.clone();
+        async move { store.vector(id, model).await.expect("read") }
+    };
+    assert_eq!(vector(reply).await, Some(bag(&format!("{answer}\nAlice: my diagnosis came back positive"))));
+    // A vector made before migration 036 does not name its turn: the turn's next message is taken.
+    sqlx::query("UPDATE memory_embeddings SET previous_id = '00000000-0000-0000-0000-000000000000' WHERE item_id = $1")
+        .bind(later)
+        .execute(&db.pool)
+        .await
+        .expect("a vector of before");
+
+    let acme = mnemo_core::TenantId::parse("acme").expect("tenant");
+    let user = |u: &str| mnemo_core::UserId::parse(u).expect("user");
+    let erased = store.erase_user_rows(&acme, &user("alice"), Uuid::nil(), 100, "test").await.expect("erase");
+    assert_eq!(erased.len(), 2);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            vector(reply).await == Some(bag(&format!("{answer}\n{greeting}")))
+                && vector(later).await == Some(bag(&format!("Coach: that is good news\n{answer}")))
+        })
+        .await,
+        "embedded again with the turn before the erased one"
+    );
+    worker.kill().await;
+
+    // Read with a turn that is erased before its vector is stored: the vector is refused and the
+    // row queued again (its own job is spent by then).
+    write(Some("bob"), "m-5", "Bob: my salary is ninety thousand").await;
+    let noted = write(None, "m-6", "Coach: noted").await;
+    sqlx::query("DELETE FROM apalis.jobs WHERE job_type = 'embed'").execute(&db.pool).await.expect("take the jobs");
+    let row = mnemo_store::queue::EmbedRow { tenant_id: acme.clone(), item_id: noted, content_sha256: String::new() };
+    let read = store.rows_to_embed(&[row], model, true).await.expect("read");
+    let made = mnemo_store::NewVector {
+        id: noted,
+        tenant_id: acme.clone(),
+        content_sha256: read[0].content_sha256.clone(),
+        embedding: bag(&mnemo_core::embedding_text(&read[0].content, read[0].previous.as_deref())),
+        previous_id: read[0].previous_id,
+    };
+    assert_eq!(read[0].previous.as_deref(), Some("Bob: my salary is ninety thousand"));
+    store.erase_user_rows(&acme, &user("bob"), Uuid::nil(), 100, "test").await.expect("erase");
+    assert_eq!(store.save_vectors(model, vec![made]).await.expect("save"), Vec::<Uuid>::new());
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            vector(noted).await == Some(bag("Coach: noted\nCoach: that is good news"))
+        })
+        .await,
+        "embedded again without the erased turn"
+    );
+    worker.kill().await;
+}
+
 #[tokio::test]
 async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
     let db = TestDb::new().await;
@@ -444,6 +533,21 @@ async fn switching_the_model_fills_new_vectors_and_keeps_the_old() {
     assert_eq!(db.count("SELECT count(*) FROM memory_embeddings WHERE model = 'scripted-embedder'").await, 20);
     assert_eq!(db.count("SELECT count(*) FROM memory_embeddings WHERE model = 'scripted-embedder-v2'").await, 20);
     b.kill().await;
+
+    // Back to model A, whose vectors are there: the rows say so again, and are not queued again
+    // at every housekeeping tick (each then skipped by the worker, forever).
+    env.pop();
+    let a = WorkerProcess::start(&db.url, &env).await.expect("worker with model A again");
+    let on_a = "SELECT count(*) FROM memory_items WHERE embedded_model = 'scripted-embedder'";
+    assert!(wait_until(Duration::from_secs(30), || async { db.count(on_a).await == 20 }).await, "never recorded");
+    let served = provider.served();
+    let queued = || async {
+        db.count("SELECT count(*) FROM memory_items WHERE embed_enqueued_at > now() - interval '2.5 seconds'").await
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(queued().await, 0, "housekeeping queued rows that have their vectors");
+    assert_eq!(provider.served(), served, "a row was embedded again");
+    a.kill().await;
 }
 
 #[tokio::test]

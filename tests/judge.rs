@@ -417,7 +417,8 @@ async fn a_fact_waits_for_the_older_facts_of_its_bucket_to_be_embedded() {
         .await
         .expect("row");
     let tenant_id = TenantId::parse(&row.0).expect("tenant");
-    let paris_vector = mnemo_store::NewVector { id: paris, tenant_id, content_sha256: row.1, embedding: vector };
+    let paris_vector =
+        mnemo_store::NewVector { id: paris, tenant_id, content_sha256: row.1, embedding: vector, previous_id: None };
     store.save_vectors(MODEL, vec![paris_vector]).await.expect("save");
     judge_pending(&store, judge.clone(), policy(20), "test").await.expect("judge");
     assert!(!f.row(paris).await.judged, "Tokyo has no vector yet, so Paris waits");

@@ -587,14 +587,40 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
         app.client.put("/v1/workspace/files/memory/notes.md", Some(&t), &json!({ "content": "# Notes\n\nv1\n" })).await;
     assert!(put.status < 300, "{:?}", put.body);
     let said = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "my secret plan" });
-    assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    let said = app.client.post("/v1/memories", Some(&t), &said).await;
+    assert_eq!(said.status, 201);
+    // The agent's answer, whose vector is made with the words of the turn before it.
+    let agent = token(&principal("acme", None, Some("a1"), Some("s1")));
+    let answer = json!({ "source_kind": "chat_message", "source_ref": "m2", "content": "a fine plan" });
+    let answer = app.client.post("/v1/memories", Some(&agent), &answer).await;
+    assert_eq!(answer.status, 201);
+    let id = |reply: &mnemo_testkit::Reply| reply.body["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()).expect("id");
+    let (said, answer) = (id(&said), id(&answer));
+    let acme = TenantId::parse("acme").expect("tenant");
+    let vector = |item: Uuid, previous_id: Option<Uuid>, sha: Vec<u8>| mnemo_store::NewVector {
+        id: item,
+        tenant_id: acme.clone(),
+        content_sha256: sha,
+        embedding: vec![0.5; 4],
+        previous_id,
+    };
+    let shas: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT content_sha256 FROM memory_items WHERE id = ANY($1) ORDER BY source_ref")
+            .bind([said, answer])
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("hashes");
+    let vectors = vec![vector(said, None, shas[0].clone()), vector(answer, Some(said), shas[1].clone())];
+    assert_eq!(app.db.store().save_vectors("m", vectors).await.expect("save").len(), 2);
     let full = temp("copy-full.jsonl.gz");
-    assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&full)).await.ok);
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--with-vectors"], Some(&full)).await.ok);
     let copy = TestDb::new().await;
     let run = runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);
     let files = "SELECT count(*) FROM workspace_files WHERE user_id = 'u1'";
     assert!(copy.count(files).await > 0);
+    let vectors = "SELECT count(*) FROM memory_embeddings";
+    assert_eq!(copy.count(vectors).await, 2);
 
     let since: String =
         sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
@@ -603,7 +629,8 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
             .expect("now");
     assert!(runbook(&app.db.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await.ok);
     let later = temp("copy-since.jsonl.gz");
-    let run = runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await;
+    let run =
+        runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since, "--with-vectors"], Some(&later)).await;
     assert!(run.ok && run.stderr.contains("erasures: 1"), "{}", run.stderr);
     // The copy wrote a version of the erased user's file after the erasure: it goes with its file.
     sqlx::query("UPDATE workspace_file_versions SET created_at = now() + interval '1 hour' WHERE user_id = 'u1'")
@@ -614,6 +641,8 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     let run = runbook(&copy.url, &import, None).await;
     assert!(run.ok, "{}", run.stderr);
     assert!(run.stdout.contains("1 erasures recorded"), "{}", run.stdout);
+    assert_eq!(copy.count(vectors).await, 0, "a vector holding the erased user's words stays in the copy");
+    assert!(run.stdout.contains("1 items to embed again"), "{}", run.stdout);
     assert_eq!(copy.count(files).await, 0, "the erased user's files stay in the copy");
     assert_eq!(copy.count("SELECT count(*) FROM workspace_file_versions WHERE user_id = 'u1'").await, 0);
     assert_eq!(copy.count("SELECT count(*) FROM memory_items WHERE content = 'my secret plan'").await, 0);
@@ -624,6 +653,7 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     assert_eq!(copy.count(audited).await, 1);
     assert!(runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await.ok);
     assert_eq!(copy.count(files).await, 0);
+    assert_eq!(copy.count(vectors).await, 0, "the older file brought back a vector made with the erased words");
     for path in [full, later] {
         let _ = std::fs::remove_file(path);
     }

@@ -911,6 +911,7 @@ async fn text_counts_stay_exact_when_saves_and_erasures_race() {
         tenant_id: acme.tenant.clone(),
         content_sha256: sha.to_vec(),
         embedding: vec![0.125; DIMS],
+        previous_id: None,
     };
     let (half, rest) = rows.split_at(rows.len() / 2);
     // The first half saved twice at once; the second saved while an erasure of alice runs.

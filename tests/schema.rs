@@ -1,8 +1,10 @@
 //! The schema itself: migrations are re-runnable, the audit log cannot be changed, and readiness
 //! follows the database.
 
+use std::time::Duration;
+
 use mnemo_store::MIGRATOR;
-use mnemo_testkit::{Client, TestApp, TestDb};
+use mnemo_testkit::{Client, TestApp, TestDb, wait_until};
 
 #[tokio::test]
 async fn migrations_are_current_and_re_runnable() {
@@ -42,6 +44,11 @@ async fn readiness_follows_the_schema() {
         .execute(&app.db.pool)
         .await
         .expect("forget a migration");
+    // The last answer is kept a second.
+    assert!(
+        wait_until(Duration::from_secs(5), || async { app.client.get("/readyz", None).await.status == 503 }).await,
+        "still ready"
+    );
     let not_ready = app.client.get("/readyz", None).await;
     assert_eq!((not_ready.status, not_ready.code()), (503, "not_ready"));
     assert!(not_ready.body["error"]["message"].as_str().unwrap_or("").contains("mnemo-runbook migrate"));

@@ -69,6 +69,8 @@ pub struct AppParts {
     pub metrics: PrometheusHandle,
     /// The per-tenant request rate limit, when one is set.
     pub rate_limit: Option<Arc<limit::RateLimiter>>,
+    /// The last readiness answer and when it was found (see `routes::readyz`).
+    pub readiness: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
 }
 
 impl AppState {
@@ -113,6 +115,7 @@ impl AppState {
             metrics: mnemo_config::metrics_handle(),
             rate_limit: limit::RateLimiter::new(settings.rate_limit_per_tenant, settings.rate_limit_burst)
                 .map(Arc::new),
+            readiness: tokio::sync::Mutex::new(None),
         })))
     }
 }

@@ -1,3 +1,5 @@
+use std::time::{Duration, Instant};
+
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
@@ -8,7 +10,7 @@ use mnemo_core::{
     SourceKind, SourceRef, ToolOutputKey, ToolOutputText, Turn, TypedInput, Unit, Visibility,
 };
 use mnemo_recall::{MemoryPack, PackRequest, PackTopK, RecallOptions, RecalledItem, build_pack};
-use mnemo_store::{MIGRATOR, Remembered, StoreError};
+use mnemo_store::{MIGRATOR, Remembered, Store, StoreError};
 use serde_json::json;
 
 use crate::auth::Authenticated;
@@ -500,26 +502,43 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
+/// How long a readiness answer is kept. The probe needs no token, so a flood of it must not
+/// take the pool's connections: callers take turns, and within this time get the last answer.
+const READINESS_KEPT: Duration = Duration::from_secs(1);
+
 /// `GET /readyz`: the database answers and its schema is the one this build expects.
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    state.store.ping().await.map_err(|e| {
+    let mut last = state.readiness.lock().await;
+    let answer = match last.as_ref().filter(|(at, _)| at.elapsed() < READINESS_KEPT) {
+        Some((_, answer)) => answer.clone(),
+        None => {
+            let answer = readiness(&state.store).await;
+            *last = Some((Instant::now(), answer.clone()));
+            answer
+        }
+    };
+    drop(last);
+    answer.map_err(ApiError::NotReady)?;
+    Ok(Json(json!({ "status": "ready" })))
+}
+
+/// Why the API is not ready, if it is not.
+async fn readiness(store: &Store) -> Result<(), String> {
+    store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness: database unreachable");
-        ApiError::NotReady("database unreachable".into())
+        "database unreachable".to_owned()
     })?;
-    let schema = MIGRATOR.status(state.store.pool()).await.map_err(|e| {
+    let schema = MIGRATOR.status(store.pool()).await.map_err(|e| {
         tracing::warn!(error = %e, "readiness: cannot read the applied migrations");
-        ApiError::NotReady("cannot read the applied migrations".into())
+        "cannot read the applied migrations".to_owned()
     })?;
     if !schema.pending.is_empty() {
-        return Err(ApiError::NotReady(format!(
-            "{} migrations pending: run `mnemo-runbook migrate`",
-            schema.pending.len()
-        )));
+        return Err(format!("{} migrations pending: run `mnemo-runbook migrate`", schema.pending.len()));
     }
     if !schema.unknown.is_empty() {
-        return Err(ApiError::NotReady("the database was migrated by a newer mnemo".into()));
+        return Err("the database was migrated by a newer mnemo".into());
     }
-    Ok(Json(json!({ "status": "ready" })))
+    Ok(())
 }
 
 /// `GET /metrics`: Prometheus text.

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use mnemo_core::{EmbedError, Embedder, FailureClass, embedding_text};
 use mnemo_store::queue::{EmbedJob, EmbedRow};
-use mnemo_store::{NewVector, Store, StoreError};
+use mnemo_store::{EmbedFailure, NewVector, Store, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 use uuid::Uuid;
@@ -91,6 +91,10 @@ async fn embed_batch(
 ) -> Result<(), StoreError> {
     let model = embedder.model();
     let rows = store.rows_to_embed(jobs, model, policy.previous_turn).await?;
+    let unrecorded: Vec<_> = rows.iter().filter(|r| r.done && !r.recorded).collect();
+    if !unrecorded.is_empty() {
+        store.record_embedded(model, &unrecorded).await?;
+    }
     let skipped = jobs.len() - rows.iter().filter(|r| !r.done).count();
     metrics::counter!("mnemo_embed_rows_skipped_total").increment(skipped as u64);
     let todo: Vec<_> = rows.into_iter().filter(|r| !r.done).collect();
@@ -105,23 +109,26 @@ async fn embed_batch(
     let refused_with_context: Vec<usize> = (0..todo.len())
         .filter(|&i| todo[i].previous.is_some() && matches!(&results[i], Err(e) if e.class == FailureClass::Permanent))
         .collect();
+    let mut with_previous: Vec<Option<Uuid>> = todo.iter().map(|r| r.previous_id).collect();
     if !refused_with_context.is_empty() {
         let alone: Vec<String> = refused_with_context.iter().map(|&i| todo[i].content.clone()).collect();
         for (i, result) in refused_with_context.into_iter().zip(embed_isolating(embedder, &alone).await) {
             results[i] = result;
+            with_previous[i] = None;
         }
     }
     drop(model_permit);
 
     let mut vectors = Vec::new();
     let mut failures = Vec::new();
-    for (row, result) in todo.iter().zip(results) {
+    for ((row, result), previous_id) in todo.iter().zip(results).zip(with_previous) {
         match result {
             Ok(embedding) => vectors.push(NewVector {
                 id: row.id,
                 tenant_id: row.tenant_id.clone(),
                 content_sha256: row.content_sha256.clone(),
                 embedding,
+                previous_id,
             }),
             Err(e) => failures.push((row.id, e)),
         }
@@ -177,6 +184,7 @@ async fn record_failures(
     let so_far: HashMap<Uuid, (i32, f64)> =
         store.embed_failures(&failed).await?.into_iter().map(|(id, n, secs)| (id, (n, secs))).collect();
     let promised = crate::shortest_schedule(policy.max_attempts).as_secs_f64();
+    let mut records = Vec::with_capacity(failures.len());
     for (id, error) in failures {
         let Some(job) = by_id.get(&id) else { continue };
         let (attempts, failing_secs) = so_far.get(&id).copied().unwrap_or_default();
@@ -193,17 +201,17 @@ async fn record_failures(
             let delay = backoff(attempt);
             tracing::info!(item = %id, attempt, kind = error.kind, delay_ms = delay.as_millis() as u64,
                 "embedding failed; retrying later");
-            store.record_embed_failure(job, &error.to_string(), Some(delay)).await?;
+            records.push(EmbedFailure { job, error: error.to_string(), retry_after: Some(delay) });
         } else {
             let recorded = match error.class {
                 FailureClass::Transient => format!("gave up after {attempt} attempts: {error}"),
                 FailureClass::Permanent => error.to_string(),
             };
             tracing::warn!(item = %id, attempt, kind = error.kind, "embedding failed for good");
-            store.record_embed_failure(job, &recorded, None).await?;
+            records.push(EmbedFailure { job, error: recorded, retry_after: None });
         }
     }
-    Ok(())
+    store.record_embed_failures(&records).await
 }
 
 /// One model call for the whole batch. If the provider refuses the batch outright, the batch is

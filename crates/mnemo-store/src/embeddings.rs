@@ -3,6 +3,7 @@
 //! model); `memory_items.embedded_model` names the model whose vector matches the row's current
 //! content.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -26,8 +27,22 @@ pub struct RowToEmbed {
     /// For a chat message when asked for, the session's chat message before it in conversation
     /// order that every role seeing this row may see too, if any.
     pub previous: Option<String>,
+    /// That message's id.
+    pub previous_id: Option<Uuid>,
     /// A vector of this model for this content exists already.
     pub done: bool,
+    /// The row says so (it names this model and is not failing). A row done but not recorded
+    /// (its vector made before a switch to another model and back) is recorded by
+    /// [`Store::record_embedded`], or housekeeping would queue it again forever.
+    pub recorded: bool,
+}
+
+/// A row's failed attempt to record: retried after `retry_after`, or given up without it.
+#[derive(Debug, Clone)]
+pub struct EmbedFailure<'a> {
+    pub job: &'a EmbedRow,
+    pub error: String,
+    pub retry_after: Option<Duration>,
 }
 
 /// A vector to store for a row's content as it was read.
@@ -37,11 +52,15 @@ pub struct NewVector {
     pub tenant_id: TenantId,
     pub content_sha256: Vec<u8>,
     pub embedding: Vec<f32>,
+    /// The message whose words were embedded with the content, if any: anonymizing it drops
+    /// this vector.
+    pub previous_id: Option<Uuid>,
 }
 
 const ROWS_TO_EMBED: &str = "
-SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, p.previous,
-       (e.item_id IS NOT NULL) AS done
+SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, p.previous, p.previous_id,
+       (e.item_id IS NOT NULL) AS done,
+       (m.embedded_model IS NOT DISTINCT FROM $3 AND m.embed_failing_since IS NULL AND m.embed_error IS NULL) AS recorded
 -- Two jobs naming one row (a recovered orphan and its re-queued copy) read it once.
 FROM (SELECT DISTINCT id, tenant_id FROM unnest($1::uuid[], $2::text[]) AS u(id, tenant_id)) AS j
 JOIN memory_items m ON m.id = j.id AND m.tenant_id = j.tenant_id
@@ -49,7 +68,7 @@ LEFT JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id 
 -- p's conditions hold the conversation index's predicate: finding the previous turn is one probe.
 LEFT JOIN LATERAL (
     -- Characters, so at least as many bytes as the embedded text keeps: a long turn is not read whole.
-    SELECT left(p.content, $5) AS previous FROM memory_items p
+    SELECT left(p.content, $5) AS previous, p.id AS previous_id FROM memory_items p
     WHERE $4 AND m.source_kind = 'chat_message' AND m.scope = 'session'
       AND p.tenant_id = m.tenant_id AND p.session_id = m.session_id AND p.scope = 'session'
       AND p.source_kind IN ('chat_message', 'tool_output') AND p.deleted_at IS NULL AND p.anonymized_at IS NULL
@@ -61,7 +80,9 @@ LEFT JOIN LATERAL (
 WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 
 /// Stores vectors only for rows whose content is still what was embedded; a row changed since
-/// has a newer job of its own. A live fact not yet judged is marked for the judge. A row whose
+/// has a newer job of its own. Nor a vector made with a previous turn anonymized since: the
+/// anonymization could not drop a vector not yet stored (the caller queues its row again). A
+/// live fact not yet judged is marked for the judge. A row whose
 /// full text is computed now for the first time adds its lexemes to its tenant's counts, which
 /// keyword search weighs words by (migration 032). Run under `LOCK_TEXT_COUNTS`, so `was` (the
 /// statement's snapshot) already holds whatever another transaction counted.
@@ -69,15 +90,18 @@ const SAVE_VECTORS: &str = "
 WITH v AS (
     -- One vector a row: an upsert may not touch a row twice.
     SELECT DISTINCT ON (id, tenant_id) *
-    FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::vector[]) AS v(id, tenant_id, sha, embedding)
+    FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::vector[], $6::uuid[]) AS v(id, tenant_id, sha, embedding, previous_id)
 ), current AS (
     SELECT v.* FROM v JOIN memory_items m ON m.id = v.id AND m.tenant_id = v.tenant_id AND m.content_sha256 = v.sha
     WHERE m.anonymized_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM memory_items p
+                      WHERE p.tenant_id = v.tenant_id AND p.id = v.previous_id AND p.anonymized_at IS NOT NULL)
 ), saved AS (
-    INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256)
-    SELECT tenant_id, id, $5, embedding, sha FROM current
+    INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256, previous_id)
+    SELECT tenant_id, id, $5, embedding, sha, previous_id FROM current
     ON CONFLICT (tenant_id, item_id, model) DO UPDATE
-        SET embedding = EXCLUDED.embedding, content_sha256 = EXCLUDED.content_sha256, embedded_at = now()
+        SET embedding = EXCLUDED.embedding, content_sha256 = EXCLUDED.content_sha256,
+            previous_id = EXCLUDED.previous_id, embedded_at = now()
     RETURNING tenant_id, item_id
 ), updated AS (
     UPDATE memory_items m SET embedded_model = $5, embed_error = NULL, embed_failing_since = NULL,
@@ -116,6 +140,21 @@ pub(crate) async fn lock_text_counts(tx: &mut sqlx::PgConnection, tenants: &[Str
     Ok(())
 }
 
+/// Of vectors `save_vectors` left, the live rows with the content they were made from whose
+/// previous turn was anonymized meanwhile: embedded again, without its words.
+const TO_EMBED_AGAIN_WITHOUT_PREVIOUS: &str = "
+SELECT m.id, m.tenant_id, m.content_sha256
+FROM unnest($1::uuid[], $2::text[], $3::uuid[]) AS v(id, tenant_id, previous_id)
+JOIN memory_items m ON m.tenant_id = v.tenant_id AND m.id = v.id
+JOIN memory_items p ON p.tenant_id = v.tenant_id AND p.id = v.previous_id
+WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL AND p.anonymized_at IS NOT NULL";
+
+/// The embed job of a row read as (id, tenant, content hash).
+pub(crate) fn embed_job((item_id, tenant, sha): (Uuid, String, Vec<u8>)) -> Result<EmbedJob, StoreError> {
+    let row = EmbedRow { tenant_id: TenantId::parse(&tenant)?, item_id, content_sha256: hex::encode(sha) };
+    Ok(EmbedJob::of(&row))
+}
+
 impl Store {
     /// The live rows behind a batch of embed jobs, each checked against its job's tenant, with
     /// each chat message's previous turn when `with_previous`.
@@ -149,63 +188,98 @@ impl Store {
         let mut tenants = Vec::with_capacity(vectors.len());
         let mut shas = Vec::with_capacity(vectors.len());
         let mut embeddings = Vec::with_capacity(vectors.len());
+        let mut previous = Vec::with_capacity(vectors.len());
         for v in vectors {
             ids.push(v.id);
             tenants.push(v.tenant_id.as_str().to_owned());
             shas.push(v.content_sha256);
             embeddings.push(Vector::from(v.embedding));
+            previous.push(v.previous_id);
         }
         let mut tx = self.pool.begin().await?;
         lock_text_counts(&mut tx, &tenants).await?;
         let saved: Vec<(Uuid, String, bool)> = sqlx::query_as(SAVE_VECTORS)
-            .bind(ids)
-            .bind(tenants)
+            .bind(&ids)
+            .bind(&tenants)
             .bind(shas)
             .bind(embeddings)
             .bind(model)
+            .bind(&previous)
             .fetch_all(&mut *tx)
             .await?;
         let to_judge =
             saved.iter().filter(|(_, _, judge)| *judge).map(|(id, tenant, _)| (*id, tenant.clone())).collect();
         push_judge_jobs(&mut tx, to_judge).await?;
+        if saved.len() < ids.len() {
+            let stored: HashSet<Uuid> = saved.iter().map(|(id, _, _)| *id).collect();
+            let left = (0..ids.len()).filter(|&i| previous[i].is_some() && !stored.contains(&ids[i]));
+            let (ids, tenants, previous): (Vec<_>, Vec<_>, Vec<_>) =
+                left.map(|i| (ids[i], tenants[i].as_str(), previous[i])).collect();
+            let again: Vec<(Uuid, String, Vec<u8>)> = sqlx::query_as(TO_EMBED_AGAIN_WITHOUT_PREVIOUS)
+                .bind(ids)
+                .bind(tenants)
+                .bind(previous)
+                .fetch_all(&mut *tx)
+                .await?;
+            push(&mut tx, &again.into_iter().map(embed_job).collect::<Result<Vec<_>, _>>()?).await?;
+        }
         tx.commit().await?;
         Ok(saved.into_iter().map(|(id, _, _)| id).collect())
     }
 
-    /// Records a failed attempt. When `retry_after` is given, the row's job is queued again to run
-    /// after that delay (in the same transaction); otherwise the failure is final and `error`
-    /// stays on the row. Returns the row's attempts so far.
+    /// Records that rows have a vector of `model` for their content already (see
+    /// [`RowToEmbed::recorded`]).
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
-    pub async fn record_embed_failure(
-        &self,
-        job: &EmbedRow,
-        error: &str,
-        retry_after: Option<Duration>,
-    ) -> Result<i32, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let attempts: Option<i32> = sqlx::query_scalar(
-            "UPDATE memory_items
-             SET embed_attempts = embed_attempts + 1,
-                 embed_failing_since = coalesce(embed_failing_since, now()),
-                 embed_error = CASE WHEN $3 THEN NULL ELSE $4 END,
-                 -- When the retry is due: the housekeeping grace counts from then, so a long
-                 -- backoff is not cut short by a re-queue.
-                 embed_enqueued_at = now() + make_interval(secs => $5)
-             WHERE id = $1 AND tenant_id = $2
-             RETURNING embed_attempts",
+    pub async fn record_embedded(&self, model: &str, rows: &[&RowToEmbed]) -> Result<(), StoreError> {
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        let tenants: Vec<&str> = rows.iter().map(|r| r.tenant_id.as_str()).collect();
+        sqlx::query(
+            "UPDATE memory_items m SET embedded_model = $3, embed_error = NULL, embed_failing_since = NULL
+             FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
+             WHERE m.tenant_id = j.tenant_id AND m.id = j.id AND m.anonymized_at IS NULL
+               AND EXISTS (SELECT 1 FROM memory_embeddings e
+                           WHERE e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = $3
+                             AND e.content_sha256 = m.content_sha256)",
         )
-        .bind(job.item_id)
-        .bind(job.tenant_id.as_str())
-        .bind(retry_after.is_some())
-        .bind(error)
-        .bind(retry_after.unwrap_or_default().as_secs_f64())
-        .fetch_optional(&mut *tx)
+        .bind(ids)
+        .bind(tenants)
+        .bind(model)
+        .execute(&self.pool)
         .await?;
-        if let Some(delay) = retry_after {
-            push_after(&mut tx, &EmbedJob::of(job), delay, 0).await?;
+        Ok(())
+    }
+
+    /// Records a batch's failed attempts in one transaction, so a store error partway records
+    /// none and the job's retry records each once (not a second retry chain for those before).
+    /// A failure with `retry_after` queues its row's job again to run after that delay; one
+    /// without is final, and its `error` stays on the row.
+    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
+    pub async fn record_embed_failures(&self, failures: &[EmbedFailure<'_>]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for failure in failures {
+            sqlx::query(
+                "UPDATE memory_items
+                 SET embed_attempts = embed_attempts + 1,
+                     embed_failing_since = coalesce(embed_failing_since, now()),
+                     embed_error = CASE WHEN $3 THEN NULL ELSE $4 END,
+                     -- When the retry is due: the housekeeping grace counts from then, so a long
+                     -- backoff is not cut short by a re-queue.
+                     embed_enqueued_at = now() + make_interval(secs => $5)
+                 WHERE id = $1 AND tenant_id = $2",
+            )
+            .bind(failure.job.item_id)
+            .bind(failure.job.tenant_id.as_str())
+            .bind(failure.retry_after.is_some())
+            .bind(&failure.error)
+            .bind(failure.retry_after.unwrap_or_default().as_secs_f64())
+            .execute(&mut *tx)
+            .await?;
+            if let Some(delay) = failure.retry_after {
+                push_after(&mut tx, &EmbedJob::of(failure.job), delay, 0).await?;
+            }
         }
         tx.commit().await?;
-        Ok(attempts.unwrap_or(0))
+        Ok(())
     }
 
     /// How many times the rows of these jobs have failed so far, and for how many seconds they
@@ -258,13 +332,7 @@ impl Store {
         .fetch_all(&mut *tx)
         .await?;
         let count = stale.len() as u64;
-        let jobs = stale
-            .into_iter()
-            .map(|(item_id, tenant, sha)| {
-                let row = EmbedRow { tenant_id: TenantId::parse(&tenant)?, item_id, content_sha256: hex::encode(sha) };
-                Ok(EmbedJob::of(&row))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let jobs = stale.into_iter().map(embed_job).collect::<Result<Vec<_>, StoreError>>()?;
         push(&mut tx, &jobs).await?;
         tx.commit().await?;
         Ok(count)

@@ -38,7 +38,7 @@ pub use conversation::{
 pub use database::{
     FreshDatabase, create_database, create_empty_database, drop_database, move_database, with_database,
 };
-pub use embeddings::{NewVector, RowToEmbed};
+pub use embeddings::{EmbedFailure, NewVector, RowToEmbed};
 pub use error::StoreError;
 pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};
 pub use group_commit::{CommitStats, GroupCommit};

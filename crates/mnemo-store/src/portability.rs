@@ -400,11 +400,18 @@ impl Import {
             }
             // One statement per table, so references between its own rows (a supersede chain)
             // are checked when all of them are in.
-            let not_erased = if ERASED_WITH_ITEM.contains(table) {
-                "AND NOT EXISTS (SELECT 1 FROM memory_items m
-                                 WHERE m.tenant_id = $1 AND m.id = r.item_id AND m.anonymized_at IS NOT NULL)"
-            } else {
-                ""
+            let not_erased = match *table {
+                // Nor a vector made with the words of a turn stored anonymized.
+                "memory_embeddings" => {
+                    "AND NOT EXISTS (SELECT 1 FROM memory_items m
+                                     WHERE m.tenant_id = $1 AND m.id IN (r.item_id, r.previous_id)
+                                       AND m.anonymized_at IS NOT NULL)"
+                }
+                table if ERASED_WITH_ITEM.contains(&table) => {
+                    "AND NOT EXISTS (SELECT 1 FROM memory_items m
+                                     WHERE m.tenant_id = $1 AND m.id = r.item_id AND m.anonymized_at IS NOT NULL)"
+                }
+                _ => "",
             };
             let insert = format!(
                 "INSERT INTO {table} ({list})
@@ -426,9 +433,25 @@ impl Import {
                     );
                     sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?;
                 }
+                // A stored vector made with the words of a turn the file brings anonymized goes
+                // too, and its row is embedded again.
+                report.to_embed += sqlx::query(
+                    "WITH dropped AS (
+                         DELETE FROM memory_embeddings x USING memory_items m, import_rows l
+                         WHERE l.tbl = 'memory_items' AND m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
+                           AND m.anonymized_at IS NOT NULL AND x.tenant_id = $1 AND x.previous_id = m.id
+                         RETURNING x.item_id, x.model
+                     )
+                     UPDATE memory_items n SET embedded_model = NULL FROM dropped d
+                     WHERE n.tenant_id = $1 AND n.id = d.item_id AND n.embedded_model = d.model",
+                )
+                .bind(tenant)
+                .execute(&mut *self.tx)
+                .await?
+                .rows_affected();
             }
         }
-        report.to_embed = sqlx::query(
+        report.to_embed += sqlx::query(
             "UPDATE memory_items m SET embedded_model = NULL
              FROM import_rows l
              WHERE l.tbl = 'memory_items' AND m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid

@@ -1,7 +1,8 @@
 //! Retention: soft deletes, tenant policies, the sweep's candidates and batches, user erasure,
-//! and the audit log reader. Anonymizing a row is one statement per batch, so a crash leaves
+//! and the audit log reader. Anonymizing a row is one transaction per batch, so a crash leaves
 //! each row either untouched or fully anonymized: content `[REDACTED]`, identity, metadata,
-//! key, vectors and tool output payload gone, full text empty (a generated column), a
+//! key, vectors (and those of the next turn, which held its words) and tool output payload
+//! gone, full text empty (a generated column), a
 //! `source_ref` that no longer names its identity and ends in `|anonymized`, and a
 //! `memory.anonymize` audit row with the id and reason. The row itself stays, so supersede
 //! chains stay intact.
@@ -14,7 +15,7 @@ use serde_json::Value;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::embeddings::lock_text_counts;
+use crate::embeddings::{embed_job, lock_text_counts};
 use crate::queue::{RetentionJob, push};
 use crate::{Store, StoreError};
 
@@ -109,79 +110,133 @@ const DUE_REASON: &str = "CASE WHEN m.deleted_at < $2 THEN 'soft_deleted' ELSE '
 const SUMMARY_OF_USERS_SESSION: &str = "m.source_kind = 'session_summary' AND m.session_id IN (
     SELECT s.session_id FROM memory_items s WHERE s.tenant_id = $1 AND s.user_id = $2 AND s.session_id IS NOT NULL)";
 
-/// Anonymizes the rows `picked` selects (`id`, `reason`; locked), with tenant $1 and the actor
-/// as parameter `$actor`. Returns (id, source_kind, reason) of each row anonymized.
-fn anonymize_sql(picked: &str, actor: &str) -> String {
-    format!(
-        "WITH picked AS ({picked}),
-        vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.tenant_id = $1 AND e.item_id = picked.id),
-        payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
-        sightings AS (DELETE FROM memory_sightings x USING picked WHERE x.tenant_id = $1 AND x.item_id = picked.id),
-        -- The rows' words leave their tenant's counts (migration 032), read from the full text as
-        -- it was before this statement (the caller holds the counts' lock, so no embedding of
-        -- these rows is half-counted); a word no other row holds is forgotten.
-        words AS (
-            SELECT l, count(*) AS n FROM memory_items w JOIN picked ON w.tenant_id = $1 AND w.id = picked.id
-            CROSS JOIN unnest(tsvector_to_array(w.tsv)) AS l
-            GROUP BY l
-        ),
-        forgotten AS (
-            DELETE FROM tenant_lexemes c USING words
-            WHERE c.tenant_id = $1 AND c.lexeme = words.l AND c.documents <= words.n
-        ),
-        uncounted AS (
-            UPDATE tenant_lexemes c SET documents = c.documents - words.n FROM words
-            WHERE c.tenant_id = $1 AND c.lexeme = words.l AND c.documents > words.n
-        ),
-        uncounted_rows AS (
-            UPDATE tenant_text t SET documents = greatest(t.documents - x.n, 0), lexemes = greatest(t.lexemes - x.lexemes, 0)
-            FROM (SELECT count(*) AS n, coalesce(sum(length(w.tsv)), 0) AS lexemes
-                  FROM memory_items w JOIN picked ON w.tenant_id = $1 AND w.id = picked.id
-                  WHERE w.tsv IS NOT NULL) x
-            WHERE t.tenant_id = $1
-        ),
-        anonymized AS (
-            UPDATE memory_items m SET
-                content = '[REDACTED]',
-                content_sha256 = sha256('[REDACTED]'::bytea),
-                session_id = NULL, user_id = NULL, agent_id = NULL,
-                metadata = '{{}}'::jsonb, tool_output_key = NULL, fact_key = NULL,
-                -- A tool's output names its tool, which is kept; any other message's name is its
-                -- participant's (a user, an assistant, a system message's sender).
-                tool_name = CASE WHEN m.role = 'tool' OR m.source_kind = 'tool_output' THEN m.tool_name END,
-                -- Tags and the fingerprint are made of the content.
-                tags = '{{}}', fingerprint = NULL,
-                embedded_model = NULL, embed_error = NULL, embed_failing_since = NULL,
-                -- A fact's ref is made of its identity and a hash of its content, a workspace
-                -- note's of a hash of its agent and user and the file's path, a session
-                -- summary's of its session and a hash of its text: replaced. Other refs are the
-                -- caller's ids: kept, suffixed, with the row id when a row already took the
-                -- plain suffix. Either way the key is free for a new write.
-                source_ref = CASE
-                    WHEN m.source_kind = 'fact' THEN 'fact:' || m.scope || ':' || m.id || '|anonymized'
-                    WHEN m.source_kind = 'workspace_note' THEN 'workspace:' || m.id || '|anonymized'
-                    WHEN m.source_kind = 'session_summary' THEN 'session-summary:' || m.id || '|anonymized'
-                    WHEN EXISTS (
-                        SELECT 1 FROM memory_items x
-                        WHERE x.tenant_id = m.tenant_id AND x.source_kind = m.source_kind
-                          AND x.source_ref = m.source_ref || '|anonymized'
-                    ) THEN m.source_ref || '|' || m.id || '|anonymized'
-                    ELSE m.source_ref || '|anonymized'
-                END,
-                valid_to = CASE WHEN m.source_kind = 'fact' THEN COALESCE(m.valid_to, now()) END,
-                deleted_at = CASE WHEN picked.reason = 'erasure' THEN COALESCE(m.deleted_at, now()) ELSE m.deleted_at END,
-                anonymized_at = now()
-            FROM picked
-            WHERE m.id = picked.id AND m.tenant_id = $1
-            RETURNING m.id, m.source_kind, picked.reason
-        ),
-        audit AS (
-            INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
-            SELECT $1, '{event}', id, reason, {actor} FROM anonymized
-        )
-        SELECT id, source_kind, reason FROM anonymized",
-        event = AuditEvent::Anonymize,
-    )
+/// Anonymizes rows `$2` (with reasons `$3`) of tenant `$1`, audited as event `$4` by actor `$5`.
+/// Returns (id, source_kind, reason) of each row anonymized.
+const ANONYMIZE: &str = "
+WITH picked AS (SELECT * FROM unnest($2::uuid[], $3::text[]) AS p(id, reason)),
+vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.tenant_id = $1 AND e.item_id = picked.id),
+payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
+sightings AS (DELETE FROM memory_sightings x USING picked WHERE x.tenant_id = $1 AND x.item_id = picked.id),
+-- The rows' words leave their tenant's counts (migration 032), read from the full text as
+-- it was before this statement (the caller holds the counts' lock, so no embedding of
+-- these rows is half-counted); a word no other row holds is forgotten.
+words AS (
+    SELECT l, count(*) AS n FROM memory_items w JOIN picked ON w.tenant_id = $1 AND w.id = picked.id
+    CROSS JOIN unnest(tsvector_to_array(w.tsv)) AS l
+    GROUP BY l
+),
+forgotten AS (
+    DELETE FROM tenant_lexemes c USING words
+    WHERE c.tenant_id = $1 AND c.lexeme = words.l AND c.documents <= words.n
+),
+uncounted AS (
+    UPDATE tenant_lexemes c SET documents = c.documents - words.n FROM words
+    WHERE c.tenant_id = $1 AND c.lexeme = words.l AND c.documents > words.n
+),
+uncounted_rows AS (
+    UPDATE tenant_text t SET documents = greatest(t.documents - x.n, 0), lexemes = greatest(t.lexemes - x.lexemes, 0)
+    FROM (SELECT count(*) AS n, coalesce(sum(length(w.tsv)), 0) AS lexemes
+          FROM memory_items w JOIN picked ON w.tenant_id = $1 AND w.id = picked.id
+          WHERE w.tsv IS NOT NULL) x
+    WHERE t.tenant_id = $1
+),
+anonymized AS (
+    UPDATE memory_items m SET
+        content = '[REDACTED]',
+        content_sha256 = sha256('[REDACTED]'::bytea),
+        session_id = NULL, user_id = NULL, agent_id = NULL,
+        metadata = '{}'::jsonb, tool_output_key = NULL, fact_key = NULL,
+        -- A tool's output names its tool, which is kept; any other message's name is its
+        -- participant's (a user, an assistant, a system message's sender).
+        tool_name = CASE WHEN m.role = 'tool' OR m.source_kind = 'tool_output' THEN m.tool_name END,
+        -- Tags and the fingerprint are made of the content.
+        tags = '{}', fingerprint = NULL,
+        embedded_model = NULL, embed_error = NULL, embed_failing_since = NULL,
+        -- A fact's ref is made of its identity and a hash of its content, a workspace
+        -- note's of a hash of its agent and user and the file's path, a session
+        -- summary's of its session and a hash of its text: replaced. Other refs are the
+        -- caller's ids: kept, suffixed, with the row id when a row already took the
+        -- plain suffix. Either way the key is free for a new write.
+        source_ref = CASE
+            WHEN m.source_kind = 'fact' THEN 'fact:' || m.scope || ':' || m.id || '|anonymized'
+            WHEN m.source_kind = 'workspace_note' THEN 'workspace:' || m.id || '|anonymized'
+            WHEN m.source_kind = 'session_summary' THEN 'session-summary:' || m.id || '|anonymized'
+            WHEN EXISTS (
+                SELECT 1 FROM memory_items x
+                WHERE x.tenant_id = m.tenant_id AND x.source_kind = m.source_kind
+                  AND x.source_ref = m.source_ref || '|anonymized'
+            ) THEN m.source_ref || '|' || m.id || '|anonymized'
+            ELSE m.source_ref || '|anonymized'
+        END,
+        valid_to = CASE WHEN m.source_kind = 'fact' THEN COALESCE(m.valid_to, now()) END,
+        deleted_at = CASE WHEN picked.reason = 'erasure' THEN COALESCE(m.deleted_at, now()) ELSE m.deleted_at END,
+        anonymized_at = now()
+    FROM picked
+    WHERE m.id = picked.id AND m.tenant_id = $1
+    RETURNING m.id, m.source_kind, picked.reason
+),
+audit AS (
+    INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+    SELECT $1, $4, id, reason, $5 FROM anonymized
+)
+SELECT id, source_kind, reason FROM anonymized";
+
+/// Drops the vectors made with the words of rows `$2` of tenant `$1` (a chat message is
+/// embedded with the session's turn before it), read before those rows are anonymized. A vector
+/// that does not say which turn it was made with (made before migration 036) is taken to be
+/// made with the one before its row. Returns (id, tenant, content hash) of each live row whose
+/// vector of the model it was embedded with is gone: it is embedded again.
+const DROP_VECTORS_MADE_WITH: &str = "
+WITH turns AS (
+    SELECT p.session_id, p.event_time, p.id FROM memory_items p
+    WHERE p.tenant_id = $1 AND p.id = ANY($2) AND p.source_kind = 'chat_message' AND p.scope = 'session'
+), next_turns AS (
+    -- n's conditions hold the conversation index's predicate: one probe per turn.
+    SELECT n.id FROM turns t CROSS JOIN LATERAL (
+        SELECT n.id FROM memory_items n
+        WHERE n.tenant_id = $1 AND n.session_id = t.session_id AND n.scope = 'session'
+          AND n.source_kind IN ('chat_message', 'tool_output') AND n.deleted_at IS NULL AND n.anonymized_at IS NULL
+          AND (n.event_time, n.id) > (t.event_time, t.id) AND n.source_kind = 'chat_message'
+        ORDER BY n.event_time, n.id LIMIT 1
+    ) n
+), dropped AS (
+    DELETE FROM memory_embeddings e
+    WHERE e.tenant_id = $1 AND e.item_id <> ALL($2)
+      AND (e.previous_id = ANY($2)
+           OR (e.previous_id = '00000000-0000-0000-0000-000000000000' AND e.item_id IN (SELECT id FROM next_turns)))
+    RETURNING e.item_id, e.model
+)
+UPDATE memory_items m SET embedded_model = NULL, embed_enqueued_at = now()
+FROM dropped d
+WHERE m.tenant_id = $1 AND m.id = d.item_id AND d.model = m.embedded_model
+  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+RETURNING m.id, m.tenant_id, m.content_sha256";
+
+/// Anonymizes the rows `picked` (id, reason) of `tenant`, which the caller's transaction has
+/// locked, with `actor` on their audit rows, and embeds again the rows whose vectors held their
+/// words. The caller holds the tenant's text-count lock, taken before any row lock (embedding
+/// takes it first too). Returns (id, source_kind, reason) of each row anonymized.
+async fn anonymize(
+    tx: &mut sqlx::PgConnection,
+    tenant: &TenantId,
+    picked: Vec<(Uuid, String)>,
+    actor: &str,
+) -> Result<Vec<(Uuid, String, String)>, StoreError> {
+    if picked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (ids, reasons): (Vec<Uuid>, Vec<String>) = picked.into_iter().unzip();
+    let again: Vec<(Uuid, String, Vec<u8>)> =
+        sqlx::query_as(DROP_VECTORS_MADE_WITH).bind(tenant.as_str()).bind(&ids).fetch_all(&mut *tx).await?;
+    push(&mut *tx, &again.into_iter().map(embed_job).collect::<Result<Vec<_>, _>>()?).await?;
+    Ok(sqlx::query_as(ANONYMIZE)
+        .bind(tenant.as_str())
+        .bind(ids)
+        .bind(reasons)
+        .bind(AuditEvent::Anonymize.as_str())
+        .bind(actor)
+        .fetch_all(&mut *tx)
+        .await?)
 }
 
 /// Anonymizes the soft-deleted rows `ids` of `tenant` now, in the caller's transaction, with
@@ -194,15 +249,16 @@ pub(crate) async fn anonymize_ids(
     ids: &[Uuid],
     actor: &str,
 ) -> Result<(), StoreError> {
-    let picked = "SELECT m.id, 'soft_deleted' AS reason FROM memory_items m
-                  WHERE m.tenant_id = $1 AND m.id = ANY($2) AND m.anonymized_at IS NULL
-                  ORDER BY m.id FOR UPDATE";
-    sqlx::query(AssertSqlSafe(anonymize_sql(picked, "$3")))
-        .bind(tenant.as_str())
-        .bind(ids)
-        .bind(actor)
-        .execute(&mut *tx)
-        .await?;
+    let picked = sqlx::query_as(
+        "SELECT m.id, 'soft_deleted' FROM memory_items m
+         WHERE m.tenant_id = $1 AND m.id = ANY($2) AND m.anonymized_at IS NULL
+         ORDER BY m.id FOR UPDATE",
+    )
+    .bind(tenant.as_str())
+    .bind(ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    anonymize(tx, tenant, picked, actor).await?;
     Ok(())
 }
 
@@ -332,22 +388,21 @@ impl Store {
         limit: i64,
         actor: &str,
     ) -> Result<Vec<(Uuid, AnonymizeReason)>, StoreError> {
-        let picked = format!(
-            "SELECT m.id, {DUE_REASON} AS reason FROM memory_items m WHERE {} AND m.id > $6
-             ORDER BY m.id LIMIT $4 FOR UPDATE SKIP LOCKED",
-            due_filter()
-        );
         let mut tx = self.pool.begin().await?;
         lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
-        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(&picked, "$5")))
-            .bind(tenant.as_str())
-            .bind(cutoffs.deleted_before)
-            .bind(cutoffs.superseded_before)
-            .bind(limit)
-            .bind(actor)
-            .bind(after)
-            .fetch_all(&mut *tx)
-            .await?;
+        let picked = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m.id, {DUE_REASON} FROM memory_items m WHERE {} AND m.id > $5
+             ORDER BY m.id LIMIT $4 FOR UPDATE SKIP LOCKED",
+            due_filter()
+        )))
+        .bind(tenant.as_str())
+        .bind(cutoffs.deleted_before)
+        .bind(cutoffs.superseded_before)
+        .bind(limit)
+        .bind(after)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows = anonymize(&mut tx, tenant, picked, actor).await?;
         tx.commit().await?;
         Ok(rows.into_iter().map(|(id, _, r)| (id, reason(&r))).collect())
     }
@@ -452,18 +507,19 @@ impl Store {
         sessions: &[String],
         actor: &str,
     ) -> Result<Vec<(Uuid, String)>, StoreError> {
-        let picked = "SELECT m.id, 'erasure' AS reason FROM memory_items m
-                      WHERE m.tenant_id = $1 AND m.source_kind = 'session_summary' AND m.session_id = ANY($2)
-                        AND m.anonymized_at IS NULL
-                      ORDER BY m.id FOR UPDATE";
         let mut tx = self.pool.begin().await?;
         lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
-        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(picked, "$3")))
-            .bind(tenant.as_str())
-            .bind(sessions)
-            .bind(actor)
-            .fetch_all(&mut *tx)
-            .await?;
+        let picked = sqlx::query_as(
+            "SELECT m.id, 'erasure' FROM memory_items m
+             WHERE m.tenant_id = $1 AND m.source_kind = 'session_summary' AND m.session_id = ANY($2)
+               AND m.anonymized_at IS NULL
+             ORDER BY m.id FOR UPDATE",
+        )
+        .bind(tenant.as_str())
+        .bind(sessions)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows = anonymize(&mut tx, tenant, picked, actor).await?;
         tx.commit().await?;
         Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
     }
@@ -479,19 +535,20 @@ impl Store {
         limit: i64,
         actor: &str,
     ) -> Result<Vec<(Uuid, String)>, StoreError> {
-        let picked = "SELECT m.id, 'erasure' AS reason FROM memory_items m
-                      WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $5
-                      ORDER BY m.id LIMIT $3 FOR UPDATE";
         let mut tx = self.pool.begin().await?;
         lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
-        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(anonymize_sql(picked, "$4")))
-            .bind(tenant.as_str())
-            .bind(user.as_str())
-            .bind(limit)
-            .bind(actor)
-            .bind(after)
-            .fetch_all(&mut *tx)
-            .await?;
+        let picked = sqlx::query_as(
+            "SELECT m.id, 'erasure' FROM memory_items m
+             WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $4
+             ORDER BY m.id LIMIT $3 FOR UPDATE",
+        )
+        .bind(tenant.as_str())
+        .bind(user.as_str())
+        .bind(limit)
+        .bind(after)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows = anonymize(&mut tx, tenant, picked, actor).await?;
         tx.commit().await?;
         Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
     }

@@ -137,6 +137,7 @@ pub async fn embed_like_the_provider(store: &mnemo_store::Store, model: &str, di
             tenant_id: mnemo_core::TenantId::parse(&tenant_id).expect("stored tenant"),
             content_sha256,
             embedding: unit_bag_of_words(&content, dimensions),
+            previous_id: None,
         })
         .collect();
     store.save_vectors(model, vectors).await.expect("save vectors");
