@@ -334,6 +334,13 @@ async fn an_anonymized_turn_leaves_no_words_in_the_vector_of_the_next() {
         .await,
         "embedded again with the turn before the erased one"
     );
+    // The words keyword search weighs by are those of the live rows, each counted once.
+    let wrong = "WITH kept AS (SELECT lexeme, documents FROM tenant_lexemes WHERE tenant_id = 'acme'),
+                     held AS (SELECT l, count(*) FROM memory_items m CROSS JOIN unnest(tsvector_to_array(m.tsv)) AS l
+                              WHERE m.tenant_id = 'acme' AND m.tsv IS NOT NULL GROUP BY 1)
+                 SELECT count(*) FROM ((TABLE kept EXCEPT TABLE held) UNION ALL (TABLE held EXCEPT TABLE kept)) d";
+    assert_eq!(db.count(wrong).await, 0, "the words' counts are not those of the rows");
+    assert_eq!(db.count("SELECT documents FROM tenant_lexemes WHERE lexeme = 'sorri'").await, 1);
     worker.kill().await;
 
     // Read with a turn that is erased before its vector is stored: the vector is refused and the

@@ -557,6 +557,17 @@ async fn an_export_made_before_an_erasure_does_not_bring_the_users_files_back() 
     assert!(put.status < 300, "{:?}", put.body);
     let said = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "my secret plan" });
     assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    // A memory of the agent's, written by its service, that the user stated again: it stays,
+    // the sighting naming the user goes.
+    let stated = json!({ "scope": "agent", "content": "the team ships on Fridays", "layer": "episodic" });
+    let service = token(&principal("acme", None, Some("a1"), Some("s0")));
+    for by in [&service, &t] {
+        let reply = app.client.post("/v1/facts", Some(by), &stated).await;
+        assert!(reply.status < 300, "{:?}", reply.body);
+    }
+    let sightings = "SELECT count(*) FROM memory_sightings x JOIN memory_items m ON m.id = x.item_id
+                     WHERE x.user_id = 'u1' AND m.user_id IS NULL";
+    assert_eq!(app.db.count(sightings).await, 1);
     let before = temp("before-erasure.jsonl.gz");
     assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&before)).await.ok);
     let files = "SELECT count(*) FROM workspace_files WHERE user_id = 'u1'";
@@ -565,13 +576,19 @@ async fn an_export_made_before_an_erasure_does_not_bring_the_users_files_back() 
     let erased = runbook(&app.db.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await;
     assert!(erased.ok, "{}", erased.stderr);
     assert_eq!(app.db.count(files).await, 0);
+    assert_eq!(app.db.count(sightings).await, 0);
 
     // Restoring the earlier copy over the erased tenant: the memories stay anonymized (an
     // anonymized row is never replaced) and the files stay gone.
     let run = runbook(&app.db.url, &["import", "--tenant", "acme", before.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(app.db.count(files).await, 0, "the erased user's files came back");
-    assert!(run.stdout.contains("workspace files and versions of users erased since left out"), "{}", run.stdout);
+    assert_eq!(app.db.count(sightings).await, 0, "the erased user's sightings came back");
+    assert!(
+        run.stdout.contains("workspace files, versions and sightings of users erased since left out"),
+        "{}",
+        run.stdout
+    );
     assert_eq!(app.db.count("SELECT count(*) FROM workspace_file_versions WHERE user_id = 'u1'").await, 0);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE content = 'my secret plan'").await, 0);
     let _ = std::fs::remove_file(&before);

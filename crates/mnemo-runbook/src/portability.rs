@@ -217,7 +217,7 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         );
     }
     if report.erased_left_out > 0 {
-        println!("{} workspace files and versions of users erased since left out", report.erased_left_out);
+        println!("{} workspace files, versions and sightings of users erased since left out", report.erased_left_out);
     }
     eprintln!("imported {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));
     Ok(())

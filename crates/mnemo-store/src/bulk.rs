@@ -122,8 +122,9 @@ impl Store {
             sqlx::query(
                 // By the whole key: on the id alone the join read every row of the table, so a
                 // load's statements grew slower with the table.
-                "INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256)
-                 SELECT m.tenant_id, m.id, $4, v.embedding, m.content_sha256
+                // Made of nothing but the given vector: no previous turn.
+                "INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256, previous_id)
+                 SELECT m.tenant_id, m.id, $4, v.embedding, m.content_sha256, NULL
                  FROM unnest($1::text[], $2::uuid[], $3::vector[]) AS v(tenant, id, embedding)
                  JOIN memory_items m ON m.tenant_id = v.tenant AND m.id = v.id",
             )

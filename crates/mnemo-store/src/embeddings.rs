@@ -29,10 +29,11 @@ pub struct RowToEmbed {
     pub previous: Option<String>,
     /// That message's id.
     pub previous_id: Option<Uuid>,
-    /// A vector of this model for this content exists already.
+    /// A vector of this model for this content exists already, and the row names a model (one
+    /// that names none has no full text counted yet: it is embedded, and counted, again).
     pub done: bool,
-    /// The row says so (it names this model and is not failing). A row done but not recorded
-    /// (its vector made before a switch to another model and back) is recorded by
+    /// The row names this model and is not failing. A row done but not recorded (its vector
+    /// made before a switch to another model and back) is recorded by
     /// [`Store::record_embedded`], or housekeeping would queue it again forever.
     pub recorded: bool,
 }
@@ -59,7 +60,7 @@ pub struct NewVector {
 
 const ROWS_TO_EMBED: &str = "
 SELECT m.id, m.tenant_id, m.content, m.content_sha256, m.created_at, p.previous, p.previous_id,
-       (e.item_id IS NOT NULL) AS done,
+       (e.item_id IS NOT NULL AND m.embedded_model IS NOT NULL) AS done,
        (m.embedded_model IS NOT DISTINCT FROM $3 AND m.embed_failing_since IS NULL AND m.embed_error IS NULL) AS recorded
 -- Two jobs naming one row (a recovered orphan and its re-queued copy) read it once.
 FROM (SELECT DISTINCT id, tenant_id FROM unnest($1::uuid[], $2::text[]) AS u(id, tenant_id)) AS j
@@ -228,7 +229,8 @@ impl Store {
     }
 
     /// Records that rows have a vector of `model` for their content already (see
-    /// [`RowToEmbed::recorded`]).
+    /// [`RowToEmbed::recorded`]). Only rows that name a model: their full text, which that
+    /// column gates, is there and counted either way.
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn record_embedded(&self, model: &str, rows: &[&RowToEmbed]) -> Result<(), StoreError> {
         let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
@@ -237,6 +239,7 @@ impl Store {
             "UPDATE memory_items m SET embedded_model = $3, embed_error = NULL, embed_failing_since = NULL
              FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
              WHERE m.tenant_id = j.tenant_id AND m.id = j.id AND m.anonymized_at IS NULL
+               AND m.embedded_model IS NOT NULL
                AND EXISTS (SELECT 1 FROM memory_embeddings e
                            WHERE e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = $3
                              AND e.content_sha256 = m.content_sha256)",

@@ -93,7 +93,8 @@ pub struct ImportReport {
     pub tables: Vec<(&'static str, u64, u64, u64)>,
     /// Items whose vectors did not come with them (or not of their model): the workers embed them.
     pub to_embed: u64,
-    /// Workspace files and versions of users erased here after they were written, left out.
+    /// Workspace files, versions and sightings of users erased here after they were written,
+    /// left out.
     pub erased_left_out: u64,
     /// Erasures the file brought that this tenant had not recorded.
     pub erasures: u64,
@@ -312,14 +313,16 @@ impl Import {
         .execute(&mut *self.tx)
         .await?;
         let columns = check_rows(&mut self.tx, tenant).await?;
-        // An erasure deletes a user's files outright; a copy made before it must not bring them
-        // back (their memories come back anonymized already: an anonymized row is never replaced).
+        // An erasure deletes a user's files and sightings outright; a copy made before it must
+        // not bring them back (their memories come back anonymized already: an anonymized row is
+        // never replaced).
         let erased_left_out = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DELETE FROM import_rows l USING audit_log a
-             WHERE l.tbl IN ('workspace_files', 'workspace_file_versions')
+             WHERE l.tbl IN ('workspace_files', 'workspace_file_versions', 'memory_sightings')
                AND a.tenant_id = $1 AND a.event = '{erase}'
                AND a.details->>'user_sha256' = {user_hash}
-               AND (l.row->>'created_at')::timestamptz <= a.created_at",
+               AND (l.row->>CASE l.tbl WHEN 'memory_sightings' THEN 'seen_at' ELSE 'created_at' END)::timestamptz
+                   <= a.created_at",
             erase = mnemo_core::AuditEvent::Erase,
             user_hash = user_sha256_sql("l.row->>'user_id'"),
         )))
@@ -355,6 +358,19 @@ impl Import {
         }
 
         let mut report = ImportReport { erased_left_out, erasures, erased_here, ..ImportReport::default() };
+        // Under the tenant's text-count lock from here to the commit, so that no vector saved
+        // meanwhile holds the words of a turn the file brings anonymized: the vectors made with
+        // such a turn are dropped now, while the stored row still names its session, and a save
+        // waiting for the lock sees the turn anonymized.
+        crate::embeddings::lock_text_counts(&mut self.tx, &[tenant.to_owned()]).await?;
+        let turns: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT s.id FROM import_rows l JOIN memory_items s ON s.tenant_id = $1 AND s.id = (l.row->>'id')::uuid
+             WHERE l.tbl = 'memory_items' AND l.row->>'anonymized_at' IS NOT NULL AND s.anonymized_at IS NULL",
+        )
+        .bind(tenant)
+        .fetch_all(&mut *self.tx)
+        .await?;
+        report.to_embed += crate::retention::drop_vectors_made_with(&mut self.tx, &self.tenant, &turns).await?;
         for (table, columns) in &columns {
             let list = columns.join(", ");
             let staged: i64 = sqlx::query_scalar("SELECT count(*) FROM import_rows WHERE tbl = $1")
@@ -433,22 +449,6 @@ impl Import {
                     );
                     sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(&mut *self.tx).await?;
                 }
-                // A stored vector made with the words of a turn the file brings anonymized goes
-                // too, and its row is embedded again.
-                report.to_embed += sqlx::query(
-                    "WITH dropped AS (
-                         DELETE FROM memory_embeddings x USING memory_items m, import_rows l
-                         WHERE l.tbl = 'memory_items' AND m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
-                           AND m.anonymized_at IS NOT NULL AND x.tenant_id = $1 AND x.previous_id = m.id
-                         RETURNING x.item_id, x.model
-                     )
-                     UPDATE memory_items n SET embedded_model = NULL FROM dropped d
-                     WHERE n.tenant_id = $1 AND n.id = d.item_id AND n.embedded_model = d.model",
-                )
-                .bind(tenant)
-                .execute(&mut *self.tx)
-                .await?
-                .rows_affected();
             }
         }
         report.to_embed += sqlx::query(

@@ -183,9 +183,10 @@ SELECT id, source_kind, reason FROM anonymized";
 
 /// Drops the vectors made with the words of rows `$2` of tenant `$1` (a chat message is
 /// embedded with the session's turn before it), read before those rows are anonymized. A vector
-/// that does not say which turn it was made with (made before migration 036) is taken to be
-/// made with the one before its row. Returns (id, tenant, content hash) of each live row whose
-/// vector of the model it was embedded with is gone: it is embedded again.
+/// that names no turn because it was made before migration 036 is taken to be made with the
+/// turn before its row. Returns (id, tenant, content hash) of each live row that lost a vector.
+/// The rows keep `embedded_model`: their full text, which that column gates, stays counted and
+/// searchable while they are embedded again.
 const DROP_VECTORS_MADE_WITH: &str = "
 WITH turns AS (
     SELECT p.session_id, p.event_time, p.id FROM memory_items p
@@ -199,18 +200,36 @@ WITH turns AS (
           AND (n.event_time, n.id) > (t.event_time, t.id) AND n.source_kind = 'chat_message'
         ORDER BY n.event_time, n.id LIMIT 1
     ) n
-), dropped AS (
+), named AS (
     DELETE FROM memory_embeddings e
-    WHERE e.tenant_id = $1 AND e.item_id <> ALL($2)
-      AND (e.previous_id = ANY($2)
-           OR (e.previous_id = '00000000-0000-0000-0000-000000000000' AND e.item_id IN (SELECT id FROM next_turns)))
-    RETURNING e.item_id, e.model
+    WHERE e.tenant_id = $1 AND e.previous_id = ANY($2) AND e.item_id <> ALL($2)
+    RETURNING e.item_id
+), unnamed AS (
+    -- By the key: the nil uuid is every such vector of the tenant.
+    DELETE FROM memory_embeddings e USING next_turns n
+    WHERE e.tenant_id = $1 AND e.item_id = n.id AND n.id <> ALL($2)
+      AND e.previous_id = '00000000-0000-0000-0000-000000000000'
+    RETURNING e.item_id
 )
-UPDATE memory_items m SET embedded_model = NULL, embed_enqueued_at = now()
-FROM dropped d
-WHERE m.tenant_id = $1 AND m.id = d.item_id AND d.model = m.embedded_model
-  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
-RETURNING m.id, m.tenant_id, m.content_sha256";
+SELECT m.id, m.tenant_id, m.content_sha256 FROM memory_items m
+WHERE m.tenant_id = $1 AND m.id IN (SELECT item_id FROM named UNION SELECT item_id FROM unnamed)
+  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL";
+
+/// Drops the vectors that hold the words of rows `ids` of `tenant` (see
+/// [`DROP_VECTORS_MADE_WITH`]), and queues their rows to embed again, in the caller's
+/// transaction, which holds the tenant's text-count lock: a vector being saved meanwhile is
+/// either seen here or refused for its turn (`SAVE_VECTORS`). Returns the rows queued.
+pub(crate) async fn drop_vectors_made_with(
+    tx: &mut sqlx::PgConnection,
+    tenant: &TenantId,
+    ids: &[Uuid],
+) -> Result<u64, StoreError> {
+    let again: Vec<(Uuid, String, Vec<u8>)> =
+        sqlx::query_as(DROP_VECTORS_MADE_WITH).bind(tenant.as_str()).bind(ids).fetch_all(&mut *tx).await?;
+    let queued = again.len() as u64;
+    push(&mut *tx, &again.into_iter().map(embed_job).collect::<Result<Vec<_>, _>>()?).await?;
+    Ok(queued)
+}
 
 /// Anonymizes the rows `picked` (id, reason) of `tenant`, which the caller's transaction has
 /// locked, with `actor` on their audit rows, and embeds again the rows whose vectors held their
@@ -226,9 +245,7 @@ async fn anonymize(
         return Ok(Vec::new());
     }
     let (ids, reasons): (Vec<Uuid>, Vec<String>) = picked.into_iter().unzip();
-    let again: Vec<(Uuid, String, Vec<u8>)> =
-        sqlx::query_as(DROP_VECTORS_MADE_WITH).bind(tenant.as_str()).bind(&ids).fetch_all(&mut *tx).await?;
-    push(&mut *tx, &again.into_iter().map(embed_job).collect::<Result<Vec<_>, _>>()?).await?;
+    drop_vectors_made_with(tx, tenant, &ids).await?;
     Ok(sqlx::query_as(ANONYMIZE)
         .bind(tenant.as_str())
         .bind(ids)
