@@ -83,10 +83,10 @@ WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 /// Stores vectors only for rows whose content is still what was embedded; a row changed since
 /// has a newer job of its own. Nor a vector made with a previous turn anonymized since: the
 /// anonymization could not drop a vector not yet stored (the caller queues its row again). A
-/// live fact not yet judged is marked for the judge. A row whose
-/// full text is computed now for the first time adds its lexemes to its tenant's counts, which
-/// keyword search weighs words by (migration 032). Run under `LOCK_TEXT_COUNTS`, so `was` (the
-/// statement's snapshot) already holds whatever another transaction counted.
+/// live fact not yet judged is marked for the judge. A row whose full text is computed now for
+/// the first time adds its lexemes to its tenant's counts, which keyword search weighs words by
+/// (migration 032). Run under `LOCK_TEXT_COUNTS`, so `was` (the statement's snapshot) already
+/// holds whatever another transaction counted.
 const SAVE_VECTORS: &str = "
 WITH v AS (
     -- One vector a row: an upsert may not touch a row twice.
