@@ -387,10 +387,21 @@ async fn the_safety_floor_refuses_changes_nothing_and_an_operator_can_allow_one_
     assert_eq!(checksum(f.db()).await, before);
     assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize.refused'").await, 2);
 
+    // A row turns due after the sweep counted them (its delete committed late): the operator's
+    // permission is for 150 rows, and the sweep stops there.
+    f.exec(
+        "CREATE FUNCTION due_late() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN UPDATE memory_items SET deleted_at = now() - interval '40 days' WHERE source_ref = 'bulk-200';
+               RETURN NEW; END $$;
+         CREATE TRIGGER due_late AFTER INSERT ON audit_log
+         FOR EACH ROW WHEN (NEW.event = 'memory.anonymize.allowed') EXECUTE FUNCTION due_late();",
+    )
+    .await;
     let allowed =
         f.runbook_json(&floor, &["anonymize", "--tenant", "acme", "--allow-large-sweep", "150", "--json"]).await;
     assert_eq!((allowed["outcome"].as_str(), allowed["anonymized_total"].as_u64()), (Some("done"), Some(150)));
     assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event = 'memory.anonymize.allowed'").await, 1);
+    assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE anonymized_at IS NOT NULL").await, 150);
     assert_eq!(half_anonymized(f.db()).await, 0);
 
     // Under the default floor (1000 rows) the same share is small enough to go ahead unasked.
@@ -573,6 +584,40 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     assert_eq!(f.db().count(erasures).await, 1);
     f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "ernie", "--force", "--json"]).await;
     assert_eq!(f.db().count(erasures).await, 2);
+}
+
+/// An erasure cut off after its last row and before its `memory.erase` row (the connection
+/// lost, the process killed) is finished by running it again: nothing carries the user any
+/// more, and the re-run must not take them for a mistyped id.
+#[tokio::test]
+async fn an_erasure_cut_off_before_its_audit_row_is_finished_by_running_it_again() {
+    let f = Fixture::start().await;
+    let erin = principal("acme", Some("erin"), None, Some("s1"));
+    f.message(&erin, "e1", "my cat is called Zephyrine").await;
+    f.fact(&erin, "my cat Zephyrine is nine").await;
+    f.exec(
+        "CREATE FUNCTION refuse_erase() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'the connection is lost'; END $$;
+         CREATE TRIGGER refuse_erase BEFORE INSERT ON audit_log
+         FOR EACH ROW WHEN (NEW.event = 'memory.erase') EXECUTE FUNCTION refuse_erase();",
+    )
+    .await;
+    let cut = f.runbook(&[], &["erase", "--tenant", "acme", "--user", "erin"]).await;
+    assert!(!cut.status.success(), "the erasure failed at its audit row");
+    let carried = "SELECT count(*) FROM memory_items WHERE user_id = 'erin'";
+    assert_eq!(f.db().count(carried).await, 0, "every row was erased before the audit row");
+    f.exec("DROP TRIGGER refuse_erase ON audit_log").await;
+
+    let again = f.runbook(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("did not finish: finishing it"));
+    let erased =
+        "SELECT count(*) FROM audit_log WHERE event = 'memory.erase' AND details ->> 'user_sha256' IS NOT NULL";
+    assert_eq!(f.db().count(erased).await, 1, "the re-run recorded the erasure");
+    // Finished now: a third run says when, and records nothing more.
+    let third = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
+    assert!(third["already_erased_at"].is_string(), "{third}");
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event LIKE 'memory.erase%'").await, 3);
 }
 
 #[tokio::test]

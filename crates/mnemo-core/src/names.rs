@@ -31,6 +31,7 @@ string_enum!(
         Anonymize => "memory.anonymize",
         AnonymizeRefused => "memory.anonymize.refused",
         AnonymizeAllowed => "memory.anonymize.allowed",
+        EraseBegun => "memory.erase.begun",
         Erase => "memory.erase",
         WorkspaceChange => "workspace.change",
         Promote => "memory.promote",

@@ -156,10 +156,16 @@ pub async fn sweep_tenant(
             store.audit(tenant, AuditEvent::AnonymizeAllowed, "operator", &options.actor, floor).await?;
         }
         report.outcome = SweepOutcome::Done;
-        let limit = i64::from(policy.batch_size);
+        // The operator let at most N rows past the floor: a row that turns out due only now (its
+        // transaction committed after the plan) does not take the sweep past N.
+        let cap = if over_floor { options.allow_large } else { None };
         let (mut done, mut after) = (0, Uuid::nil());
         loop {
-            let batch = store.anonymize_due(tenant, plan.cutoffs, after, limit, &options.actor).await?;
+            let limit = cap.map_or(u64::from(policy.batch_size), |n| u64::from(policy.batch_size).min(n - done));
+            if limit == 0 {
+                break;
+            }
+            let batch = store.anonymize_due(tenant, plan.cutoffs, after, limit as i64, &options.actor).await?;
             let Some(last) = batch.iter().map(|(id, _)| *id).max() else { break };
             after = last;
             for (_, reason) in &batch {
@@ -199,7 +205,8 @@ pub struct ErasureReport {
 }
 
 /// Soft-deletes and anonymizes every row carrying `user` in `tenant` now, whatever the TTLs,
-/// with an audit row for each and one `memory.erase` row naming the user only by a hash.
+/// with an audit row for each, and a `memory.erase.begun` row before and a `memory.erase` row
+/// after them naming the user only by a hash.
 pub async fn erase_user(
     store: &Store,
     tenant: &TenantId,
@@ -215,6 +222,10 @@ pub async fn erase_user(
     if dry_run {
         return Ok(report);
     }
+    // Recorded before anything changes: a crash after the last row and before the `memory.erase`
+    // row leaves nothing carrying the user, and a re-run needs this to know it has work to finish.
+    let user_sha256 = user_sha256(user);
+    store.audit(tenant, AuditEvent::EraseBegun, "erasure", actor, json!({ "user_sha256": user_sha256 })).await?;
     let total = report.plan.rows();
     let mut done = 0;
     // The summaries of the user's sessions before and after their rows: the sessions are read
@@ -234,7 +245,7 @@ pub async fn erase_user(
     }
     done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
     let details = json!({
-        "user_sha256": user_sha256(user),
+        "user_sha256": user_sha256,
         "rows": report.anonymized,
         "workspace_files": workspace_files,
         "tool_outputs": report.plan.tool_outputs,

@@ -181,8 +181,11 @@ pub async fn erase(
     if !dry_run && !force {
         // An audit row would read as the erasure of someone whose id was mistyped.
         let plan = store.erasure_plan(tenant, user).await?;
-        if plan.rows() == 0 && plan.workspace_files == 0 {
-            let Some(at) = store.last_erasure(tenant, &mnemo_jobs::user_sha256(user)).await? else {
+        let hash = mnemo_jobs::user_sha256(user);
+        if let Some(at) = store.unfinished_erasure(tenant, &hash).await? {
+            eprintln!("an erasure of user {user} began at {at} and did not finish: finishing it");
+        } else if plan.rows() == 0 && plan.workspace_files == 0 {
+            let Some(at) = store.last_erasure(tenant, &hash).await? else {
                 anyhow::bail!(
                     "no row or workspace file of tenant {tenant} carries user {user}, who was never erased: check \
                      the id (--force erases and audits anyway)"

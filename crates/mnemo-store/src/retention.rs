@@ -608,6 +608,29 @@ impl Store {
         .await?)
     }
 
+    /// When an erasure of the user whose hash is `user_sha256` began in `tenant` and never
+    /// finished (no `memory.erase` row since its `memory.erase.begun` row), if one did.
+    pub async fn unfinished_erasure(
+        &self,
+        tenant: &TenantId,
+        user_sha256: &str,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT begun.created_at FROM audit_log begun
+             WHERE begun.tenant_id = $1 AND begun.event = $2 AND begun.details ->> 'user_sha256' = $4
+               AND NOT EXISTS (SELECT FROM audit_log done
+                               WHERE done.tenant_id = $1 AND done.event = $3
+                                 AND done.details ->> 'user_sha256' = $4 AND done.created_at >= begun.created_at)
+             ORDER BY begun.created_at DESC LIMIT 1",
+        )
+        .bind(tenant.as_str())
+        .bind(AuditEvent::EraseBegun.as_str())
+        .bind(AuditEvent::Erase.as_str())
+        .bind(user_sha256)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// Audit rows, newest first.
     pub async fn audit_entries(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
         Ok(sqlx::query_as(
