@@ -146,7 +146,7 @@ async fn long_tool_outputs_are_elided_and_readable_by_their_tenant_only() {
     let app = TestApp::spawn().await;
     let acme = token(&principal("acme", None, None, Some("s1")));
     let other = token(&principal("globex", None, None, Some("s1")));
-    let full: String = (0..4000).map(|i| format!("row {i}: ok\n")).collect();
+    let full: String = (0..4000).map(|i| format!("row {i}: ok é😀\n")).collect();
     assert!(full.len() > MAX_CONTENT_BYTES);
     let write = json!({ "source_kind": "tool_output", "source_ref": "call-big", "content": full });
 
@@ -155,7 +155,7 @@ async fn long_tool_outputs_are_elided_and_readable_by_their_tenant_only() {
     let (content, key): (String, String) =
         sqlx::query_as("SELECT content, tool_output_key FROM memory_items").fetch_one(&app.db.pool).await.expect("row");
     assert!(content.len() <= MAX_CONTENT_BYTES);
-    assert!(content.starts_with("row 0: ok") && content.ends_with("row 3999: ok\n"));
+    assert!(content.starts_with("row 0: ok") && content.ends_with("row 3999: ok é😀\n"));
     assert!(content.contains(&key) && key.starts_with("tout_"));
 
     let read = app.client.get(&format!("/v1/tool-outputs/{key}"), Some(&acme)).await;
@@ -174,8 +174,12 @@ async fn long_tool_outputs_are_elided_and_readable_by_their_tenant_only() {
         offset = page.body["next_offset"].as_u64();
     }
     assert_eq!(joined, full);
+    // A page shorter than one character holds that whole character ("😀" is 4 bytes at 12).
+    let one = app.client.get(&format!("/v1/tool-outputs/{key}?offset=12&max_bytes=1"), Some(&acme)).await;
+    assert_eq!((one.body["content"].as_str(), one.body["next_offset"].as_u64()), (Some("😀"), Some(16)));
     for (query, code) in [
         (format!("offset={}", full.len() + 1), "invalid_field"),
+        ("offset=11".to_owned(), "invalid_field"), // inside "é"
         ("max_bytes=0".to_owned(), "invalid_field"),
         ("offset=-1".to_owned(), "invalid_field"),
         ("page=2".to_owned(), "unknown_field"),

@@ -467,34 +467,42 @@ pub async fn tool_output(
         }
     }
     let key = ToolOutputKey::parse(&key).ok_or(ApiError::NotFound)?;
-    let output = state.reads.complete().await.tool_output(&principal, &key).await?.ok_or(ApiError::NotFound)?;
-    let (content, next_offset) = byte_range(&output.content, offset, max_bytes).ok_or(ApiError::InvalidField {
-        field: "offset",
-        expected: "0, a next_offset from an earlier answer, or the output's total_bytes",
-    })?;
+    let store = state.reads.complete().await;
+    // A character is at most 4 bytes: enough to find where the page's last one ends, or to
+    // take one whole character longer than max_bytes.
+    let window = store.tool_output_window(&principal, &key, offset, max_bytes.saturating_add(4)).await?;
+    let window = window.ok_or(ApiError::NotFound)?;
+    let (content, next_offset) =
+        page(&window.bytes, offset, window.total_bytes, max_bytes).ok_or(ApiError::InvalidField {
+            field: "offset",
+            expected: "0, a next_offset from an earlier answer, or the output's total_bytes",
+        })?;
     let body = json!({
-        "key": output.key.as_str(), "item_id": output.item_id, "content": content,
-        "offset": offset, "total_bytes": output.content.len(), "next_offset": next_offset,
+        "key": window.key.as_str(), "item_id": window.item_id, "content": content,
+        "offset": offset, "total_bytes": window.total_bytes, "next_offset": next_offset,
     });
     Ok(Json(body).into_response())
 }
 
-/// At most `max_bytes` of `text` from byte `offset`, cut at a character's start (one whole
+/// At most `max_bytes` of a text from byte `offset`, cut at a character's start (one whole
 /// character when it alone is longer), and where the rest starts if any is left; `None` when
-/// `offset` is past the end or inside a character.
-fn byte_range(text: &str, offset: usize, max_bytes: usize) -> Option<(&str, Option<usize>)> {
-    if !text.is_char_boundary(offset) {
+/// `offset` is past the end or inside a character. `window` is the text's bytes from `offset`:
+/// `max_bytes` + 4 of them, or all that are left; `total` is the text's length.
+fn page(window: &[u8], offset: usize, total: usize, max_bytes: usize) -> Option<(&str, Option<usize>)> {
+    // A UTF-8 continuation byte is 0b10xxxxxx; any other byte starts a character.
+    let starts_char = |i: usize| window.get(i).is_none_or(|b| b & 0xC0 != 0x80);
+    if offset > total || !starts_char(0) {
         return None;
     }
-    let rest = &text[offset..];
-    let mut end = rest.len().min(max_bytes);
-    while !rest.is_char_boundary(end) {
+    let mut end = window.len().min(max_bytes);
+    while !starts_char(end) {
         end -= 1;
     }
     if end == 0 {
-        end = rest.chars().next().map_or(0, char::len_utf8);
+        end = (1..window.len()).find(|&i| starts_char(i)).unwrap_or(window.len());
     }
-    Some((&rest[..end], (end < rest.len()).then_some(offset + end)))
+    let content = std::str::from_utf8(&window[..end]).ok()?;
+    Some((content, (offset + end < total).then_some(offset + end)))
 }
 
 /// `GET /healthz`: the process is up.
@@ -548,7 +556,14 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::byte_range;
+    use super::page;
+
+    /// A page as the handler reads it: the window the database cuts, then [`page`].
+    fn byte_range(text: &str, offset: usize, max_bytes: usize) -> Option<(&str, Option<usize>)> {
+        let bytes = text.as_bytes();
+        let window = &bytes[offset.min(bytes.len())..offset.saturating_add(max_bytes + 4).min(bytes.len())];
+        page(window, offset, bytes.len(), max_bytes)
+    }
 
     #[test]
     fn pages_of_a_tool_output_are_cut_between_characters_and_join_to_the_whole() {

@@ -47,7 +47,7 @@ pub use judge::{
     SupersedeIntegrity,
 };
 pub use maintenance::Maintained;
-pub use memories::{Remembered, ToolOutput};
+pub use memories::{Remembered, ToolOutputWindow};
 pub use ops::{Delivery, EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use portability::{ERASURES, EXPORT_TABLES, Export, Import, ImportError, ImportReport};
 pub use replica::{ReadFrom, Reads};

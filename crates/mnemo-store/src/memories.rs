@@ -17,12 +17,15 @@ pub struct Remembered {
     pub was_new: bool,
 }
 
-/// A full tool output payload.
+/// A window of a full tool output payload's UTF-8 bytes (see [`Store::tool_output_window`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolOutput {
+pub struct ToolOutputWindow {
     pub key: ToolOutputKey,
     pub item_id: Uuid,
-    pub content: String,
+    /// The payload's whole length in bytes.
+    pub total_bytes: usize,
+    /// Its bytes from the window's offset: as many as asked for, or fewer where it ends.
+    pub bytes: Vec<u8>,
 }
 
 /// Inserts many rows and the embed jobs of those inserted in one statement. Rows go in key order,
@@ -218,13 +221,23 @@ impl Store {
             .collect())
     }
 
-    /// The full payload behind a `tout_…` key, while its row is live, to a caller who may read
-    /// the row, as the session's messages are read: a token bound to a session reads that
+    /// Up to `len` bytes from byte `offset` of the full payload behind a `tout_…` key (sliced by
+    /// the database, so a page of a large payload does not carry the whole of it), with its
+    /// length, while its row is live, to a caller who may read the row, as the session's messages are read: a token bound to a session reads that
     /// session's outputs; otherwise a user's token reads the rows carrying its user, and a
     /// service token any of its tenant. Roles narrow each.
-    pub async fn tool_output(&self, caller: &Principal, key: &ToolOutputKey) -> Result<Option<ToolOutput>, StoreError> {
-        let row: Option<(Uuid, String)> = sqlx::query_as(
-            "SELECT t.item_id, t.content FROM tool_outputs t
+    pub async fn tool_output_window(
+        &self,
+        caller: &Principal,
+        key: &ToolOutputKey,
+        offset: usize,
+        len: usize,
+    ) -> Result<Option<ToolOutputWindow>, StoreError> {
+        // A text is at most 1 GB: positions past that are past its end.
+        let clamp = |n: usize| i32::try_from(n).unwrap_or(i32::MAX - 1);
+        let row: Option<(Uuid, i32, Vec<u8>)> = sqlx::query_as(
+            "SELECT t.item_id, octet_length(t.content), substring(convert_to(t.content, 'UTF8') FROM $6 FOR $7)
+             FROM tool_outputs t
                  JOIN memory_items m ON m.id = t.item_id AND m.tenant_id = t.tenant_id
                  WHERE t.tenant_id = $1 AND t.key = $2 AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
                    AND (m.allowed_roles = '{}' OR m.allowed_roles && $5::text[])
@@ -236,9 +249,16 @@ impl Store {
         .bind(caller.user.as_ref().map(|u| u.as_str()))
         .bind(caller.session.as_ref().map(|s| s.as_str()))
         .bind(caller.roles.iter().map(Label::as_str).collect::<Vec<_>>())
+        .bind(clamp(offset) + 1)
+        .bind(clamp(len))
         .fetch_optional(&mut *self.tenant_connection([caller.tenant.as_str()]).await?)
         .await?;
-        Ok(row.map(|(item_id, content)| ToolOutput { key: key.clone(), item_id, content }))
+        Ok(row.map(|(item_id, total, bytes)| ToolOutputWindow {
+            key: key.clone(),
+            item_id,
+            total_bytes: total as usize,
+            bytes,
+        }))
     }
 }
 
