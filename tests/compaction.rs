@@ -660,6 +660,44 @@ fn anonymized(id: uuid::Uuid) -> String {
     format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND deleted_at IS NOT NULL AND content = '[REDACTED]'")
 }
 
+/// In a session two users share, a summary stamped with the one who wrote last holds the other's
+/// words too. Once the other's messages are anonymized (a retention sweep after they deleted
+/// them), no row of theirs names the session; their erasure still finds the summary, by the
+/// users its compaction recorded.
+#[tokio::test]
+async fn an_erasure_finds_a_summary_of_the_users_words_after_their_messages_are_gone() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let xavier = token(&principal("acme", Some("xavier"), None, Some("s1")));
+    let yara = token(&principal("acme", Some("yara"), None, Some("s1")));
+    turns(&app, &xavier, 0, 3).await;
+    turns(&app, &yara, 3, 4).await;
+    let compactor = compactor(&app, &settings(llm_env(&chat)));
+    let report = compactor.run(&job("acme", "s1")).await.expect("job");
+    assert!(matches!(report, CompactReport::Compacted { outcome: CompactionOutcome::Summarized, .. }), "{report:?}");
+    let summaries = "SELECT count(*) FROM memory_items WHERE source_kind = 'session_summary' AND anonymized_at IS NULL";
+    assert_eq!(app.db.count(&format!("{summaries} AND user_id = 'yara'")).await, 1, "stamped with the last writer");
+
+    // Xavier's messages are deleted and, past the TTL, anonymized by a sweep.
+    sqlx::query("UPDATE memory_items SET deleted_at = now() - interval '40 days' WHERE user_id = 'xavier'")
+        .execute(&app.db.pool)
+        .await
+        .expect("deleted");
+    let (store, acme) = (app.db.store(), TenantId::parse("acme").expect("tenant"));
+    let retention = mnemo_config::RetentionSettings::from_env(&Env::from_pairs(Vec::<(&str, String)>::new()))
+        .expect("retention settings");
+    let options = mnemo_jobs::SweepOptions::new(&retention, "test");
+    let swept = mnemo_jobs::sweep_tenant(&store, &acme, &options, |_, _| {}).await.expect("sweep");
+    assert_eq!(swept.anonymized_total(), 6);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE user_id = 'xavier'").await, 0);
+
+    let user = mnemo_core::UserId::parse("xavier").expect("user");
+    let plan = store.erasure_plan(&acme, &user).await.expect("plan");
+    assert_eq!(plan.rows_by_kind.get("session_summary"), Some(&1), "{plan:?}");
+    mnemo_jobs::erase_user(&store, &acme, &user, 100, false, "test", |_, _| {}).await.expect("erasure");
+    assert_eq!(app.db.count(summaries).await, 0, "the summary holding xavier's words is left");
+}
+
 /// The summary a compaction builds on, deleted (or erased with its user) while the model writes
 /// the next: the next, which carries it forward, is not recorded either.
 #[tokio::test]

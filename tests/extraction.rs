@@ -340,6 +340,38 @@ async fn every_conversation_a_run_marks_done_was_shown_to_the_model() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, total as i64);
 }
 
+/// Two users in one session: each one's completion is asked for (the same last message), and
+/// each extraction reads only its own user's messages (and rows carrying no user): another
+/// user's words never become this user's memories, where their erasure could not reach them.
+#[tokio::test]
+async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), Some("s1")));
+    let agent = token(&principal("acme", None, Some("helper"), Some("s1")));
+    say(&app, &ann, "user", "hello, my name is Ann and I plan a trip").await;
+    say(&app, &bob, "user", "I am Bob and I am allergic to peanuts").await;
+    say(&app, &bob, "assistant", "Noted, Bob: no peanuts.").await;
+    say(&app, &agent, "assistant", "Welcome both of you.").await;
+    say(&app, &ann, "user", "remember that I travel to Lyon in May").await;
+    say(&app, &ann, "assistant", "Noted.").await;
+    assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
+    assert_eq!(complete(&app, &bob, "s1", "web").await["queued"], true, "bob's completion is his own");
+    assert_eq!(complete(&app, &bob, "s1", "web").await["skipped"], "already_asked");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions").await, 2);
+
+    let run = runner(&app, Some(&chat), &[]).run(&job()).await.expect("ann's run");
+    assert!(matches!(run, ExtractReport::Applied { conversations: 1, .. }), "{run:?}");
+    let prompt = chat.requests()[0]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
+    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    assert!(transcript.contains("I travel to Lyon") && transcript.contains("Welcome both"), "{transcript}");
+    assert!(!transcript.contains("peanuts"), "bob's words reached ann's extraction: {transcript}");
+    let done = "SELECT count(*) FROM memory_extractions WHERE status = 'done' AND user_id = ";
+    assert_eq!(app.db.count(&format!("{done}'ann'")).await, 1);
+    assert_eq!(app.db.count(&format!("{done}'bob'")).await, 0, "ann's run marked only her conversation");
+}
+
 /// A fact the user deleted is not brought back when a later conversation (or a stale profile)
 /// makes the model extract it again.
 #[tokio::test]

@@ -620,6 +620,35 @@ async fn an_erasure_cut_off_before_its_audit_row_is_finished_by_running_it_again
     assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event LIKE 'memory.erase%'").await, 3);
 }
 
+/// A file of the user written while their rows are erased (an extraction that read their
+/// messages just before the row pass took them) goes too: the erasure ends only when a pass
+/// over the files after the rows finds none.
+#[tokio::test]
+async fn a_file_written_while_the_rows_are_erased_is_erased_too() {
+    let f = Fixture::start().await;
+    let erin = principal("acme", Some("erin"), Some("helper"), Some("s1"));
+    f.message(&erin, "e1", "my cat is called Zephyrine").await;
+    // The file lands in the row pass's own transaction, once.
+    f.exec(
+        "CREATE TABLE landed (once boolean PRIMARY KEY);
+         CREATE FUNCTION land_file() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO landed VALUES (true) ON CONFLICT DO NOTHING;
+           IF FOUND THEN
+             INSERT INTO workspace_files (tenant_id, agent_id, user_id, path, id, content, size_bytes, enabled, sort_order, version)
+             VALUES ('acme', 'helper', 'erin', 'memory/2026-11-27.md', gen_random_uuid(), 'Zephyrine', 9, true, 100, 1);
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER land_file AFTER INSERT ON audit_log
+         FOR EACH ROW WHEN (NEW.event = 'memory.anonymize') EXECUTE FUNCTION land_file();",
+    )
+    .await;
+    f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
+    assert_eq!(f.db().count("SELECT count(*) FROM landed").await, 1, "the file landed during the row pass");
+    assert_eq!(f.db().count("SELECT count(*) FROM workspace_files WHERE user_id = 'erin'").await, 0);
+}
+
 #[tokio::test]
 async fn the_worker_sweeps_each_tenant_once_per_tick_and_counts_refusals() {
     let f = Fixture::start().await;

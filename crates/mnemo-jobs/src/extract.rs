@@ -22,7 +22,7 @@ use mnemo_core::{
     WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
-use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Store};
+use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, SessionMessage, Store};
 
 use crate::{JobError, UndoIfDropped, backoff};
 
@@ -245,6 +245,7 @@ impl ExtractRunner {
             }
         }
         let share = (TRANSCRIPT_MESSAGES / latest.len().max(1)).max(2);
+        let user = workspace.user.as_ref().map(|u| u.as_str());
         let mut messages: Vec<(Role, String)> = Vec::new();
         for p in latest {
             let through = Some(p.through().inclusive());
@@ -252,9 +253,13 @@ impl ExtractRunner {
                 .store
                 .session_messages_newest_first(&workspace.tenant, &p.session_id, None, through, MAX_MESSAGES)
                 .await?;
+            // In a session several users write in, another user's messages (and the assistant's
+            // written under their token) are theirs: they never become this user's memories,
+            // which that user's erasure could not reach. Rows carrying no user stay.
+            let theirs = |m: &SessionMessage| m.user_id.as_deref().is_some_and(|u| Some(u) != user);
             let mut part: Vec<(Role, String)> = rows
                 .into_iter()
-                .filter(|m| matches!(m.role, Role::User | Role::Assistant) && m.tool_call_id.is_none())
+                .filter(|m| matches!(m.role, Role::User | Role::Assistant) && m.tool_call_id.is_none() && !theirs(m))
                 .take(share)
                 .map(|m| (m.role, m.content))
                 .collect();

@@ -232,16 +232,17 @@ pub async fn erase_user(
     // while the rows still name them, and a compaction under way may record one meanwhile.
     let sessions = store.user_sessions(tenant, user).await?;
     done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
-    // Files first, then rows, again until a pass finds no file: a file written meanwhile (an
-    // extraction in flight) made recall rows that the next row pass erases.
-    let mut workspace_files = 0;
+    // Files, then rows, until a files pass after a row pass finds none: a file written
+    // meanwhile (an extraction that read the user's messages before the row pass took them)
+    // made recall rows that the next row pass erases.
+    let mut workspace_files = store.erase_user_workspace(tenant, user).await?;
     loop {
-        let files = store.erase_user_workspace(tenant, user).await?;
-        workspace_files += files;
         done = erase_rows(store, tenant, user, batch_size, actor, &mut report, done, total, &mut progress).await?;
+        let files = store.erase_user_workspace(tenant, user).await?;
         if files == 0 {
             break;
         }
+        workspace_files += files;
     }
     done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
     let details = json!({

@@ -380,7 +380,9 @@ impl Recall {
         match self.query_vectors.vector(tenant, query).await {
             Ok(vector) => Some(vector),
             Err(e) => {
-                tracing::warn!(kind = e.kind, error = %e.detail, "query embedding failed; recall is keyword-only");
+                // The detail may echo the query (a provider's error message): debug only.
+                tracing::warn!(kind = e.kind, "query embedding failed; recall is keyword-only");
+                tracing::debug!(error = %e.detail, "query embedding failure");
                 metrics::counter!("mnemo_recall_query_embed_failures_total", "kind" => e.kind).increment(1);
                 None
             }

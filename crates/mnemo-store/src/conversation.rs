@@ -144,8 +144,12 @@ RETURNING true";
 /// one past where this one's plan started.
 const RECORD_COMPACTION: &str = "
 INSERT INTO session_compactions
-    (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10
+    (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger,
+     participants)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+       -- The writers of the messages `$13` its summary was made from (user_sha256's hash).
+       ARRAY(SELECT DISTINCT encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex') FROM memory_items m
+             WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[]) AND m.user_id IS NOT NULL)
 WHERE NOT EXISTS (
     SELECT 1 FROM session_compactions
     WHERE tenant_id = $1 AND session_id = $2
@@ -473,6 +477,7 @@ impl Store {
                 .bind(compaction.trigger.as_str())
                 .bind(compaction.from.map(|c| c.event_time))
                 .bind(compaction.from.map(|c| c.id))
+                .bind(if compaction.summary_id.is_some() { &compaction.covered[..] } else { &[] })
                 .execute(&mut *tx)
                 .await?
                 .rows_affected()

@@ -21,7 +21,7 @@ const ACTOR: &str = "extraction";
 const REQUEST: &str = "
 INSERT INTO memory_extractions (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING
+ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO NOTHING
 RETURNING true";
 
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead) and the
@@ -55,24 +55,27 @@ UPDATE extraction_runs SET running_since = NULL, running_by = NULL,
     last_finished_at = CASE WHEN $4 THEN now() ELSE last_finished_at END
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $5";
 
-/// Marks the conversations `$2`/`$3` (sessions, last messages) with `$4` (a status) and `$5` (a
-/// reason); `$6` counts an attempt.
+/// Marks the (agent `$7`, user `$8`)'s conversations `$2`/`$3` (sessions, last messages) with
+/// `$4` (a status) and `$5` (a reason); `$6` counts an attempt.
 const MARK: &str = "
 UPDATE memory_extractions m
 SET status = $4, reason = $5, attempts = attempts + $6::int,
     finished_at = CASE WHEN $4 = 'pending' THEN NULL ELSE now() END
 FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
-WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id AND m.status = 'pending'";
+WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id
+  AND m.agent_id = $7 AND m.user_id = $8 AND m.status = 'pending'";
 
-/// Counts a failed model call against the conversations `$2`/`$3` with reason `$4`: each one
-/// that has now had `$5` attempts is `failed`, the others stay `pending`. Returns their statuses.
+/// Counts a failed model call against the (agent `$6`, user `$7`)'s conversations `$2`/`$3`
+/// with reason `$4`: each one that has now had `$5` attempts is `failed`, the others stay
+/// `pending`. Returns their statuses.
 const MARK_FAILED: &str = "
 UPDATE memory_extractions m
 SET attempts = attempts + 1, reason = $4,
     status = CASE WHEN attempts + 1 >= $5 THEN 'failed' ELSE 'pending' END,
     finished_at = CASE WHEN attempts + 1 >= $5 THEN now() END
 FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
-WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id AND m.status = 'pending'
+WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id
+  AND m.agent_id = $6 AND m.user_id = $7 AND m.status = 'pending'
 RETURNING m.status";
 
 /// A completed conversation waiting for extraction.
@@ -278,6 +281,8 @@ impl Store {
             .bind(&throughs)
             .bind(reason)
             .bind(max_attempts)
+            .bind(workspace.agent.as_str())
+            .bind(user_of(workspace)?)
             .fetch_all(&mut *tx)
             .await?;
         release(&mut tx, workspace, worker, true).await?;
@@ -366,6 +371,8 @@ async fn mark(
         .bind(status)
         .bind(reason)
         .bind(i32::from(attempt))
+        .bind(workspace.agent.as_str())
+        .bind(user_of(workspace)?)
         .execute(&mut **tx)
         .await?;
     Ok(())

@@ -106,9 +106,22 @@ fn due_filter() -> String {
 /// A due row's reason: deletion first, as it is the caller's own decision.
 const DUE_REASON: &str = "CASE WHEN m.deleted_at < $2 THEN 'soft_deleted' ELSE 'superseded' END";
 
-/// A row `m` of tenant `$1` that summarizes a session user `$2` has rows in.
-const SUMMARY_OF_USERS_SESSION: &str = "m.source_kind = 'session_summary' AND m.session_id IN (
-    SELECT s.session_id FROM memory_items s WHERE s.tenant_id = $1 AND s.user_id = $2 AND s.session_id IS NOT NULL)";
+/// The sessions of tenant `$1` whose summaries may hold user `$2`'s words: those the user has
+/// rows in, and those a summary was made from the user's messages in (named by the sha256 of
+/// the id, as the erasure's audit row names them; migration 38), which may be anonymized since.
+macro_rules! users_sessions {
+    () => {
+        "SELECT s.session_id FROM memory_items s
+         WHERE s.tenant_id = $1 AND s.user_id = $2 AND s.session_id IS NOT NULL
+         UNION
+         SELECT c.session_id FROM session_compactions c
+         WHERE c.tenant_id = $1 AND encode(sha256(convert_to($2, 'UTF8')), 'hex') = ANY(c.participants)"
+    };
+}
+
+/// A row `m` of tenant `$1` that summarizes a session user `$2`'s words may be in.
+const SUMMARY_OF_USERS_SESSION: &str =
+    concat!("m.source_kind = 'session_summary' AND m.session_id IN (", users_sessions!(), ")");
 
 /// Anonymizes rows `$2` (with reasons `$3`) of tenant `$1`, audited as event `$4` by actor `$5`.
 /// Returns (id, source_kind, reason) of each row anonymized.
@@ -503,17 +516,14 @@ impl Store {
         Ok(files)
     }
 
-    /// The sessions `user` has rows in, read before an erasure anonymizes them (an anonymized row
-    /// names no session).
+    /// The sessions whose summaries may hold `user`'s words, read before an erasure anonymizes
+    /// their rows (an anonymized row names no session).
     pub async fn user_sessions(&self, tenant: &TenantId, user: &UserId) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT DISTINCT session_id FROM memory_items
-             WHERE tenant_id = $1 AND user_id = $2 AND session_id IS NOT NULL",
-        )
-        .bind(tenant.as_str())
-        .bind(user.as_str())
-        .fetch_all(&self.pool)
-        .await?)
+        Ok(sqlx::query_scalar(users_sessions!())
+            .bind(tenant.as_str())
+            .bind(user.as_str())
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// Soft-deletes and anonymizes the summaries of `sessions`, whoever they name: a summary is
