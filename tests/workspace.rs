@@ -712,4 +712,11 @@ async fn memory_and_daily_notes_are_recalled_in_the_users_class_and_reindexed_wh
     let again = pieces(&app, &note_path).await;
     store.reindex_recallable_files(Some(&key.tenant)).await.expect("again");
     assert_eq!(pieces(&app, &note_path).await, again, "idempotent");
+
+    // A piece its user deleted, of the file's current version: a reindex leaves it hidden and
+    // goes on (it used to stop at its source_ref, which names a deleted row).
+    let deleted = app.client.delete(&format!("/v1/memories/{}", kept[1]), Some(&ann)).await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    assert_eq!(store.reindex_recallable_files(None).await.expect("reindex past a deleted piece"), 2);
+    assert_eq!(pieces(&app, "MEMORY.md").await, [kept[0]]);
 }

@@ -667,7 +667,11 @@ async fn reindex(
     }
     if !rows.is_empty() {
         for result in insert_in(tx, &rows.iter().collect::<Vec<_>>()).await? {
-            result.unwrap_or(Err(StoreError::Database(sqlx::Error::RowNotFound)))?;
+            match result.unwrap_or(Err(StoreError::Database(sqlx::Error::RowNotFound))) {
+                // Its user deleted this piece of this version: hidden until the file changes.
+                Ok(_) | Err(StoreError::SourceRefDeleted { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(())
