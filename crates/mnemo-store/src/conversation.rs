@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    AuditEvent, CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter, UserId,
-    WindowMessage,
+    AuditEvent, CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter,
+    USER_SYSTEM_PREFIX, UserId, WindowMessage,
 };
 use uuid::Uuid;
 
@@ -58,8 +58,20 @@ impl SessionMessage {
 
     /// The message as a context window or a compaction reads it. Its stored token count is used
     /// when `counter` made it; a row counted by another counter, or before counts were kept, is
-    /// counted now.
+    /// counted now. A system message written under a user's token goes as a marked user message
+    /// (what a user, or an agent acting with their token, wrote never instructs the model).
     pub fn to_window(&self, counter: &dyn TokenCounter) -> WindowMessage {
+        if self.role == Role::System && self.user_id.is_some() {
+            let content = format!("{USER_SYSTEM_PREFIX}\n{}", self.content);
+            return WindowMessage {
+                role: Role::User,
+                tokens: counter.count(&content),
+                content,
+                tool_call_id: None,
+                // The participant's name, as on any user message.
+                tool_name: self.tool_name.clone(),
+            };
+        }
         let stored = self
             .token_count
             .filter(|_| self.token_counter.as_deref() == Some(counter.name()))
