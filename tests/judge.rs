@@ -284,6 +284,31 @@ async fn a_fact_replaces_only_facts_read_by_the_same_readers() {
     assert_eq!(check["retired_wrongly"], 0, "{check}");
 }
 
+/// A user's fact shared with its agent (`visibility: agent`) is read by that agent's users: the
+/// same user's fact shared with another agent, read by other users, never retires it.
+#[tokio::test]
+async fn a_users_fact_shared_with_one_agent_is_not_retired_by_one_shared_with_another() {
+    let f = Fixture::start().await;
+    let judge = f.judge(Duration::from_secs(5));
+    let helper = principal("acme", Some("ann"), Some("helper"), None);
+    let coach = principal("acme", Some("ann"), Some("coach"), None);
+    let shared = |content: &str| json!({ "scope": "user", "content": content, "visibility": "agent" });
+    let (acme, _) = f.remember(&helper, shared("I work at Acme")).await;
+    let (bolt, _) = f.remember(&coach, shared("I work at Bolt")).await;
+    f.settle(judge.clone()).await;
+    assert_eq!(f.row(acme).await.superseded_by, None, "retired by a fact helper's users cannot read");
+    let (corp, _) = f.remember(&helper, shared("I work at Corp")).await;
+    f.settle(judge).await;
+    assert_eq!(f.row(acme).await.superseded_by, Some(corp), "facts shared with the same agent replace each other");
+    assert_eq!(f.row(bolt).await.superseded_by, None);
+    let check = runbook(&f, &["judge", "check", "--tenant", "acme", "--json"]);
+    assert_eq!(
+        (check["retired_wrongly"].as_i64(), check["buckets_with_several_live"].as_i64()),
+        (Some(0), Some(0)),
+        "{check}"
+    );
+}
+
 #[tokio::test]
 async fn every_judge_failure_fails_open_and_retires_nothing() {
     let f = Fixture::start().await;
@@ -487,6 +512,37 @@ async fn concurrent_judgements_leave_exactly_one_live_fact_and_one_decision() {
         assert_eq!(f.row(paris).await.outcome.as_deref(), Some("superseded"));
     }
     assert_eq!(f.app.db.count("SELECT count(*) FROM audit_log WHERE event = 'supersede'").await, 8);
+}
+
+/// A judgement read before its fact was superseded and revived (its model call was in flight)
+/// is not taken for the revival's: the revived fact stays pending for its own judgement, which
+/// compares it with the fact that had retired it.
+#[tokio::test]
+async fn a_judgement_made_before_a_revival_leaves_the_revived_fact_pending() {
+    let f = Fixture::start().await;
+    let judge = f.judge(Duration::from_secs(5));
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    embed_like_the_provider(&f.app.db.store(), MODEL, DIMS).await;
+    let store = f.app.db.store();
+    let job = JudgeJob { tenant_id: TenantId::parse("acme").expect("tenant"), item_id: tokyo };
+    let stale = store.pending_facts(&[job]).await.expect("pending").pop().expect("tokyo is pending");
+    f.settle(judge.clone()).await;
+    let paris = f.fact(&who, "I live in Paris").await;
+    f.settle(judge).await;
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
+    f.remember(&who, json!({ "scope": "user", "content": "I live in Tokyo" })).await;
+    assert!(!f.row(tokyo).await.judged, "revived, to be judged again");
+
+    let kept = mnemo_store::Judgement {
+        outcome: mnemo_core::JudgeOutcome::Kept,
+        supersede: Vec::new(),
+        reason: "model",
+        model: None,
+        candidates: 0,
+    };
+    assert_eq!(store.apply_judgement(&stale, &kept).await.expect("applied"), None, "a judgement of the old validity");
+    assert!(!f.row(tokyo).await.judged, "the revival's judgement was taken by a stale one");
 }
 
 #[tokio::test]

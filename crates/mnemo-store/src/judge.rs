@@ -37,6 +37,9 @@ pub struct PendingFact {
     /// its writer holds none of).
     pub visibility: String,
     pub allowed_roles: Vec<String>,
+    /// For a user's fact shared with its agent (`visibility: agent`), that agent: its readers are
+    /// that agent's users, so it replaces only facts shared with the same agent.
+    pub reader_agent: Option<String>,
 }
 
 impl PendingFact {
@@ -191,10 +194,11 @@ const LIVE_FACT: &str =
 const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
     m.content, m.fact_key, COALESCE(m.valid_from, m.created_at) AS valid_from, m.embedded_model,
-    m.visibility, m.allowed_roles";
+    m.visibility, m.allowed_roles,
+    CASE WHEN m.scope = 'user' AND m.visibility = 'agent' THEN m.agent_id END AS reader_agent";
 
 /// The advisory lock of a bucket: judgements in one bucket apply one at a time.
-const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2 || chr(31) || $3, 0))";
+const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2 || chr(31) || $3 || chr(31) || COALESCE($4, ''), 0))";
 
 fn pending_filter(alias: &str) -> String {
     format!(
@@ -251,7 +255,7 @@ impl Store {
                AND o.{LIVE_FACT}
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
                AND (e.embedding <=> p.embedding) < $7
-               AND o.visibility = $9 AND o.allowed_roles = $10
+               AND o.visibility = $9 AND o.allowed_roles = $10 AND ($11::text IS NULL OR o.agent_id = $11)
              ORDER BY distance, o.id
              LIMIT $8",
             column = fact.identity_column(),
@@ -267,6 +271,7 @@ impl Store {
             .bind(i64::try_from(topk).unwrap_or(i64::MAX))
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
+            .bind(&fact.reader_agent)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -282,7 +287,7 @@ impl Store {
                 WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.{LIVE_FACT}
                   AND o.embed_error IS NULL AND o.embedded_model IS DISTINCT FROM $4
                   AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
-                  AND o.visibility = $7 AND o.allowed_roles = $8
+                  AND o.visibility = $7 AND o.allowed_roles = $8 AND ($9::text IS NULL OR o.agent_id = $9)
             )",
             column = fact.identity_column(),
         );
@@ -295,6 +300,7 @@ impl Store {
             .bind(fact.id)
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
+            .bind(&fact.reader_agent)
             .fetch_one(&self.pool)
             .await?)
     }
@@ -323,7 +329,7 @@ impl Store {
              WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.fact_key = $4
                AND o.{LIVE_FACT}
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
-               AND o.visibility = $7 AND o.allowed_roles = $8
+               AND o.visibility = $7 AND o.allowed_roles = $8 AND ($9::text IS NULL OR o.agent_id = $9)
              ORDER BY o.valid_from, o.id
              LIMIT 1000",
             column = fact.identity_column(),
@@ -337,6 +343,7 @@ impl Store {
             .bind(fact.id)
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
+            .bind(&fact.reader_agent)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -357,14 +364,20 @@ impl Store {
             .bind(fact.tenant_id.as_str())
             .bind(fact.scope.as_str())
             .bind(&fact.identity)
+            .bind(&fact.reader_agent)
             .execute(&mut *tx)
             .await?;
+        // Pending with the validity it was read with: a fact superseded and revived meanwhile
+        // waits for its own judgement (against the fact that had retired it).
         let still_pending: Option<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT m.id FROM memory_items m WHERE m.id = $1 AND m.tenant_id = $2 AND {} FOR UPDATE",
+            "SELECT m.id FROM memory_items m
+             WHERE m.id = $1 AND m.tenant_id = $2 AND COALESCE(m.valid_from, m.created_at) = $3 AND {}
+             FOR UPDATE",
             pending_filter("m")
         )))
         .bind(fact.id)
         .bind(fact.tenant_id.as_str())
+        .bind(fact.valid_from)
         .fetch_optional(&mut *tx)
         .await?;
         if still_pending.is_none() {
@@ -380,7 +393,7 @@ impl Store {
                     WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.id = ANY($5)
                       AND o.{LIVE_FACT}
                       AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
-                      AND o.visibility = $9 AND o.allowed_roles = $10
+                      AND o.visibility = $9 AND o.allowed_roles = $10 AND ($11::text IS NULL OR o.agent_id = $11)
                     RETURNING o.id
                 )
                 INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, details)
@@ -400,6 +413,7 @@ impl Store {
             .bind(&judgement.model)
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
+            .bind(&fact.reader_agent)
             .fetch_all(&mut *tx)
             .await?;
             if retired.is_empty() && outcome == JudgeOutcome::Superseded {
@@ -672,6 +686,7 @@ impl Store {
             "WITH f AS (
                 SELECT m.id, m.scope, COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
                        m.visibility, m.allowed_roles,
+                       CASE WHEN m.scope = 'user' AND m.visibility = 'agent' THEN m.agent_id END AS reader_agent,
                        COALESCE(m.valid_from, m.created_at) AS valid_from, m.superseded_by, m.judge_at,
                        m.judge_outcome, m.embedded_model, m.anonymized_at IS NOT NULL AS anonymized,
                        (m.superseded_by IS NULL AND m.deleted_at IS NULL AND m.anonymized_at IS NULL) AS live
@@ -697,10 +712,12 @@ impl Store {
                     WHERE (n.valid_from, n.id) <= (f.valid_from, f.id)
                        OR (NOT f.anonymized AND NOT n.anonymized
                            AND (n.scope <> f.scope OR n.identity <> f.identity
-                                OR n.visibility <> f.visibility OR n.allowed_roles <> f.allowed_roles)))
+                                OR n.visibility <> f.visibility OR n.allowed_roles <> f.allowed_roles
+                                OR n.reader_agent IS DISTINCT FROM f.reader_agent)))
                        AS retired_wrongly,
                    (SELECT count(*) FROM (SELECT 1 FROM f WHERE live
-                                          GROUP BY scope, identity, visibility, allowed_roles HAVING count(*) > 1) t)
+                                          GROUP BY scope, identity, visibility, allowed_roles, reader_agent
+                                          HAVING count(*) > 1) t)
                        AS buckets_with_several_live",
             revive = AuditEvent::Revive,
             supersede = AuditEvent::Supersede,
