@@ -82,7 +82,8 @@ async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
         }
     }
     assert_eq!(paged, files(&whole.body));
-    for query in ["limit=0", "limit=1001", "cursor=4_zz", "cursor=x"] {
+    // A cursor naming a path with NUL in it, too (it used to answer 500).
+    for query in ["limit=0", "limit=1001", "cursor=4_zz", "cursor=x", "cursor=0_00"] {
         let refused = app.client.get(&format!("/v1/workspace/files?{query}"), Some(&t)).await;
         assert_eq!((refused.status, refused.code()), (400, "invalid_field"), "{query}");
     }

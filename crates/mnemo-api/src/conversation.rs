@@ -105,9 +105,14 @@ fn format_cursor(c: MessageCursor) -> String {
     format!("{}_{}", c.event_time.timestamp_micros(), c.id.simple())
 }
 
+/// PostgreSQL's earliest time (4714-11-24 BC), in µs from the Unix epoch: a cursor before it
+/// names no message, and the database would refuse it.
+const EARLIEST_MICROS: i64 = -210_866_803_200_000_000;
+
 fn parse_cursor(raw: &str) -> Result<MessageCursor, ApiError> {
     let (micros, id) = raw.split_once('_').ok_or_else(invalid_cursor)?;
-    let event_time = micros.parse::<i64>().ok().and_then(DateTime::<Utc>::from_timestamp_micros);
+    let event_time =
+        micros.parse::<i64>().ok().filter(|&m| m >= EARLIEST_MICROS).and_then(DateTime::<Utc>::from_timestamp_micros);
     match (event_time, Uuid::try_parse(id)) {
         (Some(event_time), Ok(id)) => Ok(MessageCursor { event_time, id }),
         _ => Err(invalid_cursor()),

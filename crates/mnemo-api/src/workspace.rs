@@ -149,7 +149,12 @@ fn parse_file_cursor(raw: &str) -> Result<(i32, String), ApiError> {
         .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
         .collect::<Option<Vec<u8>>>()
         .ok_or_else(invalid)?;
-    Ok((order, String::from_utf8(bytes).map_err(|_| invalid())?))
+    let path = String::from_utf8(bytes).map_err(|_| invalid())?;
+    // No path holds NUL, and the database refuses it in text.
+    if path.contains('\0') {
+        return Err(invalid());
+    }
+    Ok((order, path))
 }
 
 /// `GET /v1/workspace/files/{path}`.

@@ -509,19 +509,27 @@ pub(crate) fn turn_start(history: &[WindowMessage], units: &[Unit], turns: usize
     }
 }
 
+/// How many times the room a reader reads, inside a unit whose start it has not found, before it
+/// stops: the older part of so long a unit is read as orphans (marked text), where reading on
+/// could take a whole session of tool results without their call.
+pub const UNIT_SEARCH_ROOMS: u64 = 4;
+
 /// Whether the newest messages of a session, `newest_first`, are enough history for [`assemble`]
 /// to give the window the whole session would: they cost more than `room` (so everything older
 /// would be dropped anyway) and the oldest of them starts a unit, or they hold the `keep_turns`
-/// turns an overflow window keeps from a user message on. A reader
-/// fetches the newest messages page by page until this holds or the session is exhausted.
+/// turns an overflow window keeps from a user message on; or they cost [`UNIT_SEARCH_ROOMS`]
+/// times the room, enough for any window. A reader fetches the newest messages page by page
+/// until this holds or the session is exhausted.
 pub fn tail_suffices(newest_first: &[WindowMessage], room: u64, keep_turns: Option<usize>) -> bool {
     let Some(oldest) = newest_first.last() else { return false };
     // A tool result, or a call that may continue a run of parallel calls, can belong to a unit
     // that starts further back; anything else starts one.
     let starts_unit = oldest.role != Role::Tool && !(oldest.role == Role::Assistant && oldest.tool_call_id.is_some());
-    let over_room = newest_first.iter().map(WindowMessage::cost).sum::<u64>() > room;
+    let cost = newest_first.iter().map(WindowMessage::cost).sum::<u64>();
     let turns = newest_first.iter().filter(|m| m.role == Role::User).count();
-    (starts_unit && over_room) || (oldest.role == Role::User && keep_turns.is_some_and(|n| turns >= n.max(1)))
+    (starts_unit && cost > room)
+        || cost > room.saturating_mul(UNIT_SEARCH_ROOMS)
+        || (oldest.role == Role::User && keep_turns.is_some_and(|n| turns >= n.max(1)))
 }
 
 /// `text` cut in the middle to at most `max_tokens`, its head and tail kept around a marker.
@@ -896,11 +904,12 @@ mod tests {
     }
 
     /// Assembling from the shortest tail that [`tail_suffices`] accepts gives the same window as
-    /// assembling from the whole session.
+    /// assembling from the whole session, unless the reader gave up looking for a unit's start
+    /// ([`UNIT_SEARCH_ROOMS`]): that window still fits (it is assembled like any other).
     #[test]
     fn a_sufficient_tail_assembles_the_same_window_as_the_whole_session() {
         let mut next = xorshift(0x2545_F491_4F6C_DD1D_u64);
-        let mut partial_reads = 0;
+        let (mut partial_reads, mut capped) = (0, 0);
         for case in 0..2000 {
             let budget = 30 + next(600) as u32;
             let mut history = Vec::new();
@@ -923,9 +932,13 @@ mod tests {
             let newest_first: Vec<WindowMessage> = history.iter().rev().cloned().collect();
             let read = (1..=history.len()).find(|&n| tail_suffices(&newest_first[..n], room, keep_turns));
             let Some(read) = read else { continue };
-            partial_reads += usize::from(read < history.len());
             let tail = &history[history.len() - read..];
             let from_tail = assemble(&WindowInput { history: tail, ..whole.clone() }, &Quarters).expect("fits");
+            if newest_first[..read].iter().map(WindowMessage::cost).sum::<u64>() > room * UNIT_SEARCH_ROOMS {
+                capped += 1;
+                continue;
+            }
+            partial_reads += usize::from(read < history.len());
             let from_whole = assemble(&whole, &Quarters).expect("fits");
             let offset = history.len() - read;
             let shifted: Vec<Option<usize>> =
@@ -942,5 +955,16 @@ mod tests {
             assert_eq!(texts(&from_tail), texts(&from_whole), "case {case}");
         }
         assert!(partial_reads > 100, "only {partial_reads} cases read less than the whole session");
+        assert!(capped < partial_reads / 10, "{capped} reads gave up looking for a unit's start");
+    }
+
+    /// A session of tool results whose call is not stored: the reader stops at a few times the
+    /// room instead of reading the whole session.
+    #[test]
+    fn a_reader_stops_looking_for_a_units_start_after_a_few_rooms() {
+        let newest_first: Vec<WindowMessage> = (0..10_000).map(|_| result("lost", &"abcd".repeat(40))).collect();
+        let read = (1..=newest_first.len()).find(|&n| tail_suffices(&newest_first[..n], 1000, None));
+        let cost = newest_first[0].cost();
+        assert_eq!(read, Some((1000 * UNIT_SEARCH_ROOMS / cost + 1) as usize));
     }
 }
