@@ -271,11 +271,11 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
     }
 }
 
-/// Plain text: each label with the decision after it, up to the next label, like
-/// `f2: SUPERSEDE` or `f1 KEEP, f2 SUPERSEDE`. A supersede right after a negation ("does not
-/// supersede", "not superseded") keeps, and so does a label given both decisions.
+/// Plain text: each label with the decision right after it, like `f2: SUPERSEDE` or
+/// `f1 KEEP, f2 SUPERSEDE` (words after the decision are ignored). Only a SUPERSEDE that is the
+/// first word after its label, and the label's only decision, supersedes: prose ("f1 can't be
+/// superseded", "f1 is not at all superseded") keeps, whatever negation it uses.
 fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
-    const NEGATIONS: [&str; 8] = ["not", "no", "never", "cannot", "don", "doesn", "isn", "shouldn"];
     let mut pairs = Vec::new();
     for line in content.lines() {
         let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
@@ -284,12 +284,9 @@ fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
             let segment = &words[at + 1..labels.get(n + 1).copied().unwrap_or(words.len())];
             let said: Vec<(usize, Verdict)> =
                 segment.iter().enumerate().filter_map(|(i, w)| Some((i, verdict(w)?))).collect();
-            let negated = |i: usize| {
-                segment[i.saturating_sub(2)..i].iter().any(|w| NEGATIONS.contains(&w.to_ascii_lowercase().as_str()))
-            };
             let decision = match said.as_slice() {
                 [] => continue,
-                all if all.iter().all(|&(i, v)| v == Verdict::Supersede && !negated(i)) => Verdict::Supersede,
+                [(0, Verdict::Supersede)] => Verdict::Supersede,
                 _ => Verdict::Keep,
             };
             pairs.push((words[at].to_owned(), decision));
@@ -344,6 +341,10 @@ mod tests {
         assert_eq!(parse_verdicts("f1: does not supersede it - KEEP", 1), Ok(vec![Keep]));
         assert_eq!(parse_verdicts("f1: not superseded", 1), Ok(vec![Keep]));
         assert_eq!(parse_verdicts("f1 doesn't SUPERSEDE", 1), Ok(vec![Keep]));
+        for prose in ["f1: can't be superseded", "f1 won't SUPERSEDE", "f1: not at all superseded", "f1 is superseded"]
+        {
+            assert_eq!(parse_verdicts(prose, 1), Ok(vec![Keep]), "{prose}");
+        }
         assert_eq!(parse_verdicts("f1: SUPERSEDE, it moved", 1), Ok(vec![Supersede]));
         // A negation elsewhere on the line is the model's reason, not its decision.
         assert_eq!(parse_verdicts("f1: SUPERSEDE - no longer true", 1), Ok(vec![Supersede]));
