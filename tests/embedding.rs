@@ -386,6 +386,48 @@ async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
     worker.kill().await;
 }
 
+/// All-zero vectors are the endpoint's fault as much as a wrong dimension: the row is retried,
+/// not given up for good.
+#[tokio::test]
+async fn a_zero_vector_is_retried_until_the_endpoint_answers_right() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(16).await;
+    provider.then([Answer::ZeroVectors]);
+    write_messages(&server, 1, |_| "one row".into()).await;
+    let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");
+    let attempts = db.count("SELECT embed_attempts::bigint FROM memory_items WHERE embed_error IS NULL").await;
+    assert_eq!(attempts, 1, "one failed attempt, then the retry embedded it");
+    worker.kill().await;
+}
+
+/// A row given up on (here a refused input; likewise attempts used up in a long outage) is
+/// embedded again by `mnemo-runbook embed-retry` once the cause is mended.
+#[tokio::test]
+async fn rows_given_up_on_are_embedded_again_by_the_runbook() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(16).await;
+    provider.then([Answer::Status(400)]);
+    write_messages(&server, 1, |_| "one row".into()).await;
+    let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
+    let given_up = "SELECT count(*) FROM memory_items WHERE embed_error IS NOT NULL";
+    assert!(wait_until(Duration::from_secs(30), || async { db.count(given_up).await == 1 }).await, "not given up");
+    let output = std::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("built"))
+        .args(["embed-retry", "--tenant", "acme", "--json"])
+        .env_clear()
+        .env("MNEMO_DATABASE_URL", &db.url)
+        .output()
+        .expect("ran");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["queued"], 1);
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");
+    assert_eq!(db.count(given_up).await, 0);
+    worker.kill().await;
+}
+
 /// An endpoint that refuses the key or does not know the model (401, 403, 404: a key rotated, a
 /// model misnamed) is in a state its operator mends: the row is retried and embedded, not given
 /// up at the first answer as a refused input is.

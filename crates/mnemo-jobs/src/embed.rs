@@ -224,16 +224,19 @@ async fn embed_isolating(embedder: &dyn Embedder, texts: &[String]) -> Vec<Resul
     metrics::histogram!("mnemo_embed_model_seconds").record(started.elapsed().as_secs_f64());
     match answer {
         Ok(vectors) if vectors.len() == texts.len() => {
-            // One vector pgvector would refuse fails its row alone, not the batch's save.
+            // One vector pgvector would refuse, or that points nowhere (all zeros), fails its
+            // row alone, not the batch's save; retried, since a misbehaving endpoint is mended.
             let dimensions = embedder.dimensions();
             vectors
                 .into_iter()
-                .map(|v| match v.len() == dimensions && v.iter().all(|x| x.is_finite()) {
-                    true => Ok(v),
-                    false => Err(EmbedError::permanent(
-                        "bad_vector",
-                        format!("{} values, not {dimensions} finite ones", v.len()),
-                    )),
+                .map(|v| {
+                    match v.len() == dimensions && v.iter().all(|x| x.is_finite()) && v.iter().any(|&x| x != 0.0) {
+                        true => Ok(v),
+                        false => Err(EmbedError::transient(
+                            "bad_vector",
+                            format!("{} values, not {dimensions} finite ones, not all zero", v.len()),
+                        )),
+                    }
                 })
                 .collect()
         }
@@ -269,18 +272,25 @@ mod tests {
         }
 
         fn embed<'a>(&'a self, texts: &'a [String]) -> EmbedFuture<'a> {
-            let vectors = texts.iter().map(|t| if t == "bad" { vec![f32::NAN, 0.0] } else { vec![1.0, 0.0] });
+            let vectors = texts.iter().map(|t| match t.as_str() {
+                "bad" => vec![f32::NAN, 0.0],
+                "zero" => vec![0.0, 0.0],
+                _ => vec![1.0, 0.0],
+            });
             let vectors: Vec<Vec<f32>> = vectors.collect();
             Box::pin(async move { Ok(vectors) })
         }
     }
 
-    /// pgvector refuses a NaN, which would fail the whole batch's save: the row fails alone.
+    /// pgvector refuses a NaN, which would fail the whole batch's save, and a zero vector points
+    /// nowhere: each fails its row alone, to be retried (the endpoint misbehaved).
     #[tokio::test]
-    async fn a_vector_that_is_not_finite_fails_its_row_alone() {
-        let texts = ["a", "bad", "c"].map(String::from);
+    async fn a_vector_that_is_not_finite_or_all_zero_fails_its_row_alone() {
+        let texts = ["a", "bad", "c", "zero"].map(String::from);
         let results = super::embed_isolating(&NanFor, &texts).await;
         assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
-        assert_eq!(results[1].as_ref().map_err(|e| e.class), Err(FailureClass::Permanent));
+        for bad in [1, 3] {
+            assert_eq!(results[bad].as_ref().map_err(|e| e.class), Err(FailureClass::Transient), "{results:?}");
+        }
     }
 }

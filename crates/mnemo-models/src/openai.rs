@@ -69,7 +69,7 @@ impl OpenAiEmbedder {
                         format!("expected {} dimensions, got {}", self.dimensions, e.embedding.len()),
                     ));
                 }
-                normalised(e.embedding)
+                Ok(normalised(e.embedding))
             })
             .collect()
     }
@@ -95,15 +95,14 @@ pub(crate) fn client(
     Ok(Client::with_config(config).with_http_client(http.clone()).with_http_service(ReqwestService::new(http)))
 }
 
-/// Unit length, so cosine distance is comparable across providers; a zero or non-finite vector
-/// is unusable.
-fn normalised(mut v: Vec<f32>) -> Result<Vec<f32>, EmbedError> {
-    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    if !norm.is_finite() || norm == 0.0 {
-        return Err(EmbedError::permanent("degenerate_vector", "a zero or non-finite vector"));
+/// Unit length, so cosine distance is comparable across providers. A zero or non-finite vector
+/// is left as it is, for the worker to refuse on its own row.
+fn normalised(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+    if norm.is_finite() && norm > 0.0 {
+        v.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
     }
-    v.iter_mut().for_each(|x| *x /= norm);
-    Ok(v)
+    v
 }
 
 /// Network trouble, rate limits, server errors and unreadable answers may pass; a refusal of the

@@ -113,6 +113,15 @@ enum Command {
         #[command(subcommand)]
         command: judge::JudgeCommand,
     },
+    /// Embed again the rows whose embedding was given up (attempts used up in an outage longer
+    /// than they last, or a permanent failure): their error and attempts are cleared and each
+    /// gets an embed job. `status` counts them as failed for good.
+    EmbedRetry {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: Option<TenantId>,
+        #[arg(long)]
+        json: bool,
+    },
     /// A session's conversation: its messages, compactions and pending compaction; compact now.
     Session {
         #[command(subcommand)]
@@ -232,6 +241,22 @@ async fn main() -> anyhow::Result<()> {
             recall(&env, &identity.principal(), &request, include_superseded, json).await
         }
         Command::Judge { command } => judge::run(&connect(&env).await?, command).await,
+        Command::EmbedRetry { tenant, json } => {
+            let store = connect(&env).await?;
+            let queued = store
+                .retry_given_up_embeddings(tenant.as_ref(), 10_000, |n| {
+                    if !json {
+                        eprintln!("{n} rows queued to embed again");
+                    }
+                })
+                .await?;
+            if json {
+                println!("{}", serde_json::json!({ "queued": queued }));
+            } else {
+                println!("{queued} rows given up on are queued to embed again");
+            }
+            Ok(())
+        }
         Command::Workspace { command } => workspace::run(&connect(&env).await?, command).await,
         Command::Memory { command } => memory::run(&connect(&env).await?, &env, command).await,
         Command::Session { command } => {

@@ -341,6 +341,50 @@ impl Store {
         Ok(count)
     }
 
+    /// Gives the live rows whose embedding was given up (`embed_error`: attempts used up in an
+    /// outage longer than they last, or a permanent failure) a new start: no error, no attempts,
+    /// and an embed job each, `batch` rows a transaction, calling `progress` with the count so
+    /// far after each. `tenant`: only that tenant's. A row that fails again meanwhile is not
+    /// taken again. Returns how many.
+    pub async fn retry_given_up_embeddings(
+        &self,
+        tenant: Option<&TenantId>,
+        batch: i64,
+        mut progress: impl FnMut(u64),
+    ) -> Result<u64, StoreError> {
+        let started: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&self.pool).await?;
+        let mut queued = 0;
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let rows: Vec<(Uuid, String, Vec<u8>)> = sqlx::query_as(
+                "WITH given_up AS (
+                    SELECT tenant_id, id FROM memory_items
+                    WHERE embed_error IS NOT NULL AND deleted_at IS NULL AND anonymized_at IS NULL
+                      AND ($1::text IS NULL OR tenant_id = $1) AND embed_enqueued_at < $3
+                    LIMIT $2
+                    FOR UPDATE SKIP LOCKED
+                )
+                UPDATE memory_items m
+                SET embed_error = NULL, embed_attempts = 0, embed_failing_since = NULL, embed_enqueued_at = now()
+                FROM given_up WHERE m.tenant_id = given_up.tenant_id AND m.id = given_up.id
+                RETURNING m.id, m.tenant_id, m.content_sha256",
+            )
+            .bind(tenant.map(TenantId::as_str))
+            .bind(batch)
+            .bind(started)
+            .fetch_all(&mut *tx)
+            .await?;
+            if rows.is_empty() {
+                return Ok(queued);
+            }
+            queued += rows.len() as u64;
+            let jobs = rows.into_iter().map(embed_job).collect::<Result<Vec<_>, StoreError>>()?;
+            push(&mut tx, &jobs).await?;
+            tx.commit().await?;
+            progress(queued);
+        }
+    }
+
     /// The stored vector of a row for a model, for checks and tests.
     pub async fn vector(&self, id: Uuid, model: &str) -> Result<Option<Vec<f32>>, StoreError> {
         let v: Option<Vector> =

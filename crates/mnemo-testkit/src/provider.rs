@@ -21,6 +21,8 @@ pub enum Answer {
     Hang(Duration),
     Malformed,
     WrongDimension,
+    /// Every vector all zeros (a misbehaving endpoint).
+    ZeroVectors,
 }
 
 #[derive(Debug, Default)]
@@ -175,7 +177,7 @@ async fn embeddings(
         let error = json!({"error": {"message": "input rejected", "type": "invalid_request_error"}});
         return (status, Json(error)).into_response();
     }
-    let mut dims = dimensions;
+    let (mut dims, mut zeros) = (dimensions, false);
     match answer {
         Some(Answer::Status(code)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -185,12 +187,16 @@ async fn embeddings(
         Some(Answer::Hang(d)) => tokio::time::sleep(d).await,
         Some(Answer::Malformed) => return (StatusCode::OK, "{\"object\": \"list\", \"data\": [").into_response(),
         Some(Answer::WrongDimension) => dims = dimensions + 1,
+        Some(Answer::ZeroVectors) => zeros = true,
         None => {}
     }
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()
-        .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": bag_of_words(text, dims)}))
+        .map(|(i, text)| {
+            let embedding = if zeros { vec![0.0; dims] } else { bag_of_words(text, dims) };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
         .collect();
     Json(json!({"object": "list", "model": body["model"], "data": data, "usage": {"prompt_tokens": 0, "total_tokens": 0}}))
         .into_response()
