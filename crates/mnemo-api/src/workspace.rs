@@ -307,7 +307,7 @@ pub async fn workspace_prompt(
     let (_, today) = state.store.tenant_today(&workspace.tenant).await?;
     let since = today - chrono::Days::new(u64::from(state.workspace.recent_days));
     let files = state.store.enabled_files(workspace).await?;
-    let notes = state.store.daily_notes(workspace, since).await?;
+    let notes = state.store.daily_notes(workspace, since, today).await?;
     let memory = MemoryNotes {
         long_term: files.iter().find(|f| f.path.as_str() == "MEMORY.md").map(|f| f.content.as_str()),
         today: notes.iter().find(|(day, _)| *day == today).map(|(_, text)| text.as_str()),

@@ -98,9 +98,9 @@ pub(crate) fn client(
 /// Unit length, so cosine distance is comparable across providers. A zero or non-finite vector
 /// is left as it is, for the worker to refuse on its own row.
 fn normalised(mut v: Vec<f32>) -> Vec<f32> {
-    let norm = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     if norm.is_finite() && norm > 0.0 {
-        v.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
+        v.iter_mut().for_each(|x| *x /= norm);
     }
     v
 }

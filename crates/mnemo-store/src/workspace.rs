@@ -133,17 +133,20 @@ WHERE tenant_id = $1 AND agent_id = $2 AND user_id IN ('', $3) AND deleted_at IS
 ORDER BY sort_order, path
 LIMIT $7";
 
+/// The enabled files a prompt renders as blocks: the agent's and the user's but those under
+/// `memory/` (a prompt takes daily notes by day, below, not every file a user enabled there).
 const ENABLED: &str = "
 SELECT path, content, size_bytes, enabled, sort_order, version, created_at, updated_at
 FROM workspace_files
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id IN ('', $3) AND deleted_at IS NULL AND enabled
+  AND NOT (user_id <> '' AND starts_with(path, 'memory/'))
 ORDER BY sort_order, path";
 
-/// The user's live daily notes (`memory/YYYY-MM-DD.md`) from the day in `$4` on.
+/// The user's live daily notes (`memory/YYYY-MM-DD.md`) from the day in `$4` through the day in `$5`.
 const DAILY_NOTES: &str = "
 SELECT path, content FROM workspace_files
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
-  AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path >= $4
+  AND path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND path >= $4 AND path <= $5
 ORDER BY path DESC";
 
 /// A recallable file's live pieces: ids and content hashes.
@@ -250,7 +253,7 @@ impl Store {
             .await?)
     }
 
-    /// The enabled live files, by sort order, for a prompt.
+    /// The enabled live files a prompt renders as blocks (see `ENABLED`), by sort order.
     pub async fn enabled_files(&self, workspace: &Workspace) -> Result<Vec<WorkspaceFile>, StoreError> {
         Ok(sqlx::query_as(ENABLED)
             .bind(workspace.tenant.as_str())
@@ -260,11 +263,12 @@ impl Store {
             .await?)
     }
 
-    /// The user's daily notes from `since` on, newest first (none without a user).
+    /// The user's daily notes from `since` through `until`, newest first (none without a user).
     pub async fn daily_notes(
         &self,
         workspace: &Workspace,
         since: NaiveDate,
+        until: NaiveDate,
     ) -> Result<Vec<(NaiveDate, String)>, StoreError> {
         let Some(user) = &workspace.user else { return Ok(Vec::new()) };
         let rows: Vec<(String, String)> = sqlx::query_as(DAILY_NOTES)
@@ -272,6 +276,7 @@ impl Store {
             .bind(workspace.agent.as_str())
             .bind(user.as_str())
             .bind(WorkspacePath::daily_note(since).as_str())
+            .bind(WorkspacePath::daily_note(until).as_str())
             .fetch_all(&mut *self.tenant_connection([workspace.tenant.as_str()]).await?)
             .await?;
         Ok(rows
