@@ -8,8 +8,8 @@
 //! (what models and users wrote is never promoted to instructions), the kept tail of the
 //! conversation (a tool result that does not follow its call, and a call without a result, go
 //! as marked text too; the store reads a system message written under a user's token as marked
-//! text, [`USER_SYSTEM_PREFIX`]), the current message. It always fits `budget`, counting what a message
-//! sends besides its content (call ids, tool names, markers):
+//! text, [`USER_SYSTEM_PREFIX`]), the current message. It always fits `budget`, counting what a
+//! message sends besides its content (call ids, tool names, markers):
 //! - whole units are dropped from the front of the tail first, where a unit is a message, or an
 //!   assistant's tool call with every result answering it (never split);
 //! - the last turn (from the last user message on) is kept while anything else can go;

@@ -198,7 +198,8 @@ const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     CASE WHEN m.scope = 'user' AND m.visibility = 'agent' THEN m.agent_id END AS reader_agent";
 
 /// The advisory lock of a bucket: judgements in one bucket apply one at a time.
-const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2 || chr(31) || $3 || chr(31) || COALESCE($4, ''), 0))";
+const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(
+    hashtextextended($1 || chr(31) || $2 || chr(31) || $3 || chr(31) || COALESCE($4, ''), 0))";
 
 fn pending_filter(alias: &str) -> String {
     format!(
