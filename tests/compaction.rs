@@ -696,6 +696,17 @@ async fn an_erasure_finds_a_summary_of_the_users_words_after_their_messages_are_
     assert_eq!(plan.rows_by_kind.get("session_summary"), Some(&1), "{plan:?}");
     mnemo_jobs::erase_user(&store, &acme, &user, 100, false, "test", |_, _| {}).await.expect("erasure");
     assert_eq!(app.db.count(summaries).await, 0, "the summary holding xavier's words is left");
+
+    // Yara goes on; the next summary holds none of xavier's words, and erasing him again
+    // leaves it.
+    turns(&app, &yara, 7, 4).await;
+    let report = compactor.run(&job("acme", "s1")).await.expect("job");
+    assert!(matches!(report, CompactReport::Compacted { outcome: CompactionOutcome::Summarized, .. }), "{report:?}");
+    assert_eq!(app.db.count(summaries).await, 1);
+    let plan = store.erasure_plan(&acme, &user).await.expect("plan");
+    assert_eq!(plan.rows(), 0, "{plan:?}");
+    mnemo_jobs::erase_user(&store, &acme, &user, 100, false, "test", |_, _| {}).await.expect("again");
+    assert_eq!(app.db.count(summaries).await, 1, "erasing xavier again took yara's later summary");
 }
 
 /// The summary a compaction builds on, deleted (or erased with its user) while the model writes

@@ -489,7 +489,8 @@ impl Store {
                 .bind(compaction.trigger.as_str())
                 .bind(compaction.from.map(|c| c.event_time))
                 .bind(compaction.from.map(|c| c.id))
-                .bind(if compaction.summary_id.is_some() { &compaction.covered[..] } else { &[] })
+                // A truncation (even one that keeps the previous summary) summarized nothing.
+                .bind(if compaction.outcome == CompactionOutcome::Summarized { &compaction.covered[..] } else { &[] })
                 .execute(&mut *tx)
                 .await?
                 .rows_affected()

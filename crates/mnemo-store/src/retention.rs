@@ -516,6 +516,22 @@ impl Store {
         Ok(files)
     }
 
+    /// Takes `user` out of the writers the tenant's compaction records name, once their erasure
+    /// has taken the summaries: a later summary of those sessions holds none of their words, and
+    /// erasing them again must not take it.
+    pub async fn forget_summary_writer(&self, tenant: &TenantId, user: &UserId) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE session_compactions SET participants = array_remove(participants, h.hash)
+             FROM (SELECT encode(sha256(convert_to($2, 'UTF8')), 'hex') AS hash) h
+             WHERE tenant_id = $1 AND h.hash = ANY(participants)",
+        )
+        .bind(tenant.as_str())
+        .bind(user.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// The sessions whose summaries may hold `user`'s words, read before an erasure anonymizes
     /// their rows (an anonymized row names no session).
     pub async fn user_sessions(&self, tenant: &TenantId, user: &UserId) -> Result<Vec<String>, StoreError> {
