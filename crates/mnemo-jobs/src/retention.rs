@@ -245,7 +245,7 @@ pub async fn erase_user(
         workspace_files += files;
     }
     done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
-    store.forget_summary_writer(tenant, user).await?;
+    store.forget_summary_writer(tenant, &user_sha256).await?;
     let details = json!({
         "user_sha256": user_sha256,
         "rows": report.anonymized,

@@ -223,9 +223,10 @@ impl Store {
 
     /// Up to `len` bytes from byte `offset` of the full payload behind a `tout_…` key (sliced by
     /// the database, so a page of a large payload does not carry the whole of it), with its
-    /// length, while its row is live, to a caller who may read the row, as the session's messages are read: a token bound to a session reads that
-    /// session's outputs; otherwise a user's token reads the rows carrying its user, and a
-    /// service token any of its tenant. Roles narrow each.
+    /// length, while its row is live, to a caller who may read the row, as the session's
+    /// messages are read: a token bound to a session reads that session's outputs; otherwise a
+    /// user's token reads the rows carrying its user, and a service token any of its tenant.
+    /// Roles narrow each.
     pub async fn tool_output_window(
         &self,
         caller: &Principal,

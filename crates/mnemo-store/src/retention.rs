@@ -516,17 +516,16 @@ impl Store {
         Ok(files)
     }
 
-    /// Takes `user` out of the writers the tenant's compaction records name, once their erasure
-    /// has taken the summaries: a later summary of those sessions holds none of their words, and
-    /// erasing them again must not take it.
-    pub async fn forget_summary_writer(&self, tenant: &TenantId, user: &UserId) -> Result<(), StoreError> {
+    /// Takes the user whose hash is `user_sha256` out of the writers the tenant's compaction
+    /// records name, once their erasure has taken the summaries: a later summary of those
+    /// sessions holds none of their words, and erasing them again must not take it.
+    pub async fn forget_summary_writer(&self, tenant: &TenantId, user_sha256: &str) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE session_compactions SET participants = array_remove(participants, h.hash)
-             FROM (SELECT encode(sha256(convert_to($2, 'UTF8')), 'hex') AS hash) h
-             WHERE tenant_id = $1 AND h.hash = ANY(participants)",
+            "UPDATE session_compactions SET participants = array_remove(participants, $2)
+             WHERE tenant_id = $1 AND $2 = ANY(participants)",
         )
         .bind(tenant.as_str())
-        .bind(user.as_str())
+        .bind(user_sha256)
         .execute(&self.pool)
         .await?;
         Ok(())
