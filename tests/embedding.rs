@@ -383,6 +383,8 @@ async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
     assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");
     let attempts = db.count("SELECT embed_attempts::bigint FROM memory_items WHERE embed_error IS NULL").await;
     assert_eq!(attempts, 1, "one failed attempt, then the retry embedded it");
+    // By default no request asks the model to shorten its vectors: many models refuse it.
+    assert_eq!(provider.dimensions_asked(), [None, None]);
     worker.kill().await;
 }
 
@@ -394,6 +396,25 @@ async fn a_zero_vector_is_retried_until_the_endpoint_answers_right() {
     let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
     let provider = ScriptedEmbeddings::start(16).await;
     provider.then([Answer::ZeroVectors]);
+    write_messages(&server, 1, |_| "one row".into()).await;
+    let mut env = openai_env(&provider);
+    env.push(("MNEMO_EMBED_SEND_DIMENSIONS", "true".into()));
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");
+    let attempts = db.count("SELECT embed_attempts::bigint FROM memory_items WHERE embed_error IS NULL").await;
+    assert_eq!(attempts, 1, "one failed attempt, then the retry embedded it");
+    assert_eq!(provider.dimensions_asked(), [Some(16), Some(16)], "asked for, as configured");
+    worker.kill().await;
+}
+
+/// An answer larger than any answer to the request could be is not read to its end: the
+/// endpoint's fault, retried, the row embedded once it answers right.
+#[tokio::test]
+async fn an_answer_over_its_size_bound_is_retried_until_the_endpoint_answers_right() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(16).await;
+    provider.then([Answer::Oversized]);
     write_messages(&server, 1, |_| "one row".into()).await;
     let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
     assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");

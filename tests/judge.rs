@@ -320,7 +320,16 @@ async fn every_judge_failure_fails_open_and_retires_nothing() {
         ("model_missing", vec![ChatAnswer::Status(404)]),
         ("unparsable", vec![ChatAnswer::Malformed]),
         ("invented_ids", vec![ChatAnswer::InventedIds]),
+        // f1 is the Tokyo fact: one label the model was not shown refuses the whole answer.
+        (
+            "invented_ids",
+            vec![ChatAnswer::Content(
+                r#"[{"id": "f1", "decision": "SUPERSEDE"}, {"id": "f2", "decision": "KEEP"}]"#.into(),
+            )],
+        ),
         ("truncated", vec![ChatAnswer::Runaway]),
+        // The rule's answer supersedes Tokyo, but a filter cut it.
+        ("unfinished", vec![ChatAnswer::Filtered]),
     ];
     for (i, (kind, answers)) in cases.into_iter().enumerate() {
         let who = principal("acme", Some(&format!("user{i}")), None, None);

@@ -427,12 +427,13 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     let _ = std::fs::remove_file(&truncated);
 
     // Another tenant's export goes in only with --retarget, and then under the new tenant, which
-    // keeps its own settings unless --with-settings.
+    // keeps its own settings unless --with-settings, which replaces them even though they
+    // changed after the file's.
     let run = runbook(&target.url, &["import", "--tenant", "beta", good.to_str().expect("path")], None).await;
     assert!(!run.ok && run.stderr.contains("line 1: the file holds tenant \"acme\""), "{}", run.stderr);
     sqlx::query(
         "INSERT INTO tenant_config (tenant_id, settings, updated_at)
-         VALUES ('beta', '{\"time_zone\": \"Europe/Paris\"}', now() - interval '1 day')",
+         VALUES ('beta', '{\"time_zone\": \"Europe/Paris\"}', now() + interval '1 day')",
     )
     .execute(&target.pool)
     .await
@@ -629,6 +630,17 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
             .expect("hashes");
     let vectors = vec![vector(said, None, shas[0].clone()), vector(answer, Some(said), shas[1].clone())];
     assert_eq!(app.db.store().save_vectors("m", vectors).await.expect("save").len(), 2);
+    // A compaction of the session whose summary was made from u1's words.
+    sqlx::query(
+        "INSERT INTO session_compactions
+             (tenant_id, session_id, through_id, through_time, messages, outcome, model, trigger, participants)
+         VALUES ('acme', 's1', $1, now(), 2, 'summarized', 'm', 'threshold',
+                 ARRAY[encode(sha256(convert_to('u1', 'UTF8')), 'hex')])",
+    )
+    .bind(answer)
+    .execute(&app.db.pool)
+    .await
+    .expect("a compaction");
     let full = temp("copy-full.jsonl.gz");
     assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--with-vectors"], Some(&full)).await.ok);
     let copy = TestDb::new().await;
@@ -638,6 +650,8 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     assert!(copy.count(files).await > 0);
     let vectors = "SELECT count(*) FROM memory_embeddings";
     assert_eq!(copy.count(vectors).await, 2);
+    let writers = "SELECT count(*) FROM session_compactions WHERE cardinality(participants) > 0";
+    assert_eq!(copy.count(writers).await, 1);
 
     let since: String =
         sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
@@ -662,6 +676,7 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     assert!(run.stdout.contains("1 items to embed again"), "{}", run.stdout);
     assert_eq!(copy.count(files).await, 0, "the erased user's files stay in the copy");
     assert_eq!(copy.count("SELECT count(*) FROM workspace_file_versions WHERE user_id = 'u1'").await, 0);
+    assert_eq!(copy.count(writers).await, 0, "the copy still names the erased user as a summary's writer");
     assert_eq!(copy.count("SELECT count(*) FROM memory_items WHERE content = 'my secret plan'").await, 0);
     let audited = "SELECT count(*) FROM audit_log WHERE event = 'memory.erase' AND actor = 'import'";
     assert_eq!(copy.count(audited).await, 1);

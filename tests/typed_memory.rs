@@ -127,6 +127,14 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
     let again = json!({"scope": "user", "content": "Ann stopped drinking coffee in May", "visibility": "tenant"});
     let reply = fact(&app, &ann, again).await;
     assert_eq!((reply.status, reply.code()), (409, "source_ref_conflict"), "{:?}", reply.body);
+    // Shared with another agent, it has other readers: that agent's users, not helper's.
+    let elsewhere = principal("acme", Some("ann"), Some("coach"), Some("s1"));
+    let shared = json!({
+        "scope": "user", "content": "Ann stopped drinking coffee in May", "visibility": "agent",
+        "allowed_roles": ["coach"], "source": "user",
+    });
+    let reply = fact(&app, &elsewhere, shared).await;
+    assert_eq!((reply.status, reply.code()), (409, "source_ref_conflict"), "{:?}", reply.body);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items").await, before, "a refused write wrote something");
     assert_eq!(app.db.count("SELECT count(*) FROM memory_relations").await, 1);
     // A fact naming itself adds no relation; asserting it again is idempotent.

@@ -340,9 +340,9 @@ async fn the_runbook_lists_prints_and_restores_any_version() {
     let history: Value = serde_json::from_slice(&history.stdout).expect("json");
     let versions: Vec<i64> =
         history["versions"].as_array().expect("versions").iter().filter_map(|v| v["version"].as_i64()).collect();
-    assert_eq!(versions, [1, 2, 3], "the template, then two writes");
+    assert_eq!(versions, [1, 2], "two writes, the first creating it (not from its template)");
     let cat =
-        runbook(&app, &[&["workspace", "cat"][..], &owner, &["--path", "PROFILE.md", "--version", "2"]].concat()).await;
+        runbook(&app, &[&["workspace", "cat"][..], &owner, &["--path", "PROFILE.md", "--version", "1"]].concat()).await;
     assert_eq!(String::from_utf8_lossy(&cat.stdout), "first profile");
     let cat = runbook(&app, &[&["workspace", "cat"][..], &owner, &["--path", "PROFILE.md", "--json"]].concat()).await;
     let cat: Value = serde_json::from_slice(&cat.stdout).expect("json");
@@ -357,12 +357,12 @@ async fn the_runbook_lists_prints_and_restores_any_version() {
     assert_eq!(zone["time_zone"], "Asia/Tokyo");
     let restore = runbook(
         &app,
-        &[&["workspace", "restore"][..], &owner, &["--path", "PROFILE.md", "--version", "2", "--json"]].concat(),
+        &[&["workspace", "restore"][..], &owner, &["--path", "PROFILE.md", "--version", "1", "--json"]].concat(),
     )
     .await;
     assert!(restore.status.success(), "{}", String::from_utf8_lossy(&restore.stderr));
     let read = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
-    assert_eq!((read.body["content"].as_str(), read.body["version"].as_i64()), (Some("first profile"), Some(4)));
+    assert_eq!((read.body["content"].as_str(), read.body["version"].as_i64()), (Some("first profile"), Some(3)));
     let actor =
         app.db.count("SELECT count(*) FROM audit_log WHERE event = 'workspace.change' AND actor = 'runbook'").await;
     assert_eq!(actor, 1);
@@ -502,7 +502,12 @@ async fn a_write_with_the_version_it_read_overwrites_no_later_change() {
         let (client, ann) = (app.client.clone(), ann.clone());
         async move { client.put(&format!("/v1/workspace/files/{path}"), Some(&ann), &body).await }
     };
-    let first = put("MEMORY.md", json!({ "content": "# MEMORY.md\n\n- one" })).await;
+    // A new user's first write of a core file, expecting none: the file is the writer's, not
+    // the template's (the other core files are created from theirs).
+    let first = put("MEMORY.md", json!({ "content": "# MEMORY.md\n\n- one", "expected_version": 0 })).await;
+    assert_eq!((first.status, first.body["version"].as_i64()), (201, Some(1)), "{:?}", first.body);
+    let profile = app.client.get("/v1/workspace/files/PROFILE.md", Some(&ann)).await;
+    assert_eq!((profile.status, profile.body["version"].as_i64()), (200, Some(1)), "{:?}", profile.body);
     let read = first.body["version"].as_i64().expect("version");
     assert!(put("MEMORY.md", json!({ "content": "# MEMORY.md\n\n- one\n- two" })).await.status < 300);
     let stale = put("MEMORY.md", json!({ "content": "# MEMORY.md\n\n- mine", "expected_version": read })).await;

@@ -21,10 +21,15 @@ const ACTOR: &str = "api";
 /// `sort_order` values accepted.
 const SORT_ORDERS: std::ops::RangeInclusive<i64> = -10_000..=10_000;
 
-/// The workspace the token reaches, its core files created on first use.
-async fn workspace(state: &AppState, principal: &mnemo_core::Principal) -> Result<Workspace, ApiError> {
+/// The workspace the token reaches, its core files created on first use (but `writing`, which
+/// the caller's PUT creates).
+async fn workspace(
+    state: &AppState,
+    principal: &mnemo_core::Principal,
+    writing: Option<&WorkspacePath>,
+) -> Result<Workspace, ApiError> {
     let workspace = Workspace::of(principal)?;
-    state.store.ensure_core_files(&workspace, &state.workspace.templates).await?;
+    state.store.ensure_core_files(&workspace, &state.workspace.templates, writing).await?;
     Ok(workspace)
 }
 
@@ -46,7 +51,7 @@ fn not_edit(path: &str) -> Result<(), ApiError> {
 
 async fn file_key(state: &AppState, principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiError> {
     let key = key_of(principal, raw)?;
-    workspace(state, principal).await?;
+    workspace(state, principal, None).await?;
     Ok(key)
 }
 
@@ -55,7 +60,8 @@ fn key_of(principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiEr
     Ok(Workspace::of(principal)?.file(WorkspacePath::parse(raw)?)?)
 }
 
-/// The key of a file to change (with `new_name`, one a PUT may create): the agent's shared files
+/// The key of a file to change (with `new_name`, one a PUT may create, so not from a template
+/// first): the agent's shared files
 /// are changed only by a token without a user, so no user can rewrite what every other user's
 /// prompt holds. Checked before the core files are created, so a refused change writes nothing.
 async fn writable_key(
@@ -71,7 +77,7 @@ async fn writable_key(
     if new_name {
         key.path.check_new_name()?;
     }
-    workspace(state, principal).await?;
+    workspace(state, principal, new_name.then_some(&key.path)).await?;
     Ok(key)
 }
 
@@ -125,7 +131,7 @@ pub async fn list(
             (other, _) => return Err(ApiError::unknown_field(other)),
         }
     }
-    let workspace = workspace(&state, &principal).await?;
+    let workspace = workspace(&state, &principal, None).await?;
     let mut files = state.store.list_files(&workspace, &prefix, cursor.as_ref(), limit as i64 + 1).await?;
     let more = files.len() > limit;
     files.truncate(limit);
@@ -288,7 +294,7 @@ pub async fn prompt(
             (other, _) => return Err(ApiError::unknown_field(other)),
         }
     }
-    let workspace = workspace(&state, &principal).await?;
+    let workspace = workspace(&state, &principal, None).await?;
     let parts = workspace_prompt(&state, &workspace, budget).await?;
     let prompt = parts.joined();
     let tokens = state.tokenizer.count(&prompt);

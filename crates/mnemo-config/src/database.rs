@@ -29,7 +29,8 @@ impl DatabaseSettings {
             problems.0.push(format!("{} must be at least 1", vars::DB_MAX_CONNECTIONS));
         }
         let read_url = env.get(vars::READ_DATABASE_URL).map(|u| Secret::new(u.to_owned()));
-        let replica_wait = Duration::from_millis(problems.parsed(env, vars::READ_REPLICA_WAIT_MS, 25, "milliseconds"));
+        let replica_wait =
+            Duration::from_millis(problems.bounded(env, vars::READ_REPLICA_WAIT_MS, 25, 0..=10_000, "milliseconds"));
         Self { url: Secret::new(url.unwrap_or_default().to_owned()), max_connections, read_url, replica_wait }
     }
 

@@ -15,6 +15,10 @@ pub enum EmbedProvider {
         base_url: Option<String>,
         api_key: Secret<String>,
         dimensions: usize,
+        /// Whether requests carry `dimensions`, asking the model to shorten its vectors (OpenAI's
+        /// text-embedding-3 models). Off by default: servers and models that cannot shorten
+        /// (ada-002, most models behind vLLM) refuse the field, failing every row.
+        send_dimensions: bool,
         timeout: Duration,
         max_inputs: usize,
     },
@@ -75,6 +79,7 @@ impl EmbedSettings {
                 if dimensions == 0 {
                     problems.0.push(format!("the openai provider needs {} (e.g. 1536)", vars::EMBED_DIMENSIONS));
                 }
+                let send_dimensions = problems.parsed(env, vars::EMBED_SEND_DIMENSIONS, false, "true or false");
                 let timeout_ms = problems.milliseconds(env, vars::EMBED_TIMEOUT_MS, 10_000);
                 let max_inputs = problems.bounded(env, vars::EMBED_MAX_INPUTS, 256usize, 1..=100_000, "a whole number");
                 Self {
@@ -82,6 +87,7 @@ impl EmbedSettings {
                         base_url: base_url.map(|u| u.trim_end_matches('/').to_owned()),
                         api_key: Secret::new(api_key.to_owned()),
                         dimensions,
+                        send_dimensions,
                         timeout: Duration::from_millis(timeout_ms),
                         max_inputs,
                     },

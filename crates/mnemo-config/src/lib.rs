@@ -31,7 +31,7 @@ pub use telemetry::{
     LogFormat, LogSettings, Telemetry, TraceExport, batch_span, continue_trace, init_tracing, metrics_handle,
     model_span, shutdown_signal, traceparent,
 };
-pub use worker::WorkerSettings;
+pub use worker::{WorkerSettings, orphan_timeout};
 pub use workspace::{
     ConsolidationSettings, ExtractionSettings, MAX_EXTRACT_MIN_MESSAGES, MaintenanceSettings, WorkspaceSettings,
 };

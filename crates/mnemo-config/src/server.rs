@@ -104,7 +104,9 @@ impl ServerSettings {
         let jwt = JwtKey::read(env, &mut problems);
         let named = |name: &str| env.get(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
         let (jwt_audience, jwt_issuer) = (named(vars::JWT_AUDIENCE), named(vars::JWT_ISSUER));
-        let max_tool_output_bytes = problems.parsed(env, vars::MAX_TOOL_OUTPUT_BYTES, 4 << 20, "a number of bytes");
+        // Over 256 MiB a request's body (twice this) nears what one PostgreSQL value holds.
+        let max_tool_output_bytes =
+            problems.bounded(env, vars::MAX_TOOL_OUTPUT_BYTES, 4 << 20, 1..=256 << 20, "a number of bytes");
         let max_batch_items = problems.parsed(env, vars::MAX_BATCH_ITEMS, 1000usize, "a whole number");
         if !(1..=10_000).contains(&max_batch_items) {
             problems.0.push(format!("{} must be between 1 and 10000", vars::MAX_BATCH_ITEMS));

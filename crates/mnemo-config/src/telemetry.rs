@@ -42,8 +42,10 @@ pub struct TraceExport {
 
 impl LogSettings {
     pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
-        // rmcp logs each /mcp message's session at info, with what the client says it is.
-        let filter = env.get(vars::LOG).unwrap_or("info,rmcp=warn").to_owned();
+        // rmcp logs each /mcp message's session at info, with what the client says it is;
+        // async-openai logs a provider's error and unreadable answers whole at warn and error,
+        // and they may quote the input (mnemo classes and logs each failure itself).
+        let filter = env.get(vars::LOG).unwrap_or("info,rmcp=warn,async_openai=off").to_owned();
         if let Err(e) = EnvFilter::try_new(&filter) {
             problems.0.push(format!("{}={filter:?} is not a tracing filter: {e}", vars::LOG));
         }

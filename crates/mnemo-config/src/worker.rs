@@ -42,6 +42,16 @@ pub struct WorkerSettings {
     pub log: LogSettings,
 }
 
+/// How long a worker may be silent and still be alive (`MNEMO_WORKER_ORPHAN_TIMEOUT_S`): the
+/// runbook reads it as the workers do, since their heartbeat's period follows it.
+pub fn orphan_timeout(env: &Env) -> Result<Duration, ConfigError> {
+    Problems::read_all(env, read_orphan_timeout)
+}
+
+fn read_orphan_timeout(env: &Env, problems: &mut Problems) -> Duration {
+    problems.seconds(env, vars::WORKER_ORPHAN_TIMEOUT_S, 20)
+}
+
 impl WorkerSettings {
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
         let mut problems = Problems::default();
@@ -71,7 +81,7 @@ impl WorkerSettings {
         }
         let embed_max_attempts = problems.bounded(env, vars::EMBED_MAX_ATTEMPTS, 16i32, 1..=1000, "a whole number");
         let embed_previous_turn = problems.parsed(env, vars::EMBED_PREVIOUS_TURN, true, "true or false");
-        let orphan_timeout = problems.seconds(env, vars::WORKER_ORPHAN_TIMEOUT_S, 20);
+        let orphan_timeout = read_orphan_timeout(env, &mut problems);
         let job_timeout = problems.seconds(env, vars::JOB_TIMEOUT_S, 120);
         // A job's work is cut off at its timeout: model calls that may outlast three quarters of
         // it would be cut off unrecorded and paid again on every retry. A job may make two in a

@@ -50,6 +50,9 @@ pub struct ConsolidationSettings {
 /// The most user and assistant messages the extraction gates may ask a conversation for.
 pub const MAX_EXTRACT_MIN_MESSAGES: usize = 1000;
 
+/// The longest retention of daily notes and session messages, in days (0 keeps them for ever).
+const MAX_RETENTION_DAYS: u32 = 36_500;
+
 /// Extraction after a conversation.
 #[derive(Debug, Clone)]
 pub struct ExtractionSettings {
@@ -161,11 +164,20 @@ impl WorkspaceSettings {
                 1..=30 * 86_400,
                 "a number of seconds",
             )),
-            note_retention_days: problems.parsed(env, vars::DAILY_NOTE_RETENTION_DAYS, 90u32, "a whole number of days"),
-            session_retention_days: problems.parsed(
+            // At most a century: a cut-off further back is before the earliest day dates (and
+            // PostgreSQL's timestamps) reach, and failed every maintenance run.
+            note_retention_days: problems.bounded(
+                env,
+                vars::DAILY_NOTE_RETENTION_DAYS,
+                90u32,
+                0..=MAX_RETENTION_DAYS,
+                "a whole number of days",
+            ),
+            session_retention_days: problems.bounded(
                 env,
                 vars::SESSION_RETENTION_DAYS,
                 180u32,
+                0..=MAX_RETENTION_DAYS,
                 "a whole number of days",
             ),
         };

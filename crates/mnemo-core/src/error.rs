@@ -52,4 +52,11 @@ impl ModelFailure {
     pub fn new(kind: &'static str, detail: impl Into<String>) -> Self {
         Self { kind, detail: detail.into() }
     }
+
+    /// Whether the failure is the endpoint's state (unreachable, overloaded, refusing the key,
+    /// missing the model), which mending the endpoint ends, and says nothing about the input. A
+    /// timeout is not: a long input can cause it.
+    pub fn is_endpoint_state(&self) -> bool {
+        matches!(self.kind, "connection" | "http_429" | "http_5xx" | "unauthorized" | "model_missing")
+    }
 }

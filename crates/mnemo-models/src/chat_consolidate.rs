@@ -23,7 +23,10 @@ pub struct OpenAiConsolidator {
 impl OpenAiConsolidator {
     pub fn new(base_url: Option<&str>, api_key: &str, model: &str, timeout: Duration) -> Result<Self, ModelError> {
         crate::install_tls_provider();
-        Ok(Self { client: crate::openai::client(base_url, api_key, timeout)?, model: model.to_owned() })
+        Ok(Self {
+            client: crate::openai::client(base_url, api_key, timeout, crate::openai::MAX_CHAT_ANSWER_BYTES)?,
+            model: model.to_owned(),
+        })
     }
 
     async fn ask(&self, input: &ConsolidationInput) -> Result<Consolidation, ModelFailure> {
@@ -51,11 +54,7 @@ or empty\"}}",
             "stream": false,
         });
         let answer: Value = self.client.chat().create_byot(request).await.map_err(crate::openai::failure)?;
-        let choice = &answer["choices"][0];
-        if choice["finish_reason"].as_str() == Some("length") {
-            return Err(ModelFailure::new("truncated", "the answer hit max_tokens"));
-        }
-        parse_consolidation(choice["message"]["content"].as_str().unwrap_or_default())
+        parse_consolidation(crate::openai::finished_text(&answer)?)
     }
 }
 

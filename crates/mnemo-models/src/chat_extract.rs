@@ -50,7 +50,11 @@ impl OpenAiExtractor {
         max_file_bytes: usize,
     ) -> Result<Self, ModelError> {
         crate::install_tls_provider();
-        Ok(Self { client: crate::openai::client(base_url, api_key, timeout)?, model: model.to_owned(), max_file_bytes })
+        Ok(Self {
+            client: crate::openai::client(base_url, api_key, timeout, crate::openai::MAX_CHAT_ANSWER_BYTES)?,
+            model: model.to_owned(),
+            max_file_bytes,
+        })
     }
 
     async fn ask(&self, input: &ExtractionInput) -> Result<Extraction, ModelFailure> {
@@ -76,12 +80,7 @@ impl OpenAiExtractor {
                 failure => return Err(failure),
             },
         };
-        let choice = &answer["choices"][0];
-        if choice["finish_reason"].as_str() == Some("length") {
-            return Err(ModelFailure::new("truncated", "the answer hit max_tokens"));
-        }
-        let content = choice["message"]["content"].as_str().unwrap_or_default();
-        parse_extraction(content)?.check(self.max_file_bytes)
+        parse_extraction(crate::openai::finished_text(&answer)?)?.check(self.max_file_bytes)
     }
 }
 

@@ -66,7 +66,7 @@ impl OpenAiJudge {
         Ok(Self {
             // No retries inside the client: a failed judgement fails open and is re-run by an
             // operator, visibly.
-            client: crate::openai::client(base_url, api_key, timeout)?,
+            client: crate::openai::client(base_url, api_key, timeout, crate::openai::MAX_CHAT_ANSWER_BYTES)?,
             model: model.to_owned(),
             format: Mutex::new((Format::JsonSchema, Instant::now())),
             format_probe: FORMAT_PROBE,
@@ -131,12 +131,8 @@ impl OpenAiJudge {
             Format::PlainText => {}
         }
         let answer: Value = self.client.chat().create_byot(request).await.map_err(classify)?;
-        let choice = &answer["choices"][0];
-        if choice["finish_reason"].as_str() == Some("length") {
-            return Err(Refusal::Other(ModelFailure::new("truncated", "the answer hit max_tokens")));
-        }
-        match choice["message"]["content"].as_str() {
-            Some(content) if !content.trim().is_empty() => Ok(content.to_owned()),
+        match crate::openai::finished_text(&answer).map_err(Refusal::Other)? {
+            content if !content.trim().is_empty() => Ok(content.to_owned()),
             _ => Err(Refusal::Other(ModelFailure::new("unparsable", "the answer has no message content"))),
         }
     }
@@ -211,8 +207,9 @@ fn schema(candidates: usize) -> Value {
 }
 
 /// One verdict per candidate from the answer's text. Missing candidates are kept; a candidate
-/// given both decisions is kept; labels that name no candidate are ignored. An answer that
-/// decides nothing about any candidate is a failure (the judge fails open), not a verdict.
+/// given both decisions is kept. An answer that decides nothing about any candidate, or names
+/// one it was not shown (a model counting from 0 would retire the fact after the one it meant),
+/// is a failure (the judge fails open), not a verdict.
 pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, ModelFailure> {
     let decisions = match crate::openai::json_in(content) {
         Some(value) => decisions_in(&value),
@@ -235,7 +232,7 @@ pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, 
             None => invented += 1,
         }
     }
-    if !decisions.is_empty() && invented == decisions.len() {
+    if invented > 0 {
         return Err(ModelFailure::new("invented_ids", format!("{invented} decisions name no candidate")));
     }
     if decisions.is_empty() {
@@ -352,9 +349,12 @@ mod tests {
     }
 
     #[test]
-    fn invented_ids_are_ignored_and_an_answer_of_only_invented_ids_fails() {
+    fn an_answer_naming_a_candidate_it_was_not_shown_fails() {
         let mixed = r#"{"decisions": [{"id": "f1", "decision": "SUPERSEDE"}, {"id": "f7", "decision": "SUPERSEDE"}]}"#;
-        assert_eq!(parse_verdicts(mixed, 2), Ok(vec![Supersede, Keep]));
+        assert_eq!(parse_verdicts(mixed, 2).unwrap_err().kind, "invented_ids");
+        // Counted from 0: "1" is read as f1, so the whole answer is refused.
+        let from_zero = r#"[{"id": 0, "decision": "KEEP"}, {"id": 1, "decision": "SUPERSEDE"}]"#;
+        assert_eq!(parse_verdicts(from_zero, 2).unwrap_err().kind, "invented_ids");
         let invented = r#"{"decisions": [{"id": "f9", "decision": "SUPERSEDE"}, {"id": "x", "decision": "KEEP"}]}"#;
         assert_eq!(parse_verdicts(invented, 2).unwrap_err().kind, "invented_ids");
     }

@@ -22,7 +22,10 @@ impl OpenAiSummarizer {
     pub fn new(base_url: Option<&str>, api_key: &str, model: &str, timeout: Duration) -> Result<Self, ModelError> {
         crate::install_tls_provider();
         // No retries inside the client: a failed summary falls back to truncation, visibly.
-        Ok(Self { client: crate::openai::client(base_url, api_key, timeout)?, model: model.to_owned() })
+        Ok(Self {
+            client: crate::openai::client(base_url, api_key, timeout, crate::openai::MAX_CHAT_ANSWER_BYTES)?,
+            model: model.to_owned(),
+        })
     }
 
     async fn ask(
@@ -42,12 +45,7 @@ impl OpenAiSummarizer {
             "stream": false,
         });
         let answer: Value = self.client.chat().create_byot(request).await.map_err(crate::openai::failure)?;
-        let choice = &answer["choices"][0];
-        if choice["finish_reason"].as_str() == Some("length") {
-            return Err(ModelFailure::new("truncated", "the summary hit max_tokens"));
-        }
-        let content = choice["message"]["content"].as_str().unwrap_or_default();
-        check_summary(content)
+        check_summary(crate::openai::finished_text(&answer)?)
     }
 }
 

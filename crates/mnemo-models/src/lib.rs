@@ -18,6 +18,7 @@ mod local;
 mod openai;
 mod tei;
 mod tokens;
+mod transport;
 
 pub use chat_consolidate::{CONSOLIDATE_MARKER, OpenAiConsolidator, parse_consolidation};
 pub use chat_extract::{EXTRACT_MARKER, OpenAiExtractor, parse_extraction};
@@ -67,13 +68,14 @@ pub fn embedder(settings: &EmbedSettings) -> Result<Arc<dyn Embedder>, ModelErro
         EmbedProvider::Local { model_dir, dimensions } => {
             Ok(Arc::new(LocalEmbedder::load(model_dir, &settings.model, *dimensions)?))
         }
-        EmbedProvider::OpenAi { base_url, api_key, dimensions, timeout, max_inputs } => {
+        EmbedProvider::OpenAi { base_url, api_key, dimensions, send_dimensions, timeout, max_inputs } => {
             install_tls_provider();
             Ok(Arc::new(OpenAiEmbedder::new(
                 base_url.as_deref(),
                 api_key.expose(),
                 &settings.model,
                 *dimensions,
+                *send_dimensions,
                 *timeout,
                 *max_inputs,
             )?))

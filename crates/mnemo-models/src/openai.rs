@@ -7,18 +7,23 @@ use std::time::Duration;
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
-use async_openai::middleware::ReqwestService;
 use async_openai::types::embeddings::{CreateEmbeddingRequestArgs, EmbeddingInput};
 use mnemo_core::{EmbedError, EmbedFuture, Embedder, ModelFailure};
 use serde_json::Value;
 
 use crate::ModelError;
+use crate::transport::BoundedTransport;
+
+/// The largest chat answer read, in bytes: `max_tokens` bounds what a model writes, not what an
+/// endpoint sends.
+pub(crate) const MAX_CHAT_ANSWER_BYTES: usize = 8 << 20;
 
 #[derive(Debug)]
 pub struct OpenAiEmbedder {
     client: Client<OpenAIConfig>,
     model: String,
     dimensions: usize,
+    send_dimensions: bool,
     max_inputs: usize,
 }
 
@@ -28,24 +33,28 @@ impl OpenAiEmbedder {
         api_key: &str,
         model: &str,
         dimensions: usize,
+        send_dimensions: bool,
         timeout: Duration,
         max_inputs: usize,
     ) -> Result<Self, ModelError> {
+        // A vector's numbers are at most about 25 bytes each in JSON.
+        let max_answer_bytes = max_inputs.max(1).saturating_mul(dimensions).saturating_mul(32).max(1 << 20);
         Ok(Self {
-            client: client(base_url, api_key, timeout)?,
+            client: client(base_url, api_key, timeout, max_answer_bytes)?,
             model: model.to_owned(),
             dimensions,
+            send_dimensions,
             max_inputs: max_inputs.max(1),
         })
     }
 
     async fn embed_chunk(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let request = CreateEmbeddingRequestArgs::default()
-            .model(&self.model)
-            .input(EmbeddingInput::StringArray(texts.to_vec()))
-            .dimensions(u32::try_from(self.dimensions).unwrap_or(u32::MAX))
-            .build()
-            .map_err(|e| EmbedError::permanent("invalid_request", e.to_string()))?;
+        let mut request = CreateEmbeddingRequestArgs::default();
+        request.model(&self.model).input(EmbeddingInput::StringArray(texts.to_vec()));
+        if self.send_dimensions {
+            request.dimensions(u32::try_from(self.dimensions).unwrap_or(u32::MAX));
+        }
+        let request = request.build().map_err(|e| EmbedError::permanent("invalid_request", e.to_string()))?;
         let response = self.client.embeddings().create(request).await.map_err(classify)?;
         let mut data = response.data;
         if data.len() != texts.len() {
@@ -76,12 +85,14 @@ impl OpenAiEmbedder {
 }
 
 /// An async-openai client for an OpenAI-compatible endpoint (`base_url` unset: OpenAI itself),
-/// each request bounded by `timeout`. async-openai retries 429 and 5xx on its own by default; the
-/// plain transport leaves retries to the caller, whose backoff is durable and visible.
+/// each request bounded by `timeout` and each answer by `max_answer_bytes`. async-openai retries
+/// 429 and 5xx on its own by default; this transport leaves retries to the caller, whose backoff
+/// is durable and visible.
 pub(crate) fn client(
     base_url: Option<&str>,
     api_key: &str,
     timeout: Duration,
+    max_answer_bytes: usize,
 ) -> Result<Client<OpenAIConfig>, ModelError> {
     let mut config = OpenAIConfig::new().with_api_key(api_key);
     if let Some(base_url) = base_url {
@@ -92,7 +103,8 @@ pub(crate) fn client(
         .connect_timeout(timeout.min(Duration::from_secs(5)))
         .build()
         .map_err(|e| ModelError::Client(e.to_string()))?;
-    Ok(Client::with_config(config).with_http_client(http.clone()).with_http_service(ReqwestService::new(http)))
+    let transport = BoundedTransport { http: http.clone(), max_bytes: max_answer_bytes };
+    Ok(Client::with_config(config).with_http_client(http).with_http_service(transport))
 }
 
 /// Unit length, so cosine distance is comparable across providers. A zero or non-finite vector
@@ -171,6 +183,18 @@ pub(crate) fn failure(e: OpenAIError) -> ModelFailure {
         }
         OpenAIError::JSONDeserialize(e, _) => ModelFailure::new("malformed_response", e.to_string()),
         other => ModelFailure::new("client", other.to_string()),
+    }
+}
+
+/// The message of a chat answer that ended on its own (`finish_reason` "stop"; TGI says
+/// "eos_token" or "stop_sequence"). An answer cut at `max_tokens` ("length"), filtered
+/// ("content_filter") or not saying how it ended is a failure: a partial answer changes nothing.
+pub(crate) fn finished_text(answer: &Value) -> Result<&str, ModelFailure> {
+    let choice = &answer["choices"][0];
+    match choice["finish_reason"].as_str() {
+        Some("stop" | "eos_token" | "stop_sequence") => Ok(choice["message"]["content"].as_str().unwrap_or_default()),
+        Some("length") => Err(ModelFailure::new("truncated", "the answer hit max_tokens")),
+        other => Err(ModelFailure::new("unfinished", format!("the answer ended with finish_reason {other:?}"))),
     }
 }
 

@@ -43,10 +43,15 @@ impl TeiReranker {
             let kind = if status.is_server_error() { "http_5xx" } else { "http_4xx" };
             return Err(RerankError { kind, detail: format!("status {}", status.as_u16()) });
         }
-        let body: Value = response.json().await.map_err(|e| {
-            let kind = if e.is_timeout() { "timeout" } else { "malformed" };
+        // About 50 bytes a score: an answer much longer is not one.
+        let max_bytes = texts.len().saturating_mul(256).saturating_add(64 << 10);
+        let body = crate::transport::read_bounded(response, max_bytes).await.map_err(|e| {
+            let kind = if e.is_timeout() { "timeout" } else { "unreachable" };
             RerankError { kind, detail: without_url(&e) }
         })?;
+        let too_long = || RerankError { kind: "malformed", detail: format!("an answer over {max_bytes} bytes") };
+        let body: Value = serde_json::from_slice(&body.ok_or_else(too_long)?)
+            .map_err(|e| RerankError { kind: "malformed", detail: e.to_string() })?;
         scores(&body, texts.len()).map_err(|detail| RerankError { kind: "malformed", detail })
     }
 }

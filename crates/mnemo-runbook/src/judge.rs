@@ -12,7 +12,7 @@ use mnemo_store::{BatchStats, ClearSelection, FactRecord, Store};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::{ALIVE_WITHIN, parse_ttl};
+use crate::parse_ttl;
 
 #[derive(Debug, Subcommand)]
 pub enum JudgeCommand {
@@ -104,7 +104,8 @@ pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
     Ok(Utc::now() - chrono::Duration::from_std(age).map_err(|e| e.to_string())?)
 }
 
-pub async fn run(store: &Store, command: JudgeCommand) -> anyhow::Result<()> {
+/// `alive_within`: how long a worker may be silent and still count.
+pub async fn run(store: &Store, command: JudgeCommand, alive_within: Duration) -> anyhow::Result<()> {
     match command {
         JudgeCommand::Status { window, json } => status(store, window, json).await,
         JudgeCommand::FailOpen { tenant, since, limit, json } => {
@@ -176,7 +177,7 @@ pub async fn run(store: &Store, command: JudgeCommand) -> anyhow::Result<()> {
             let workers = match workers {
                 Some(n) => n,
                 None => store
-                    .workers(ALIVE_WITHIN)
+                    .workers(alive_within)
                     .await?
                     .iter()
                     .filter(|w| w.alive && w.queue == Queue::Judge.as_str())

@@ -240,7 +240,9 @@ async fn main() -> anyhow::Result<()> {
             let request = RecallRequest::new(&query)?.top_k(top_k)?.scope(RecallScope::parse(&scope)?);
             recall(&env, &identity.principal(), &request, include_superseded, json).await
         }
-        Command::Judge { command } => judge::run(&connect(&env).await?, command).await,
+        Command::Judge { command } => {
+            judge::run(&connect(&env).await?, command, mnemo_config::orphan_timeout(&env)?).await
+        }
         Command::EmbedRetry { tenant, json } => {
             let store = connect(&env).await?;
             let queued = store
@@ -388,15 +390,12 @@ async fn reads(env: &Env) -> anyhow::Result<Reads> {
     })
 }
 
-/// A worker is alive if it heartbeat within this long (the default orphan timeout).
-const ALIVE_WITHIN: Duration = Duration::from_secs(20);
-
 async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
     let model = EmbedSettings::from_env(env)?.model;
     let store = connect(env).await?;
     let queues = store.queue_status().await?;
     let backlog = store.embed_backlog(&model).await?;
-    let workers = store.workers(ALIVE_WITHIN).await?;
+    let workers = store.workers(mnemo_config::orphan_timeout(env)?).await?;
     let alive = workers.iter().filter(|w| w.alive).count();
     if json {
         let queues: Vec<_> = queues

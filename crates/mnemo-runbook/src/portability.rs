@@ -146,7 +146,7 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         );
     }
 
-    let mut import = store.begin_import(&args.tenant).await?;
+    let mut import = store.begin_import(&args.tenant, args.retarget && args.with_settings).await?;
     let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
     let (mut rows, mut batch_bytes) = (0u64, 0usize);
     let mut settings_left_out = false;

@@ -65,14 +65,14 @@ FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
 WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id
   AND m.agent_id = $7 AND m.user_id = $8 AND m.status = 'pending'";
 
-/// Counts a failed model call against the (agent `$6`, user `$7`)'s conversations `$2`/`$3`
-/// with reason `$4`: each one that has now had `$5` attempts is `failed`, the others stay
-/// `pending`. Returns their statuses.
+/// Records a failed model call on the (agent `$6`, user `$7`)'s conversations `$2`/`$3` with
+/// reason `$4`, counting it as an attempt when `$8`: each one that has now had `$5` attempts is
+/// `failed`, the others stay `pending`. Returns their statuses.
 const MARK_FAILED: &str = "
 UPDATE memory_extractions m
-SET attempts = attempts + 1, reason = $4,
-    status = CASE WHEN attempts + 1 >= $5 THEN 'failed' ELSE 'pending' END,
-    finished_at = CASE WHEN attempts + 1 >= $5 THEN now() END
+SET attempts = attempts + $8::int, reason = $4,
+    status = CASE WHEN attempts + $8::int >= $5 THEN 'failed' ELSE 'pending' END,
+    finished_at = CASE WHEN attempts + $8::int >= $5 THEN now() END
 FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
 WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id
   AND m.agent_id = $6 AND m.user_id = $7 AND m.status = 'pending'
@@ -260,9 +260,9 @@ impl Store {
         Ok(())
     }
 
-    /// Ends a run whose model call failed (`reason`): each conversation counts the attempt, and
-    /// is `failed` once it has had `max_attempts` (its own: one that joined the run late keeps
-    /// its attempts). The cooldown starts, so the (agent, user)'s other jobs wait it out rather
+    /// Ends a run whose model call failed (`reason`): each conversation counts the attempt when
+    /// `counts`, and is `failed` once it has had `max_attempts` (its own: one that joined the run
+    /// late keeps its attempts). The cooldown starts, so the (agent, user)'s other jobs wait it out rather
     /// than spend their conversations' attempts on a model that is down. Returns how many stay
     /// `pending`.
     pub async fn fail_extraction(
@@ -271,6 +271,7 @@ impl Store {
         worker: &str,
         pending: &[PendingExtraction],
         reason: &str,
+        counts: bool,
         max_attempts: i32,
     ) -> Result<usize, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -283,6 +284,7 @@ impl Store {
             .bind(max_attempts)
             .bind(workspace.agent.as_str())
             .bind(user_of(workspace)?)
+            .bind(i32::from(counts))
             .fetch_all(&mut *tx)
             .await?;
         release(&mut tx, workspace, worker, true).await?;

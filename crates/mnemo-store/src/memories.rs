@@ -88,7 +88,7 @@ const ROWS_PER_EMBED_JOB: usize = 8;
 /// The rows that already held the keys of rows not inserted, by their position in the batch.
 const FIND_ITEMS: &str = "
 SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL AS deleted, m.visibility,
-       array_to_string(m.allowed_roles, ',') AS roles, m.session_id, m.user_id
+       array_to_string(m.allowed_roles, ',') AS roles, m.session_id, m.user_id, m.agent_id
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
 JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
 
@@ -103,20 +103,23 @@ struct KeyHolder {
     roles: String,
     session_id: Option<String>,
     user_id: Option<String>,
+    agent_id: Option<String>,
 }
 
 /// Re-asserting a superseded or deleted fact makes it live again: its validity restarts, its
 /// judgement is cleared so it is judged again (against the facts that are now older than it),
 /// and an audit row names the fact that had superseded it, if one had. Returns the revived rows,
 /// and whether each has a vector already (then its judge job is queued here; otherwise
-/// embedding queues it). `$1` and `$2` are the rows' ids and tenants, `$3` the audit event.
+/// embedding queues it). `$1` and `$2` are the rows' ids and tenants, `$3` the audit event; `$4`
+/// whether the writer may bring the row back from a delete, checked again here under the row's
+/// lock: a delete that commits after the writer read the row live is not undone.
 const REVIVE_FACTS: &str = "
 WITH old AS (
     SELECT m.tenant_id, m.id, m.superseded_by
-    FROM unnest($1::uuid[], $2::text[]) AS r(id, tenant_id)
+    FROM unnest($1::uuid[], $2::text[], $4::bool[]) AS r(id, tenant_id, may_undelete)
     JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
     WHERE m.source_kind = 'fact' AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL)
-      AND m.anonymized_at IS NULL
+      AND (m.deleted_at IS NULL OR r.may_undelete) AND m.anonymized_at IS NULL
     ORDER BY m.tenant_id, m.id
     FOR UPDATE OF m
 ), revived AS (
@@ -131,6 +134,12 @@ WITH old AS (
     SELECT tenant_id, $3, id, successor, 'reasserted', 'api' FROM revived
 )
 SELECT id, tenant_id, embedded FROM revived";
+
+/// Whether a fact's re-assertion may bring it back from a delete: only by the user who first
+/// wrote it (the row names them), and never by a model (extraction).
+fn may_revive_deleted(origin: Origin, holder: &Option<String>, row: &NewMemory) -> bool {
+    origin != Origin::Extraction && holder.as_deref() == row.user.as_ref().map(|u| u.as_str())
+}
 
 /// Relations from the rows written to their targets, which must be live rows of the same tenant
 /// (checked first: see [`missing_targets`]; the foreign keys are the second wall).
@@ -435,7 +444,7 @@ async fn settle(
         ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
 
     // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
-    let (mut reasserted_facts, mut reasserted_tenants) = (Vec::new(), Vec::new());
+    let (mut reasserted_facts, mut reasserted_tenants, mut may_undelete) = (Vec::new(), Vec::new(), Vec::new());
     if inserted.len() < rows.len() {
         let column = |f: fn(&NewMemory) -> String| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
         let (tenants, kinds, refs) =
@@ -451,6 +460,7 @@ async fn settle(
             roles,
             session_id: session,
             user_id: holder,
+            agent_id: holder_agent,
         } in existing
         {
             let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
@@ -460,18 +470,18 @@ async fn settle(
                 // so a re-assertion can never widen or narrow who reads a row. mnemo's own jobs
                 // (extraction) re-assert what the row says and keep its readers.
                 let typed = &rows[i].typed;
+                // Shared with an agent, the readers are that agent's users.
+                let agent = rows[i].agent.as_ref().map(|a| a.as_str());
                 let readers_differ = matches!(typed.origin, Origin::Api | Origin::User)
-                    && (visibility != typed.visibility.as_str() || roles != joined(&typed.allowed_roles));
+                    && (visibility != typed.visibility.as_str()
+                        || roles != joined(&typed.allowed_roles)
+                        || (visibility == "agent" && holder_agent.as_deref() != agent));
                 // A session's row under a ref another session's row holds is another write: it
                 // would land on a row its session never reads.
                 let other_session = rows[i].session.as_ref().is_some_and(|s| session.as_deref() != Some(s.as_str()));
                 *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) || other_session {
                     Err(StoreError::SourceRefConflict { existing: id })
-                } else if deleted
-                    && (!is_fact
-                        || typed.origin == Origin::Extraction
-                        || holder.as_deref() != rows[i].user.as_ref().map(|u| u.as_str()))
-                {
+                } else if deleted && (!is_fact || !may_revive_deleted(typed.origin, &holder, rows[i])) {
                     // A fact is asserted again by its user; a message or chunk under a
                     // deleted row's key is a retry that must not bring the row back, nor may a
                     // model bring back a fact its user deleted, nor another user of an agent
@@ -481,6 +491,7 @@ async fn settle(
                     if is_fact {
                         reasserted_facts.push(id);
                         reasserted_tenants.push(rows[i].tenant.as_str());
+                        may_undelete.push(may_revive_deleted(typed.origin, &holder, rows[i]));
                     }
                     Ok(Remembered { id, was_new: false })
                 });
@@ -493,6 +504,7 @@ async fn settle(
             .bind(&reasserted_facts)
             .bind(&reasserted_tenants)
             .bind(AuditEvent::Revive.as_str())
+            .bind(&may_undelete)
             .fetch_all(&mut *tx)
             .await?;
         let to_judge = revived.into_iter().filter(|(_, _, embedded)| *embedded).map(|(id, t, _)| (id, t)).collect();

@@ -109,6 +109,8 @@ pub struct Import {
     tx: Transaction<'static, Postgres>,
     /// (the user's hash, when) of each erasure the file carries.
     erasures: Vec<(String, chrono::DateTime<chrono::Utc>)>,
+    /// The file's tenant settings replace the stored ones, however recently those changed.
+    replace_settings: bool,
 }
 
 /// The name an export gives its erasure lines in place of a table.
@@ -205,7 +207,10 @@ impl Store {
     }
 
     /// Opens an import into `tenant`. Rows must already name `tenant`.
-    pub async fn begin_import(&self, tenant: &TenantId) -> Result<Import, StoreError> {
+    /// With `replace_settings`, the file's tenant settings (when it has them) replace the
+    /// tenant's whenever either changed last (another tenant's copy, asked for by name); without,
+    /// only when the file's changed later.
+    pub async fn begin_import(&self, tenant: &TenantId, replace_settings: bool) -> Result<Import, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SET CONSTRAINTS memory_items_superseded_by_fkey DEFERRED").execute(&mut *tx).await?;
         sqlx::query(
@@ -214,7 +219,7 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        Ok(Import { tenant: tenant.clone(), tx, erasures: Vec::new() })
+        Ok(Import { tenant: tenant.clone(), tx, erasures: Vec::new(), replace_settings })
     }
 }
 
@@ -230,8 +235,10 @@ impl Import {
 
     /// Records the file's erasures this tenant has not (an audit row each, at the source's
     /// time), and deletes what the tenant still holds of those users from before their erasure:
-    /// their workspace files with every version, and their sightings. Their memories come in
-    /// the file anonymized. Returns (erasures recorded, rows deleted).
+    /// their workspace files with every version, and their sightings; and takes them out of the
+    /// writers of earlier compactions, as the erasure did at the source (a compaction record is
+    /// never exported again once changed). Their memories come in the file anonymized. Returns
+    /// (erasures recorded, rows deleted).
     async fn apply_erasures(&mut self) -> Result<(u64, u64), StoreError> {
         if self.erasures.is_empty() {
             return Ok((0, 0));
@@ -271,6 +278,19 @@ impl Import {
                  WHERE x.tenant_id = $1 AND x.user_id IS NOT NULL AND x.seen_at <= e.at AND {erased}"
             ),
         ];
+        sqlx::query(
+            "UPDATE session_compactions x
+             SET participants = ARRAY(
+                 SELECT p FROM unnest(x.participants) AS p
+                 WHERE NOT EXISTS (SELECT 1 FROM unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
+                                   WHERE e.hash = p AND x.created_at <= e.at))
+             WHERE x.tenant_id = $1 AND x.participants && $2::text[]",
+        )
+        .bind(self.tenant.as_str())
+        .bind(&hashes)
+        .bind(&times)
+        .execute(&mut *self.tx)
+        .await?;
         let mut deleted = 0;
         for sql in statements {
             deleted += sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -382,6 +402,7 @@ impl Import {
             // chain may then point at a row not in yet: the supersede key is checked at commit.
             let mut overwritten = 0;
             if let Some((_, keys, wins)) = CHANGED_IN_PLACE.iter().find(|(t, _, _)| t == table) {
+                let wins = if *table == "tenant_config" && self.replace_settings { "true" } else { wins };
                 let values = columns.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
                 let matched = keys.iter().map(|k| format!("s.{k} = r.{k}")).collect::<Vec<_>>().join(" AND ");
                 if *table == "memory_items" {

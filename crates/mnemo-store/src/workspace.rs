@@ -188,15 +188,18 @@ fn user_column(key: &FileKey) -> &str {
 
 impl Store {
     /// Creates the core files the workspace lacks (never recreating one that was deleted), with
-    /// the given contents.
+    /// the given contents; all but `except`, the file a caller is about to write, whose first
+    /// version is then the caller's (a write expecting no file finds none).
     pub async fn ensure_core_files(
         &self,
         workspace: &Workspace,
         templates: &[(WorkspacePath, String)],
+        except: Option<&WorkspacePath>,
     ) -> Result<(), StoreError> {
         // Without a user, only the agent's own core files.
         let files: Vec<(FileKey, &String)> = templates
             .iter()
+            .filter(|(path, _)| Some(path) != except)
             .filter_map(|(path, content)| Some((workspace.file(path.clone()).ok()?, content)))
             .collect();
         let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;

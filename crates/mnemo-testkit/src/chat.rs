@@ -32,6 +32,8 @@ pub enum ChatAnswer {
     InventedIds,
     /// Keeps listing decisions until `max_tokens`, and says so (`finish_reason: length`).
     Runaway,
+    /// The answer by the rule, cut by a content filter (`finish_reason: content_filter`).
+    Filtered,
 }
 
 #[derive(Debug, Default)]
@@ -216,6 +218,7 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
     let extracting = system.contains("should remember after a conversation");
     let consolidating = system.contains("You curate the long-term memory");
     let (new_fact, existing) = prompt_facts(&body);
+    let mut finish = "stop";
     match answer {
         Some(ChatAnswer::Status(code)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -238,16 +241,17 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
             let limit = body["max_tokens"].as_u64().unwrap_or(64) as usize * 3;
             return completion(&text[..limit.min(text.len())], "length");
         }
+        Some(ChatAnswer::Filtered) => finish = "content_filter",
         None => {}
     }
     if summarizing {
-        return completion(&summary_of(&body), "stop");
+        return completion(&summary_of(&body), finish);
     }
     if extracting {
-        return completion(&extraction_of(&body).to_string(), "stop");
+        return completion(&extraction_of(&body).to_string(), finish);
     }
     if consolidating {
-        return completion(&consolidation_of(&body).to_string(), "stop");
+        return completion(&consolidation_of(&body).to_string(), finish);
     }
     let new_words = first_words(&new_fact);
     let decisions: Vec<Value> = existing
@@ -257,5 +261,5 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
             json!({"id": label, "decision": decision})
         })
         .collect();
-    completion(&json!({ "decisions": decisions }).to_string(), "stop")
+    completion(&json!({ "decisions": decisions }).to_string(), finish)
 }

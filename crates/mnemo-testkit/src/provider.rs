@@ -23,6 +23,8 @@ pub enum Answer {
     WrongDimension,
     /// Every vector all zeros (a misbehaving endpoint).
     ZeroVectors,
+    /// A well-formed answer padded past 2 MiB (a misbehaving endpoint or proxy).
+    Oversized,
 }
 
 #[derive(Debug, Default)]
@@ -35,6 +37,8 @@ struct Script {
     requests: usize,
     inputs: usize,
     arrivals: Vec<std::time::Instant>,
+    /// The `dimensions` field of each request.
+    dimensions_asked: Vec<Option<u64>>,
 }
 
 /// The running server.
@@ -76,9 +80,10 @@ impl ScriptedEmbeddings {
         self.script.lock().expect("script").outage = answer;
     }
 
-    /// A request with an input containing `marker` is refused with 400, a permanent failure.
+    /// A request with an input containing `marker` is refused with 413, a permanent failure,
+    /// in TEI's shape of error (not OpenAI's).
     pub fn refuse_inputs_containing(&self, marker: &str) {
-        self.fail_inputs_containing(marker, 400);
+        self.fail_inputs_containing(marker, 413);
     }
 
     /// A request with an input containing `marker` gets `status` (503: a transient failure).
@@ -91,6 +96,11 @@ impl ScriptedEmbeddings {
     pub fn gaps(&self) -> Vec<Duration> {
         let script = self.script.lock().expect("script");
         script.arrivals.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    /// The `dimensions` field of each request so far (`None` where it was absent).
+    pub fn dimensions_asked(&self) -> Vec<Option<u64>> {
+        self.script.lock().expect("script").dimensions_asked.clone()
     }
 
     /// Requests served so far, and the inputs they carried.
@@ -165,6 +175,7 @@ async fn embeddings(
         s.requests += 1;
         s.inputs += inputs.len();
         s.arrivals.push(std::time::Instant::now());
+        s.dimensions_asked.push(body["dimensions"].as_u64());
         let refused = s
             .refuse_containing
             .as_ref()
@@ -174,10 +185,10 @@ async fn embeddings(
         (answer, refused)
     };
     if let Some(status) = refused {
-        let error = json!({"error": {"message": "input rejected", "type": "invalid_request_error"}});
+        let error = json!({"error": "Input validation error: inputs must have less than 512 tokens", "error_type": "Validation"});
         return (status, Json(error)).into_response();
     }
-    let (mut dims, mut zeros) = (dimensions, false);
+    let (mut dims, mut zeros, mut padding) = (dimensions, false, String::new());
     match answer {
         Some(Answer::Status(code)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -188,6 +199,7 @@ async fn embeddings(
         Some(Answer::Malformed) => return (StatusCode::OK, "{\"object\": \"list\", \"data\": [").into_response(),
         Some(Answer::WrongDimension) => dims = dimensions + 1,
         Some(Answer::ZeroVectors) => zeros = true,
+        Some(Answer::Oversized) => padding = " ".repeat(2 << 20),
         None => {}
     }
     let data: Vec<Value> = inputs
@@ -198,6 +210,7 @@ async fn embeddings(
             json!({"object": "embedding", "index": i, "embedding": embedding})
         })
         .collect();
-    Json(json!({"object": "list", "model": body["model"], "data": data, "usage": {"prompt_tokens": 0, "total_tokens": 0}}))
+    let usage = json!({"prompt_tokens": 0, "total_tokens": 0});
+    Json(json!({"object": "list", "model": body["model"], "data": data, "usage": usage, "padding": padding}))
         .into_response()
 }
