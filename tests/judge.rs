@@ -714,6 +714,36 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown outcome"));
 }
 
+/// `judge clear` works in batches, each its own transaction: every fact is cleared once, the
+/// oldest judgement first, and a dry run finds the same facts and changes nothing.
+#[tokio::test]
+async fn judge_clear_clears_in_batches_and_each_fact_once() {
+    let f = Fixture::start().await;
+    let mut ids = Vec::new();
+    for user in ["u1", "u2", "u3"] {
+        ids.push(f.fact(&principal("acme", Some(user), None, None), "I live in Tokyo").await);
+        f.settle(None).await;
+    }
+    let store = f.app.db.store();
+    let selection = mnemo_store::ClearSelection::Ids(ids.clone());
+    let clear = |dry_run: bool| {
+        let (store, selection) = (store.clone(), selection.clone());
+        async move {
+            let mut batches: Vec<Vec<Uuid>> = Vec::new();
+            let mut progress = |rows: &[(Uuid, String)]| batches.push(rows.iter().map(|r| r.0).collect());
+            let n = store.clear_judgements(&selection, None, "test", dry_run, 2, &mut progress).await.expect("clear");
+            (n, batches)
+        }
+    };
+    let in_order = vec![vec![ids[0], ids[1]], vec![ids[2]]];
+    assert_eq!(clear(true).await, (3, in_order.clone()));
+    assert_eq!(f.app.db.count("SELECT count(*) FROM memory_items WHERE judge_at IS NULL").await, 0, "a dry run");
+    assert_eq!(clear(false).await, (3, in_order));
+    assert_eq!(f.app.db.count("SELECT count(*) FROM memory_items WHERE judge_at IS NULL").await, 3);
+    assert_eq!(f.app.db.count("SELECT count(*) FROM audit_log WHERE event = 'judge_clear'").await, 3);
+    assert_eq!(clear(false).await, (0, vec![]), "nothing judged is left to clear");
+}
+
 #[tokio::test]
 async fn the_worker_judges_embedded_facts_and_counts_fail_opens() {
     let f = Fixture::start().await;

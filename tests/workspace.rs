@@ -712,17 +712,17 @@ async fn memory_and_daily_notes_are_recalled_in_the_users_class_and_reindexed_wh
         sqlx::query(forget).bind(&note_path).execute(store.pool()).await.expect("forget the pieces");
     }
     let kept = pieces(&app, "MEMORY.md").await;
-    assert_eq!(store.reindex_recallable_files(None).await.expect("reindex"), 2);
+    assert_eq!(store.reindex_recallable_files(None, &mut |_, _| {}).await.expect("reindex"), 2);
     assert_eq!(pieces(&app, &note_path).await.len(), 1);
     assert_eq!(pieces(&app, "MEMORY.md").await, kept);
     let again = pieces(&app, &note_path).await;
-    store.reindex_recallable_files(Some(&key.tenant)).await.expect("again");
+    store.reindex_recallable_files(Some(&key.tenant), &mut |_, _| {}).await.expect("again");
     assert_eq!(pieces(&app, &note_path).await, again, "idempotent");
 
     // A piece its user deleted, of the file's current version: a reindex leaves it hidden and
     // goes on (it used to stop at its source_ref, which names a deleted row).
     let deleted = app.client.delete(&format!("/v1/memories/{}", kept[1]), Some(&ann)).await;
     assert_eq!(deleted.status, 200, "{:?}", deleted.body);
-    assert_eq!(store.reindex_recallable_files(None).await.expect("reindex past a deleted piece"), 2);
+    assert_eq!(store.reindex_recallable_files(None, &mut |_, _| {}).await.expect("reindex past a deleted piece"), 2);
     assert_eq!(pieces(&app, "MEMORY.md").await, [kept[0]]);
 }

@@ -122,7 +122,7 @@ impl LocalApi {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let api = LocalApi::start(&env).await?;
     let (base, store, http) = (&api.base, &api.store, &api.http);
 

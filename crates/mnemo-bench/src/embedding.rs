@@ -117,7 +117,7 @@ pub async fn embedder(args: EmbedderArgs) -> anyhow::Result<()> {
     let Corpus { short, long, questions } = corpus(&args.corpus.data)?;
     // Only this scenario asks questions: the others take files of turns alone.
     anyhow::ensure!(!questions.is_empty(), "no questions in {}", args.corpus.data.display());
-    let (_, embedder) = local_embedder(&Env::from_process())?;
+    let (_, embedder) = local_embedder(&Env::from_process()?)?;
     let mut rows = Vec::new();
     for (label, texts) in [("short", &short), ("long", &long), ("questions", &questions)] {
         // Long texts cost ~10× more: measure fewer of them.
@@ -251,7 +251,7 @@ pub(crate) async fn wait_embedded(
 }
 
 pub async fn pipeline(args: PipelineArgs) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let short = corpus(&args.corpus.data)?.short;
     let texts = cycle(&short, args.rows);
     let (_, embedder) = local_embedder(&env)?;
@@ -306,7 +306,7 @@ fn metric(text: &str, name: &str) -> f64 {
 }
 
 pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let short = corpus(&args.corpus.data)?.short;
     let (_, embedder) = local_embedder(&env)?;
     if let Some(load) = args.load.iter().find(|&&l| !(l > 0.0 && l <= 2.0)) {

@@ -412,7 +412,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "rates and --every must be positive"
     );
     anyhow::ensure!(args.fault != Fault::Soak || args.kills >= 4, "a soak needs at least 4 windows (--kills)");
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
     eprintln!("bench database: {}", db.name);

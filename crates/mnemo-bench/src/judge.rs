@@ -65,7 +65,7 @@ fn policy(batch_size: usize) -> JudgePolicy {
 }
 
 pub async fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let (_, store) = fresh(&env).await?;
     let chat = ScriptedChat::start().await;
     chat.delay_every_answer(Duration::from_millis(args.delay_ms));
@@ -146,7 +146,7 @@ fn numbered_facts(context: &str) -> Vec<String> {
 }
 
 pub async fn fact_consolidation(args: FactConsolidationArgs) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let data: Value = serde_json::from_str(&std::fs::read_to_string(&args.data).context("reading --data")?)?;
     let evidence_path = args.data.with_file_name("derived-single-hop-evidence.heuristic.json");
     let evidence: Value = serde_json::from_str(

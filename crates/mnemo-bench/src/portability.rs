@@ -28,7 +28,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let runbook = std::env::current_exe()?.with_file_name("mnemo-runbook");
     ensure!(runbook.exists(), "{} is missing: build it beside mnemo-bench (scripts/bench.sh does)", runbook.display());
 

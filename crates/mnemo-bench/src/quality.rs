@@ -306,7 +306,7 @@ fn mean(values: &[f64]) -> f64 {
 }
 
 pub async fn locomo(args: LocomoArgs) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let (conversations, questions, normalised, dropped) = locomo_data(&args.data)?;
     let (store, embedder) = ingest(&env, &args.asking, &conversations).await?;
     for &signals in &args.asking.signals {
@@ -533,7 +533,7 @@ fn beam_data(dir: &Path) -> anyhow::Result<BeamData> {
 }
 
 pub async fn beam(args: BeamArgs) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let BeamData { conversations, updates, contradictions, cut } = beam_data(&args.data)?;
     let (store, embedder) = ingest(&env, &args.asking, &conversations).await?;
     let data = BeamData { conversations, updates, contradictions, cut };

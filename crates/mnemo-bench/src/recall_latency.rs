@@ -94,7 +94,7 @@ fn quantiles(h: &Histogram<u64>) -> Value {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let (turns, questions) = turns_and_questions(&args.data)?;
     let (_, embedder) = local_embedder(&env)?;
     let model = embedder.model().to_owned();

@@ -37,7 +37,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let env = mnemo_config::Env::from_process();
+    let env = mnemo_config::Env::from_process()?;
     let samples = locomo::read(&args.data)?;
     let turns: Vec<String> = samples.iter().flat_map(|s| s.turns()).map(|t| t.line()).take(args.turns).collect();
     let mut questions: Vec<String> = samples.iter().flat_map(|s| &s.qa).filter_map(|qa| qa.question.clone()).collect();

@@ -71,7 +71,7 @@ fn row(tenant: &TenantId, now: DateTime<Utc>, i: u64) -> anyhow::Result<BulkRow>
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let (url, store) = fresh(&env).await?;
     let tenant = TenantId::parse(TENANT)?;
 

@@ -91,7 +91,7 @@ const QUESTIONS: &[&str] = &[
 
 pub async fn run(args: Args, setting: Setting) -> anyhow::Result<()> {
     anyhow::ensure!(args.clients > 0 && args.seconds > 0 && args.rounds > 0, "--clients, --seconds, --rounds > 0");
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
     eprintln!("bench database: {}", db.name);

@@ -30,7 +30,7 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.step > 0 && args.clients > 0, "--step and --clients must be positive");
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
     eprintln!("bench database: {}", db.name);

@@ -241,7 +241,7 @@ async fn prompt_latency(api: &LocalApi, notes: usize, calls: usize) -> anyhow::R
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let api = LocalApi::start(&env).await?;
     let jobs = jobs_per_second(&api, &args).await?;
     let prompts = prompt_latency(&api, args.notes, args.calls).await?;

@@ -156,7 +156,7 @@ const CONTENT: &str = "Sure, I pulled the numbers: 1,284 orders last week, up 12
     from the spring campaign. Want me to break them down by region or by channel next?";
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
     let max_concurrency = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;

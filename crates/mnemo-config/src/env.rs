@@ -4,14 +4,30 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use crate::vars;
+
 /// The variables a process sees. Built from the real environment in binaries and from a map in
 /// tests.
 #[derive(Debug, Clone, Default)]
 pub struct Env(BTreeMap<String, String>);
 
 impl Env {
-    pub fn from_process() -> Self {
-        Self(std::env::vars().collect())
+    /// The process's environment, over the variables of the file `MNEMO_CONFIG_FILE` names, if
+    /// it names one: a variable set in the environment wins over the file's.
+    pub fn from_process() -> Result<Self, ConfigError> {
+        Self::with_config_file(std::env::vars().collect())
+    }
+
+    fn with_config_file(environment: BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let Some(path) = environment.get(vars::CONFIG_FILE).filter(|p| !p.trim().is_empty()) else {
+            return Ok(Self(environment));
+        };
+        let name = vars::CONFIG_FILE;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(vec![format!("{name}={path:?} cannot be read: {e}")]))?;
+        let mut variables = parse_config_file(&text).map_err(|e| ConfigError(vec![format!("{name}={path:?}: {e}")]))?;
+        variables.extend(environment);
+        Ok(Self(variables))
     }
 
     pub fn from_pairs<K: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
@@ -28,6 +44,32 @@ impl Env {
     pub fn get(&self, name: &str) -> Option<&str> {
         self.0.get(name).map(String::as_str).filter(|v| !v.trim().is_empty())
     }
+}
+
+/// The variables of a configuration file, in the format of docker's and systemd's environment
+/// files: one `NAME=value` a line, the value everything after the first `=` with no quoting, and
+/// blank lines and lines starting with `#` ignored. An error names the line, never its value
+/// (the file may hold secrets).
+fn parse_config_file(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut variables = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let named = line.split_once('=').filter(|(name, _)| {
+            let mut chars = name.chars();
+            chars.next().is_some_and(|c| c.is_ascii_uppercase() || c == '_')
+                && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        });
+        let Some((name, value)) = named else {
+            return Err(format!("line {} is not NAME=value (NAME in capitals, digits and _)", n + 1));
+        };
+        if variables.insert(name.to_owned(), value.trim().to_owned()).is_some() {
+            return Err(format!("line {} sets {name} a second time", n + 1));
+        }
+    }
+    Ok(variables)
 }
 
 /// A value that must never reach a log line or an error message.
@@ -116,5 +158,48 @@ impl Problems {
 
     pub(crate) fn finish<T>(self, value: T) -> Result<T, ConfigError> {
         if self.0.is_empty() { Ok(value) } else { Err(ConfigError(self.0)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn environment(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn a_config_file_is_read_under_the_environment() {
+        let dir = std::env::temp_dir().join(format!("mnemo-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("mnemo.env");
+        let text = "# mnemo\n\nMNEMO_LISTEN=0.0.0.0:9000\nMNEMO_JWT_SECRET= s=cr=t \nMNEMO_LOG=debug\n";
+        std::fs::write(&file, text).expect("write");
+        let path = file.to_str().expect("path");
+        let env = Env::with_config_file(environment(&[(vars::CONFIG_FILE, path), (vars::LOG, "warn")])).expect("read");
+        assert_eq!(env.get(vars::LISTEN), Some("0.0.0.0:9000"));
+        assert_eq!(env.get("MNEMO_JWT_SECRET"), Some("s=cr=t"), "everything after the first =, trimmed");
+        assert_eq!(env.get(vars::LOG), Some("warn"), "the environment wins");
+        // Without the variable, no file is read.
+        assert_eq!(Env::with_config_file(environment(&[])).expect("empty").get(vars::LISTEN), None);
+
+        for (bad, expected) in [
+            ("MNEMO_LISTEN 0.0.0.0:9000\n", "line 1 is not NAME=value"),
+            ("# ok\nmnemo_listen=x\n", "line 2 is not NAME=value"),
+            ("=secret-value\n", "line 1 is not NAME=value"),
+            ("MNEMO_LOG=a\nMNEMO_LOG=b\n", "line 2 sets MNEMO_LOG a second time"),
+        ] {
+            std::fs::write(&file, bad).expect("write");
+            let err = Env::with_config_file(environment(&[(vars::CONFIG_FILE, path)])).unwrap_err().to_string();
+            assert!(err.contains(expected) && err.contains(vars::CONFIG_FILE), "{bad:?}: {err}");
+            assert!(!err.contains("secret-value") && !err.contains("0.0.0.0:9000"), "a value in an error: {err}");
+        }
+        let missing = dir.join("absent.env");
+        let err = Env::with_config_file(environment(&[(vars::CONFIG_FILE, missing.to_str().expect("path"))]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot be read"), "{err}");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

@@ -1,5 +1,8 @@
 //! The names of every environment variable mnemo reads.
 
+/// A file of `NAME=value` lines read under the environment (see `Env::from_process`).
+pub const CONFIG_FILE: &str = "MNEMO_CONFIG_FILE";
+
 pub const DATABASE_URL: &str = "MNEMO_DATABASE_URL";
 /// Read when `MNEMO_DATABASE_URL` is unset, as many tools set it.
 pub const DATABASE_URL_FALLBACK: &str = "DATABASE_URL";

@@ -14,6 +14,10 @@ use uuid::Uuid;
 
 use crate::parse_ttl;
 
+/// Facts `judge clear` clears a transaction: a month of judgements must not hold every fact it
+/// clears locked until the last is done.
+const CLEAR_BATCH: i64 = 5_000;
+
 #[derive(Debug, Subcommand)]
 pub enum JudgeCommand {
     /// Pending facts and the oldest one's age, outcomes per class over a window, the fail-open
@@ -136,21 +140,29 @@ pub async fn run(store: &Store, command: JudgeCommand, alive_within: Duration) -
                 _ if !ids.is_empty() => ClearSelection::Ids(ids),
                 _ => bail!("give --ids, or --outcome with --since"),
             };
-            let rows = store.clear_judgements(&selection, tenant.as_ref(), "runbook", dry_run).await?;
+            let verb = if dry_run { "would clear" } else { "cleared" };
+            let (mut ids, mut so_far) = (Vec::new(), 0);
+            let mut progress = |rows: &[(Uuid, String)]| {
+                for (id, tenant) in rows {
+                    if json {
+                        ids.push(*id);
+                    } else {
+                        println!("{id}  {tenant}");
+                    }
+                }
+                so_far += rows.len();
+                if rows.len() as i64 == CLEAR_BATCH {
+                    eprintln!("{verb} {so_far} facts so far");
+                }
+            };
+            let cleared = store
+                .clear_judgements(&selection, tenant.as_ref(), "runbook", dry_run, CLEAR_BATCH, &mut progress)
+                .await?;
             if json {
-                let ids: Vec<_> = rows.iter().map(|(id, _)| id).collect();
-                println!("{}", json!({ "dry_run": dry_run, "cleared": rows.len(), "ids": ids }));
+                println!("{}", json!({ "dry_run": dry_run, "cleared": cleared, "ids": ids }));
                 return Ok(());
             }
-            for (id, tenant) in &rows {
-                println!("{id}  {tenant}");
-            }
-            let verb = if dry_run { "would clear" } else { "cleared" };
-            println!(
-                "{verb} judge_at on {} facts{}",
-                rows.len(),
-                if dry_run { " (dry run: nothing changed)" } else { "" }
-            );
+            println!("{verb} judge_at on {cleared} facts{}", if dry_run { " (dry run: nothing changed)" } else { "" });
             Ok(())
         }
         JudgeCommand::Check { tenant, json } => {

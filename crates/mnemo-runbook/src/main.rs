@@ -227,7 +227,7 @@ fn parse_ttl(raw: &str) -> Result<Duration, String> {
 async fn main() -> anyhow::Result<()> {
     mnemo_models::keep_elementwise_ops_on_one_thread();
     let cli = Cli::parse();
-    let env = Env::from_process();
+    let env = Env::from_process()?;
     match cli.command {
         Command::Migrate => migrate(&env).await,
         Command::GrantAppRole { role } => {

@@ -84,7 +84,12 @@ pub enum WorkspaceCommand {
 pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()> {
     match command {
         WorkspaceCommand::Reindex { tenant, json } => {
-            let files = store.reindex_recallable_files(tenant.as_ref()).await?;
+            let mut progress = |done: u64, found: u64| {
+                if done.is_multiple_of(1_000) {
+                    eprintln!("{done} of {found} files");
+                }
+            };
+            let files = store.reindex_recallable_files(tenant.as_ref(), &mut progress).await?;
             if json {
                 println!("{}", json!({ "files": files }));
             } else {

@@ -6,7 +6,7 @@ use mnemo_config::{Env, ServerSettings};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     mnemo_models::keep_elementwise_ops_on_one_thread();
-    let settings = ServerSettings::from_env(&Env::from_process())?;
+    let settings = ServerSettings::from_env(&Env::from_process()?)?;
     let _telemetry = mnemo_config::init_tracing(&settings.log, "mnemo-server").map_err(anyhow::Error::msg)?;
     mnemo_api::run(settings, mnemo_config::shutdown_signal()).await.context("mnemo-server failed")
 }

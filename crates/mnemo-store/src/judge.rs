@@ -106,6 +106,9 @@ pub struct FailOpenFact {
     pub reason: Option<String>,
 }
 
+/// A fact `judge clear` re-opened (or would): its id and tenant.
+pub type ClearedFact = (Uuid, String);
+
 /// Which facts `judge clear` re-opens.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClearSelection {
@@ -571,59 +574,63 @@ impl Store {
     }
 
     /// Re-opens judged live facts so they are judged again: clears `judge_at` and the outcome,
-    /// queues a judge job, and writes a `judge_clear` audit row each, in one transaction. With
-    /// `dry_run`, only says which rows it would clear. Returns (id, tenant) of those rows.
+    /// queues a judge job, and writes a `judge_clear` audit row each, `batch` facts a transaction
+    /// (oldest judgement first), calling `progress` with each batch done. Only judgements made
+    /// before the call are cleared: a fact judged again meanwhile is not taken twice. With
+    /// `dry_run`, only says which rows it would clear, locking nothing. Returns how many.
     pub async fn clear_judgements(
         &self,
         selection: &ClearSelection,
         tenant: Option<&TenantId>,
         actor: &str,
         dry_run: bool,
-    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        batch: i64,
+        progress: &mut dyn FnMut(&[ClearedFact]),
+    ) -> Result<usize, StoreError> {
         let (ids, outcome, since) = match selection {
             ClearSelection::Ids(ids) => (Some(ids.clone()), None, None),
             ClearSelection::Outcome { outcome, since } => (None, Some(outcome.as_str()), Some(*since)),
         };
         let select = format!(
-            "SELECT m.id, m.tenant_id FROM memory_items m
+            "SELECT m.id, m.tenant_id, m.judge_at FROM memory_items m
              WHERE m.{LIVE_FACT} AND m.judge_at IS NOT NULL
                AND ($1::uuid[] IS NULL OR m.id = ANY($1))
                AND ($2::text IS NULL OR m.judge_outcome = $2)
                AND ($3::timestamptz IS NULL OR m.judge_at >= $3)
                AND ($4::text IS NULL OR m.tenant_id = $4)
-             ORDER BY m.judge_at, m.id"
+               AND m.judge_at <= $5 AND ($6::timestamptz IS NULL OR (m.judge_at, m.id) > ($6, $7))
+             ORDER BY m.judge_at, m.id
+             LIMIT $8 {lock}",
+            lock = if dry_run { "" } else { "FOR UPDATE" }
         );
-        let mut tx = self.pool.begin().await?;
-        let rows: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!("{select} FOR UPDATE")))
-            .bind(&ids)
-            .bind(outcome)
-            .bind(since)
-            .bind(tenant.map(TenantId::as_str))
-            .fetch_all(&mut *tx)
-            .await?;
-        if dry_run || rows.is_empty() {
-            return Ok(rows);
+        let started: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&self.pool).await?;
+        let (mut after, mut total): (Option<(DateTime<Utc>, Uuid)>, usize) = (None, 0);
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let found: Vec<(Uuid, String, DateTime<Utc>)> = sqlx::query_as(AssertSqlSafe(select.clone()))
+                .bind(&ids)
+                .bind(outcome)
+                .bind(since)
+                .bind(tenant.map(TenantId::as_str))
+                .bind(started)
+                .bind(after.map(|a| a.0))
+                .bind(after.map(|a| a.1))
+                .bind(batch)
+                .fetch_all(&mut *tx)
+                .await?;
+            let Some(last) = found.last() else { return Ok(total) };
+            after = Some((last.2, last.0));
+            let rows: Vec<(Uuid, String)> = found.into_iter().map(|(id, tenant, _)| (id, tenant)).collect();
+            if !dry_run {
+                clear_batch(&mut tx, &rows, actor).await?;
+                tx.commit().await?;
+            }
+            total += rows.len();
+            progress(&rows);
+            if (rows.len() as i64) < batch {
+                return Ok(total);
+            }
         }
-        let (row_ids, tenants): (Vec<Uuid>, Vec<String>) = rows.iter().cloned().unzip();
-        sqlx::query(
-            "WITH cleared AS (
-                UPDATE memory_items m SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
-                FROM unnest($1::uuid[], $2::text[]) AS c(id, tenant_id)
-                WHERE m.tenant_id = c.tenant_id AND m.id = c.id
-                RETURNING m.id, m.tenant_id
-            )
-            INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
-            SELECT tenant_id, $4, id, 'operator', $3 FROM cleared",
-        )
-        .bind(&row_ids)
-        .bind(&tenants)
-        .bind(actor)
-        .bind(AuditEvent::JudgeClear.as_str())
-        .execute(&mut *tx)
-        .await?;
-        push_judge_jobs(&mut tx, row_ids.into_iter().zip(tenants).collect()).await?;
-        tx.commit().await?;
-        Ok(rows)
     }
 
     /// The facts of one bucket with their state, oldest first. With `as_of`, liveness is as it
@@ -735,4 +742,26 @@ pub(crate) async fn push_judge_jobs(tx: &mut sqlx::PgConnection, rows: Vec<(Uuid
         .map(|(item_id, tenant)| Ok(JudgeJob { tenant_id: TenantId::parse(&tenant)?, item_id }))
         .collect::<Result<Vec<_>, StoreError>>()?;
     push(tx, &jobs).await
+}
+
+/// Clears the judgements of `rows` (locked by the caller), with an audit row and a judge job each.
+async fn clear_batch(tx: &mut sqlx::PgConnection, rows: &[(Uuid, String)], actor: &str) -> Result<(), StoreError> {
+    let (ids, tenants): (Vec<Uuid>, Vec<String>) = rows.iter().cloned().unzip();
+    sqlx::query(
+        "WITH cleared AS (
+            UPDATE memory_items m SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
+            FROM unnest($1::uuid[], $2::text[]) AS c(id, tenant_id)
+            WHERE m.tenant_id = c.tenant_id AND m.id = c.id
+            RETURNING m.id, m.tenant_id
+        )
+        INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+        SELECT tenant_id, $4, id, 'operator', $3 FROM cleared",
+    )
+    .bind(&ids)
+    .bind(&tenants)
+    .bind(actor)
+    .bind(AuditEvent::JudgeClear.as_str())
+    .execute(&mut *tx)
+    .await?;
+    push_judge_jobs(tx, ids.into_iter().zip(tenants).collect()).await
 }

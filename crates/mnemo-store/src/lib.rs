@@ -43,8 +43,8 @@ pub use error::StoreError;
 pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};
 pub use group_commit::{CommitStats, GroupCommit};
 pub use judge::{
-    BatchRecord, BatchStats, Candidate, ClearSelection, FactRecord, FailOpenFact, JudgeStatus, Judgement, PendingFact,
-    SupersedeIntegrity,
+    BatchRecord, BatchStats, Candidate, ClearSelection, ClearedFact, FactRecord, FailOpenFact, JudgeStatus, Judgement,
+    PendingFact, SupersedeIntegrity,
 };
 pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutputWindow};

@@ -423,8 +423,13 @@ impl Store {
 
     /// Indexes every live MEMORY.md and daily note (of `tenant`, or of all tenants) for recall
     /// as it is now, for files written before recall indexed them; pieces already indexed keep
-    /// their rows. How many files.
-    pub async fn reindex_recallable_files(&self, tenant: Option<&TenantId>) -> Result<u64, StoreError> {
+    /// their rows. Calls `progress` with (files done, files found) after each file. How many
+    /// files were indexed (one deleted meanwhile is not).
+    pub async fn reindex_recallable_files(
+        &self,
+        tenant: Option<&TenantId>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<u64, StoreError> {
         let files: Vec<(String, String, String, String)> = sqlx::query_as(
             "SELECT tenant_id, agent_id, user_id, path FROM workspace_files
              WHERE ($1::text IS NULL OR tenant_id = $1) AND user_id <> '' AND deleted_at IS NULL
@@ -434,7 +439,8 @@ impl Store {
         .bind(tenant.map(TenantId::as_str))
         .fetch_all(&self.pool)
         .await?;
-        for (tenant, agent, user, path) in &files {
+        let mut indexed = 0;
+        for (done, (tenant, agent, user, path)) in files.iter().enumerate() {
             let key = FileKey {
                 tenant: TenantId::parse(tenant)?,
                 agent: AgentId::parse(agent)?,
@@ -445,10 +451,12 @@ impl Store {
             lock(&mut tx, &key).await?;
             if let Some(c) = current(&mut tx, &key).await?.filter(|c| !c.deleted) {
                 reindex(&mut tx, &key, &c.file.content, false, c.file.version).await?;
+                indexed += 1;
             }
             tx.commit().await?;
+            progress(done as u64 + 1, files.len() as u64);
         }
-        Ok(files.len() as u64)
+        Ok(indexed)
     }
 
     /// Every state the file had, oldest first (empty when it never existed).

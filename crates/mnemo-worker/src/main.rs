@@ -39,7 +39,7 @@ impl Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     mnemo_models::keep_elementwise_ops_on_one_thread();
-    let env = Cli::parse().apply(Env::from_process());
+    let env = Cli::parse().apply(Env::from_process()?);
     let settings = WorkerSettings::from_env(&env)?;
     let _telemetry = mnemo_config::init_tracing(&settings.log, "mnemo-worker").map_err(anyhow::Error::msg)?;
     let models = mnemo_jobs::Models {
