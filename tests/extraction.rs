@@ -179,6 +179,10 @@ async fn one_run_at_a_time_with_a_cooldown_and_conversations_that_wait_are_coale
         "{reports:?}"
     );
     assert_eq!(reports.iter().filter(|r| matches!(r, ExtractReport::Waiting(_))).count(), 1, "{reports:?}");
+    // The run is held: the other waits a cooldown, which the holder starts when it ends, not
+    // a moment to find it held again.
+    let waited = reports.iter().find_map(|r| if let ExtractReport::Waiting(d) = r { Some(*d) } else { None });
+    assert!(waited.is_some_and(|d| d > Duration::from_millis(1500)), "{reports:?}");
     assert_eq!(chat.requests().len(), 1);
 
     // Two more conversations during the cooldown wait, and one later run takes both.

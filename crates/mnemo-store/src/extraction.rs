@@ -34,11 +34,15 @@ WHERE (r.running_since IS NULL OR r.running_since < now() - make_interval(secs =
   AND (r.last_finished_at IS NULL OR r.last_finished_at <= now() - make_interval(secs => $5))
 RETURNING true";
 
-/// How long until the run can be taken: the cooldown left, or a little while when it is held.
+/// How long until the run can be taken: the cooldown `$4` left; and while it is held, the least
+/// of a whole cooldown (a holder that is alive starts one when it ends) and the time until the
+/// run goes stale `$5` (one that died). Polling sooner would only find it held.
 const WAIT: &str = "
 SELECT GREATEST(
     COALESCE(EXTRACT(EPOCH FROM last_finished_at + make_interval(secs => $4) - now()), 0),
-    CASE WHEN running_since IS NOT NULL THEN 1 ELSE 0 END
+    CASE WHEN running_since IS NOT NULL
+         THEN LEAST($4, EXTRACT(EPOCH FROM running_since + make_interval(secs => $5) - now()))
+         ELSE 0 END
 )::float8
 FROM extraction_runs WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3";
 
@@ -226,6 +230,7 @@ impl Store {
             .bind(agent)
             .bind(user)
             .bind(cooldown.as_secs_f64())
+            .bind(stale.as_secs_f64())
             .fetch_optional(&self.pool)
             .await?;
         Ok(Claim::Wait(Duration::from_secs_f64(wait.unwrap_or(1.0).clamp(0.5, 3600.0))))
