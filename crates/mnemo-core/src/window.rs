@@ -86,6 +86,12 @@ impl WindowMessage {
     pub fn cost(&self) -> u64 {
         u64::from(self.tokens) + u64::from(MESSAGE_OVERHEAD_TOKENS)
     }
+
+    /// Whether the message starts a turn: a user's own message, not a system message written
+    /// under their token (placed as a marked user message), which would move where turns start.
+    pub fn starts_turn(&self) -> bool {
+        self.role == Role::User && !self.content.starts_with(USER_SYSTEM_PREFIX)
+    }
 }
 
 /// What a history message sends besides its content and the per-message overhead: a call its
@@ -305,7 +311,7 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
     let message_cost = |i: usize| input.history[i].cost() + framed[i];
     // The last turn starts at the unit holding the last user message (the whole tail when there
     // is none).
-    let last_turn = units.iter().rposition(|u| input.history[u.start].role == Role::User).unwrap_or(0);
+    let last_turn = units.iter().rposition(|u| input.history[u.start].starts_turn()).unwrap_or(0);
     let keep_from = match input.keep_turns {
         Some(turns) => turn_start(input.history, &units, turns),
         None => 0,
@@ -497,11 +503,12 @@ pub(crate) fn units(history: &[WindowMessage]) -> Vec<Unit> {
     units
 }
 
-/// The first unit of the last `turns` turns (a turn starts at a unit opening with a user
-/// message); the whole history when it has fewer, its last unit for none.
+/// The first unit of the last `turns` turns (a turn starts at a unit opening with a message that
+/// [starts a turn](WindowMessage::starts_turn)); the whole history when it has fewer, its last
+/// unit for none.
 pub(crate) fn turn_start(history: &[WindowMessage], units: &[Unit], turns: usize) -> usize {
     let starts: Vec<usize> =
-        units.iter().enumerate().filter(|(_, u)| history[u.start].role == Role::User).map(|(i, _)| i).collect();
+        units.iter().enumerate().filter(|(_, u)| history[u.start].starts_turn()).map(|(i, _)| i).collect();
     match turns {
         0 => units.len().saturating_sub(1),
         n if n > starts.len() => 0,
@@ -526,10 +533,10 @@ pub fn tail_suffices(newest_first: &[WindowMessage], room: u64, keep_turns: Opti
     // that starts further back; anything else starts one.
     let starts_unit = oldest.role != Role::Tool && !(oldest.role == Role::Assistant && oldest.tool_call_id.is_some());
     let cost = newest_first.iter().map(WindowMessage::cost).sum::<u64>();
-    let turns = newest_first.iter().filter(|m| m.role == Role::User).count();
+    let turns = newest_first.iter().filter(|m| m.starts_turn()).count();
     (starts_unit && cost > room)
         || cost > room.saturating_mul(UNIT_SEARCH_ROOMS)
-        || (oldest.role == Role::User && keep_turns.is_some_and(|n| turns >= n.max(1)))
+        || (oldest.starts_turn() && keep_turns.is_some_and(|n| turns >= n.max(1)))
 }
 
 /// `text` cut in the middle to at most `max_tokens`, its head and tail kept around a marker.
@@ -734,6 +741,14 @@ mod tests {
         let window =
             assemble(&WindowInput { keep_turns: Some(2), ..input(&history, 10_000) }, &Quarters).expect("fits");
         assert_eq!(window.kept, [2, 3, 4, 5]);
+        // A system message written under the user's token, placed as a marked user message, is
+        // part of the turn it sits in: it starts none.
+        let demoted = message(Role::User, &format!("{USER_SYSTEM_PREFIX}\nnote"));
+        let history = [&history[..4], &[demoted], &history[4..]].concat();
+        let window =
+            assemble(&WindowInput { keep_turns: Some(2), ..input(&history, 10_000) }, &Quarters).expect("fits");
+        assert_eq!(window.kept, [2, 3, 4, 5, 6]);
+        assert!(!tail_suffices(&[history[6].clone(), history[5].clone(), history[4].clone()], 1 << 20, Some(2)));
     }
 
     #[test]
