@@ -670,3 +670,46 @@ async fn a_run_cut_off_at_its_job_timeout_releases_its_claim() {
     assert!(released, "the claim stays held until it goes stale");
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'pending'").await, 1);
 }
+
+/// An erased user's extraction and consolidation jobs go with them, and a job that runs after
+/// the erasure all the same (one running at the time, then retried) takes no run: no table
+/// names the user again.
+#[tokio::test]
+async fn an_erasure_takes_the_users_jobs_and_no_later_job_names_them_again() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t1, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t1, "s1", "web").await;
+    let extract = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    assert!(matches!(extract.run(&job()).await.expect("run"), ExtractReport::Applied { .. }));
+    // A second conversation waits with its job; the first run asked for a consolidation.
+    let t2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    conversation(&app, &t2, ": a second trip").await;
+    complete(&app, &t2, "s2", "web").await;
+    let jobs = "SELECT count(*) FROM apalis.jobs
+                WHERE job_type IN ('extract', 'consolidate') AND convert_from(job, 'UTF8') LIKE '%\"ann\"%'";
+    assert!(app.db.count(jobs).await >= 3, "the done and waiting extractions, the consolidation");
+
+    let (tenant, ann) = (TenantId::parse("acme").expect("tenant"), UserId::parse("ann").expect("user"));
+    mnemo_jobs::erase_user(&app.db.store(), &tenant, &ann, 100, false, "test", |_, _| {}).await.expect("erase");
+    assert_eq!(app.db.count(jobs).await, 0, "a job naming the erased user is left");
+
+    // The jobs run after the erasure all the same.
+    assert_eq!(extract.run(&job()).await.expect("extract"), ExtractReport::Nothing);
+    let env = Env::from_pairs(llm_env(&chat));
+    let consolidate = mnemo_jobs::ConsolidateRunner {
+        store: app.db.store(),
+        consolidator: mnemo_models::consolidator(&ContextSettings::from_env(&env).expect("context")).expect("model"),
+        counter: std::sync::Arc::new(mnemo_models::Tokenizer::new(mnemo_config::TokenizerName::O200kBase)),
+        worker: "test".to_owned(),
+        settings: WorkspaceSettings::from_env(&env).expect("workspace").consolidation,
+        stale_after: Duration::from_secs(60),
+    };
+    let job = mnemo_store::queue::ConsolidateJob { tenant_id: tenant, agent_id: job().agent_id, user_id: ann };
+    assert_eq!(consolidate.run(&job).await.expect("consolidate"), mnemo_jobs::ConsolidateReport::NothingNew);
+    for table in ["extraction_runs", "consolidation_state", "memory_extractions", "workspace_files"] {
+        let named = app.db.count(&format!("SELECT count(*) FROM {table} WHERE user_id = 'ann'")).await;
+        assert_eq!(named, 0, "{table} names the erased user");
+    }
+}

@@ -59,6 +59,11 @@ impl ConsolidateRunner {
     pub async fn run(&self, job: &ConsolidateJob) -> Result<ConsolidateReport, JobError> {
         let workspace =
             Workspace { tenant: job.tenant_id.clone(), agent: job.agent_id.clone(), user: Some(job.user_id.clone()) };
+        // No note, nothing to read: no run is taken, so no state row names the user (an erased
+        // one above all).
+        if !self.store.has_daily_notes(&workspace).await? {
+            return Ok(ConsolidateReport::NothingNew);
+        }
         if !self.store.claim_consolidation(&workspace, &self.worker, self.stale_after).await? {
             self.store.retry_after(job, Duration::from_secs(5)).await?;
             return Ok(ConsolidateReport::Held);

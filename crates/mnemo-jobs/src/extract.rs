@@ -80,6 +80,11 @@ impl ExtractRunner {
     pub async fn run(&self, job: &ExtractJob) -> Result<ExtractReport, JobError> {
         let workspace =
             Workspace { tenant: job.tenant_id.clone(), agent: job.agent_id.clone(), user: Some(job.user_id.clone()) };
+        // Nothing pending: no run is taken, so no run row names the user (an erased one above
+        // all, whose jobs queued or retried around the erasure still run).
+        if self.store.pending_extractions(&workspace).await?.is_empty() {
+            return Ok(ExtractReport::Nothing);
+        }
         if let Claim::Wait(wait) =
             self.store.claim_extraction(&workspace, &self.worker, self.settings.cooldown, self.stale_after).await?
         {

@@ -137,6 +137,22 @@ impl Store {
         Ok(jobs.len() as u64)
     }
 
+    /// Whether the user has a live daily note under the agent: without one no consolidation has
+    /// anything to read, and a job for the pair (one queued before the user's erasure, say) must
+    /// not leave a state row naming them.
+    pub async fn has_daily_notes(&self, workspace: &Workspace) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM workspace_files
+                            WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
+                              AND path LIKE 'memory/%')",
+        )
+        .bind(workspace.tenant.as_str())
+        .bind(workspace.agent.as_str())
+        .bind(user_of(workspace)?)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// Takes the (agent, user)'s consolidation run; false when another holds it.
     pub async fn claim_consolidation(
         &self,

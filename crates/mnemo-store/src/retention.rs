@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::{AnonymizeReason, AuditEvent, Label, RetentionPolicy, SessionId, TenantId, UserId};
+use mnemo_core::{AnonymizeReason, AuditEvent, Label, Queue, RetentionPolicy, SessionId, TenantId, UserId};
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
@@ -484,9 +484,10 @@ impl Store {
         })
     }
 
-    /// Removes the user's workspace files with every version, and their extraction and
-    /// consolidation state, in one transaction: an erasure keeps no copy of what they said.
-    /// Returns the files removed.
+    /// Removes the user's workspace files with every version, their extraction and
+    /// consolidation state, and the extraction and consolidation jobs naming them that are not
+    /// running, in one transaction: an erasure keeps no copy of what they said, nor their id in
+    /// clear. Returns the files removed.
     pub async fn erase_user_workspace(&self, tenant: &TenantId, user: &UserId) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         crate::workspace::lock_user_files(&mut tx, tenant, user).await?;
@@ -506,6 +507,18 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
+        // A running job finds nothing pending and takes no run (see the runners); it is pruned
+        // with the finished jobs.
+        sqlx::query(
+            "DELETE FROM apalis.jobs
+             WHERE job_type = ANY($3) AND status <> 'Running'
+               AND convert_from(job, 'UTF8')::jsonb @> jsonb_build_object('tenant_id', $1::text, 'user_id', $2::text)",
+        )
+        .bind(tenant.as_str())
+        .bind(user.as_str())
+        .bind([Queue::Extract.as_str(), Queue::Consolidate.as_str()])
+        .execute(&mut *tx)
+        .await?;
         let files = sqlx::query("DELETE FROM workspace_files WHERE tenant_id = $1 AND user_id = $2")
             .bind(tenant.as_str())
             .bind(user.as_str())
