@@ -40,7 +40,8 @@ fn case(
 
 #[tokio::test]
 async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
-    // A 64 KiB tool output limit puts the body limit at 192 KiB.
+    // A 64 KiB tool output limit leaves the workspace file's 256 KiB the largest content: the
+    // body limit is three times that and 64 KiB, 832 KiB.
     let app = TestApp::spawn_with(&[("MNEMO_MAX_TOOL_OUTPUT_BYTES", "65536")]).await;
     let session = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
     let service = token(&principal("acme", None, None, None));
@@ -287,7 +288,7 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
             "body over the server limit",
             "/v1/memories",
             &session,
-            json!({ "source_kind": "tool_output", "source_ref": "c", "content": "y".repeat(700 * 1024) }).to_string(),
+            json!({ "source_kind": "tool_output", "source_ref": "c", "content": "y".repeat(900 * 1024) }).to_string(),
             413,
             "payload_too_large",
         ),
@@ -313,6 +314,53 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
         let rows = app.db.count(&format!("SELECT count(*) FROM {table}")).await;
         assert_eq!(rows, 0, "{table} was written by a refused request");
     }
+}
+
+/// What a body may hold depends on what the route carries: a tool output within its limit fits
+/// even with every character escaped (as Python's json sends it), a query does not get the
+/// room of a tool output, and a body of too many small values is refused before it is read
+/// whole. A token whose `exp` has a fraction, which RFC 7519 allows, is accepted. A made-up
+/// method is counted under one label.
+#[tokio::test]
+async fn bodies_are_held_to_what_their_route_carries() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    // 3 MiB of text (under the 4 MiB limit), 9 MiB once escaped.
+    let escaped = "\\u0434".repeat(1_500_000);
+    let body = format!(r#"{{"source_kind": "tool_output", "source_ref": "c1", "content": "{escaped}"}}"#);
+    let reply = app.client.post_raw("/v1/memories", Some(&t), "application/json", body.into_bytes()).await;
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+
+    let query = json!({ "query": "x".repeat(300 * 1024) }).to_string();
+    let reply = app.client.post_raw("/v1/recall", Some(&t), "application/json", query.into_bytes()).await;
+    assert_eq!((reply.status, reply.code()), (413, "payload_too_large"));
+    let message = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "x".repeat(300 * 1024) });
+    let reply = app.client.post("/v1/memories", Some(&t), &message).await;
+    assert_eq!((reply.status, reply.code()), (400, "content_too_long"), "a write's route takes more");
+
+    let zeros = vec!["0"; 1_000_001].join(",");
+    let body = format!(
+        r#"{{"source_kind": "chat_message", "source_ref": "m2", "content": "x", "metadata": {{"n": [{zeros}]}}}}"#
+    );
+    let reply = app.client.post_raw("/v1/memories", Some(&t), "application/json", body.into_bytes()).await;
+    assert_eq!((reply.status, reply.code()), (400, "malformed_json"), "{:?}", reply.body);
+    assert!(reply.body["error"]["message"].as_str().is_some_and(|m| m.contains("values")), "{:?}", reply.body);
+
+    let fractional = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &json!({ "tenant": "acme", "sub": "u1", "sid": "s1", "exp": now() as f64 + 600.5 }),
+        &jsonwebtoken::EncodingKey::from_secret(TEST_JWT_SECRET.as_bytes()),
+    )
+    .expect("sign");
+    let reply = app.client.post("/v1/recall", Some(&fractional), &json!({ "query": "x" })).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+
+    let made_up = reqwest::Method::from_bytes(b"MADEUP").expect("a method token");
+    let reply = reqwest::Client::new().request(made_up, format!("{}/v1/recall", app.client.base)).send().await;
+    assert!(reply.expect("an answer").status().is_client_error());
+    let metrics = app.client.get("/metrics", None).await;
+    let text = metrics.body.as_str().map(str::to_owned).unwrap_or_else(|| metrics.body.to_string());
+    assert!(text.contains(r#"method="other""#) && !text.contains("MADEUP"), "{text}");
 }
 
 /// A refused fact with a bad key, and routes or methods that do not exist, answer in JSON too.
@@ -522,4 +570,48 @@ async fn mcp_messages_other_than_tool_calls_cost_one_request_each() {
     assert_eq!(reply.status(), 200, "a tool call is refused as a tool error");
     let body: Value = reply.json().await.expect("json");
     assert_eq!(body["result"]["structuredContent"]["error"]["code"], "rate_limited", "{body}");
+}
+
+/// A client that asks for a long answer and never reads it loses its connection once a write has
+/// waited the write timeout (hyper has none); and past the cap, a new connection waits until one
+/// ends.
+#[tokio::test]
+async fn a_client_that_reads_nothing_is_cut_off_and_connections_are_capped() {
+    use tokio::io::AsyncWriteExt;
+    let app = TestApp::spawn_with(&[
+        ("MNEMO_HEADER_TIMEOUT_S", "1"),
+        ("MNEMO_WRITE_TIMEOUT_S", "1"),
+        ("MNEMO_MAX_TOOL_OUTPUT_BYTES", "16777216"),
+        ("MNEMO_MAX_CLIENT_CONNECTIONS", "2"),
+    ])
+    .await;
+    let t = token(&principal("acme", Some("u1"), None, Some("s1")));
+    let output = json!({ "source_kind": "tool_output", "source_ref": "big", "content": "y".repeat(12 << 20) });
+    let id = app.client.post("/v1/memories", Some(&t), &output).await.body["id"].as_str().expect("id").to_owned();
+    let key: String = sqlx::query_scalar("SELECT tool_output_key FROM memory_items WHERE id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("key");
+    let addr: std::net::SocketAddr = app.client.base.trim_start_matches("http://").parse().expect("address");
+
+    // More than the kernel's buffers hold: the server's write waits on the client.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+    let mut reader = socket.connect(addr).await.expect("connect");
+    let request = format!("GET /v1/tool-outputs/{key} HTTP/1.1\r\nHost: mnemo\r\nAuthorization: Bearer {t}\r\n\r\n");
+    reader.write_all(request.as_bytes()).await.expect("write");
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let (got, closed) = read_until_closed(&mut reader, std::time::Duration::from_secs(20)).await;
+    assert!(closed, "the connection stayed open");
+    assert!(got.len() < 12 << 20, "the whole answer arrived ({} bytes): the write waited on", got.len());
+
+    // Two idle connections take both places: a request waits until the header timeout closes one.
+    let idle = [tokio::net::TcpStream::connect(addr).await, tokio::net::TcpStream::connect(addr).await];
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let reply = mnemo_testkit::Client::new(app.client.base.clone()).get("/healthz", None).await;
+    assert_eq!(reply.status, 200);
+    assert!(started.elapsed() > std::time::Duration::from_millis(600), "served at once: {:?}", started.elapsed());
+    drop(idle);
 }

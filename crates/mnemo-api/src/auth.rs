@@ -29,7 +29,8 @@ pub struct Claims {
     /// put their own roles here, so entries mnemo cannot use are ignored, never refused.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub roles: serde_json::Value,
-    pub exp: u64,
+    /// A number of seconds, which RFC 7519 allows to have a fraction (jsonwebtoken checks it).
+    pub exp: serde_json::Number,
 }
 
 /// Verifies tokens with the deployment's key.
@@ -138,7 +139,7 @@ pub fn claims_for(principal: &Principal, exp: u64) -> Claims {
         } else {
             serde_json::Value::from(principal.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>())
         },
-        exp,
+        exp: exp.into(),
     }
 }
 

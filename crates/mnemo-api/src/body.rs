@@ -2,13 +2,14 @@
 //! so every mistake gets its own error code and names the field, and a field nobody took is an
 //! error rather than silently ignored.
 
+use std::cell::Cell;
+
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 use crate::ApiError;
@@ -77,70 +78,96 @@ pub(crate) fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error:
     std::iter::successors(Some(error), |e| e.source()).any(|e| e.is::<E>())
 }
 
-/// A JSON value in which no object repeats a key: serde_json keeps the last of a repeated key,
-/// so `{"content":"a","content":"b"}` would be read as "b" without a word.
-struct Strict(Value);
+/// The most JSON values (numbers, strings, arrays, objects, an object's keys) one body may hold.
+/// A value takes 32 bytes or more once read, against 2 in the body (`0,`): a body of small numbers
+/// at the size limit would take some 200 MB before any field is checked. A batch of 10,000 items
+/// of a few dozen values each stays well under.
+const MAX_VALUES: usize = 1_000_000;
 
-impl<'de> Deserialize<'de> for Strict {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrictVisitor).map(Strict)
+/// Reads a JSON value in which no object repeats a key (serde_json keeps the last of a repeated
+/// key, so `{"content":"a","content":"b"}` would be read as "b" without a word), and which holds
+/// no more values than are left in the count it carries.
+#[derive(Clone, Copy)]
+struct Strict<'a>(&'a Cell<usize>);
+
+impl Strict<'_> {
+    fn count<E: serde::de::Error>(self) -> Result<(), E> {
+        let left = self.0.get().checked_sub(1).ok_or_else(|| E::custom(format_args!("over {MAX_VALUES} values")))?;
+        self.0.set(left);
+        Ok(())
     }
 }
 
-struct StrictVisitor;
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
 
-impl<'de> Visitor<'de> for StrictVisitor {
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_unit<E>(self) -> Result<Value, E> {
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
+        self.count()?;
         Ok(Value::Null)
     }
 
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Value, E> {
+        self.count()?;
         Ok(Value::Bool(v))
     }
 
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Value, E> {
+        self.count()?;
         Ok(Value::from(v))
     }
 
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Value, E> {
+        self.count()?;
         Ok(Value::from(v))
     }
 
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        self.count()?;
         Ok(Value::from(v))
     }
 
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Value, E> {
+        self.count()?;
         Ok(Value::String(v.to_owned()))
     }
 
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Value, E> {
+        self.count()?;
         Ok(Value::String(v))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        self.count()?;
         let mut values = Vec::new();
-        while let Some(Strict(value)) = seq.next_element()? {
+        while let Some(value) = seq.next_element_seed(self)? {
             values.push(value);
         }
         Ok(Value::Array(values))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        self.count()?;
         let mut object = Map::new();
         while let Some(key) = map.next_key::<String>()? {
+            self.count()?;
             if object.contains_key(&key) {
                 // A key may be any text: named, like an unknown field, by its start only.
                 let shown: String = key.chars().take(64).collect();
                 return Err(serde::de::Error::custom(format_args!("duplicate key {shown:?}")));
             }
-            let Strict(value) = map.next_value()?;
+            let value = map.next_value_seed(self)?;
             object.insert(key, value);
         }
         Ok(Value::Object(object))
@@ -175,7 +202,12 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathPart {
 impl JsonObject {
     pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
         std::str::from_utf8(bytes).map_err(|_| ApiError::InvalidUtf8)?;
-        let Strict(value) = serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let left = Cell::new(MAX_VALUES);
+        let mut json = serde_json::Deserializer::from_slice(bytes);
+        let value = Strict(&left)
+            .deserialize(&mut json)
+            .and_then(|value| json.end().map(|()| value))
+            .map_err(|e| ApiError::MalformedJson(e.to_string()))?;
         let Value::Object(map) = value else {
             return Err(ApiError::NotAnObject);
         };

@@ -30,7 +30,7 @@ pub enum ApiError {
     #[error("Content-Type must be application/json")]
     UnsupportedMediaType,
     #[error(
-        "the request body is over the server's limit (twice MNEMO_MAX_TOOL_OUTPUT_BYTES or MNEMO_WORKSPACE_MAX_FILE_BYTES, whichever is larger)"
+        "the request body is over the server's limit (three times MNEMO_MAX_TOOL_OUTPUT_BYTES or MNEMO_WORKSPACE_MAX_FILE_BYTES, whichever is larger; 256 KiB where no such content goes)"
     )]
     PayloadTooLarge,
     #[error("the request body did not arrive within MNEMO_BODY_TIMEOUT_S")]

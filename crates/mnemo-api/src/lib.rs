@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, OriginalUri, Request, State};
+use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
@@ -33,7 +34,7 @@ mod workspace;
 pub use auth::{Authenticator, Claims};
 pub use error::{ApiError, ERROR_CODES};
 pub use routes::recalled_item;
-pub use serve::{Timeouts, serve};
+pub use serve::{ConnectionLimits, serve};
 
 /// What every handler can reach. axum clones it for every extractor of every request, so it is
 /// one pointer to the parts, which are built once.
@@ -120,25 +121,31 @@ impl AppState {
     }
 }
 
+/// The largest body of a route whose fields are all short (a query, a fact of at most 16 KiB,
+/// options): 16 KiB escaped at worst (6 bytes a control character) and room for the rest.
+const SMALL_BODY_BYTES: usize = 256 * 1024;
+
 /// The whole API: `/v1`, the probes and metrics, and the MCP tools at `/mcp`.
 pub fn app(state: AppState) -> Router {
     // The largest content a body may carry (a tool output's payload, a workspace file); JSON
-    // escaping can double its size; room for the other fields.
+    // escaping can triple its size (any character but ASCII as `\uXXXX`, as Python's json does by
+    // default); room for the other fields. Routes that never carry such content take less.
     let largest = state.max_tool_output_bytes.max(state.workspace.max_file_bytes);
-    let body_limit = largest.saturating_mul(2).saturating_add(64 * 1024);
+    let body_limit = largest.saturating_mul(3).saturating_add(64 * 1024);
+    let small = || DefaultBodyLimit::max(SMALL_BODY_BYTES);
     let v1 = Router::new()
         .route("/memories", post(routes::remember))
         .route("/memories/batch", post(routes::remember_batch))
         .route("/facts/batch", post(routes::remember_fact_batch))
         .route("/memories/{id}", delete(routes::forget))
-        .route("/facts", post(routes::remember_fact))
-        .route("/recall", post(routes::recall))
-        .route("/memory-pack", post(routes::memory_pack))
+        .route("/facts", post(routes::remember_fact).layer(small()))
+        .route("/recall", post(routes::recall).layer(small()))
+        .route("/memory-pack", post(routes::memory_pack).layer(small()))
         .route("/tool-outputs/{key}", get(routes::tool_output))
         .route("/sessions/{sid}/messages", get(conversation::messages))
         .route("/sessions/{sid}/context", post(conversation::context))
-        .route("/sessions/{sid}/complete", post(conversation::complete))
-        .route("/sessions/{sid}/extract", post(conversation::extract))
+        .route("/sessions/{sid}/complete", post(conversation::complete).layer(small()))
+        .route("/sessions/{sid}/extract", post(conversation::extract).layer(small()))
         .route("/workspace/files", get(workspace::list))
         .route(
             "/workspace/files/{*path}",
@@ -149,7 +156,7 @@ pub fn app(state: AppState) -> Router {
                 .post(workspace::edit),
         )
         .route("/workspace/prompt", get(workspace::prompt))
-        .route("/agents/{agent}/consolidate", post(workspace::consolidate));
+        .route("/agents/{agent}/consolidate", post(workspace::consolidate).layer(small()));
     let api = Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(routes::healthz))
@@ -209,7 +216,18 @@ async fn authenticate(
 /// `traceparent`.
 async fn observe(request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
-    let method = request.method().to_string();
+    // A method is any token a client sends: one label per made-up method would grow the
+    // metrics without end.
+    let method: &'static str = match *request.method() {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    };
     // Probes and scrapes come every few seconds and would bury the traces worth reading.
     let probe = matches!(route.as_str(), "/healthz" | "/readyz" | "/metrics");
     let span = if probe {
@@ -232,7 +250,7 @@ async fn observe(request: Request, next: Next) -> Response {
     let response = next.run(request).instrument(span.clone()).await;
     span.record("http.response.status_code", response.status().as_u16());
     let status = response.status().as_u16().to_string();
-    metrics::histogram!("mnemo_http_request_duration_seconds", "route" => route.clone(), "method" => method.clone())
+    metrics::histogram!("mnemo_http_request_duration_seconds", "route" => route.clone(), "method" => method)
         .record(started.elapsed().as_secs_f64());
     metrics::counter!("mnemo_http_requests_total", "route" => route, "method" => method, "status" => status)
         .increment(1);
@@ -297,7 +315,7 @@ pub async fn run(
         .await
         .map_err(|source| ServeError::Bind { addr: settings.listen, source })?;
     tracing::info!(addr = %listener.local_addr()?, "mnemo-server listening");
-    serve(listener, app(state), Timeouts::of(&settings), shutdown).await?;
+    serve(listener, app(state), ConnectionLimits::of(&settings), shutdown).await?;
     tracing::info!("mnemo-server stopped");
     Ok(())
 }

@@ -1,9 +1,14 @@
 //! The HTTP/1 listener, with the limits a hostile client would otherwise exploit: a request's
 //! head must arrive within the header timeout (which also closes idle keep-alive connections),
-//! and its body within the body timeout. axum's own `serve` sets no timer, so neither applies
-//! there: a client sending one header line a second held its connection for as long as it liked.
+//! its body within the body timeout, and a response must not wait longer than the write timeout
+//! on a client that stopped reading it; and at most so many connections are served at once (the
+//! others wait in the listen queue). axum's own `serve` sets no timer, so none applies there: a
+//! client sending one header line a second held its connection for as long as it liked.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -15,20 +20,30 @@ use futures_util::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 
-/// How long a client may take to send what it sends.
+/// How long a client may take to send and to read, and how many may be connected at once.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub struct ConnectionLimits {
     /// From the moment a connection waits for a request until its head has arrived.
     pub header: Duration,
     /// From the head until the last byte of the body.
     pub body: Duration,
+    /// How long a write may wait on a client that reads nothing.
+    pub write: Duration,
+    /// Connections served at once.
+    pub connections: usize,
 }
 
-impl Timeouts {
+impl ConnectionLimits {
     pub fn of(settings: &mnemo_config::ServerSettings) -> Self {
-        Self { header: settings.header_timeout, body: settings.body_timeout }
+        Self {
+            header: settings.header_timeout,
+            body: settings.body_timeout,
+            write: settings.write_timeout,
+            connections: settings.max_client_connections,
+        }
     }
 }
 
@@ -40,7 +55,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    timeouts: Timeouts,
+    timeouts: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let router =
@@ -48,8 +63,14 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(timeouts.header);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(timeouts.connections.max(1)));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        // Past the cap, new connections wait in the kernel's listen queue.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -62,6 +83,7 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let stream = WriteDeadline { stream, limit: timeouts.write, stalled: None };
         let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
@@ -69,6 +91,7 @@ pub async fn serve(
                 // Timeouts and clients that hang up land here; none is the server's fault.
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            drop(slot);
         });
     }
     drop(listener);
@@ -102,4 +125,55 @@ async fn body_deadline(limit: Duration, request: Request, next: Next) -> Respons
         }))
     });
     next.run(request).await
+}
+
+/// A connection whose writes fail once one has waited `limit` for a client that reads nothing
+/// (its window closed): hyper has no write timeout, and such a client would hold its task, its
+/// buffered response and its descriptor for as long as it answers TCP's probes.
+struct WriteDeadline {
+    stream: TcpStream,
+    limit: Duration,
+    /// Armed when a write first waits; disarmed by any progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteDeadline {
+    fn waited<T>(&mut self, cx: &mut Context<'_>, poll: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let limit = self.limit;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing for the write timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for WriteDeadline {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for WriteDeadline {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.waited(cx, poll)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.stream).poll_flush(cx);
+        self.waited(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.stream).poll_shutdown(cx);
+        self.waited(cx, poll)
+    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
-use mnemo_api::{AppState, Timeouts, app};
+use mnemo_api::{AppState, ConnectionLimits, app};
 use mnemo_config::{ContextSettings, DatabaseSettings, Env, ServerSettings, TokenizerName, vars};
 use mnemo_core::{CompactionOutcome, CompactionTrigger, Principal, SessionId, TenantId, TokenCounter};
 use mnemo_jobs::{CompactPolicy, CompactReport, Compactor};
@@ -100,7 +100,7 @@ impl LocalApi {
         let state = AppState::new(store.clone(), &settings, embedder).map_err(anyhow::Error::msg)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}/v1", listener.local_addr()?);
-        tokio::spawn(mnemo_api::serve(listener, app(state), Timeouts::of(&settings), std::future::pending()));
+        tokio::spawn(mnemo_api::serve(listener, app(state), ConnectionLimits::of(&settings), std::future::pending()));
         let http = reqwest::Client::builder().pool_max_idle_per_host(16).build()?;
         Ok(Self { base, url: db.url, store, settings, http, secret })
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
-use mnemo_api::{AppState, Timeouts, app};
+use mnemo_api::{AppState, ConnectionLimits, app};
 use mnemo_config::{Env, RecallSettings, ServerSettings, vars};
 use mnemo_core::{
     AgentId, MemoryText, Principal, RecallClass, RecallRequest, Scope, SessionId, SourceKind, SourceRef, TenantId,
@@ -186,7 +186,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let state = AppState::new(store.clone(), &server_settings, embedder.clone()).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let endpoint = format!("http://{}/v1/recall", listener.local_addr()?);
-    tokio::spawn(mnemo_api::serve(listener, app(state), Timeouts::of(&server_settings), std::future::pending()));
+    tokio::spawn(mnemo_api::serve(
+        listener,
+        app(state),
+        ConnectionLimits::of(&server_settings),
+        std::future::pending(),
+    ));
     let token =
         mnemo_api::auth::sign_hs256(secret.as_bytes(), &who, Duration::from_secs(3600)).map_err(anyhow::Error::msg)?;
     let http = reqwest::Client::new();

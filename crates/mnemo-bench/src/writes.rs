@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
-use mnemo_api::{AppState, Timeouts, app};
+use mnemo_api::{AppState, ConnectionLimits, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Extras, MemoryText, NewMemory, Principal, SessionId, SourceRef, TenantId, UserId};
 use mnemo_store::{CommitStats, PlainInserts, Store, create_database};
@@ -180,7 +180,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let committers = state.writes.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}/v1/memories", listener.local_addr()?);
-    tokio::spawn(mnemo_api::serve(listener, app(state), Timeouts::of(&settings), std::future::pending()));
+    tokio::spawn(mnemo_api::serve(listener, app(state), ConnectionLimits::of(&settings), std::future::pending()));
 
     let principal = Principal {
         tenant: TenantId::parse("bench")?,

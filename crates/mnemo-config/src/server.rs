@@ -72,6 +72,11 @@ pub struct ServerSettings {
     pub header_timeout: Duration,
     /// …and a request for its body.
     pub body_timeout: Duration,
+    /// How long a response's write may wait on a client that reads nothing; then the connection
+    /// is closed.
+    pub write_timeout: Duration,
+    /// Client connections served at once; more wait in the listen queue.
+    pub max_client_connections: usize,
     /// The longest a statement of the API's may run; PostgreSQL cancels it then.
     pub statement_timeout: Duration,
     /// Requests per second per tenant (0: no limit), and how many may come at once.
@@ -113,6 +118,9 @@ impl ServerSettings {
         }
         let header_timeout = problems.seconds(env, vars::HEADER_TIMEOUT_S, 10);
         let body_timeout = problems.seconds(env, vars::BODY_TIMEOUT_S, 60);
+        let write_timeout = problems.seconds(env, vars::WRITE_TIMEOUT_S, 60);
+        let max_client_connections =
+            problems.bounded(env, vars::MAX_CLIENT_CONNECTIONS, 1024usize, 1..=1_000_000, "a whole number");
         let statement_timeout = problems.seconds(env, vars::STATEMENT_TIMEOUT_S, 30);
         let rate_limit_per_tenant: f64 = problems.parsed(env, vars::RATE_LIMIT_PER_TENANT, 0.0, "requests per second");
         let rate_limit_burst = problems.parsed(
@@ -167,6 +175,8 @@ impl ServerSettings {
             header_timeout,
             statement_timeout,
             body_timeout,
+            write_timeout,
+            max_client_connections,
             rate_limit_per_tenant,
             rate_limit_burst,
             write_committers,

@@ -227,12 +227,24 @@ pub async fn shutdown_signal() {
 }
 
 /// The process-wide Prometheus recorder, installed on first use; its handle renders `/metrics`.
+/// A thread folds the histograms' samples into their summaries every few seconds: otherwise
+/// they pile up until a scrape, and a deployment nobody scrapes would grow without end.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new().build_recorder();
             let handle = recorder.handle();
+            let upkeep = handle.clone();
+            let spawned = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(5));
+                    upkeep.run_upkeep();
+                }
+            });
+            if let Err(e) = spawned {
+                eprintln!("cannot start the metrics upkeep thread ({e}); histograms are folded at each scrape only");
+            }
             // Another recorder may be installed already (a test binary running several apps);
             // this handle then renders an empty page rather than failing the process.
             let _ = metrics::set_global_recorder(recorder);

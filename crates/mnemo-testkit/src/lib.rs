@@ -257,7 +257,7 @@ impl TestApp {
         assert!(store.walled(), "the API's role must be held by row-level security");
         let state = AppState::new(store, &settings, embedder).expect("test state");
         // Served as `mnemo-server` serves it, with its connection timeouts.
-        let timeouts = mnemo_api::Timeouts::of(&settings);
+        let timeouts = mnemo_api::ConnectionLimits::of(&settings);
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
