@@ -361,6 +361,28 @@ async fn bodies_are_held_to_what_their_route_carries() {
     let metrics = app.client.get("/metrics", None).await;
     let text = metrics.body.as_str().map(str::to_owned).unwrap_or_else(|| metrics.body.to_string());
     assert!(text.contains(r#"method="other""#) && !text.contains("MADEUP"), "{text}");
+
+    // An MCP tool call's arguments are held to the same: a repeated key, too many values.
+    let repeated = r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "remember_fact",
+        "arguments": {"content": "Alice lives in Paris", "content": "Alice lives in Lyon", "scope": "user"}}}"#;
+    let call = format!(
+        r#"{{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {{"name": "recall", "arguments": {{"query": "x", "pad": [{zeros}]}}}}}}"#
+    );
+    for body in [repeated.to_owned(), call] {
+        let reply = reqwest::Client::new()
+            .post(format!("{}/mcp", app.client.base))
+            .bearer_auth(&t)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(reply.status().as_u16(), 400);
+        let answer: Value = reply.json().await.expect("json");
+        assert_eq!(answer["error"]["code"], "malformed_json", "{answer}");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await, 0);
 }
 
 /// A refused fact with a bad key, and routes or methods that do not exist, answer in JSON too.

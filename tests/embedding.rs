@@ -416,7 +416,10 @@ async fn an_answer_over_its_size_bound_is_retried_until_the_endpoint_answers_rig
     let provider = ScriptedEmbeddings::start(16).await;
     provider.then([Answer::Oversized]);
     write_messages(&server, 1, |_| "one row".into()).await;
-    let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
+    // One input a request: the bound is its least, 1 MiB, under the scripted 2 MiB.
+    let mut env = openai_env(&provider);
+    env.push(("MNEMO_EMBED_MAX_INPUTS", "1".into()));
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
     assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");
     let attempts = db.count("SELECT embed_attempts::bigint FROM memory_items WHERE embed_error IS NULL").await;
     assert_eq!(attempts, 1, "one failed attempt, then the retry embedded it");

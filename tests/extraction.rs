@@ -256,8 +256,8 @@ async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_las
 }
 
 /// A model that is down for a while: the pair's other jobs wait out the cooldown instead of
-/// asking it, and no conversation is failed however many times it is asked (a refused answer
-/// would count: see the test above), so all are extracted once it is back.
+/// asking it, and no conversation is failed for a day however many times it is asked (a refused
+/// answer would fail it: see the test above), so all are extracted once it is back.
 #[tokio::test]
 async fn a_model_outage_waits_out_the_cooldown_and_fails_no_conversation() {
     let chat = ScriptedChat::start().await;
@@ -294,13 +294,23 @@ async fn a_model_outage_waits_out_the_cooldown_and_fails_no_conversation() {
             .await
         }
     };
-    assert_eq!((status("s1").await, status("s2").await), (0, 0));
-    assert_eq!(app.db.count("SELECT sum(attempts) FROM memory_extractions").await, 0, "no attempt counted");
+    assert_eq!((status("s1").await, status("s2").await), (0, 0), "out of attempts, waiting less than a day");
 
-    // The model is back: both are extracted.
+    // Once a conversation has waited a day, its attempts spent, it fails (one whose input always
+    // draws a 5xx would otherwise hold its pair for ever); the other goes on.
+    sqlx::query("UPDATE memory_extractions SET created_at = now() - interval '2 days' WHERE session_id = 's1'")
+        .execute(&app.db.pool)
+        .await
+        .expect("a day old");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    down();
+    runner.run(&job()).await.expect("failed a third time");
+    assert_eq!((status("s1").await, status("s2").await), (1, 0));
+
+    // The model is back: the other is extracted.
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let report = runner.run(&job()).await.expect("back");
-    assert!(matches!(report, ExtractReport::Applied { conversations: 2, .. }), "{report:?}");
+    assert!(matches!(report, ExtractReport::Applied { conversations: 1, .. }), "{report:?}");
 }
 
 /// More conversations than one transcript can show: a run takes the oldest it can show the

@@ -199,16 +199,21 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathPart {
     }
 }
 
+/// A body's JSON, read strictly: UTF-8, no repeated key, at most [`MAX_VALUES`] values. `/mcp`
+/// reads its bodies with this first too, so that rmcp's own parse sees only what `/v1` accepts.
+pub(crate) fn strict_json(bytes: &[u8]) -> Result<Value, ApiError> {
+    std::str::from_utf8(bytes).map_err(|_| ApiError::InvalidUtf8)?;
+    let left = Cell::new(MAX_VALUES);
+    let mut json = serde_json::Deserializer::from_slice(bytes);
+    Strict(&left)
+        .deserialize(&mut json)
+        .and_then(|value| json.end().map(|()| value))
+        .map_err(|e| ApiError::MalformedJson(e.to_string()))
+}
+
 impl JsonObject {
     pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
-        std::str::from_utf8(bytes).map_err(|_| ApiError::InvalidUtf8)?;
-        let left = Cell::new(MAX_VALUES);
-        let mut json = serde_json::Deserializer::from_slice(bytes);
-        let value = Strict(&left)
-            .deserialize(&mut json)
-            .and_then(|value| json.end().map(|()| value))
-            .map_err(|e| ApiError::MalformedJson(e.to_string()))?;
-        let Value::Object(map) = value else {
+        let Value::Object(map) = strict_json(bytes)? else {
             return Err(ApiError::NotAnObject);
         };
         if let Some(field) = TENANT_FIELDS.iter().find(|f| map.contains_key(**f)) {

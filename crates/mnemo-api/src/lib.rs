@@ -201,6 +201,10 @@ async fn authenticate(
             ApiError::MalformedJson(e.to_string())
         }
     })?;
+    // A tool call's arguments get the checks a `/v1` body gets (a repeated key, too many values).
+    if !body.is_empty() {
+        body::strict_json(&body)?;
+    }
     if let Err(refused) = auth::charge(&state, &principal) {
         let ApiError::RateLimited(wait) = refused else { return Err(refused) };
         if !mcp::is_tool_call(&body) {

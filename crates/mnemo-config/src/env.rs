@@ -26,7 +26,8 @@ impl Env {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(vec![format!("{name}={path:?} cannot be read: {e}")]))?;
         let mut variables = parse_config_file(&text).map_err(|e| ConfigError(vec![format!("{name}={path:?}: {e}")]))?;
-        variables.extend(environment);
+        // A variable set blank (`X=` in a compose file) does not hide the file's value.
+        variables.extend(environment.into_iter().filter(|(_, value)| !value.trim().is_empty()));
         Ok(Self(variables))
     }
 
@@ -65,6 +66,12 @@ fn parse_config_file(text: &str) -> Result<BTreeMap<String, String>, String> {
         let Some((name, value)) = named else {
             return Err(format!("line {} is not NAME=value (NAME in capitals, digits and _)", n + 1));
         };
+        if name.starts_with("OTEL_") {
+            return Err(format!(
+                "line {} sets {name}: the trace exporter reads OTEL_ variables from the environment only",
+                n + 1
+            ));
+        }
         if variables.insert(name.to_owned(), value.trim().to_owned()).is_some() {
             return Err(format!("line {} sets {name} a second time", n + 1));
         }
@@ -177,8 +184,10 @@ mod tests {
         let text = "# mnemo\n\nMNEMO_LISTEN=0.0.0.0:9000\nMNEMO_JWT_SECRET= s=cr=t \nMNEMO_LOG=debug\n";
         std::fs::write(&file, text).expect("write");
         let path = file.to_str().expect("path");
-        let env = Env::with_config_file(environment(&[(vars::CONFIG_FILE, path), (vars::LOG, "warn")])).expect("read");
-        assert_eq!(env.get(vars::LISTEN), Some("0.0.0.0:9000"));
+        let env =
+            Env::with_config_file(environment(&[(vars::CONFIG_FILE, path), (vars::LOG, "warn"), (vars::LISTEN, " ")]))
+                .expect("read");
+        assert_eq!(env.get(vars::LISTEN), Some("0.0.0.0:9000"), "a blank variable does not hide the file's");
         assert_eq!(env.get("MNEMO_JWT_SECRET"), Some("s=cr=t"), "everything after the first =, trimmed");
         assert_eq!(env.get(vars::LOG), Some("warn"), "the environment wins");
         // Without the variable, no file is read.
@@ -189,6 +198,7 @@ mod tests {
             ("# ok\nmnemo_listen=x\n", "line 2 is not NAME=value"),
             ("=secret-value\n", "line 1 is not NAME=value"),
             ("MNEMO_LOG=a\nMNEMO_LOG=b\n", "line 2 sets MNEMO_LOG a second time"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4318\n", "line 1 sets OTEL_EXPORTER_OTLP_ENDPOINT"),
         ] {
             std::fs::write(&file, bad).expect("write");
             let err = Env::with_config_file(environment(&[(vars::CONFIG_FILE, path)])).unwrap_err().to_string();

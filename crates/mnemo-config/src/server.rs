@@ -109,7 +109,7 @@ impl ServerSettings {
         let jwt = JwtKey::read(env, &mut problems);
         let named = |name: &str| env.get(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
         let (jwt_audience, jwt_issuer) = (named(vars::JWT_AUDIENCE), named(vars::JWT_ISSUER));
-        // Over 256 MiB a request's body (twice this) nears what one PostgreSQL value holds.
+        // Over 256 MiB a request's body (three times this) passes what one PostgreSQL value holds.
         let max_tool_output_bytes =
             problems.bounded(env, vars::MAX_TOOL_OUTPUT_BYTES, 4 << 20, 1..=256 << 20, "a number of bytes");
         let max_batch_items = problems.parsed(env, vars::MAX_BATCH_ITEMS, 1000usize, "a whole number");

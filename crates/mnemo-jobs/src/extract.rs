@@ -149,12 +149,12 @@ impl ExtractRunner {
             Err(failure) => {
                 let attempt = pending.iter().map(|p| p.attempts).max().unwrap_or(0) + 1;
                 let max_attempts = self.settings.max_attempts;
-                // An endpoint that is down fails no conversation: asked again once per cooldown,
-                // they are extracted once it is back, however long it was away.
-                let counts = !failure.is_endpoint_state();
+                // An endpoint that is down fails no conversation for a day: asked again once per
+                // cooldown, they are extracted once it is back.
+                let down = failure.is_endpoint_state();
                 let left = self
                     .store
-                    .fail_extraction(&workspace, &self.worker, &pending, failure.kind, counts, max_attempts)
+                    .fail_extraction(&workspace, &self.worker, &pending, failure.kind, down, max_attempts)
                     .await?;
                 let last_attempt = left == 0;
                 tracing::warn!(tenant = %job.tenant_id, kind = failure.kind, attempt, still_pending = left,

@@ -37,8 +37,10 @@ impl OpenAiEmbedder {
         timeout: Duration,
         max_inputs: usize,
     ) -> Result<Self, ModelError> {
-        // A vector's numbers are at most about 25 bytes each in JSON.
-        let max_answer_bytes = max_inputs.max(1).saturating_mul(dimensions).saturating_mul(32).max(1 << 20);
+        // A vector's numbers are at most about 25 bytes each in JSON; sized for 3,072 numbers at
+        // least, so that a model answering longer vectors than configured is told as such.
+        let numbers = max_inputs.max(1).saturating_mul(dimensions.max(3072));
+        let max_answer_bytes = numbers.saturating_mul(32).max(1 << 20);
         Ok(Self {
             client: client(base_url, api_key, timeout, max_answer_bytes)?,
             model: model.to_owned(),

@@ -73,8 +73,8 @@ pub(crate) async fn read_bounded(
     Ok(Some(body))
 }
 
-/// An error answer in OpenAI's shape, its message cut short: `{"error": {"message": …}}` as it
-/// came, else the message of `{"error": "…"}`, `{"message": "…"}` or `{"detail": "…"}`, else the
+/// An error answer in OpenAI's shape, holding only its message, cut short: the message of
+/// `{"error": {"message": …}}`, else that of `{"error": "…"}`, `{"message": "…"}` or `{"detail": "…"}`, else the
 /// text itself.
 fn openai_error(body: &[u8]) -> Vec<u8> {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();

@@ -70,13 +70,17 @@ WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.thro
   AND m.agent_id = $7 AND m.user_id = $8 AND m.status = 'pending'";
 
 /// Records a failed model call on the (agent `$6`, user `$7`)'s conversations `$2`/`$3` with
-/// reason `$4`, counting it as an attempt when `$8`: each one that has now had `$5` attempts is
-/// `failed`, the others stay `pending`. Returns their statuses.
+/// reason `$4`: each one that has now had `$5` attempts is `failed`, the others stay `pending`;
+/// but when the endpoint was down (`$8`), only one waiting for a day or more (a day-long outage
+/// fails nothing sooner, and an input that always draws a 5xx does not hold its pair for ever).
+/// Returns their statuses.
 const MARK_FAILED: &str = "
 UPDATE memory_extractions m
-SET attempts = attempts + $8::int, reason = $4,
-    status = CASE WHEN attempts + $8::int >= $5 THEN 'failed' ELSE 'pending' END,
-    finished_at = CASE WHEN attempts + $8::int >= $5 THEN now() END
+SET attempts = attempts + 1, reason = $4,
+    status = CASE WHEN attempts + 1 >= $5 AND (NOT $8 OR created_at < now() - interval '1 day')
+                  THEN 'failed' ELSE 'pending' END,
+    finished_at = CASE WHEN attempts + 1 >= $5 AND (NOT $8 OR created_at < now() - interval '1 day')
+                       THEN now() END
 FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
 WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id
   AND m.agent_id = $6 AND m.user_id = $7 AND m.status = 'pending'
@@ -265,9 +269,10 @@ impl Store {
         Ok(())
     }
 
-    /// Ends a run whose model call failed (`reason`): each conversation counts the attempt when
-    /// `counts`, and is `failed` once it has had `max_attempts` (its own: one that joined the run
-    /// late keeps its attempts). The cooldown starts, so the (agent, user)'s other jobs wait it out rather
+    /// Ends a run whose model call failed (`reason`; `endpoint_down` when the endpoint's state
+    /// caused it): each conversation counts the attempt, and is `failed` once it has had
+    /// `max_attempts` (its own: one that joined the run late keeps its attempts), and, when the
+    /// endpoint was down, has waited a day. The cooldown starts, so the (agent, user)'s other jobs wait it out rather
     /// than spend their conversations' attempts on a model that is down. Returns how many stay
     /// `pending`.
     pub async fn fail_extraction(
@@ -276,7 +281,7 @@ impl Store {
         worker: &str,
         pending: &[PendingExtraction],
         reason: &str,
-        counts: bool,
+        endpoint_down: bool,
         max_attempts: i32,
     ) -> Result<usize, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -289,7 +294,7 @@ impl Store {
             .bind(max_attempts)
             .bind(workspace.agent.as_str())
             .bind(user_of(workspace)?)
-            .bind(i32::from(counts))
+            .bind(endpoint_down)
             .fetch_all(&mut *tx)
             .await?;
         release(&mut tx, workspace, worker, true).await?;
