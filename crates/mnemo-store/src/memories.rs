@@ -135,12 +135,6 @@ WITH old AS (
 )
 SELECT id, tenant_id, embedded FROM revived";
 
-/// Whether a fact's re-assertion may bring it back from a delete: only by the user who first
-/// wrote it (the row names them), and never by a model (extraction).
-fn may_revive_deleted(origin: Origin, holder: &Option<String>, row: &NewMemory) -> bool {
-    origin != Origin::Extraction && holder.as_deref() == row.user.as_ref().map(|u| u.as_str())
-}
-
 /// Relations from the rows written to their targets, which must be live rows of the same tenant
 /// (checked first: see [`missing_targets`]; the foreign keys are the second wall).
 const INSERT_RELATIONS: &str = "
@@ -479,9 +473,14 @@ async fn settle(
                 // A session's row under a ref another session's row holds is another write: it
                 // would land on a row its session never reads.
                 let other_session = rows[i].session.as_ref().is_some_and(|s| session.as_deref() != Some(s.as_str()));
+                // Only a fact comes back from a delete, re-asserted by the user who first wrote
+                // it (the row names them), never by a model (extraction).
+                let may_undelete_it = is_fact
+                    && typed.origin != Origin::Extraction
+                    && holder.as_deref() == rows[i].user.as_ref().map(|u| u.as_str());
                 *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) || other_session {
                     Err(StoreError::SourceRefConflict { existing: id })
-                } else if deleted && (!is_fact || !may_revive_deleted(typed.origin, &holder, rows[i])) {
+                } else if deleted && !may_undelete_it {
                     // A fact is asserted again by its user; a message or chunk under a
                     // deleted row's key is a retry that must not bring the row back, nor may a
                     // model bring back a fact its user deleted, nor another user of an agent
@@ -491,7 +490,7 @@ async fn settle(
                     if is_fact {
                         reasserted_facts.push(id);
                         reasserted_tenants.push(rows[i].tenant.as_str());
-                        may_undelete.push(may_revive_deleted(typed.origin, &holder, rows[i]));
+                        may_undelete.push(may_undelete_it);
                     }
                     Ok(Remembered { id, was_new: false })
                 });
