@@ -11,7 +11,7 @@ use mnemo_core::{
     CompactionOutcome, CompactionTrigger, Keep, MemoryText, NewMemory, SUMMARY_PREFIX, SessionId, TenantId,
     summary_source_ref,
 };
-use mnemo_jobs::{CompactPolicy, CompactReport, Compactor};
+use mnemo_jobs::{CompactPolicy, CompactReport, Compactor, SUMMARY_RETRIES};
 use mnemo_store::Recording;
 use mnemo_store::queue::CompactJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token};
@@ -77,6 +77,7 @@ fn job(tenant: &str, session: &str) -> CompactJob {
         session_id: SessionId::parse(session).expect("session"),
         trigger: CompactionTrigger::Messages,
         keep_at_most: None,
+        summary_failures: 0,
     }
 }
 
@@ -327,7 +328,7 @@ async fn a_long_backlog_is_compacted_over_several_jobs_and_a_long_agent_turn_is_
         match compactor(&app, &small).run(&job("acme", "s1")).await.expect("job") {
             CompactReport::Compacted { messages, .. } => covered.push(messages),
             CompactReport::NothingToCompact => break,
-            report @ (CompactReport::Overtaken | CompactReport::MessagesChanged) => {
+            report @ (CompactReport::Overtaken | CompactReport::MessagesChanged | CompactReport::Retrying { .. }) => {
                 panic!("one job at a time over a session nobody changes is always recorded: {report:?}")
             }
         }
@@ -390,6 +391,7 @@ async fn a_job_makes_no_more_model_calls_than_its_chunk_limit() {
     assert_eq!((chat.requests().len(), messages), (4, 4), "one call per message, four messages");
 }
 
+/// A model that answers garbage, or fails on the last try, truncates; nothing stored is lost.
 #[tokio::test]
 async fn a_failing_hanging_or_garbage_model_truncates_and_loses_nothing() {
     let chat = ScriptedChat::start().await;
@@ -408,12 +410,14 @@ async fn a_failing_hanging_or_garbage_model_truncates_and_loses_nothing() {
         ("s5", ChatAnswer::Malformed, "unparsable"),
         ("s7", ChatAnswer::Content(sprawling), "too_long"),
     ];
+    // A failure that passes (a 5xx, a timeout) truncates only on the last try.
+    let last_try = CompactJob { summary_failures: SUMMARY_RETRIES.len() as u32, ..job("acme", "s1") };
     for (sid, answer, reason) in cases {
         let t = token(&principal("acme", None, None, Some(sid)));
         turns(&app, &t, 0, 4).await;
         chat.then([answer]);
-        let report =
-            compactor(&app, &settings).run(&job("acme", sid)).await.expect("a failed model is not a failed job");
+        let job = CompactJob { session_id: SessionId::parse(sid).expect("session"), ..last_try.clone() };
+        let report = compactor(&app, &settings).run(&job).await.expect("a failed model is not a failed job");
         assert_eq!(
             report,
             CompactReport::Compacted {
@@ -443,6 +447,48 @@ async fn a_failing_hanging_or_garbage_model_truncates_and_loses_nothing() {
             reason: Some("no_model".into())
         }
     );
+}
+
+/// An outage of the model is waited out: each try that meets it queues the job again, later,
+/// records nothing and keeps the session's one request; once the model answers, the messages are
+/// summarized, with nothing left out.
+#[tokio::test]
+async fn a_model_outage_is_waited_out_before_anything_is_truncated() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let settings = settings(llm_env(&chat));
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 4).await;
+    let store = app.db.store();
+    let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None).await.expect("request"));
+    chat.outage(Some(ChatAnswer::Status(503)));
+    let mut job = job("acme", "s1");
+    for (failures, after) in SUMMARY_RETRIES.iter().enumerate() {
+        let report = compactor(&app, &settings).run(&job).await.expect("job");
+        assert_eq!(report, CompactReport::Retrying { reason: "http_5xx".into(), after: *after }, "try {failures}");
+        job.summary_failures += 1;
+        let queued = format!(
+            "SELECT count(*) FROM apalis.jobs WHERE job_type = 'compact' AND status = 'Pending' \
+             AND convert_from(job, 'UTF8')::jsonb->>'summary_failures' = '{}' \
+             AND run_at > now() + make_interval(secs => {})",
+            failures + 1,
+            after.as_secs() - 5
+        );
+        assert_eq!(app.db.count(&queued).await, 1, "try {failures}: queued again, due later");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 0, "nothing recorded");
+    // The request is the retried job's: a trigger now queues no second job.
+    let before = compact_jobs(&app).await;
+    assert!(!store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None).await.expect("request"));
+    assert_eq!(compact_jobs(&app).await, before);
+
+    chat.outage(None);
+    let report = compactor(&app, &settings).run(&job).await.expect("job");
+    assert_eq!(report, CompactReport::Compacted { messages: 4, outcome: CompactionOutcome::Summarized, reason: None });
+    let window = context(&app, &t, "s1", json!({})).await;
+    assert!(window["diagnostics"]["summary"]["id"].is_string(), "{window}");
+    assert!(contents(&window)[0].contains("4 new messages since the start"), "{window}");
 }
 
 #[tokio::test]

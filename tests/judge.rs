@@ -435,6 +435,57 @@ async fn a_probe_that_fails_falls_back_to_the_format_that_worked() {
     assert_eq!(formats, ["json_schema", "json_object", "json_schema", "json_object"]);
 }
 
+/// OpenAI's reasoning models refuse `max_tokens` and `temperature: 0` with a 400. Each chat
+/// client (judge, summarizer, extractor, consolidator) takes that refusal as what it is, asks
+/// again with `max_completion_tokens` and the default temperature, and asks that way from then
+/// on: one refusal per client, and every answer read.
+#[tokio::test]
+async fn every_chat_client_asks_a_reasoning_model_in_its_own_terms() {
+    use chrono::NaiveDate;
+    use mnemo_core::{ConsolidationInput, Consolidator, ExtractionInput, Extractor, Role, Summarizer, TranscriptLine};
+    use mnemo_models::{OpenAiConsolidator, OpenAiExtractor, OpenAiSummarizer};
+
+    let chat = ScriptedChat::start().await;
+    chat.reasoning_model();
+    let (url, timeout) = (Some(chat.base_url.as_str()), Duration::from_secs(5));
+    let judge = OpenAiJudge::new(url, "k", "o4-mini", timeout).expect("judge");
+    let summarizer = OpenAiSummarizer::new(url, "k", "o4-mini", timeout).expect("summarizer");
+    let extractor = OpenAiExtractor::new(url, "k", "o4-mini", timeout, 64 * 1024).expect("extractor");
+    let consolidator = OpenAiConsolidator::new(url, "k", "o4-mini", timeout).expect("consolidator");
+    let today = NaiveDate::from_ymd_opt(2026, 11, 29).expect("date");
+    let line = TranscriptLine { role: Role::User, tool_name: None, is_call: false, content: "hello".to_owned() };
+    let extraction = ExtractionInput {
+        transcript: "[user] remember: I live in Lima".to_owned(),
+        profile: String::new(),
+        memory: String::new(),
+        memory_rewritable: true,
+        today_note: String::new(),
+        today,
+    };
+    let consolidation =
+        ConsolidationInput { memory: String::new(), notes: vec![(today, "- moved".to_owned())], max_chars: 4000 };
+    for round in 0..2 {
+        let verdicts = judge.judge("I live in Paris", &["I live in Tokyo".to_owned()]).await.expect("judged");
+        assert_eq!(verdicts.len(), 1, "round {round}");
+        summarizer.summarize(None, std::slice::from_ref(&line), 500).await.expect("summarized");
+        let extracted = extractor.extract(&extraction).await.expect("extracted");
+        assert_eq!(extracted.facts.len(), 1, "round {round}");
+        consolidator.consolidate(&consolidation).await.expect("consolidated");
+    }
+
+    let requests = chat.requests();
+    let refused: Vec<_> = requests.iter().filter(|r| r.get("max_tokens").is_some()).collect();
+    assert_eq!(refused.len(), 4, "one refused request per client, none after it");
+    assert!(refused.iter().all(|r| r["temperature"] == 0));
+    let answered: Vec<_> = requests.iter().filter(|r| r.get("max_tokens").is_none()).collect();
+    assert_eq!(answered.len(), 8);
+    for r in answered {
+        assert!(r.get("temperature").is_none(), "{r}");
+        let bound = r["max_completion_tokens"].as_u64().expect("max_completion_tokens");
+        assert!(bound > 25_000 && bound < 50_000, "room for the reasoning, and bounded: {bound}");
+    }
+}
+
 #[tokio::test]
 async fn a_fact_waits_for_the_older_facts_of_its_bucket_to_be_embedded() {
     let f = Fixture::start().await;

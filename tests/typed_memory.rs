@@ -143,6 +143,28 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
     });
     assert_eq!(fact(&app, &ann, same).await.status, 200);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_relations").await, 1);
+
+    // Each re-assertion adds its new relations while the memory has room: at most 16 in all,
+    // the first given first.
+    let mut targets = Vec::new();
+    for i in 0..30 {
+        targets.push(id_of(&fact(&app, &ann, json!({"scope": "user", "content": format!("target {i}")})).await));
+    }
+    let holder = json!({"scope": "user", "content": "Ann likes lists"});
+    let holder_id = id_of(&fact(&app, &ann, holder.clone()).await);
+    for chunk in targets.chunks(10) {
+        let mut body = holder.clone();
+        body["relations"] = chunk.iter().map(|t| json!({"type": "related_to", "target": t})).collect();
+        assert_eq!(fact(&app, &ann, body).await.status, 200);
+    }
+    let held = format!("SELECT count(*) FROM memory_relations WHERE item_id = '{holder_id}'");
+    assert_eq!(app.db.count(&held).await, 16);
+    let kept: Vec<Uuid> = sqlx::query_scalar("SELECT target_id FROM memory_relations WHERE item_id = $1")
+        .bind(holder_id)
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("relations");
+    assert!(kept.iter().all(|t| targets[..16].contains(t)), "the first given are kept");
 }
 
 /// A single scope holds what its class holds: `agent` what the agent's other users shared with

@@ -296,6 +296,7 @@ async fn compaction_overhead(
             session_id: SessionId::parse(&sid)?,
             trigger: CompactionTrigger::Operator,
             keep_at_most: None,
+            summary_failures: 0,
         };
         let t = Instant::now();
         let report = compactor.run(&job).await?;

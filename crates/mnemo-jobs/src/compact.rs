@@ -8,7 +8,10 @@
 //! a `session_summary` row whose source_ref names the session and the last message it covers:
 //! a retried or duplicated job lands on the same row, and the compaction record is keyed the
 //! same way. With no model, or when the model fails, it truncates instead: the window starts
-//! after those messages, unsummarized. Stored messages are never changed either way.
+//! after those messages, unsummarized. A failure that passes (the endpoint down, overloaded or
+//! slow) is first tried again a few times over some minutes ([`SUMMARY_RETRIES`]), so a short
+//! outage leaves no hole in the summary; the window fits its budget meanwhile all the same.
+//! Stored messages are never changed either way.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +34,11 @@ const MAX_MESSAGES: i64 = 20_000;
 /// next job. Fewer when the model's timeout would not let them end within the job's
 /// ([`CompactPolicy::within`]).
 const MAX_CHUNKS_PER_JOB: u64 = 4;
+
+/// How long a compaction waits before asking the model again after a failure that passes, one
+/// wait per try; the try after the last truncates. Each is shorter than a request takes to go
+/// stale, so the session's request stays its job's.
+pub const SUMMARY_RETRIES: [Duration; 3] = [Duration::from_secs(15), Duration::from_secs(60), Duration::from_secs(240)];
 
 /// What compaction keeps and how it calls the model.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +96,9 @@ pub struct Compactor {
 pub enum CompactReport {
     /// Nothing before the kept turns: the request is cleared.
     NothingToCompact,
+    /// The model failed in a way that passes (`reason`): nothing is recorded, and the job is
+    /// queued again, due after `after`.
+    Retrying { reason: String, after: Duration },
     /// `messages` were compacted, summarized or truncated (with the reason).
     Compacted { messages: usize, outcome: CompactionOutcome, reason: Option<String> },
     /// Another compaction of the session was recorded while this one ran (or this job's own, if
@@ -171,6 +182,15 @@ impl Compactor {
                     }
                     Err(e) => return Err(e.into()),
                 }
+            }
+            Err(failure) if passes(&failure) && (job.summary_failures as usize) < SUMMARY_RETRIES.len() => {
+                let after = SUMMARY_RETRIES[job.summary_failures as usize];
+                tracing::warn!(tenant = %tenant, kind = failure.kind, failures = job.summary_failures + 1,
+                    "the summary failed; compaction tries again after {after:?}");
+                tracing::debug!(tenant = %tenant, detail = failure.detail, "summary failure detail");
+                let again = CompactJob { summary_failures: job.summary_failures + 1, ..job.clone() };
+                self.store.retry_compaction(&again, after).await?;
+                return Ok(CompactReport::Retrying { reason: failure.kind.to_owned(), after });
             }
             Err(failure) => {
                 if self.summarizer.is_some() {
@@ -261,6 +281,13 @@ impl Compactor {
         }
         chunks
     }
+}
+
+/// Whether a summary's failure may pass on its own: the endpoint unreachable, overloaded or
+/// refusing the key for now, or too slow this once. An answer that cannot be used is not: the
+/// same input would draw the same answer.
+fn passes(failure: &ModelFailure) -> bool {
+    failure.is_endpoint_state() || failure.kind == "timeout"
 }
 
 #[cfg(test)]

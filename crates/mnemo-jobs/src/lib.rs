@@ -16,7 +16,7 @@ mod judge;
 mod retention;
 mod worker;
 
-pub use compact::{CompactPlan, CompactPolicy, CompactReport, Compactor};
+pub use compact::{CompactPlan, CompactPolicy, CompactReport, Compactor, SUMMARY_RETRIES};
 pub use consolidate::{ConsolidateReport, ConsolidateRunner, MAX_NOTES_CHARS};
 pub use embed::{EmbedDispatcher, EmbedPolicy};
 pub use extract::{ExtractReport, ExtractRunner, MAX_CONVERSATIONS_PER_RUN};

@@ -4,29 +4,23 @@
 
 use std::time::Duration;
 
-use async_openai::Client;
-use async_openai::config::OpenAIConfig;
 use mnemo_core::{Consolidation, ConsolidationFuture, ConsolidationInput, Consolidator, ModelFailure};
 use serde_json::{Value, json};
 
 use crate::ModelError;
+use crate::openai::ChatModel;
 
 /// Marks a consolidation request (the testkit's scripted server recognises requests by it).
 pub const CONSOLIDATE_MARKER: &str = "You curate the long-term memory";
 
 #[derive(Debug)]
 pub struct OpenAiConsolidator {
-    client: Client<OpenAIConfig>,
-    model: String,
+    chat: ChatModel,
 }
 
 impl OpenAiConsolidator {
     pub fn new(base_url: Option<&str>, api_key: &str, model: &str, timeout: Duration) -> Result<Self, ModelError> {
-        crate::install_tls_provider();
-        Ok(Self {
-            client: crate::openai::client(base_url, api_key, timeout, crate::openai::MAX_CHAT_ANSWER_BYTES)?,
-            model: model.to_owned(),
-        })
+        Ok(Self { chat: ChatModel::new(base_url, api_key, model, timeout)? })
     }
 
     async fn ask(&self, input: &ConsolidationInput) -> Result<Consolidation, ModelFailure> {
@@ -43,24 +37,21 @@ or empty\"}}",
             notes.push_str(&format!("### {}\n{}\n\n", day.format("%Y-%m-%d"), text.trim()));
         }
         let request = json!({
-            "model": self.model,
             "messages": [
                 {"role": "system", "content": system},
                 {"role": "user", "content": format!("MEMORY.md:\n{}\n\nNEW NOTES:\n{notes}", input.memory.trim())},
             ],
-            "temperature": 0,
-            // The budget in tokens (about four characters each) and room for the JSON around it.
-            "max_tokens": input.max_chars / 3 + 200,
-            "stream": false,
         });
-        let answer: Value = self.client.chat().create_byot(request).await.map_err(crate::openai::failure)?;
+        // The budget in tokens (about four characters each) and room for the JSON around it.
+        let max_tokens = u32::try_from(input.max_chars / 3 + 200).unwrap_or(u32::MAX);
+        let answer = self.chat.complete(request, max_tokens).await?;
         parse_consolidation(crate::openai::finished_text(&answer)?)
     }
 }
 
 impl Consolidator for OpenAiConsolidator {
     fn model(&self) -> &str {
-        &self.model
+        &self.chat.name
     }
 
     fn consolidate<'a>(&'a self, input: &'a ConsolidationInput) -> ConsolidationFuture<'a> {

@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use async_openai::Client;
-use async_openai::config::OpenAIConfig;
 use mnemo_core::{
     Extraction, ExtractionFuture, ExtractionInput, Extractor, MAX_EXTRACTED_FACTS, ModelFailure, extracted_fact,
     extracted_typed,
@@ -14,6 +12,7 @@ use mnemo_core::{
 use serde_json::{Value, json};
 
 use crate::ModelError;
+use crate::openai::ChatModel;
 
 /// The answer's bound without the files it may rewrite: a daily entry (at most 4,000
 /// characters) and 20 facts with their typed fields.
@@ -36,8 +35,7 @@ pub const EXTRACT_MARKER: &str = "You decide what an AI assistant should remembe
 
 #[derive(Debug)]
 pub struct OpenAiExtractor {
-    client: Client<OpenAIConfig>,
-    model: String,
+    chat: ChatModel,
     max_file_bytes: usize,
 }
 
@@ -49,36 +47,25 @@ impl OpenAiExtractor {
         timeout: Duration,
         max_file_bytes: usize,
     ) -> Result<Self, ModelError> {
-        crate::install_tls_provider();
-        Ok(Self {
-            client: crate::openai::client(base_url, api_key, timeout, crate::openai::MAX_CHAT_ANSWER_BYTES)?,
-            model: model.to_owned(),
-            max_file_bytes,
-        })
+        Ok(Self { chat: ChatModel::new(base_url, api_key, model, timeout)?, max_file_bytes })
     }
 
     async fn ask(&self, input: &ExtractionInput) -> Result<Extraction, ModelFailure> {
         let mut request = json!({
-            "model": self.model,
             "messages": [
                 {"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": user_prompt(input)},
             ],
-            "temperature": 0,
-            "max_tokens": max_tokens(input),
-            "stream": false,
             "response_format": {"type": "json_object"},
         });
-        let answer: Value = match self.client.chat().create_byot(request.clone()).await {
+        let answer = match self.chat.complete(request.clone(), max_tokens(input)).await {
             Ok(answer) => answer,
             // Some compatible servers refuse response_format: ask once more without it.
-            Err(e) => match crate::openai::failure(e) {
-                failure if failure.kind == "http_4xx" || failure.kind == "http_5xx" => {
-                    request.as_object_mut().map(|r| r.remove("response_format"));
-                    self.client.chat().create_byot(request).await.map_err(crate::openai::failure)?
-                }
-                failure => return Err(failure),
-            },
+            Err(failure) if failure.kind == "http_4xx" || failure.kind == "http_5xx" => {
+                request.as_object_mut().map(|r| r.remove("response_format"));
+                self.chat.complete(request, max_tokens(input)).await?
+            }
+            Err(failure) => return Err(failure),
         };
         parse_extraction(crate::openai::finished_text(&answer)?)?.check(self.max_file_bytes)
     }
@@ -86,7 +73,7 @@ impl OpenAiExtractor {
 
 impl Extractor for OpenAiExtractor {
     fn model(&self) -> &str {
-        &self.model
+        &self.chat.name
     }
 
     fn extract<'a>(&'a self, input: &'a ExtractionInput) -> ExtractionFuture<'a> {

@@ -13,13 +13,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use async_openai::Client;
-use async_openai::config::OpenAIConfig;
-use async_openai::error::OpenAIError;
 use mnemo_core::{Judge, JudgeFuture, ModelFailure, Verdict};
 use serde_json::{Value, json};
 
 use crate::ModelError;
+use crate::openai::ChatModel;
 
 const SYSTEM_PROMPT: &str = "You keep a memory of facts about one person or agent. A NEW fact has just been stated. \
 For each EXISTING fact, decide:\n\
@@ -53,8 +51,7 @@ const FORMAT_PROBE: Duration = Duration::from_secs(600);
 
 #[derive(Debug)]
 pub struct OpenAiJudge {
-    client: Client<OpenAIConfig>,
-    model: String,
+    chat: ChatModel,
     /// The most constrained format this server accepted last, and since when.
     format: Mutex<(Format, Instant)>,
     format_probe: Duration,
@@ -62,12 +59,10 @@ pub struct OpenAiJudge {
 
 impl OpenAiJudge {
     pub fn new(base_url: Option<&str>, api_key: &str, model: &str, timeout: Duration) -> Result<Self, ModelError> {
-        crate::install_tls_provider();
         Ok(Self {
             // No retries inside the client: a failed judgement fails open and is re-run by an
             // operator, visibly.
-            client: crate::openai::client(base_url, api_key, timeout, crate::openai::MAX_CHAT_ANSWER_BYTES)?,
-            model: model.to_owned(),
+            chat: ChatModel::new(base_url, api_key, model, timeout)?,
             format: Mutex::new((Format::JsonSchema, Instant::now())),
             format_probe: FORMAT_PROBE,
         })
@@ -92,7 +87,7 @@ impl OpenAiJudge {
                 }
                 Err(Refusal::Format(e)) => match format.next() {
                     Some(next) => {
-                        tracing::debug!(model = self.model, error = %e, ?next, "judge endpoint refused the answer format");
+                        tracing::debug!(model = self.chat.name, error = %e, ?next, "judge endpoint refused the answer format");
                         format = next;
                     }
                     None => return Err(e),
@@ -111,14 +106,10 @@ impl OpenAiJudge {
     /// One call; the answer's text.
     async fn ask(&self, fact: &str, candidates: &[String], format: Format) -> Result<String, Refusal> {
         let mut request = json!({
-            "model": self.model,
             "messages": [
                 {"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": user_prompt(fact, candidates)},
             ],
-            "temperature": 0,
-            "max_tokens": max_tokens(candidates.len()),
-            "stream": false,
         });
         match format {
             Format::JsonSchema => {
@@ -130,7 +121,7 @@ impl OpenAiJudge {
             Format::JsonObject => request["response_format"] = json!({"type": "json_object"}),
             Format::PlainText => {}
         }
-        let answer: Value = self.client.chat().create_byot(request).await.map_err(classify)?;
+        let answer = self.chat.complete(request, max_tokens(candidates.len())).await.map_err(classify)?;
         match crate::openai::finished_text(&answer).map_err(Refusal::Other)? {
             content if !content.trim().is_empty() => Ok(content.to_owned()),
             _ => Err(Refusal::Other(ModelFailure::new("unparsable", "the answer has no message content"))),
@@ -140,7 +131,7 @@ impl OpenAiJudge {
 
 impl Judge for OpenAiJudge {
     fn model(&self) -> &str {
-        &self.model
+        &self.chat.name
     }
 
     fn judge<'a>(&'a self, fact: &'a str, candidates: &'a [String]) -> JudgeFuture<'a> {
@@ -156,8 +147,7 @@ enum Refusal {
 
 /// A server that refuses the request (400, 422, some answer 500) may be refusing the format; a
 /// timeout, an unreachable server, a missing model, a bad key or a rate limit will not change.
-fn classify(e: OpenAIError) -> Refusal {
-    let failure = crate::openai::failure(e);
+fn classify(failure: ModelFailure) -> Refusal {
     match failure.kind {
         "http_5xx" | "http_4xx" => Refusal::Format(failure),
         _ => Refusal::Other(failure),
@@ -178,8 +168,8 @@ fn user_prompt(fact: &str, candidates: &[String]) -> String {
 
 /// Room for one decision per candidate and a little prose, no more: a server that keeps
 /// inventing list items is cut off and the answer counts as truncated.
-fn max_tokens(candidates: usize) -> usize {
-    64 + 32 * candidates
+fn max_tokens(candidates: usize) -> u32 {
+    u32::try_from(64 + 32 * candidates).unwrap_or(u32::MAX)
 }
 
 fn schema(candidates: usize) -> Value {

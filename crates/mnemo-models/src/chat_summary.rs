@@ -5,27 +5,21 @@
 
 use std::time::Duration;
 
-use async_openai::Client;
-use async_openai::config::OpenAIConfig;
 use mnemo_core::{ModelFailure, SUMMARY_SECTIONS, Summarizer, SummaryFuture, TranscriptLine, check_summary};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::ModelError;
+use crate::openai::ChatModel;
 
 #[derive(Debug)]
 pub struct OpenAiSummarizer {
-    client: Client<OpenAIConfig>,
-    model: String,
+    chat: ChatModel,
 }
 
 impl OpenAiSummarizer {
     pub fn new(base_url: Option<&str>, api_key: &str, model: &str, timeout: Duration) -> Result<Self, ModelError> {
-        crate::install_tls_provider();
-        // No retries inside the client: a failed summary falls back to truncation, visibly.
-        Ok(Self {
-            client: crate::openai::client(base_url, api_key, timeout, crate::openai::MAX_CHAT_ANSWER_BYTES)?,
-            model: model.to_owned(),
-        })
+        // No retries inside the client: the compaction job decides what a failure leads to.
+        Ok(Self { chat: ChatModel::new(base_url, api_key, model, timeout)? })
     }
 
     async fn ask(
@@ -35,23 +29,19 @@ impl OpenAiSummarizer {
         max_tokens: u32,
     ) -> Result<String, ModelFailure> {
         let request = json!({
-            "model": self.model,
             "messages": [
                 {"role": "system", "content": system_prompt(max_tokens)},
                 {"role": "user", "content": user_prompt(previous, messages)},
             ],
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "stream": false,
         });
-        let answer: Value = self.client.chat().create_byot(request).await.map_err(crate::openai::failure)?;
+        let answer = self.chat.complete(request, max_tokens).await?;
         check_summary(crate::openai::finished_text(&answer)?)
     }
 }
 
 impl Summarizer for OpenAiSummarizer {
     fn model(&self) -> &str {
-        &self.model
+        &self.chat.name
     }
 
     fn summarize<'a>(

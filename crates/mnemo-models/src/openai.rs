@@ -2,6 +2,7 @@
 //! `max_inputs` texts, bounded by a timeout, and every answer is checked: one vector per text, each
 //! of the configured dimension, scaled to unit length.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_openai::Client;
@@ -9,14 +10,14 @@ use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
 use async_openai::types::embeddings::{CreateEmbeddingRequestArgs, EmbeddingInput};
 use mnemo_core::{EmbedError, EmbedFuture, Embedder, ModelFailure};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::ModelError;
 use crate::transport::BoundedTransport;
 
 /// The largest chat answer read, in bytes: `max_tokens` bounds what a model writes, not what an
 /// endpoint sends.
-pub(crate) const MAX_CHAT_ANSWER_BYTES: usize = 8 << 20;
+const MAX_CHAT_ANSWER_BYTES: usize = 8 << 20;
 
 #[derive(Debug)]
 pub struct OpenAiEmbedder {
@@ -90,7 +91,7 @@ impl OpenAiEmbedder {
 /// each request bounded by `timeout` and each answer by `max_answer_bytes`. async-openai retries
 /// 429 and 5xx on its own by default; this transport leaves retries to the caller, whose backoff
 /// is durable and visible.
-pub(crate) fn client(
+fn client(
     base_url: Option<&str>,
     api_key: &str,
     timeout: Duration,
@@ -167,8 +168,84 @@ impl Embedder for OpenAiEmbedder {
     }
 }
 
+/// Room for a reasoning model's hidden reasoning on top of the answer's own bound: OpenAI counts
+/// reasoning within `max_completion_tokens`, and advises leaving about 25,000 tokens for both.
+const REASONING_TOKENS: u32 = 25_000;
+
+/// A chat model on an OpenAI-compatible `/chat/completions` endpoint. Requests are written as
+/// every compatible server reads them: `max_tokens` and `temperature: 0`. OpenAI's reasoning
+/// models (o1, o3, o4-mini, gpt-5, …) refuse both with a 400 naming the parameter; after such a
+/// refusal the request is sent again with `max_completion_tokens` (the bound plus room for the
+/// reasoning) and the model's default temperature, and so is every later one: which parameters a
+/// model takes does not change while it runs.
+#[derive(Debug)]
+pub(crate) struct ChatModel {
+    client: Client<OpenAIConfig>,
+    pub(crate) name: String,
+    reasoning: AtomicBool,
+}
+
+impl ChatModel {
+    pub(crate) fn new(
+        base_url: Option<&str>,
+        api_key: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Self, ModelError> {
+        crate::install_tls_provider();
+        Ok(Self {
+            client: client(base_url, api_key, timeout, MAX_CHAT_ANSWER_BYTES)?,
+            name: name.to_owned(),
+            reasoning: AtomicBool::new(false),
+        })
+    }
+
+    /// One call; the answer as JSON. `request` holds the messages and any `response_format`;
+    /// the model's name, the answer's bound (`max_tokens`) and the sampling are set here.
+    pub(crate) async fn complete(&self, request: Value, max_tokens: u32) -> Result<Value, ModelFailure> {
+        if !self.reasoning.load(Ordering::Relaxed) {
+            match self.client.chat().create_byot(self.shaped(&request, max_tokens, false)).await {
+                Err(OpenAIError::ApiError(api))
+                    if refuses_sampling(api.status_code.as_u16(), &api.api_error.message) =>
+                {
+                    tracing::info!(
+                        model = self.name,
+                        "the chat model refuses max_tokens or temperature: it is asked as a reasoning model from now on"
+                    );
+                    self.reasoning.store(true, Ordering::Relaxed);
+                }
+                answer => return answer.map_err(failure),
+            }
+        }
+        self.client.chat().create_byot(self.shaped(&request, max_tokens, true)).await.map_err(failure)
+    }
+
+    fn shaped(&self, request: &Value, max_tokens: u32, reasoning: bool) -> Value {
+        let mut request = request.clone();
+        request["model"] = json!(self.name);
+        request["stream"] = json!(false);
+        if reasoning {
+            request["max_completion_tokens"] = json!(max_tokens.saturating_add(REASONING_TOKENS));
+        } else {
+            request["max_tokens"] = json!(max_tokens);
+            request["temperature"] = json!(0);
+        }
+        request
+    }
+}
+
+/// Whether an error answer is a reasoning model refusing `max_tokens` or a temperature, in
+/// OpenAI's words ("Unsupported parameter: 'max_tokens' is not supported with this model…",
+/// "Unsupported value: 'temperature' does not support 0 with this model…"). Other servers' errors
+/// about these parameters (a bad value) are not: they are failures of their own.
+fn refuses_sampling(status: u16, message: &str) -> bool {
+    status == 400
+        && message.starts_with("Unsupported")
+        && (message.contains("'max_tokens'") || message.contains("'temperature'"))
+}
+
 /// A failed chat call as a [`ModelFailure`]: a stable label and a detail without content.
-pub(crate) fn failure(e: OpenAIError) -> ModelFailure {
+fn failure(e: OpenAIError) -> ModelFailure {
     match e {
         OpenAIError::Reqwest(e) if e.is_timeout() => ModelFailure::new("timeout", e.to_string()),
         OpenAIError::Reqwest(e) => ModelFailure::new("connection", e.to_string()),
@@ -197,6 +274,22 @@ pub(crate) fn finished_text(answer: &Value) -> Result<&str, ModelFailure> {
         Some("stop" | "eos_token" | "stop_sequence") => Ok(choice["message"]["content"].as_str().unwrap_or_default()),
         Some("length") => Err(ModelFailure::new("truncated", "the answer hit max_tokens")),
         other => Err(ModelFailure::new("unfinished", format!("the answer ended with finish_reason {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_openais_refusal_of_the_sampling_parameters_makes_a_reasoning_model() {
+        let max_tokens = "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.";
+        let temperature = "Unsupported value: 'temperature' does not support 0 with this model. Only the default (1) value is supported.";
+        assert!(refuses_sampling(400, max_tokens));
+        assert!(refuses_sampling(400, temperature));
+        assert!(!refuses_sampling(500, max_tokens));
+        assert!(!refuses_sampling(400, "max_tokens must be at least 1, got 0."));
+        assert!(!refuses_sampling(400, "Unsupported parameter: 'response_format'"));
     }
 }
 

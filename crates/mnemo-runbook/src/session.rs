@@ -211,18 +211,30 @@ async fn compact(
             session_id: session.clone(),
             trigger: CompactionTrigger::Operator,
             keep_at_most: None,
+            summary_failures: 0,
         };
         let report = compactor.run(&job).await.context("compaction failed")?;
         let (messages, outcome, reason) = match &report {
             CompactReport::NothingToCompact => (0, "nothing", None),
+            CompactReport::Retrying { reason, .. } => (0, "retrying", Some(reason.clone())),
             CompactReport::Overtaken => (0, "overtaken", None),
             CompactReport::MessagesChanged => (0, "messages_changed", None),
             CompactReport::Compacted { messages, outcome, reason } => (*messages, outcome.as_str(), reason.clone()),
         };
+        let retry_after = match &report {
+            CompactReport::Retrying { after, .. } => Some(after.as_secs()),
+            _ => None,
+        };
         if json {
-            println!("{}", json!({ "messages": messages, "outcome": outcome, "reason": reason }));
+            println!(
+                "{}",
+                json!({ "messages": messages, "outcome": outcome, "reason": reason, "retry_after_s": retry_after })
+            );
         } else {
             println!("{outcome}: {messages} messages{}", reason.map(|r| format!(" ({r})")).unwrap_or_default());
+            if let Some(after) = retry_after {
+                println!("the summary failed for now: a worker serving the compact queue asks again in {after}s");
+            }
         }
         return Ok(());
     }

@@ -12,7 +12,7 @@ use mnemo_core::{
 use uuid::Uuid;
 
 use crate::embeddings::lock_text_counts;
-use crate::queue::{CompactJob, push};
+use crate::queue::{CompactJob, push, push_after};
 use crate::retention::anonymize_ids;
 use crate::{Store, StoreError};
 
@@ -151,6 +151,10 @@ INSERT INTO session_compaction_requests AS r (tenant_id, session_id, trigger) VA
 ON CONFLICT (tenant_id, session_id) DO UPDATE SET trigger = EXCLUDED.trigger, requested_at = now()
 WHERE r.requested_at < now() - make_interval(secs => $4)
 RETURNING true";
+
+const RENEW_REQUEST: &str = "
+INSERT INTO session_compaction_requests AS r (tenant_id, session_id, trigger) VALUES ($1, $2, $3)
+ON CONFLICT (tenant_id, session_id) DO UPDATE SET requested_at = now()";
 
 /// Records a compaction unless one through the same or a later message is recorded already, or
 /// one past where this one's plan started.
@@ -439,11 +443,33 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         if queued.is_some() {
-            let job = CompactJob { tenant_id: tenant.clone(), session_id: session.clone(), trigger, keep_at_most };
+            let job = CompactJob {
+                tenant_id: tenant.clone(),
+                session_id: session.clone(),
+                trigger,
+                keep_at_most,
+                summary_failures: 0,
+            };
             push(&mut tx, &[job]).await?;
         }
         tx.commit().await?;
         Ok(queued.is_some())
+    }
+
+    /// Queues `job` again after `delay`, its request renewed with it, so that no trigger queues
+    /// a second job for the session meanwhile (a request is taken for stale after
+    /// [`STALE_REQUEST`]).
+    pub async fn retry_compaction(&self, job: &CompactJob, delay: Duration) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(RENEW_REQUEST)
+            .bind(job.tenant_id.as_str())
+            .bind(job.session_id.as_str())
+            .bind(job.trigger.as_str())
+            .execute(&mut *tx)
+            .await?;
+        push_after(&mut tx, job, delay, 0).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Records a compaction (once: a retried job finds its record made) and clears the request

@@ -1,7 +1,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use mnemo_core::{
-    AuditEvent, Label, Layer, NewMemory, Origin, Principal, Scope, SourceKind, ToolOutputKey, Unit, fingerprint,
+    AuditEvent, Label, Layer, MAX_RELATIONS, NewMemory, Origin, Principal, Scope, SourceKind, ToolOutputKey, Unit,
+    fingerprint,
 };
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -135,11 +136,34 @@ WITH old AS (
 )
 SELECT id, tenant_id, embedded FROM revived";
 
+/// Locks the rows that relations are added to, so that two re-assertions of one memory count
+/// its relations one after the other ([`INSERT_RELATIONS`] runs as the next statement, and sees
+/// what the other committed).
+const LOCK_RELATION_HOLDERS: &str = "
+SELECT 1 FROM memory_items m
+WHERE (m.tenant_id, m.id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))
+ORDER BY m.tenant_id, m.id
+FOR NO KEY UPDATE";
+
 /// Relations from the rows written to their targets, which must be live rows of the same tenant
-/// (checked first: see [`missing_targets`]; the foreign keys are the second wall).
+/// (checked first: see [`missing_targets`]; the foreign keys are the second wall). A memory holds
+/// at most `$5` ([`MAX_RELATIONS`]): a re-assertion adds its new relations, in the order given,
+/// while the memory has room for them.
 const INSERT_RELATIONS: &str = "
 INSERT INTO memory_relations (tenant_id, item_id, relation, target_id)
-SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::uuid[])
+SELECT tenant_id, item_id, relation, target_id FROM (
+    SELECT n.*,
+           row_number() OVER (PARTITION BY n.tenant_id, n.item_id ORDER BY n.i) AS nth,
+           (SELECT count(*) FROM memory_relations h WHERE h.tenant_id = n.tenant_id AND h.item_id = n.item_id) AS held
+    FROM (SELECT DISTINCT ON (tenant_id, item_id, relation, target_id) *
+          FROM unnest($1::text[], $2::uuid[], $3::text[], $4::uuid[]) WITH ORDINALITY
+               AS u(tenant_id, item_id, relation, target_id, i)
+          ORDER BY tenant_id, item_id, relation, target_id, i) n
+    WHERE NOT EXISTS (SELECT 1 FROM memory_relations h
+                      WHERE h.tenant_id = n.tenant_id AND h.item_id = n.item_id
+                        AND h.relation = n.relation AND h.target_id = n.target_id)
+) fresh
+WHERE held + nth <= $5
 ON CONFLICT DO NOTHING";
 
 /// The sessions the rows written were stated in.
@@ -528,7 +552,15 @@ async fn settle(
         }
     }
     if !items.is_empty() {
-        sqlx::query(INSERT_RELATIONS).bind(tenants).bind(items).bind(relations).bind(targets).execute(&mut *tx).await?;
+        sqlx::query(LOCK_RELATION_HOLDERS).bind(&tenants).bind(&items).execute(&mut *tx).await?;
+        sqlx::query(INSERT_RELATIONS)
+            .bind(tenants)
+            .bind(items)
+            .bind(relations)
+            .bind(targets)
+            .bind(MAX_RELATIONS as i64)
+            .execute(&mut *tx)
+            .await?;
     }
     let (mut tenants, mut items, mut sessions, mut users) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (m, id) in &landed {

@@ -121,6 +121,10 @@ pub struct CompactJob {
     /// it keeps this many instead: half the budget of the context call that asked.
     #[serde(default)]
     pub keep_at_most: Option<u64>,
+    /// How many times in a row the model failed this compaction in a way that passes (the
+    /// endpoint down, overloaded or slow): the last try truncates instead of asking again.
+    #[serde(default)]
+    pub summary_failures: u32,
 }
 
 /// Extract memories from the (agent, user)'s completed conversations that wait.

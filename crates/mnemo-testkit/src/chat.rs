@@ -5,8 +5,8 @@
 //! a summary says how many new messages it covered and whether it built on a previous one; an
 //! extraction follows the conversation's `remember:` and `my name is` lines. Scripted answers fail
 //! as a test says, one per request, or every request during an outage; a server can also refuse
-//! `json_schema` for good, as some "compatible" servers do, or answer every request after a fixed
-//! delay (for benchmarks).
+//! `json_schema` for good, as some "compatible" servers do, refuse `max_tokens` and `temperature`
+//! as OpenAI's reasoning models do, or answer every request after a fixed delay (for benchmarks).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -40,6 +40,7 @@ pub enum ChatAnswer {
 struct Script {
     answers: VecDeque<ChatAnswer>,
     refuse_json_schema: bool,
+    reasoning_model: bool,
     delay: Duration,
     /// While set, every request gets this answer instead of the queued ones.
     outage: Option<ChatAnswer>,
@@ -75,6 +76,12 @@ impl ScriptedChat {
     /// From now on, requests that ask for `json_schema` get a 500, as one server here does.
     pub fn refuse_json_schema(&self) {
         self.script.lock().expect("script").refuse_json_schema = true;
+    }
+
+    /// From now on, requests that carry `max_tokens` or a `temperature` other than 1 get OpenAI's
+    /// 400 for a reasoning model (o1, o3, gpt-5, …), in its words.
+    pub fn reasoning_model(&self) {
+        self.script.lock().expect("script").reasoning_model = true;
     }
 
     /// Every answer waits this long first.
@@ -176,6 +183,28 @@ fn consolidation_of(body: &Value) -> Value {
     })
 }
 
+/// OpenAI's refusal of a request a reasoning model cannot take, as its API words it.
+fn reasoning_refusal(script: &Script, body: &Value) -> Option<Value> {
+    let refusal = |message: &str, param: &str, code: &str| json!({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}});
+    if !script.reasoning_model {
+        None
+    } else if body.get("max_tokens").is_some() {
+        Some(refusal(
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+            "max_tokens",
+            "unsupported_parameter",
+        ))
+    } else if body.get("temperature").is_some_and(|t| t.as_f64() != Some(1.0)) {
+        Some(refusal(
+            "Unsupported value: 'temperature' does not support 0 with this model. Only the default (1) value is supported.",
+            "temperature",
+            "unsupported_value",
+        ))
+    } else {
+        None
+    }
+}
+
 fn first_words(text: &str) -> Vec<String> {
     text.split_whitespace().take(3).map(str::to_lowercase).collect()
 }
@@ -197,8 +226,11 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
         let mut s = script.lock().expect("script");
         s.requests.push(body.clone());
         // A refused request leaves the scripted answers for the requests that follow.
-        let refuse = s.refuse_json_schema && body["response_format"]["type"] == "json_schema";
-        let answer = if refuse {
+        let refuse = (s.refuse_json_schema && body["response_format"]["type"] == "json_schema").then(
+            || json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}}),
+        );
+        let refuse = refuse.or_else(|| reasoning_refusal(&s, &body));
+        let answer = if refuse.is_some() {
             None
         } else if s.outage.is_some() {
             s.outage.clone()
@@ -208,10 +240,13 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
         (answer, refuse, s.delay)
     };
     tokio::time::sleep(delay).await;
-    if refuse {
-        let error =
-            json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
-        return (StatusCode::INTERNAL_SERVER_ERROR, Json(error)).into_response();
+    if let Some(error) = refuse {
+        let status = if error["error"]["type"] == "server_error" {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        return (status, Json(error)).into_response();
     }
     let system = body["messages"][0]["content"].as_str().unwrap_or_default();
     let summarizing = system.contains("SESSION INTENT");
@@ -238,7 +273,8 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
             let decisions: Vec<Value> =
                 (1..=40).map(|i| json!({"id": format!("f{i}"), "decision": "SUPERSEDE"})).collect();
             let text = json!({ "decisions": decisions }).to_string();
-            let limit = body["max_tokens"].as_u64().unwrap_or(64) as usize * 3;
+            let bound = body["max_tokens"].as_u64().or_else(|| body["max_completion_tokens"].as_u64());
+            let limit = bound.unwrap_or(64) as usize * 3;
             return completion(&text[..limit.min(text.len())], "length");
         }
         Some(ChatAnswer::Filtered) => finish = "content_filter",
