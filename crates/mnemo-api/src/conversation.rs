@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 use mnemo_core::{
-    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, MEMORY_PREFIX, MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS,
+    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, Keep, MEMORY_PREFIX, MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS,
     Placed, Principal, RecallRequest, Role, ScopeError, Section, SessionId, TriggerSource, Window, WindowError,
-    WindowInput, WindowMessage, Workspace, assemble, history_room, tail_suffices,
+    WindowInput, WindowMessage, Workspace, assemble, compaction_cut, history_room, tail_suffices,
 };
 use mnemo_recall::{PackRequest, RecallOptions, build_pack};
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
@@ -199,6 +199,8 @@ pub async fn context(
         keep_turns: asked.overflow.then_some(state.context.keep_pairs),
         trigger_tokens: (state.context.trigger_ratio * f64::from(budget)) as u64,
         trigger_messages: state.context.trigger_messages,
+        // As the job's policy (`CompactPolicy::from_settings`).
+        compaction_keeps: state.context.keep_tokens.map_or(Keep::Turns(state.context.keep_pairs), Keep::Tokens),
     };
     let mut session_state = state.store.session_state(&principal.tenant, &session).await?;
     let mut built = build(&state, &principal, &session, &session_state, &request).await?;
@@ -226,7 +228,8 @@ pub async fn context(
         }
     }
     metrics::histogram!("mnemo_context_tokens").record(built.window.total_tokens() as f64);
-    let compaction = if session_state.pending.is_some() {
+    // A stale request's job is gone: nothing is scheduled until a trigger asks again.
+    let compaction = if session_state.pending.is_some_and(|p| !p.is_stale()) {
         "scheduled"
     } else if built.window.summary_used {
         "used"
@@ -334,13 +337,16 @@ impl ContextBody {
 /// The trigger this call fires, if any: overflow recovery always compacts; otherwise the history's
 /// tokens (summary included) past their share of the budget, or too many messages since the last
 /// compaction. A trigger at 0 is off. Nothing fires when a compaction would find nothing to
-/// cover: the kept turns are all there is, and they fit in half the budget (what a compaction
-/// keeps at most).
+/// cover: when every message since the last compaction was read, as the job's plan would cut
+/// them; otherwise when the kept turns are all that was read and they fit in half the budget
+/// (what a compaction keeps at most).
 fn fired(built: &Built, request: &Request<'_>, overflow: bool, keep_pairs: usize) -> Option<CompactionTrigger> {
     let turns_read = built.read.iter().filter(|m| m.role == Role::User).count();
-    let more_than_kept = turns_read > keep_pairs
-        || (built.read.len() < built.since_compaction && turns_read == keep_pairs)
-        || built.history_tokens > u64::from(request.budget / 2);
+    let more_than_kept = built.compactable.unwrap_or_else(|| {
+        turns_read > keep_pairs
+            || (built.read.len() < built.since_compaction && turns_read == keep_pairs)
+            || built.history_tokens > u64::from(request.budget / 2)
+    });
     if built.since_compaction == 0 || !more_than_kept {
         None
     } else if overflow {
@@ -372,6 +378,8 @@ struct Request<'a> {
     trigger_tokens: u64,
     /// Messages since the last compaction past which compaction is asked for; 0 never.
     trigger_messages: usize,
+    /// What a compaction keeps (`MNEMO_COMPACT_KEEP_PAIRS` or `_TOKENS`), as the job's plan does.
+    compaction_keeps: Keep,
 }
 
 /// A window and what it was made from.
@@ -383,6 +391,8 @@ struct Built {
     /// exactly when every message was read, else at least what was read, past the triggers).
     since_compaction: usize,
     history_tokens: u64,
+    /// Whether a compaction would cover anything, when every message since the last one was read.
+    compactable: Option<bool>,
 }
 
 /// Reads the session's newest messages, a page at a time, until they are enough for the window
@@ -448,9 +458,14 @@ async fn build(
         let count = state.store.count_session_messages(&principal.tenant, session, session_state.through).await?;
         usize::try_from(count).unwrap_or(usize::MAX)
     };
+    // Cut as the job's plan cuts: its keep, and at most half this call's budget kept.
+    let compactable = exhausted.then(|| {
+        let at_most = Keep::Tokens(u64::from(request.budget / 2));
+        compaction_cut(&history, request.compaction_keeps).max(compaction_cut(&history, at_most)) > 0
+    });
     input.history = &history;
     let window = assemble(&input, tokenizer).map_err(budget_too_small)?;
-    Ok(Built { window, read, since_compaction, history_tokens: summary_tokens + read_tokens })
+    Ok(Built { window, read, since_compaction, history_tokens: summary_tokens + read_tokens, compactable })
 }
 
 fn budget_too_small(error: WindowError) -> ApiError {

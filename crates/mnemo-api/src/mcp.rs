@@ -204,6 +204,10 @@ static TOOLS: &[ToolSpec] = &[
 
 // --- argument schemas: the endpoint's body, plus its path arguments ---------------------------
 
+/// The largest page of a tool output one call reads: a model reads it whole, and the answer is
+/// held in memory twice (its JSON and its text).
+const MAX_PAGE_BYTES: u64 = 1 << 20;
+
 fn forget_schema() -> Value {
     schema::object(&["id"], json!({ "id": schema::memory_id() }))
 }
@@ -214,7 +218,10 @@ fn tool_output_schema() -> Value {
         json!({
             "key": schema::tool_output_key(),
             "offset": { "type": "integer", "minimum": 0, "description": "The byte to start at: 0, or next_offset." },
-            "max_bytes": { "type": "integer", "minimum": 1, "description": "At most this many bytes (default 65536)." },
+            "max_bytes": {
+                "type": "integer", "minimum": 1, "maximum": MAX_PAGE_BYTES,
+                "description": "At most this many bytes (default 65536, at most 1 MiB).",
+            },
         }),
     )
 }
@@ -327,10 +334,15 @@ impl ToolSpec {
                 Value::Null => {}
                 Value::String(s) if !whole => query.push(format!("{field}={}", percent_encode(&s))),
                 // 5.0 too, as clients that hold every number as a float send it.
-                Value::Number(n) if whole => match crate::body::integer(&n).and_then(|n| u64::try_from(n).ok()) {
-                    Some(n) => query.push(format!("{field}={n}")),
-                    None => return Err(ApiError::InvalidField { field, expected: "a whole number from 0" }),
-                },
+                Value::Number(n) if whole => {
+                    let max = schema["properties"][*field]["maximum"].as_u64().unwrap_or(u64::MAX);
+                    match crate::body::integer(&n).and_then(|n| u64::try_from(n).ok()) {
+                        Some(n) if n <= max => query.push(format!("{field}={n}")),
+                        _ => {
+                            return Err(ApiError::InvalidField { field, expected: "a whole number within its bounds" });
+                        }
+                    }
+                }
                 _ if whole => return Err(ApiError::InvalidField { field, expected: "a whole number" }),
                 _ => return Err(ApiError::InvalidField { field, expected: "a string" }),
             }
@@ -571,6 +583,11 @@ mod tests {
         assert_eq!(code("list_files", json!({ "limit": "5" })), "invalid_field");
         assert_eq!(code("list_files", json!({ "limit": 2.5 })), "invalid_field");
         assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "offset": -1 })), "invalid_field");
+        // A page over the schema's maximum, which the route would read whole into memory.
+        assert_eq!(code("get_tool_output", json!({ "key": "tout_x", "max_bytes": (1 << 20) + 1 })), "invalid_field");
+        assert_eq!(code("list_files", json!({ "limit": 1001 })), "invalid_field");
+        let page = spec("get_tool_output").call(args(json!({ "key": "tout_x", "max_bytes": 1 << 20 })));
+        assert!(page.expect("the largest page").uri.ends_with("max_bytes=1048576"));
     }
 
     #[test]

@@ -133,8 +133,8 @@ pub fn memory_body() -> Value {
             "source_kind": one_of(kinds.iter().map(|k| k.as_str()), "What it is."),
             "source_ref": json!({ "type": "string", "minLength": 1, "description": "Your stable id for it (a message id, a tool call id, a chunk id); at most 512 bytes." }),
             "content": filled(&format!("The text; at most {MAX_CONTENT_BYTES} bytes except for tool outputs.")),
-            "session_id": text("The conversation it belongs to; default: the token's session."),
-            "role": one_of(Role::ALL.iter().map(|r| r.as_str()), "Who said it (chat messages and tool outputs only; default user)."),
+            "session_id": text("The conversation it belongs to; default: the token's session (none for a document chunk)."),
+            "role": one_of(Role::ALL.iter().map(|r| r.as_str()), "Who said it (chat messages only; default user; a tool output is always tool)."),
             "tool_call_id": text("The tool call a tool message answers (chat messages and tool outputs only)."),
             "name": text("Who wrote a user or assistant message (its participant: a question naming them ranks their messages), or a tool message's tool (chat messages and tool outputs only)."),
             "metadata": metadata(),
@@ -227,7 +227,7 @@ pub fn file_write_body() -> Value {
         json!({
             "content": text("The file's whole new content (Markdown)."),
             "expected_version": {
-                "type": "integer", "minimum": 0,
+                "type": "integer", "minimum": 0, "maximum": i32::MAX,
                 "description": "The version you read (0: the file does not exist): if the file is now at another, \
                     nothing is written and the answer is 409 file_changed. Without it, the write replaces whatever is there.",
             },

@@ -483,11 +483,11 @@ pub(crate) fn units(history: &[WindowMessage]) -> Vec<Unit> {
             }
             continue;
         }
-        // Consecutive assistant calls (parallel tool calls) share one unit with all their results.
-        let extends_calls = message.role == Role::Assistant
-            && message.tool_call_id.is_some()
-            && !open_calls.is_empty()
-            && units.last().is_some_and(|u| u.end == i);
+        // Consecutive assistant calls (parallel tool calls) share one unit with all their results;
+        // a call after results is the next step of the agent's turn, a unit of its own.
+        let is_call = |m: &WindowMessage| m.role == Role::Assistant && m.tool_call_id.is_some();
+        let extends_calls =
+            is_call(message) && !open_calls.is_empty() && i > 0 && history.get(i - 1).is_some_and(is_call);
         if extends_calls && let Some(last) = units.last_mut() {
             last.end = i + 1;
         } else {
@@ -684,6 +684,10 @@ mod tests {
             result("c3", "three"),
         ];
         assert_eq!(units_of(&history), [(0, 1), (1, 3), (3, 4), (4, 8)]);
+        // Calls one after another (each after the results of the one before) are steps of one
+        // agent turn, each a unit of its own: the older ones can go whole.
+        let steps = [&history[..3], &[call("c2"), result("c2", "two"), call("c3"), result("c3", "three")]].concat();
+        assert_eq!(units_of(&steps), [(0, 1), (1, 3), (3, 5), (5, 7)]);
         for budget in 10..120 {
             let Ok(window) = assemble(&input(&history, budget), &Quarters) else { continue };
             assert!(window.total_tokens() <= u64::from(budget));
@@ -894,19 +898,16 @@ mod tests {
             let indexes: Vec<usize> = window.messages.iter().filter_map(|m| m.history_index).collect();
             assert!(indexes.windows(2).all(|w| w[0] + 1 == w[1]), "case {case}: order or gaps {indexes:?}");
             // Each result and the call it answers (the nearest call with its id before it, with
-            // only calls and their results between) are both in or both out.
+            // only the calls made at once with it and their results between) are both in or both
+            // out. A call made after results is the agent's next step.
+            let is_call = |x: &WindowMessage| x.role == Role::Assistant && x.tool_call_id.is_some();
             for (j, m) in history.iter().enumerate().filter(|(_, m)| m.role == Role::Tool) {
-                let call =
-                    history[..j].iter().rposition(|c| c.role == Role::Assistant && c.tool_call_id == m.tool_call_id);
+                let call = history[..j].iter().rposition(|c| is_call(c) && c.tool_call_id == m.tool_call_id);
                 let Some(i) = call else { continue };
-                let between = &history[i..j];
-                let adjacent = between.iter().enumerate().all(|(k, x)| match x.role {
-                    Role::Assistant => x.tool_call_id.is_some(),
-                    Role::Tool => {
-                        between[..k].iter().any(|c| c.role == Role::Assistant && c.tool_call_id == x.tool_call_id)
-                    }
-                    _ => false,
-                });
+                let at_once = &history[i..i + history[i..j].iter().take_while(|x| is_call(x)).count()];
+                let adjacent = history[i + at_once.len()..j]
+                    .iter()
+                    .all(|x| x.role == Role::Tool && at_once.iter().any(|c| c.tool_call_id == x.tool_call_id));
                 if adjacent {
                     assert_eq!(
                         indexes.contains(&i),

@@ -8,8 +8,8 @@
 //! a `session_summary` row whose source_ref names the session and the last message it covers:
 //! a retried or duplicated job lands on the same row, and the compaction record is keyed the
 //! same way. With no model, or when the model fails, it truncates instead: the window starts
-//! after those messages, unsummarized. A failure that passes (the endpoint down, overloaded or
-//! slow) is first tried again a few times over some minutes ([`SUMMARY_RETRIES`]), so a short
+//! after those messages, unsummarized. A failure that passes (the endpoint down, overloaded,
+//! refusing the key or missing the model for now, or slow) is first tried again a few times over some minutes ([`SUMMARY_RETRIES`]), so a short
 //! outage leaves no hole in the summary; the window fits its budget meanwhile all the same.
 //! Stored messages are never changed either way.
 
@@ -37,8 +37,8 @@ const MAX_CHUNKS_PER_JOB: u64 = 4;
 
 /// How long a compaction waits before asking the model again after a failure that passes, one
 /// wait per try; the try after the last truncates. Each is shorter than a request takes to go
-/// stale, so the session's request stays its job's.
-pub const SUMMARY_RETRIES: [Duration; 3] = [Duration::from_secs(15), Duration::from_secs(60), Duration::from_secs(240)];
+/// stale (with room for the try itself), so the session's request stays its job's.
+pub const SUMMARY_RETRIES: [Duration; 3] = [Duration::from_secs(15), Duration::from_secs(60), Duration::from_secs(180)];
 
 /// What compaction keeps and how it calls the model.
 #[derive(Debug, Clone, Copy)]

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use mnemo_config::ContextSettings;
 use mnemo_core::{CompactionTrigger, SessionId, TenantId};
-use mnemo_jobs::{CompactPlan, CompactPolicy, CompactReport, Compactor};
+use mnemo_jobs::{CompactPlan, CompactPolicy, CompactReport, Compactor, SUMMARY_RETRIES};
 use mnemo_store::Store;
 use mnemo_store::queue::CompactJob;
 use serde_json::{Value, json};
@@ -42,7 +42,8 @@ pub enum SessionCommand {
         dry_run: bool,
         #[arg(long, conflicts_with = "dry_run")]
         now: bool,
-        /// With --now and no model configured: truncate (the messages leave the window unsummarized).
+        /// With --now: truncate without a model, or when the model fails for now instead of leaving
+        /// it to the workers' retries (the messages leave the window unsummarized).
         #[arg(long, requires = "now")]
         truncate: bool,
         #[arg(long)]
@@ -211,7 +212,8 @@ async fn compact(
             session_id: session.clone(),
             trigger: CompactionTrigger::Operator,
             keep_at_most: None,
-            summary_failures: 0,
+            // --truncate: a model that fails for now truncates here, as the last try would.
+            summary_failures: if let How::Now { truncate: true } = how { SUMMARY_RETRIES.len() as u32 } else { 0 },
         };
         let report = compactor.run(&job).await.context("compaction failed")?;
         let (messages, outcome, reason) = match &report {

@@ -152,6 +152,14 @@ ON CONFLICT (tenant_id, session_id) DO UPDATE SET trigger = EXCLUDED.trigger, re
 WHERE r.requested_at < now() - make_interval(secs => $4)
 RETURNING true";
 
+/// Whether a compact job for session `$2` of tenant `$1` waits in the queue.
+const COMPACT_JOB_WAITS: &str = "
+SELECT EXISTS (
+    SELECT 1 FROM apalis.jobs
+    WHERE job_type = 'compact' AND status = 'Pending'
+      AND convert_from(job, 'UTF8')::jsonb @> jsonb_build_object('tenant_id', $1::text, 'session_id', $2::text)
+)";
+
 const RENEW_REQUEST: &str = "
 INSERT INTO session_compaction_requests AS r (tenant_id, session_id, trigger) VALUES ($1, $2, $3)
 ON CONFLICT (tenant_id, session_id) DO UPDATE SET requested_at = now()";
@@ -458,7 +466,8 @@ impl Store {
 
     /// Queues `job` again after `delay`, its request renewed with it, so that no trigger queues
     /// a second job for the session meanwhile (a request is taken for stale after
-    /// [`STALE_REQUEST`]).
+    /// [`STALE_REQUEST`]). Not when a job for the session waits already (a duplicate, or one an
+    /// operator ran by hand during an outage): that one will try.
     pub async fn retry_compaction(&self, job: &CompactJob, delay: Duration) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(RENEW_REQUEST)
@@ -467,7 +476,14 @@ impl Store {
             .bind(job.trigger.as_str())
             .execute(&mut *tx)
             .await?;
-        push_after(&mut tx, job, delay, 0).await?;
+        let waiting: bool = sqlx::query_scalar(COMPACT_JOB_WAITS)
+            .bind(job.tenant_id.as_str())
+            .bind(job.session_id.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+        if !waiting {
+            push_after(&mut tx, job, delay, 0).await?;
+        }
         tx.commit().await?;
         Ok(())
     }

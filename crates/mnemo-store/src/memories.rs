@@ -136,14 +136,14 @@ WITH old AS (
 )
 SELECT id, tenant_id, embedded FROM revived";
 
-/// Locks the rows that relations are added to, so that two re-assertions of one memory count
-/// its relations one after the other ([`INSERT_RELATIONS`] runs as the next statement, and sees
-/// what the other committed).
-const LOCK_RELATION_HOLDERS: &str = "
-SELECT 1 FROM memory_items m
-WHERE (m.tenant_id, m.id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))
-ORDER BY m.tenant_id, m.id
-FOR NO KEY UPDATE";
+/// Two writes of one memory (tenant, kind and source_ref `$1`) that carry relations take turns
+/// until commit, so each counts the relations the other added ([`INSERT_RELATIONS`]). An
+/// advisory lock, taken first in the transaction in one order: a row lock taken instead, after
+/// the revivals' row locks, could deadlock with them.
+const LOCK_RELATION_WRITES: &str = "
+SELECT pg_advisory_xact_lock(h) FROM (
+    SELECT DISTINCT hashtextextended('relations' || chr(31) || k, 0) AS h FROM unnest($1::text[]) k ORDER BY h
+) x";
 
 /// Relations from the rows written to their targets, which must be live rows of the same tenant
 /// (checked first: see [`missing_targets`]; the foreign keys are the second wall). A memory holds
@@ -356,6 +356,14 @@ pub(crate) async fn insert_in(
     tx: &mut PgConnection,
     rows: &[&NewMemory],
 ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+    let relation_writes: Vec<String> = rows
+        .iter()
+        .filter(|m| !m.typed.relations.is_empty())
+        .map(|m| [m.tenant.as_str(), m.kind.as_str(), m.source_ref.as_str()].join("\u{1f}"))
+        .collect();
+    if !relation_writes.is_empty() {
+        sqlx::query(LOCK_RELATION_WRITES).bind(relation_writes).execute(&mut *tx).await?;
+    }
     // A row whose relation names no live row of its tenant is refused alone; the others go in.
     let missing = missing_targets(tx, rows).await?;
     if missing.is_empty() {
@@ -552,7 +560,6 @@ async fn settle(
         }
     }
     if !items.is_empty() {
-        sqlx::query(LOCK_RELATION_HOLDERS).bind(&tenants).bind(&items).execute(&mut *tx).await?;
         sqlx::query(INSERT_RELATIONS)
             .bind(tenants)
             .bind(items)
