@@ -277,6 +277,21 @@ pub(crate) fn finished_text(answer: &Value) -> Result<&str, ModelFailure> {
     }
 }
 
+/// The first JSON value in the text: the whole text, or from the first `{` or `[` to the last
+/// matching bracket (prose and code fences around it are skipped).
+pub(crate) fn json_in(content: &str) -> Option<Value> {
+    if let Ok(v) = serde_json::from_str(content.trim()) {
+        return Some(v);
+    }
+    let mut brackets = [('{', '}'), ('[', ']')];
+    // The outermost value opens first: `[{…}]` is a list, not its first object.
+    brackets.sort_by_key(|(open, _)| content.find(*open).unwrap_or(usize::MAX));
+    brackets.into_iter().find_map(|(open, close)| {
+        let (start, end) = (content.find(open)?, content.rfind(close)?);
+        (start < end).then(|| serde_json::from_str(&content[start..=end]).ok()).flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,19 +306,4 @@ mod tests {
         assert!(!refuses_sampling(400, "max_tokens must be at least 1, got 0."));
         assert!(!refuses_sampling(400, "Unsupported parameter: 'response_format'"));
     }
-}
-
-/// The first JSON value in the text: the whole text, or from the first `{` or `[` to the last
-/// matching bracket (prose and code fences around it are skipped).
-pub(crate) fn json_in(content: &str) -> Option<Value> {
-    if let Ok(v) = serde_json::from_str(content.trim()) {
-        return Some(v);
-    }
-    let mut brackets = [('{', '}'), ('[', ']')];
-    // The outermost value opens first: `[{…}]` is a list, not its first object.
-    brackets.sort_by_key(|(open, _)| content.find(*open).unwrap_or(usize::MAX));
-    brackets.into_iter().find_map(|(open, close)| {
-        let (start, end) = (content.find(open)?, content.rfind(close)?);
-        (start < end).then(|| serde_json::from_str(&content[start..=end]).ok()).flatten()
-    })
 }
