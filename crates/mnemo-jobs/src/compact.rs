@@ -9,8 +9,9 @@
 //! a retried or duplicated job lands on the same row, and the compaction record is keyed the
 //! same way. With no model, or when the model fails, it truncates instead: the window starts
 //! after those messages, unsummarized. A failure that passes (the endpoint down, overloaded,
-//! refusing the key or missing the model for now, or slow) is first tried again a few times over some minutes ([`SUMMARY_RETRIES`]), so a short
-//! outage leaves no hole in the summary; the window fits its budget meanwhile all the same.
+//! refusing the key or missing the model for now, or slow) is first tried again a few times over
+//! some minutes ([`SUMMARY_RETRIES`]), so a short outage leaves no hole in the summary; the
+//! window fits its budget meanwhile all the same.
 //! Stored messages are never changed either way.
 
 use std::sync::Arc;

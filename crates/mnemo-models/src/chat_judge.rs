@@ -7,8 +7,9 @@
 //! - structured output (`json_schema`) is asked for first; a server that refuses it gets
 //!   `json_object`, then plain text, and the level that worked is remembered;
 //! - the answer is parsed tolerantly (code fences, prose around the JSON, a bare list, an
-//!   `{id: decision}` map, or one `f2: SUPERSEDE` per line). Labels the model invents are ignored;
-//!   an answer that names none of the real candidates is an error.
+//!   `{id: decision}` map, or one `f2: SUPERSEDE` per line). An answer naming a label the model
+//!   invented is an error (a model counting from 0 would retire the wrong fact), as is one that
+//!   names none of the real candidates.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
