@@ -9,9 +9,10 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 use mnemo_core::{
-    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, Keep, MEMORY_PREFIX, MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS,
-    Placed, Principal, RecallRequest, Role, ScopeError, Section, SessionId, TriggerSource, Window, WindowError,
-    WindowInput, WindowMessage, Workspace, assemble, compaction_cut, history_room, tail_suffices,
+    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, Keep, MAX_COMPACTION_MESSAGES, MEMORY_PREFIX,
+    MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS, Placed, Principal, RecallRequest, Role, ScopeError, Section, SessionId,
+    TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble, compaction_cut, history_room,
+    tail_suffices,
 };
 use mnemo_recall::{PackRequest, RecallOptions, build_pack};
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
@@ -458,10 +459,12 @@ async fn build(
         let count = state.store.count_session_messages(&principal.tenant, session, session_state.through).await?;
         usize::try_from(count).unwrap_or(usize::MAX)
     };
-    // Cut as the job's plan cuts: its keep, and at most half this call's budget kept.
+    // Cut as the job's plan cuts: over the oldest messages it reads, by its keep, and keeping at
+    // most half this call's budget.
     let compactable = exhausted.then(|| {
+        let planned = &history[..history.len().min(MAX_COMPACTION_MESSAGES)];
         let at_most = Keep::Tokens(u64::from(request.budget / 2));
-        compaction_cut(&history, request.compaction_keeps).max(compaction_cut(&history, at_most)) > 0
+        compaction_cut(planned, request.compaction_keeps).max(compaction_cut(planned, at_most)) > 0
     });
     input.history = &history;
     let window = assemble(&input, tokenizer).map_err(budget_too_small)?;

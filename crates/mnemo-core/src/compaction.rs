@@ -47,6 +47,10 @@ pub enum Keep {
     Tokens(u64),
 }
 
+/// The most messages one compaction job reads (the oldest since the last compaction); a longer
+/// backlog is compacted over several jobs.
+pub const MAX_COMPACTION_MESSAGES: usize = 20_000;
+
 /// Where compaction cuts `history` (the messages after the previous cut, oldest first): the
 /// index of the first message kept. Everything before it is summarized. Never inside a tool
 /// call and its results; 0 means there is nothing to summarize.

@@ -27,8 +27,9 @@ mod window;
 mod workspace;
 
 pub use compaction::{
-    CompactionOutcome, CompactionTrigger, Keep, SUMMARY_SECTIONS, Summarizer, SummaryFuture, TOOL_PREVIEW_CHARS,
-    TranscriptLine, check_summary, compaction_cut, preview, summary_source_ref, transcript, units_within,
+    CompactionOutcome, CompactionTrigger, Keep, MAX_COMPACTION_MESSAGES, SUMMARY_SECTIONS, Summarizer, SummaryFuture,
+    TOOL_PREVIEW_CHARS, TranscriptLine, check_summary, compaction_cut, preview, summary_source_ref, transcript,
+    units_within,
 };
 pub use consolidation::{Consolidation, ConsolidationFuture, ConsolidationInput, Consolidator};
 pub use cron::CronSchedule;

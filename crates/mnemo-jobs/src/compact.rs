@@ -19,17 +19,14 @@ use std::time::Duration;
 
 use mnemo_config::ContextSettings;
 use mnemo_core::{
-    AgentId, CompactionOutcome, Keep, MemoryText, ModelFailure, NewMemory, SessionId, Summarizer, TenantId,
-    TokenCounter, TranscriptLine, UserId, WindowMessage, compaction_cut, cut_to, summary_source_ref, transcript,
-    units_of, units_within,
+    AgentId, CompactionOutcome, Keep, MAX_COMPACTION_MESSAGES, MemoryText, ModelFailure, NewMemory, SessionId,
+    Summarizer, TenantId, TokenCounter, TranscriptLine, UserId, WindowMessage, compaction_cut, cut_to,
+    summary_source_ref, transcript, units_of, units_within,
 };
 use mnemo_store::queue::CompactJob;
 use mnemo_store::{NewCompaction, Recording, SessionMessage, SessionState, Store, StoreError};
 
 use crate::JobError;
-
-/// The most messages one job reads; a longer backlog is compacted over several jobs.
-const MAX_MESSAGES: i64 = 20_000;
 
 /// The most chunks one job summarizes (each one model call); the rest of a backlog goes to the
 /// next job. Fewer when the model's timeout would not let them end within the job's
@@ -123,7 +120,8 @@ impl Compactor {
         keep_at_most: Option<u64>,
     ) -> Result<CompactPlan, JobError> {
         let state = self.store.session_state(tenant, session).await?;
-        let messages = self.store.session_messages(tenant, session, state.through, MAX_MESSAGES).await?;
+        let read = i64::try_from(MAX_COMPACTION_MESSAGES).unwrap_or(i64::MAX);
+        let messages = self.store.session_messages(tenant, session, state.through, read).await?;
         let history: Vec<_> = messages.iter().map(|m| m.to_window(self.counter.as_ref())).collect();
         let wanted = compaction_cut(&history, self.policy.keep)
             .max(keep_at_most.map_or(0, |tokens| compaction_cut(&history, Keep::Tokens(tokens))));

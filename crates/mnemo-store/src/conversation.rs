@@ -156,7 +156,8 @@ RETURNING true";
 const COMPACT_JOB_WAITS: &str = "
 SELECT EXISTS (
     SELECT 1 FROM apalis.jobs
-    WHERE job_type = 'compact' AND status = 'Pending'
+    WHERE job_type = 'compact'
+      AND (status IN ('Pending', 'Queued') OR (status = 'Failed' AND attempts < max_attempts))
       AND convert_from(job, 'UTF8')::jsonb @> jsonb_build_object('tenant_id', $1::text, 'session_id', $2::text)
 )";
 

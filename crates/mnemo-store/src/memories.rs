@@ -122,7 +122,9 @@ WITH old AS (
     WHERE m.source_kind = 'fact' AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL)
       AND (m.deleted_at IS NULL OR r.may_undelete) AND m.anonymized_at IS NULL
     ORDER BY m.tenant_id, m.id
-    FOR UPDATE OF m
+    -- Not FOR UPDATE: a relation's foreign key check takes KEY SHARE on its target, which FOR
+    -- UPDATE blocks (two writes reviving each other's targets would deadlock).
+    FOR NO KEY UPDATE OF m
 ), revived AS (
     UPDATE memory_items m
     SET superseded_by = NULL, superseded_at = NULL, deleted_at = NULL, valid_from = now(), valid_to = NULL,
