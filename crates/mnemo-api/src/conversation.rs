@@ -200,8 +200,7 @@ pub async fn context(
         keep_turns: asked.overflow.then_some(state.context.keep_pairs),
         trigger_tokens: (state.context.trigger_ratio * f64::from(budget)) as u64,
         trigger_messages: state.context.trigger_messages,
-        // As the job's policy (`CompactPolicy::from_settings`).
-        compaction_keeps: state.context.keep_tokens.map_or(Keep::Turns(state.context.keep_pairs), Keep::Tokens),
+        compaction_keeps: state.context.compaction_keeps(),
     };
     let mut session_state = state.store.session_state(&principal.tenant, &session).await?;
     let mut built = build(&state, &principal, &session, &session_state, &request).await?;

@@ -63,6 +63,12 @@ impl Default for ContextSettings {
 }
 
 impl ContextSettings {
+    /// What compaction leaves verbatim: the newest `keep_tokens` when set, else `keep_pairs`
+    /// turns. The job plans by it, and a context call decides by it whether to ask for one.
+    pub fn compaction_keeps(&self) -> mnemo_core::Keep {
+        self.keep_tokens.map_or(mnemo_core::Keep::Turns(self.keep_pairs), mnemo_core::Keep::Tokens)
+    }
+
     pub(crate) fn read(env: &Env, problems: &mut Problems) -> Self {
         let defaults = Self::default();
         let mut tokenizer = defaults.tokenizer;

@@ -51,7 +51,7 @@ pub struct CompactPolicy {
 impl CompactPolicy {
     pub fn from_settings(settings: &ContextSettings) -> Self {
         Self {
-            keep: settings.keep_tokens.map_or(Keep::Turns(settings.keep_pairs), Keep::Tokens),
+            keep: settings.compaction_keeps(),
             summary_max_tokens: settings.summary_max_tokens,
             chunk_tokens: settings.chunk_tokens,
             max_chunks: MAX_CHUNKS_PER_JOB,

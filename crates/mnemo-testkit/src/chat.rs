@@ -226,10 +226,12 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
         let mut s = script.lock().expect("script");
         s.requests.push(body.clone());
         // A refused request leaves the scripted answers for the requests that follow.
-        let refuse = (s.refuse_json_schema && body["response_format"]["type"] == "json_schema").then(
-            || json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}}),
-        );
-        let refuse = refuse.or_else(|| reasoning_refusal(&s, &body));
+        let refuse = (s.refuse_json_schema && body["response_format"]["type"] == "json_schema")
+            .then(|| {
+                let error = json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
+                (StatusCode::INTERNAL_SERVER_ERROR, error)
+            })
+            .or_else(|| reasoning_refusal(&s, &body).map(|error| (StatusCode::BAD_REQUEST, error)));
         let answer = if refuse.is_some() {
             None
         } else if s.outage.is_some() {
@@ -240,12 +242,7 @@ async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<
         (answer, refuse, s.delay)
     };
     tokio::time::sleep(delay).await;
-    if let Some(error) = refuse {
-        let status = if error["error"]["type"] == "server_error" {
-            StatusCode::INTERNAL_SERVER_ERROR
-        } else {
-            StatusCode::BAD_REQUEST
-        };
+    if let Some((status, error)) = refuse {
         return (status, Json(error)).into_response();
     }
     let system = body["messages"][0]["content"].as_str().unwrap_or_default();
