@@ -28,7 +28,8 @@ impl Fixture {
     async fn start() -> Self {
         let provider = ScriptedEmbeddings::start(DIMS).await;
         let mut env = provider.env(MODEL);
-        env.push((vars::READ_REPLICA_WAIT_MS, "200".to_owned()));
+        // Long enough for the replica to replay what the test that runs beside this one writes.
+        env.push((vars::READ_REPLICA_WAIT_MS, "1000".to_owned()));
         // The test database is made just before the server starts: the replica URL names it.
         let app = TestApp::spawn_with_db(|db| {
             env.push((vars::READ_DATABASE_URL, db.replica_url()));
@@ -54,6 +55,24 @@ impl Fixture {
         let reply = self.app.client.post("/v1/memories", Some(&token(who)), &body).await;
         assert_eq!(reply.status, 201, "{:?}", reply.body);
         embed_like_the_provider(&self.app.db.store(), MODEL, DIMS).await;
+    }
+
+    /// Waits until the replica has replayed everything the primary has flushed: a loaded machine
+    /// can lag past the API's wait, and this part of the test is about a replica that has not.
+    async fn replayed(&self) {
+        let flushed: i64 = sqlx::query_scalar("SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint")
+            .fetch_one(&self.app.db.pool)
+            .await
+            .expect("primary LSN");
+        let replayed = wait_until(Duration::from_secs(20), || async {
+            let at: Option<i64> = sqlx::query_scalar("SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::bigint")
+                .fetch_one(&self.replica)
+                .await
+                .expect("replica LSN");
+            at.is_some_and(|at| at >= flushed)
+        })
+        .await;
+        assert!(replayed, "the replica replays the primary's writes");
     }
 
     /// The refs recall returns for `query`, and whether it said `degraded`.
@@ -176,6 +195,7 @@ async fn reads_go_to_the_replica_and_never_silently_miss_an_acknowledged_write()
     // Caught up: recall and tool outputs come from the replica.
     f.write(&me, "chat_message", "m1", "the deploy key rotates monthly").await;
     f.write(&me, "tool_output", "t1", &long("deploy key rotation log")).await;
+    f.replayed().await;
     let before = f.routes().await;
     assert_eq!(f.recall(&me, "deploy key").await, (vec!["m1".to_owned(), "t1".to_owned()], false));
     assert_eq!(f.tool_output_status(&me, "t1").await, 200);
