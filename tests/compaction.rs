@@ -383,24 +383,66 @@ async fn a_long_backlog_is_compacted_over_several_jobs_and_a_long_agent_turn_is_
 async fn a_job_makes_no_more_model_calls_than_its_chunk_limit() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;
+    let compactor = one_call_per_message(&app, &chat).await;
+    assert_eq!(compactor.policy.max_chunks, 4);
+    let report = compactor.run(&job("acme", "s1")).await.expect("job");
+    let CompactReport::Compacted { messages, .. } = report else { panic!("{report:?}") };
+    assert_eq!((chat.requests().len(), messages), (4, 4), "one call per message, four messages");
+}
+
+/// Ten turns in session s1 of about 260 tokens a message, and a compactor with 500-token
+/// chunks: two messages never share a chunk, seven fit in four chunks' worth of tokens.
+async fn one_call_per_message(app: &TestApp, chat: &ScriptedChat) -> Compactor {
     let t = token(&principal("acme", None, None, Some("s1")));
-    // About 260 tokens a message: two never share a 500-token chunk, seven fit in four chunks'
-    // worth of tokens.
     let tokenizer = mnemo_models::Tokenizer::new(TokenizerName::O200kBase);
     let mut long = String::from("about the trip:");
     while mnemo_core::TokenCounter::count(&tokenizer, &long) < 260 {
         long.push_str(" the early train to Lisbon");
     }
     for i in 0..10 {
-        say(&app, &t, &format!("u{i}"), "user", &format!("question {i} {long}")).await;
-        say(&app, &t, &format!("a{i}"), "assistant", &format!("answer {i} {long}")).await;
+        say(app, &t, &format!("u{i}"), "user", &format!("question {i} {long}")).await;
+        say(app, &t, &format!("a{i}"), "assistant", &format!("answer {i} {long}")).await;
     }
-    let small = settings([llm_env(&chat), vec![(vars::COMPACT_CHUNK_TOKENS, "500".to_owned())]].concat());
-    let compactor = compactor(&app, &small);
-    assert_eq!(compactor.policy.max_chunks, 4);
+    compactor(app, &settings([llm_env(chat), vec![(vars::COMPACT_CHUNK_TOKENS, "500".to_owned())]].concat()))
+}
+
+/// A chunk that fails after others were summarized keeps what they summarized: the record
+/// covers their messages, and the next job goes on from there. A first chunk that fails is a
+/// failure as before.
+#[tokio::test]
+async fn a_chunk_that_fails_keeps_the_chunks_summarized_before_it() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let compactor = one_call_per_message(&app, &chat).await;
+    let summarized =
+        |messages| CompactReport::Compacted { messages, outcome: CompactionOutcome::Summarized, reason: None };
+    let by_the_rule = || ChatAnswer::Hang(Duration::ZERO);
+    let requests = "SELECT count(*) FROM session_compaction_requests";
+    let latest_summary = "SELECT content FROM memory_items m JOIN session_compactions c ON c.summary_id = m.id \
+                          ORDER BY c.through_time DESC LIMIT 1";
+
+    // A failure that passes, at the third chunk.
+    chat.then([by_the_rule(), by_the_rule(), ChatAnswer::Status(500)]);
+    assert_eq!(compactor.run(&job("acme", "s1")).await.expect("job"), summarized(2));
+    assert_eq!(app.db.count(requests).await, 1, "the rest is asked for");
+    let summary: String = sqlx::query_scalar(latest_summary).fetch_one(&app.db.pool).await.expect("summary");
+    assert!(summary.contains("1 new messages since the previous summary; last: [assistant] answer 0"), "{summary}");
+
+    // An answer that cannot be used, at the second chunk: the next job builds on the first part.
+    chat.then([by_the_rule(), ChatAnswer::Malformed]);
+    assert_eq!(compactor.run(&job("acme", "s1")).await.expect("job"), summarized(1));
+    let prompt = chat.requests()[3]["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(prompt.contains("last: [assistant] answer 0"), "built on the summary before it: {prompt}");
+    let summary: String = sqlx::query_scalar(latest_summary).fetch_one(&app.db.pool).await.expect("summary");
+    assert!(summary.contains("last: [user] question 1"), "{summary}");
+
+    // At the first chunk, nothing was summarized: the job truncates as before.
+    chat.then([ChatAnswer::Malformed]);
     let report = compactor.run(&job("acme", "s1")).await.expect("job");
-    let CompactReport::Compacted { messages, .. } = report else { panic!("{report:?}") };
-    assert_eq!((chat.requests().len(), messages), (4, 4), "one call per message, four messages");
+    let truncated = CompactionOutcome::Truncated;
+    assert_eq!(report, CompactReport::Compacted { messages: 4, outcome: truncated, reason: Some("unparsable".into()) });
+    let covered = "SELECT sum(messages)::bigint FROM session_compactions";
+    assert_eq!(app.db.count(covered).await, 7, "2 + 1 + 4 messages, none twice");
 }
 
 /// A model that answers garbage, or fails on the last try, truncates; nothing stored is lost.

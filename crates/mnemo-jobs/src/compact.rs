@@ -11,7 +11,8 @@
 //! after those messages, unsummarized. A failure that passes (the endpoint down, overloaded,
 //! refusing the key or missing the model for now, or slow) is first tried again a few times over
 //! some minutes ([`SUMMARY_RETRIES`]), so a short outage leaves no hole in the summary; the
-//! window fits its budget meanwhile all the same.
+//! window fits its budget meanwhile all the same. When a later chunk fails, what the chunks
+//! before it summarized is recorded, and the next job goes on from there.
 //! Stored messages are never changed either way.
 
 use std::sync::Arc;
@@ -146,18 +147,37 @@ impl Compactor {
         let (tenant, session) = (&job.tenant_id, &job.session_id);
         let CompactPlan { state, messages: stored, history, cut, wanted } =
             self.plan(tenant, session, job.keep_at_most).await?;
-        let Some(last) = stored[..cut].last() else {
+        if cut == 0 {
             self.store.clear_compaction_request(tenant, session).await?;
             return Ok(CompactReport::NothingToCompact);
-        };
+        }
         let previous = state.summary.as_ref();
-        let summary = match &self.summarizer {
-            None => Err(ModelFailure::new("no_model", "MNEMO_LLM_MODEL is not set")),
+        let (summary, cut) = match &self.summarizer {
+            None => (Err(ModelFailure::new("no_model", "MNEMO_LLM_MODEL is not set")), cut),
             Some(model) => {
                 let lines = transcript(&history[..cut]);
-                self.summarize(model.as_ref(), previous.map(|s| s.content.as_str()), &lines).await
+                match self.summarize(model.as_ref(), previous.map(|s| s.content.as_str()), &lines).await {
+                    Summarized::Whole(text) => (Ok(text), cut),
+                    Summarized::Part { text, lines, failure } => {
+                        // The chunks summarized before the failure are kept: the summary covers
+                        // the whole units among their lines, and the next job goes on from there.
+                        let part =
+                            units_of(&history[..cut]).into_iter().map(|(_, end)| end).filter(|&end| end <= lines).max();
+                        match (part, MemoryText::parse(&text)) {
+                            (Some(part), Ok(text)) => {
+                                tracing::warn!(tenant = %tenant, kind = failure.kind,
+                                    "the summary failed after {part} of {cut} messages; compaction records those");
+                                tracing::debug!(tenant = %tenant, detail = failure.detail, "summary failure detail");
+                                (Ok(text), part)
+                            }
+                            _ => (Err(failure), cut),
+                        }
+                    }
+                    Summarized::Failed(failure) => (Err(failure), cut),
+                }
             }
         };
+        let last = &stored[cut - 1];
         let (outcome, reason, summary_id) = match summary {
             Ok(text) => {
                 let row = NewMemory::session_summary(
@@ -236,27 +256,37 @@ impl Compactor {
     }
 
     /// The previous summary brought up to date with `lines`, a chunk of at most
-    /// `chunk_tokens` at a time.
-    async fn summarize(
-        &self,
-        model: &dyn Summarizer,
-        previous: Option<&str>,
-        lines: &[TranscriptLine],
-    ) -> Result<MemoryText, ModelFailure> {
+    /// `chunk_tokens` at a time; when a chunk fails, as far as the chunks before it.
+    async fn summarize(&self, model: &dyn Summarizer, previous: Option<&str>, lines: &[TranscriptLine]) -> Summarized {
         let mut summary = previous.map(str::to_owned);
+        let mut done = 0;
         let max = self.policy.summary_max_tokens;
         for chunk in self.chunks(lines) {
-            let text = model.summarize(summary.as_deref(), &chunk, max).await?;
-            // A server may ignore max_tokens; twice them leaves room for another tokenizer's count.
-            let tokens = self.counter.count(&text);
-            if tokens > max.saturating_mul(2) {
-                let detail = format!("the summary is {tokens} tokens, for at most {max}");
-                return Err(ModelFailure::new("too_long", detail));
+            let answer = model.summarize(summary.as_deref(), &chunk, max).await.and_then(|text| {
+                // A server may ignore max_tokens; twice them leaves room for another tokenizer's count.
+                let tokens = self.counter.count(&text);
+                if tokens > max.saturating_mul(2) {
+                    return Err(ModelFailure::new(
+                        "too_long",
+                        format!("the summary is {tokens} tokens, for at most {max}"),
+                    ));
+                }
+                Ok(text)
+            });
+            match (answer, summary) {
+                (Ok(text), _) => summary = Some(text),
+                (Err(failure), Some(text)) if done > 0 => return Summarized::Part { text, lines: done, failure },
+                (Err(failure), _) => return Summarized::Failed(failure),
             }
-            summary = Some(text);
+            done += chunk.len();
         }
-        let summary = summary.ok_or_else(|| ModelFailure::new("empty", "nothing to summarize"))?;
-        MemoryText::parse(&summary).map_err(|e| ModelFailure::new("unstorable", e.to_string()))
+        let Some(summary) = summary else {
+            return Summarized::Failed(ModelFailure::new("empty", "nothing to summarize"));
+        };
+        match MemoryText::parse(&summary) {
+            Ok(text) => Summarized::Whole(text),
+            Err(e) => Summarized::Failed(ModelFailure::new("unstorable", e.to_string())),
+        }
     }
 
     /// `lines` in runs of at most `chunk_tokens`; a line longer than that alone is cut to fit.
@@ -280,6 +310,19 @@ impl Compactor {
         }
         chunks
     }
+}
+
+/// How far a summary got.
+enum Summarized {
+    Whole(MemoryText),
+    /// A chunk failed: `text` summarizes the first `lines` lines.
+    Part {
+        text: String,
+        lines: usize,
+        failure: ModelFailure,
+    },
+    /// The first chunk failed.
+    Failed(ModelFailure),
 }
 
 /// Whether a summary's failure may pass on its own: the endpoint unreachable, overloaded or
