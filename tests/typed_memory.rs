@@ -144,27 +144,30 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
     assert_eq!(fact(&app, &ann, same).await.status, 200);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_relations").await, 1);
 
-    // Each re-assertion adds its new relations while the memory has room: at most 16 in all,
-    // the first given first.
+    // Each re-assertion adds its new relations; one that would take the memory past 16 is
+    // refused whole, and asserting those it holds again changes nothing.
     let mut targets = Vec::new();
-    for i in 0..30 {
+    for i in 0..17 {
         targets.push(id_of(&fact(&app, &ann, json!({"scope": "user", "content": format!("target {i}")})).await));
     }
     let holder = json!({"scope": "user", "content": "Ann likes lists"});
     let holder_id = id_of(&fact(&app, &ann, holder.clone()).await);
-    for chunk in targets.chunks(10) {
-        let mut body = holder.clone();
-        body["relations"] = chunk.iter().map(|t| json!({"type": "related_to", "target": t})).collect();
-        assert_eq!(fact(&app, &ann, body).await.status, 200);
-    }
     let held = format!("SELECT count(*) FROM memory_relations WHERE item_id = '{holder_id}'");
+    let naming = |targets: &[Uuid]| {
+        let mut body = holder.clone();
+        body["relations"] = targets.iter().map(|t| json!({"type": "related_to", "target": t})).collect();
+        body
+    };
+    assert_eq!(fact(&app, &ann, naming(&targets[..10])).await.status, 200);
+    let refused = fact(&app, &ann, naming(&targets[8..])).await;
+    assert_eq!((refused.status, refused.code()), (400, "too_many_values"), "{:?}", refused.body);
+    assert_eq!(app.db.count(&held).await, 10, "a refused re-assertion adds nothing");
+    assert_eq!(fact(&app, &ann, naming(&targets[4..16])).await.status, 200);
+    assert_eq!(fact(&app, &ann, naming(&targets[..16])).await.status, 200);
     assert_eq!(app.db.count(&held).await, 16);
-    let kept: Vec<Uuid> = sqlx::query_scalar("SELECT target_id FROM memory_relations WHERE item_id = $1")
-        .bind(holder_id)
-        .fetch_all(&app.db.pool)
-        .await
-        .expect("relations");
-    assert!(kept.iter().all(|t| targets[..16].contains(t)), "the first given are kept");
+    let refused = fact(&app, &ann, naming(&targets[16..])).await;
+    assert_eq!((refused.status, refused.code()), (400, "too_many_values"), "{:?}", refused.body);
+    assert_eq!(app.db.count(&held).await, 16);
 }
 
 /// A single scope holds what its class holds: `agent` what the agent's other users shared with

@@ -90,6 +90,7 @@ async def schemas(s):
     check(listed["recall"].annotations.read_only_hint is True, "recall is read-only")
     check(listed["forget"].annotations.destructive_hint is True, "forget is destructive")
     check(listed["edit_file"].annotations.destructive_hint is True, "edit_file replaces text")
+    check(listed["remember_fact"].annotations.destructive_hint is True, "remember_fact may retire an older fact")
     check(listed["write_file"].annotations.idempotent_hint is False, "each write_file is a new version")
     scope = listed["recall"].input_schema["properties"]["scope"]["enum"]
     check(scope == ["session", "tenant", "user", "agent", "any"], f"recall scopes {scope}")

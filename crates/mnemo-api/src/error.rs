@@ -1,7 +1,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use mnemo_core::{InvalidInput, ScopeError};
+use mnemo_core::{InvalidInput, MAX_RELATIONS, ScopeError};
 use mnemo_store::StoreError;
 use serde_json::json;
 
@@ -254,6 +254,9 @@ impl From<StoreError> for ApiError {
             StoreError::SourceRefConflict { .. } => Self::SourceRefConflict,
             StoreError::SourceRefDeleted { .. } => Self::MemoryDeleted,
             StoreError::RelationTargetMissing { target } => Self::RelationTargetNotFound(target),
+            StoreError::TooManyRelations { relations } => {
+                Self::Invalid(InvalidInput::TooMany { field: "relations", max: MAX_RELATIONS, actual: relations })
+            }
             StoreError::RolledBack => Self::NotWritten,
             StoreError::FileChanged { .. } => Self::FileChanged,
             // The detail (an I/O error, a pool timeout) is the operator's, in the log.

@@ -112,7 +112,8 @@ static TOOLS: &[ToolSpec] = &[
         method: Method::POST,
         path: "/v1/facts",
         read_only: false,
-        destructive: false,
+        // A fact under an existing key, or one the judge finds contradicting, retires the older.
+        destructive: true,
         query: &[],
         defaults: &[],
         idempotent: true,

@@ -162,7 +162,7 @@ pub fn fact_body() -> Value {
                     "type": one_of(RelationType::ALL.iter().map(|r| r.as_str()), "How it relates."),
                     "target": memory_id(),
                 })),
-                "description": "Memories this one relates to.",
+                "description": format!("Memories this one relates to; a memory holds at most {MAX_RELATIONS}, counting those an earlier assertion of it added."),
             },
             "visibility": one_of(Visibility::ALL.iter().map(|v| v.as_str()), "Who else may recall it (default: its scope's owner)."),
             "allowed_roles": strings(MAX_ALLOWED_ROLES, "Only tokens with one of these roles may recall it."),

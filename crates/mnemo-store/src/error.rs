@@ -16,6 +16,10 @@ pub enum StoreError {
     /// written.
     #[error("relation target {target} is not a memory of this tenant")]
     RelationTargetMissing { target: Uuid },
+    /// The memory would hold more than [`mnemo_core::MAX_RELATIONS`] relations (`relations`,
+    /// those it holds and the new ones); nothing was written.
+    #[error("the memory would hold {relations} relations")]
+    TooManyRelations { relations: usize },
     /// This worker's run (an extraction's or a consolidation's) was taken over by another
     /// worker, having been held past the stale limit: nothing it did was kept.
     #[error("the run was taken over by another worker")]

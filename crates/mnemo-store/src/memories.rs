@@ -139,7 +139,7 @@ WITH old AS (
 SELECT id, tenant_id, embedded FROM revived";
 
 /// Two writes of one memory (tenant, kind and source_ref `$1`) that carry relations take turns
-/// until commit, so each counts the relations the other added ([`INSERT_RELATIONS`]). An
+/// until commit, so each counts the relations the other added ([`refused_relations`]). An
 /// advisory lock, taken first in the transaction in one order: a row lock taken instead, after
 /// the revivals' row locks, could deadlock with them.
 const LOCK_RELATION_WRITES: &str = "
@@ -147,10 +147,9 @@ SELECT pg_advisory_xact_lock(h) FROM (
     SELECT DISTINCT hashtextextended('relations' || chr(31) || k, 0) AS h FROM unnest($1::text[]) k ORDER BY h
 ) x";
 
-/// Relations from the rows written to their targets, which must be live rows of the same tenant
-/// (checked first: see [`missing_targets`]; the foreign keys are the second wall). A memory holds
-/// at most `$5` ([`MAX_RELATIONS`]): a re-assertion adds its new relations, in the order given,
-/// while the memory has room for them.
+/// Relations from the rows written to their targets, which must be live rows of the same tenant,
+/// at most `$5` ([`MAX_RELATIONS`]) a memory, counting those a re-assertion finds (both checked
+/// first: see [`refused_relations`]; the foreign keys and the bound here are the second wall).
 const INSERT_RELATIONS: &str = "
 INSERT INTO memory_relations (tenant_id, item_id, relation, target_id)
 SELECT tenant_id, item_id, relation, target_id FROM (
@@ -366,17 +365,17 @@ pub(crate) async fn insert_in(
     if !relation_writes.is_empty() {
         sqlx::query(LOCK_RELATION_WRITES).bind(relation_writes).execute(&mut *tx).await?;
     }
-    // A row whose relation names no live row of its tenant is refused alone; the others go in.
-    let missing = missing_targets(tx, rows).await?;
-    if missing.is_empty() {
+    // A row whose relations cannot all be held is refused alone; the others go in.
+    let mut refused = refused_relations(tx, rows).await?;
+    if refused.is_empty() {
         return insert_checked(tx, rows).await;
     }
     let valid: Vec<&NewMemory> =
-        rows.iter().enumerate().filter(|(i, _)| !missing.contains_key(i)).map(|(_, m)| *m).collect();
+        rows.iter().enumerate().filter(|(i, _)| !refused.contains_key(i)).map(|(_, m)| *m).collect();
     let mut inserted = insert_checked(tx, &valid).await?.into_iter();
     Ok((0..rows.len())
-        .map(|i| match missing.get(&i) {
-            Some(&target) => Some(Err(StoreError::RelationTargetMissing { target })),
+        .map(|i| match refused.remove(&i) {
+            Some(e) => Some(Err(e)),
             None => inserted.next().flatten(),
         })
         .collect())
@@ -603,36 +602,71 @@ async fn settle(
     Ok(results)
 }
 
-/// Each row of `rows` (by position) with a relation target that is not a live row of the row's
-/// tenant, and that target.
-async fn missing_targets(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<HashMap<usize, Uuid>, StoreError> {
-    let mut positions = Vec::new();
-    let mut tenants = Vec::new();
-    let mut targets = Vec::new();
+/// Each row of `rows` (by position) whose relations cannot all be held: one names a target that
+/// is not a live row of the row's tenant, or the memory would hold more than [`MAX_RELATIONS`]
+/// with those it holds (a re-assertion adds to them). Called under [`LOCK_RELATION_WRITES`], so
+/// no other write adds to them meanwhile.
+async fn refused_relations(
+    tx: &mut PgConnection,
+    rows: &[&NewMemory],
+) -> Result<HashMap<usize, StoreError>, StoreError> {
+    let (mut positions, mut tenants, mut kinds, mut refs, mut relations, mut targets) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, m) in rows.iter().enumerate() {
         for relation in &m.typed.relations {
             positions.push(i as i64);
             tenants.push(m.tenant.as_str());
+            kinds.push(m.kind.as_str());
+            refs.push(m.source_ref.as_str());
+            relations.push(relation.kind.as_str());
             targets.push(relation.target);
         }
     }
     if targets.is_empty() {
         return Ok(HashMap::new());
     }
-    let missing: Vec<(i64, Uuid)> = sqlx::query_as(
-        "SELECT DISTINCT ON (r.position) r.position, r.target
-         FROM unnest($1::int8[], $2::text[], $3::uuid[]) AS r(position, tenant_id, target)
-         WHERE NOT EXISTS (SELECT 1 FROM memory_items m
-                           WHERE m.tenant_id = r.tenant_id AND m.id = r.target
-                             AND m.deleted_at IS NULL AND m.anonymized_at IS NULL)
-         ORDER BY r.position",
+    let refused: Vec<(i64, Option<Uuid>, i64)> = sqlx::query_as(
+        "WITH r AS (
+            SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[])
+                AS r(position, tenant_id, kind, source_ref, relation, target)
+         ), missing AS (
+            SELECT DISTINCT ON (r.position) r.position, r.target FROM r
+            WHERE NOT EXISTS (SELECT 1 FROM memory_items m
+                              WHERE m.tenant_id = r.tenant_id AND m.id = r.target
+                                AND m.deleted_at IS NULL AND m.anonymized_at IS NULL)
+            ORDER BY r.position
+         ), held AS (
+            SELECT p.position, h.relation, h.target_id AS target
+            FROM (SELECT DISTINCT position, tenant_id, kind, source_ref FROM r) p
+            JOIN memory_items m ON m.tenant_id = p.tenant_id AND m.source_kind = p.kind AND m.source_ref = p.source_ref
+            JOIN memory_relations h ON h.tenant_id = m.tenant_id AND h.item_id = m.id
+         ), counted AS (
+            SELECT position, count(*) AS n
+            FROM (SELECT position, relation, target FROM r UNION SELECT position, relation, target FROM held) u
+            GROUP BY position
+         )
+         SELECT c.position, x.target, c.n FROM counted c LEFT JOIN missing x ON x.position = c.position
+         WHERE x.position IS NOT NULL OR c.n > $7",
     )
     .bind(positions)
     .bind(tenants)
+    .bind(kinds)
+    .bind(refs)
+    .bind(relations)
     .bind(targets)
+    .bind(MAX_RELATIONS as i64)
     .fetch_all(&mut *tx)
     .await?;
-    Ok(missing.into_iter().map(|(i, target)| (i as usize, target)).collect())
+    Ok(refused
+        .into_iter()
+        .map(|(i, missing, n)| {
+            let e = match missing {
+                Some(target) => StoreError::RelationTargetMissing { target },
+                None => StoreError::TooManyRelations { relations: usize::try_from(n).unwrap_or(usize::MAX) },
+            };
+            (i as usize, e)
+        })
+        .collect())
 }
 
 /// Labels as one comma-joined string (see [`INSERT_ITEMS`]).
