@@ -326,7 +326,7 @@ async fn degraded_until_the_searched_rows_have_vectors() {
 
 #[tokio::test]
 async fn a_failing_embedder_leaves_recall_to_full_text() {
-    let f = Fixture::start(&[]).await;
+    let f = Fixture::start(&[(vars::RECALL_QUERY_WAIT_MS, "500")]).await;
     let me = principal("acme", None, None, Some("s1"));
     f.write(&me, "chat_message", "m1", "the quarterly report is late").await;
     f.embed_all().await;
@@ -335,6 +335,19 @@ async fn a_failing_embedder_leaves_recall_to_full_text() {
     assert_eq!((answer["degraded"].clone(), refs(&answer)), (json!(true), vec!["m1".to_owned()]));
     let answer = f.recall(&me, json!({ "query": "quarterly report" })).await;
     assert_eq!(answer["degraded"], false, "the next query embeds again");
+
+    // A provider that hangs (here 4 s, within its 10 s timeout) holds no recall past its wait,
+    // nor the ones queued behind it.
+    f.provider.then([Answer::Hang(Duration::from_secs(4))]);
+    let started = Instant::now();
+    let (first, second) = tokio::join!(
+        f.recall(&me, json!({ "query": "quarterly report late" })),
+        f.recall(&me, json!({ "query": "the report" })),
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
+    for answer in [first, second] {
+        assert_eq!((answer["degraded"].clone(), refs(&answer)), (json!(true), vec!["m1".to_owned()]), "{answer}");
+    }
 }
 
 #[tokio::test]

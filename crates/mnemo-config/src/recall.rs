@@ -81,6 +81,9 @@ pub struct RecallSettings {
     pub query_batch: usize,
     /// How many recent queries' vectors are kept (0: none).
     pub query_cache: usize,
+    /// How long a recall waits for its query's vector (queued behind others, or from a provider
+    /// that hangs) before it answers from full text alone, `degraded`.
+    pub query_wait: Duration,
     /// Importance, confidence and decay: the bounded factor on fused scores.
     pub signals: SignalWeights,
     /// Values that were ignored, to be logged once tracing is up (the weights fall back to their
@@ -97,6 +100,7 @@ impl Default for RecallSettings {
             prune_fraction: 0.01,
             query_batch: 32,
             query_cache: 1024,
+            query_wait: Duration::from_millis(2000),
             signals: SignalSettings::default().weights,
             warnings: Vec::new(),
         }
@@ -141,6 +145,7 @@ impl RecallSettings {
         if query_cache > 1_000_000 {
             problems.0.push(format!("{} must be at most 1000000", vars::RECALL_QUERY_CACHE));
         }
+        let query_wait = problems.bounded(env, vars::RECALL_QUERY_WAIT_MS, 2000, 10..=60_000, "milliseconds");
         let signals = SignalSettings::read(env, problems).weights;
         Self {
             weights,
@@ -149,6 +154,7 @@ impl RecallSettings {
             prune_fraction,
             query_batch,
             query_cache,
+            query_wait: Duration::from_millis(query_wait),
             signals,
             warnings,
         }

@@ -52,6 +52,8 @@ pub const RECALL_PRUNE_FRACTION: &str = "MNEMO_RECALL_PRUNE_FRACTION";
 pub const RECALL_QUERY_BATCH: &str = "MNEMO_RECALL_QUERY_BATCH";
 /// How many recent queries' vectors recall keeps (0: none).
 pub const RECALL_QUERY_CACHE: &str = "MNEMO_RECALL_QUERY_CACHE";
+/// How long a recall waits for its query's vector before it answers from full text alone.
+pub const RECALL_QUERY_WAIT_MS: &str = "MNEMO_RECALL_QUERY_WAIT_MS";
 /// Ranking signals' weights (0 turns one off) and the decay's half-life.
 pub const SIGNAL_WEIGHT_IMPORTANCE: &str = "MNEMO_SIGNAL_WEIGHT_IMPORTANCE";
 pub const SIGNAL_WEIGHT_CONFIDENCE: &str = "MNEMO_SIGNAL_WEIGHT_CONFIDENCE";

@@ -152,7 +152,8 @@ impl Recall {
         settings: RecallSettings,
     ) -> Self {
         let search = store.search(embedder.model(), embedder.dimensions());
-        let query_vectors = QueryVectors::new(embedder, settings.query_batch, settings.query_cache);
+        let query_vectors =
+            QueryVectors::new(embedder, settings.query_batch, settings.query_cache, settings.query_wait);
         Self {
             reads: Reads::primary(store.clone()),
             replica_search: None,

@@ -4,10 +4,13 @@
 //! waiting, up to `MNEMO_RECALL_QUERY_BATCH` (32), while the next ones queue. A lone query is
 //! embedded at once; it never waits for company. The vectors of the last `MNEMO_RECALL_QUERY_CACHE`
 //! (1,024) distinct queries are kept, per tenant: a hit, which is faster and counted on
-//! `/metrics`, must not tell one tenant what another asked.
+//! `/metrics`, must not tell one tenant what another asked. A recall waits for its vector at most
+//! `MNEMO_RECALL_QUERY_WAIT_MS` (a provider that hangs holds up the queries behind it), then
+//! answers from full text; a query whose recall stopped waiting is not embedded.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use mnemo_core::{EmbedError, Embedder, TenantId};
 use tokio::sync::{mpsc, oneshot};
@@ -23,6 +26,7 @@ pub(crate) struct QueryVectors {
     embedder: Arc<dyn Embedder>,
     max_batch: usize,
     cache_entries: usize,
+    wait: Duration,
     /// The embedding task's queue: started on first use (inside the runtime), and again if the
     /// task ever stopped.
     queue: Mutex<Option<mpsc::UnboundedSender<Handed>>>,
@@ -37,8 +41,9 @@ struct Cache {
 }
 
 impl QueryVectors {
-    pub(crate) fn new(embedder: Arc<dyn Embedder>, max_batch: usize, cache_entries: usize) -> Self {
-        Self { embedder, max_batch: max_batch.max(1), cache_entries, queue: Mutex::default(), cache: Mutex::default() }
+    pub(crate) fn new(embedder: Arc<dyn Embedder>, max_batch: usize, cache_entries: usize, wait: Duration) -> Self {
+        let max_batch = max_batch.max(1);
+        Self { embedder, max_batch, cache_entries, wait, queue: Mutex::default(), cache: Mutex::default() }
     }
 
     /// The query's vector, from the cache or embedded with the queries waiting beside it.
@@ -60,7 +65,8 @@ impl QueryVectors {
         let (reply, answer) = oneshot::channel();
         let gone = || EmbedError::transient("query_batcher_gone", "the query embedding task stopped");
         queue.send((query.to_owned(), reply, Span::current())).map_err(|_| gone())?;
-        let vector = answer.await.map_err(|_| gone())??;
+        let late = || EmbedError::transient("query_wait", format!("no query vector within {:?}", self.wait));
+        let vector = tokio::time::timeout(self.wait, answer).await.map_err(|_| late())?.map_err(|_| gone())??;
         let mut cache = self.cache.lock().expect("query cache");
         if self.cache_entries > 0 && cache.vectors.insert(key.clone(), vector.clone()).is_none() {
             cache.order.push_back(key);
@@ -85,6 +91,11 @@ async fn embed_batches(embedder: Arc<dyn Embedder>, max_batch: usize, mut queue:
             && let Ok(next) = queue.try_recv()
         {
             batch.push(next);
+        }
+        // Recalls that stopped waiting (past their wait, or their client gone) want no vector.
+        batch.retain(|(_, reply, _)| !reply.is_closed());
+        if batch.is_empty() {
+            continue;
         }
         metrics::histogram!("mnemo_recall_query_batch_size").record(batch.len() as f64);
         let texts: Vec<String> = batch.iter().map(|(text, _, _)| text.clone()).collect();
@@ -133,7 +144,7 @@ mod tests {
     #[tokio::test]
     async fn a_query_is_cached_for_its_own_tenant_only() {
         let embedder = Arc::new(Counting::default());
-        let vectors = QueryVectors::new(embedder.clone(), 32, 16);
+        let vectors = QueryVectors::new(embedder.clone(), 32, 16, Duration::from_secs(60));
         let (acme, globex) = (TenantId::parse("acme").expect("tenant"), TenantId::parse("globex").expect("tenant"));
         for tenant in [&acme, &acme, &globex, &globex] {
             vectors.vector(tenant, "is Initech being acquired?").await.expect("vector");
