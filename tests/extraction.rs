@@ -595,6 +595,36 @@ async fn a_profile_deleted_during_the_model_call_is_not_brought_back() {
     assert_eq!(app.db.count(by_extraction).await, 0);
 }
 
+/// A patch during the model call (enabled, sort order) leaves the content the model read: the
+/// model's profile applies, and the patch stays.
+#[tokio::test]
+async fn a_profile_patched_during_the_model_call_still_takes_the_update() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let profile = json!({ "content": "# PROFILE.md\n\nWorks as: nurse\n" });
+    assert!(app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &profile).await.status < 300);
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let once = job();
+    let (report, patched) = tokio::join!(runner.run(&once), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.client.patch("/v1/workspace/files/PROFILE.md", Some(&t), &json!({ "sort_order": 7 })).await
+    });
+    assert_eq!(patched.status, 200, "{:?}", patched.body);
+    assert!(matches!(report.expect("run"), ExtractReport::Applied { .. }));
+    let now = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
+    assert_eq!(now.body["content"], "# PROFILE.md\n\nName: Ann\n", "{:?}", now.body);
+    assert_eq!(now.body["sort_order"], 7, "the patch stays");
+    let reason: String = sqlx::query_scalar("SELECT reason FROM memory_extractions WHERE status = 'done'")
+        .fetch_one(app.db.store().pool())
+        .await
+        .expect("reason");
+    assert_eq!(reason, "applied");
+}
+
 #[tokio::test]
 async fn an_entry_that_would_overfill_todays_note_is_left_out_and_the_rest_applies() {
     let chat = ScriptedChat::start().await;

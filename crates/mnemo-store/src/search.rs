@@ -241,9 +241,10 @@ impl Store {
     pub fn search(&self, model: &str, dimensions: usize) -> Search {
         let model_literal = sql_literal(model);
         let distance = format!("(e.embedding::vector({dimensions}) <=> $12::vector({dimensions}))");
-        // Identity classes (a user's or an agent's facts) are small: rank them exactly. `+ 0`
-        // keeps the planner off the HNSW index, which would have to walk past the whole tenant
-        // to find them.
+        // Identity classes (a user's or an agent's facts and notes) are small: rank them exactly,
+        // found through their own indexes (migration 039), which hold none of the messages that
+        // carry the same user or agent. `+ 0` keeps the planner off the HNSW index, which would
+        // have to walk past the whole tenant to find them.
         let exact = |class: Scope| {
             let filter = class_filter(class);
             format!(

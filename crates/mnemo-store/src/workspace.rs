@@ -521,9 +521,11 @@ pub struct Replacement {
 }
 
 /// Replaces core file `name` (PROFILE.md, MEMORY.md) inside `tx`, as a new version written by
-/// `actor`, if the file is still at the version the replacement was made from; false, writing
-/// nothing, when it is not (an edit made during the model call is never overwritten). A missing
-/// file is created enabled at its core sort order.
+/// `actor`, if the file still holds what the replacement was made from: the version read, or a
+/// later one with the same content (a patch of `enabled` or `sort_order`, which the replacement
+/// keeps); false, writing nothing, when it does not (an edit made during the model call is never
+/// overwritten, and a file deleted meanwhile stays deleted). A missing file is created enabled at
+/// its core sort order.
 pub(crate) async fn replace_core_file(
     tx: &mut Transaction<'_, Postgres>,
     workspace: &Workspace,
@@ -535,8 +537,23 @@ pub(crate) async fn replace_core_file(
     let key = key_in(workspace, path.clone())?;
     lock(tx, &key).await?;
     let now = current(tx, &key).await?;
-    if now.as_ref().filter(|c| !c.deleted).map(|c| c.file.version) != replacement.read_version {
-        return Ok(false);
+    let live = now.as_ref().filter(|c| !c.deleted);
+    if live.map(|c| c.file.version) != replacement.read_version {
+        let (Some(live), Some(read)) = (live, replacement.read_version) else { return Ok(false) };
+        let read_content: Option<String> = sqlx::query_scalar(
+            "SELECT content FROM workspace_file_versions
+             WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4 AND version = $5",
+        )
+        .bind(key.tenant.as_str())
+        .bind(key.agent.as_str())
+        .bind(user_column(&key))
+        .bind(key.path.as_str())
+        .bind(read)
+        .fetch_optional(&mut **tx)
+        .await?;
+        if read_content.as_deref() != Some(live.file.content.as_str()) {
+            return Ok(false);
+        }
     }
     let content = replacement.content.as_str();
     let state = NewState {
