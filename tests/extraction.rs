@@ -595,6 +595,61 @@ async fn a_profile_deleted_during_the_model_call_is_not_brought_back() {
     assert_eq!(app.db.count(by_extraction).await, 0);
 }
 
+/// A proposal the database refuses (here a trigger refusing today's note, as a constraint
+/// would) writes nothing, and counts as an attempt: the conversation ends `failed` rather than
+/// being asked of the model again forever.
+#[tokio::test]
+async fn a_proposal_the_database_refuses_counts_as_an_attempt() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    for statement in [
+        "CREATE FUNCTION refuse_notes() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         RAISE EXCEPTION 'refused' USING ERRCODE = '22023'; END $$",
+        "CREATE TRIGGER refuse_notes BEFORE INSERT OR UPDATE ON workspace_files \
+         FOR EACH ROW WHEN (NEW.path LIKE 'memory/%') EXECUTE FUNCTION refuse_notes()",
+    ] {
+        sqlx::query(statement).execute(&app.db.pool).await.expect(statement);
+    }
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_MAX_ATTEMPTS, "2"), (vars::EXTRACT_COOLDOWN_S, "0")]);
+    for last_attempt in [false, true] {
+        let report = runner.run(&job()).await.expect("a refused proposal is not a failed job");
+        assert_eq!(report, ExtractReport::Failed { reason: "unstorable".into(), last_attempt });
+    }
+    let failed = "SELECT count(*) FROM memory_extractions WHERE status = 'failed' AND attempts = 2";
+    assert_eq!(app.db.count(failed).await, 1);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await, 0);
+    assert_eq!(chat.requests().len(), 2, "asked once an attempt");
+}
+
+/// A long run of tool traffic after what the user said does not crowd it out of the transcript:
+/// only what the user and the assistant said is read.
+#[tokio::test]
+async fn tool_traffic_after_the_conversation_leaves_its_words_in_the_transcript() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    for batch in 0..2 {
+        let items: Vec<Value> = (0..600)
+            .map(|i| {
+                json!({ "source_kind": "tool_output", "source_ref": format!("call-{batch}-{i}"),
+                             "name": "search", "content": "a timetable" })
+            })
+            .collect();
+        let reply = app.client.post("/v1/memories/batch", Some(&t), &json!({ "items": items })).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+    }
+    complete(&app, &t, "s1", "web").await;
+    let report = runner(&app, Some(&chat), &[]).run(&job()).await.expect("run");
+    assert!(matches!(report, ExtractReport::Applied { facts: 1, .. }), "{report:?}");
+    let prompt = chat.requests()[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(prompt.contains("remember home_city: Ann lives in Lyon"), "{prompt}");
+    assert!(!prompt.contains("a timetable"), "no tool traffic: {prompt}");
+}
+
 /// A patch during the model call (enabled, sort order) leaves the content the model read: the
 /// model's profile applies, and the patch stays.
 #[tokio::test]

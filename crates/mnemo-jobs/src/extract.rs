@@ -22,13 +22,9 @@ use mnemo_core::{
     WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
-use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, SessionMessage, Store};
+use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Store};
 
 use crate::{JobError, UndoIfDropped, backoff};
-
-/// The most messages read back from one conversation's completion (tool traffic among them:
-/// only what the user and the assistant said is kept).
-const MAX_MESSAGES: i64 = 1_000;
 
 /// The most conversations one run takes: each keeps at least two of the transcript's messages.
 /// Later ones wait for the next run.
@@ -146,24 +142,10 @@ impl ExtractRunner {
         let (input, read) = self.input(&workspace, &pending).await?;
         let extraction = match extractor.extract(&input).await {
             Ok(extraction) => extraction,
+            // An endpoint that is down fails no conversation for a day: asked again once per
+            // cooldown, they are extracted once it is back.
             Err(failure) => {
-                let attempt = pending.iter().map(|p| p.attempts).max().unwrap_or(0) + 1;
-                let max_attempts = self.settings.max_attempts;
-                // An endpoint that is down fails no conversation for a day: asked again once per
-                // cooldown, they are extracted once it is back.
-                let down = failure.is_endpoint_state();
-                let left = self
-                    .store
-                    .fail_extraction(&workspace, &self.worker, &pending, failure.kind, down, max_attempts)
-                    .await?;
-                let last_attempt = left == 0;
-                tracing::warn!(tenant = %job.tenant_id, kind = failure.kind, attempt, still_pending = left,
-                    "extraction failed; nothing was written");
-                if !last_attempt {
-                    // The run cools down first: the retry waits at least that long.
-                    self.store.retry_after(job, backoff(attempt).max(self.settings.cooldown)).await?;
-                }
-                return Ok(ExtractReport::Failed { reason: failure.kind.to_owned(), last_attempt });
+                return self.failed(job, &workspace, &pending, failure.kind, failure.is_endpoint_state()).await;
             }
         };
         if !extraction.should_update {
@@ -207,11 +189,44 @@ impl ExtractRunner {
             max_note_bytes: self.max_file_bytes,
             consolidation_throttle: self.consolidation_throttle,
         };
-        self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await?;
+        match self.store.apply_extraction(&workspace, &self.worker, &pending, &changes).await {
+            Ok(_) => {}
+            // The database refuses what the model proposed, and would again: the attempt counts,
+            // so the conversations end `failed` instead of paying for the model forever.
+            Err(e) if e.is_permanent() => {
+                // A database's message may quote the value it refused.
+                tracing::debug!(tenant = %job.tenant_id, error = %e, "the extraction could not be stored");
+                return self.failed(job, &workspace, &pending, "unstorable", false).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
         let facts = changes.facts.len();
         metrics::counter!("mnemo_extractions_total", "outcome" => "applied").increment(1);
         tracing::info!(tenant = %job.tenant_id, conversations, facts, "extraction applied");
         Ok(ExtractReport::Applied { conversations, facts })
+    }
+
+    /// Ends a run that failed (`kind`; `down` when the model's endpoint was): each conversation
+    /// counts the attempt, and the job runs again after a backoff unless none is left pending.
+    async fn failed(
+        &self,
+        job: &ExtractJob,
+        workspace: &Workspace,
+        pending: &[PendingExtraction],
+        kind: &str,
+        down: bool,
+    ) -> Result<ExtractReport, JobError> {
+        let attempt = pending.iter().map(|p| p.attempts).max().unwrap_or(0) + 1;
+        let max_attempts = self.settings.max_attempts;
+        let left = self.store.fail_extraction(workspace, &self.worker, pending, kind, down, max_attempts).await?;
+        let last_attempt = left == 0;
+        tracing::warn!(tenant = %job.tenant_id, kind, attempt, still_pending = left,
+            "extraction failed; nothing was written");
+        if !last_attempt {
+            // The run cools down first: the retry waits at least that long.
+            self.store.retry_after(job, backoff(attempt).max(self.settings.cooldown)).await?;
+        }
+        Ok(ExtractReport::Failed { reason: kind.to_owned(), last_attempt })
     }
 
     /// What the model would propose for `session` (up to its last message) now, applying
@@ -255,24 +270,22 @@ impl ExtractRunner {
             }
         }
         let share = (TRANSCRIPT_MESSAGES / latest.len().max(1)).max(2);
-        let user = workspace.user.as_ref().map(|u| u.as_str());
         let mut messages: Vec<(Role, String)> = Vec::new();
         for p in latest {
-            let through = Some(p.through().inclusive());
-            let rows = self
-                .store
-                .session_messages_newest_first(&workspace.tenant, &p.session_id, None, through, MAX_MESSAGES)
-                .await?;
             // In a session several users write in, another user's messages (and the assistant's
             // written under their token) are theirs: they never become this user's memories,
             // which that user's erasure could not reach. Rows carrying no user stay.
-            let theirs = |m: &SessionMessage| m.user_id.as_deref().is_some_and(|u| Some(u) != user);
-            let mut part: Vec<(Role, String)> = rows
-                .into_iter()
-                .filter(|m| matches!(m.role, Role::User | Role::Assistant) && m.tool_call_id.is_none() && !theirs(m))
-                .take(share)
-                .map(|m| (m.role, m.content))
-                .collect();
+            let rows = self
+                .store
+                .spoken_messages_newest_first(
+                    &workspace.tenant,
+                    &p.session_id,
+                    p.through().inclusive(),
+                    workspace.user.as_ref(),
+                    i64::try_from(share).unwrap_or(i64::MAX),
+                )
+                .await?;
+            let mut part: Vec<(Role, String)> = rows.into_iter().map(|m| (m.role, m.content)).collect();
             part.reverse();
             messages.extend(part);
         }

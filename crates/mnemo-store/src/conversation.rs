@@ -99,11 +99,14 @@ WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.scope = 'session'
     };
 }
 
-/// Those messages before `($5, $6)` (the end when not given), in `$order`, at most `$7`. A row
-/// written before roles were kept reads as what its kind implies: a chat message from the user,
-/// a tool output answering the call its source_ref names.
+/// Those messages before `($5, $6)` (the end when not given) that `$filter` keeps, in `$order`,
+/// at most `$7`. A row written before roles were kept reads as what its kind implies: a chat
+/// message from the user, a tool output answering the call its source_ref names.
 macro_rules! session_messages {
     ($order:literal) => {
+        session_messages!("", $order)
+    };
+    ($filter:literal, $order:literal) => {
         concat!(
             "SELECT m.id, m.source_kind,
        COALESCE(m.role, CASE m.source_kind WHEN 'tool_output' THEN 'tool' ELSE 'user' END) AS role,
@@ -112,7 +115,9 @@ macro_rules! session_messages {
        m.tool_name, m.token_count, m.token_counter, m.event_time, m.user_id, m.agent_id",
             conversation_rows!(),
             "
-  AND (m.event_time, m.id) < (COALESCE($5, 'infinity'), COALESCE($6, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+  AND (m.event_time, m.id) < (COALESCE($5, 'infinity'), COALESCE($6, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))",
+            $filter,
+            "
 ORDER BY ",
             $order,
             "
@@ -123,6 +128,14 @@ LIMIT $7"
 
 const SESSION_MESSAGES: &str = session_messages!("m.event_time, m.id");
 const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC, m.id DESC");
+/// What the user and the assistant said (no tool calls or results), without the messages of other
+/// users (`$8`; rows carrying no user stay), newest first.
+const SPOKEN_NEWEST_FIRST: &str = session_messages!(
+    "
+  AND m.source_kind = 'chat_message' AND COALESCE(m.role, 'user') IN ('user', 'assistant')
+  AND m.tool_call_id IS NULL AND (m.user_id IS NULL OR m.user_id = $8)",
+    "m.event_time DESC, m.id DESC"
+);
 const COUNT_MESSAGES: &str = concat!("SELECT count(*)", conversation_rows!());
 
 /// The latest compaction (where the window starts), the summary in effect with it, and the
@@ -372,6 +385,30 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<SessionMessage>, StoreError> {
         self.read_messages(SESSION_MESSAGES_NEWEST_FIRST, tenant, session, after, before, limit).await
+    }
+
+    /// Up to `limit` of what the user and the assistant said in the session before `before`,
+    /// newest first, leaving out tool traffic and other users' messages (in a session several
+    /// users write in, theirs never become `user`'s memories): an extraction's transcript.
+    pub async fn spoken_messages_newest_first(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        before: MessageCursor,
+        user: Option<&UserId>,
+        limit: i64,
+    ) -> Result<Vec<SessionMessage>, StoreError> {
+        Ok(sqlx::query_as(SPOKEN_NEWEST_FIRST)
+            .bind(tenant.as_str())
+            .bind(session.as_str())
+            .bind(None::<DateTime<Utc>>)
+            .bind(None::<Uuid>)
+            .bind(before.event_time)
+            .bind(before.id)
+            .bind(limit)
+            .bind(user.map(UserId::as_str))
+            .fetch_all(&mut *self.tenant_connection([tenant.as_str()]).await?)
+            .await?)
     }
 
     async fn read_messages(
