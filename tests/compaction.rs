@@ -394,16 +394,21 @@ async fn a_job_makes_no_more_model_calls_than_its_chunk_limit() {
 /// chunks: two messages never share a chunk, seven fit in four chunks' worth of tokens.
 async fn one_call_per_message(app: &TestApp, chat: &ScriptedChat) -> Compactor {
     let t = token(&principal("acme", None, None, Some("s1")));
-    let tokenizer = mnemo_models::Tokenizer::new(TokenizerName::O200kBase);
-    let mut long = String::from("about the trip:");
-    while mnemo_core::TokenCounter::count(&tokenizer, &long) < 260 {
-        long.push_str(" the early train to Lisbon");
-    }
+    let long = about_260_tokens();
     for i in 0..10 {
         say(app, &t, &format!("u{i}"), "user", &format!("question {i} {long}")).await;
         say(app, &t, &format!("a{i}"), "assistant", &format!("answer {i} {long}")).await;
     }
     compactor(app, &settings([llm_env(chat), vec![(vars::COMPACT_CHUNK_TOKENS, "500".to_owned())]].concat()))
+}
+
+fn about_260_tokens() -> String {
+    let tokenizer = mnemo_models::Tokenizer::new(TokenizerName::O200kBase);
+    let mut long = String::from("about the trip:");
+    while mnemo_core::TokenCounter::count(&tokenizer, &long) < 260 {
+        long.push_str(" the early train to Lisbon");
+    }
+    long
 }
 
 /// A chunk that fails after others were summarized keeps what they summarized: the record
@@ -443,6 +448,29 @@ async fn a_chunk_that_fails_keeps_the_chunks_summarized_before_it() {
     assert_eq!(report, CompactReport::Compacted { messages: 4, outcome: truncated, reason: Some("unparsable".into()) });
     let covered = "SELECT sum(messages)::bigint FROM session_compactions";
     assert_eq!(app.db.count(covered).await, 7, "2 + 1 + 4 messages, none twice");
+
+    // A chunk that ended between a call and its result: the summary kept is the one before it,
+    // which read only what its record covers.
+    let t2 = token(&principal("acme", None, None, Some("s2")));
+    let long = about_260_tokens();
+    say(&app, &t2, "u", "user", &format!("research the trains {long}")).await;
+    let call = json!({ "source_kind": "chat_message", "source_ref": "s2-call", "role": "assistant",
+        "tool_call_id": "s2-c", "name": "search", "content": format!("{{\"q\": \"{long}\"}}") });
+    let result = json!({ "source_kind": "tool_output", "source_ref": "s2-c", "name": "search", "content": long });
+    for body in [call, result] {
+        assert_eq!(app.client.post("/v1/memories", Some(&t2), &body).await.status, 201);
+    }
+    turns(&app, &t2, 0, 3).await;
+    chat.then([by_the_rule(), by_the_rule(), ChatAnswer::Status(500)]);
+    assert_eq!(compactor.run(&job("acme", "s2")).await.expect("job"), summarized(1));
+    let summary: String = sqlx::query_scalar(
+        "SELECT m.content FROM memory_items m JOIN session_compactions c ON c.summary_id = m.id \
+         WHERE c.session_id = 's2'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("summary");
+    assert!(summary.contains("1 new messages since the start; last: [user] research the trains"), "{summary}");
 }
 
 /// A model that answers garbage, or fails on the last try, truncates; nothing stored is lost.

@@ -665,7 +665,8 @@ async fn a_profile_patched_during_the_model_call_still_takes_the_update() {
     let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
     let once = job();
     let (report, patched) = tokio::join!(runner.run(&once), async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Once the model is asked, the files have been read.
+        assert!(wait_until(Duration::from_secs(5), || async { !chat.requests().is_empty() }).await);
         app.client.patch("/v1/workspace/files/PROFILE.md", Some(&t), &json!({ "sort_order": 7 })).await
     });
     assert_eq!(patched.status, 200, "{:?}", patched.body);

@@ -168,6 +168,20 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
     let refused = fact(&app, &ann, naming(&targets[16..])).await;
     assert_eq!((refused.status, refused.code()), (400, "too_many_values"), "{:?}", refused.body);
     assert_eq!(app.db.count(&held).await, 16);
+
+    // Two writes of one memory in one transaction count each other's relations: the first goes
+    // in, the second would take the memory to 17.
+    let mut first = json!({"scope": "user", "content": "Ann likes batches"});
+    let mut second = first.clone();
+    first["relations"] = targets[..10].iter().map(|t| json!({"type": "related_to", "target": t})).collect();
+    second["relations"] = targets[7..].iter().map(|t| json!({"type": "related_to", "target": t})).collect();
+    let reply = app.client.post("/v1/facts/batch", Some(&token(&ann)), &json!({ "items": [first, second] })).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert!(reply.body["results"][0]["id"].is_string(), "{:?}", reply.body);
+    assert_eq!(reply.body["results"][1]["error"]["code"], "too_many_values", "{:?}", reply.body);
+    let batched: Uuid = reply.body["results"][0]["id"].as_str().and_then(|id| id.parse().ok()).expect("id");
+    let held = format!("SELECT count(*) FROM memory_relations WHERE item_id = '{batched}'");
+    assert_eq!(app.db.count(&held).await, 10);
 }
 
 /// A single scope holds what its class holds: `agent` what the agent's other users shared with

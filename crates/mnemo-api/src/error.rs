@@ -101,7 +101,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "a workspace path is not a relative .md path of at most 4 levels and 200 bytes without .., backslashes or control characters, or names a daily note of no real day",
     ),
     ("nul_byte", 400, "a string contains a NUL character"),
-    ("too_many_values", 400, "a list is over its limit (tags 16, relations 16, allowed_roles 8)"),
+    (
+        "too_many_values",
+        400,
+        "a list is over its limit (tags 16, relations 16 a memory, counting those a re-assertion finds, allowed_roles 8)",
+    ),
     ("relation_target_not_found", 400, "a relation names a memory that is not a live row of the tenant"),
     (
         "batch_rejected",

@@ -158,13 +158,15 @@ impl Compactor {
                 let lines = transcript(&history[..cut]);
                 match self.summarize(model.as_ref(), previous.map(|s| s.content.as_str()), &lines).await {
                     Summarized::Whole(text) => (Ok(text), cut),
-                    Summarized::Part { text, lines, failure } => {
-                        // The chunks summarized before the failure are kept: the summary covers
-                        // the whole units among their lines, and the next job goes on from there.
-                        let part =
-                            units_of(&history[..cut]).into_iter().map(|(_, end)| end).filter(|&end| end <= lines).max();
-                        match (part, MemoryText::parse(&text)) {
-                            (Some(part), Ok(text)) => {
+                    Summarized::Part { done, failure } => {
+                        // The chunks summarized before the failure are kept, up to the last one
+                        // that ended where a unit does (a chunk may end between a call and its
+                        // result): the record covers exactly what that summary read, and the
+                        // next job goes on from there.
+                        let ends: Vec<usize> = units_of(&history[..cut]).into_iter().map(|(_, end)| end).collect();
+                        let kept = done.into_iter().rev().find(|(lines, _)| ends.contains(lines));
+                        match kept.map(|(lines, text)| (lines, MemoryText::parse(&text))) {
+                            Some((part, Ok(text))) => {
                                 tracing::warn!(tenant = %tenant, kind = failure.kind,
                                     "the summary failed after {part} of {cut} messages; compaction records those");
                                 tracing::debug!(tenant = %tenant, detail = failure.detail, "summary failure detail");
@@ -256,10 +258,11 @@ impl Compactor {
     }
 
     /// The previous summary brought up to date with `lines`, a chunk of at most
-    /// `chunk_tokens` at a time; when a chunk fails, as far as the chunks before it.
+    /// `chunk_tokens` at a time; when a chunk fails, the summaries of the chunks before it.
     async fn summarize(&self, model: &dyn Summarizer, previous: Option<&str>, lines: &[TranscriptLine]) -> Summarized {
         let mut summary = previous.map(str::to_owned);
-        let mut done = 0;
+        let mut done: Vec<(usize, String)> = Vec::new();
+        let mut read = 0;
         let max = self.policy.summary_max_tokens;
         for chunk in self.chunks(lines) {
             let answer = model.summarize(summary.as_deref(), &chunk, max).await.and_then(|text| {
@@ -273,19 +276,27 @@ impl Compactor {
                 }
                 Ok(text)
             });
-            match (answer, summary) {
-                (Ok(text), _) => summary = Some(text),
-                (Err(failure), Some(text)) if done > 0 => return Summarized::Part { text, lines: done, failure },
-                (Err(failure), _) => return Summarized::Failed(failure),
+            match answer {
+                Ok(text) => {
+                    read += chunk.len();
+                    done.push((read, text.clone()));
+                    summary = Some(text);
+                }
+                Err(failure) if !done.is_empty() => return Summarized::Part { done, failure },
+                Err(failure) => return Summarized::Failed(failure),
             }
-            done += chunk.len();
         }
         let Some(summary) = summary else {
             return Summarized::Failed(ModelFailure::new("empty", "nothing to summarize"));
         };
         match MemoryText::parse(&summary) {
             Ok(text) => Summarized::Whole(text),
-            Err(e) => Summarized::Failed(ModelFailure::new("unstorable", e.to_string())),
+            // As if the last chunk had failed: the ones before it stand.
+            Err(e) => {
+                let failure = ModelFailure::new("unstorable", e.to_string());
+                done.pop();
+                if done.is_empty() { Summarized::Failed(failure) } else { Summarized::Part { done, failure } }
+            }
         }
     }
 
@@ -315,10 +326,10 @@ impl Compactor {
 /// How far a summary got.
 enum Summarized {
     Whole(MemoryText),
-    /// A chunk failed: `text` summarizes the first `lines` lines.
+    /// A chunk after the first failed: after each chunk before it, the lines read so far and
+    /// the summary of them.
     Part {
-        text: String,
-        lines: usize,
+        done: Vec<(usize, String)>,
         failure: ModelFailure,
     },
     /// The first chunk failed.

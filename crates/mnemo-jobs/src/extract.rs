@@ -193,7 +193,7 @@ impl ExtractRunner {
             Ok(_) => {}
             // The database refuses what the model proposed, and would again: the attempt counts,
             // so the conversations end `failed` instead of paying for the model forever.
-            Err(e) if e.is_permanent() => {
+            Err(e) if e.is_refused_value() => {
                 // A database's message may quote the value it refused.
                 tracing::debug!(tenant = %job.tenant_id, error = %e, "the extraction could not be stored");
                 return self.failed(job, &workspace, &pending, "unstorable", false).await;

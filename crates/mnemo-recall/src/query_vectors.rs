@@ -82,18 +82,21 @@ impl QueryVectors {
 
 /// Embeds the waiting queries, a batch at a time, until every sender is gone. One call at a time
 /// makes the largest batches for a local model; the cost is that a provider call hanging until
-/// `MNEMO_EMBED_TIMEOUT_MS` holds up the queries queued behind it (they then fall back to full
-/// text, as a failed call's do).
+/// `MNEMO_EMBED_TIMEOUT_MS` holds up the queries queued behind it, each of which falls back to
+/// full text once its recall's wait is over.
 async fn embed_batches(embedder: Arc<dyn Embedder>, max_batch: usize, mut queue: mpsc::UnboundedReceiver<Handed>) {
     while let Some(first) = queue.recv().await {
+        // Recalls that stopped waiting (past their wait, or their client gone) want no vector,
+        // and take no place in the batch.
         let mut batch = vec![first];
+        batch.retain(|(_, reply, _)| !reply.is_closed());
         while batch.len() < max_batch
             && let Ok(next) = queue.try_recv()
         {
-            batch.push(next);
+            if !next.1.is_closed() {
+                batch.push(next);
+            }
         }
-        // Recalls that stopped waiting (past their wait, or their client gone) want no vector.
-        batch.retain(|(_, reply, _)| !reply.is_closed());
         if batch.is_empty() {
             continue;
         }

@@ -95,6 +95,17 @@ impl StoreError {
         }
     }
 
+    /// Whether the database refused a value the statement carried (SQLSTATE classes 22 and 23,
+    /// but a race another write won): the same values would be refused again. Unlike
+    /// [`Self::is_permanent`], not a statement the schema or a privilege refuses, which a deploy
+    /// may mend.
+    pub fn is_refused_value(&self) -> bool {
+        self.sqlx()
+            .and_then(|e| e.as_database_error())
+            .and_then(|d| d.code())
+            .is_some_and(|c| (c.starts_with("22") || c.starts_with("23")) && !["23505", "23P01"].contains(&&*c))
+    }
+
     /// The database's own error, from a statement or from the job queue.
     fn sqlx(&self) -> Option<&sqlx::Error> {
         match self {

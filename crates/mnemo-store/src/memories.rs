@@ -604,8 +604,10 @@ async fn settle(
 
 /// Each row of `rows` (by position) whose relations cannot all be held: one names a target that
 /// is not a live row of the row's tenant, or the memory would hold more than [`MAX_RELATIONS`]
-/// with those it holds (a re-assertion adds to them). Called under [`LOCK_RELATION_WRITES`], so
-/// no other write adds to them meanwhile.
+/// with those it holds (a re-assertion adds to them) and those the rows before it in `rows` give
+/// the same memory (a group commit may carry two writes of one). A memory's relation to itself
+/// is never stored, so it does not count. Called under [`LOCK_RELATION_WRITES`], so no other
+/// write adds to them meanwhile.
 async fn refused_relations(
     tx: &mut PgConnection,
     rows: &[&NewMemory],
@@ -635,15 +637,22 @@ async fn refused_relations(
                               WHERE m.tenant_id = r.tenant_id AND m.id = r.target
                                 AND m.deleted_at IS NULL AND m.anonymized_at IS NULL)
             ORDER BY r.position
-         ), held AS (
-            SELECT p.position, h.relation, h.target_id AS target
+         ), memory AS (
+            SELECT p.*, m.id AS existing
             FROM (SELECT DISTINCT position, tenant_id, kind, source_ref FROM r) p
-            JOIN memory_items m ON m.tenant_id = p.tenant_id AND m.source_kind = p.kind AND m.source_ref = p.source_ref
-            JOIN memory_relations h ON h.tenant_id = m.tenant_id AND h.item_id = m.id
+            LEFT JOIN memory_items m
+                   ON m.tenant_id = p.tenant_id AND m.source_kind = p.kind AND m.source_ref = p.source_ref
          ), counted AS (
-            SELECT position, count(*) AS n
-            FROM (SELECT position, relation, target FROM r UNION SELECT position, relation, target FROM held) u
-            GROUP BY position
+            SELECT p.position,
+                   (SELECT count(*) FROM (
+                        SELECT e.relation, e.target FROM r e
+                        WHERE e.tenant_id = p.tenant_id AND e.kind = p.kind AND e.source_ref = p.source_ref
+                          AND e.position <= p.position AND e.target IS DISTINCT FROM p.existing
+                        UNION
+                        SELECT h.relation, h.target_id FROM memory_relations h
+                        WHERE h.tenant_id = p.tenant_id AND h.item_id = p.existing
+                    ) u) AS n
+            FROM memory p
          )
          SELECT c.position, x.target, c.n FROM counted c LEFT JOIN missing x ON x.position = c.position
          WHERE x.position IS NOT NULL OR c.n > $7",

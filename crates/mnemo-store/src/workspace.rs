@@ -540,17 +540,14 @@ pub(crate) async fn replace_core_file(
     let live = now.as_ref().filter(|c| !c.deleted);
     if live.map(|c| c.file.version) != replacement.read_version {
         let (Some(live), Some(read)) = (live, replacement.read_version) else { return Ok(false) };
-        let read_content: Option<String> = sqlx::query_scalar(
-            "SELECT content FROM workspace_file_versions
-             WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4 AND version = $5",
-        )
-        .bind(key.tenant.as_str())
-        .bind(key.agent.as_str())
-        .bind(user_column(&key))
-        .bind(key.path.as_str())
-        .bind(read)
-        .fetch_optional(&mut **tx)
-        .await?;
+        let read_content: Option<String> = sqlx::query_scalar(VERSION_CONTENT)
+            .bind(key.tenant.as_str())
+            .bind(key.agent.as_str())
+            .bind(user_column(&key))
+            .bind(key.path.as_str())
+            .bind(read)
+            .fetch_optional(&mut **tx)
+            .await?;
         if read_content.as_deref() != Some(live.file.content.as_str()) {
             return Ok(false);
         }
