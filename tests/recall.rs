@@ -324,6 +324,26 @@ async fn degraded_until_the_searched_rows_have_vectors() {
     assert_eq!(sorted(refs(&answer)), ["m1", "m3"], "embedded rows are found through the full-text index");
 }
 
+/// A question of more distinct words than the keyword half searches by keeps the rarest: the
+/// one word that finds the row is never the one left out.
+#[tokio::test]
+async fn a_long_question_searches_by_its_rarest_words() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", None, None, Some("s1"));
+    let common: Vec<String> = (0..40).map(|i| format!("common{i}x")).collect();
+    for i in 0..3 {
+        f.write(&me, "chat_message", &format!("c{i}"), &common.join(" ")).await;
+    }
+    f.write(&me, "chat_message", "rare", "the zebrafinch nests in the reeds").await;
+    f.embed_all().await;
+    let question = format!("{} zebrafinch", common.join(" "));
+    let query = mnemo_recall::Query { text: &question, scope: RecallScope::Session, kinds: &[] };
+    let options = RecallOptions { halves: mnemo_recall::Halves::KeywordOnly, ..Default::default() };
+    let ranked = f.recall_api().ranked(&me, &query, 10, &options).await.expect("recall");
+    let refs: Vec<String> = ranked.items.into_iter().map(|i| i.source_ref).collect();
+    assert!(refs.contains(&"rare".to_owned()), "{refs:?}");
+}
+
 #[tokio::test]
 async fn a_failing_embedder_leaves_recall_to_full_text() {
     let f = Fixture::start(&[(vars::RECALL_QUERY_WAIT_MS, "1000")]).await;

@@ -142,6 +142,12 @@ const FALLBACK_ROWS: u32 = 20_000;
 /// first. More wait only while the embed workers are behind, and recall is `degraded` then.
 const UNINDEXED_SCAN: u32 = 4096;
 
+/// The most lexemes the keyword half searches by: the rarest the tenant's counted rows hold, then
+/// those they do not hold (found, if at all, in rows not counted yet). A long query's every
+/// mid-frequency word would make each class's index scan match most of the tenant. The longest
+/// question of LoCoMo has 15, of BEAM 29.
+const MAX_QUERY_LEXEMES: u32 = 32;
+
 /// Rows each class's full-text index scan brings, by RUM's distance, for BM25 to rank.
 const KEYWORD_POOL: u32 = 200;
 
@@ -150,7 +156,7 @@ const BM25_K1: f64 = 1.2;
 const BM25_B: f64 = 0.75;
 
 /// Full text with OR semantics: the query's lexemes less the common ones (`$13`, with their
-/// frequencies in `$14`); when every lexeme is common, the rarest alone if its frequency is at
+/// frequencies in `$14`), at most [`MAX_QUERY_LEXEMES`]; when every lexeme is common, the rarest alone if its frequency is at
 /// most `$15`, else none (the vector half answers alone). Each class's candidates
 /// are the `KEYWORD_POOL` nearest by RUM's distance: from the index for embedded rows, and for
 /// rows not embedded yet (whose full-text column is still empty) from their content, stemmed here
@@ -193,7 +199,8 @@ fn keyword_sql() -> String {
             SELECT l, c.freq FROM unnest(tsvector_to_array(to_tsvector('english', $12))) AS l
             LEFT JOIN unnest($13::text[], $14::float4[]) AS c(lexeme, freq) ON c.lexeme = l
         ), kept AS (
-            SELECT l FROM lexemes WHERE freq IS NULL
+            (SELECT x.l FROM lexemes x LEFT JOIN tenant_lexemes f ON f.tenant_id = $1 AND f.lexeme = x.l
+             WHERE x.freq IS NULL ORDER BY f.documents IS NULL, f.documents, x.l LIMIT {MAX_QUERY_LEXEMES})
             UNION ALL
             (SELECT l FROM lexemes WHERE NOT EXISTS (SELECT 1 FROM lexemes WHERE freq IS NULL) AND freq <= $15
              ORDER BY freq LIMIT 1)
