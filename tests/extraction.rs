@@ -624,6 +624,41 @@ async fn a_proposal_the_database_refuses_counts_as_an_attempt() {
     assert_eq!(chat.requests().len(), 2, "asked once an attempt");
 }
 
+/// An erasure that commits while a run is being claimed leaves no run row naming the user: the
+/// claim waits for it (the user's files, shared) and then finds nothing pending.
+#[tokio::test]
+async fn a_claim_racing_an_erasure_leaves_no_row_naming_the_user() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    let runs = "SELECT count(*) FROM extraction_runs WHERE user_id = 'ann'";
+    // The erasure, under way: it holds the user's files alone and has removed what names them.
+    let mut erasure = app.db.pool.begin().await.expect("begin");
+    for statement in [
+        "SELECT pg_advisory_xact_lock(hashtextextended('user files/' || 'acme' || '/' || 'ann', 0))",
+        "DELETE FROM memory_extractions WHERE tenant_id = 'acme' AND user_id = 'ann'",
+        "DELETE FROM extraction_runs WHERE tenant_id = 'acme' AND user_id = 'ann'",
+    ] {
+        sqlx::query(statement).execute(&mut *erasure).await.expect(statement);
+    }
+    let workspace = mnemo_core::Workspace {
+        tenant: TenantId::parse("acme").expect("tenant"),
+        agent: AgentId::parse("helper").expect("agent"),
+        user: Some(UserId::parse("ann").expect("user")),
+    };
+    let store = app.db.store();
+    let claim = tokio::spawn(async move {
+        store.claim_extraction(&workspace, "racer", Duration::ZERO, Duration::from_secs(60)).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!claim.is_finished(), "the claim waits for the erasure");
+    erasure.commit().await.expect("commit");
+    let claimed = claim.await.expect("task").expect("claim");
+    assert!(matches!(claimed, mnemo_store::Claim::Wait(_)), "{claimed:?}");
+    assert_eq!(app.db.count(runs).await, 0, "no run row names the erased user");
+}
+
 /// A long run of tool traffic after what the user said does not crowd it out of the transcript:
 /// only what the user and the assistant said is read.
 #[tokio::test]

@@ -8,7 +8,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use mnemo_core::{AgentId, TenantId, UserId, Workspace, WorkspacePath};
 
 use crate::queue::{ConsolidateJob, push};
-use crate::workspace::{Replacement, replace_core_file, user_of};
+use crate::workspace::{Replacement, replace_core_file, share_user_files, user_of};
 use crate::{Store, StoreError};
 
 /// Who wrote MEMORY.md changes made by consolidation, in versions and audit rows.
@@ -33,10 +33,14 @@ ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_scheduled_at = $1,
 WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
 RETURNING tenant_id, agent_id, user_id";
 
-/// Takes the run when nobody holds it (or its holder is presumed dead).
+/// Takes the run when nobody holds it (or its holder is presumed dead) and the user has a live
+/// daily note (none once the user was erased: no state row may name them then).
 const CLAIM: &str = "
 INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, running_since, running_by)
-VALUES ($1, $2, $3, now(), $4)
+SELECT $1, $2, $3, now(), $4
+WHERE EXISTS (SELECT 1 FROM workspace_files
+              WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
+                AND path LIKE 'memory/%')
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET running_since = now(), running_by = $4
 WHERE s.running_since IS NULL OR s.running_since < now() - make_interval(secs => $5)
 RETURNING true";
@@ -160,14 +164,19 @@ impl Store {
         worker: &str,
         stale: Duration,
     ) -> Result<bool, StoreError> {
+        let user = user_of(workspace)?;
+        // Under the user's files, shared: an erasure committing meanwhile is seen by the claim.
+        let mut tx = self.pool.begin().await?;
+        share_user_files(&mut tx, workspace.tenant.as_str(), user).await?;
         let claimed: Option<bool> = sqlx::query_scalar(CLAIM)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
-            .bind(user_of(workspace)?)
+            .bind(user)
             .bind(worker)
             .bind(stale.as_secs_f64())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(claimed.is_some())
     }
 

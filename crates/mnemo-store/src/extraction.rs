@@ -12,7 +12,9 @@ use uuid::Uuid;
 use crate::consolidation::request_consolidation_in;
 use crate::memories::insert_in;
 use crate::queue::{ExtractJob, push};
-use crate::workspace::{NewState, Replacement, apply, current, key_in, lock, replace_core_file, user_of};
+use crate::workspace::{
+    NewState, Replacement, apply, current, key_in, lock, replace_core_file, share_user_files, user_of,
+};
 use crate::{MessageCursor, Store, StoreError};
 
 /// Who wrote workspace changes made by extraction, in versions and audit rows.
@@ -24,11 +26,14 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO NOTHING
 RETURNING true";
 
-/// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead) and the
-/// cooldown since the last one has passed.
+/// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
+/// cooldown since the last one has passed and a conversation is pending (none is once the user
+/// was erased: no run row may name them then).
 const CLAIM: &str = "
 INSERT INTO extraction_runs AS r (tenant_id, agent_id, user_id, running_since, running_by)
-VALUES ($1, $2, $3, now(), $4)
+SELECT $1, $2, $3, now(), $4
+WHERE EXISTS (SELECT 1 FROM memory_extractions
+              WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND status = 'pending')
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET running_since = now(), running_by = $4
 WHERE (r.running_since IS NULL OR r.running_since < now() - make_interval(secs => $6))
   AND (r.last_finished_at IS NULL OR r.last_finished_at <= now() - make_interval(secs => $5))
@@ -217,6 +222,9 @@ impl Store {
         stale: Duration,
     ) -> Result<Claim, StoreError> {
         let (tenant, agent, user) = (workspace.tenant.as_str(), workspace.agent.as_str(), user_of(workspace)?);
+        // Under the user's files, shared: an erasure committing meanwhile is seen by the claim.
+        let mut tx = self.pool.begin().await?;
+        share_user_files(&mut tx, tenant, user).await?;
         let claimed: Option<bool> = sqlx::query_scalar(CLAIM)
             .bind(tenant)
             .bind(agent)
@@ -224,8 +232,9 @@ impl Store {
             .bind(worker)
             .bind(cooldown.as_secs_f64())
             .bind(stale.as_secs_f64())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await?;
+        tx.commit().await?;
         if claimed.is_some() {
             return Ok(Claim::Claimed);
         }

@@ -578,6 +578,17 @@ pub(crate) async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> R
     Ok(())
 }
 
+/// Shares the user's files until `tx` ends, as a write of one of them does: the user's erasure
+/// waits for `tx`, and `tx` waits for an erasure under way (see [`LOCK_USER_FILES`]).
+pub(crate) async fn share_user_files(
+    tx: &mut Transaction<'_, Postgres>,
+    tenant: &str,
+    user: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(LOCK_USER_FILES).bind(tenant).bind(user).execute(&mut **tx).await?;
+    Ok(())
+}
+
 /// Holds every file of the user still until `tx` ends (see [`LOCK_USER_FILES`]).
 pub(crate) async fn lock_user_files(
     tx: &mut Transaction<'_, Postgres>,
