@@ -564,6 +564,40 @@ async fn an_edit_made_during_the_model_call_is_never_overwritten() {
     assert_eq!(app.db.count(by_extraction).await, 0);
 }
 
+/// Ann's profile and completed conversation, and an extraction whose model answers slowly;
+/// `change` runs once the model is asked (the files have been read). The run's report, and the
+/// answer to the change.
+async fn change_the_profile_during_the_model_call<F>(
+    app: &TestApp,
+    chat: &ScriptedChat,
+    profile: &str,
+    change: impl FnOnce() -> F,
+) -> (ExtractReport, mnemo_testkit::Reply)
+where
+    F: std::future::Future<Output = mnemo_testkit::Reply>,
+{
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let profile = json!({ "content": profile });
+    assert!(app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &profile).await.status < 300);
+    conversation(app, &t, "home_city: Ann lives in Lyon").await;
+    complete(app, &t, "s1", "web").await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let runner = runner(app, Some(chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let once = job();
+    let (report, changed) = tokio::join!(runner.run(&once), async {
+        assert!(wait_until(Duration::from_secs(5), || async { !chat.requests().is_empty() }).await);
+        change().await
+    });
+    (report.expect("run"), changed)
+}
+
+async fn done_reason(app: &TestApp) -> String {
+    sqlx::query_scalar("SELECT reason FROM memory_extractions WHERE status = 'done'")
+        .fetch_one(app.db.store().pool())
+        .await
+        .expect("reason")
+}
+
 /// A profile deleted while the model answers stays deleted: the model's profile was made from the
 /// one the user removed.
 #[tokio::test]
@@ -571,25 +605,15 @@ async fn a_profile_deleted_during_the_model_call_is_not_brought_back() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
-    let profile = json!({ "content": "# PROFILE.md\n\nName: Ann\nWorks as: nurse\n" });
-    assert!(app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &profile).await.status < 300);
-    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
-    complete(&app, &t, "s1", "web").await;
-    chat.delay_every_answer(Duration::from_millis(600));
-    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
-    let once = job();
-    let (report, deleted) = tokio::join!(runner.run(&once), async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        app.client.delete("/v1/workspace/files/PROFILE.md", Some(&t)).await
-    });
+    let (report, deleted) =
+        change_the_profile_during_the_model_call(&app, &chat, "# PROFILE.md\n\nName: Ann\nWorks as: nurse\n", || {
+            app.client.delete("/v1/workspace/files/PROFILE.md", Some(&t))
+        })
+        .await;
     assert_eq!(deleted.status, 200, "{:?}", deleted.body);
-    assert!(matches!(report.expect("run"), ExtractReport::Applied { .. }));
+    assert!(matches!(report, ExtractReport::Applied { .. }));
     assert_eq!(app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await.status, 404, "still deleted");
-    let reason: String = sqlx::query_scalar("SELECT reason FROM memory_extractions WHERE status = 'done'")
-        .fetch_one(app.db.store().pool())
-        .await
-        .expect("reason");
-    assert_eq!(reason, "file_changed");
+    assert_eq!(done_reason(&app).await, "file_changed");
     let by_extraction =
         "SELECT count(*) FROM workspace_file_versions WHERE path = 'PROFILE.md' AND actor = 'extraction'";
     assert_eq!(app.db.count(by_extraction).await, 0);
@@ -692,28 +716,18 @@ async fn a_profile_patched_during_the_model_call_still_takes_the_update() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
-    let profile = json!({ "content": "# PROFILE.md\n\nWorks as: nurse\n" });
-    assert!(app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &profile).await.status < 300);
-    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
-    complete(&app, &t, "s1", "web").await;
-    chat.delay_every_answer(Duration::from_millis(600));
-    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
-    let once = job();
-    let (report, patched) = tokio::join!(runner.run(&once), async {
-        // Once the model is asked, the files have been read.
-        assert!(wait_until(Duration::from_secs(5), || async { !chat.requests().is_empty() }).await);
-        app.client.patch("/v1/workspace/files/PROFILE.md", Some(&t), &json!({ "sort_order": 7 })).await
-    });
+    let patch = json!({ "sort_order": 7 });
+    let (report, patched) =
+        change_the_profile_during_the_model_call(&app, &chat, "# PROFILE.md\n\nWorks as: nurse\n", || {
+            app.client.patch("/v1/workspace/files/PROFILE.md", Some(&t), &patch)
+        })
+        .await;
     assert_eq!(patched.status, 200, "{:?}", patched.body);
-    assert!(matches!(report.expect("run"), ExtractReport::Applied { .. }));
+    assert!(matches!(report, ExtractReport::Applied { .. }));
     let now = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
     assert_eq!(now.body["content"], "# PROFILE.md\n\nName: Ann\n", "{:?}", now.body);
     assert_eq!(now.body["sort_order"], 7, "the patch stays");
-    let reason: String = sqlx::query_scalar("SELECT reason FROM memory_extractions WHERE status = 'done'")
-        .fetch_one(app.db.store().pool())
-        .await
-        .expect("reason");
-    assert_eq!(reason, "applied");
+    assert_eq!(done_reason(&app).await, "applied");
 }
 
 #[tokio::test]
