@@ -260,12 +260,12 @@ impl Compactor {
     /// The previous summary brought up to date with `lines`, a chunk of at most
     /// `chunk_tokens` at a time; when a chunk fails, the summaries of the chunks before it.
     async fn summarize(&self, model: &dyn Summarizer, previous: Option<&str>, lines: &[TranscriptLine]) -> Summarized {
-        let mut summary = previous.map(str::to_owned);
         let mut done: Vec<(usize, String)> = Vec::new();
         let mut read = 0;
         let max = self.policy.summary_max_tokens;
         for chunk in self.chunks(lines) {
-            let answer = model.summarize(summary.as_deref(), &chunk, max).await.and_then(|text| {
+            let summary = done.last().map(|(_, text)| text.as_str()).or(previous);
+            let answer = model.summarize(summary, &chunk, max).await.and_then(|text| {
                 // A server may ignore max_tokens; twice them leaves room for another tokenizer's count.
                 let tokens = self.counter.count(&text);
                 if tokens > max.saturating_mul(2) {
@@ -279,17 +279,16 @@ impl Compactor {
             match answer {
                 Ok(text) => {
                     read += chunk.len();
-                    done.push((read, text.clone()));
-                    summary = Some(text);
+                    done.push((read, text));
                 }
                 Err(failure) if !done.is_empty() => return Summarized::Part { done, failure },
                 Err(failure) => return Summarized::Failed(failure),
             }
         }
-        let Some(summary) = summary else {
+        let Some(summary) = done.last().map(|(_, text)| text.as_str()).or(previous) else {
             return Summarized::Failed(ModelFailure::new("empty", "nothing to summarize"));
         };
-        match MemoryText::parse(&summary) {
+        match MemoryText::parse(summary) {
             Ok(text) => Summarized::Whole(text),
             // As if the last chunk had failed: the ones before it stand.
             Err(e) => {

@@ -33,17 +33,28 @@ ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_scheduled_at = $1,
 WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
 RETURNING tenant_id, agent_id, user_id";
 
+/// Whether the (tenant `$1`, agent `$2`, user `$3`) has a live daily note.
+macro_rules! has_daily_note {
+    () => {
+        "EXISTS (SELECT 1 FROM workspace_files
+                 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
+                   AND path LIKE 'memory/%')"
+    };
+}
+
 /// Takes the run when nobody holds it (or its holder is presumed dead) and the user has a live
 /// daily note (none once the user was erased: no state row may name them then).
-const CLAIM: &str = "
+const CLAIM: &str = concat!(
+    "
 INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, running_since, running_by)
 SELECT $1, $2, $3, now(), $4
-WHERE EXISTS (SELECT 1 FROM workspace_files
-              WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
-                AND path LIKE 'memory/%')
+WHERE ",
+    has_daily_note!(),
+    "
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET running_since = now(), running_by = $4
 WHERE s.running_since IS NULL OR s.running_since < now() - make_interval(secs => $5)
-RETURNING true";
+RETURNING true"
+);
 
 /// The user's live daily notes of days from `$4` on at a version consolidation has not read,
 /// oldest first.
@@ -145,16 +156,12 @@ impl Store {
     /// anything to read, and a job for the pair (one queued before the user's erasure, say) must
     /// not leave a state row naming them.
     pub async fn has_daily_notes(&self, workspace: &Workspace) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM workspace_files
-                            WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
-                              AND path LIKE 'memory/%')",
-        )
-        .bind(workspace.tenant.as_str())
-        .bind(workspace.agent.as_str())
-        .bind(user_of(workspace)?)
-        .fetch_one(&self.pool)
-        .await?)
+        Ok(sqlx::query_scalar(concat!("SELECT ", has_daily_note!()))
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user_of(workspace)?)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// Takes the (agent, user)'s consolidation run; false when another holds it.

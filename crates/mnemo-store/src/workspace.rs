@@ -566,7 +566,7 @@ pub(crate) async fn replace_core_file(
 
 pub(crate) async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), StoreError> {
     if let Some(user) = &key.user {
-        sqlx::query(LOCK_USER_FILES).bind(key.tenant.as_str()).bind(user.as_str()).execute(&mut **tx).await?;
+        share_user_files(tx, key.tenant.as_str(), user.as_str()).await?;
     }
     sqlx::query(LOCK_FILE)
         .bind(key.tenant.as_str())
