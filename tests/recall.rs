@@ -322,6 +322,30 @@ async fn degraded_until_the_searched_rows_have_vectors() {
     let answer = f.recall(&me, json!({ "query": "deploy key", "scope": "session" })).await;
     assert_eq!(answer["degraded"], false);
     assert_eq!(sorted(refs(&answer)), ["m1", "m3"], "embedded rows are found through the full-text index");
+
+    // An import elsewhere in the tenant that the embed workers have not reached: up to as many
+    // waiting rows as the keyword half stems from their content (4,096), recall in s1 misses
+    // nothing; one more, and rows beyond those are found by neither half.
+    let store = f.app.db.store();
+    let mut rng = StdRng::seed_from_u64(3);
+    let import = |range: std::ops::Range<usize>, rng: &mut StdRng| -> Vec<BulkRow> {
+        range.map(|i| random_row(rng, &elsewhere, Scope::Session, &format!("import-{i}"), chrono::Utc::now())).collect()
+    };
+    let waiting = async |rows: Vec<BulkRow>| {
+        store.bulk_load(MODEL, &rows).await.expect("bulk load");
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        sqlx::query("UPDATE memory_items SET embedded_model = NULL WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(store.pool())
+            .await
+            .expect("mark waiting");
+    };
+    waiting(import(0..4096, &mut rng)).await;
+    let answer = f.recall(&me, json!({ "query": "deploy key", "scope": "session" })).await;
+    assert_eq!(answer["degraded"], false, "4,096 rows waiting elsewhere are all looked through");
+    waiting(import(4096..4097, &mut rng)).await;
+    let answer = f.recall(&me, json!({ "query": "deploy key", "scope": "session" })).await;
+    assert_eq!(answer["degraded"], true, "4,097 are more than recall looks through");
 }
 
 /// A question of more distinct words than the keyword half searches by keeps the rarest: the

@@ -287,7 +287,15 @@ impl Recall {
             };
             tokio::try_join!(nearest, within, by_participant).map(Some)
         };
-        let (keyword, vector, pending) = tokio::try_join!(keyword, vector, search.pending_embeddings(&scope))?;
+        // Whether rows may be missing only qualifies the answer: a failed check says so, and
+        // does not fail the recall.
+        let pending = async {
+            Ok(search.pending_embeddings(&scope).await.unwrap_or_else(|error| {
+                tracing::warn!(%error, "recall could not check for rows waiting for a vector; answering degraded");
+                true
+            }))
+        };
+        let (keyword, vector, pending) = tokio::try_join!(keyword, vector, pending)?;
         let degraded = pending || vector.is_none() || lagging;
         let (mut nearest, within, by_participant) = vector.unwrap_or_default();
         // The participant the question names: the session's vector list becomes their messages,

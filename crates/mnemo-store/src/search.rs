@@ -142,6 +142,17 @@ const FALLBACK_ROWS: u32 = 20_000;
 /// first. More wait only while the embed workers are behind, and recall is `degraded` then.
 const UNINDEXED_SCAN: u32 = 4096;
 
+/// The tenant's newest rows without a vector (through `memory_items_unindexed_idx`), at most
+/// [`UNINDEXED_SCAN`]: what the keyword half stems from their content, and where recall looks for
+/// rows still waiting for a vector.
+fn newest_unembedded() -> String {
+    format!(
+        "SELECT * FROM memory_items
+         WHERE tenant_id = $1 AND deleted_at IS NULL AND anonymized_at IS NULL AND embedded_model IS NULL
+         ORDER BY created_at DESC LIMIT {UNINDEXED_SCAN}"
+    )
+}
+
 /// The most lexemes the keyword half searches by: the rarest the tenant's counted rows hold, then
 /// those they do not hold (found, if at all, in rows not counted yet). A long query's every
 /// mid-frequency word would make each class's index scan match most of the tenant. The longest
@@ -172,6 +183,7 @@ fn keyword_sql() -> String {
                   JOIN weights w ON w.lexeme = u.lexeme
                   CROSS JOIN LATERAL (SELECT coalesce(array_length(u.positions, 1), 1)::float8 AS n) tf), 0)"
     );
+    let newest = newest_unembedded();
     let branches: Vec<String> = Scope::ALL
         .iter()
         .map(|&class| {
@@ -184,10 +196,7 @@ fn keyword_sql() -> String {
                     ORDER BY m.tsv <=> (SELECT q FROM query) LIMIT {KEYWORD_POOL})
                    UNION ALL
                    (SELECT m.id, to_tsvector('english', m.content) AS tsv
-                    FROM (SELECT * FROM memory_items
-                          WHERE tenant_id = $1 AND deleted_at IS NULL AND anonymized_at IS NULL
-                            AND embedded_model IS NULL
-                          ORDER BY created_at DESC LIMIT {UNINDEXED_SCAN}) m
+                    FROM ({newest}) m
                     WHERE {filter} AND {LIVE} AND to_tsvector('english', m.content) @@ (SELECT q FROM query)
                     ORDER BY to_tsvector('english', m.content) <=> (SELECT q FROM query) LIMIT {KEYWORD_POOL})
                  ) x ORDER BY 3 LIMIT $11)"
@@ -226,20 +235,31 @@ fn keyword_sql() -> String {
     )
 }
 
-/// Whether any live row in the searched classes has no vector of the model yet. Rows whose
-/// embedding failed for good are not waiting. The model is a literal so that even a generic plan
-/// sees how few rows lack it and uses the embed-pending index (with a parameter it scanned the
-/// table: 60 ms at 120k rows).
+/// Whether rows in the searched classes may be missing from recall: the tenant has more rows
+/// without a vector than the keyword half stems from their content (the rest are found by
+/// neither half), or a live row of those classes waits for a vector of the model (rows whose
+/// embedding failed for good are not waiting). The tenant's rows without a vector are read through
+/// their own index: read through the classes' indexes, every row of a long session was read at
+/// each recall (33 ms for 50,000 rows; docs/benchmarks.md, "Is anything still waiting"). Rows of
+/// another model (during a model switch) are found through the embed-pending index, which holds
+/// none in steady state; the model is a literal so that even a generic plan sees that.
 fn pending_sql(model_literal: &str) -> String {
     let any_class: Vec<String> = Scope::ALL.iter().map(|&class| format!("({})", class_filter(class))).collect();
+    let any_class = any_class.join(" OR ");
+    let newest = newest_unembedded();
     format!(
         "SELECT EXISTS (
+            SELECT 1 FROM memory_items
+            WHERE tenant_id = $1 AND deleted_at IS NULL AND anonymized_at IS NULL AND embedded_model IS NULL
+            OFFSET {UNINDEXED_SCAN}
+        ) OR EXISTS (
+            SELECT 1 FROM ({newest}) m WHERE m.embed_error IS NULL AND {LIVE} AND ({any_class})
+        ) OR EXISTS (
             SELECT 1 FROM memory_items m
             WHERE m.embed_error IS NULL AND {LIVE}
-              AND (m.embedded_model IS NULL OR m.embedded_model < {model_literal} OR m.embedded_model > {model_literal})
-              AND ({})
-        )",
-        any_class.join(" OR ")
+              AND (m.embedded_model < {model_literal} OR m.embedded_model > {model_literal})
+              AND ({any_class})
+        )"
     )
 }
 
