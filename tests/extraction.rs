@@ -570,15 +570,17 @@ async fn an_edit_made_during_the_model_call_is_never_overwritten() {
 async fn change_the_profile_during_the_model_call<F>(
     app: &TestApp,
     chat: &ScriptedChat,
-    profile: &str,
+    profile: Option<&str>,
     change: impl FnOnce() -> F,
 ) -> (ExtractReport, mnemo_testkit::Reply)
 where
     F: std::future::Future<Output = mnemo_testkit::Reply>,
 {
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
-    let profile = json!({ "content": profile });
-    assert!(app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &profile).await.status < 300);
+    if let Some(profile) = profile {
+        let profile = json!({ "content": profile });
+        assert!(app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &profile).await.status < 300);
+    }
     conversation(app, &t, "home_city: Ann lives in Lyon").await;
     complete(app, &t, "s1", "web").await;
     chat.delay_every_answer(Duration::from_millis(600));
@@ -605,11 +607,13 @@ async fn a_profile_deleted_during_the_model_call_is_not_brought_back() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
-    let (report, deleted) =
-        change_the_profile_during_the_model_call(&app, &chat, "# PROFILE.md\n\nName: Ann\nWorks as: nurse\n", || {
-            app.client.delete("/v1/workspace/files/PROFILE.md", Some(&t))
-        })
-        .await;
+    let (report, deleted) = change_the_profile_during_the_model_call(
+        &app,
+        &chat,
+        Some("# PROFILE.md\n\nName: Ann\nWorks as: nurse\n"),
+        || app.client.delete("/v1/workspace/files/PROFILE.md", Some(&t)),
+    )
+    .await;
     assert_eq!(deleted.status, 200, "{:?}", deleted.body);
     assert!(matches!(report, ExtractReport::Applied { .. }));
     assert_eq!(app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await.status, 404, "still deleted");
@@ -718,7 +722,7 @@ async fn a_profile_patched_during_the_model_call_still_takes_the_update() {
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
     let patch = json!({ "sort_order": 7 });
     let (report, patched) =
-        change_the_profile_during_the_model_call(&app, &chat, "# PROFILE.md\n\nWorks as: nurse\n", || {
+        change_the_profile_during_the_model_call(&app, &chat, Some("# PROFILE.md\n\nWorks as: nurse\n"), || {
             app.client.patch("/v1/workspace/files/PROFILE.md", Some(&t), &patch)
         })
         .await;
@@ -728,6 +732,39 @@ async fn a_profile_patched_during_the_model_call_still_takes_the_update() {
     assert_eq!(now.body["content"], "# PROFILE.md\n\nName: Ann\n", "{:?}", now.body);
     assert_eq!(now.body["sort_order"], 7, "the patch stays");
     assert_eq!(done_reason(&app).await, "applied");
+}
+
+/// A profile made from its template while the model answers (a request for the workspace's files
+/// makes the core files it lacks) takes the model's profile: the model would have rewritten the
+/// template. One the user writes meanwhile is theirs.
+#[tokio::test]
+async fn a_profile_made_from_its_template_during_the_model_call_still_takes_the_update() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let (report, listed) =
+        change_the_profile_during_the_model_call(&app, &chat, None, || app.client.get("/v1/workspace/files", Some(&t)))
+            .await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    assert!(matches!(report, ExtractReport::Applied { .. }));
+    let now = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
+    assert_eq!(
+        (now.body["content"].clone(), now.body["version"].clone()),
+        (json!("# PROFILE.md\n\nName: Ann\n"), json!(2))
+    );
+    assert_eq!(done_reason(&app).await, "applied");
+
+    let app = TestApp::spawn().await;
+    let mine = json!({ "content": "# PROFILE.md\n\nMine\n" });
+    let (report, written) = change_the_profile_during_the_model_call(&app, &chat, None, || {
+        app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &mine)
+    })
+    .await;
+    assert!(written.status < 300, "{:?}", written.body);
+    assert!(matches!(report, ExtractReport::Applied { .. }));
+    let now = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
+    assert_eq!(now.body["content"], "# PROFILE.md\n\nMine\n");
+    assert_eq!(done_reason(&app).await, "file_changed");
 }
 
 #[tokio::test]

@@ -167,6 +167,14 @@ const VERSION_CONTENT: &str = "
 SELECT content FROM workspace_file_versions
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4 AND version = $5";
 
+/// Whether the file's first version was made from its template (the change its audit row names).
+const FIRST_VERSION_FROM_TEMPLATE: &str = "
+SELECT EXISTS (
+    SELECT 1 FROM workspace_files f
+    JOIN audit_log a ON a.tenant_id = f.tenant_id AND a.item_id = f.id
+    WHERE f.tenant_id = $1 AND f.agent_id = $2 AND f.user_id = $3 AND f.path = $4
+      AND a.reason = $5 AND (a.details ->> 'version')::int = 1)";
+
 #[derive(sqlx::FromRow)]
 pub(crate) struct Current {
     #[sqlx(flatten)]
@@ -523,9 +531,9 @@ pub struct Replacement {
 /// Replaces core file `name` (PROFILE.md, MEMORY.md) inside `tx`, as a new version written by
 /// `actor`, if the file still holds what the replacement was made from: the version read, or a
 /// later one with the same content (a patch of `enabled` or `sort_order`, which the replacement
-/// keeps); false, writing nothing, when it does not (an edit made during the model call is never
-/// overwritten, and a file deleted meanwhile stays deleted). A missing file is created enabled at
-/// its core sort order.
+/// keeps), or, when there was no live file, one just made from its template; false, writing
+/// nothing, when it does not (an edit made during the model call is never overwritten, and a file
+/// deleted meanwhile stays deleted). A missing file is created enabled at its core sort order.
 pub(crate) async fn replace_core_file(
     tx: &mut Transaction<'_, Postgres>,
     workspace: &Workspace,
@@ -539,16 +547,34 @@ pub(crate) async fn replace_core_file(
     let now = current(tx, &key).await?;
     let live = now.as_ref().filter(|c| !c.deleted);
     if live.map(|c| c.file.version) != replacement.read_version {
-        let (Some(live), Some(read)) = (live, replacement.read_version) else { return Ok(false) };
-        let read_content: Option<String> = sqlx::query_scalar(VERSION_CONTENT)
-            .bind(key.tenant.as_str())
-            .bind(key.agent.as_str())
-            .bind(user_column(&key))
-            .bind(key.path.as_str())
-            .bind(read)
-            .fetch_optional(&mut **tx)
-            .await?;
-        if read_content.as_deref() != Some(live.file.content.as_str()) {
+        let Some(live) = live else { return Ok(false) };
+        let unchanged = match replacement.read_version {
+            Some(read) => {
+                let read_content: Option<String> = sqlx::query_scalar(VERSION_CONTENT)
+                    .bind(key.tenant.as_str())
+                    .bind(key.agent.as_str())
+                    .bind(user_column(&key))
+                    .bind(key.path.as_str())
+                    .bind(read)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                read_content.as_deref() == Some(live.file.content.as_str())
+            }
+            // Created from its template meanwhile (a request for the workspace's files does
+            // that) and not changed since: the model would have rewritten the template.
+            None => {
+                live.file.version == 1
+                    && sqlx::query_scalar(FIRST_VERSION_FROM_TEMPLATE)
+                        .bind(key.tenant.as_str())
+                        .bind(key.agent.as_str())
+                        .bind(user_column(&key))
+                        .bind(key.path.as_str())
+                        .bind(FROM_TEMPLATE)
+                        .fetch_one(&mut **tx)
+                        .await?
+            }
+        };
+        if !unchanged {
             return Ok(false);
         }
     }
