@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use mnemo_config::{ClassWeights, RecallSettings};
 use mnemo_core::{
     Embedder, Layer, MAX_TOP_K, Principal, RecallClass, RecallRequest, RecallScope, Reranker, Scope, ScopeError,
-    SignalWeights, Signals, SourceKind, TenantId, signal_factor,
+    SignalWeights, Signals, SourceKind, signal_factor,
 };
 use mnemo_store::{CommonLexemes, ReadFrom, Reads, Search, SearchScope, Store, StoreError};
 use uuid::Uuid;
@@ -262,8 +262,7 @@ impl Recall {
             if options.halves == Halves::KeywordOnly {
                 return Ok(Some(Default::default()));
             }
-            let Some(vector) = self.query_vector(&principal.tenant, query.text, options.query_vector.clone()).await
-            else {
+            let Some(vector) = self.query_vector(principal, query.text, options.query_vector.clone()).await else {
                 return Ok(None);
             };
             let nearest = search.vector(&scope, &vector, CANDIDATES_PER_CLASS);
@@ -382,11 +381,11 @@ impl Recall {
 
     /// The query's vector: given, or embedded now (with the queries of concurrent recalls, or
     /// from the recent-query cache). An embedder failure is logged and leaves recall to full text.
-    async fn query_vector(&self, tenant: &TenantId, query: &str, given: Option<Vec<f32>>) -> Option<Vec<f32>> {
+    async fn query_vector(&self, asker: &Principal, query: &str, given: Option<Vec<f32>>) -> Option<Vec<f32>> {
         if given.is_some() {
             return given;
         }
-        match self.query_vectors.vector(tenant, query).await {
+        match self.query_vectors.vector(&asker.tenant, asker.user.as_ref(), query).await {
             Ok(vector) => Some(vector),
             Err(e) => {
                 // The detail may echo the query (a provider's error message): debug only.
