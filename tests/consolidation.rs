@@ -194,6 +194,47 @@ async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_ag
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2 + 1);
 }
 
+/// Each failed run in a row doubles the wait between an extraction's requests: the next run
+/// would show the model the same notes. A run that succeeds starts the count again.
+#[tokio::test]
+async fn requests_wait_longer_after_each_failed_run() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- booked Lisbon").await;
+    let runner = runner(&app, &chat, &[(vars::CONSOLIDATE_MAX_MEMORY_TOKENS, "200")]);
+    let workspace = Workspace {
+        tenant: TenantId::parse("acme").expect("tenant"),
+        agent: AgentId::parse("helper").expect("agent"),
+        user: Some(UserId::parse("ann").expect("user")),
+    };
+    let store = app.db.store();
+    let throttle = Duration::from_secs(1800);
+    // Whether a request is queued when the last was asked `throttles` throttles ago.
+    let asked_after = async |throttles: f64| {
+        sqlx::query("UPDATE consolidation_state SET last_requested_at = now() - make_interval(secs => $1)")
+            .bind(throttles * throttle.as_secs_f64())
+            .execute(store.pool())
+            .await
+            .expect("age the request");
+        store.request_consolidation(&workspace, Some(throttle)).await.expect("request")
+    };
+    let over_budget = || {
+        ChatAnswer::Content(
+            json!({ "should_update": true, "reason": "r", "memory_content": "word ".repeat(1000) }).to_string(),
+        )
+    };
+    for failures in 1..=2 {
+        chat.then([over_budget()]);
+        assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Failed { reason: "over_budget".into() });
+        let wait = f64::from(1 << failures);
+        assert!(!asked_after(wait - 0.1).await, "after {failures} failures, {wait} throttles");
+        assert!(asked_after(wait + 0.1).await, "after {failures} failures, {wait} throttles");
+    }
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 });
+    assert!(asked_after(1.1).await, "counted again from none");
+}
+
 #[tokio::test]
 async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
     let app = TestApp::spawn().await;
@@ -201,9 +242,13 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
         let t = token(&principal("acme", Some(user), Some(agent), None));
         note(&app, &t, 0, "- a note").await;
     }
-    // A pair with no daily notes is not consolidated.
+    // A pair with no daily notes is not consolidated, nor one whose notes are all archived.
     let quiet = token(&principal("acme", Some("cid"), Some("helper"), None));
     assert_eq!(app.client.get("/v1/workspace/files", Some(&quiet)).await.status, 200);
+    let archived = token(&principal("acme", Some("dan"), Some("helper"), None));
+    let path = format!("/v1/workspace/files/memory/archive/{}.md", day(100));
+    let reply = app.client.put(&path, Some(&archived), &json!({ "content": "- long ago" })).await;
+    assert!(reply.status < 300, "{:?}", reply.body);
     let store = app.db.store();
     let schedule = mnemo_core::CronSchedule::parse("0 2 * * *").expect("valid");
     let fire = schedule.last_fire(chrono::Utc::now().naive_utc()).expect("a fire");

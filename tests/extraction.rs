@@ -754,7 +754,7 @@ async fn a_profile_made_from_its_template_during_the_model_call_still_takes_the_
     );
     assert_eq!(done_reason(&app).await, "applied");
 
-    let app = TestApp::spawn().await;
+    let (chat, app) = (ScriptedChat::start().await, TestApp::spawn().await);
     let mine = json!({ "content": "# PROFILE.md\n\nMine\n" });
     let (report, written) = change_the_profile_during_the_model_call(&app, &chat, None, || {
         app.client.put("/v1/workspace/files/PROFILE.md", Some(&t), &mine)

@@ -14,31 +14,49 @@ use crate::{Store, StoreError};
 /// Who wrote MEMORY.md changes made by consolidation, in versions and audit rows.
 const ACTOR: &str = "consolidation";
 
-/// Asks for a run unless one was asked for within `$4` seconds (NULL: always).
+/// Asks for a run unless one was asked for within `$4` seconds (NULL: always), doubled for each
+/// run that failed in a row, at most 2^5 times (16 hours at the default 30 minutes, so the
+/// nightly schedule, never throttled, still comes): a failed run's notes are shown to the model
+/// again by the next.
 const REQUEST: &str = "
 INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, last_requested_at) VALUES ($1, $2, $3, now())
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_requested_at = now()
-WHERE $4::float8 IS NULL OR s.last_requested_at IS NULL OR s.last_requested_at < now() - make_interval(secs => $4)
+WHERE $4::float8 IS NULL OR s.last_requested_at IS NULL
+   OR s.last_requested_at < now() - make_interval(secs => $4 * 2 ^ LEAST(s.failures, 5))
 RETURNING true";
+
+/// A daily note's path (`memory/YYYY-MM-DD.md`; not an archived one, which no run reads).
+macro_rules! daily_note_path {
+    () => {
+        "path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$'"
+    };
+}
 
 /// Every (agent, user) with daily notes, of a tenant in zone `$2`, whose schedule fired at `$1`
 /// and was not acted on yet: marked, and returned to be queued. Cross-tenant: housekeeping finds
 /// the work, each job carries its own tenant.
-const SCHEDULE: &str = "
+const SCHEDULE: &str = concat!(
+    "
 INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, last_scheduled_at, last_requested_at)
 SELECT DISTINCT tenant_id, agent_id, user_id, $1::timestamptz, now() FROM workspace_files
-WHERE user_id <> '' AND deleted_at IS NULL AND starts_with(path, 'memory/')
+WHERE user_id <> '' AND deleted_at IS NULL AND ",
+    daily_note_path!(),
+    "
   AND tenant_id IN (SELECT t FROM (SELECT DISTINCT tenant_id AS t FROM workspace_files) ts WHERE tenant_time_zone(t) = $2)
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_scheduled_at = $1, last_requested_at = now()
 WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
-RETURNING tenant_id, agent_id, user_id";
+RETURNING tenant_id, agent_id, user_id"
+);
 
 /// Whether the (tenant `$1`, agent `$2`, user `$3`) has a live daily note.
 macro_rules! has_daily_note {
     () => {
-        "EXISTS (SELECT 1 FROM workspace_files
-                 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL
-                   AND path LIKE 'memory/%')"
+        concat!(
+            "EXISTS (SELECT 1 FROM workspace_files
+                 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND deleted_at IS NULL AND ",
+            daily_note_path!(),
+            ")"
+        )
     };
 }
 
@@ -58,17 +76,21 @@ RETURNING true"
 
 /// The user's live daily notes of days from `$4` on at a version consolidation has not read,
 /// oldest first.
-const CHANGED_NOTES: &str = "
+const CHANGED_NOTES: &str = concat!(
+    "
 SELECT w.path, w.content, w.version, w.updated_at FROM workspace_files w
 LEFT JOIN consolidation_state s USING (tenant_id, agent_id, user_id)
 WHERE w.tenant_id = $1 AND w.agent_id = $2 AND w.user_id = $3 AND w.deleted_at IS NULL
-  AND w.path ~ '^memory/[0-9]{4}-[0-9]{2}-[0-9]{2}[.]md$' AND w.path >= $4
+  AND ",
+    daily_note_path!(),
+    " AND w.path >= $4
   AND w.version > COALESCE((s.consolidated ->> w.path)::int, 0)
-ORDER BY w.path";
+ORDER BY w.path"
+);
 
 /// Ends the run held by `$7`: `$4` the notes' versions now consolidated (`{}` for none; entries
 /// of notes no longer live are dropped), `$5` the outcome, `$6` its label, `$8` the newest
-/// change consolidated (the watermark never moves back).
+/// change consolidated (the watermark never moves back); failures in a row are counted.
 const FINISH: &str = "
 UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_finished_at = now(),
     consolidated = (
@@ -77,7 +99,8 @@ UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_f
         WHERE EXISTS (SELECT 1 FROM workspace_files w
                       WHERE w.tenant_id = s.tenant_id AND w.agent_id = s.agent_id AND w.user_id = s.user_id
                         AND w.path = e.key AND w.deleted_at IS NULL)),
-    watermark = GREATEST(watermark, COALESCE($8, watermark)), last_outcome = $5, last_reason = $6
+    watermark = GREATEST(watermark, COALESCE($8, watermark)), last_outcome = $5, last_reason = $6,
+    failures = CASE WHEN $5 = 'failed' THEN failures + 1 ELSE 0 END
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $7";
 
 /// A daily note to consolidate, at the version read.
