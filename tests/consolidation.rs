@@ -184,14 +184,31 @@ async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_ag
     let throttle = Some(Duration::from_secs(1800));
     assert!(store.request_consolidation(&workspace, throttle).await.expect("first"));
     assert!(!store.request_consolidation(&workspace, throttle).await.expect("throttled"));
-    let reply = app.client.post("/v1/agents/helper/consolidate", Some(&t), &json!({})).await;
-    assert_eq!((reply.status, reply.body["queued"].as_bool()), (202, Some(true)), "by hand, never throttled");
+    // By hand: not throttled, but not queued twice while a request waits for its run.
+    let by_hand = async || {
+        let reply = app.client.post("/v1/agents/helper/consolidate", Some(&t), &json!({})).await;
+        assert_eq!(reply.status, 202, "{:?}", reply.body);
+        reply.body["queued"].as_bool().expect("queued")
+    };
+    assert!(!by_hand().await, "the extraction's request still waits");
+    assert_eq!(a.run(&once).await.expect("run"), ConsolidateReport::NothingNew);
+    assert!(by_hand().await, "its run has come");
+    assert!(!by_hand().await, "and this one waits");
+    note(&app, &t, 0, "- booked Lisbon\n- packed").await;
+    chat.delay_every_answer(Duration::from_millis(1000));
+    let (running, asked) = tokio::join!(a.run(&once), async {
+        assert!(mnemo_testkit::wait_until(Duration::from_secs(5), || async { chat.requests().len() == 2 }).await);
+        by_hand().await
+    });
+    assert_eq!(running.expect("run"), ConsolidateReport::Updated { notes: 1 });
+    assert!(asked, "asked during a run: the notes may change after it read them");
     let reply = app.client.post("/v1/agents/other/consolidate", Some(&t), &json!({})).await;
     assert_eq!((reply.status, reply.code()), (403, "agent_mismatch"));
     let agent_only = token(&principal("acme", None, Some("helper"), None));
     let reply = app.client.post("/v1/agents/helper/consolidate", Some(&agent_only), &json!({})).await;
     assert_eq!((reply.status, reply.code()), (401, "missing_identity"));
-    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2 + 1);
+    // The held run's retry and the extraction's request, then two by hand.
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2 + 2);
 }
 
 /// Each failed run in a row doubles the wait between an extraction's requests: the next run

@@ -14,16 +14,26 @@ use crate::{Store, StoreError};
 /// Who wrote MEMORY.md changes made by consolidation, in versions and audit rows.
 const ACTOR: &str = "consolidation";
 
-/// Asks for a run unless one was asked for within `$4` seconds (NULL: always), doubled for each
-/// run that failed in a row, at most 2^5 times (16 hours at the default 30 minutes, so the
-/// nightly schedule, never throttled, still comes): a failed run's notes are shown to the model
-/// again by the next.
+/// Asks for a run. With a throttle (`$4` seconds: an extraction asking), unless one was asked
+/// for within it, doubled for each run that failed in a row, at most 2^5 times (16 hours at the
+/// default 30 minutes, so the nightly schedule, never throttled, still comes): a failed run's
+/// notes are shown to the model again by the next. Without (by hand), unless a request is still
+/// waiting for its run: asked after the last run began or ended, within [`REQUEST_LOST_AFTER`]
+/// (a job that found nothing to do takes no run).
 const REQUEST: &str = "
 INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, last_requested_at) VALUES ($1, $2, $3, now())
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_requested_at = now()
-WHERE $4::float8 IS NULL OR s.last_requested_at IS NULL
-   OR s.last_requested_at < now() - make_interval(secs => $4 * 2 ^ LEAST(s.failures, 5))
+WHERE s.last_requested_at IS NULL
+   OR CASE WHEN $4::float8 IS NULL
+        THEN s.last_requested_at <= GREATEST(s.running_since, s.last_finished_at, '-infinity'::timestamptz)
+             OR s.last_requested_at < now() - make_interval(secs => $5)
+        ELSE s.last_requested_at < now() - make_interval(secs => $4 * 2 ^ LEAST(s.failures, 5))
+      END
 RETURNING true";
+
+/// A request by hand that has not led to a run this long after it is taken for one that never
+/// will (a job that found no note), and does not hold back the next.
+const REQUEST_LOST_AFTER: Duration = Duration::from_secs(600);
 
 /// A daily note's path (`memory/YYYY-MM-DD.md`; not an archived one, which no run reads).
 macro_rules! daily_note_path {
@@ -114,7 +124,8 @@ pub struct ChangedNote {
 
 impl Store {
     /// Asks for a consolidation of the (agent, user) and queues its job, unless one was asked
-    /// for within `throttle` (`None`: always). True when this call queued the job.
+    /// for within `throttle` (longer after failed runs), or, without a throttle, one is still
+    /// waiting for its run. True when this call queued the job.
     pub async fn request_consolidation(
         &self,
         workspace: &Workspace,
@@ -287,6 +298,7 @@ pub(crate) async fn request_consolidation_in(
         .bind(workspace.agent.as_str())
         .bind(user_of(workspace)?)
         .bind(throttle.map(|t| t.as_secs_f64()))
+        .bind(REQUEST_LOST_AFTER.as_secs_f64())
         .fetch_optional(&mut *tx)
         .await?;
     if asked.is_some() {
