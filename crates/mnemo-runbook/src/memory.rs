@@ -117,11 +117,13 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
         MemoryCommand::Consolidate { tenant, agent, user, dry_run, json } => {
             let workspace = Workspace { tenant, agent, user: Some(user) };
             if !dry_run {
-                store.request_consolidation(&workspace, None).await?;
+                let queued = store.request_consolidation(&workspace, None).await?;
                 if json {
-                    println!("{}", json!({ "queued": true }));
-                } else {
+                    println!("{}", json!({ "queued": queued }));
+                } else if queued {
                     println!("queued: a worker serving the consolidate queue will consolidate the notes");
+                } else {
+                    println!("not queued: an earlier request still waits for a worker to take it");
                 }
                 return Ok(());
             }
