@@ -177,6 +177,13 @@ async fn each_trigger_fires_past_its_threshold_and_zero_turns_it_off() {
     // Same history, a budget it is small against: no trigger.
     let roomy = context(&app, &t, "s1", json!({ "max_input_tokens": 100_000 })).await;
     assert!(roomy["diagnostics"]["trigger"].is_null(), "{roomy}");
+    // The trigger counts the whole window: the history (about 1,400 tokens) is under half of a
+    // 4,000-token budget alone, and over it with a 1,000-token system prompt.
+    let alone = context(&app, &t, "s1", json!({ "max_input_tokens": 4000 })).await;
+    assert!(alone["diagnostics"]["trigger"].is_null(), "{alone}");
+    let prompted = json!({ "max_input_tokens": 4000, "system_prompt": "rule ".repeat(1000) });
+    let prompted = context(&app, &t, "s1", prompted).await;
+    assert_eq!(prompted["diagnostics"]["trigger"], "tokens", "{}", prompted["diagnostics"]);
 
     // Messages: more than 5 since the last compaction (and more than the two turns it keeps).
     let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "5")]).await;

@@ -331,6 +331,7 @@ async fn context_budgets_are_checked() {
         (json!({ "max_input_tokens": 1_000_000_000u64 }), "invalid_field"),
         (json!({ "max_input_tokens": 1000, "reserve_output_tokens": 1000 }), "invalid_field"),
         (json!({ "max_input_tokens": 100, "current_message": "word ".repeat(500) }), "invalid_field"),
+        (json!({ "current_message": " \n" }), "invalid_field"),
         (json!({ "max_input_tokens": "lots" }), "invalid_field"),
         (json!({ "tenant_id": "globex" }), "tenant_in_body"),
     ];

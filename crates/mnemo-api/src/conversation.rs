@@ -209,7 +209,7 @@ pub async fn context(
     if let Some(trigger) = trigger
         && session_state.pending.is_none_or(|p| p.is_stale())
     {
-        let keep_at_most = Some(u64::from(budget / 2));
+        let keep_at_most = Some(built.room / 2);
         state.store.request_compaction(&principal.tenant, &session, trigger, keep_at_most).await?;
         session_state.pending = Some(PendingCompaction { trigger, since: chrono::Utc::now() });
     }
@@ -283,6 +283,10 @@ impl ContextBody {
             return Err(InvalidInput::OutOfRange { field: "wait_ms", min: 0, max: MAX_WAIT_MS as i64 }.into());
         }
         let current_message = body.take_opt_str("current_message")?;
+        // Sent as a user message, which providers refuse empty.
+        if current_message.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            return Err(ApiError::InvalidField { field: "current_message", expected: "text (or no field)" });
+        }
         let memory_pack = match body.take_opt_value("memory_pack")? {
             None | Some(Value::Bool(false)) => None,
             Some(Value::Bool(true)) => Some(JsonObject::from_map(Default::default())),
@@ -342,16 +346,16 @@ impl ContextBody {
 /// (what a compaction keeps at most).
 fn fired(built: &Built, request: &Request<'_>, overflow: bool, keep_pairs: usize) -> Option<CompactionTrigger> {
     let turns_read = built.read.iter().filter(|m| m.role == Role::User).count();
-    let more_than_kept = built.compactable.unwrap_or_else(|| {
+    let more_than_kept = built.compactable.unwrap_or(
         turns_read > keep_pairs
             || (built.read.len() < built.since_compaction && turns_read == keep_pairs)
-            || built.history_tokens > u64::from(request.budget / 2)
-    });
+            || built.history_tokens > built.room / 2,
+    );
     if built.since_compaction == 0 || !more_than_kept {
         None
     } else if overflow {
         Some(CompactionTrigger::Overflow)
-    } else if request.trigger_tokens > 0 && built.history_tokens > request.trigger_tokens {
+    } else if built.history_trigger > 0 && built.history_tokens > built.history_trigger {
         Some(CompactionTrigger::Tokens)
     } else if request.trigger_messages > 0 && built.since_compaction > request.trigger_messages {
         Some(CompactionTrigger::Messages)
@@ -374,7 +378,7 @@ struct Request<'a> {
     current: Option<&'a WindowMessage>,
     budget: u32,
     keep_turns: Option<usize>,
-    /// History tokens (summary included) past which compaction is asked for; 0 never.
+    /// Window tokens past which compaction is asked for; 0 never.
     trigger_tokens: u64,
     /// Messages since the last compaction past which compaction is asked for; 0 never.
     trigger_messages: usize,
@@ -391,6 +395,11 @@ struct Built {
     /// exactly when every message was read, else at least what was read, past the triggers).
     since_compaction: usize,
     history_tokens: u64,
+    /// What the summary and the history may cost in this window (the budget less the system
+    /// prompt, the workspace, the memory and the current message).
+    room: u64,
+    /// History tokens past which the whole window passes the token trigger; 0 never.
+    history_trigger: u64,
     /// Whether a compaction would cover anything, when every message since the last one was read.
     compactable: Option<bool>,
 }
@@ -418,6 +427,12 @@ async fn build(
         keep_turns: request.keep_turns,
     };
     let room = history_room(&input, tokenizer).map_err(budget_too_small)?;
+    // The trigger counts the whole window (the system prompt, the workspace, the memory and the
+    // current message too), not the history alone.
+    let history_trigger = match request.trigger_tokens {
+        0 => 0,
+        whole => whole.saturating_sub(u64::from(request.budget).saturating_sub(room)).max(1),
+    };
 
     let mut read: Vec<SessionMessage> = Vec::new();
     let mut newest_first: Vec<WindowMessage> = Vec::new();
@@ -438,13 +453,13 @@ async fn build(
         }
         let enough = tail_suffices(&newest_first, room, request.keep_turns)
             && (request.trigger_messages == 0 || read.len() > request.trigger_messages)
-            && (request.trigger_tokens == 0 || summary_tokens + read_tokens > request.trigger_tokens);
+            && (history_trigger == 0 || summary_tokens + read_tokens > history_trigger);
         if last_page || enough || read.len() >= MAX_HISTORY {
             break last_page;
         }
         // The next page: what the budget and the triggers still need, at the average cost so far.
         let average = (read_tokens / read.len().max(1) as u64).max(1);
-        let tokens_short = (room + 1).max(request.trigger_tokens + 1).saturating_sub(read_tokens);
+        let tokens_short = (room + 1).max(history_trigger + 1).saturating_sub(read_tokens);
         let rows_short =
             (tokens_short / average + 1).max((request.trigger_messages + 1).saturating_sub(read.len()) as u64);
         page = i64::try_from(rows_short + rows_short / 8 + 8).unwrap_or(MAX_PAGE_READ).clamp(FIRST_PAGE, MAX_PAGE_READ);
@@ -459,15 +474,16 @@ async fn build(
         usize::try_from(count).unwrap_or(usize::MAX)
     };
     // Cut as the job's plan cuts: over the oldest messages it reads, by its keep, and keeping at
-    // most half this call's budget.
+    // most half the history's room in this call.
     let compactable = exhausted.then(|| {
         let planned = &history[..history.len().min(MAX_COMPACTION_MESSAGES)];
-        let at_most = Keep::Tokens(u64::from(request.budget / 2));
+        let at_most = Keep::Tokens(room / 2);
         compaction_cut(planned, request.compaction_keeps).max(compaction_cut(planned, at_most)) > 0
     });
     input.history = &history;
     let window = assemble(&input, tokenizer).map_err(budget_too_small)?;
-    Ok(Built { window, read, since_compaction, history_tokens: summary_tokens + read_tokens, compactable })
+    let history_tokens = summary_tokens + read_tokens;
+    Ok(Built { window, read, since_compaction, history_tokens, room, history_trigger, compactable })
 }
 
 fn budget_too_small(error: WindowError) -> ApiError {
