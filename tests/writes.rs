@@ -395,6 +395,48 @@ async fn writes_queued_behind_an_unreachable_database_fail_with_the_batch_ahead(
     assert!(took < Duration::from_millis(1900), "four writes took {took:?}: more than one timeout");
 }
 
+/// A batch whose statement runs past its timeout fails all its rows at once: written one by one,
+/// each would wait out a timeout of its own. Here a lock held elsewhere, a timeout of 1 s, one
+/// committer, and four writes at once (the first goes alone, the other three wait and go
+/// together): without the rule the last answers after about 5 s, one timeout per row in turn.
+#[tokio::test]
+async fn a_batch_past_its_statement_timeout_fails_its_rows_together() {
+    use std::time::{Duration, Instant};
+
+    let app = TestApp::spawn().await;
+    let options: sqlx::postgres::PgConnectOptions = app.db.url.parse().expect("url");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.options([("statement_timeout", "1000")]))
+        .await
+        .expect("pool");
+    let commits = mnemo_store::GroupCommit::start(mnemo_store::Store::new(pool), 1, 8);
+    let mut holder = app.db.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE memory_items IN ACCESS EXCLUSIVE MODE").execute(&mut *holder).await.expect("lock");
+    let who = principal("acme", Some("u1"), None, Some("s1"));
+    let started = Instant::now();
+    let mut writes = tokio::task::JoinSet::new();
+    for n in 0..4 {
+        let row = mnemo_core::NewMemory::chat_message(
+            &who,
+            mnemo_core::SourceRef::parse(&format!("m{n}")).expect("ref"),
+            mnemo_core::MemoryText::parse("the table is held").expect("text"),
+            None,
+            mnemo_core::Extras::default(),
+        )
+        .expect("row");
+        let commits = commits.clone();
+        writes.spawn(async move { commits.remember(row).await });
+    }
+    while let Some(written) = writes.join_next().await {
+        let e = written.expect("task").expect_err("nothing can be written");
+        assert!(e.is_cancelled(), "{e}");
+    }
+    let took = started.elapsed();
+    holder.rollback().await.expect("let go");
+    assert!(took < Duration::from_millis(3500), "four writes took {took:?}: one timeout per row");
+}
+
 /// A statement that cannot finish (a lock held elsewhere) is cancelled by PostgreSQL after
 /// `MNEMO_STATEMENT_TIMEOUT_S`: the request gets 503 `not_ready` rather than holding its
 /// connection for as long as the lock is held, and writes go in again once it is let go.

@@ -41,6 +41,10 @@ pub enum StoreError {
     /// shared its commit with others: the same for each of them.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// A statement of a commit this write shared with others ran past its timeout (or was
+    /// cancelled): the same for each of them.
+    #[error("a database statement was cancelled: {0}")]
+    Cancelled(String),
     /// The database is out of disk space, for a write that shared its commit with others: the
     /// same for each of them.
     #[error("the database is out of disk space: {0}")]
@@ -62,7 +66,8 @@ impl StoreError {
     /// Whether PostgreSQL cancelled the statement (SQLSTATE 57014): it ran past its
     /// `statement_timeout`, or was cancelled by an operator.
     pub fn is_cancelled(&self) -> bool {
-        matches!(self.sqlx(), Some(sqlx::Error::Database(e)) if e.code().as_deref() == Some("57014"))
+        matches!(self, Self::Cancelled(_))
+            || matches!(self.sqlx(), Some(sqlx::Error::Database(e)) if e.code().as_deref() == Some("57014"))
     }
 
     /// Whether the database refused the write for want of disk space (SQLSTATE 53100): nothing

@@ -176,6 +176,14 @@ async fn commit_loop(
                     }
                 }
             }
+            // A statement past its timeout is the database too busy (or a lock held elsewhere),
+            // not one row: written one by one, each row would wait out a timeout of its own.
+            Err(e) if e.is_cancelled() => {
+                let cause = e.to_string();
+                for reply in replies {
+                    let _ = reply.send(Err(StoreError::Cancelled(cause.clone())));
+                }
+            }
             // One row can fail a whole batch (a constraint, a deadlock); then each row is written
             // on its own, so only that row's request sees the error.
             Err(e) if rows.len() > 1 => {
