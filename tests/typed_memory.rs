@@ -91,6 +91,14 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
 
     let other = principal("globex", Some("bob"), Some("helper"), None);
     let foreign = id_of(&fact(&app, &other, json!({"scope": "user", "content": "Bob's secret"})).await);
+    // A fact retired by a newer one is no longer live.
+    let retired = id_of(&fact(&app, &ann, json!({"scope": "user", "content": "Ann lived in Lyon"})).await);
+    sqlx::query("UPDATE memory_items SET superseded_by = $2, superseded_at = now(), valid_to = now() WHERE id = $1")
+        .bind(retired)
+        .bind(target)
+        .execute(&app.db.pool)
+        .await
+        .expect("supersede");
     let many = |n: usize| (0..n).map(|i| format!("t{i}")).collect::<Vec<_>>();
     let relations = |n: usize| (0..n).map(|_| json!({"type": "related_to", "target": target})).collect::<Vec<_>>();
     let cases = [
@@ -105,6 +113,7 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
         (json!({"relations": [{"type": "related_to", "target": "nope"}]}), "invalid_field"),
         (json!({"relations": [{"type": "related_to", "target": foreign}]}), "relation_target_not_found"),
         (json!({"relations": [{"type": "related_to", "target": Uuid::now_v7()}]}), "relation_target_not_found"),
+        (json!({"relations": [{"type": "derived_from", "target": retired}]}), "relation_target_not_found"),
         (json!({"relations": relations(17)}), "too_many_values"),
         (json!({"tags": many(17)}), "too_many_values"),
         (json!({"tags": ["two words"]}), "invalid_value"),

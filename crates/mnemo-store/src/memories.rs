@@ -634,7 +634,7 @@ async fn refused_relations(
          ), missing AS (
             SELECT DISTINCT ON (r.position) r.position, r.target FROM r
             WHERE NOT EXISTS (SELECT 1 FROM memory_items m
-                              WHERE m.tenant_id = r.tenant_id AND m.id = r.target
+                              WHERE m.tenant_id = r.tenant_id AND m.id = r.target AND m.superseded_by IS NULL
                                 AND m.deleted_at IS NULL AND m.anonymized_at IS NULL)
             ORDER BY r.position
          ), memory AS (
