@@ -138,7 +138,9 @@ pub async fn context(
     let session = session_for(&principal, &sid)?;
     let asked = ContextBody::parse(body)?;
     let tokenizer = state.tokenizer.as_ref();
-    let current = asked.current_message.map(|content| WindowMessage {
+    // A blank message is not placed, as a blank system prompt is not: providers refuse an empty
+    // user message.
+    let current = asked.current_message.filter(|m| !m.trim().is_empty()).map(|content| WindowMessage {
         role: Role::User,
         tokens: tokenizer.count(&content),
         content,
@@ -283,10 +285,6 @@ impl ContextBody {
             return Err(InvalidInput::OutOfRange { field: "wait_ms", min: 0, max: MAX_WAIT_MS as i64 }.into());
         }
         let current_message = body.take_opt_str("current_message")?;
-        // Sent as a user message, which providers refuse empty.
-        if current_message.as_deref().is_some_and(|m| m.trim().is_empty()) {
-            return Err(ApiError::InvalidField { field: "current_message", expected: "text (or no field)" });
-        }
         let memory_pack = match body.take_opt_value("memory_pack")? {
             None | Some(Value::Bool(false)) => None,
             Some(Value::Bool(true)) => Some(JsonObject::from_map(Default::default())),

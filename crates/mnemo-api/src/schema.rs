@@ -198,7 +198,7 @@ pub fn context_body() -> Value {
             "max_input_tokens": whole(64, 10_000_000, "The model's input budget (default 128,000)."),
             "reserve_output_tokens": { "type": "integer", "minimum": 0, "description": "Tokens kept for the answer; below max_input_tokens (default 0)." },
             "system_prompt": text("Placed first."),
-            "current_message": text("The user's new message, placed last (not empty)."),
+            "current_message": text("The user's new message, placed last (a blank one is not placed)."),
             "overflow": flag("The model refused the last window as too long: keep less this time."),
             "wait_ms": whole(0, 30_000, "Wait this long for a pending compaction's summary (default 0)."),
             "memory_pack": {
