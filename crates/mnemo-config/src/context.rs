@@ -1,6 +1,9 @@
 use crate::chat_model::{ChatModel, ChatModelVars};
 use crate::{ConfigError, Env, Problems, vars};
 
+/// The largest `MNEMO_COMPACT_SUMMARY_MAX_TOKENS`.
+const MAX_SUMMARY_TOKENS: u32 = 2000;
+
 /// How tokens are counted for context windows (`MNEMO_TOKENIZER`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenizerName {
@@ -98,10 +101,14 @@ impl ContextSettings {
         };
         let summary_max_tokens =
             problems.parsed(env, vars::COMPACT_SUMMARY_MAX_TOKENS, defaults.summary_max_tokens, "a whole number");
-        if !(50..=8000).contains(&summary_max_tokens) {
-            problems
-                .0
-                .push(format!("{}={summary_max_tokens} must be between 50 and 8000", vars::COMPACT_SUMMARY_MAX_TOKENS));
+        // A summary is stored as a memory row (at most 16 KiB): the twice 2,000 tokens that the
+        // job takes from a server ignoring max_tokens fit at about 4 bytes a token (English);
+        // 8,000 allowed summaries that passed every check and could not be stored.
+        if !(50..=MAX_SUMMARY_TOKENS).contains(&summary_max_tokens) {
+            problems.0.push(format!(
+                "{}={summary_max_tokens} must be between 50 and {MAX_SUMMARY_TOKENS} (a summary is stored in at most 16 KiB)",
+                vars::COMPACT_SUMMARY_MAX_TOKENS
+            ));
         }
         let chunk_tokens = problems.parsed(env, vars::COMPACT_CHUNK_TOKENS, defaults.chunk_tokens, "a whole number");
         if chunk_tokens < 500 {
@@ -177,5 +184,10 @@ mod tests {
         for name in [vars::COMPACT_TRIGGER_RATIO, vars::COMPACT_SUMMARY_MAX_TOKENS, vars::LLM_BASE_URL] {
             assert!(err.contains(name), "{err}");
         }
+        // A summary that could not be stored is not allowed either.
+        let summary =
+            |tokens: &str| ContextSettings::from_env(&Env::from_pairs([(vars::COMPACT_SUMMARY_MAX_TOKENS, tokens)]));
+        assert_eq!(summary("2000").expect("the largest").summary_max_tokens, 2000);
+        assert!(summary("2001").unwrap_err().to_string().contains("16 KiB"));
     }
 }
