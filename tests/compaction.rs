@@ -177,13 +177,39 @@ async fn each_trigger_fires_past_its_threshold_and_zero_turns_it_off() {
     // Same history, a budget it is small against: no trigger.
     let roomy = context(&app, &t, "s1", json!({ "max_input_tokens": 100_000 })).await;
     assert!(roomy["diagnostics"]["trigger"].is_null(), "{roomy}");
-    // The trigger counts the whole window: the history (about 1,400 tokens) is under half of a
-    // 4,000-token budget alone, and over it with a 1,000-token system prompt.
+    // The trigger counts the whole window: the history (1,350 tokens) is under half of a
+    // 4,000-token budget alone, and over it with a 1,500-token system prompt (and over half of
+    // the 2,500 tokens that prompt leaves the history, below which it never fires).
     let alone = context(&app, &t, "s1", json!({ "max_input_tokens": 4000 })).await;
-    assert!(alone["diagnostics"]["trigger"].is_null(), "{alone}");
-    let prompted = json!({ "max_input_tokens": 4000, "system_prompt": "rule ".repeat(1000) });
+    assert!(alone["diagnostics"]["trigger"].is_null(), "{}", alone["diagnostics"]);
+    let prompted = json!({ "max_input_tokens": 4000, "system_prompt": "rule ".repeat(1500) });
     let prompted = context(&app, &t, "s1", prompted).await;
     assert_eq!(prompted["diagnostics"]["trigger"], "tokens", "{}", prompted["diagnostics"]);
+    // A long current message counts towards the trigger, but what the job keeps outlasts the call:
+    // it is sized without the message (half of about 4,000 tokens, not of the 2,400 it leaves).
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0.5"), (vars::COMPACT_TRIGGER_MESSAGES, "0")]).await;
+    for i in 0..30 {
+        say(&app, &t, &format!("m{i}"), if i % 2 == 0 { "user" } else { "assistant" }, &words).await;
+    }
+    let pasted = json!({ "max_input_tokens": 4000, "current_message": "paste ".repeat(1600) });
+    let pasted = context(&app, &t, "s1", pasted).await;
+    assert_eq!(pasted["diagnostics"]["trigger"], "tokens", "{}", pasted["diagnostics"]);
+    let keep_at_most: i64 = sqlx::query_scalar(
+        "SELECT (convert_from(job, 'UTF8')::jsonb->>'keep_at_most')::int8 FROM apalis.jobs WHERE job_type = 'compact'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("the job");
+    assert!((1900..=2000).contains(&keep_at_most), "{keep_at_most}");
+    // A system prompt past the trigger alone does not ask for a summary at every turn: the
+    // history (three turns, 270 tokens) must first pass half the 1,500 tokens it leaves.
+    let s2 = token(&principal("acme", None, None, Some("s2")));
+    for i in 0..6 {
+        say(&app, &s2, &format!("n{i}"), if i % 2 == 0 { "user" } else { "assistant" }, &words).await;
+    }
+    let crowded = json!({ "max_input_tokens": 4000, "system_prompt": "rule ".repeat(2500) });
+    let crowded = context(&app, &s2, "s2", crowded).await;
+    assert!(crowded["diagnostics"]["trigger"].is_null(), "{}", crowded["diagnostics"]);
 
     // Messages: more than 5 since the last compaction (and more than the two turns it keeps).
     let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "5")]).await;

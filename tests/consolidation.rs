@@ -195,10 +195,13 @@ async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_ag
     assert!(by_hand().await, "its run has come");
     assert!(!by_hand().await, "and this one waits");
     note(&app, &t, 0, "- booked Lisbon\n- packed").await;
-    chat.delay_every_answer(Duration::from_millis(1000));
+    chat.delay_every_answer(Duration::from_millis(2000));
+    let running_now = "SELECT count(*) FROM consolidation_state WHERE running_since IS NOT NULL";
     let (running, asked) = tokio::join!(a.run(&once), async {
         assert!(mnemo_testkit::wait_until(Duration::from_secs(5), || async { chat.requests().len() == 2 }).await);
-        by_hand().await
+        let asked = by_hand().await;
+        assert_eq!(app.db.count(running_now).await, 1, "asked while the run was still going");
+        asked
     });
     assert_eq!(running.expect("run"), ConsolidateReport::Updated { notes: 1 });
     assert!(asked, "asked during a run: the notes may change after it read them");
@@ -377,6 +380,8 @@ async fn memory_edited_during_the_model_call_is_kept_and_the_notes_are_read_agai
     assert_eq!(memory(&app, &t).await, "# MEMORY.md\n\n- written by hand\n");
     let watermark = app.db.count("SELECT count(*) FROM consolidation_state WHERE watermark > '1970-01-02'").await;
     assert_eq!(watermark, 0, "the watermark stays");
+    let counted = app.db.count("SELECT count(*) FROM consolidation_state WHERE failures > 0").await;
+    assert_eq!(counted, 0, "an edit is not the model's failure: the next request does not wait longer");
 
     // The notes are left to the next run, which shows the model the edited MEMORY.md.
     chat.delay_every_answer(Duration::ZERO);

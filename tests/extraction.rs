@@ -486,6 +486,7 @@ async fn the_runbook_reports_memory_status_per_agent_and_user() {
     assert_eq!((pair["pending"].as_i64(), pair["failed"].as_i64()), (Some(0), Some(0)));
     assert!(pair["last_extraction"].is_string(), "{status}");
     assert!(pair["extraction_running_since"].is_null());
+    assert_eq!(pair["consolidation_failures"], 0, "{status}");
 }
 
 #[tokio::test]

@@ -191,6 +191,18 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
     let batched: Uuid = reply.body["results"][0]["id"].as_str().and_then(|id| id.parse().ok()).expect("id");
     let held = format!("SELECT count(*) FROM memory_relations WHERE item_id = '{batched}'");
     assert_eq!(app.db.count(&held).await, 10);
+
+    // A retry after the target it holds a relation to was retired is answered as the first was.
+    let derived = json!({"scope": "user", "content": "Ann reads lists", "relations": [{"type": "derived_from", "target": targets[0]}]});
+    assert_eq!(fact(&app, &ann, derived.clone()).await.status, 201);
+    sqlx::query("UPDATE memory_items SET superseded_by = $2, superseded_at = now(), valid_to = now() WHERE id = $1")
+        .bind(targets[0])
+        .bind(target)
+        .execute(&app.db.pool)
+        .await
+        .expect("supersede");
+    let retried = fact(&app, &ann, derived).await;
+    assert_eq!((retried.status, retried.body["was_new"].clone()), (200, json!(false)), "{:?}", retried.body);
 }
 
 /// A single scope holds what its class holds: `agent` what the agent's other users shared with

@@ -211,7 +211,7 @@ pub async fn context(
     if let Some(trigger) = trigger
         && session_state.pending.is_none_or(|p| p.is_stale())
     {
-        let keep_at_most = Some(built.room / 2);
+        let keep_at_most = Some(built.lasting_room / 2);
         state.store.request_compaction(&principal.tenant, &session, trigger, keep_at_most).await?;
         session_state.pending = Some(PendingCompaction { trigger, since: chrono::Utc::now() });
     }
@@ -336,18 +336,18 @@ impl ContextBody {
     }
 }
 
-/// The trigger this call fires, if any: overflow recovery always compacts; otherwise the history's
-/// tokens (summary included) past their share of the budget, or too many messages since the last
-/// compaction. A trigger at 0 is off. Nothing fires when a compaction would find nothing to
-/// cover: when every message since the last compaction was read, as the job's plan would cut
-/// them; otherwise when the kept turns are all that was read and they fit in half the budget
-/// (what a compaction keeps at most).
+/// The trigger this call fires, if any: overflow recovery always compacts; otherwise the whole
+/// window past its share of the budget, or too many messages since the last compaction. A trigger
+/// at 0 is off. Nothing fires when a compaction would find nothing to cover: when every message
+/// since the last compaction was read, as the job's plan would cut them; otherwise when the kept
+/// turns are all that was read and they fit in half the history's room (what a compaction keeps
+/// at most).
 fn fired(built: &Built, request: &Request<'_>, overflow: bool, keep_pairs: usize) -> Option<CompactionTrigger> {
     let turns_read = built.read.iter().filter(|m| m.role == Role::User).count();
     let more_than_kept = built.compactable.unwrap_or(
         turns_read > keep_pairs
             || (built.read.len() < built.since_compaction && turns_read == keep_pairs)
-            || built.history_tokens > built.room / 2,
+            || built.history_tokens > built.lasting_room / 2,
     );
     if built.since_compaction == 0 || !more_than_kept {
         None
@@ -393,9 +393,10 @@ struct Built {
     /// exactly when every message was read, else at least what was read, past the triggers).
     since_compaction: usize,
     history_tokens: u64,
-    /// What the summary and the history may cost in this window (the budget less the system
-    /// prompt, the workspace, the memory and the current message).
-    room: u64,
+    /// What the summary and the history may cost in this window without its current message
+    /// (the budget less the system prompt, the workspace and the memory): a compaction keeps at
+    /// most half of it.
+    lasting_room: u64,
     /// History tokens past which the whole window passes the token trigger; 0 never.
     history_trigger: u64,
     /// Whether a compaction would cover anything, when every message since the last one was read.
@@ -425,11 +426,20 @@ async fn build(
         keep_turns: request.keep_turns,
     };
     let room = history_room(&input, tokenizer).map_err(budget_too_small)?;
+    // What compaction keeps outlasts this call: sized without its message (a paste would leave
+    // the kept turns no room, and they would be folded into the summary for good).
+    let lasting_room = match input.current {
+        Some(_) => {
+            history_room(&WindowInput { current: None, ..input.clone() }, tokenizer).map_err(budget_too_small)?
+        }
+        None => room,
+    };
     // The trigger counts the whole window (the system prompt, the workspace, the memory and the
-    // current message too), not the history alone.
+    // current message too), not the history alone; never below half the history's room, so a
+    // window whose other parts pass the trigger alone does not ask for a summary at every turn.
     let history_trigger = match request.trigger_tokens {
         0 => 0,
-        whole => whole.saturating_sub(u64::from(request.budget).saturating_sub(room)).max(1),
+        whole => whole.saturating_sub(u64::from(request.budget).saturating_sub(room)).max(room / 2).max(1),
     };
 
     let mut read: Vec<SessionMessage> = Vec::new();
@@ -475,13 +485,13 @@ async fn build(
     // most half the history's room in this call.
     let compactable = exhausted.then(|| {
         let planned = &history[..history.len().min(MAX_COMPACTION_MESSAGES)];
-        let at_most = Keep::Tokens(room / 2);
+        let at_most = Keep::Tokens(lasting_room / 2);
         compaction_cut(planned, request.compaction_keeps).max(compaction_cut(planned, at_most)) > 0
     });
     input.history = &history;
     let window = assemble(&input, tokenizer).map_err(budget_too_small)?;
     let history_tokens = summary_tokens + read_tokens;
-    Ok(Built { window, read, since_compaction, history_tokens, room, history_trigger, compactable })
+    Ok(Built { window, read, since_compaction, history_tokens, lasting_room, history_trigger, compactable })
 }
 
 fn budget_too_small(error: WindowError) -> ApiError {

@@ -385,7 +385,7 @@ impl Recall {
         if given.is_some() {
             return given;
         }
-        match self.query_vectors.vector(&asker.tenant, asker.user.as_ref(), query).await {
+        match self.query_vectors.vector(asker, query).await {
             Ok(vector) => Some(vector),
             Err(e) => {
                 // The detail may echo the query (a provider's error message): debug only.

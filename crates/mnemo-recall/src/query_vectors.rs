@@ -3,8 +3,8 @@
 //! queries of concurrent recalls are embedded together: one task embeds whatever queries are
 //! waiting, up to `MNEMO_RECALL_QUERY_BATCH` (32), while the next ones queue. A lone query is
 //! embedded at once; it never waits for company. The vectors of the last `MNEMO_RECALL_QUERY_CACHE`
-//! (1,024) distinct queries are kept, per tenant and user: a hit is faster (and counted on
-//! `/metrics`), and must not tell one tenant, or one user, what another asked. A recall waits for its vector at most
+//! (1,024) distinct queries are kept, per tenant, user and agent: a hit is faster (and counted
+//! on `/metrics`), and must not tell one tenant, user or service what another asked. A recall waits for its vector at most
 //! `MNEMO_RECALL_QUERY_WAIT_MS` (a provider that hangs holds up the queries behind it), then
 //! answers from full text; a query whose recall stopped waiting is not embedded.
 
@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mnemo_core::{EmbedError, Embedder, TenantId, UserId};
+use mnemo_core::{AgentId, EmbedError, Embedder, Principal};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
 
@@ -33,8 +33,9 @@ pub(crate) struct QueryVectors {
     cache: Mutex<Cache>,
 }
 
-/// Who asked what: the tenant, the user (none for a service account) and the query text.
-type Asked = (TenantId, Option<UserId>, String);
+/// Who asked what: the tenant, the user and the agent (a service account has no user) and the
+/// query text.
+type Asked = (mnemo_core::TenantId, Option<mnemo_core::UserId>, Option<AgentId>, String);
 
 /// Vectors by who asked what, the oldest dropped first.
 #[derive(Debug, Default)]
@@ -50,13 +51,8 @@ impl QueryVectors {
     }
 
     /// The query's vector, from the cache or embedded with the queries waiting beside it.
-    pub(crate) async fn vector(
-        &self,
-        tenant: &TenantId,
-        user: Option<&UserId>,
-        query: &str,
-    ) -> Result<Vec<f32>, EmbedError> {
-        let key = (tenant.clone(), user.cloned(), query.to_owned());
+    pub(crate) async fn vector(&self, asker: &Principal, query: &str) -> Result<Vec<f32>, EmbedError> {
+        let key = (asker.tenant.clone(), asker.user.clone(), asker.agent.clone(), query.to_owned());
         if let Some(vector) = self.cache.lock().expect("query cache").vectors.get(&key) {
             metrics::counter!("mnemo_recall_query_cache_hits_total").increment(1);
             return Ok(vector.clone());
@@ -153,15 +149,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_query_is_cached_for_its_own_tenant_and_user_only() {
+    async fn a_query_is_cached_for_its_own_asker_only() {
         let embedder = Arc::new(Counting::default());
         let vectors = QueryVectors::new(embedder.clone(), 32, 16, Duration::from_secs(60));
-        let (acme, globex) = (TenantId::parse("acme").expect("tenant"), TenantId::parse("globex").expect("tenant"));
-        let (ann, bob) = (UserId::parse("ann").expect("user"), UserId::parse("bob").expect("user"));
-        let askers = [(&acme, Some(&ann)), (&acme, Some(&bob)), (&acme, None), (&globex, Some(&ann))];
-        for (tenant, user) in askers.iter().chain(&askers) {
-            vectors.vector(tenant, *user, "is Initech being acquired?").await.expect("vector");
+        let asker = |tenant: &str, user: Option<&str>, agent: Option<&str>| Principal {
+            tenant: mnemo_core::TenantId::parse(tenant).expect("tenant"),
+            user: user.map(|u| mnemo_core::UserId::parse(u).expect("user")),
+            agent: agent.map(|a| AgentId::parse(a).expect("agent")),
+            session: None,
+            roles: Vec::new(),
+        };
+        let askers = [
+            asker("acme", Some("ann"), None),
+            asker("acme", Some("bob"), None),
+            asker("acme", None, Some("helper")),
+            asker("acme", None, Some("coach")),
+            asker("globex", Some("ann"), None),
+        ];
+        for who in askers.iter().chain(&askers) {
+            vectors.vector(who, "is Initech being acquired?").await.expect("vector");
         }
-        assert_eq!(embedder.0.load(Ordering::SeqCst), 4, "once per tenant and user");
+        assert_eq!(embedder.0.load(Ordering::SeqCst), 5, "once per tenant, user and agent");
     }
 }

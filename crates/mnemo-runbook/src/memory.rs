@@ -171,7 +171,8 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                             "consolidation_watermark": r.consolidation_watermark,
                             "last_consolidation": r.last_consolidation,
                             "last_consolidation_outcome": r.last_consolidation_outcome,
-                            "last_consolidation_reason": r.last_consolidation_reason })
+                            "last_consolidation_reason": r.last_consolidation_reason,
+                            "consolidation_failures": r.consolidation_failures })
                     })
                     .collect();
                 println!("{}", json!({ "pairs": rows }));
@@ -182,7 +183,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             };
             for r in &rows {
                 println!(
-                    "{}/{}: {} pending, {} failed; last extraction {}{}; consolidated through {} (last {}: {})",
+                    "{}/{}: {} pending, {} failed; last extraction {}{}; consolidated through {} (last {}: {}{})",
                     r.agent_id,
                     r.user_id,
                     r.pending,
@@ -192,6 +193,10 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                     time(r.consolidation_watermark),
                     time(r.last_consolidation),
                     r.last_consolidation_outcome.as_deref().unwrap_or("-"),
+                    match r.consolidation_failures {
+                        0 => String::new(),
+                        n => format!(", {n} failed in a row"),
+                    },
                 );
             }
             if rows.is_empty() {

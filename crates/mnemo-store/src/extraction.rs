@@ -434,6 +434,9 @@ pub struct MemoryStatus {
     pub last_consolidation: Option<DateTime<Utc>>,
     pub last_consolidation_outcome: Option<String>,
     pub last_consolidation_reason: Option<String>,
+    /// Consolidation runs that failed in a row: an extraction asks for the next one twice as
+    /// seldom after each.
+    pub consolidation_failures: i32,
 }
 
 /// Every (agent, user) of the tenant with extraction or consolidation state.
@@ -450,7 +453,8 @@ SELECT p.agent_id, p.user_id,
           AND m.user_id = p.user_id AND m.status = 'failed') AS failed,
        r.last_finished_at AS last_extraction, r.running_since AS extraction_running_since,
        c.watermark AS consolidation_watermark, c.last_finished_at AS last_consolidation,
-       c.last_outcome AS last_consolidation_outcome, c.last_reason AS last_consolidation_reason
+       c.last_outcome AS last_consolidation_outcome, c.last_reason AS last_consolidation_reason,
+       COALESCE(c.failures, 0) AS consolidation_failures
 FROM pairs p
 LEFT JOIN extraction_runs r ON r.tenant_id = $1 AND r.agent_id = p.agent_id AND r.user_id = p.user_id
 LEFT JOIN consolidation_state c ON c.tenant_id = $1 AND c.agent_id = p.agent_id AND c.user_id = p.user_id

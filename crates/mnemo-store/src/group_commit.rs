@@ -176,8 +176,11 @@ async fn commit_loop(
                     }
                 }
             }
-            // A statement past its timeout is the database too busy (or a lock held elsewhere),
-            // not one row: written one by one, each row would wait out a timeout of its own.
+            // A statement past its timeout is most often the database too busy or a table lock
+            // held elsewhere: written one by one, each row would wait out a timeout of its own,
+            // with every write queued behind this committer. When one row alone waited (its key
+            // held by a long transaction), the others fail with it: their clients write them
+            // again (a write is idempotent), which is cheaper than a committer held for minutes.
             Err(e) if e.is_cancelled() => {
                 let cause = e.to_string();
                 for reply in replies {

@@ -602,8 +602,8 @@ async fn settle(
     Ok(results)
 }
 
-/// Each row of `rows` (by position) whose relations cannot all be held: one names a target that
-/// is not a live row of the row's tenant, or the memory would hold more than [`MAX_RELATIONS`]
+/// Each row of `rows` (by position) whose relations cannot all be held: one it does not hold yet
+/// names a target that is not a live row of the row's tenant, or the memory would hold more than [`MAX_RELATIONS`]
 /// with those it holds (a re-assertion adds to them) and those the rows before it in `rows` give
 /// the same memory (a group commit may carry two writes of one). A memory's relation to itself
 /// is never stored, so it does not count. Called under [`LOCK_RELATION_WRITES`], so no other
@@ -636,6 +636,11 @@ async fn refused_relations(
             WHERE NOT EXISTS (SELECT 1 FROM memory_items m
                               WHERE m.tenant_id = r.tenant_id AND m.id = r.target AND m.superseded_by IS NULL
                                 AND m.deleted_at IS NULL AND m.anonymized_at IS NULL)
+              -- A relation the memory holds already (a retry) stands whatever became of its target.
+              AND NOT EXISTS (SELECT 1 FROM memory_items s
+                              JOIN memory_relations h ON h.tenant_id = s.tenant_id AND h.item_id = s.id
+                              WHERE s.tenant_id = r.tenant_id AND s.source_kind = r.kind AND s.source_ref = r.source_ref
+                                AND h.relation = r.relation AND h.target_id = r.target)
             ORDER BY r.position
          ), memory AS (
             SELECT p.*, m.id AS existing

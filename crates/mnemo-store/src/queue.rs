@@ -118,7 +118,8 @@ pub struct CompactJob {
     #[serde(with = "parsed")]
     pub trigger: CompactionTrigger,
     /// When the turns compaction keeps are longer than this many tokens (one long agent turn),
-    /// it keeps this many instead: half the budget of the context call that asked.
+    /// it keeps this many instead: half of what the asking call's window leaves the history
+    /// (without its current message).
     #[serde(default)]
     pub keep_at_most: Option<u64>,
     /// How many times in a row the model failed this compaction in a way that passes (the

@@ -241,8 +241,9 @@ fn keyword_sql() -> String {
 /// embedding failed for good are not waiting). The tenant's rows without a vector are read through
 /// their own index: read through the classes' indexes, every row of a long session was read at
 /// each recall (33 ms for 50,000 rows; docs/benchmarks.md, "Is anything still waiting"). Rows of
-/// another model (during a model switch) are found through the embed-pending index, which holds
-/// none in steady state; the model is a literal so that even a generic plan sees that.
+/// another model are rare outside a model switch: the model is a literal, so that the planner
+/// sees how few there are and reads them through the embed-pending index (during a switch, when
+/// they are many, it reads the classes' rows as before).
 fn pending_sql(model_literal: &str) -> String {
     let any_class: Vec<String> = Scope::ALL.iter().map(|&class| format!("({})", class_filter(class))).collect();
     let any_class = any_class.join(" OR ");
