@@ -355,6 +355,33 @@ async fn batches_answer_per_item_and_atomic_ones_all_or_nothing() {
     assert_eq!(rows().await, before + 2);
 }
 
+/// Four chat messages handed to `commits` at once, none of which can be written: their errors,
+/// and how long the last took to answer.
+async fn four_writes_at_once(
+    commits: &mnemo_store::GroupCommit,
+) -> (Vec<mnemo_store::StoreError>, std::time::Duration) {
+    let who = principal("acme", Some("u1"), None, Some("s1"));
+    let started = std::time::Instant::now();
+    let mut writes = tokio::task::JoinSet::new();
+    for n in 0..4 {
+        let row = mnemo_core::NewMemory::chat_message(
+            &who,
+            mnemo_core::SourceRef::parse(&format!("m{n}")).expect("ref"),
+            mnemo_core::MemoryText::parse("not written").expect("text"),
+            None,
+            mnemo_core::Extras::default(),
+        )
+        .expect("row");
+        let commits = commits.clone();
+        writes.spawn(async move { commits.remember(row).await });
+    }
+    let mut failures = Vec::new();
+    while let Some(written) = writes.join_next().await {
+        failures.push(written.expect("task").expect_err("nothing can be written"));
+    }
+    (failures, started.elapsed())
+}
+
 /// While the database is out of reach, no write waits out more than one connection timeout:
 /// the rows queued behind a batch that found it unreachable fail with that batch, instead of each
 /// batch after it waiting out a timeout of its own. Here a "database" that accepts connections
@@ -362,7 +389,7 @@ async fn batches_answer_per_item_and_atomic_ones_all_or_nothing() {
 /// writes at once: without the drain they take 4 s, one timeout each in turn.
 #[tokio::test]
 async fn writes_queued_behind_an_unreachable_database_fail_with_the_batch_ahead() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
     let url = format!("postgres://mnemo:mnemo@{}/mnemo", silent.local_addr().expect("address"));
@@ -372,26 +399,8 @@ async fn writes_queued_behind_an_unreachable_database_fail_with_the_batch_ahead(
         .acquire_timeout(Duration::from_secs(1))
         .connect_lazy_with(options);
     let commits = mnemo_store::GroupCommit::start(mnemo_store::Store::new(pool), 1, 1);
-    let who = principal("acme", Some("u1"), None, Some("s1"));
-    let started = Instant::now();
-    let mut writes = tokio::task::JoinSet::new();
-    for n in 0..4 {
-        let row = mnemo_core::NewMemory::chat_message(
-            &who,
-            mnemo_core::SourceRef::parse(&format!("m{n}")).expect("ref"),
-            mnemo_core::MemoryText::parse("the database is away").expect("text"),
-            None,
-            mnemo_core::Extras::default(),
-        )
-        .expect("row");
-        let commits = commits.clone();
-        writes.spawn(async move { commits.remember(row).await });
-    }
-    while let Some(written) = writes.join_next().await {
-        let e = written.expect("task").expect_err("nothing can be written");
-        assert!(e.is_unavailable(), "{e}");
-    }
-    let took = started.elapsed();
+    let (failures, took) = four_writes_at_once(&commits).await;
+    assert!(failures.iter().all(mnemo_store::StoreError::is_unavailable), "{failures:?}");
     assert!(took < Duration::from_millis(1900), "four writes took {took:?}: more than one timeout");
 }
 
@@ -401,7 +410,7 @@ async fn writes_queued_behind_an_unreachable_database_fail_with_the_batch_ahead(
 /// together): without the rule the last answers after about 5 s, one timeout per row in turn.
 #[tokio::test]
 async fn a_batch_past_its_statement_timeout_fails_its_rows_together() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let app = TestApp::spawn().await;
     let options: sqlx::postgres::PgConnectOptions = app.db.url.parse().expect("url");
@@ -413,26 +422,8 @@ async fn a_batch_past_its_statement_timeout_fails_its_rows_together() {
     let commits = mnemo_store::GroupCommit::start(mnemo_store::Store::new(pool), 1, 8);
     let mut holder = app.db.pool.begin().await.expect("begin");
     sqlx::query("LOCK TABLE memory_items IN ACCESS EXCLUSIVE MODE").execute(&mut *holder).await.expect("lock");
-    let who = principal("acme", Some("u1"), None, Some("s1"));
-    let started = Instant::now();
-    let mut writes = tokio::task::JoinSet::new();
-    for n in 0..4 {
-        let row = mnemo_core::NewMemory::chat_message(
-            &who,
-            mnemo_core::SourceRef::parse(&format!("m{n}")).expect("ref"),
-            mnemo_core::MemoryText::parse("the table is held").expect("text"),
-            None,
-            mnemo_core::Extras::default(),
-        )
-        .expect("row");
-        let commits = commits.clone();
-        writes.spawn(async move { commits.remember(row).await });
-    }
-    while let Some(written) = writes.join_next().await {
-        let e = written.expect("task").expect_err("nothing can be written");
-        assert!(e.is_cancelled(), "{e}");
-    }
-    let took = started.elapsed();
+    let (failures, took) = four_writes_at_once(&commits).await;
+    assert!(failures.iter().all(mnemo_store::StoreError::is_cancelled), "{failures:?}");
     holder.rollback().await.expect("let go");
     assert!(took < Duration::from_millis(4000), "four writes took {took:?}: one timeout per row");
 }
