@@ -172,6 +172,14 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
             "invalid_field",
         ),
         case(
+            "the anonymized rows' ending before a '|' in source_ref",
+            "/v1/memories",
+            &session,
+            json!({ "source_kind": "chat_message", "source_ref": "m|anonymized|1", "content": "x" }).to_string(),
+            400,
+            "invalid_field",
+        ),
+        case(
             "nul in metadata",
             "/v1/memories",
             &session,

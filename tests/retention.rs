@@ -349,6 +349,28 @@ async fn a_sweep_anonymizes_completely_keeps_chains_and_never_comes_back() {
 }
 
 /// `rows` rows of `tenant`, of which the first `deleted` were soft-deleted 40 days ago.
+/// Keys freed by anonymization never collide: a ref whose plain suffix is taken is renamed with
+/// `|anonymized|` and its id, which no caller's ref holds, so a message named after another's id
+/// cannot make the same key in the same sweep (it failed every later sweep of the tenant).
+#[tokio::test]
+async fn anonymized_keys_never_collide_whatever_the_refs() {
+    let f = Fixture::start().await;
+    let ann = principal("acme", Some("ann"), Some("helper"), Some("s1"));
+    let first = f.message(&ann, "r", "the first r").await;
+    f.exec(&format!("UPDATE memory_items SET deleted_at = now() - interval '400 days' WHERE id = '{first}'")).await;
+    f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
+    let again = f.message(&ann, "r", "r again").await;
+    let named_after_it = f.message(&ann, &format!("r|{again}"), "named after its id").await;
+    f.exec(&format!(
+        "UPDATE memory_items SET deleted_at = now() - interval '400 days' WHERE id IN ('{again}', '{named_after_it}')"
+    ))
+    .await;
+    let report = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
+    assert_eq!(report["outcome"], "done", "{report}");
+    let left = f.db().count("SELECT count(*) FROM memory_items WHERE anonymized_at IS NULL").await;
+    assert_eq!(left, 0, "every row anonymized");
+}
+
 async fn bulk_rows(f: &Fixture, tenant: &str, rows: i64, deleted: i64) {
     f.exec(&format!(
         "INSERT INTO memory_items (id, tenant_id, scope, session_id, user_id, source_kind, source_ref, content,

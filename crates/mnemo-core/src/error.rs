@@ -18,7 +18,7 @@ pub enum InvalidInput {
     UnknownValue { field: &'static str, value: String, expected: &'static str },
     #[error("invalid workspace path: {reason}")]
     BadPath { reason: &'static str },
-    #[error("{field} must not end in {suffix:?}: mnemo keeps that ending for anonymized rows")]
+    #[error("{field} must not end in {suffix:?} nor hold it before a '|': mnemo keeps those for anonymized rows")]
     ReservedSuffix { field: &'static str, suffix: &'static str },
 }
 

@@ -28,9 +28,10 @@ impl SourceRef {
         if raw.chars().any(char::is_control) {
             return Err(InvalidInput::ControlChar { field: FIELD });
         }
-        // Anonymization frees a row's key by this suffix (and the row id before it when taken):
-        // a caller's ref holding it could collide with that and block the tenant's sweeps.
-        if raw.ends_with(ANONYMIZED_SUFFIX) {
+        // Anonymization frees a row's key by this suffix (and, when that is taken, the suffix,
+        // the row id and the suffix again): a caller's ref holding it could collide with those
+        // and block the tenant's sweeps.
+        if raw.ends_with(ANONYMIZED_SUFFIX) || raw.contains(&format!("{ANONYMIZED_SUFFIX}|")) {
             return Err(InvalidInput::ReservedSuffix { field: FIELD, suffix: ANONYMIZED_SUFFIX });
         }
         Ok(Self(raw.to_owned()))

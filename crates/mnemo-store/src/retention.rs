@@ -168,8 +168,10 @@ anonymized AS (
         -- A fact's ref is made of its identity and a hash of its content, a workspace
         -- note's of a hash of its agent and user and the file's path, a session
         -- summary's of its session and a hash of its text: replaced. Other refs are the
-        -- caller's ids: kept, suffixed, with the row id when a row already took the
-        -- plain suffix. Either way the key is free for a new write.
+        -- caller's ids: kept, suffixed, and when a row already took the plain suffix, with
+        -- '|anonymized|' and the row id between: no caller's ref holds '|anonymized|', so
+        -- no plain suffix in the same batch can make the same key. Either way the key is
+        -- free for a new write.
         source_ref = CASE
             WHEN m.source_kind = 'fact' THEN 'fact:' || m.scope || ':' || m.id || '|anonymized'
             WHEN m.source_kind = 'workspace_note' THEN 'workspace:' || m.id || '|anonymized'
@@ -178,7 +180,7 @@ anonymized AS (
                 SELECT 1 FROM memory_items x
                 WHERE x.tenant_id = m.tenant_id AND x.source_kind = m.source_kind
                   AND x.source_ref = m.source_ref || '|anonymized'
-            ) THEN m.source_ref || '|' || m.id || '|anonymized'
+            ) THEN m.source_ref || '|anonymized|' || m.id || '|anonymized'
             ELSE m.source_ref || '|anonymized'
         END,
         valid_to = CASE WHEN m.source_kind = 'fact' THEN COALESCE(m.valid_to, now()) END,
