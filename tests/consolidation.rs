@@ -38,6 +38,15 @@ fn job() -> ConsolidateJob {
     }
 }
 
+/// The workspace `job()` consolidates.
+fn workspace() -> Workspace {
+    Workspace {
+        tenant: TenantId::parse("acme").expect("tenant"),
+        agent: AgentId::parse("helper").expect("agent"),
+        user: Some(UserId::parse("ann").expect("user")),
+    }
+}
+
 fn day(days_ago: u64) -> String {
     (chrono::Utc::now().date_naive() - chrono::Days::new(days_ago)).format("%Y-%m-%d").to_string()
 }
@@ -175,11 +184,7 @@ async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_ag
     assert!(reports.contains(&ConsolidateReport::Updated { notes: 1 }), "{reports:?}");
     assert!(reports.contains(&ConsolidateReport::Held), "{reports:?}");
 
-    let workspace = Workspace {
-        tenant: TenantId::parse("acme").expect("tenant"),
-        agent: AgentId::parse("helper").expect("agent"),
-        user: Some(UserId::parse("ann").expect("user")),
-    };
+    let workspace = workspace();
     let store = app.db.store();
     let throttle = Some(Duration::from_secs(1800));
     assert!(store.request_consolidation(&workspace, throttle).await.expect("first"));
@@ -223,11 +228,7 @@ async fn requests_wait_longer_after_each_failed_run() {
     let t = token(&principal("acme", Some("ann"), Some("helper"), None));
     note(&app, &t, 0, "- booked Lisbon").await;
     let runner = runner(&app, &chat, &[(vars::CONSOLIDATE_MAX_MEMORY_TOKENS, "200")]);
-    let workspace = Workspace {
-        tenant: TenantId::parse("acme").expect("tenant"),
-        agent: AgentId::parse("helper").expect("agent"),
-        user: Some(UserId::parse("ann").expect("user")),
-    };
+    let workspace = workspace();
     let store = app.db.store();
     let throttle = Duration::from_secs(1800);
     // Whether a request is queued when the last was asked `throttles` throttles ago.
@@ -430,11 +431,7 @@ async fn the_dry_run_shows_the_proposal_and_changes_nothing() {
     let t = token(&principal("acme", Some("ann"), Some("helper"), None));
     note(&app, &t, 0, "- booked Lisbon").await;
     let runner = runner(&app, &chat, &[]);
-    let workspace = Workspace {
-        tenant: TenantId::parse("acme").expect("tenant"),
-        agent: AgentId::parse("helper").expect("agent"),
-        user: Some(UserId::parse("ann").expect("user")),
-    };
+    let workspace = workspace();
     let before = memory(&app, &t).await;
     let (input, answer) = runner.propose(&workspace).await.expect("propose").expect("a note to read");
     assert_eq!(input.notes.len(), 1);
