@@ -350,6 +350,8 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
             json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "content": format!("message {i}") });
         assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
     }
+    let memory = json!({ "content": "u1 likes tea" });
+    assert_eq!(app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &memory).await.status, 201);
     sqlx::query("INSERT INTO tenant_config (tenant_id, settings) VALUES ('acme', '{\"time_zone\": \"Asia/Tokyo\"}')")
         .execute(&app.db.pool)
         .await
@@ -387,6 +389,40 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     erasure.push(json!({"end": {"rows": rows + 1}}).to_string());
     let expected = format!("line {}: an erasure needs a user_sha256", erasure.len() - 1);
     refused(&target, "erasure", erasure, &[], &expected).await;
+
+    // An erasure dated after the export.
+    let mut future = lines.clone();
+    let end = future.pop().expect("the end line");
+    let hash = "ab".repeat(32);
+    future.push(
+        json!({"table": "erasures", "row": {"tenant_id": "acme", "user_sha256": hash, "erased_at": "9999-01-01T00:00:00Z"}})
+            .to_string(),
+    );
+    future.push(json!({"end": {"rows": rows + 1}}).to_string());
+    assert!(end.contains(&format!("\"rows\":{rows}")));
+    let expected = format!("line {}: an erasure needs", future.len() - 1);
+    refused(&target, "future erasure", future, &[], &expected).await;
+
+    // Rows a write would refuse: a reserved source_ref, a path no write accepts, a user's file
+    // held by the agent (every user's prompt would show it), a size that is not the content's.
+    let cannot = |line: usize, table: &str| format!("line {}: a {table} row this mnemo cannot store", line + 1);
+    let mut reserved = lines.clone();
+    reserved[item] = set_field(&reserved[item], "source_ref", json!("m0|anonymized"));
+    refused(&target, "reserved ref", reserved, &[], &cannot(item, "memory_items")).await;
+    let file = lines
+        .iter()
+        .position(|l| l.contains("\"table\":\"workspace_files\"") && l.contains("\"path\":\"MEMORY.md\""))
+        .expect("MEMORY.md's line");
+    let mut bad_path = lines.clone();
+    bad_path[file] = set_field(&bad_path[file], "path", json!("../notes.txt"));
+    refused(&target, "bad path", bad_path, &[], &cannot(file, "workspace_files")).await;
+    let mut agents = lines.clone();
+    agents[file] = set_field(&agents[file], "user_id", json!(""));
+    let expected = format!("{}: MEMORY.md is not a file of the agent", cannot(file, "workspace_files"));
+    refused(&target, "agent's memory", agents, &[], &expected).await;
+    let mut size = lines.clone();
+    size[file] = set_field(&size[file], "size_bytes", json!(1));
+    refused(&target, "size", size, &[], &cannot(file, "workspace_files")).await;
 
     let mut newer = lines.clone();
     let mut header: serde_json::Value = serde_json::from_str(&lines[0]).expect("header");
@@ -446,7 +482,7 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
         .fetch_one(&target.pool)
         .await
         .expect("count");
-    assert_eq!(beta, 3);
+    assert_eq!(beta, 4, "three messages and MEMORY.md's piece");
     let zone = || async {
         sqlx::query_scalar::<_, String>("SELECT settings ->> 'time_zone' FROM tenant_config WHERE tenant_id = 'beta'")
             .fetch_one(&target.pool)

@@ -771,3 +771,81 @@ async fn a_sweep_that_cannot_be_recorded_runs_again_later_and_finishes() {
     );
     assert_eq!(half_anonymized(f.db()).await, 0);
 }
+
+#[tokio::test]
+async fn replaced_and_deleted_workspace_texts_are_redacted_after_the_soft_ttl() {
+    let f = Fixture::start().await;
+    let ann = principal("acme", Some("ann"), Some("helper"), None);
+    let put = |path: &'static str, content: &'static str| {
+        let f = &f;
+        let t = token(&ann);
+        async move {
+            let reply = f
+                .app
+                .client
+                .put(&format!("/v1/workspace/files/{path}"), Some(&t), &json!({ "content": content }))
+                .await;
+            assert!(reply.status == 200 || reply.status == 201, "{path}: {:?}", reply.body);
+        }
+    };
+    put("MEMORY.md", "Ann keeps a quokka").await;
+    put("MEMORY.md", "Ann keeps a wombat").await;
+    put("memory/2026-01-01.md", "Ann saw a platypus").await;
+    let deleted = f.app.client.delete("/v1/workspace/files/memory/2026-01-01.md", Some(&token(&ann))).await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    // Forty days pass (the soft TTL is 30); then the wombat is replaced today.
+    f.exec(
+        "UPDATE workspace_file_versions SET created_at = created_at - interval '40 days';
+            UPDATE workspace_files SET deleted_at = deleted_at - interval '40 days' WHERE deleted_at IS NOT NULL",
+    )
+    .await;
+    put("MEMORY.md", "Ann keeps a numbat").await;
+    let holding = |word: &str| {
+        format!(
+            "SELECT (SELECT count(*) FROM workspace_file_versions WHERE content LIKE '%{word}%')
+                  + (SELECT count(*) FROM workspace_files WHERE content LIKE '%{word}%')"
+        )
+    };
+
+    // Due: MEMORY.md's quokka version, and the note's two (written, deleted).
+    let dry = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--dry-run", "--json"]).await;
+    assert_eq!(dry["workspace_versions_due"], 3, "{dry}");
+    assert_eq!(f.db().count("SELECT count(*) FROM workspace_file_versions WHERE redacted_at IS NOT NULL").await, 0);
+    assert_eq!(f.db().count(&holding("platypus")).await, 3, "the dry run changed a file");
+
+    let swept = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
+    assert_eq!((swept["outcome"].as_str(), swept["workspace_versions_redacted"].as_u64()), (Some("done"), Some(3)));
+    assert_eq!(f.db().count(&holding("quokka")).await, 0, "a version replaced 40 days ago kept its text");
+    assert_eq!(f.db().count(&holding("platypus")).await, 0, "a file deleted 40 days ago kept its text");
+    // Replaced today, and current: kept.
+    assert_eq!(f.db().count(&holding("wombat")).await, 1);
+    assert_eq!(f.db().count(&holding("numbat")).await, 2);
+    // The history stays, saying what was redacted; the audit rows hold no text.
+    let args = ["workspace", "history", "--tenant", "acme", "--agent", "helper", "--user", "ann"];
+    let history = f.runbook_json(&[], &[&args[..], &["--path", "MEMORY.md", "--json"]].concat()).await;
+    let redacted: Vec<bool> =
+        history["versions"].as_array().expect("versions").iter().map(|v| !v["redacted_at"].is_null()).collect();
+    assert_eq!(redacted, [true, false, false], "{history}");
+    let audited =
+        f.db().count("SELECT count(*) FROM audit_log WHERE event = 'workspace.change' AND reason = 'redacted'").await;
+    assert_eq!(audited, 2);
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE details::text ~ 'quokka|platypus'").await, 0);
+
+    // A redacted version cannot be read or restored; nothing changes.
+    let mut cat = args.to_vec();
+    cat[1] = "cat";
+    let read = f.runbook(&[], &[&cat[..], &["--path", "MEMORY.md", "--version", "1"]].concat()).await;
+    assert!(!read.status.success() && String::from_utf8_lossy(&read.stderr).contains("redacted"), "{read:?}");
+    let mut restore = args.to_vec();
+    restore[1] = "restore";
+    let restored = f.runbook(&[], &[&restore[..], &["--path", "MEMORY.md", "--version", "1"]].concat()).await;
+    assert!(!restored.status.success() && String::from_utf8_lossy(&restored.stderr).contains("redacted"));
+    assert_eq!(f.db().count("SELECT max(version)::int8 FROM workspace_files WHERE path = 'MEMORY.md'").await, 3);
+
+    // Nothing is due again.
+    let again = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
+    assert_eq!(
+        (again["workspace_versions_due"].as_u64(), again["workspace_versions_redacted"].as_u64()),
+        (Some(0), Some(0))
+    );
+}

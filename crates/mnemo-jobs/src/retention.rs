@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use mnemo_config::RetentionSettings;
 use mnemo_core::{AnonymizeReason, AuditEvent, RetentionPolicy, SafetyFloor, TenantId, UserId};
 use mnemo_store::queue::RetentionJob;
-use mnemo_store::{ErasurePlan, Store, StoreError, SweepPlan};
+use mnemo_store::{ErasurePlan, FileCursor, Store, StoreError, SweepPlan};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -89,6 +89,8 @@ pub struct SweepReport {
     /// the sweep was refused or only a dry run).
     pub over_floor: bool,
     pub anonymized: BTreeMap<&'static str, u64>,
+    /// Workspace file versions whose text was redacted.
+    pub redacted_versions: u64,
     /// A dry run's rows (at most [`DRY_RUN_IDS`]), by id, when asked for.
     pub ids: Vec<(Uuid, AnonymizeReason)>,
     pub elapsed: Duration,
@@ -125,6 +127,7 @@ pub async fn sweep_tenant(
         outcome: SweepOutcome::DryRun,
         over_floor,
         anonymized: BTreeMap::new(),
+        redacted_versions: 0,
         ids: Vec::new(),
         elapsed: Duration::ZERO,
     };
@@ -179,6 +182,20 @@ pub async fn sweep_tenant(
                 break;
             }
         }
+        // Then the workspace files' replaced and deleted texts, one file per transaction.
+        let mut after = FileCursor::default();
+        while report.outcome == SweepOutcome::Done {
+            let cutoff = plan.cutoffs.deleted_before;
+            let Some((file, n)) = store.redact_due_versions(tenant, cutoff, &after, &options.actor).await? else {
+                break;
+            };
+            after = file;
+            report.redacted_versions += n;
+            metrics::counter!("mnemo_redacted_workspace_versions_total").increment(n);
+            if options.deadline.is_some_and(|d| Instant::now() >= d) {
+                report.outcome = SweepOutcome::Unfinished;
+            }
+        }
     }
     report.elapsed = started.elapsed();
     metrics::counter!("mnemo_retention_sweeps_total", "outcome" => report.outcome.as_str()).increment(1);
@@ -187,6 +204,7 @@ pub async fn sweep_tenant(
         outcome = report.outcome.as_str(),
         due,
         anonymized = report.anonymized_total(),
+        redacted_versions = report.redacted_versions,
         seconds = report.elapsed.as_secs_f64(),
         "retention sweep"
     );

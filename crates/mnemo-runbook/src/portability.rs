@@ -146,6 +146,8 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         );
     }
 
+    let exported_at = header["exported_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+    let exported_at = exported_at.map(|t| t.with_timezone(&chrono::Utc));
     let mut import = store.begin_import(&args.tenant, args.retarget && args.with_settings).await?;
     let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
     let (mut rows, mut batch_bytes) = (0u64, 0usize);
@@ -169,7 +171,7 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         }
         rows += 1;
         if table == ERASURES {
-            import.erasure(line_no, row)?;
+            import.erasure(line_no, row, exported_at)?;
             continue;
         }
         // Another tenant's time zone and retention policy (its dry run, its TTLs) are not this

@@ -110,6 +110,8 @@ fn sweep_json(report: &SweepReport) -> Value {
         "over_floor": report.over_floor,
         "anonymized": report.anonymized,
         "anonymized_total": report.anonymized_total(),
+        "workspace_versions_due": report.plan.workspace_versions,
+        "workspace_versions_redacted": report.redacted_versions,
         "ids": ids,
         "seconds": report.elapsed.as_secs_f64(),
     })
@@ -136,6 +138,7 @@ fn print_sweep(report: &SweepReport, settings: &RetentionSettings) {
         plan.superseded,
         plan.tenant_rows
     );
+    println!("due: {} workspace file versions (replaced or deleted before the soft TTL)", plan.workspace_versions);
     if report.over_floor {
         println!(
             "over the safety floor: more than {:.0}% of the tenant and more than {} rows",
@@ -163,6 +166,7 @@ fn print_sweep(report: &SweepReport, settings: &RetentionSettings) {
                 report.anonymized_total(),
                 if by_reason.is_empty() { "none".to_owned() } else { by_reason.join(", ") },
             );
+            println!("redacted the text of {} workspace file versions", report.redacted_versions);
         }
     }
 }

@@ -135,7 +135,8 @@ pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()>
                     .iter()
                     .map(|v| {
                         json!({ "version": v.version, "size_bytes": v.size_bytes, "enabled": v.enabled,
-                            "sort_order": v.sort_order, "deleted": v.deleted, "actor": v.actor, "at": v.created_at })
+                            "sort_order": v.sort_order, "deleted": v.deleted, "actor": v.actor, "at": v.created_at,
+                            "redacted_at": v.redacted_at })
                     })
                     .collect();
                 println!("{}", json!({ "versions": versions }));
@@ -148,7 +149,11 @@ pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()>
                     } else {
                         "disabled"
                     };
-                    println!("v{:<4} {:>8} B  {state:<8} {:<13} {}", v.version, v.size_bytes, v.actor, v.created_at);
+                    let redacted = v.redacted_at.map(|at| format!("  (text redacted {at})")).unwrap_or_default();
+                    println!(
+                        "v{:<4} {:>8} B  {state:<8} {:<13} {}{redacted}",
+                        v.version, v.size_bytes, v.actor, v.created_at
+                    );
                 }
             }
         }

@@ -20,6 +20,9 @@ pub enum StoreError {
     /// those it holds and the new ones); nothing was written.
     #[error("the memory would hold {relations} relations")]
     TooManyRelations { relations: usize },
+    /// The workspace file version asked for had its text redacted by retention, at `at`.
+    #[error("version {version} was redacted by retention at {at}: its text is gone")]
+    VersionRedacted { version: i32, at: chrono::DateTime<chrono::Utc> },
     /// This worker's run (an extraction's or a consolidation's) was taken over by another
     /// worker, having been held past the stale limit: nothing it did was kept.
     #[error("the run was taken over by another worker")]

@@ -51,7 +51,7 @@ pub use memories::{Remembered, ToolOutputWindow};
 pub use ops::{Delivery, EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
 pub use portability::{ERASURES, EXPORT_TABLES, Export, Import, ImportError, ImportReport};
 pub use replica::{ReadFrom, Reads};
-pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, SweepPlan};
+pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, FileCursor, SweepPlan};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};
 pub use sqlx::PgPool;

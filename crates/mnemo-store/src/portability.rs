@@ -12,7 +12,7 @@ use sqlx::{Postgres, Transaction};
 use crate::{Store, StoreError};
 
 /// What an export holds, in the order an import writes it (a row's references come first), with
-/// the column `--since` filters by: when a row was written or, for rows changed in place, last
+/// what `--since` filters by: when a row was written or, for rows changed in place, last
 /// changed. The audit log, job queues and run bookkeeping stay behind.
 pub const EXPORT_TABLES: &[(&str, &str)] = &[
     ("tenant_config", "updated_at"),
@@ -23,7 +23,8 @@ pub const EXPORT_TABLES: &[(&str, &str)] = &[
     ("memory_sightings", "seen_at"),
     ("session_compactions", "created_at"),
     ("workspace_files", "updated_at"),
-    ("workspace_file_versions", "created_at"),
+    // A version changes once: when retention redacts its text.
+    ("workspace_file_versions", "COALESCE(redacted_at, created_at)"),
 ];
 
 /// The tables whose rows change in place, with their keys, and when the file's copy `r` replaces
@@ -41,6 +42,12 @@ const CHANGED_IN_PLACE: &[(&str, &[&str], &str)] = &[
               ELSE r.changed_at > s.changed_at END",
     ),
     ("workspace_files", &["tenant_id", "agent_id", "user_id", "path"], "r.updated_at > s.updated_at"),
+    // A redaction goes one way, as anonymization does.
+    (
+        "workspace_file_versions",
+        &["tenant_id", "agent_id", "user_id", "path", "version"],
+        "s.redacted_at IS NULL AND r.redacted_at IS NOT NULL",
+    ),
 ];
 
 /// What anonymization deletes beside an item (by `item_id`). An import writes none for an item
@@ -74,7 +81,9 @@ pub enum ImportError {
     UnknownColumn { line: i64, table: &'static str, column: String },
     #[error("line {line}: a {table} row this mnemo cannot store: {problem}")]
     BadRow { line: i64, table: &'static str, problem: String },
-    #[error("line {line}: an erasure needs a user_sha256 (64 hex digits) and an erased_at time")]
+    #[error(
+        "line {line}: an erasure needs a user_sha256 (64 hex digits) and an erased_at time no later than the export"
+    )]
     BadErasure { line: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -224,12 +233,20 @@ impl Store {
 }
 
 impl Import {
-    /// Takes the erasure on line `line` of the file (an [`Export::erasures`] row).
-    pub fn erasure(&mut self, line: i64, row: &Value) -> Result<(), ImportError> {
+    /// Takes the erasure on line `line` of the file (an [`Export::erasures`] row) exported at
+    /// `exported_at`: an erasure after it is refused (it would delete the user's files written
+    /// since, and audit an erasure that never happened).
+    pub fn erasure(
+        &mut self,
+        line: i64,
+        row: &Value,
+        exported_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<(), ImportError> {
         let hash = row["user_sha256"].as_str().filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
         let at = row["erased_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+        let at = at.map(|at| at.with_timezone(&chrono::Utc)).filter(|at| exported_at.is_none_or(|e| *at <= e));
         let (Some(hash), Some(at)) = (hash, at) else { return Err(ImportError::BadErasure { line }) };
-        self.erasures.push((hash.to_ascii_lowercase(), at.with_timezone(&chrono::Utc)));
+        self.erasures.push((hash.to_ascii_lowercase(), at));
         Ok(())
     }
 
@@ -304,8 +321,11 @@ impl Import {
         Ok((recorded, deleted))
     }
 
-    /// Stages rows: (line in the file, table, row).
-    pub async fn stage(&mut self, rows: &[(i64, &'static str, Value)]) -> Result<(), StoreError> {
+    /// Stages rows: (line in the file, table, row), each checked first ([`check_row`]).
+    pub async fn stage(&mut self, rows: &[(i64, &'static str, Value)]) -> Result<(), ImportError> {
+        for (line, table, row) in rows {
+            check_row(&self.tenant, *line, table, row)?;
+        }
         let lines: Vec<i64> = rows.iter().map(|r| r.0).collect();
         let tables: Vec<&str> = rows.iter().map(|r| r.1).collect();
         let values: Vec<sqlx::types::Json<&Value>> = rows.iter().map(|r| sqlx::types::Json(&r.2)).collect();
@@ -490,6 +510,53 @@ impl Import {
         self.tx.commit().await?;
         Ok(report)
     }
+}
+
+/// The rules of a write that the schema does not hold, for the row on line `line`: it names the
+/// import's tenant; a live memory's source_ref and ids parse as a write's do (a reserved
+/// `|anonymized` ref would block the tenant's sweeps); a workspace file's path is one a write
+/// accepts, its owner (agent or user) is the one its path says (an agent's PROFILE.md would reach
+/// every user's prompt), and a file's size is its content's.
+fn check_row(tenant: &TenantId, line: i64, table: &'static str, row: &Value) -> Result<(), ImportError> {
+    let bad = |problem: String| ImportError::BadRow { line, table, problem };
+    let text = |field: &str| row[field].as_str().unwrap_or_default();
+    if row["tenant_id"] != tenant.as_str() {
+        return Err(bad(format!("it names tenant {}, not {tenant}", row["tenant_id"])));
+    }
+    let invalid = |e: mnemo_core::InvalidInput| bad(e.to_string());
+    match table {
+        "memory_items" if row["anonymized_at"].is_null() => {
+            mnemo_core::SourceRef::parse(text("source_ref")).map_err(invalid)?;
+            for (field, id) in
+                [("user_id", &row["user_id"]), ("agent_id", &row["agent_id"]), ("session_id", &row["session_id"])]
+            {
+                let Some(id) = id.as_str() else { continue };
+                match field {
+                    "user_id" => mnemo_core::UserId::parse(id).map(drop),
+                    "agent_id" => mnemo_core::AgentId::parse(id).map(drop),
+                    _ => mnemo_core::SessionId::parse(id).map(drop),
+                }
+                .map_err(invalid)?;
+            }
+        }
+        "workspace_files" | "workspace_file_versions" => {
+            let path = mnemo_core::WorkspacePath::parse(text("path")).map_err(invalid)?;
+            mnemo_core::AgentId::parse(text("agent_id")).map_err(invalid)?;
+            let user = text("user_id");
+            if !user.is_empty() {
+                mnemo_core::UserId::parse(user).map_err(invalid)?;
+            }
+            if (path.owner() == mnemo_core::FileOwner::Agent) != user.is_empty() {
+                let owner = if user.is_empty() { "the agent" } else { "a user" };
+                return Err(bad(format!("{} is not a file of {owner}", path.as_str())));
+            }
+            if table == "workspace_files" && row["size_bytes"].as_u64() != Some(text("content").len() as u64) {
+                return Err(bad("size_bytes is not the length of its content".to_owned()));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Checks every staged row against the tables' columns before anything is written, and returns

@@ -10,7 +10,10 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::{AnonymizeReason, AuditEvent, Label, Queue, RetentionPolicy, SessionId, TenantId, UserId};
+use mnemo_core::{
+    AgentId, AnonymizeReason, AuditEvent, FileKey, Label, Queue, RetentionPolicy, SessionId, TenantId, UserId,
+    WorkspacePath,
+};
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
@@ -43,6 +46,9 @@ pub struct SweepPlan {
     pub superseded: u64,
     /// Every row the tenant holds, anonymized ones included.
     pub tenant_rows: u64,
+    /// Workspace file versions whose text is due for redaction (replaced, or current in a file
+    /// deleted, before the soft TTL's cutoff); outside the safety floor's count.
+    pub workspace_versions: u64,
 }
 
 impl SweepPlan {
@@ -66,6 +72,15 @@ impl ErasurePlan {
     pub fn rows(&self) -> u64 {
         self.rows_by_kind.values().sum()
     }
+}
+
+/// A workspace file, as a retention sweep pages through them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct FileCursor {
+    pub agent_id: String,
+    /// '' for the agent's own files.
+    pub user_id: String,
+    pub path: String,
 }
 
 /// One row of the audit log.
@@ -105,6 +120,22 @@ fn due_filter() -> String {
 
 /// A due row's reason: deletion first, as it is the caller's own decision.
 const DUE_REASON: &str = "CASE WHEN m.deleted_at < $2 THEN 'soft_deleted' ELSE 'superseded' END";
+
+/// Tenant `$1`'s workspace file versions whose text is due under cutoff `$2`, not yet redacted:
+/// replaced by a version written before it, or current in a file deleted before it. Read through
+/// `workspace_file_versions_unredacted_idx` (migration 41): about one entry per file.
+macro_rules! due_versions {
+    () => {
+        "SELECT v.agent_id, v.user_id, v.path, v.version FROM workspace_file_versions v
+         WHERE v.tenant_id = $1 AND v.redacted_at IS NULL
+           AND (EXISTS (SELECT 1 FROM workspace_file_versions n
+                        WHERE n.tenant_id = v.tenant_id AND n.agent_id = v.agent_id AND n.user_id = v.user_id
+                          AND n.path = v.path AND n.version = v.version + 1 AND n.created_at < $2)
+                OR EXISTS (SELECT 1 FROM workspace_files f
+                           WHERE f.tenant_id = v.tenant_id AND f.agent_id = v.agent_id AND f.user_id = v.user_id
+                             AND f.path = v.path AND f.version = v.version AND f.deleted_at < $2))"
+    };
+}
 
 /// The sessions of tenant `$1` whose summaries may hold user `$2`'s words: those the user has
 /// rows in, and those a summary was made from the user's messages in (named by the sha256 of
@@ -379,13 +410,95 @@ impl Store {
             .bind(tenant.as_str())
             .fetch_one(&self.pool)
             .await?;
+        let versions: i64 = sqlx::query_scalar(concat!("SELECT count(*) FROM (", due_versions!(), ") d"))
+            .bind(tenant.as_str())
+            .bind(deleted_before)
+            .fetch_one(&self.pool)
+            .await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         Ok(SweepPlan {
             cutoffs,
             soft_deleted: n(soft_deleted),
             superseded: n(due - soft_deleted),
             tenant_rows: n(tenant_rows),
+            workspace_versions: n(versions),
         })
+    }
+
+    /// Redacts the due versions (under `cutoff`, the soft TTL's) of the next workspace file of
+    /// `tenant` after `after` (agent, user, path) that has any, in one transaction under the
+    /// file's lock, as a write takes it: content '' and `redacted_at`, the file's own copy too
+    /// when it is deleted, and one `workspace.change` audit row (`redacted`, the versions). The
+    /// rows stay, so the history still says who changed the file and when. Returns the file and
+    /// how many versions it redacted; `None` when no file after `after` has any.
+    pub async fn redact_due_versions(
+        &self,
+        tenant: &TenantId,
+        cutoff: DateTime<Utc>,
+        after: &FileCursor,
+        actor: &str,
+    ) -> Result<Option<(FileCursor, u64)>, StoreError> {
+        let next: Option<FileCursor> = sqlx::query_as(concat!(
+            "SELECT agent_id, user_id, path FROM (",
+            due_versions!(),
+            ") d WHERE (agent_id, user_id, path) > ($3, $4, $5) ORDER BY agent_id, user_id, path LIMIT 1"
+        ))
+        .bind(tenant.as_str())
+        .bind(cutoff)
+        .bind(&after.agent_id)
+        .bind(&after.user_id)
+        .bind(&after.path)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(file) = next else { return Ok(None) };
+        let key = FileKey {
+            tenant: tenant.clone(),
+            agent: AgentId::parse(&file.agent_id)?,
+            user: (!file.user_id.is_empty()).then(|| UserId::parse(&file.user_id)).transpose()?,
+            path: WorkspacePath::parse(&file.path)?,
+        };
+        let mut tx = self.pool.begin().await?;
+        crate::workspace::lock(&mut tx, &key).await?;
+        // Due again under the lock: the file may have changed since it was picked.
+        let versions: Vec<i32> = sqlx::query_scalar(concat!(
+            "UPDATE workspace_file_versions s SET content = '', redacted_at = now()
+             FROM (",
+            due_versions!(),
+            ") d WHERE d.agent_id = $3 AND d.user_id = $4 AND d.path = $5
+               AND s.tenant_id = $1 AND s.agent_id = d.agent_id AND s.user_id = d.user_id AND s.path = d.path
+               AND s.version = d.version
+             RETURNING s.version"
+        ))
+        .bind(tenant.as_str())
+        .bind(cutoff)
+        .bind(&file.agent_id)
+        .bind(&file.user_id)
+        .bind(&file.path)
+        .fetch_all(&mut *tx)
+        .await?;
+        // A deleted file's row holds its last text too; `updated_at` carries the change to a copy
+        // (an import replaces a file changed later).
+        let id: Uuid = sqlx::query_scalar(
+            "WITH emptied AS (
+                 UPDATE workspace_files SET content = '', size_bytes = 0, updated_at = now()
+                 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4
+                   AND deleted_at < $5 AND content <> '')
+             SELECT id FROM workspace_files WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4",
+        )
+        .bind(tenant.as_str())
+        .bind(&file.agent_id)
+        .bind(&file.user_id)
+        .bind(&file.path)
+        .bind(cutoff)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !versions.is_empty() {
+            let mut details = crate::workspace::audited_file(&key);
+            details["versions"] = serde_json::json!(versions);
+            crate::workspace::audit_change(&mut tx, &key, id, "redacted", actor, details).await?;
+        }
+        tx.commit().await?;
+        Ok(Some((file, versions.len() as u64)))
     }
 
     /// Up to `limit` rows a sweep with `cutoffs` would anonymize, with their reasons, by id.

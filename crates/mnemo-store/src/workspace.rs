@@ -56,6 +56,8 @@ pub struct FileVersion {
     pub deleted: bool,
     pub actor: String,
     pub created_at: DateTime<Utc>,
+    /// When retention redacted its text (see [`Store::redact_due_versions`]).
+    pub redacted_at: Option<DateTime<Utc>>,
 }
 
 /// How a write landed.
@@ -158,13 +160,14 @@ WHERE tenant_id = $1 AND source_kind = 'workspace_note' AND user_id = $2 AND age
 const RETIRE_PIECES: &str = "UPDATE memory_items SET deleted_at = now() WHERE tenant_id = $1 AND id = ANY($2)";
 
 const HISTORY: &str = "
-SELECT version, octet_length(content) AS size_bytes, enabled, sort_order, deleted, actor, created_at
+SELECT version, octet_length(content) AS size_bytes, enabled, sort_order, deleted, actor, created_at,
+       redacted_at
 FROM workspace_file_versions
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4
 ORDER BY version";
 
 const VERSION_CONTENT: &str = "
-SELECT content FROM workspace_file_versions
+SELECT content, redacted_at FROM workspace_file_versions
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4 AND version = $5";
 
 /// Whether the file's first version was made from its template (the change its audit row names).
@@ -478,16 +481,21 @@ impl Store {
             .await?)
     }
 
-    /// The content of one version of the file.
+    /// The content of one version of the file; [`StoreError::VersionRedacted`] when retention
+    /// took it.
     pub async fn file_version_content(&self, key: &FileKey, version: i32) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar(VERSION_CONTENT)
+        let found: Option<(String, Option<DateTime<Utc>>)> = sqlx::query_as(VERSION_CONTENT)
             .bind(key.tenant.as_str())
             .bind(key.agent.as_str())
             .bind(user_column(key))
             .bind(key.path.as_str())
             .bind(version)
             .fetch_optional(&self.pool)
-            .await?)
+            .await?;
+        match found {
+            Some((_, Some(at))) => Err(StoreError::VersionRedacted { version, at }),
+            found => Ok(found.map(|(content, _)| content)),
+        }
     }
 
     /// Makes version `version`'s content current again, as a new version (undeleting the file);
@@ -673,18 +681,42 @@ pub(crate) async fn apply(
         .bind(actor)
         .execute(&mut **tx)
         .await?;
-    // The user by a hash, as erasure names them: the audit log outlives an erasure. So does a
-    // user's own file name, which may say what the file held: by a hash too.
-    let hash = |text: &str| hex::encode(Sha256::digest(text.as_bytes()));
-    let user_sha256 = (!user.is_empty()).then(|| hash(user));
-    let mut details = json!({ "agent": agent, "user_sha256": user_sha256, "version": version, "bytes": size });
-    if user.is_empty() || key.path.is_standard_name() {
-        details["path"] = json!(path);
-    } else {
-        details["path_sha256"] = json!(hash(path));
+    let mut details = audited_file(key);
+    details["version"] = json!(version);
+    details["bytes"] = json!(size);
+    audit_change(tx, key, id, change, actor, details).await?;
+    // A template is boilerplate, and a patch leaves the content as it was.
+    if change != FROM_TEMPLATE && change != PATCHED {
+        reindex(tx, key, state.content, state.deleted, version).await?;
     }
+    Ok(())
+}
+
+/// How an audit row names a file: the user by a hash, as erasure names them (the audit log
+/// outlives an erasure), and so a user's own file name, which may say what the file held.
+pub(crate) fn audited_file(key: &FileKey) -> serde_json::Value {
+    let hash = |text: &str| hex::encode(Sha256::digest(text.as_bytes()));
+    let user = user_column(key);
+    let mut details = json!({ "agent": key.agent.as_str(), "user_sha256": (!user.is_empty()).then(|| hash(user)) });
+    if user.is_empty() || key.path.is_standard_name() {
+        details["path"] = json!(key.path.as_str());
+    } else {
+        details["path_sha256"] = json!(hash(key.path.as_str()));
+    }
+    details
+}
+
+/// Writes a `workspace.change` audit row about file `id`: the change, who made it, `details`.
+pub(crate) async fn audit_change(
+    tx: &mut Transaction<'_, Postgres>,
+    key: &FileKey,
+    id: Uuid,
+    change: &str,
+    actor: &str,
+    details: serde_json::Value,
+) -> Result<(), StoreError> {
     sqlx::query(AUDIT)
-        .bind(tenant)
+        .bind(key.tenant.as_str())
         .bind(AuditEvent::WorkspaceChange.as_str())
         .bind(id)
         .bind(change)
@@ -692,10 +724,6 @@ pub(crate) async fn apply(
         .bind(details)
         .execute(&mut **tx)
         .await?;
-    // A template is boilerplate, and a patch leaves the content as it was.
-    if change != FROM_TEMPLATE && change != PATCHED {
-        reindex(tx, key, state.content, state.deleted, version).await?;
-    }
     Ok(())
 }
 
