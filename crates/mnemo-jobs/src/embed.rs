@@ -130,7 +130,7 @@ async fn embed_batch(
                 embedding,
                 previous_id,
             }),
-            Err(e) => failures.push((row.id, e)),
+            Err(e) => failures.push(((row.tenant_id.as_str().to_owned(), row.id), e)),
         }
     }
 
@@ -167,6 +167,9 @@ async fn embed_batch(
     recorded
 }
 
+/// A row of a batch: its tenant and id.
+type RowKey = (String, Uuid);
+
 /// Records each failed row's attempt: a transient failure is retried after a backoff until the
 /// row has made its attempts and failed for as long as their backoffs take at their shortest;
 /// then, or at a permanent failure, the row is given up with the reason on it.
@@ -174,20 +177,27 @@ async fn record_failures(
     store: &Store,
     policy: EmbedPolicy,
     jobs: &[EmbedRow],
-    failures: Vec<(Uuid, EmbedError)>,
+    failures: Vec<(RowKey, EmbedError)>,
 ) -> Result<(), StoreError> {
     if failures.is_empty() {
         return Ok(());
     }
-    let by_id: HashMap<Uuid, &EmbedRow> = jobs.iter().map(|j| (j.item_id, j)).collect();
-    let failed: Vec<&EmbedRow> = failures.iter().filter_map(|(id, _)| by_id.get(id).copied()).collect();
-    let so_far: HashMap<Uuid, (i32, f64)> =
-        store.embed_failures(&failed).await?.into_iter().map(|(id, n, secs)| (id, (n, secs))).collect();
+    // By tenant and id: an import into a second tenant keeps its rows' ids.
+    let by_key: HashMap<RowKey, &EmbedRow> =
+        jobs.iter().map(|j| ((j.tenant_id.as_str().to_owned(), j.item_id), j)).collect();
+    let failed: Vec<&EmbedRow> = failures.iter().filter_map(|(key, _)| by_key.get(key).copied()).collect();
+    let so_far: HashMap<RowKey, (i32, f64)> = store
+        .embed_failures(&failed)
+        .await?
+        .into_iter()
+        .map(|(tenant, id, n, secs)| ((tenant, id), (n, secs)))
+        .collect();
     let promised = crate::shortest_schedule(policy.max_attempts).as_secs_f64();
     let mut records = Vec::with_capacity(failures.len());
-    for (id, error) in failures {
-        let Some(job) = by_id.get(&id) else { continue };
-        let (attempts, failing_secs) = so_far.get(&id).copied().unwrap_or_default();
+    for (key, error) in failures {
+        let Some(job) = by_key.get(&key) else { continue };
+        let id = key.1;
+        let (attempts, failing_secs) = so_far.get(&key).copied().unwrap_or_default();
         let attempt = attempts + 1;
         let retry =
             error.class == FailureClass::Transient && (attempt < policy.max_attempts || failing_secs < promised);

@@ -212,8 +212,10 @@ impl Store {
             saved.iter().filter(|(_, _, judge)| *judge).map(|(id, tenant, _)| (*id, tenant.clone())).collect();
         push_judge_jobs(&mut tx, to_judge).await?;
         if saved.len() < ids.len() {
-            let stored: HashSet<Uuid> = saved.iter().map(|(id, _, _)| *id).collect();
-            let left = (0..ids.len()).filter(|&i| previous[i].is_some() && !stored.contains(&ids[i]));
+            // By tenant and id: an import into a second tenant keeps its rows' ids.
+            let stored: HashSet<(Uuid, &str)> = saved.iter().map(|(id, tenant, _)| (*id, tenant.as_str())).collect();
+            let left =
+                (0..ids.len()).filter(|&i| previous[i].is_some() && !stored.contains(&(ids[i], tenants[i].as_str())));
             let (ids, tenants, previous): (Vec<_>, Vec<_>, Vec<_>) =
                 left.map(|i| (ids[i], tenants[i].as_str(), previous[i])).collect();
             let again: Vec<(Uuid, String, Vec<u8>)> = sqlx::query_as(TO_EMBED_AGAIN_WITHOUT_PREVIOUS)
@@ -288,11 +290,11 @@ impl Store {
     /// How many times the rows of these jobs have failed so far, and for how many seconds they
     /// have been failing without a success (0 for a row not failing).
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
-    pub async fn embed_failures(&self, jobs: &[&EmbedRow]) -> Result<Vec<(Uuid, i32, f64)>, StoreError> {
+    pub async fn embed_failures(&self, jobs: &[&EmbedRow]) -> Result<Vec<(String, Uuid, i32, f64)>, StoreError> {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
         let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
         Ok(sqlx::query_as(
-            "SELECT m.id, m.embed_attempts,
+            "SELECT m.tenant_id, m.id, m.embed_attempts,
                     extract(epoch FROM now() - coalesce(m.embed_failing_since, now()))::float8
              FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
              JOIN memory_items m ON m.tenant_id = j.tenant_id AND m.id = j.id",

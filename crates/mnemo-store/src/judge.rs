@@ -219,7 +219,7 @@ impl Store {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.item_id).collect();
         let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant_id.as_str()).collect();
         let sql = format!(
-            "SELECT DISTINCT ON (m.id) {PENDING_COLUMNS}
+            "SELECT DISTINCT ON (m.tenant_id, m.id) {PENDING_COLUMNS}
              FROM unnest($1::uuid[], $2::text[]) AS j(id, tenant_id)
              JOIN memory_items m ON m.id = j.id AND m.tenant_id = j.tenant_id
              WHERE {}",
@@ -471,12 +471,20 @@ impl Store {
 
     /// Queues a new judge job for every pending fact whose job was queued more than `grace` ago
     /// (a job that failed for good, or a fact from before the judge existed). At most `limit`.
+    /// A fact queued after the oldest judge job still waiting has its own job waiting too (they
+    /// run oldest first): a backlog longer than `grace` is not queued a second time, as
+    /// [`Store::requeue_unembedded`] does for embedding.
     pub async fn requeue_unjudged(&self, grace: Duration, limit: i64) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let stale: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
-            "WITH stale AS (
+            "WITH oldest_waiting AS (
+                SELECT run_at FROM apalis.jobs WHERE job_type = $3 AND status = 'Pending'
+                ORDER BY run_at LIMIT 1
+            ), stale AS (
                 SELECT m.tenant_id, m.id FROM memory_items m
-                WHERE {} AND (m.judge_enqueued_at IS NULL OR m.judge_enqueued_at < now() - make_interval(secs => $1))
+                WHERE {} AND (m.judge_enqueued_at IS NULL
+                              OR (m.judge_enqueued_at < now() - make_interval(secs => $1)
+                                  AND m.judge_enqueued_at < COALESCE((SELECT run_at FROM oldest_waiting), 'infinity')))
                 ORDER BY m.judge_enqueued_at NULLS FIRST
                 LIMIT $2
                 FOR UPDATE SKIP LOCKED
@@ -488,6 +496,7 @@ impl Store {
         )))
         .bind(grace.as_secs_f64())
         .bind(limit)
+        .bind(mnemo_core::Queue::Judge.as_str())
         .fetch_all(&mut *tx)
         .await?;
         let count = stale.len() as u64;
