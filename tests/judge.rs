@@ -843,3 +843,22 @@ fn runbook(f: &Fixture, args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&output.stdout)))
 }
+
+#[tokio::test]
+async fn pending_facts_of_two_tenants_with_one_id_both_come_back() {
+    // An import into a second tenant keeps its rows' ids: two tenants' rows may share one.
+    let f = Fixture::start().await;
+    let acme = f.fact(&principal("acme", Some("u1"), None, None), "I live in Tokyo").await;
+    f.fact(&principal("beta", Some("u1"), None, None), "I live in Tokyo").await;
+    sqlx::query("UPDATE memory_items SET id = $1 WHERE tenant_id = 'beta'")
+        .bind(acme)
+        .execute(&f.app.db.pool)
+        .await
+        .expect("beta's row takes acme's id");
+    embed_like_the_provider(&f.app.db.store(), MODEL, DIMS).await;
+    let jobs = ["acme", "beta"].map(|t| JudgeJob { tenant_id: TenantId::parse(t).expect("tenant"), item_id: acme });
+    let pending = f.app.db.store().pending_facts(&jobs).await.expect("pending");
+    let mut tenants: Vec<&str> = pending.iter().map(|p| p.tenant_id.as_str()).collect();
+    tenants.sort();
+    assert_eq!(tenants, ["acme", "beta"]);
+}
