@@ -862,3 +862,29 @@ async fn pending_facts_of_two_tenants_with_one_id_both_come_back() {
     tenants.sort();
     assert_eq!(tenants, ["acme", "beta"]);
 }
+
+#[tokio::test]
+async fn a_keyed_fact_committed_after_a_newer_one_was_judged_is_retired_by_it() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let keyed = |content: &str| json!({ "scope": "user", "content": content, "key": "home_city" });
+    let (paris, _) = f.remember(&who, keyed("home is Paris")).await;
+    f.settle(None).await;
+    assert_eq!(f.row(paris).await.outcome.as_deref(), Some("no_candidates"));
+    // Tokyo's writer began before Paris's and committed after Paris was judged: its validity is
+    // the older one.
+    let (tokyo, _) = f.remember(&who, keyed("home is Tokyo")).await;
+    sqlx::query(
+        "UPDATE memory_items SET valid_from = (SELECT valid_from - interval '1 second' FROM memory_items WHERE id = $2)
+         WHERE id = $1",
+    )
+    .bind(tokyo)
+    .bind(paris)
+    .execute(&f.app.db.pool)
+    .await
+    .expect("an older validity");
+    f.settle(None).await;
+    f.settle(None).await;
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris), "two live facts of one key");
+    assert_eq!(f.row(paris).await.superseded_by, None);
+}

@@ -431,6 +431,32 @@ impl Store {
             .bind(outcome.as_str())
             .execute(&mut *tx)
             .await?;
+        if let Some(key) = &fact.fact_key {
+            // A fact's validity starts when its writer's transaction began, so a newer fact of
+            // this key may have been judged while this one was not yet committed, and never saw
+            // it. Judged again, it retires this one: one fact per key stays live.
+            let reopened: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
+                "UPDATE memory_items n SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
+                 WHERE n.tenant_id = $1 AND n.{column} = $2 AND n.scope = $3 AND n.fact_key = $4
+                   AND n.{LIVE_FACT} AND n.judge_at IS NOT NULL
+                   AND (COALESCE(n.valid_from, n.created_at), n.id) > ($5, $6)
+                   AND n.visibility = $7 AND n.allowed_roles = $8 AND ($9::text IS NULL OR n.agent_id = $9)
+                 RETURNING n.id, n.tenant_id",
+                column = fact.identity_column(),
+            )))
+            .bind(fact.tenant_id.as_str())
+            .bind(&fact.identity)
+            .bind(fact.scope.as_str())
+            .bind(key)
+            .bind(fact.valid_from)
+            .bind(fact.id)
+            .bind(&fact.visibility)
+            .bind(&fact.allowed_roles)
+            .bind(&fact.reader_agent)
+            .fetch_all(&mut *tx)
+            .await?;
+            push_judge_jobs(&mut tx, reopened).await?;
+        }
         if outcome == JudgeOutcome::FailOpen {
             sqlx::query(
                 "INSERT INTO audit_log (tenant_id, event, item_id, reason, actor, details)
