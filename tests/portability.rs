@@ -493,7 +493,34 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     let run = runbook(&target.url, &[&retarget[..], &["--with-settings"]].concat(), None).await;
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(zone().await, "Asia/Tokyo");
+
+    // Both copies of u1's MEMORY.md change after the import: version 2 holds other text on each
+    // side. Imported, the file's history would collide with the next write: refused, unchanged.
+    sqlx::query(
+        "WITH f AS (UPDATE workspace_files SET content = 'u1 likes beta', size_bytes = 13, version = 2
+                    WHERE tenant_id = 'beta' AND path = 'MEMORY.md' RETURNING *)
+         INSERT INTO workspace_file_versions (tenant_id, agent_id, user_id, path, version, content, enabled, sort_order, deleted, actor)
+         SELECT tenant_id, agent_id, user_id, path, version, content, enabled, sort_order, false, 'api' FROM f",
+    )
+    .execute(&target.pool)
+    .await
+    .expect("beta's own edit");
+    let edit = json!({ "content": "u1 likes coffee" });
+    assert_eq!(app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &edit).await.status, 200);
+    let again = temp("again.jsonl.gz");
+    let run = runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&again)).await;
+    assert!(run.ok, "{}", run.stderr);
+    let run =
+        runbook(&target.url, &["import", "--tenant", "beta", "--retarget", again.to_str().expect("path")], None).await;
+    assert!(!run.ok && run.stderr.contains("workspace file MEMORY.md was changed both"), "{}", run.stderr);
+    let kept: String =
+        sqlx::query_scalar("SELECT content FROM workspace_files WHERE tenant_id = 'beta' AND path = 'MEMORY.md'")
+            .fetch_one(&target.pool)
+            .await
+            .expect("beta's file");
+    assert_eq!(kept, "u1 likes beta");
     let _ = std::fs::remove_file(&good);
+    let _ = std::fs::remove_file(&again);
 }
 
 #[tokio::test]
@@ -722,6 +749,23 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     assert!(runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await.ok);
     assert_eq!(copy.count(files).await, 0);
     assert_eq!(copy.count(vectors).await, 0, "the older file brought back a vector made with the erased words");
+
+    // In another tenant the same hash names someone else: a retargeted file's erasures are left out.
+    sqlx::query(
+        "INSERT INTO workspace_files (tenant_id, agent_id, user_id, path, id, content, size_bytes, enabled, sort_order, version, created_at)
+         VALUES ('beta', 'a1', 'u1', 'memory/2026-01-01.md', gen_random_uuid(), 'beta''s u1', 10, true, 100, 1, now() - interval '1 day')",
+    )
+    .execute(&copy.pool)
+    .await
+    .expect("beta's u1 has a note");
+    let retarget = ["import", "--tenant", "beta", "--retarget", later.to_str().expect("path")];
+    let run = runbook(&copy.url, &retarget, None).await;
+    assert!(run.ok && run.stdout.contains("1 erasures of the source tenant left out"), "{}{}", run.stdout, run.stderr);
+    assert_eq!(copy.count("SELECT count(*) FROM workspace_files WHERE tenant_id = 'beta'").await, 1);
+    assert_eq!(
+        copy.count("SELECT count(*) FROM audit_log WHERE tenant_id = 'beta' AND event = 'memory.erase'").await,
+        0
+    );
     for path in [full, later] {
         let _ = std::fs::remove_file(path);
     }

@@ -152,6 +152,7 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
     let (mut rows, mut batch_bytes) = (0u64, 0usize);
     let mut settings_left_out = false;
+    let mut erasures_left_out = 0u64;
     let end = loop {
         line_no += 1;
         let Some((mut value, bytes)) = read(lines.next(), line_no)? else {
@@ -171,7 +172,13 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         }
         rows += 1;
         if table == ERASURES {
-            import.erasure(line_no, row, exported_at)?;
+            // Erasures name users of the source tenant by a hash: in another tenant the same hash
+            // is someone else (their memories come anonymized all the same).
+            if args.retarget {
+                erasures_left_out += 1;
+            } else {
+                import.erasure(line_no, row, exported_at)?;
+            }
             continue;
         }
         // Another tenant's time zone and retention policy (its dry run, its TTLs) are not this
@@ -209,6 +216,12 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         );
     }
     println!("{} items to embed again (no vector of their model came with them)", report.to_embed);
+    if erasures_left_out > 0 {
+        println!(
+            "{erasures_left_out} erasures of the source tenant left out: they name its users, not {}'s",
+            args.tenant
+        );
+    }
     if settings_left_out {
         println!("the file's tenant settings left out: {} keeps its own (--with-settings takes them)", args.tenant);
     }

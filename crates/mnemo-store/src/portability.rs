@@ -82,6 +82,11 @@ pub enum ImportError {
     #[error("line {line}: a {table} row this mnemo cannot store: {problem}")]
     BadRow { line: i64, table: &'static str, problem: String },
     #[error(
+        "line {line}: workspace file {path} was changed both in the file and in the tenant since they were one copy \
+         (their versions disagree); import into an empty tenant, or restore the tenant's copy first"
+    )]
+    Diverged { line: i64, path: String },
+    #[error(
         "line {line}: an erasure needs a user_sha256 (64 hex digits) and an erased_at time no later than the export"
     )]
     BadErasure { line: i64 },
@@ -397,6 +402,23 @@ impl Import {
             }
         }
 
+        // A file's version of one number holding other text here and in the file: two histories.
+        let diverged: Option<(i64, String)> = sqlx::query_as(
+            "SELECT l.line, s.path FROM import_rows l
+             JOIN workspace_file_versions s
+               ON s.tenant_id = $1 AND s.agent_id = l.row->>'agent_id' AND s.user_id = COALESCE(l.row->>'user_id', '')
+              AND s.path = l.row->>'path' AND s.version = (l.row->>'version')::int
+             WHERE l.tbl = 'workspace_file_versions' AND s.redacted_at IS NULL AND l.row->>'redacted_at' IS NULL
+               AND s.content IS DISTINCT FROM l.row->>'content'
+             ORDER BY l.line LIMIT 1",
+        )
+        .bind(tenant)
+        .fetch_optional(&mut *self.tx)
+        .await?;
+        if let Some((line, path)) = diverged {
+            return Err(ImportError::Diverged { line, path });
+        }
+
         let mut report = ImportReport { erased_left_out, erasures, erased_here, ..ImportReport::default() };
         // Under the tenant's text-count lock from here to the commit, so that no vector saved
         // meanwhile holds the words of a turn the file brings anonymized: the vectors made with
@@ -507,6 +529,28 @@ impl Import {
         // Rows imported with their vectors have their full text already: the embed worker never
         // counts their lexemes (migration 032).
         sqlx::query("SELECT mnemo_count_tenant_text($1)").bind(tenant).execute(&mut *self.tx).await?;
+        // Each file the import touched is at its newest version, with that version's text: a
+        // file kept (newer here) whose history the file ran ahead of, or a file replaced by an
+        // older-numbered copy, would collide with its own next version at the next write.
+        let ahead: Option<(i64, String)> = sqlx::query_as(
+            "SELECT l.line, f.path FROM workspace_files f
+             JOIN import_rows l
+               ON l.tbl IN ('workspace_files', 'workspace_file_versions') AND l.row->>'agent_id' = f.agent_id
+              AND COALESCE(l.row->>'user_id', '') = f.user_id AND l.row->>'path' = f.path
+             CROSS JOIN LATERAL (
+                 SELECT v.version, v.content, v.redacted_at FROM workspace_file_versions v
+                 WHERE v.tenant_id = f.tenant_id AND v.agent_id = f.agent_id AND v.user_id = f.user_id AND v.path = f.path
+                 ORDER BY v.version DESC LIMIT 1) v
+             WHERE f.tenant_id = $1
+               AND (v.version <> f.version OR (v.redacted_at IS NULL AND v.content <> f.content))
+             ORDER BY l.line LIMIT 1",
+        )
+        .bind(tenant)
+        .fetch_optional(&mut *self.tx)
+        .await?;
+        if let Some((line, path)) = ahead {
+            return Err(ImportError::Diverged { line, path });
+        }
         self.tx.commit().await?;
         Ok(report)
     }
