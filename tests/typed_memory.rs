@@ -369,6 +369,14 @@ async fn visibility_and_roles_decide_who_reads_under_random_traffic() {
         for item in reply.body["items"].as_array().expect("items") {
             let id: Uuid = item["id"].as_str().and_then(|s| s.parse().ok()).expect("id");
             assert!(expected.contains(&id), "recall answered {:?} to {who:?} (seed {seed})", written[&id]);
+            // A user's fact's ref names its writer: another reader gets one by the row's id.
+            let w = &written[&id];
+            let source_ref = item["source_ref"].as_str().expect("source_ref");
+            if w.scope == "user" && user != Some(w.user) {
+                assert_eq!(source_ref, format!("fact:user:{id}"), "(seed {seed})");
+            } else if w.scope == "user" {
+                assert!(source_ref.starts_with(&format!("fact:user:{}:", w.user)), "{source_ref} (seed {seed})");
+            }
         }
     }
     assert!(seen_any > 300, "the readers found too little to prove anything: {seen_any}");

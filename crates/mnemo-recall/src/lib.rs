@@ -328,10 +328,21 @@ impl Recall {
                     &signals,
                     &Signals { importance: row.importance, confidence: row.confidence, age_days },
                 );
+                // A user's fact's ref names its writer (`fact:user:{user}:…`): another reader of a
+                // shared fact is answered a ref by its id.
+                let writer = row.user_id.as_deref();
+                let source_ref = if row.source_kind == SourceKind::Fact.as_str()
+                    && writer.is_some()
+                    && writer != principal.user.as_ref().map(|u| u.as_str())
+                {
+                    format!("fact:{}:{}", row.scope, row.id)
+                } else {
+                    row.source_ref
+                };
                 Some(RecalledItem {
                     id: row.id,
                     source_kind: SourceKind::parse(&row.source_kind).ok()?,
-                    source_ref: row.source_ref,
+                    source_ref,
                     content: row.content,
                     event_time: row.event_time,
                     scope: Scope::parse(&row.scope).ok()?,
