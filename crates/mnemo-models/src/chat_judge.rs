@@ -296,10 +296,10 @@ fn verdict(word: &str) -> Option<Verdict> {
     }
 }
 
-/// `f3` (or a bare `3`) is the third candidate.
+/// `f3` is the third candidate. A bare `3` is no label: a model counting from 0 would mean the
+/// fourth by it, which shows only when it also names 0 or one past the last.
 fn index_of(id: &str, candidates: usize) -> Option<usize> {
-    let id = id.trim();
-    let digits = id.strip_prefix(['f', 'F']).unwrap_or(id);
+    let digits = id.trim().strip_prefix(['f', 'F'])?;
     let n: usize = digits.parse().ok()?;
     (1..=candidates).contains(&n).then(|| n - 1)
 }
@@ -343,9 +343,13 @@ mod tests {
     fn an_answer_naming_a_candidate_it_was_not_shown_fails() {
         let mixed = r#"{"decisions": [{"id": "f1", "decision": "SUPERSEDE"}, {"id": "f7", "decision": "SUPERSEDE"}]}"#;
         assert_eq!(parse_verdicts(mixed, 2).unwrap_err().kind, "invented_ids");
-        // Counted from 0: "1" is read as f1, so the whole answer is refused.
+        // Bare numbers are no labels, whatever they count from: an answer that retires "1" of
+        // two retires nothing.
         let from_zero = r#"[{"id": 0, "decision": "KEEP"}, {"id": 1, "decision": "SUPERSEDE"}]"#;
         assert_eq!(parse_verdicts(from_zero, 2).unwrap_err().kind, "invented_ids");
+        let bare = r#"[{"id": 1, "decision": "SUPERSEDE"}]"#;
+        assert_eq!(parse_verdicts(bare, 3).unwrap_err().kind, "invented_ids");
+        assert_eq!(parse_verdicts(r#"{"2": "SUPERSEDE"}"#, 3).unwrap_err().kind, "invented_ids");
         let invented = r#"{"decisions": [{"id": "f9", "decision": "SUPERSEDE"}, {"id": "x", "decision": "KEEP"}]}"#;
         assert_eq!(parse_verdicts(invented, 2).unwrap_err().kind, "invented_ids");
     }
