@@ -63,7 +63,8 @@ fn key_of(principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiEr
 /// The key of a file to change (with `new_name`, one a PUT may create, so not from a template
 /// first): the agent's shared files
 /// are changed only by a token without a user, so no user can rewrite what every other user's
-/// prompt holds. Checked before the core files are created, so a refused change writes nothing.
+/// prompt holds. Checked before the core files are created, so a change the token may not make
+/// writes nothing (any other request, refused or not, creates them: they are made on first use).
 async fn writable_key(
     state: &AppState,
     principal: &mnemo_core::Principal,
