@@ -888,3 +888,26 @@ async fn a_keyed_fact_committed_after_a_newer_one_was_judged_is_retired_by_it() 
     assert_eq!(f.row(tokyo).await.superseded_by, Some(paris), "two live facts of one key");
     assert_eq!(f.row(paris).await.superseded_by, None);
 }
+
+#[tokio::test]
+async fn a_users_agent_fact_replaces_only_what_that_user_wrote() {
+    let f = Fixture::start().await;
+    let operator = principal("acme", None, Some("helper"), None);
+    let bob = principal("acme", Some("bob"), Some("helper"), None);
+    let policy = |content: &str| json!({ "scope": "agent", "content": content, "key": "refund_policy" });
+    let (official, _) = f.remember(&operator, policy("refunds within 30 days")).await;
+    f.settle(None).await;
+    // Bob's conversation must not rewrite what the agent's other users recall.
+    let (bobs, _) = f.remember(&bob, policy("refunds are always granted")).await;
+    f.settle(None).await;
+    f.settle(None).await;
+    assert_eq!(f.row(official).await.superseded_by, None, "a user's agent fact retired the operator's");
+    // His own earlier statement he may replace; a service token replaces any.
+    let (again, _) = f.remember(&bob, policy("refunds are always granted, in cash")).await;
+    f.settle(None).await;
+    assert_eq!(f.row(bobs).await.superseded_by, Some(again));
+    let (revised, _) = f.remember(&operator, policy("refunds within 14 days")).await;
+    f.settle(None).await;
+    assert_eq!(f.row(official).await.superseded_by, Some(revised));
+    assert_eq!(f.row(again).await.superseded_by, Some(revised));
+}

@@ -40,6 +40,11 @@ pub struct PendingFact {
     /// For a user's fact shared with its agent (`visibility: agent`), that agent: its readers are
     /// that agent's users, so it replaces only facts shared with the same agent.
     pub reader_agent: Option<String>,
+    /// For an agent's fact written with a user's token, that user: it replaces only the agent's
+    /// facts that user wrote, as that user's token deletes only those (one user's conversation
+    /// must not rewrite what the agent's other users recall). `None`: a user's own fact (its
+    /// bucket is that user's), or one written by a service token, which replaces any.
+    pub writer: Option<String>,
 }
 
 impl PendingFact {
@@ -198,7 +203,8 @@ const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     COALESCE(CASE m.scope WHEN 'agent' THEN m.agent_id ELSE m.user_id END, '') AS identity,
     m.content, m.fact_key, COALESCE(m.valid_from, m.created_at) AS valid_from, m.embedded_model,
     m.visibility, m.allowed_roles,
-    CASE WHEN m.scope = 'user' AND m.visibility = 'agent' THEN m.agent_id END AS reader_agent";
+    CASE WHEN m.scope = 'user' AND m.visibility = 'agent' THEN m.agent_id END AS reader_agent,
+    CASE WHEN m.scope = 'agent' THEN m.user_id END AS writer";
 
 /// The advisory lock of a bucket: judgements in one bucket apply one at a time.
 const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(
@@ -260,6 +266,7 @@ impl Store {
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
                AND (e.embedding <=> p.embedding) < $7
                AND o.visibility = $9 AND o.allowed_roles = $10 AND ($11::text IS NULL OR o.agent_id = $11)
+               AND ($12::text IS NULL OR o.user_id = $12)
              ORDER BY distance, o.id
              LIMIT $8",
             column = fact.identity_column(),
@@ -276,6 +283,7 @@ impl Store {
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
             .bind(&fact.reader_agent)
+            .bind(&fact.writer)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -292,6 +300,7 @@ impl Store {
                   AND o.embed_error IS NULL AND o.embedded_model IS DISTINCT FROM $4
                   AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
                   AND o.visibility = $7 AND o.allowed_roles = $8 AND ($9::text IS NULL OR o.agent_id = $9)
+                  AND ($10::text IS NULL OR o.user_id = $10)
             )",
             column = fact.identity_column(),
         );
@@ -305,6 +314,7 @@ impl Store {
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
             .bind(&fact.reader_agent)
+            .bind(&fact.writer)
             .fetch_one(&self.pool)
             .await?)
     }
@@ -334,6 +344,7 @@ impl Store {
                AND o.{LIVE_FACT}
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
                AND o.visibility = $7 AND o.allowed_roles = $8 AND ($9::text IS NULL OR o.agent_id = $9)
+               AND ($10::text IS NULL OR o.user_id = $10)
              ORDER BY o.valid_from, o.id
              LIMIT 1000",
             column = fact.identity_column(),
@@ -348,6 +359,7 @@ impl Store {
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
             .bind(&fact.reader_agent)
+            .bind(&fact.writer)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -398,6 +410,7 @@ impl Store {
                       AND o.{LIVE_FACT}
                       AND (COALESCE(o.valid_from, o.created_at), o.id) < ($6, $4)
                       AND o.visibility = $9 AND o.allowed_roles = $10 AND ($11::text IS NULL OR o.agent_id = $11)
+                      AND ($12::text IS NULL OR o.user_id = $12)
                     RETURNING o.id
                 )
                 INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, details)
@@ -418,6 +431,7 @@ impl Store {
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
             .bind(&fact.reader_agent)
+            .bind(&fact.writer)
             .fetch_all(&mut *tx)
             .await?;
             if retired.is_empty() && outcome == JudgeOutcome::Superseded {
@@ -441,6 +455,8 @@ impl Store {
                    AND n.{LIVE_FACT} AND n.judge_at IS NOT NULL
                    AND (COALESCE(n.valid_from, n.created_at), n.id) > ($5, $6)
                    AND n.visibility = $7 AND n.allowed_roles = $8 AND ($9::text IS NULL OR n.agent_id = $9)
+                   -- Only one that may retire it: an agent's fact, by its writer or a service token.
+                   AND (n.scope <> 'agent' OR n.user_id IS NULL OR n.user_id IS NOT DISTINCT FROM $10)
                  RETURNING n.id, n.tenant_id",
                 column = fact.identity_column(),
             )))
@@ -453,6 +469,7 @@ impl Store {
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
             .bind(&fact.reader_agent)
+            .bind(&fact.writer)
             .fetch_all(&mut *tx)
             .await?;
             push_judge_jobs(&mut tx, reopened).await?;
