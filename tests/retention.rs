@@ -848,4 +848,16 @@ async fn replaced_and_deleted_workspace_texts_are_redacted_after_the_soft_ttl() 
         (again["workspace_versions_due"].as_u64(), again["workspace_versions_redacted"].as_u64()),
         (Some(0), Some(0))
     );
+
+    // A tenant whose only retired text is an agent file's earlier version is swept too.
+    let operator = token(&principal("globex", None, Some("helper"), None));
+    for content in ["Be brief.", "Be kind."] {
+        let reply =
+            f.app.client.put("/v1/workspace/files/AGENTS.md", Some(&operator), &json!({ "content": content })).await;
+        assert!(reply.status == 200 || reply.status == 201, "{:?}", reply.body);
+    }
+    assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE tenant_id = 'globex'").await, 0);
+    let tick = chrono::Utc::now().timestamp() / 60;
+    f.db().store().schedule_retention(tick).await.expect("scheduled");
+    assert_eq!(f.db().count("SELECT count(*) FROM retention_sweeps WHERE tenant_id = 'globex'").await, 1);
 }

@@ -805,8 +805,8 @@ impl Store {
         .await?)
     }
 
-    /// Schedules retention tick `tick`: one sweep row and one job per tenant holding retired rows,
-    /// unless the tick is scheduled already. Returns the tenants scheduled. (Not "or a later
+    /// Schedules retention tick `tick`: one sweep row and one job per tenant holding retired rows
+    /// or workspace text to redact in time, unless the tick is scheduled already. Returns the tenants scheduled. (Not "or a later
     /// one": a longer `MNEMO_ANONYMIZE_INTERVAL_S` makes tick numbers smaller, and would stop
     /// every sweep until the old rows were pruned.)
     pub async fn schedule_retention(&self, tick: i64) -> Result<u64, StoreError> {
@@ -820,7 +820,13 @@ impl Store {
         }
         let tenants: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
             "INSERT INTO retention_sweeps (tenant_id, tick)
-             SELECT DISTINCT m.tenant_id, $1::bigint FROM memory_items m WHERE {RETIRED}
+             SELECT m.tenant_id, $1::bigint FROM memory_items m WHERE {RETIRED}
+             UNION
+             -- Workspace text that will be due: replaced versions, and deleted files.
+             SELECT v.tenant_id, $1::bigint FROM workspace_file_versions v
+             JOIN workspace_files f ON f.tenant_id = v.tenant_id AND f.agent_id = v.agent_id
+                                   AND f.user_id = v.user_id AND f.path = v.path
+             WHERE v.redacted_at IS NULL AND (v.version < f.version OR f.deleted_at IS NOT NULL)
              ON CONFLICT DO NOTHING
              RETURNING tenant_id"
         )))
