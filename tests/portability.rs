@@ -494,10 +494,42 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(zone().await, "Asia/Tokyo");
 
-    // Both copies of u1's MEMORY.md change after the import: version 2 holds other text on each
-    // side. Imported, the file's history would collide with the next write: refused, unchanged.
+    let memory_of_beta = || async {
+        sqlx::query_as::<_, (String, i32)>(
+            "SELECT content, version FROM workspace_files WHERE tenant_id = 'beta' AND path = 'MEMORY.md'",
+        )
+        .fetch_one(&target.pool)
+        .await
+        .expect("beta's file")
+    };
+    let import_again = |content: &'static str| {
+        let (app, t, target) = (&app, &t, &target);
+        async move {
+            let edit = json!({ "content": content });
+            assert_eq!(app.client.put("/v1/workspace/files/MEMORY.md", Some(t), &edit).await.status, 200);
+            let again = temp("again.jsonl.gz");
+            let run = runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&again)).await;
+            assert!(run.ok, "{}", run.stderr);
+            let import = ["import", "--tenant", "beta", "--retarget", again.to_str().expect("path")];
+            let run = runbook(&target.url, &import, None).await;
+            let _ = std::fs::remove_file(&again);
+            run
+        }
+    };
+    // The source's file went a version further, though the copy's clock says its own changed
+    // later: the history that went further wins (by time alone, its next write would collide).
+    sqlx::query("UPDATE workspace_files SET updated_at = now() + interval '1 day' WHERE tenant_id = 'beta'")
+        .execute(&target.pool)
+        .await
+        .expect("a copy's clock ahead");
+    let run = import_again("u1 likes coffee").await;
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(memory_of_beta().await, ("u1 likes coffee".to_owned(), 2));
+
+    // Both copies change after that: version 3 holds other text on each side. Imported, the
+    // file's history would collide with the next write: refused, unchanged.
     sqlx::query(
-        "WITH f AS (UPDATE workspace_files SET content = 'u1 likes beta', size_bytes = 13, version = 2
+        "WITH f AS (UPDATE workspace_files SET content = 'u1 likes beta', size_bytes = 13, version = 3
                     WHERE tenant_id = 'beta' AND path = 'MEMORY.md' RETURNING *)
          INSERT INTO workspace_file_versions (tenant_id, agent_id, user_id, path, version, content, enabled, sort_order, deleted, actor)
          SELECT tenant_id, agent_id, user_id, path, version, content, enabled, sort_order, false, 'api' FROM f",
@@ -505,22 +537,10 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     .execute(&target.pool)
     .await
     .expect("beta's own edit");
-    let edit = json!({ "content": "u1 likes coffee" });
-    assert_eq!(app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &edit).await.status, 200);
-    let again = temp("again.jsonl.gz");
-    let run = runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&again)).await;
-    assert!(run.ok, "{}", run.stderr);
-    let run =
-        runbook(&target.url, &["import", "--tenant", "beta", "--retarget", again.to_str().expect("path")], None).await;
+    let run = import_again("u1 likes cocoa").await;
     assert!(!run.ok && run.stderr.contains("workspace file MEMORY.md was changed both"), "{}", run.stderr);
-    let kept: String =
-        sqlx::query_scalar("SELECT content FROM workspace_files WHERE tenant_id = 'beta' AND path = 'MEMORY.md'")
-            .fetch_one(&target.pool)
-            .await
-            .expect("beta's file");
-    assert_eq!(kept, "u1 likes beta");
+    assert_eq!(memory_of_beta().await, ("u1 likes beta".to_owned(), 3));
     let _ = std::fs::remove_file(&good);
-    let _ = std::fs::remove_file(&again);
 }
 
 #[tokio::test]
@@ -750,7 +770,8 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     assert_eq!(copy.count(files).await, 0);
     assert_eq!(copy.count(vectors).await, 0, "the older file brought back a vector made with the erased words");
 
-    // In another tenant the same hash names someone else: a retargeted file's erasures are left out.
+    // In another tenant the same hash may name someone else: a retargeted file's erasures are
+    // applied or left out as the operator says, never guessed.
     sqlx::query(
         "INSERT INTO workspace_files (tenant_id, agent_id, user_id, path, id, content, size_bytes, enabled, sort_order, version, created_at)
          VALUES ('beta', 'a1', 'u1', 'memory/2026-01-01.md', gen_random_uuid(), 'beta''s u1', 10, true, 100, 1, now() - interval '1 day')",
@@ -758,14 +779,18 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     .execute(&copy.pool)
     .await
     .expect("beta's u1 has a note");
+    let beta_files = "SELECT count(*) FROM workspace_files WHERE tenant_id = 'beta'";
+    let beta_erasures = "SELECT count(*) FROM audit_log WHERE tenant_id = 'beta' AND event = 'memory.erase'";
     let retarget = ["import", "--tenant", "beta", "--retarget", later.to_str().expect("path")];
     let run = runbook(&copy.url, &retarget, None).await;
+    assert!(!run.ok && run.stderr.contains("--erasures apply"), "{}", run.stderr);
+    assert_eq!(copy.count("SELECT count(*) FROM memory_items WHERE tenant_id = 'beta'").await, 0);
+    let run = runbook(&copy.url, &[&retarget[..], &["--erasures", "skip"]].concat(), None).await;
     assert!(run.ok && run.stdout.contains("1 erasures of the source tenant left out"), "{}{}", run.stdout, run.stderr);
-    assert_eq!(copy.count("SELECT count(*) FROM workspace_files WHERE tenant_id = 'beta'").await, 1);
-    assert_eq!(
-        copy.count("SELECT count(*) FROM audit_log WHERE tenant_id = 'beta' AND event = 'memory.erase'").await,
-        0
-    );
+    assert_eq!((copy.count(beta_files).await, copy.count(beta_erasures).await), (1, 0));
+    let run = runbook(&copy.url, &[&retarget[..], &["--erasures", "apply"]].concat(), None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!((copy.count(beta_files).await, copy.count(beta_erasures).await), (0, 1));
     for path in [full, later] {
         let _ = std::fs::remove_file(path);
     }

@@ -48,6 +48,13 @@ pub struct ImportArgs {
     /// With `--retarget`: take the file's tenant settings too, replacing the target's.
     #[arg(long, requires = "retarget")]
     with_settings: bool,
+    /// With `--retarget`, for a file that carries erasures (users named by a hash of their id):
+    /// `apply` when the two tenants' user ids name the same people (a tenant moved or renamed,
+    /// a copy kept up to date), so the target deletes what it holds of them; `skip` when they do
+    /// not. Asked for, not guessed: either way round a wrong guess deletes someone's files or
+    /// keeps an erased user's.
+    #[arg(long, requires = "retarget", value_parser = ["apply", "skip"])]
+    erasures: Option<String>,
     file: PathBuf,
 }
 
@@ -172,9 +179,15 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         }
         rows += 1;
         if table == ERASURES {
-            // Erasures name users of the source tenant by a hash: in another tenant the same hash
-            // is someone else (their memories come anonymized all the same).
-            if args.retarget {
+            if args.retarget && args.erasures.is_none() {
+                bail!(
+                    "line {line_no}: the file carries erasures of tenant {source:?}'s users (by a hash of their \
+                     id): with --retarget, say whether those ids name the same people in {:?} (--erasures apply) \
+                     or not (--erasures skip). Nothing was imported",
+                    args.tenant.as_str()
+                );
+            }
+            if args.erasures.as_deref() == Some("skip") {
                 erasures_left_out += 1;
             } else {
                 import.erasure(line_no, row, exported_at)?;
@@ -218,7 +231,7 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     println!("{} items to embed again (no vector of their model came with them)", report.to_embed);
     if erasures_left_out > 0 {
         println!(
-            "{erasures_left_out} erasures of the source tenant left out: they name its users, not {}'s",
+            "{erasures_left_out} erasures of the source tenant left out (--erasures skip): they name its users, not {}'s",
             args.tenant
         );
     }

@@ -41,7 +41,13 @@ const CHANGED_IN_PLACE: &[(&str, &[&str], &str)] = &[
               WHEN r.anonymized_at IS NOT NULL THEN true
               ELSE r.changed_at > s.changed_at END",
     ),
-    ("workspace_files", &["tenant_id", "agent_id", "user_id", "path"], "r.updated_at > s.updated_at"),
+    // A file's history goes by version first: a copy whose file went further (a core file made
+    // from its template here, a restore there) is the later one, whatever the clocks say.
+    (
+        "workspace_files",
+        &["tenant_id", "agent_id", "user_id", "path"],
+        "r.version > s.version OR (r.version = s.version AND r.updated_at > s.updated_at)",
+    ),
     // A redaction goes one way, as anonymization does.
     (
         "workspace_file_versions",
@@ -533,17 +539,20 @@ impl Import {
         // file kept (newer here) whose history the file ran ahead of, or a file replaced by an
         // older-numbered copy, would collide with its own next version at the next write.
         let ahead: Option<(i64, String)> = sqlx::query_as(
-            "SELECT l.line, f.path FROM workspace_files f
-             JOIN import_rows l
-               ON l.tbl IN ('workspace_files', 'workspace_file_versions') AND l.row->>'agent_id' = f.agent_id
-              AND COALESCE(l.row->>'user_id', '') = f.user_id AND l.row->>'path' = f.path
+            "WITH touched AS (
+                 SELECT l.row->>'agent_id' AS agent_id, COALESCE(l.row->>'user_id', '') AS user_id,
+                        l.row->>'path' AS path, min(l.line) AS line
+                 FROM import_rows l WHERE l.tbl IN ('workspace_files', 'workspace_file_versions')
+                 GROUP BY 1, 2, 3)
+             SELECT t.line, f.path FROM touched t
+             JOIN workspace_files f ON f.tenant_id = $1 AND f.agent_id = t.agent_id AND f.user_id = t.user_id
+                                   AND f.path = t.path
              CROSS JOIN LATERAL (
                  SELECT v.version, v.content, v.redacted_at FROM workspace_file_versions v
-                 WHERE v.tenant_id = f.tenant_id AND v.agent_id = f.agent_id AND v.user_id = f.user_id AND v.path = f.path
+                 WHERE v.tenant_id = $1 AND v.agent_id = f.agent_id AND v.user_id = f.user_id AND v.path = f.path
                  ORDER BY v.version DESC LIMIT 1) v
-             WHERE f.tenant_id = $1
-               AND (v.version <> f.version OR (v.redacted_at IS NULL AND v.content <> f.content))
-             ORDER BY l.line LIMIT 1",
+             WHERE v.version <> f.version OR (v.redacted_at IS NULL AND v.content <> f.content)
+             ORDER BY t.line LIMIT 1",
         )
         .bind(tenant)
         .fetch_optional(&mut *self.tx)

@@ -129,10 +129,10 @@ macro_rules! due_versions {
         "SELECT v.agent_id, v.user_id, v.path, v.version FROM workspace_file_versions v
          WHERE v.tenant_id = $1 AND v.redacted_at IS NULL
            AND (EXISTS (SELECT 1 FROM workspace_file_versions n
-                        WHERE n.tenant_id = v.tenant_id AND n.agent_id = v.agent_id AND n.user_id = v.user_id
+                        WHERE n.tenant_id = $1 AND n.agent_id = v.agent_id AND n.user_id = v.user_id
                           AND n.path = v.path AND n.version = v.version + 1 AND n.created_at < $2)
                 OR EXISTS (SELECT 1 FROM workspace_files f
-                           WHERE f.tenant_id = v.tenant_id AND f.agent_id = v.agent_id AND f.user_id = v.user_id
+                           WHERE f.tenant_id = $1 AND f.agent_id = v.agent_id AND f.user_id = v.user_id
                              AND f.path = v.path AND f.version = v.version AND f.deleted_at < $2))"
     };
 }
@@ -478,7 +478,8 @@ impl Store {
         .await?;
         // A deleted file's row holds its last text too; `updated_at` carries the change to a copy
         // (an import replaces a file changed later).
-        let id: Uuid = sqlx::query_scalar(
+        // Gone when the user was erased meanwhile: nothing left to redact.
+        let id: Option<Uuid> = sqlx::query_scalar(
             "WITH emptied AS (
                  UPDATE workspace_files SET content = '', size_bytes = 0, updated_at = now()
                  WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4
@@ -490,9 +491,9 @@ impl Store {
         .bind(&file.user_id)
         .bind(&file.path)
         .bind(cutoff)
-        .fetch_one(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
-        if !versions.is_empty() {
+        if let Some(id) = id.filter(|_| !versions.is_empty()) {
             let mut details = crate::workspace::audited_file(&key);
             details["versions"] = serde_json::json!(versions);
             crate::workspace::audit_change(&mut tx, &key, id, "redacted", actor, details).await?;
