@@ -849,6 +849,19 @@ async fn replaced_and_deleted_workspace_texts_are_redacted_after_the_soft_ttl() 
         (Some(0), Some(0))
     );
 
+    // A file stored under older path rules, which no longer parses, is redacted all the same.
+    f.exec(
+        "INSERT INTO workspace_files (tenant_id, agent_id, user_id, path, id, content, size_bytes, enabled, sort_order, version)
+         VALUES ('acme', 'helper', 'ann', 'notes.txt', gen_random_uuid(), 'kiwi', 4, false, 100, 2);
+         INSERT INTO workspace_file_versions (tenant_id, agent_id, user_id, path, version, content, enabled, sort_order, deleted, actor, created_at)
+         VALUES ('acme', 'helper', 'ann', 'notes.txt', 1, 'an old kiwi', false, 100, false, 'api', now() - interval '40 days'),
+                ('acme', 'helper', 'ann', 'notes.txt', 2, 'kiwi', false, 100, false, 'api', now() - interval '40 days')",
+    )
+    .await;
+    let legacy = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
+    assert_eq!(legacy["workspace_versions_redacted"].as_u64(), Some(1), "{legacy}");
+    assert_eq!(f.db().count(&holding("old kiwi")).await, 0);
+
     // A tenant whose only retired text is an agent file's earlier version is swept too.
     let operator = token(&principal("globex", None, Some("helper"), None));
     for content in ["Be brief.", "Be kind."] {

@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    AgentId, AnonymizeReason, AuditEvent, FileKey, Label, Queue, RetentionPolicy, SessionId, TenantId, UserId,
-    WorkspacePath,
+    AnonymizeReason, AuditEvent, Label, Queue, RetentionPolicy, SessionId, TenantId, UserId, WorkspacePath,
 };
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
@@ -451,14 +450,9 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         let Some(file) = next else { return Ok(None) };
-        let key = FileKey {
-            tenant: tenant.clone(),
-            agent: AgentId::parse(&file.agent_id)?,
-            user: (!file.user_id.is_empty()).then(|| UserId::parse(&file.user_id)).transpose()?,
-            path: WorkspacePath::parse(&file.path)?,
-        };
         let mut tx = self.pool.begin().await?;
-        crate::workspace::lock(&mut tx, &key).await?;
+        let (agent, user, path) = (file.agent_id.as_str(), file.user_id.as_str(), file.path.as_str());
+        crate::workspace::lock_stored(&mut tx, tenant.as_str(), agent, user, path).await?;
         // Due again under the lock: the file may have changed since it was picked.
         let versions: Vec<i32> = sqlx::query_scalar(concat!(
             "UPDATE workspace_file_versions s SET content = '', redacted_at = now()
@@ -494,9 +488,10 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(id) = id.filter(|_| !versions.is_empty()) {
-            let mut details = crate::workspace::audited_file(&key);
+            let standard = WorkspacePath::parse(path).is_ok_and(|p| p.is_standard_name());
+            let mut details = crate::workspace::audited_file(agent, user, path, standard);
             details["versions"] = serde_json::json!(versions);
-            crate::workspace::audit_change(&mut tx, &key, id, "redacted", actor, details).await?;
+            crate::workspace::audit_change(&mut tx, tenant.as_str(), id, "redacted", actor, details).await?;
         }
         tx.commit().await?;
         Ok(Some((file, versions.len() as u64)))

@@ -599,16 +599,22 @@ pub(crate) async fn replace_core_file(
 }
 
 pub(crate) async fn lock(tx: &mut Transaction<'_, Postgres>, key: &FileKey) -> Result<(), StoreError> {
-    if let Some(user) = &key.user {
-        share_user_files(tx, key.tenant.as_str(), user.as_str()).await?;
+    lock_stored(tx, key.tenant.as_str(), key.agent.as_str(), user_column(key), key.path.as_str()).await
+}
+
+/// [`lock`] by the names a row stores (`user` '' for the agent's files), for a sweep reading
+/// files back: one stored under older path rules may no longer parse, and is locked all the same.
+pub(crate) async fn lock_stored(
+    tx: &mut Transaction<'_, Postgres>,
+    tenant: &str,
+    agent: &str,
+    user: &str,
+    path: &str,
+) -> Result<(), StoreError> {
+    if !user.is_empty() {
+        share_user_files(tx, tenant, user).await?;
     }
-    sqlx::query(LOCK_FILE)
-        .bind(key.tenant.as_str())
-        .bind(key.agent.as_str())
-        .bind(user_column(key))
-        .bind(key.path.as_str())
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(LOCK_FILE).bind(tenant).bind(agent).bind(user).bind(path).execute(&mut **tx).await?;
     Ok(())
 }
 
@@ -681,10 +687,10 @@ pub(crate) async fn apply(
         .bind(actor)
         .execute(&mut **tx)
         .await?;
-    let mut details = audited_file(key);
+    let mut details = audited_file(agent, user, path, key.path.is_standard_name());
     details["version"] = json!(version);
     details["bytes"] = json!(size);
-    audit_change(tx, key, id, change, actor, details).await?;
+    audit_change(tx, tenant, id, change, actor, details).await?;
     // A template is boilerplate, and a patch leaves the content as it was.
     if change != FROM_TEMPLATE && change != PATCHED {
         reindex(tx, key, state.content, state.deleted, version).await?;
@@ -692,31 +698,32 @@ pub(crate) async fn apply(
     Ok(())
 }
 
-/// How an audit row names a file: the user by a hash, as erasure names them (the audit log
-/// outlives an erasure), and so a user's own file name, which may say what the file held.
-pub(crate) fn audited_file(key: &FileKey) -> serde_json::Value {
+/// How an audit row names a file (`user` '' for the agent's): the user by a hash, as erasure
+/// names them (the audit log outlives an erasure), and so a user's own file name, which may say
+/// what the file held; a name mnemo gives (`standard`) as it is.
+pub(crate) fn audited_file(agent: &str, user: &str, path: &str, standard: bool) -> serde_json::Value {
     let hash = |text: &str| hex::encode(Sha256::digest(text.as_bytes()));
-    let user = user_column(key);
-    let mut details = json!({ "agent": key.agent.as_str(), "user_sha256": (!user.is_empty()).then(|| hash(user)) });
-    if user.is_empty() || key.path.is_standard_name() {
-        details["path"] = json!(key.path.as_str());
+    let mut details = json!({ "agent": agent, "user_sha256": (!user.is_empty()).then(|| hash(user)) });
+    if user.is_empty() || standard {
+        details["path"] = json!(path);
     } else {
-        details["path_sha256"] = json!(hash(key.path.as_str()));
+        details["path_sha256"] = json!(hash(path));
     }
     details
 }
 
-/// Writes a `workspace.change` audit row about file `id`: the change, who made it, `details`.
+/// Writes a `workspace.change` audit row about file `id` of `tenant`: the change, who made it,
+/// `details`.
 pub(crate) async fn audit_change(
     tx: &mut Transaction<'_, Postgres>,
-    key: &FileKey,
+    tenant: &str,
     id: Uuid,
     change: &str,
     actor: &str,
     details: serde_json::Value,
 ) -> Result<(), StoreError> {
     sqlx::query(AUDIT)
-        .bind(key.tenant.as_str())
+        .bind(tenant)
         .bind(AuditEvent::WorkspaceChange.as_str())
         .bind(id)
         .bind(change)
