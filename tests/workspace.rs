@@ -453,8 +453,19 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
     assert_eq!(app.client.get("/v1/workspace/files/memory/2020-99-99.md", Some(&t)).await.status, 200);
 
     let store = app.db.store();
-    assert!(store.claim_maintenance(1, "w1").await.expect("claim"));
-    assert!(!store.claim_maintenance(1, "w2").await.expect("claimed already"), "once per interval across workers");
+    let stale = Duration::from_secs(1800);
+    assert!(store.claim_maintenance(1, "w1", stale).await.expect("claim"));
+    assert!(
+        !store.claim_maintenance(1, "w2", stale).await.expect("claimed already"),
+        "once per interval across workers"
+    );
+    // A holder silent past the stale bound (killed mid-run) is taken over, by one worker.
+    sqlx::query("UPDATE maintenance_runs SET started_at = now() - interval '31 minutes' WHERE tick = 1")
+        .execute(&app.db.pool)
+        .await
+        .expect("an old claim");
+    assert!(store.claim_maintenance(1, "w2", stale).await.expect("taken over"));
+    assert!(!store.claim_maintenance(1, "w3", stale).await.expect("held again"));
     assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1).await.expect("archive"), 1);
     let old_path = format!("/v1/workspace/files/memory/{}.md", old.format("%Y-%m-%d"));
     assert_eq!(app.client.get(&old_path, Some(&t)).await.status, 404);

@@ -162,6 +162,10 @@ fn parse_queues(raw: &str, default: impl Fn(Queue) -> usize, problems: &mut Prob
             problems.0.push(format!("{}: unknown queue {name:?}; known: {}", vars::WORKER_QUEUES, known.join(", ")));
             continue;
         };
+        if queues.iter().any(|(q, _)| *q == queue) {
+            problems.0.push(format!("{}: queue {name:?} is named twice", vars::WORKER_QUEUES));
+            continue;
+        }
         match concurrency.map(str::parse::<usize>) {
             None => queues.push((queue, default(queue))),
             Some(Ok(n)) if n > 0 => queues.push((queue, n)),
@@ -254,5 +258,9 @@ mod tests {
             "{err}"
         );
         assert!(err.0[1].contains("\"embed=0\" needs a positive concurrency"), "{err}");
+        // Named twice would start two of its workers under one id.
+        let env = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::WORKER_QUEUES, "embed,embed=8")]);
+        let err = WorkerSettings::from_env(&env).unwrap_err();
+        assert!(err.0[0].contains("queue \"embed\" is named twice"), "{err}");
     }
 }

@@ -89,12 +89,17 @@ async fn schedule_consolidations(store: &Store, cron: Option<&CronSchedule>) -> 
     Ok(scheduled)
 }
 
+/// How long a maintenance run may stay unfinished before another worker takes it over: far
+/// longer than its bounded batches take, far shorter than the interval (6 h by default) that a
+/// run cut off by a kill or a deploy would otherwise wait.
+const MAINTENANCE_STALE: Duration = Duration::from_secs(30 * 60);
+
 /// Archives old daily notes and prunes old session messages, once per maintenance interval
 /// across all workers, a bounded batch of each per run (the next run goes on).
 async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> Result<(), JobError> {
     let settings = &policy.maintenance;
     let tick = tick_number(settings.interval);
-    if !store.claim_maintenance(tick, worker).await? {
+    if !store.claim_maintenance(tick, worker, MAINTENANCE_STALE).await? {
         return Ok(());
     }
     let done = match maintenance_run(store, settings, &policy.signals).await {

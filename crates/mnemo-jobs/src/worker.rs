@@ -338,7 +338,8 @@ pub async fn run_worker(
     // The backend's heartbeat also drives orphan recovery: a worker silent for
     // heartbeat × missed_heartbeats is dead, and its Running jobs go back to Pending.
     let heartbeat = (settings.orphan_timeout / 10).max(Duration::from_secs(1));
-    let missed = u32::try_from((settings.orphan_timeout.as_secs() / heartbeat.as_secs()).max(2)).unwrap_or(10);
+    // Whole beats of the heartbeat as it is (not its whole seconds): 19 s must not become 36.
+    let missed = (settings.orphan_timeout.as_secs_f64() / heartbeat.as_secs_f64()).ceil().max(2.0) as u32;
     // A queue worker whose backend failed (PostgreSQL restarted under it) starts again instead of
     // ending the process: the fault suite (`make faults`) saw every worker exit on a restart.
     // Not while shutting down. No cap on restarts (a cap turned a long outage into an exit within

@@ -52,7 +52,7 @@ pub enum JudgeCommand {
         #[arg(long, requires = "since", value_parser = parse_outcome)]
         outcome: Option<JudgeOutcome>,
         /// With --outcome: judged at or after this time (RFC 3339) or age (like 24h).
-        #[arg(long, value_parser = parse_time)]
+        #[arg(long, requires = "outcome", value_parser = parse_time)]
         since: Option<DateTime<Utc>>,
         #[arg(long, value_parser = TenantId::parse)]
         tenant: Option<TenantId>,

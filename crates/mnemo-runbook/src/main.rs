@@ -220,7 +220,12 @@ fn parse_ttl(raw: &str) -> Result<Duration, String> {
     if number == 0 {
         return Err("the lifetime must be positive".into());
     }
-    Ok(Duration::from_secs(number.saturating_mul(seconds)))
+    // A century at most: past that a token's expiry, or an age's time, would overflow.
+    const MAX_SECONDS: u64 = 100 * 366 * 86_400;
+    match number.checked_mul(seconds).filter(|s| *s <= MAX_SECONDS) {
+        Some(seconds) => Ok(Duration::from_secs(seconds)),
+        None => Err(format!("{raw:?} is longer than a hundred years")),
+    }
 }
 
 #[tokio::main]
@@ -478,5 +483,9 @@ mod tests {
         assert!(parse_ttl("1w").is_err());
         assert!(parse_ttl("0m").is_err());
         assert!(parse_ttl("h").is_err());
+        // Past a century a token's expiry would wrap to the past (and an age panic).
+        assert_eq!(parse_ttl("36600d"), Ok(Duration::from_secs(36_600 * 86_400)));
+        assert!(parse_ttl("36601d").unwrap_err().contains("hundred years"));
+        assert!(parse_ttl("999999999999999d").is_err());
     }
 }

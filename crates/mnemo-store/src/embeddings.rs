@@ -319,7 +319,8 @@ impl Store {
             ), stale AS (
                 SELECT tenant_id, id FROM memory_items
                 WHERE embed_error IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL
-                  AND (embedded_model IS NULL OR embedded_model <> $1)
+                  -- Three ranges, not `<>`, which the pending index's btree cannot serve.
+                  AND (embedded_model IS NULL OR embedded_model < $1 OR embedded_model > $1)
                   AND embed_enqueued_at < now() - make_interval(secs => $2)
                   AND embed_enqueued_at < COALESCE((SELECT run_at FROM oldest_waiting), 'infinity')
                 ORDER BY embed_enqueued_at

@@ -4,6 +4,8 @@
 //! rows, so the retention sweep anonymizes them. Both statements are cross-tenant by design
 //! (housekeeping finds the work); each file move names its own tenant, agent and user.
 
+use std::time::Duration;
+
 use chrono::NaiveDate;
 use mnemo_core::{AgentId, AuditEvent, FileKey, TenantId, UserId, WorkspacePath};
 
@@ -12,7 +14,12 @@ use crate::{DEFAULT_SORT_ORDER, Store, StoreError};
 
 const ACTOR: &str = "maintenance";
 
-const CLAIM: &str = "INSERT INTO maintenance_runs (tick, worker) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+/// Takes run `$1` for worker `$2`, or over from a holder silent past `$3` seconds (killed, or
+/// stopped by a deploy, mid-run: every step is bounded and safe to run again).
+const CLAIM: &str = "
+INSERT INTO maintenance_runs (tick, worker) VALUES ($1, $2)
+ON CONFLICT (tick) DO UPDATE SET worker = $2, started_at = now()
+WHERE maintenance_runs.finished_at IS NULL AND maintenance_runs.started_at < now() - make_interval(secs => $3)";
 
 const FINISH: &str =
     "UPDATE maintenance_runs SET archived = $2, pruned = $3, promoted = $4, faded = $5, finished_at = now()
@@ -58,9 +65,10 @@ pub struct Maintained {
 }
 
 impl Store {
-    /// Claims maintenance run `tick` for `worker`; exactly one caller per tick gets `true`.
-    pub async fn claim_maintenance(&self, tick: i64, worker: &str) -> Result<bool, StoreError> {
-        let claimed = sqlx::query(CLAIM).bind(tick).bind(worker).execute(&self.pool).await?;
+    /// Claims maintenance run `tick` for `worker`: one caller per tick gets `true`, and another
+    /// once the run has been held unfinished for longer than `stale` (its holder died).
+    pub async fn claim_maintenance(&self, tick: i64, worker: &str, stale: Duration) -> Result<bool, StoreError> {
+        let claimed = sqlx::query(CLAIM).bind(tick).bind(worker).bind(stale.as_secs_f64()).execute(&self.pool).await?;
         Ok(claimed.rows_affected() == 1)
     }
 

@@ -170,14 +170,20 @@ impl Store {
         Ok(Delivery { missing, unembedded, failed, vectors })
     }
 
+    /// Rows without a vector of `model`: waiting, how long the oldest has waited, and given up.
+    /// Every worker reads it every 5 s, so both halves go through partial indexes that hold
+    /// (nearly) nothing in steady state, each by three ranges of the model (a btree cannot serve
+    /// `<>`): migration 8's for the rows waiting, migration 42's for those given up.
     pub async fn embed_backlog(&self, model: &str) -> Result<EmbedBacklog, StoreError> {
         let (pending, oldest_pending_seconds, failed): (i64, Option<f64>, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE embed_error IS NULL),
-                    extract(epoch FROM now() - min(created_at) FILTER (WHERE embed_error IS NULL))::float8,
-                    count(*) FILTER (WHERE embed_error IS NOT NULL)
-             FROM memory_items
-             WHERE deleted_at IS NULL AND anonymized_at IS NULL
-               AND (embedded_model IS NULL OR embedded_model <> $1)",
+            "SELECT w.n, w.oldest, f.n
+             FROM (SELECT count(*) AS n, extract(epoch FROM now() - min(created_at))::float8 AS oldest
+                   FROM memory_items
+                   WHERE embed_error IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL
+                     AND (embedded_model IS NULL OR embedded_model < $1 OR embedded_model > $1)) w,
+                  (SELECT count(*) AS n FROM memory_items
+                   WHERE embed_error IS NOT NULL AND deleted_at IS NULL AND anonymized_at IS NULL
+                     AND (embedded_model IS NULL OR embedded_model < $1 OR embedded_model > $1)) f",
         )
         .bind(model)
         .fetch_one(&self.pool)

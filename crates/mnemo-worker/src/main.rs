@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use clap::builder::NonEmptyStringValueParser;
 use mnemo_config::{Env, WorkerSettings, vars};
 
 #[derive(Debug, Parser)]
@@ -16,11 +17,12 @@ use mnemo_config::{Env, WorkerSettings, vars};
 struct Cli {
     /// Queues to serve, each with an optional concurrency, e.g. `embed,judge=60` (overrides
     /// MNEMO_WORKER_QUEUES; default: every queue, embed at 4 × MNEMO_EMBED_BATCH_SIZE, judge at
-    /// 2 × MNEMO_JUDGE_BATCH_SIZE, retention at 1, compact at 8, extract at 4, consolidate at 2).
-    #[arg(long, value_name = "QUEUES")]
+    /// 2 × MNEMO_JUDGE_BATCH_SIZE, retention at 1, compact at 8, extract at 4, consolidate at 2,
+    /// access at 2). Not empty: a script's unset variable must not serve every queue.
+    #[arg(long, value_name = "QUEUES", value_parser = NonEmptyStringValueParser::new())]
     queues: Option<String>,
     /// Where `/metrics` is served (overrides MNEMO_WORKER_LISTEN; default 127.0.0.1:9464).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = NonEmptyStringValueParser::new())]
     listen: Option<String>,
 }
 
@@ -70,6 +72,8 @@ mod tests {
             .expect("valid")
             .apply(Env::from_pairs([(vars::WORKER_QUEUES, embed)]));
         assert_eq!(kept.get(vars::WORKER_QUEUES), Some(embed));
+        let empty = Cli::try_parse_from(["mnemo-worker", "--queues", ""]).unwrap_err();
+        assert_eq!(empty.kind(), ErrorKind::InvalidValue);
         let unknown = Cli::try_parse_from(["mnemo-worker", "--queue", embed]).unwrap_err();
         assert_eq!(unknown.kind(), ErrorKind::UnknownArgument);
         let help = Cli::try_parse_from(["mnemo-worker", "--help"]).unwrap_err();
