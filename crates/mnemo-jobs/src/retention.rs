@@ -183,9 +183,8 @@ pub async fn sweep_tenant(
             }
         }
         // Then the workspace files' replaced and deleted texts, one file per transaction.
-        let mut after = FileCursor::default();
+        let (cutoff, mut after) = (plan.cutoffs.deleted_before, FileCursor::default());
         while report.outcome == SweepOutcome::Done {
-            let cutoff = plan.cutoffs.deleted_before;
             let Some((file, n)) = store.redact_due_versions(tenant, cutoff, &after, &options.actor).await? else {
                 break;
             };

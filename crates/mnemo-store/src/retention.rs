@@ -471,8 +471,7 @@ impl Store {
         .fetch_all(&mut *tx)
         .await?;
         // A deleted file's row holds its last text too; `updated_at` carries the change to a copy
-        // (an import replaces a file changed later).
-        // Gone when the user was erased meanwhile: nothing left to redact.
+        // (an import replaces a file changed later). No row: the user was erased meanwhile.
         let id: Option<Uuid> = sqlx::query_scalar(
             "WITH emptied AS (
                  UPDATE workspace_files SET content = '', size_bytes = 0, updated_at = now()
