@@ -707,6 +707,15 @@ async fn the_runbook_shows_a_session_and_compacts_it_on_demand() {
         [&["session", command, "--tenant", "acme", "--session", "s1", "--json"], extra].concat()
     };
 
+    // A mistyped session is refused by name, and nothing is queued.
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let typo = ["session", "compact", "--tenant", "acme", "--session", "s1x", "--json"];
+        let refused = run_runbook(&app, &[], &[&typo[..], extra].concat()).await;
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && stderr.contains("session s1x of tenant acme has no messages"), "{stderr}");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'compact'").await, 0);
+
     let plan = runbook(&app, &[], &args("compact", &["--dry-run"])).await;
     assert_eq!(
         (plan["messages"].as_u64(), plan["kept"].as_u64(), plan["would"].as_str()),

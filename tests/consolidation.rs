@@ -295,9 +295,19 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
         },
         signals: mnemo_config::SignalSettings::default(),
     };
-    let done = mnemo_jobs::run_housekeeping(&store, "w", &policy).await.expect("housekeeping").expect("won the tick");
-    assert_eq!(done.consolidations_scheduled, 3);
-    assert_eq!(store.schedule_consolidations("UTC", fire).await.expect("same fire"), 0);
+    // A step failing at every tick (here pruning, made to fail) does not keep the tick's later
+    // steps from running; the failure is the tick's result.
+    for statement in [
+        "CREATE FUNCTION refuse_pruning() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         RAISE EXCEPTION 'refused'; END $$",
+        "CREATE TRIGGER refuse_pruning BEFORE DELETE ON judge_batches \
+         FOR EACH STATEMENT EXECUTE FUNCTION refuse_pruning()",
+    ] {
+        sqlx::query(statement).execute(&app.db.pool).await.expect(statement);
+    }
+    let failed = mnemo_jobs::run_housekeeping(&store, "w", &policy).await;
+    assert!(failed.is_err(), "the failed step is reported: {failed:?}");
+    assert_eq!(store.schedule_consolidations("UTC", fire).await.expect("same fire"), 0, "scheduled all the same");
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 6);
 }
 
@@ -441,4 +451,37 @@ async fn the_dry_run_shows_the_proposal_and_changes_nothing() {
     assert_eq!(app.db.count("SELECT count(*) FROM consolidation_state").await, 0, "no state written");
     // The notes are still new to a real run.
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 });
+}
+
+/// `memory consolidate` queues a job only for a pair with daily notes: a mistyped agent or user
+/// is refused by name, and nothing is queued.
+#[tokio::test]
+async fn the_runbook_queues_a_consolidation_only_for_a_pair_with_notes() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- a note").await;
+    let consolidate = |agent: &'static str, user: &'static str| {
+        let url = app.db.url.clone();
+        async move {
+            tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+                .args(["memory", "consolidate", "--tenant", "acme", "--agent", agent, "--user", user, "--json"])
+                .env_clear()
+                .env(vars::DATABASE_URL, url)
+                .output()
+                .await
+                .expect("runbook runs")
+        }
+    };
+    for (agent, user) in [("helper", "anne"), ("helpr", "ann")] {
+        let refused = consolidate(agent, user).await;
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && stderr.contains("has no daily notes"), "{agent}/{user}: {stderr}");
+    }
+    let jobs = "SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'";
+    assert_eq!(app.db.count(jobs).await, 0, "refused: nothing queued");
+    let queued = consolidate("helper", "ann").await;
+    assert!(queued.status.success(), "{}", String::from_utf8_lossy(&queued.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&queued.stdout).expect("json");
+    assert_eq!(answer["queued"], true);
+    assert_eq!(app.db.count(jobs).await, 1);
 }

@@ -756,6 +756,20 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
     let tune = runbook(&f, &["judge", "tune", "--workers", "1", "--json"]);
     assert!(tune["recommended_batch_size"].as_u64().is_some_and(|b| b >= 1), "{tune}");
     assert!(!tune["reasons"].as_array().expect("reasons").is_empty());
+    assert_eq!(tune["current_batch_size"], 20, "the default");
+    // The batch size in use is read as the workers read it: from the configuration file too.
+    let config = std::env::temp_dir().join(format!("mnemo-judge-{}.env", Uuid::new_v4()));
+    std::fs::write(&config, "MNEMO_JUDGE_BATCH_SIZE=7\n").expect("write");
+    let output = std::process::Command::new(binary("mnemo-runbook").expect("runbook"))
+        .args(["judge", "tune", "--workers", "1", "--json"])
+        .env_clear()
+        .env(vars::DATABASE_URL, &f.app.db.url)
+        .env(vars::CONFIG_FILE, &config)
+        .output()
+        .expect("runbook");
+    std::fs::remove_file(&config).expect("remove");
+    let tune: Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(tune["current_batch_size"], 7, "{tune}");
     let bad = std::process::Command::new(binary("mnemo-runbook").expect("runbook"))
         .args(["judge", "clear", "--outcome", "sometimes", "--since", "1h"])
         .env(vars::DATABASE_URL, &f.app.db.url)

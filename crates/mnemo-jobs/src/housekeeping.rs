@@ -50,17 +50,23 @@ pub async fn run_housekeeping(
     if !store.claim_housekeeping_tick(tick, worker).await? {
         return Ok(None);
     }
+    // Each step runs even when an earlier one failed: one step failing at every tick (a bad row,
+    // a missing grant) must not starve the others.
+    let mut steps = Steps::default();
     let done = Housekeeping {
-        requeued: store.requeue_unembedded(&policy.model, policy.embed_grace, 10_000).await?
-            + store.requeue_unjudged(policy.judge_grace, 10_000).await?
-            + store.requeue_unextracted(EXTRACTION_GRACE, 1_000).await?,
-        pruned_jobs: store.prune_finished_jobs(policy.job_retention).await?,
-        removed_workers: store.remove_stale_workers(policy.dead_worker_after).await?,
-        retention_scheduled: store.schedule_retention(tick_number(policy.retention_interval)).await?,
-        consolidations_scheduled: schedule_consolidations(store, policy.consolidate_cron.as_ref()).await?,
+        requeued: steps
+            .run("requeue_unembedded", store.requeue_unembedded(&policy.model, policy.embed_grace, 10_000).await)
+            + steps.run("requeue_unjudged", store.requeue_unjudged(policy.judge_grace, 10_000).await)
+            + steps.run("requeue_unextracted", store.requeue_unextracted(EXTRACTION_GRACE, 1_000).await),
+        pruned_jobs: steps.run("prune_finished_jobs", store.prune_finished_jobs(policy.job_retention).await),
+        removed_workers: steps.run("remove_stale_workers", store.remove_stale_workers(policy.dead_worker_after).await),
+        retention_scheduled: steps
+            .run("schedule_retention", store.schedule_retention(tick_number(policy.retention_interval)).await),
+        consolidations_scheduled: steps
+            .run("schedule_consolidations", schedule_consolidations(store, policy.consolidate_cron.as_ref()).await),
     };
-    store.finish_housekeeping_tick(tick, done).await?;
-    maintain(store, worker, policy).await?;
+    steps.run("finish_housekeeping_tick", store.finish_housekeeping_tick(tick, done).await);
+    steps.run("maintenance", maintain(store, worker, policy).await);
     if done != Housekeeping::default() {
         tracing::info!(
             tick,
@@ -74,7 +80,30 @@ pub async fn run_housekeeping(
     }
     metrics::counter!("mnemo_housekeeping_runs_total").increment(1);
     metrics::counter!("mnemo_housekeeping_requeued_total").increment(done.requeued);
+    steps.finish()?;
     Ok(Some(done))
+}
+
+/// The steps of one housekeeping or maintenance round: a failing step counts as nothing done,
+/// is logged, and the round goes on; the first failure is the round's result.
+#[derive(Default)]
+struct Steps {
+    first_failure: Option<JobError>,
+}
+
+impl Steps {
+    fn run<T: Default, E: Into<JobError>>(&mut self, step: &'static str, result: Result<T, E>) -> T {
+        result.unwrap_or_else(|e| {
+            let e = e.into();
+            tracing::warn!(step, error = %e, "housekeeping step failed; the others go on");
+            self.first_failure.get_or_insert(e);
+            T::default()
+        })
+    }
+
+    fn finish(self) -> Result<(), JobError> {
+        self.first_failure.map_or(Ok(()), Err)
+    }
 }
 
 /// Queues the consolidations whose schedule fired: in each tenant's own time zone.
@@ -131,19 +160,24 @@ async fn maintenance_run(
     settings: &MaintenanceSettings,
     signals: &SignalSettings,
 ) -> Result<Maintained, JobError> {
+    let mut steps = Steps::default();
     let mut done = Maintained::default();
     if settings.note_retention_days > 0 {
         let before = Utc::now().date_naive() - chrono::Days::new(u64::from(settings.note_retention_days));
-        done.archived = store.archive_daily_notes(before, 1000).await?;
+        done.archived = steps.run("archive_daily_notes", store.archive_daily_notes(before, 1000).await);
     }
     if settings.session_retention_days > 0 {
-        done.pruned = store.prune_old_sessions(settings.session_retention_days, 10_000).await?;
+        done.pruned =
+            steps.run("prune_old_sessions", store.prune_old_sessions(settings.session_retention_days, 10_000).await);
     }
-    done.promoted = store.promote_episodic(signals.promotion_min_confidence, 10_000).await?;
+    done.promoted =
+        steps.run("promote_episodic", store.promote_episodic(signals.promotion_min_confidence, 10_000).await);
     if signals.decay_floor > 0.0 {
-        done.faded = store.fade_episodic(fade_before(&signals.weights, signals.decay_floor), 10_000).await?;
+        let before = fade_before(&signals.weights, signals.decay_floor);
+        done.faded = steps.run("fade_episodic", store.fade_episodic(before, 10_000).await);
     }
-    store.prune_access_batches().await?;
+    steps.run("prune_access_batches", store.prune_access_batches().await);
+    steps.finish()?;
     Ok(done)
 }
 

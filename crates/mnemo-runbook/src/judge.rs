@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use clap::Subcommand;
+use mnemo_config::Env;
 use mnemo_core::{FactScope, JudgeOutcome, Queue, TenantId};
 use mnemo_store::{BatchStats, ClearSelection, FactRecord, Store};
 use serde_json::{Value, json};
@@ -81,9 +82,10 @@ pub enum JudgeCommand {
         /// How far back batch timings count.
         #[arg(long, default_value = "1h", value_parser = parse_ttl)]
         window: Duration,
-        /// The batch size in use now.
-        #[arg(long, env = "MNEMO_JUDGE_BATCH_SIZE", default_value_t = 20)]
-        batch_size: usize,
+        /// The batch size in use now; default: MNEMO_JUDGE_BATCH_SIZE as the workers read it
+        /// (the environment, then MNEMO_CONFIG_FILE), else 20.
+        #[arg(long)]
+        batch_size: Option<usize>,
         /// Judge workers; default: those alive now.
         #[arg(long)]
         workers: Option<usize>,
@@ -108,8 +110,9 @@ pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
     Ok(Utc::now() - chrono::Duration::from_std(age).map_err(|e| e.to_string())?)
 }
 
-/// `alive_within`: how long a worker may be silent and still count.
-pub async fn run(store: &Store, command: JudgeCommand, alive_within: Duration) -> anyhow::Result<()> {
+pub async fn run(store: &Store, command: JudgeCommand, env: &Env) -> anyhow::Result<()> {
+    // How long a worker may be silent and still count as alive.
+    let alive_within = mnemo_config::orphan_timeout(env)?;
     match command {
         JudgeCommand::Status { window, json } => status(store, window, json).await,
         JudgeCommand::FailOpen { tenant, since, limit, json } => {
@@ -185,6 +188,10 @@ pub async fn run(store: &Store, command: JudgeCommand, alive_within: Duration) -
             Ok(())
         }
         JudgeCommand::Tune { target_drain, window, batch_size, workers, json } => {
+            let batch_size = match batch_size {
+                Some(n) => n,
+                None => mnemo_config::JudgeSettings::from_env(env)?.batch_size,
+            };
             let status = store.judge_status(window).await?;
             let workers = match workers {
                 Some(n) => n,

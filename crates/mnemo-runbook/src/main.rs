@@ -245,9 +245,7 @@ async fn main() -> anyhow::Result<()> {
             let request = RecallRequest::new(&query)?.top_k(top_k)?.scope(RecallScope::parse(&scope)?);
             recall(&env, &identity.principal(), &request, include_superseded, json).await
         }
-        Command::Judge { command } => {
-            judge::run(&connect(&env).await?, command, mnemo_config::orphan_timeout(&env)?).await
-        }
+        Command::Judge { command } => judge::run(&connect(&env).await?, command, &env).await,
         Command::EmbedRetry { tenant, json } => {
             let store = connect(&env).await?;
             let queued = store

@@ -115,7 +115,12 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             print_report(&report, json)?;
         }
         MemoryCommand::Consolidate { tenant, agent, user, dry_run, json } => {
+            let missing = format!("user {user} has no daily notes under agent {agent} in tenant {tenant}");
             let workspace = Workspace { tenant, agent, user: Some(user) };
+            // A mistyped name would queue a job that finds nothing to read.
+            if !store.has_daily_notes(&workspace).await? {
+                bail!("{missing}: nothing to consolidate");
+            }
             if !dry_run {
                 let queued = store.request_consolidation(&workspace, None).await?;
                 if json {

@@ -182,6 +182,10 @@ async fn compact(
              or add --truncate"
         );
     }
+    // A mistyped session would queue a job that finds nothing to compact.
+    if store.session_messages_newest_first(tenant, session, None, None, 1).await?.is_empty() {
+        anyhow::bail!("session {session} of tenant {tenant} has no messages");
+    }
     if let How::DryRun = how {
         let CompactPlan { messages, history, cut, .. } = compactor.plan(tenant, session, None).await?;
         let tokens: u64 = history[..cut].iter().map(|m| m.cost()).sum();
