@@ -47,7 +47,7 @@ pub use memory::{Extras, FactKey, Metadata, NewMemory, ScopeError, Turn};
 pub use names::{AuditEvent, Queue};
 pub use principal::Principal;
 pub use recall::{MAX_QUERY_BYTES, MAX_TOP_K, RecallClass, RecallRequest, RerankError, RerankFuture, Reranker};
-pub use retention::{AnonymizeReason, MAX_BATCH_SIZE, MAX_TTL_DAYS, RetentionPolicy, SafetyFloor};
+pub use retention::{AnonymizeReason, MAX_BATCH_SIZE, MAX_TTL_DAYS, POLICY_FIELDS, RetentionPolicy, SafetyFloor};
 pub use signals::{SignalWeights, Signals, decay, signal_factor};
 pub use source_ref::{SourceRef, fact_source_ref};
 pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, ToolOutputText};

@@ -35,6 +35,7 @@ string_enum!(
         Erase => "memory.erase",
         WorkspaceChange => "workspace.change",
         Promote => "memory.promote",
+        RetentionPolicy => "tenant.retention_policy",
     }
 );
 

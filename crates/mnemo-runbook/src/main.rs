@@ -10,7 +10,8 @@ use mnemo_config::{
     vars,
 };
 use mnemo_core::{
-    AgentId, AuditEvent, FactScope, Label, Principal, RecallRequest, RecallScope, SessionId, TenantId, UserId,
+    AgentId, AuditEvent, FactScope, Label, MAX_BATCH_SIZE, MAX_TTL_DAYS, POLICY_FIELDS, Principal, RecallRequest,
+    RecallScope, SessionId, TenantId, UserId,
 };
 use mnemo_recall::{Recall, RecallOptions};
 use mnemo_store::{MIGRATOR, Reads, Store};
@@ -169,6 +170,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A tenant's retention policy: the fields it sets and the policy in force (this shell's
+    /// MNEMO_ANONYMIZE_* fill the others, as the workers' do for them), after setting or
+    /// removing fields when asked (audited). A tenant may turn dry run on, never lift the
+    /// deployment's.
+    RetentionPolicy {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: TenantId,
+        /// Anonymize soft-deleted rows (and redact replaced workspace versions) this many days on.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_TTL_DAYS)))]
+        soft_ttl_days: Option<u32>,
+        /// Anonymize superseded facts this many days after they were superseded.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_TTL_DAYS)))]
+        superseded_ttl_days: Option<u32>,
+        /// Rows anonymized per transaction.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BATCH_SIZE)))]
+        batch_size: Option<u32>,
+        /// Whether the tenant's sweeps only count.
+        #[arg(long, value_name = "true|false")]
+        dry_run: Option<bool>,
+        /// Remove a field, so that the deployment's value holds (repeatable).
+        #[arg(long, value_name = "FIELD", value_parser = clap::builder::PossibleValuesParser::new(POLICY_FIELDS))]
+        unset: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Soft-delete and anonymize every row carrying a user (facts, and session rows written
     /// under their token) now, whatever the TTLs, with audit rows. Reports counts per kind.
     Erase {
@@ -279,6 +305,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Anonymize { tenant, dry_run, allow_large_sweep, json } => {
             let settings = RetentionSettings::from_env(&env)?;
             retention::anonymize(&connect(&env).await?, &settings, &tenant, dry_run, allow_large_sweep, json).await
+        }
+        Command::RetentionPolicy { tenant, soft_ttl_days, superseded_ttl_days, batch_size, dry_run, unset, json } => {
+            let settings = RetentionSettings::from_env(&env)?;
+            let change = retention::PolicyChange { soft_ttl_days, superseded_ttl_days, batch_size, dry_run, unset };
+            retention::policy(&connect(&env).await?, &settings, &tenant, change, json).await
         }
         Command::Erase { tenant, user, dry_run, force, json } => {
             let settings = RetentionSettings::from_env(&env)?;

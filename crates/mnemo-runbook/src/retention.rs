@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use chrono::{DateTime, Utc};
 use mnemo_config::RetentionSettings;
-use mnemo_core::{AuditEvent, TenantId, UserId};
+use mnemo_core::{AuditEvent, RetentionPolicy, TenantId, UserId};
 use mnemo_jobs::{DRY_RUN_IDS, ErasureReport, SweepOptions, SweepOutcome, SweepReport};
 use mnemo_store::{AuditFilter, Store};
 use serde_json::{Value, json};
@@ -169,6 +169,79 @@ fn print_sweep(report: &SweepReport, settings: &RetentionSettings) {
             println!("redacted the text of {} workspace file versions", report.redacted_versions);
         }
     }
+}
+
+/// The fields `retention-policy` sets and removes.
+pub struct PolicyChange {
+    pub soft_ttl_days: Option<u32>,
+    pub superseded_ttl_days: Option<u32>,
+    pub batch_size: Option<u32>,
+    pub dry_run: Option<bool>,
+    pub unset: Vec<String>,
+}
+
+/// `mnemo-runbook retention-policy`: the tenant's retention settings and the policy in force,
+/// after changing them when asked.
+pub async fn policy(
+    store: &Store,
+    settings: &RetentionSettings,
+    tenant: &TenantId,
+    change: PolicyChange,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut set = serde_json::Map::new();
+    let numbers = [
+        ("soft_ttl_days", change.soft_ttl_days),
+        ("superseded_ttl_days", change.superseded_ttl_days),
+        ("batch_size", change.batch_size),
+    ];
+    for (field, value) in numbers {
+        if let Some(value) = value {
+            set.insert(field.to_owned(), json!(value));
+        }
+    }
+    if let Some(dry_run) = change.dry_run {
+        set.insert("dry_run".to_owned(), json!(dry_run));
+    }
+    if let Some(both) = change.unset.iter().find(|field| set.contains_key(*field)) {
+        bail!("{both} is both set and unset: give one");
+    }
+    let changed = !set.is_empty() || !change.unset.is_empty();
+    if changed {
+        let unset: Vec<&str> = change.unset.iter().map(String::as_str).collect();
+        store.change_retention_settings(tenant, &set, &unset, "runbook").await?;
+    }
+    let stored = store.retention_settings(tenant).await?;
+    let (policy, warnings) = RetentionPolicy::for_tenant(tenant.as_str(), stored.as_ref(), settings.defaults);
+    if json {
+        println!(
+            "{}",
+            json!({ "tenant": tenant.as_str(), "changed": changed, "settings": stored,
+                "policy": { "soft_ttl_days": policy.soft_ttl_days, "superseded_ttl_days": policy.superseded_ttl_days,
+                            "batch_size": policy.batch_size, "dry_run": policy.dry_run },
+                "warnings": warnings })
+        );
+        return Ok(());
+    }
+    match stored.as_ref().and_then(Value::as_object).filter(|fields| !fields.is_empty()) {
+        Some(fields) => {
+            let fields: Vec<String> = fields.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("tenant {tenant} sets {}", fields.join(", "));
+        }
+        None => println!("tenant {tenant} sets no retention field of its own"),
+    }
+    println!(
+        "in force (this shell's MNEMO_ANONYMIZE_* for the rest): soft TTL {} days, superseded TTL {} days, \
+         batches of {}, dry run {}",
+        policy.soft_ttl_days,
+        policy.superseded_ttl_days,
+        policy.batch_size,
+        if policy.dry_run { "on" } else { "off" }
+    );
+    for warning in &warnings {
+        println!("  warning: {warning}");
+    }
+    Ok(())
 }
 
 /// `mnemo-runbook erase`: every row carrying the user, anonymized now.

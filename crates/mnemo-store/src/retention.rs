@@ -379,12 +379,59 @@ impl Store {
         tenant: &TenantId,
         defaults: RetentionPolicy,
     ) -> Result<(RetentionPolicy, Vec<String>), StoreError> {
+        let settings = self.retention_settings(tenant).await?;
+        Ok(RetentionPolicy::for_tenant(tenant.as_str(), settings.as_ref(), defaults))
+    }
+
+    /// The tenant's retention settings as stored (the `memory_retention` object), if any.
+    pub async fn retention_settings(&self, tenant: &TenantId) -> Result<Option<Value>, StoreError> {
         let settings: Option<Option<Value>> =
             sqlx::query_scalar("SELECT settings -> 'memory_retention' FROM tenant_config WHERE tenant_id = $1")
                 .bind(tenant.as_str())
                 .fetch_optional(&self.pool)
                 .await?;
-        Ok(RetentionPolicy::for_tenant(tenant.as_str(), settings.flatten().as_ref(), defaults))
+        Ok(settings.flatten())
+    }
+
+    /// Sets the fields of `set` and removes those of `unset` in the tenant's retention settings,
+    /// keeping its other fields and settings, with a `tenant.retention_policy` audit row naming
+    /// the values set and the fields removed (numbers and names only); one transaction. Returns
+    /// the settings now.
+    pub async fn change_retention_settings(
+        &self,
+        tenant: &TenantId,
+        set: &serde_json::Map<String, Value>,
+        unset: &[&str],
+        actor: &str,
+    ) -> Result<Value, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // A stored value that is not an object is replaced: the sweep ignores it anyway.
+        let now: Value = sqlx::query_scalar(
+            "INSERT INTO tenant_config (tenant_id, settings)
+             VALUES ($1, jsonb_build_object('memory_retention', $2::jsonb - $3::text[]))
+             ON CONFLICT (tenant_id) DO UPDATE
+             SET settings = jsonb_set(tenant_config.settings, '{memory_retention}',
+                   (CASE WHEN jsonb_typeof(tenant_config.settings -> 'memory_retention') = 'object'
+                         THEN tenant_config.settings -> 'memory_retention' ELSE '{}' END || $2::jsonb) - $3::text[]),
+                 updated_at = now()
+             RETURNING settings -> 'memory_retention'",
+        )
+        .bind(tenant.as_str())
+        .bind(Value::Object(set.clone()))
+        .bind(unset)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO audit_log (tenant_id, event, reason, actor, details) VALUES ($1, $2, 'changed', $3, $4)",
+        )
+        .bind(tenant.as_str())
+        .bind(AuditEvent::RetentionPolicy.as_str())
+        .bind(actor)
+        .bind(serde_json::json!({ "set": set, "unset": unset }))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(now)
     }
 
     /// Counts what a sweep of `tenant` under `policy` would anonymize now, and the tenant's rows.
