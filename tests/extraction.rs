@@ -209,6 +209,29 @@ async fn one_run_at_a_time_with_a_cooldown_and_conversations_that_wait_are_coale
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 1);
 }
 
+/// Two conversations of one long session taken by one run are each shown to the model: the
+/// later one's transcript does not stand in for the earlier one, whose messages are further back
+/// than the transcript reaches.
+#[tokio::test]
+async fn two_conversations_of_one_session_in_one_run_are_both_shown() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    for i in 0..20 {
+        say(&app, &t, "user", &format!("and what about the museum number {i}?")).await;
+        say(&app, &t, "assistant", &format!("Museum {i} opens at nine.")).await;
+    }
+    complete(&app, &t, "s1", "web").await;
+    let report = runner(&app, Some(&chat), &[]).run(&job()).await.expect("run");
+    assert!(matches!(report, ExtractReport::Applied { conversations: 2, .. }), "{report:?}");
+    let prompt = chat.requests()[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    assert!(prompt.contains("remember home_city: Ann lives in Lyon"), "the first conversation: {prompt}");
+    assert!(prompt.contains("Museum 19 opens at nine."), "the second: {prompt}");
+    assert_eq!(prompt.matches("Museum 19 opens").count(), 1, "no message twice: {prompt}");
+}
+
 #[tokio::test]
 async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_last_attempt() {
     let chat = ScriptedChat::start().await;

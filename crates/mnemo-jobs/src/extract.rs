@@ -258,20 +258,18 @@ impl ExtractRunner {
         workspace: &Workspace,
         pending: &[PendingExtraction],
     ) -> Result<(ExtractionInput, ReadVersions), JobError> {
-        // One transcript part per conversation (its latest completion), newest messages first
-        // read, so coalesced conversations share the 30 messages instead of the last one
-        // crowding the others out.
-        let mut latest: Vec<&PendingExtraction> = Vec::new();
-        for p in pending {
-            match latest.iter_mut().find(|l| l.session_id == p.session_id) {
-                Some(l) if (l.through_time, l.through_id) < (p.through_time, p.through_id) => *l = p,
-                Some(_) => {}
-                None => latest.push(p),
-            }
-        }
-        let share = (TRANSCRIPT_MESSAGES / latest.len().max(1)).max(2);
+        // One transcript part per conversation, newest messages first read, so coalesced
+        // conversations share the 30 messages instead of the last one crowding the others out.
+        // A conversation's part ends at its last message and starts after the previous
+        // conversation of its session taken by this run: a later completion of a long session
+        // must not take the place of an earlier one that was never shown.
+        let mut conversations: Vec<&PendingExtraction> = pending.iter().collect();
+        conversations.sort_by_key(|p| (p.through_time, p.through_id));
+        let share = (TRANSCRIPT_MESSAGES / conversations.len().max(1)).max(2);
         let mut messages: Vec<(Role, String)> = Vec::new();
-        for p in latest {
+        for (i, p) in conversations.iter().enumerate() {
+            let previous = conversations[..i].iter().rev().find(|q| q.session_id == p.session_id);
+            let after = previous.map(|q| q.through());
             // In a session several users write in, another user's messages (and the assistant's
             // written under their token) are theirs: they never become this user's memories,
             // which that user's erasure could not reach. Rows carrying no user stay.
@@ -280,6 +278,7 @@ impl ExtractRunner {
                 .spoken_messages_newest_first(
                     &workspace.tenant,
                     &p.session_id,
+                    after,
                     p.through().inclusive(),
                     workspace.user.as_ref(),
                     i64::try_from(share).unwrap_or(i64::MAX),

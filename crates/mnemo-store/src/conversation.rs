@@ -387,13 +387,15 @@ impl Store {
         self.read_messages(SESSION_MESSAGES_NEWEST_FIRST, tenant, session, after, before, limit).await
     }
 
-    /// Up to `limit` of what the user and the assistant said in the session before `before`,
-    /// newest first, leaving out tool traffic and other users' messages (in a session several
-    /// users write in, theirs never become `user`'s memories): an extraction's transcript.
+    /// Up to `limit` of what the user and the assistant said in the session after `after` (from
+    /// the start when not given) and before `before`, newest first, leaving out tool traffic and
+    /// other users' messages (in a session several users write in, theirs never become `user`'s
+    /// memories): an extraction's transcript.
     pub async fn spoken_messages_newest_first(
         &self,
         tenant: &TenantId,
         session: &SessionId,
+        after: Option<MessageCursor>,
         before: MessageCursor,
         user: Option<&UserId>,
         limit: i64,
@@ -401,8 +403,8 @@ impl Store {
         Ok(sqlx::query_as(SPOKEN_NEWEST_FIRST)
             .bind(tenant.as_str())
             .bind(session.as_str())
-            .bind(None::<DateTime<Utc>>)
-            .bind(None::<Uuid>)
+            .bind(after.map(|c| c.event_time))
+            .bind(after.map(|c| c.id))
             .bind(before.event_time)
             .bind(before.id)
             .bind(limit)
