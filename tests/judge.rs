@@ -179,6 +179,38 @@ async fn a_keyed_fact_supersedes_its_key_without_a_model_call() {
     assert_eq!(f.row(paris).await.superseded_by, Some(lisbon));
 }
 
+/// A fact asserted again with a key it does not hold takes the key, as a newer statement: the
+/// key was not dropped behind a 200, leaving two live facts of one key. Only its writer re-keys.
+#[tokio::test]
+async fn a_fact_asserted_again_with_a_key_takes_it() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), Some("a1"), None);
+    let keyed = |content: &str| json!({ "scope": "user", "content": content, "key": "home_city" });
+    let (paris, _) = f.remember(&who, json!({ "scope": "user", "content": "home is Paris" })).await;
+    let (lyon, _) = f.remember(&who, keyed("home is Lyon")).await;
+    f.settle(None).await;
+    assert_eq!(f.row(paris).await.superseded_by, None, "no key yet: nothing to replace");
+
+    let (again, was_new) = f.remember(&who, keyed("home is Paris")).await;
+    assert_eq!((again, was_new), (paris, false));
+    f.settle(None).await;
+    assert_eq!(f.row(lyon).await.superseded_by, Some(paris), "the re-keyed fact is the newer statement");
+    assert_eq!(f.row(paris).await.superseded_by, None);
+    let key = "SELECT count(*) FROM memory_items WHERE fact_key = 'home_city' AND superseded_by IS NULL";
+    assert_eq!(f.app.db.count(key).await, 1, "one live fact of the key");
+
+    // Another user of the agent asserting the agent's fact with a key does not re-key the
+    // writer's fact.
+    let other = principal("acme", Some("u2"), Some("a1"), None);
+    let agent_fact = json!({ "scope": "agent", "content": "the office is in Nantes" });
+    let (office, _) = f.remember(&who, agent_fact.clone()).await;
+    let mut with_key = agent_fact;
+    with_key["key"] = json!("office");
+    assert_eq!(f.remember(&other, with_key).await, (office, false));
+    let keys = "SELECT count(*) FROM memory_items WHERE fact_key = 'office'";
+    assert_eq!(f.app.db.count(keys).await, 0);
+}
+
 #[tokio::test]
 async fn candidates_never_leave_the_bucket() {
     let f = Fixture::start().await;

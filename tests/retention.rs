@@ -195,6 +195,44 @@ async fn delete_soft_deletes_only_what_the_caller_may_and_leaves_recall_at_once(
     assert_eq!((again.status, again.body["id"].as_str()), (200, Some(id.as_str())), "its writer restates it");
 }
 
+/// A fact asserted again while a sweep anonymizes it is refused as deleted: it was answered 200
+/// with the id of a row that no longer holds it, and stored nowhere.
+#[tokio::test]
+async fn a_fact_asserted_again_while_it_is_anonymized_is_refused() {
+    let f = Fixture::start().await;
+    let ann = principal("acme", Some("ann"), None, None);
+    let fact = f.fact(&ann, "I prefer aisle seats").await;
+    assert_eq!(f.delete(&ann, &fact.to_string()).await.status, 200);
+    // The sweep's transaction holds the row while the write reads it deleted, then anonymizes it.
+    let mut sweep = f.db().pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM memory_items WHERE id = $1 FOR UPDATE")
+        .bind(fact)
+        .execute(&mut *sweep)
+        .await
+        .expect("lock");
+    let write = {
+        let client = f.app.client.clone();
+        let t = token(&ann);
+        tokio::spawn(async move {
+            client.post("/v1/facts", Some(&t), &json!({ "scope": "user", "content": "I prefer aisle seats" })).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!write.is_finished(), "the write waits for the sweep's row lock to revive the fact");
+    sqlx::query(
+        "UPDATE memory_items SET anonymized_at = now(), content = '[REDACTED]', source_ref = source_ref || '|anonymized'
+         WHERE id = $1",
+    )
+    .bind(fact)
+    .execute(&mut *sweep)
+    .await
+    .expect("anonymize");
+    sweep.commit().await.expect("commit");
+    let reply = write.await.expect("write");
+    assert_eq!((reply.status, reply.code()), (409, "memory_deleted"), "{:?}", reply.body);
+    assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE anonymized_at IS NULL").await, 0);
+}
+
 /// Rows of tenant `acme` for the sweep tests: a deleted message past the soft TTL, one deleted
 /// recently, a superseded fact past the superseded TTL, one superseded recently, and a live
 /// fact. Returns their ids in that order.

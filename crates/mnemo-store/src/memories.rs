@@ -109,18 +109,24 @@ struct KeyHolder {
 
 /// Re-asserting a superseded or deleted fact makes it live again: its validity restarts, its
 /// judgement is cleared so it is judged again (against the facts that are now older than it),
-/// and an audit row names the fact that had superseded it, if one had. Returns the revived rows,
-/// and whether each has a vector already (then its judge job is queued here; otherwise
-/// embedding queues it). `$1` and `$2` are the rows' ids and tenants, `$3` the audit event; `$4`
-/// whether the writer may bring the row back from a delete, checked again here under the row's
-/// lock: a delete that commits after the writer read the row live is not undone.
+/// and an audit row names the fact that had superseded it, if one had. A fact re-asserted with
+/// a key it does not hold takes the key and is judged again the same way, its validity
+/// restarting too: the caller said, now, what it replaces. Returns the revived rows, and whether
+/// each has a vector already (then its judge job is queued here; otherwise embedding queues it),
+/// and the rows anonymized since the writer read them (`gone`: a sweep committed first). `$1`
+/// and `$2` are the rows' ids and tenants, `$3` the audit event, `$5` the keys written (null for
+/// none); `$4` whether the writer may bring the row back from a delete, checked again here under
+/// the row's lock: a delete that commits after the writer read the row live is not undone.
 const REVIVE_FACTS: &str = "
 WITH old AS (
-    SELECT m.tenant_id, m.id, m.superseded_by
-    FROM unnest($1::uuid[], $2::text[], $4::bool[]) AS r(id, tenant_id, may_undelete)
+    SELECT m.tenant_id, m.id, m.superseded_by, m.deleted_at IS NOT NULL AS was_deleted,
+           m.anonymized_at IS NOT NULL AS gone, r.fact_key
+    FROM unnest($1::uuid[], $2::text[], $4::bool[], $5::text[]) AS r(id, tenant_id, may_undelete, fact_key)
     JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
-    WHERE m.source_kind = 'fact' AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL)
-      AND (m.deleted_at IS NULL OR r.may_undelete) AND m.anonymized_at IS NULL
+    WHERE m.source_kind = 'fact'
+      AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL
+           OR (r.fact_key IS NOT NULL AND m.fact_key IS DISTINCT FROM r.fact_key))
+      AND (m.deleted_at IS NULL OR r.may_undelete)
     ORDER BY m.tenant_id, m.id
     -- Not FOR UPDATE: a relation's foreign key check takes KEY SHARE on its target, which FOR
     -- UPDATE blocks (two writes reviving each other's targets would deadlock).
@@ -128,15 +134,18 @@ WITH old AS (
 ), revived AS (
     UPDATE memory_items m
     SET superseded_by = NULL, superseded_at = NULL, deleted_at = NULL, valid_from = now(), valid_to = NULL,
-        judge_at = NULL, judge_outcome = NULL,
+        fact_key = COALESCE(old.fact_key, m.fact_key), judge_at = NULL, judge_outcome = NULL,
         judge_enqueued_at = CASE WHEN m.embedded_model IS NOT NULL THEN now() END
-    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id
-    RETURNING m.id, m.tenant_id, old.superseded_by AS successor, m.embedded_model IS NOT NULL AS embedded
+    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id AND NOT old.gone
+    RETURNING m.id, m.tenant_id, old.superseded_by AS successor, old.superseded_by IS NOT NULL OR old.was_deleted AS retired,
+              m.embedded_model IS NOT NULL AS embedded
 ), audit AS (
     INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
-    SELECT tenant_id, $3, id, successor, 'reasserted', 'api' FROM revived
+    SELECT tenant_id, $3, id, successor, 'reasserted', 'api' FROM revived WHERE retired
 )
-SELECT id, tenant_id, embedded FROM revived";
+SELECT id, tenant_id, embedded, false AS gone FROM revived
+UNION ALL
+SELECT id, tenant_id, false, true FROM old WHERE gone";
 
 /// Two writes of one memory (tenant, kind and source_ref `$1`) that carry relations take turns
 /// until commit, so each counts the relations the other added ([`refused_relations`]). An
@@ -471,7 +480,8 @@ async fn settle(
         ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
 
     // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
-    let (mut reasserted_facts, mut reasserted_tenants, mut may_undelete) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut reasserted_facts, mut reasserted_tenants, mut may_undelete, mut reasserted_keys) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     if inserted.len() < rows.len() {
         let column = |f: fn(&NewMemory) -> String| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
         let (tenants, kinds, refs) =
@@ -506,11 +516,11 @@ async fn settle(
                 // A session's row under a ref another session's row holds is another write: it
                 // would land on a row its session never reads.
                 let other_session = rows[i].session.as_ref().is_some_and(|s| session.as_deref() != Some(s.as_str()));
-                // Only a fact comes back from a delete, re-asserted by the user who first wrote
-                // it (the row names them), never by a model (extraction).
-                let may_undelete_it = is_fact
-                    && typed.origin != Origin::Extraction
-                    && holder.as_deref() == rows[i].user.as_ref().map(|u| u.as_str());
+                // The row names the user who first wrote it.
+                let writer = holder.as_deref() == rows[i].user.as_ref().map(|u| u.as_str());
+                // Only a fact comes back from a delete, re-asserted by its writer, never by a
+                // model (extraction).
+                let may_undelete_it = is_fact && typed.origin != Origin::Extraction && writer;
                 *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) || other_session {
                     Err(StoreError::SourceRefConflict { existing: id })
                 } else if deleted && !may_undelete_it {
@@ -524,6 +534,9 @@ async fn settle(
                         reasserted_facts.push(id);
                         reasserted_tenants.push(rows[i].tenant.as_str());
                         may_undelete.push(may_undelete_it);
+                        // Only its writer re-keys a fact: another user of an agent would retire
+                        // the writer's facts of that key through it.
+                        reasserted_keys.push(rows[i].fact_key.as_ref().filter(|_| writer).map(|k| k.as_str()));
                     }
                     Ok(Remembered { id, was_new: false })
                 });
@@ -532,14 +545,27 @@ async fn settle(
     }
 
     if !reasserted_facts.is_empty() {
-        let revived: Vec<(Uuid, String, bool)> = sqlx::query_as(REVIVE_FACTS)
+        let revived: Vec<(Uuid, String, bool, bool)> = sqlx::query_as(REVIVE_FACTS)
             .bind(&reasserted_facts)
             .bind(&reasserted_tenants)
             .bind(AuditEvent::Revive.as_str())
             .bind(&may_undelete)
+            .bind(&reasserted_keys)
             .fetch_all(&mut *tx)
             .await?;
-        let to_judge = revived.into_iter().filter(|(_, _, embedded)| *embedded).map(|(id, t, _)| (id, t)).collect();
+        // A row a retention sweep anonymized after the writer read it is not the fact any more.
+        for (id, _, _, _) in revived.iter().filter(|(_, _, _, gone)| *gone) {
+            for slot in &mut results {
+                if matches!(slot, Some(Ok(r)) if r.id == *id) {
+                    *slot = Some(Err(StoreError::SourceRefDeleted { existing: *id }));
+                }
+            }
+        }
+        let to_judge = revived
+            .into_iter()
+            .filter(|(_, _, embedded, gone)| *embedded && !gone)
+            .map(|(id, t, _, _)| (id, t))
+            .collect();
         push_judge_jobs(tx, to_judge).await?;
     }
 
