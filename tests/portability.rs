@@ -135,11 +135,11 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
 
     // The copy's retirements have their audit rows, written once: its chains check as sound.
     let audited = "SELECT count(*) FROM audit_log WHERE actor = 'import' AND reason = 'imported'";
-    assert_eq!(target.count(audited).await, 2, "one supersede and one anonymization");
+    assert_eq!(target.count(audited).await, 3, "one supersede, one deletion and one anonymization");
     // Stamped when they happened at the source, so as-of reads of the copy tell the same history.
     let stamped = "SELECT count(*) FROM audit_log a JOIN memory_items m ON m.id = a.item_id
                    WHERE a.actor = 'import' AND a.created_at = COALESCE(m.superseded_at, m.anonymized_at)";
-    assert_eq!(target.count(stamped).await, 2);
+    assert_eq!(target.count(stamped).await, 3);
     let check = runbook(&target.url, &["judge", "check", "--tenant", "acme", "--json"], None).await;
     assert!(check.ok, "{}{}", check.stdout, check.stderr);
     let check: serde_json::Value = serde_json::from_str(&check.stdout).expect("json");

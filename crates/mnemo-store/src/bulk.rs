@@ -230,7 +230,7 @@ impl Store {
     pub async fn embed_lag_seconds(&self) -> Result<Vec<f64>, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT extract(epoch FROM e.embedded_at - m.created_at)::float8
-             FROM memory_items m JOIN memory_embeddings e ON e.item_id = m.id",
+             FROM memory_items m JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id",
         )
         .fetch_all(&self.pool)
         .await?)

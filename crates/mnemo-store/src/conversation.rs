@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    AuditEvent, CompactionOutcome, CompactionTrigger, Role, SessionId, SourceKind, TenantId, TokenCounter,
+    AuditEvent, CompactionOutcome, CompactionTrigger, Queue, Role, SessionId, SourceKind, TenantId, TokenCounter,
     USER_SYSTEM_PREFIX, UserId, WindowMessage,
 };
 use uuid::Uuid;
@@ -165,11 +165,11 @@ ON CONFLICT (tenant_id, session_id) DO UPDATE SET trigger = EXCLUDED.trigger, re
 WHERE r.requested_at < now() - make_interval(secs => $4)
 RETURNING true";
 
-/// Whether a compact job for session `$2` of tenant `$1` waits in the queue.
+/// Whether a compact job (queue `$3`) for session `$2` of tenant `$1` waits in the queue.
 const COMPACT_JOB_WAITS: &str = "
 SELECT EXISTS (
     SELECT 1 FROM apalis.jobs
-    WHERE job_type = 'compact'
+    WHERE job_type = $3
       AND (status IN ('Pending', 'Queued') OR (status = 'Failed' AND attempts < max_attempts))
       AND convert_from(job, 'UTF8')::jsonb @> jsonb_build_object('tenant_id', $1::text, 'session_id', $2::text)
 )";
@@ -519,6 +519,7 @@ impl Store {
         let waiting: bool = sqlx::query_scalar(COMPACT_JOB_WAITS)
             .bind(job.tenant_id.as_str())
             .bind(job.session_id.as_str())
+            .bind(Queue::Compact.as_str())
             .fetch_one(&mut *tx)
             .await?;
         if !waiting {

@@ -756,9 +756,10 @@ fn user_sha256_sql(column: &str) -> String {
     format!("encode(sha256(convert_to({column}, 'UTF8')), 'hex')")
 }
 
-/// The audit rows of the supersedes and anonymizations an import brings in (actor `import`), once
-/// per row, stamped when they happened at the source (as-of reads go by them): the source's own
-/// audit log stays behind, and every retirement has its audit row.
+/// The audit rows of the supersedes, deletions and anonymizations an import brings in (actor
+/// `import`), once per row (a deletion once per time it happened), stamped when they happened at
+/// the source (as-of reads go by them): the source's own audit log stays behind, and every
+/// retirement has its audit row.
 async fn audit_imported_changes(tx: &mut sqlx::PgConnection, tenant: &str) -> Result<(), StoreError> {
     let sql = format!(
         "INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, created_at)
@@ -766,14 +767,17 @@ async fn audit_imported_changes(tx: &mut sqlx::PgConnection, tenant: &str) -> Re
          FROM import_rows l
          JOIN memory_items m ON m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
          CROSS JOIN LATERAL (VALUES ('{supersede}', m.superseded_by, m.superseded_by IS NOT NULL, m.superseded_at),
+                                    ('{delete}', NULL::uuid, m.deleted_at IS NOT NULL, m.deleted_at),
                                     ('{anonymize}', NULL::uuid, m.anonymized_at IS NOT NULL, m.anonymized_at))
                     AS c(event, related, happened, at)
          WHERE l.tbl = 'memory_items' AND c.happened
            AND NOT EXISTS (SELECT 1 FROM audit_log a
                            WHERE a.tenant_id = $1 AND a.item_id = m.id AND a.event = c.event
-                             AND a.related_item_id IS NOT DISTINCT FROM c.related)
-         ORDER BY l.line",
+                             AND a.related_item_id IS NOT DISTINCT FROM c.related
+                             AND (c.event <> '{delete}' OR a.created_at = c.at))
+         ORDER BY l.line, c.at",
         supersede = mnemo_core::AuditEvent::Supersede,
+        delete = mnemo_core::AuditEvent::Delete,
         anonymize = mnemo_core::AuditEvent::Anonymize,
     );
     sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(tx).await?;
