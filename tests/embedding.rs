@@ -524,6 +524,28 @@ async fn a_row_whose_retries_are_brought_forward_is_kept_for_its_whole_schedule(
     worker.kill().await;
 }
 
+/// A row whose input draws a server error (some endpoints answer 500 for one input) fails only
+/// itself: before, it failed every row of its batch at each of its retries.
+#[tokio::test]
+async fn a_row_whose_input_draws_a_server_error_does_not_fail_its_batch() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(16).await;
+    provider.fail_inputs_containing("poison", 500);
+    write_messages(&server, 8, |i| if i == 5 { "the poison row".into() } else { format!("row {i} about the garden") })
+        .await;
+    let mut env = openai_env(&provider);
+    // Each message alone: a next turn would carry the failing one's words.
+    env.push(("MNEMO_EMBED_PREVIOUS_TURN", "false".into()));
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 7 }).await, "never embedded");
+    let poison_failed = "SELECT count(*) FROM memory_items WHERE content LIKE '%poison%' AND embed_attempts >= 1";
+    assert!(wait_until(Duration::from_secs(10), || async { db.count(poison_failed).await == 1 }).await);
+    let clean = "SELECT count(*) FROM memory_items WHERE content NOT LIKE '%poison%' AND embed_attempts = 0";
+    assert_eq!(db.count(clean).await, 7, "the poison row's batch-mates never failed");
+    worker.kill().await;
+}
+
 /// A row waiting out a long backoff is retried as soon as the endpoint answers another row: an
 /// outage's backlog drains when the endpoint is mended, not minutes later.
 #[tokio::test]

@@ -104,7 +104,10 @@ async fn embed_batch(
     metrics::histogram!("mnemo_embed_batch_rows").record(todo.len() as f64);
 
     let texts: Vec<String> = todo.iter().map(|r| embedding_text(&r.content, r.previous.as_deref())).collect();
-    let mut results = embed_isolating(embedder, &texts).await;
+    // While the endpoint answers, a batch failed by a server error is searched for the row
+    // whose input draws it; once it does not, that would only add calls to an outage.
+    let answering = !failing.load(Ordering::Relaxed);
+    let mut results = embed_isolating(embedder, &texts, answering).await;
     // A provider may refuse a row for its previous turn's words: such a row goes again alone.
     let refused_with_context: Vec<usize> = (0..todo.len())
         .filter(|&i| todo[i].previous.is_some() && matches!(&results[i], Err(e) if e.class == FailureClass::Permanent))
@@ -112,7 +115,7 @@ async fn embed_batch(
     let mut with_previous: Vec<Option<Uuid>> = todo.iter().map(|r| r.previous_id).collect();
     if !refused_with_context.is_empty() {
         let alone: Vec<String> = refused_with_context.iter().map(|&i| todo[i].content.clone()).collect();
-        for (i, result) in refused_with_context.into_iter().zip(embed_isolating(embedder, &alone).await) {
+        for (i, result) in refused_with_context.into_iter().zip(embed_isolating(embedder, &alone, answering).await) {
             results[i] = result;
             with_previous[i] = None;
         }
@@ -160,8 +163,10 @@ async fn embed_batch(
     let recorded = record_failures(store, policy, jobs, failures).await;
     // Only once the retries are queued (those queued before a store error too): a concurrent
     // batch's answer that took the flag before would bring nothing forward, and these retries
-    // would wait out their whole backoff.
-    if transient {
+    // would wait out their whole backoff. Only when nothing was answered: a row failing beside
+    // answered ones is the row's trouble, not the endpoint's, and bringing every waiting retry
+    // forward at each answer would bring it back with them.
+    if transient && !answered {
         failing.store(true, Ordering::Relaxed);
     }
     recorded
@@ -226,8 +231,13 @@ async fn record_failures(
 
 /// One model call for the whole batch. If the provider refuses the batch outright, the batch is
 /// halved until the refused rows stand alone, so one bad row does not fail the others. A
-/// transient failure applies to every row of the call.
-async fn embed_isolating(embedder: &dyn Embedder, texts: &[String]) -> Vec<Result<Vec<f32>, EmbedError>> {
+/// transient failure applies to every row of the call, but a server error while the endpoint is
+/// `answering` is searched for the rows that draw it ([`search_server_errors`]).
+async fn embed_isolating(
+    embedder: &dyn Embedder,
+    texts: &[String],
+    answering: bool,
+) -> Vec<Result<Vec<f32>, EmbedError>> {
     let started = Instant::now();
     let answer =
         embedder.embed(texts).instrument(mnemo_config::model_span("embeddings", embedder.model(), texts.len())).await;
@@ -256,12 +266,42 @@ async fn embed_isolating(embedder: &dyn Embedder, texts: &[String]) -> Vec<Resul
         }
         Err(e) if e.class == FailureClass::Permanent && texts.len() > 1 => {
             let (left, right) = texts.split_at(texts.len() / 2);
-            let mut results = Box::pin(embed_isolating(embedder, left)).await;
-            results.extend(Box::pin(embed_isolating(embedder, right)).await);
+            let mut results = Box::pin(embed_isolating(embedder, left, answering)).await;
+            results.extend(Box::pin(embed_isolating(embedder, right, answering)).await);
             results
+        }
+        Err(e) if answering && is_server_error(&e) && texts.len() > 1 => {
+            Box::pin(search_server_errors(embedder, texts)).await
         }
         Err(e) => texts.iter().map(|_| Err(e.clone())).collect(),
     }
+}
+
+fn is_server_error(e: &EmbedError) -> bool {
+    e.kind == "http_5xx"
+}
+
+/// The rows of `texts`, whose call failed with a server error, that draw it: some endpoints
+/// answer 500 for one input, and that row would fail its batch-mates at every retry for as long
+/// as its attempts last. Each half is asked once; only a half failed whole by a server error
+/// beside one that was answered is searched further, so an endpoint that has just gone down
+/// costs two more calls, not one per row.
+async fn search_server_errors(embedder: &dyn Embedder, texts: &[String]) -> Vec<Result<Vec<f32>, EmbedError>> {
+    let (left, right) = texts.split_at(texts.len() / 2);
+    let mut l = embed_isolating(embedder, left, false).await;
+    let mut r = embed_isolating(embedder, right, false).await;
+    let answered = |results: &[Result<Vec<f32>, EmbedError>]| results.iter().any(Result::is_ok);
+    let server_errors = |results: &[Result<Vec<f32>, EmbedError>]| {
+        results.iter().all(|result| result.as_ref().is_err_and(is_server_error))
+    };
+    if answered(&r) && server_errors(&l) && left.len() > 1 {
+        l = Box::pin(search_server_errors(embedder, left)).await;
+    }
+    if answered(&l) && server_errors(&r) && right.len() > 1 {
+        r = Box::pin(search_server_errors(embedder, right)).await;
+    }
+    l.extend(r);
+    l
 }
 
 #[cfg(test)]
@@ -292,12 +332,61 @@ mod tests {
         }
     }
 
+    /// Answers 500 to any call holding an input with "poison" (or to every call when `down`),
+    /// counting the calls.
+    #[derive(Debug, Default)]
+    struct ServerErrorFor {
+        down: bool,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Embedder for ServerErrorFor {
+        fn model(&self) -> &str {
+            "server-error-for-poison"
+        }
+
+        fn dimensions(&self) -> usize {
+            2
+        }
+
+        fn embed<'a>(&'a self, texts: &'a [String]) -> EmbedFuture<'a> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let fails = self.down || texts.iter().any(|t| t.contains("poison"));
+            let answer = match fails {
+                true => Err(mnemo_core::EmbedError::transient("http_5xx", "500 Internal Server Error")),
+                false => Ok(texts.iter().map(|_| vec![1.0, 0.0]).collect()),
+            };
+            Box::pin(async move { answer })
+        }
+    }
+
+    /// One input that draws a server error fails only its own row while the endpoint answers;
+    /// an endpoint that is down costs two more calls, and none once it is known to be failing.
+    #[tokio::test]
+    async fn a_row_whose_input_draws_a_server_error_fails_alone() {
+        let mut texts: Vec<String> = (0..16).map(|i| format!("row {i}")).collect();
+        texts[11] = "the poison row".into();
+        let endpoint = ServerErrorFor::default();
+        let results = super::embed_isolating(&endpoint, &texts, true).await;
+        let failed: Vec<usize> = (0..texts.len()).filter(|&i| results[i].is_err()).collect();
+        assert_eq!(failed, [11], "{results:?}");
+        let calls = endpoint.calls.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(calls <= 1 + 2 * 4, "{calls} calls for 16 rows");
+
+        let down = ServerErrorFor { down: true, ..Default::default() };
+        assert!(super::embed_isolating(&down, &texts, true).await.iter().all(Result::is_err));
+        assert_eq!(down.calls.load(std::sync::atomic::Ordering::Relaxed), 3);
+        let known_down = ServerErrorFor { down: true, ..Default::default() };
+        assert!(super::embed_isolating(&known_down, &texts, false).await.iter().all(Result::is_err));
+        assert_eq!(known_down.calls.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
     /// pgvector refuses a NaN, which would fail the whole batch's save, and a zero vector points
     /// nowhere: each fails its row alone, to be retried (the endpoint misbehaved).
     #[tokio::test]
     async fn a_vector_that_is_not_finite_or_all_zero_fails_its_row_alone() {
         let texts = ["a", "bad", "c", "zero"].map(String::from);
-        let results = super::embed_isolating(&NanFor, &texts).await;
+        let results = super::embed_isolating(&NanFor, &texts, true).await;
         assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
         for bad in [1, 3] {
             assert_eq!(results[bad].as_ref().map_err(|e| e.class), Err(FailureClass::Transient), "{results:?}");
