@@ -469,8 +469,8 @@ async fn an_endpoint_that_refuses_the_key_is_retried_not_given_up() {
     worker.kill().await;
 }
 
-/// A row whose calls fail while the endpoint answers the others (an endpoint that flaps, as one
-/// row sees it): each answer brings its retry forward, so it makes its attempts within seconds.
+/// A row whose calls fail while the endpoint answers others and fails new rows too (an endpoint
+/// that flaps): each answer brings its retry forward, so it makes its attempts within seconds.
 /// It is given up only once it has been failing as long as its backoffs take at their shortest
 /// (15.5 s for 6 attempts), and then it is given up: a row that never embeds is not retried
 /// forever. Before, it was given up at its sixth attempt, a few seconds after the first.
@@ -499,8 +499,10 @@ async fn a_row_whose_retries_are_brought_forward_is_kept_for_its_whole_schedule(
     let started = std::time::Instant::now();
     for i in 0.. {
         assert!(started.elapsed() < Duration::from_secs(90), "never given up");
-        // Other rows keep the endpoint answering.
+        // Other rows keep the endpoint answering, and new rows failing at their first attempt
+        // say it fails (a retry failing alone does not: that may be the row's own trouble).
         write(format!("other-{i}"), &format!("row {i} about the garden")).await;
+        write(format!("flaky-{i}"), &format!("another flaky row {i}")).await;
         tokio::time::sleep(Duration::from_millis(250)).await;
         let (attempts, error, failing_secs): (i32, bool, Option<f64>) = sqlx::query_as(
             "SELECT embed_attempts, embed_error IS NOT NULL,

@@ -115,6 +115,14 @@ async fn populated() -> TestApp {
 #[tokio::test]
 async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing() {
     let source = populated().await;
+    // A fact deleted an hour ago, not yet anonymized.
+    sqlx::query(
+        "UPDATE memory_items SET deleted_at = now() - interval '1 hour', valid_to = now() - interval '1 hour'
+         WHERE content = 'Alice likes trains'",
+    )
+    .execute(&source.db.pool)
+    .await
+    .expect("a deleted fact");
     let first = temp("first.jsonl.gz");
     let run = runbook(&source.db.url, &["export", "--tenant", "acme", "--with-vectors"], Some(&first)).await;
     assert!(run.ok, "{}", run.stderr);
@@ -135,11 +143,14 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
 
     // The copy's retirements have their audit rows, written once: its chains check as sound.
     let audited = "SELECT count(*) FROM audit_log WHERE actor = 'import' AND reason = 'imported'";
-    assert_eq!(target.count(audited).await, 3, "one supersede, one deletion and one anonymization");
+    assert_eq!(target.count(audited).await, 4, "one supersede, two deletions and one anonymization");
     // Stamped when they happened at the source, so as-of reads of the copy tell the same history.
     let stamped = "SELECT count(*) FROM audit_log a JOIN memory_items m ON m.id = a.item_id
-                   WHERE a.actor = 'import' AND a.created_at = COALESCE(m.superseded_at, m.anonymized_at)";
-    assert_eq!(target.count(stamped).await, 3);
+                   WHERE a.actor = 'import' AND a.created_at = COALESCE(m.superseded_at, m.anonymized_at, m.deleted_at)";
+    assert_eq!(target.count(stamped).await, 4);
+    let deleted_fact = "SELECT count(*) FROM audit_log a JOIN memory_items m ON m.id = a.item_id
+                        WHERE a.event = 'memory.delete' AND m.source_kind = 'fact' AND m.anonymized_at IS NULL";
+    assert_eq!(target.count(deleted_fact).await, 1, "the deleted fact reads deleted in the copy's history");
     let check = runbook(&target.url, &["judge", "check", "--tenant", "acme", "--json"], None).await;
     assert!(check.ok, "{}{}", check.stdout, check.stderr);
     let check: serde_json::Value = serde_json::from_str(&check.stdout).expect("json");

@@ -582,8 +582,10 @@ async fn an_operator_sets_a_tenants_policy_field_by_field() {
     assert!(text.contains("warning: tenant \"acme\": memory_retention.batch_size"), "{text}");
     assert_eq!(policy(&["--batch-size", "500"]).await["policy"]["batch_size"], 500);
 
+    let unchanged = policy(&["--unset", "dry_run", "--batch-size", "500"]).await;
+    assert_eq!(unchanged["changed"], false, "{unchanged}");
     let audited = "SELECT count(*) FROM audit_log WHERE event = 'tenant.retention_policy' AND tenant_id = 'acme'";
-    assert_eq!(f.db().count(audited).await, 3, "one row per change, none for a look");
+    assert_eq!(f.db().count(audited).await, 3, "one row per change, none for a look or a change to the same");
     let last: Value = sqlx::query_scalar(
         "SELECT details FROM audit_log WHERE event = 'tenant.retention_policy' ORDER BY id DESC LIMIT 1",
     )
@@ -612,6 +614,10 @@ async fn an_operator_sets_a_tenants_policy_field_by_field() {
         json!({ "soft_ttl_days": 10, "superseded_ttl_days": 7, "batch_size": 500 })
     );
     assert_eq!(f.db().count(audited).await, 3, "refused: nothing audited");
+    // A tenant that holds nothing yet may be a typo: said, not refused (a policy may come first).
+    let typo = f.runbook(&[], &["retention-policy", "--tenant", "acmee", "--soft-ttl-days", "3"]).await;
+    assert!(typo.status.success());
+    assert!(String::from_utf8_lossy(&typo.stderr).contains("tenant acmee holds no memory"));
 }
 
 #[tokio::test]

@@ -40,14 +40,25 @@ impl JudgeSettings {
         // Clamped rather than refused, as the seed says; not a number at all is still an error.
         let threshold = problems.parsed(env, vars::JUDGE_THRESHOLD, 0.7f64, "a number");
         let threshold = if threshold.is_nan() { 0.7 } else { threshold.clamp(0.0, 1.0) };
+        let batch_size = Self::read_batch_size(env, problems);
+        let max_wait = Duration::from_millis(problems.parsed(env, vars::JUDGE_MAX_WAIT_MS, 50u64, "milliseconds"));
+        let grace =
+            Duration::from_secs(problems.bounded(env, vars::JUDGE_GRACE_S, 120u64, 1..=86_400, "a number of seconds"));
+        Self { model, topk, threshold, batch_size, max_wait, grace }
+    }
+
+    fn read_batch_size(env: &Env, problems: &mut Problems) -> usize {
         let batch_size = problems.parsed(env, vars::JUDGE_BATCH_SIZE, 20usize, "a whole number");
         if !(1..=500).contains(&batch_size) {
             problems.0.push(format!("{}={batch_size} must be between 1 and 500", vars::JUDGE_BATCH_SIZE));
         }
-        let max_wait = Duration::from_millis(problems.parsed(env, vars::JUDGE_MAX_WAIT_MS, 50u64, "milliseconds"));
-        let grace =
-            Duration::from_secs(problems.bounded(env, vars::JUDGE_GRACE_S, 120u64, 1..=86_400, "a number of seconds"));
-        Self { model, topk, threshold, batch_size: batch_size.max(1), max_wait, grace }
+        batch_size.max(1)
+    }
+
+    /// `MNEMO_JUDGE_BATCH_SIZE` alone, as the workers read it: the size `judge tune` takes as
+    /// the one in use, whatever the other judge settings of the shell it runs in.
+    pub fn batch_size_from_env(env: &Env) -> Result<usize, ConfigError> {
+        Problems::read_all(env, Self::read_batch_size)
     }
 
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {

@@ -160,16 +160,17 @@ async fn embed_batch(
         }
     }
 
-    let recorded = record_failures(store, policy, jobs, failures).await;
-    // Only once the retries are queued (those queued before a store error too): a concurrent
-    // batch's answer that took the flag before would bring nothing forward, and these retries
-    // would wait out their whole backoff. Only when nothing was answered: a row failing beside
-    // answered ones is the row's trouble, not the endpoint's, and bringing every waiting retry
-    // forward at each answer would bring it back with them.
-    if transient && !answered {
+    let first_failed = record_failures(store, policy, jobs, failures).await?;
+    // Only once the retries are queued: a concurrent batch's answer that took the flag before
+    // would bring nothing forward, and these retries would wait out their whole backoff. Only
+    // when nothing was answered and a row failed at its first attempt: a row failing beside
+    // answered ones, or a retry failing alone, is the row's trouble more likely than the
+    // endpoint's, and bringing every waiting retry forward at each answer would bring it back
+    // with them. An outage fails rows at their first attempt from its start.
+    if transient && !answered && first_failed {
         failing.store(true, Ordering::Relaxed);
     }
-    recorded
+    Ok(())
 }
 
 /// A row of a batch: its tenant and id.
@@ -177,15 +178,16 @@ type RowKey = (String, Uuid);
 
 /// Records each failed row's attempt: a transient failure is retried after a backoff until the
 /// row has made its attempts and failed for as long as their backoffs take at their shortest;
-/// then, or at a permanent failure, the row is given up with the reason on it.
+/// then, or at a permanent failure, the row is given up with the reason on it. Returns whether a
+/// row failed transiently at its first attempt.
 async fn record_failures(
     store: &Store,
     policy: EmbedPolicy,
     jobs: &[EmbedRow],
     failures: Vec<(RowKey, EmbedError)>,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     if failures.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     // By tenant and id: an import into a second tenant keeps its rows' ids.
     let by_key: HashMap<RowKey, &EmbedRow> =
@@ -199,11 +201,13 @@ async fn record_failures(
         .collect();
     let promised = crate::shortest_schedule(policy.max_attempts).as_secs_f64();
     let mut records = Vec::with_capacity(failures.len());
+    let mut first_failed = false;
     for (key, error) in failures {
         let Some(job) = by_key.get(&key) else { continue };
         let id = key.1;
         let (attempts, failing_secs) = so_far.get(&key).copied().unwrap_or_default();
         let attempt = attempts + 1;
+        first_failed |= attempt == 1 && error.class == FailureClass::Transient;
         let retry =
             error.class == FailureClass::Transient && (attempt < policy.max_attempts || failing_secs < promised);
         let class = match error.class {
@@ -226,7 +230,8 @@ async fn record_failures(
             records.push(EmbedFailure { job, error: recorded, retry_after: None });
         }
     }
-    store.record_embed_failures(&records).await
+    store.record_embed_failures(&records).await?;
+    Ok(first_failed)
 }
 
 /// One model call for the whole batch. If the provider refuses the batch outright, the batch is
@@ -277,13 +282,15 @@ async fn embed_isolating(
     }
 }
 
+/// A 500 from the endpoint, as `mnemo_models`' client words it: some endpoints answer it for
+/// one input. A 502, 503 or 504 is a gateway's or the endpoint's state, never the input's.
 fn is_server_error(e: &EmbedError) -> bool {
-    e.kind == "http_5xx"
+    e.kind == "http_5xx" && e.detail.starts_with("HTTP 500:")
 }
 
-/// The rows of `texts`, whose call failed with a server error, that draw it: some endpoints
-/// answer 500 for one input, and that row would fail its batch-mates at every retry for as long
-/// as its attempts last. Each half is asked once; only a half failed whole by a server error
+/// The rows of `texts`, whose call failed with a 500, that draw it: some endpoints answer it for
+/// one input, and that row would fail its batch-mates at every retry for as long as its
+/// attempts last. Each half is asked once; only a half failed whole by a server error
 /// beside one that was answered is searched further, so an endpoint that has just gone down
 /// costs two more calls, not one per row.
 async fn search_server_errors(embedder: &dyn Embedder, texts: &[String]) -> Vec<Result<Vec<f32>, EmbedError>> {
@@ -353,7 +360,7 @@ mod tests {
             self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let fails = self.down || texts.iter().any(|t| t.contains("poison"));
             let answer = match fails {
-                true => Err(mnemo_core::EmbedError::transient("http_5xx", "500 Internal Server Error")),
+                true => Err(mnemo_core::EmbedError::transient("http_5xx", "HTTP 500: Internal Server Error")),
                 false => Ok(texts.iter().map(|_| vec![1.0, 0.0]).collect()),
             };
             Box::pin(async move { answer })

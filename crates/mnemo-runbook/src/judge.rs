@@ -190,7 +190,7 @@ pub async fn run(store: &Store, command: JudgeCommand, env: &Env) -> anyhow::Res
         JudgeCommand::Tune { target_drain, window, batch_size, workers, json } => {
             let batch_size = match batch_size {
                 Some(n) => n,
-                None => mnemo_config::JudgeSettings::from_env(env)?.batch_size,
+                None => mnemo_config::JudgeSettings::batch_size_from_env(env)?,
             };
             let status = store.judge_status(window).await?;
             let workers = match workers {

@@ -112,11 +112,11 @@ struct KeyHolder {
 /// and an audit row names the fact that had superseded it, if one had. A fact re-asserted with
 /// a key it does not hold takes the key and is judged again the same way, its validity
 /// restarting too: the caller said, now, what it replaces. Returns the revived rows, and whether
-/// each has a vector already (then its judge job is queued here; otherwise embedding queues it),
-/// and the rows anonymized since the writer read them (`gone`: a sweep committed first). `$1`
-/// and `$2` are the rows' ids and tenants, `$3` the audit event, `$5` the keys written (null for
-/// none); `$4` whether the writer may bring the row back from a delete, checked again here under
-/// the row's lock: a delete that commits after the writer read the row live is not undone.
+/// each has a vector already (then its judge job is queued here; otherwise embedding queues it).
+/// `$1` and `$2` are the rows' ids and tenants, `$3` the audit event, `$5` the keys written (null
+/// for none); `$4` whether the writer may bring the row back from a delete, checked again here
+/// under the row's lock: a delete that commits after the writer read the row live is not undone,
+/// nor is a row anonymized meanwhile touched ([`GONE_FACTS`] finds those).
 const REVIVE_FACTS: &str = "
 WITH old AS (
     SELECT m.tenant_id, m.id, m.superseded_by, m.deleted_at IS NOT NULL AS was_deleted,
@@ -143,9 +143,14 @@ WITH old AS (
     INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
     SELECT tenant_id, $3, id, successor, 'reasserted', 'api' FROM revived WHERE retired
 )
-SELECT id, tenant_id, embedded, false AS gone FROM revived
-UNION ALL
-SELECT id, tenant_id, false, true FROM old WHERE gone";
+SELECT id, tenant_id, embedded FROM revived";
+
+/// Of the facts a write found under its keys (`$1` ids, `$2` tenants), those anonymized since it
+/// read them (a retention sweep or an erasure committed first): the write answers none of them.
+const GONE_FACTS: &str = "
+SELECT m.tenant_id, m.id FROM unnest($1::uuid[], $2::text[]) AS r(id, tenant_id)
+JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
+WHERE m.anonymized_at IS NOT NULL";
 
 /// Two writes of one memory (tenant, kind and source_ref `$1`) that carry relations take turns
 /// until commit, so each counts the relations the other added ([`refused_relations`]). An
@@ -545,7 +550,7 @@ async fn settle(
     }
 
     if !reasserted_facts.is_empty() {
-        let revived: Vec<(Uuid, String, bool, bool)> = sqlx::query_as(REVIVE_FACTS)
+        let revived: Vec<(Uuid, String, bool)> = sqlx::query_as(REVIVE_FACTS)
             .bind(&reasserted_facts)
             .bind(&reasserted_tenants)
             .bind(AuditEvent::Revive.as_str())
@@ -553,19 +558,25 @@ async fn settle(
             .bind(&reasserted_keys)
             .fetch_all(&mut *tx)
             .await?;
-        // A row a retention sweep anonymized after the writer read it is not the fact any more.
-        for (id, _, _, _) in revived.iter().filter(|(_, _, _, gone)| *gone) {
-            for slot in &mut results {
-                if matches!(slot, Some(Ok(r)) if r.id == *id) {
-                    *slot = Some(Err(StoreError::SourceRefDeleted { existing: *id }));
+        // After the revival, which waited for any sweep holding those rows: a row anonymized
+        // since the writer read it is not the fact any more.
+        let gone: HashSet<(String, Uuid)> = sqlx::query_as(GONE_FACTS)
+            .bind(&reasserted_facts)
+            .bind(&reasserted_tenants)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+        if !gone.is_empty() {
+            for (slot, row) in results.iter_mut().zip(rows.iter()) {
+                if let Some(Ok(r)) = slot
+                    && gone.contains(&(row.tenant.as_str().to_owned(), r.id))
+                {
+                    *slot = Some(Err(StoreError::SourceRefDeleted { existing: r.id }));
                 }
             }
         }
-        let to_judge = revived
-            .into_iter()
-            .filter(|(_, _, embedded, gone)| *embedded && !gone)
-            .map(|(id, t, _, _)| (id, t))
-            .collect();
+        let to_judge = revived.into_iter().filter(|(_, _, embedded)| *embedded).map(|(id, t, _)| (id, t)).collect();
         push_judge_jobs(tx, to_judge).await?;
     }
 

@@ -393,10 +393,22 @@ impl Store {
         Ok(settings.flatten())
     }
 
+    /// Whether the tenant holds a memory or a workspace file: an operator's command naming one
+    /// that holds neither may have a typo in it.
+    pub async fn tenant_holds_data(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1)
+                 OR EXISTS (SELECT 1 FROM workspace_files WHERE tenant_id = $1)",
+        )
+        .bind(tenant.as_str())
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// Sets the fields of `set` and removes those of `unset` in the tenant's retention settings,
     /// keeping its other fields and settings, with a `tenant.retention_policy` audit row naming
-    /// the values set and the fields removed (numbers and names only); one transaction. Returns
-    /// the settings now.
+    /// the values set and the fields removed (numbers and names only) when that changed them;
+    /// one transaction. Returns the settings now.
     pub async fn change_retention_settings(
         &self,
         tenant: &TenantId,
@@ -405,6 +417,12 @@ impl Store {
         actor: &str,
     ) -> Result<Value, StoreError> {
         let mut tx = self.pool.begin().await?;
+        let before: Option<Option<Value>> = sqlx::query_scalar(
+            "SELECT settings -> 'memory_retention' FROM tenant_config WHERE tenant_id = $1 FOR UPDATE",
+        )
+        .bind(tenant.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
         // A stored value that is not an object is replaced: the sweep ignores it anyway.
         let now: Value = sqlx::query_scalar(
             "INSERT INTO tenant_config (tenant_id, settings)
@@ -421,15 +439,17 @@ impl Store {
         .bind(unset)
         .fetch_one(&mut *tx)
         .await?;
-        sqlx::query(
-            "INSERT INTO audit_log (tenant_id, event, reason, actor, details) VALUES ($1, $2, 'changed', $3, $4)",
-        )
-        .bind(tenant.as_str())
-        .bind(AuditEvent::RetentionPolicy.as_str())
-        .bind(actor)
-        .bind(serde_json::json!({ "set": set, "unset": unset }))
-        .execute(&mut *tx)
-        .await?;
+        if before.flatten().as_ref() != Some(&now) {
+            sqlx::query(
+                "INSERT INTO audit_log (tenant_id, event, reason, actor, details) VALUES ($1, $2, 'changed', $3, $4)",
+            )
+            .bind(tenant.as_str())
+            .bind(AuditEvent::RetentionPolicy.as_str())
+            .bind(actor)
+            .bind(serde_json::json!({ "set": set, "unset": unset }))
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(now)
     }
