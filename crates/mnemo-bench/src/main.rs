@@ -8,6 +8,7 @@ mod embedding;
 mod faults;
 mod judge;
 mod locomo;
+mod long_prompts;
 mod portability;
 mod quality;
 mod recall_latency;
@@ -32,6 +33,9 @@ enum Scenario {
     /// Single-row writes over HTTP at increasing concurrency, against the plain-INSERT rate of
     /// the same PostgreSQL.
     Writes(writes::Args),
+    /// Short writes' latency beside context calls with a long system prompt, whose tokens are
+    /// counted in the request.
+    LongPrompts(long_prompts::Args),
     /// Raw embedder throughput at several batch sizes: short texts, long texts and LoCoMo's questions.
     Embedder(embedding::EmbedderArgs),
     /// Rows through write → queue → worker → vector, against the raw embedder in the same run.
@@ -140,6 +144,7 @@ async fn main() -> anyhow::Result<()> {
     mnemo_models::install_tls_provider();
     match Cli::parse().scenario {
         Scenario::Writes(args) => writes::run(args).await,
+        Scenario::LongPrompts(args) => long_prompts::run(args).await,
         Scenario::Faults(args) => faults::run(args).await,
         Scenario::Portability(args) => portability::run(args).await,
         Scenario::Embedder(args) => embedding::embedder(args).await,

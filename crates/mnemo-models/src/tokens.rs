@@ -30,12 +30,23 @@ impl Tokenizer {
     }
 }
 
+/// Texts at least this long are counted with the runtime told that the thread blocks: o200k
+/// counts 10–20 MB a second (4 MiB took 0.2–0.4 s), and the requests queued on that thread would
+/// wait as long (docs/benchmarks.md, "Short writes beside context calls with a long prompt").
+const LONG_TEXT_BYTES: usize = 256 * 1024;
+
 impl TokenCounter for Tokenizer {
     fn count(&self, text: &str) -> u32 {
-        let n = match self.bpe {
+        let count = || match self.bpe {
             Some(bpe) => bpe.encode_ordinary(text).len(),
             // 3.5 characters a token: ceil(chars × 2 / 7).
             None => (text.chars().count() * 2).div_ceil(7),
+        };
+        let n = if self.bpe.is_some() && text.len() >= LONG_TEXT_BYTES && on_a_thread_pool() {
+            // The thread's other tasks move to another thread meanwhile.
+            tokio::task::block_in_place(count)
+        } else {
+            count()
         };
         u32::try_from(n).unwrap_or(u32::MAX)
     }
@@ -43,6 +54,13 @@ impl TokenCounter for Tokenizer {
     fn name(&self) -> &str {
         self.name.as_str()
     }
+}
+
+/// Whether this runs on a multi-threaded runtime, where `block_in_place` may be called (a
+/// current-thread runtime, as tests use, has no other thread to move tasks to).
+fn on_a_thread_pool() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|runtime| runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 #[cfg(test)]
