@@ -142,7 +142,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "memory_deleted",
         409,
-        "the source_ref names a deleted row (a deleted fact asserted again by its writer is revived instead)",
+        "the source_ref names a deleted row (a deleted fact asserted again by its writer is revived instead, unless a retention sweep anonymizes it meanwhile: then a retry stores it anew)",
     ),
     (
         "file_changed",
