@@ -207,14 +207,15 @@ pub async fn policy(
         bail!("{both} is both set and unset: give one");
     }
     let before = store.retention_settings(tenant).await?;
-    if !set.is_empty() || !change.unset.is_empty() {
+    let stored = if set.is_empty() && change.unset.is_empty() {
+        before.clone()
+    } else {
         if !store.tenant_holds_data(tenant).await? {
             eprintln!("warning: tenant {tenant} holds no memory and no workspace file yet: is its name right?");
         }
         let unset: Vec<&str> = change.unset.iter().map(String::as_str).collect();
-        store.change_retention_settings(tenant, &set, &unset, "runbook").await?;
-    }
-    let stored = store.retention_settings(tenant).await?;
+        Some(store.change_retention_settings(tenant, &set, &unset, "runbook").await?)
+    };
     let changed = stored != before;
     let (policy, warnings) = RetentionPolicy::for_tenant(tenant.as_str(), stored.as_ref(), settings.defaults);
     if json {
