@@ -287,7 +287,7 @@ async fn a_model_outage_waits_out_the_cooldown_and_fails_no_conversation() {
     let app = TestApp::spawn().await;
     let settings = [(vars::EXTRACT_MAX_ATTEMPTS, "2"), (vars::EXTRACT_COOLDOWN_S, "2")];
     let runner = runner(&app, Some(&chat), &settings);
-    let down = || chat.then([ChatAnswer::Status(503), ChatAnswer::Status(503)]);
+    let down = || chat.then([ChatAnswer::Status(503)]);
     let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
     conversation(&app, &t1, ": first trip").await;
     complete(&app, &t1, "s1", "web").await;
@@ -295,6 +295,7 @@ async fn a_model_outage_waits_out_the_cooldown_and_fails_no_conversation() {
     let report = runner.run(&job()).await.expect("a failed model is not a failed job");
     assert_eq!(report, ExtractReport::Failed { reason: "http_5xx".into(), last_attempt: false });
     let calls = chat.requests().len();
+    assert_eq!(calls, 1, "a 503 was asked again without the answer format");
 
     // A second conversation completes while the model is down: its job waits, it asks nothing.
     let t2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));

@@ -655,7 +655,7 @@ async fn an_export_made_before_an_erasure_does_not_bring_the_users_files_back() 
     // A memory of the agent's, written by its service, that the user stated again: it stays,
     // the sighting naming the user goes.
     let stated = json!({ "scope": "agent", "content": "the team ships on Fridays", "layer": "episodic" });
-    let service = token(&principal("acme", None, Some("a1"), Some("s0")));
+    let service = token(&principal("acme", None, Some("a1"), None));
     for by in [&service, &t] {
         let reply = app.client.post("/v1/facts", Some(by), &stated).await;
         assert!(reply.status < 300, "{:?}", reply.body);

@@ -252,13 +252,17 @@ impl JsonObject {
         }
     }
 
+    /// An RFC 3339 time of years 1–9999 in UTC, as answers write them back (a year outside
+    /// would be written in a form RFC 3339 has not).
     pub fn take_opt_time(&mut self, field: &'static str) -> Result<Option<DateTime<Utc>>, ApiError> {
-        let expected = "an RFC 3339 timestamp such as 2026-05-02T14:23:01Z";
+        let expected = "an RFC 3339 timestamp such as 2026-05-02T14:23:01Z, of the years 0001-9999 in UTC";
         self.take_opt_str(field)?
             .map(|raw| {
                 DateTime::parse_from_rfc3339(&raw)
                     .map(|t| t.with_timezone(&Utc))
-                    .map_err(|_| ApiError::InvalidField { field, expected })
+                    .ok()
+                    .filter(|t| (1..=9999).contains(&chrono::Datelike::year(t)))
+                    .ok_or(ApiError::InvalidField { field, expected })
             })
             .transpose()
     }
@@ -388,5 +392,14 @@ mod tests {
         assert_eq!(body.take_opt_str("session_id").expect("null is absent"), None);
         assert_eq!(body.take_opt_time("event_time").unwrap_err().code(), "invalid_field");
         body.finish().expect("all taken");
+        for (raw, ok) in [
+            ("9999-12-31T23:59:59Z", true),
+            ("9999-12-31T23:59:59-14:00", false),
+            ("0001-01-01T00:00:00Z", true),
+            ("0001-01-01T00:00:00+01:00", false),
+        ] {
+            let mut body = JsonObject::parse(format!("{{\"event_time\": \"{raw}\"}}").as_bytes()).expect("object");
+            assert_eq!(body.take_opt_time("event_time").is_ok(), ok, "{raw}");
+        }
     }
 }

@@ -80,9 +80,13 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("malformed_json", 400, "the body is not JSON"),
     ("invalid_utf8", 400, "the body is not UTF-8"),
     ("not_an_object", 400, "the body is JSON but not an object"),
-    ("unknown_field", 400, "the body has a field this endpoint does not take"),
+    ("unknown_field", 400, "the body or the query has a field this endpoint does not take"),
     ("missing_field", 400, "a required field is absent"),
-    ("invalid_field", 400, "a field has the wrong type, or an id is empty, too long or has control characters"),
+    (
+        "invalid_field",
+        400,
+        "a field has the wrong type, or an id is empty, too long or has control characters, or a time is outside the years 0001–9999 (a chat message's or tool output's `event_time`: more than a day ahead of the server's clock)",
+    ),
     (
         "invalid_value",
         400,
@@ -117,7 +121,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("missing_token", 401, "no bearer token"),
     ("invalid_token", 401, "the token is malformed, forged, lacks a required claim, or an id in it is invalid"),
     ("token_expired", 401, "the token's exp has passed"),
-    ("missing_identity", 401, "the scope needs a user (sub), agent or session (sid) claim the token lacks"),
+    (
+        "missing_identity",
+        401,
+        "the scope needs a user (sub), agent or session (sid) claim the token lacks (an agent's fact from a token with a sid needs its sub)",
+    ),
     (
         "session_mismatch",
         403,
@@ -136,7 +144,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "source_ref_conflict",
         409,
-        "the source_ref already holds different content (for a fact: or other visibility or allowed_roles; for a chat message or tool output: a row of another session)",
+        "the source_ref already holds different content (for a fact: or other visibility or allowed_roles, or it is an agent's fact another user wrote that a newer one replaced; for a chat message or tool output: a row of another session)",
     ),
     ("not_written", 409, "an item of an atomic batch, not written because another item was refused"),
     (
@@ -224,6 +232,7 @@ impl ApiError {
                 ScopeError::AgentFileReadOnly => ("agent_file_read_only", StatusCode::FORBIDDEN),
                 ScopeError::RolesNotHeld => ("roles_not_held", StatusCode::FORBIDDEN),
                 ScopeError::MissingIdentity(_)
+                | ScopeError::AgentFactNeedsUser
                 | ScopeError::RecallWithoutSession
                 | ScopeError::WorkspaceNeedsAgent
                 | ScopeError::WorkspaceNeedsUser => ("missing_identity", UNAUTHORIZED),
@@ -355,6 +364,7 @@ mod tests {
             ApiError::Scope(ScopeError::SessionMismatch),
             ApiError::Scope(ScopeError::SessionNotAllowed),
             ApiError::Scope(ScopeError::MissingIdentity(FactScope::User)),
+            ApiError::Scope(ScopeError::AgentFactNeedsUser),
             ApiError::Scope(ScopeError::RecallWithoutSession),
             ApiError::Scope(ScopeError::WorkspaceNeedsAgent),
             ApiError::Scope(ScopeError::WorkspaceNeedsUser),

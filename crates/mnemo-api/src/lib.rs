@@ -133,7 +133,9 @@ pub fn app(state: AppState) -> Router {
     let largest = state.max_tool_output_bytes.max(state.workspace.max_file_bytes);
     let body_limit = largest.saturating_mul(3).saturating_add(64 * 1024);
     let small = || DefaultBodyLimit::max(SMALL_BODY_BYTES);
-    let v1 = Router::new()
+    // Routes whose handlers read no query refuse one: `PUT …?expected_version=3` would otherwise
+    // overwrite unconditionally, its caller none the wiser.
+    let v1_without_query = Router::new()
         .route("/memories", post(routes::remember))
         .route("/memories/batch", post(routes::remember_batch))
         .route("/facts/batch", post(routes::remember_fact_batch))
@@ -141,12 +143,9 @@ pub fn app(state: AppState) -> Router {
         .route("/facts", post(routes::remember_fact).layer(small()))
         .route("/recall", post(routes::recall).layer(small()))
         .route("/memory-pack", post(routes::memory_pack).layer(small()))
-        .route("/tool-outputs/{key}", get(routes::tool_output))
-        .route("/sessions/{sid}/messages", get(conversation::messages))
         .route("/sessions/{sid}/context", post(conversation::context))
         .route("/sessions/{sid}/complete", post(conversation::complete).layer(small()))
         .route("/sessions/{sid}/extract", post(conversation::extract).layer(small()))
-        .route("/workspace/files", get(workspace::list))
         .route(
             "/workspace/files/{*path}",
             get(workspace::read)
@@ -155,8 +154,13 @@ pub fn app(state: AppState) -> Router {
                 .delete(workspace::delete)
                 .post(workspace::edit),
         )
-        .route("/workspace/prompt", get(workspace::prompt))
-        .route("/agents/{agent}/consolidate", post(workspace::consolidate).layer(small()));
+        .route("/agents/{agent}/consolidate", post(workspace::consolidate).layer(small()))
+        .route_layer(middleware::from_fn(refuse_query));
+    let v1 = v1_without_query
+        .route("/tool-outputs/{key}", get(routes::tool_output))
+        .route("/sessions/{sid}/messages", get(conversation::messages))
+        .route("/workspace/files", get(workspace::list))
+        .route("/workspace/prompt", get(workspace::prompt));
     let api = Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(routes::healthz))
@@ -179,6 +183,14 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state((state, body_limit), authenticate))
         .layer(middleware::from_fn(observe));
     api.merge(mcp)
+}
+
+/// Refuses a request with a query (`unknown_field`, naming its first parameter).
+async fn refuse_query(request: Request, next: Next) -> Result<Response, ApiError> {
+    if let Some((name, _)) = body::query_pairs(request.uri().query()).next() {
+        return Err(ApiError::unknown_field(name));
+    }
+    Ok(next.run(request).await)
 }
 
 /// Lets an MCP request through only with a valid token, and charges one request of the tenant's

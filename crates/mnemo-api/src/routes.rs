@@ -57,6 +57,14 @@ fn memory_from(state: &AppState, principal: &Principal, mut body: JsonObject) ->
         (None, None, None)
     };
     body.finish()?;
+    // A session's messages are ordered, compacted and kept by their time: one dated ahead would
+    // stay its newest message and outlive its retention. A client's clock may run a little ahead.
+    if conversational && extras.event_time.is_some_and(|t| t > chrono::Utc::now() + chrono::TimeDelta::days(1)) {
+        return Err(ApiError::InvalidField {
+            field: "event_time",
+            expected: "a time at most a day ahead of the server's clock for a chat message or tool output",
+        });
+    }
 
     let memory = match kind {
         SourceKind::ChatMessage => {
@@ -84,7 +92,16 @@ fn memory_from(state: &AppState, principal: &Principal, mut body: JsonObject) ->
                 }
                 .into());
             }
-            let call = tool_call_id.unwrap_or_else(|| source_ref.as_str().to_owned());
+            let call = match tool_call_id {
+                Some(id) => id,
+                None if source_ref.as_str().len() > Turn::MAX_ID_BYTES => {
+                    return Err(ApiError::InvalidField {
+                        field: "source_ref",
+                        expected: "at most 256 bytes on a tool output without a tool_call_id: it names the call answered",
+                    });
+                }
+                None => source_ref.as_str().to_owned(),
+            };
             let output = ToolOutputText::parse(&content, state.max_tool_output_bytes)?;
             let row = NewMemory::tool_output(principal, source_ref, output, session, extras)?;
             let turn = Turn::parse(
@@ -182,14 +199,18 @@ async fn batch(
         return Err(InvalidInput::OutOfRange { field: "items", min: 1, max }.into());
     }
     // Each item's parse error, or its place among the valid rows (which move out, uncopied).
+    // Parsing counts the items' tokens: many megabytes of them would hold a runtime thread.
+    let bytes = items.iter().filter_map(|item| item.get("content")?.as_str()).map(str::len).sum();
     let mut valid: Vec<NewMemory> = Vec::with_capacity(items.len());
-    let parsed: Vec<Result<(), ApiError>> = items
-        .into_iter()
-        .map(|item| match item {
-            serde_json::Value::Object(map) => parse(JsonObject::from_map(map)).map(|row| valid.push(row)),
-            _ => Err(ApiError::InvalidField { field: "items", expected: "a list of objects" }),
-        })
-        .collect();
+    let parsed: Vec<Result<(), ApiError>> = mnemo_models::counting(bytes, || {
+        items
+            .into_iter()
+            .map(|item| match item {
+                serde_json::Value::Object(map) => parse(JsonObject::from_map(map)).map(|row| valid.push(row)),
+                _ => Err(ApiError::InvalidField { field: "items", expected: "a list of objects" }),
+            })
+            .collect()
+    });
     let mut stored = if atomic && parsed.iter().any(Result::is_err) {
         Vec::new()
     } else if atomic {

@@ -48,7 +48,7 @@ fn flag(description: &str) -> Value {
 }
 
 fn metadata() -> Value {
-    json!({ "type": "object", "description": "Your own JSON object, kept with the memory and returned as given." })
+    json!({ "type": "object", "description": "Your own JSON object, kept with the memory (and in its tenant's export); recall and the message list do not return it." })
 }
 
 fn event_time() -> Value {

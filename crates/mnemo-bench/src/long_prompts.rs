@@ -3,7 +3,8 @@
 //! and 0, 1, 2, … clients asking for a context window with a system prompt of `--bytes` back to
 //! back. The context call counts the prompt's tokens, several times, in the request, and a long
 //! text's count takes tenths of a second of CPU: this shows what the short writes wait
-//! meanwhile. Workers are not run.
+//! meanwhile. Workers are not run. With `--distinct`, each call's prompt differs from every
+//! other's (as different agents' would), so no call finds its prompt's count remembered.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,6 +28,10 @@ pub struct Args {
     /// Seconds per level.
     #[arg(long, default_value_t = 15)]
     seconds: u64,
+    /// Each context call's prompt begins with a number of its own, instead of every call sending
+    /// the same prompt (as an agent does at each turn).
+    #[arg(long)]
+    distinct: bool,
     #[arg(long)]
     json: bool,
 }
@@ -63,18 +68,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let payload: Arc<str> =
         line.repeat(args.bytes.div_ceil(line.len())).chars().take(args.bytes).collect::<String>().into();
     let written = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
     let mut levels = Vec::new();
     for &long_callers in &args.long_callers {
         let deadline = Instant::now() + Duration::from_secs(args.seconds);
         let mut long = tokio::task::JoinSet::new();
         for _ in 0..long_callers {
-            let (http, base, token, payload) =
-                (http.clone(), server.client.base.clone(), token.clone(), payload.clone());
+            let (http, base, token, payload, calls) =
+                (http.clone(), server.client.base.clone(), token.clone(), payload.clone(), calls.clone());
+            let distinct = args.distinct;
             long.spawn(async move {
                 let mut done = 0;
-                let body =
-                    json!({ "max_input_tokens": 10_000_000, "system_prompt": &*payload, "current_message": "go on" });
                 while Instant::now() < deadline {
+                    let prompt = if distinct {
+                        format!("call {}: {payload}", calls.fetch_add(1, Ordering::Relaxed))
+                    } else {
+                        payload.to_string()
+                    };
+                    let body =
+                        json!({ "max_input_tokens": 10_000_000, "system_prompt": prompt, "current_message": "go on" });
                     let r = http
                         .post(format!("{base}/v1/sessions/s/context"))
                         .bearer_auth(&token)
@@ -129,7 +141,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .collect();
         println!(
             "{}",
-            json!({ "scenario": "long-prompts", "bytes": args.bytes, "seconds": args.seconds, "levels": list })
+            json!({ "scenario": "long-prompts", "bytes": args.bytes, "seconds": args.seconds,
+                    "distinct": args.distinct, "levels": list })
         );
         return Ok(());
     }
@@ -142,6 +155,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             l.long_callers, l.long_calls, l.short_per_s, l.short_p50_ms, l.short_p99_ms, l.short_max_ms
         );
     }
-    println!("\n{} bytes of system prompt, {} s a level.", args.bytes, args.seconds);
+    let prompts = if args.distinct { "a prompt of its own at each call" } else { "the same prompt at every call" };
+    println!("\n{} bytes of system prompt, {prompts}, {} s a level.", args.bytes, args.seconds);
     Ok(())
 }

@@ -45,7 +45,13 @@ impl LogSettings {
         // rmcp logs each /mcp message's session at info, with what the client says it is;
         // async-openai logs a provider's error and unreadable answers whole at warn and error,
         // and they may quote the input (mnemo classes and logs each failure itself).
-        let filter = env.get(vars::LOG).unwrap_or("info,rmcp=warn,async_openai=off").to_owned();
+        // A filter of the operator's own keeps async-openai off unless it names it: `debug` to
+        // troubleshoot must not bring providers' answers into the logs.
+        let filter = match env.get(vars::LOG) {
+            None => "info,rmcp=warn,async_openai=off".to_owned(),
+            Some(own) if own.contains("async_openai") => own.to_owned(),
+            Some(own) => format!("{own},async_openai=off"),
+        };
         if let Err(e) = EnvFilter::try_new(&filter) {
             problems.0.push(format!("{}={filter:?} is not a tracing filter: {e}", vars::LOG));
         }
@@ -286,5 +292,16 @@ mod tests {
             (vars::OTEL_RESOURCE_ATTRIBUTES, "a=b, service.name=api-us"),
         ]);
         assert_eq!(export.and_then(|e| e.service_name).as_deref(), Some("api-us"));
+    }
+
+    #[test]
+    fn an_operators_filter_keeps_async_openai_off_unless_it_names_it() {
+        let filter = |log: Option<&str>| {
+            let env = Env::from_pairs(log.map(|l| (vars::LOG, l)));
+            LogSettings::read(&env, &mut Problems::default()).filter
+        };
+        assert_eq!(filter(None), "info,rmcp=warn,async_openai=off");
+        assert_eq!(filter(Some("debug")), "debug,async_openai=off");
+        assert_eq!(filter(Some("info,async_openai=warn")), "info,async_openai=warn");
     }
 }

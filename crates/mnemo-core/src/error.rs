@@ -59,4 +59,12 @@ impl ModelFailure {
     pub fn is_endpoint_state(&self) -> bool {
         matches!(self.kind, "connection" | "http_429" | "http_5xx" | "unauthorized" | "model_missing")
     }
+
+    /// Whether the server may have refused what was asked (a 400 or 422; some servers answer 500
+    /// to an answer format they cannot follow), so that asking otherwise may be answered. A
+    /// 502, 503 or 504 is a gateway's or the endpoint's state: asking again at once would pile
+    /// calls onto it.
+    pub fn may_refuse_the_request(&self) -> bool {
+        self.kind == "http_4xx" || (self.kind == "http_5xx" && self.detail.starts_with("HTTP 500:"))
+    }
 }

@@ -62,6 +62,9 @@ impl FactKey {
         if raw.len() > MAX {
             return Err(InvalidInput::TooLong { field: FIELD, max: MAX, actual: raw.len() });
         }
+        if raw.contains('\0') {
+            return Err(InvalidInput::NulByte { field: FIELD });
+        }
         if raw.chars().any(char::is_control) {
             return Err(InvalidInput::ControlChar { field: FIELD });
         }
@@ -84,6 +87,10 @@ pub enum ScopeError {
     SessionNotAllowed,
     #[error("a {0}-scope fact needs a token that names the {0} (claim {claim})", claim = match .0 { FactScope::User => "sub", FactScope::Agent => "agent" })]
     MissingIdentity(FactScope),
+    #[error(
+        "an agent-scope fact from a token bound to a session needs its user (claim sub): only a service token (no sub, no sid) writes one without a user"
+    )]
+    AgentFactNeedsUser,
     #[error("scope session searches the token's session: use a token with a sid claim")]
     RecallWithoutSession,
     #[error("workspace files belong to an agent: use a token with an agent claim")]
@@ -162,6 +169,9 @@ impl Turn {
             }
             if raw.len() > Self::MAX_ID_BYTES {
                 return Err(InvalidInput::TooLong { field, max: Self::MAX_ID_BYTES, actual: raw.len() });
+            }
+            if raw.contains('\0') {
+                return Err(InvalidInput::NulByte { field });
             }
             if raw.chars().any(char::is_control) {
                 return Err(InvalidInput::ControlChar { field });
@@ -405,6 +415,11 @@ impl NewMemory {
             FactScope::Agent => principal.agent.as_ref().map(AgentId::as_str),
         }
         .ok_or(ScopeError::MissingIdentity(scope))?;
+        // A fact names its writer, whose facts alone it replaces: a user, or the service, whose
+        // facts replace any. A session's token without a user would pass for the service.
+        if scope == FactScope::Agent && principal.user.is_none() && principal.session.is_some() {
+            return Err(ScopeError::AgentFactNeedsUser);
+        }
         let source_ref = fact_source_ref(scope, identity, &content);
         Ok(Self {
             tenant: principal.tenant.clone(),

@@ -77,11 +77,18 @@ impl ConsolidateRunner {
         };
         let result = self.claimed(job, &workspace).await;
         cut_off.disarm();
-        if result.is_err() {
+        let Ok((report, more)) = result else {
             // Whatever failed, the run is not left held until it goes stale.
             let _ = self.store.finish_consolidation(&workspace, &self.worker, None, None, "failed", "error").await;
+            return result.map(|(report, _)| report);
+        };
+        // After the run is released and nothing may end it any more: the run's ownership is
+        // this process's name, so an undo or a failure here could end the run another job of
+        // this process has claimed since.
+        if more && matches!(report, ConsolidateReport::Updated { .. } | ConsolidateReport::Kept { .. }) {
+            self.store.request_consolidation(&workspace, None).await?;
         }
-        result
+        Ok(report)
     }
 
     /// What the model would be asked now, without taking the run: the notes not yet read at
@@ -134,15 +141,20 @@ impl ConsolidateRunner {
     }
 
     /// The run, once this worker holds the (agent, user).
-    async fn claimed(&self, job: &ConsolidateJob, workspace: &Workspace) -> Result<ConsolidateReport, JobError> {
+    /// The run, which ends by releasing it; with whether notes were left for another run.
+    async fn claimed(
+        &self,
+        job: &ConsolidateJob,
+        workspace: &Workspace,
+    ) -> Result<(ConsolidateReport, bool), JobError> {
         let workspace = workspace.clone();
         let Some(Read { input, notes: read, memory_version, more }) = self.input(&workspace).await? else {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "nothing_new", "").await?;
-            return Ok(ConsolidateReport::NothingNew);
+            return Ok((ConsolidateReport::NothingNew, false));
         };
         let Some(consolidator) = &self.consolidator else {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "disabled", "no_model").await?;
-            return Ok(ConsolidateReport::Disabled);
+            return Ok((ConsolidateReport::Disabled, false));
         };
         let budget = self.settings.max_memory_tokens;
         let notes = input.notes.len();
@@ -193,10 +205,7 @@ impl ConsolidateRunner {
             },
         };
         tracing::info!(tenant = %job.tenant_id, notes, ?report, "consolidation finished");
-        if more && matches!(report, ConsolidateReport::Updated { .. } | ConsolidateReport::Kept { .. }) {
-            self.store.request_consolidation(&workspace, None).await?;
-        }
-        Ok(report)
+        Ok((report, more))
     }
 }
 

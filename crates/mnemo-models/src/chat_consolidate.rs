@@ -8,7 +8,7 @@ use mnemo_core::{Consolidation, ConsolidationFuture, ConsolidationInput, Consoli
 use serde_json::{Value, json};
 
 use crate::ModelError;
-use crate::openai::ChatModel;
+use crate::openai::{ChatModel, MAX_ANSWER_TOKENS};
 
 /// Marks a consolidation request (the testkit's scripted server recognises requests by it).
 pub const CONSOLIDATE_MARKER: &str = "You curate the long-term memory";
@@ -43,7 +43,7 @@ or empty\"}}",
             ],
         });
         // The budget in tokens (about four characters each) and room for the JSON around it.
-        let max_tokens = u32::try_from(input.max_chars / 3 + 200).unwrap_or(u32::MAX);
+        let max_tokens = u32::try_from(input.max_chars / 3 + 200).unwrap_or(u32::MAX).min(MAX_ANSWER_TOKENS);
         let answer = self.chat.complete(request, max_tokens).await?;
         parse_consolidation(crate::openai::finished_text(&answer)?)
     }

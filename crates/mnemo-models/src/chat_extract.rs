@@ -12,14 +12,11 @@ use mnemo_core::{
 use serde_json::{Value, json};
 
 use crate::ModelError;
-use crate::openai::ChatModel;
+use crate::openai::{ChatModel, MAX_ANSWER_TOKENS};
 
 /// The answer's bound without the files it may rewrite: a daily entry (at most 4,000
 /// characters) and 20 facts with their typed fields.
 const BASE_MAX_TOKENS: u32 = 2_500;
-/// The most any answer may hold (what current chat models write at once). Only an answer that
-/// rewrites long files asks for this much: a model that allows less could not write them anyway.
-const MAX_ANSWER_TOKENS: u32 = 16_000;
 
 /// The answer's bound: the base, and room for the whole PROFILE.md, and MEMORY.md when the model
 /// may write it back (a token for every 3 bytes they hold now, more than prose needs), so a long
@@ -61,7 +58,7 @@ impl OpenAiExtractor {
         let answer = match self.chat.complete(request.clone(), max_tokens(input)).await {
             Ok(answer) => answer,
             // Some compatible servers refuse response_format: ask once more without it.
-            Err(failure) if failure.kind == "http_4xx" || failure.kind == "http_5xx" => {
+            Err(failure) if failure.may_refuse_the_request() => {
                 request.as_object_mut().map(|r| r.remove("response_format"));
                 self.chat.complete(request, max_tokens(input)).await?
             }

@@ -147,12 +147,10 @@ enum Refusal {
 }
 
 /// A server that refuses the request (400, 422, some answer 500) may be refusing the format; a
-/// timeout, an unreachable server, a missing model, a bad key or a rate limit will not change.
+/// timeout, an unreachable or overloaded server, a missing model, a bad key or a rate limit will
+/// not change.
 fn classify(failure: ModelFailure) -> Refusal {
-    match failure.kind {
-        "http_5xx" | "http_4xx" => Refusal::Format(failure),
-        _ => Refusal::Other(failure),
-    }
+    if failure.may_refuse_the_request() { Refusal::Format(failure) } else { Refusal::Other(failure) }
 }
 
 fn label(i: usize) -> String {

@@ -27,7 +27,7 @@ pub use chat_summary::{OpenAiSummarizer, SUMMARIZE_MARKER};
 pub use local::LocalEmbedder;
 pub use openai::OpenAiEmbedder;
 pub use tei::TeiReranker;
-pub use tokens::Tokenizer;
+pub use tokens::{Tokenizer, counting};
 
 /// Keeps candle's element-wise operations on the thread that runs a forward pass, by running
 /// this program again in place (`exec`: the same process id, arguments and environment) with

@@ -172,6 +172,10 @@ impl Embedder for OpenAiEmbedder {
 /// reasoning within `max_completion_tokens`, and advises leaving about 25,000 tokens for both.
 const REASONING_TOKENS: u32 = 25_000;
 
+/// The most any answer may hold (what current chat models write at once). Only an answer that
+/// rewrites long files asks for this much: a model that allows less could not write them anyway.
+pub(crate) const MAX_ANSWER_TOKENS: u32 = 16_000;
+
 /// A chat model on an OpenAI-compatible `/chat/completions` endpoint. Requests are written as
 /// every compatible server reads them: `max_tokens` and `temperature: 0`. OpenAI's reasoning
 /// models (o1, o3, o4-mini, gpt-5, …) refuse both with a 400 naming the parameter; after such a

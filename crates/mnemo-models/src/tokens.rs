@@ -2,16 +2,26 @@
 //! whose tables ship inside the `tiktoken-rs` crate, so nothing is fetched at run time), or the
 //! seeds' character estimate (`characters / 3.5`, rounded up) where no tokenizer fits the model.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use mnemo_config::TokenizerName;
 use mnemo_core::TokenCounter;
+use sha2::{Digest, Sha256};
 use tiktoken_rs::CoreBPE;
 
-/// A token counter. Cheap to share: the BPE tables are loaded once per process.
+/// A token counter. Cheap to share: the BPE tables are loaded once per process, and clones share
+/// the counts of long texts remembered.
 #[derive(Clone)]
 pub struct Tokenizer {
     name: TokenizerName,
     bpe: Option<&'static CoreBPE>,
+    /// The counts of the long texts counted last, the latest first.
+    remembered: Arc<Mutex<VecDeque<Remembered>>>,
 }
+
+/// A long text's count, by the text's SHA-256.
+type Remembered = ([u8; 32], u32);
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -26,9 +36,37 @@ impl Tokenizer {
             TokenizerName::Cl100kBase => Some(tiktoken_rs::cl100k_base_singleton()),
             TokenizerName::CharEstimate => None,
         };
-        Self { name, bpe }
+        Self { name, bpe, remembered: Arc::default() }
+    }
+
+    /// `text`'s count by BPE, remembered: a text seen among the last [`REMEMBERED`] long ones is
+    /// not counted again.
+    fn remembered_count(&self, bpe: &CoreBPE, text: &str) -> u32 {
+        let key: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        let remembered = || self.remembered.lock().unwrap_or_else(PoisonError::into_inner);
+        {
+            let mut counts = remembered();
+            if let Some(at) = counts.iter().position(|(k, _)| *k == key) {
+                let entry = counts.remove(at).expect("found");
+                counts.push_front(entry);
+                return entry.1;
+            }
+        }
+        // Counted outside the lock: two callers of one new text may both count it.
+        let n = u32::try_from(bpe.encode_ordinary(text).len()).unwrap_or(u32::MAX);
+        let mut counts = remembered();
+        counts.push_front((key, n));
+        counts.truncate(REMEMBERED);
+        n
     }
 }
+
+/// Texts at least this long have their counts remembered: an agent sends the same system prompt
+/// at every call, and a context call counts it several times (the window, what compaction
+/// keeps, the workspace's share). Hashing a text costs a small fraction of counting it.
+const REMEMBERED_BYTES: usize = 16 * 1024;
+/// How many long texts' counts are remembered; the one used least recently leaves first.
+const REMEMBERED: usize = 64;
 
 /// Texts at least this long are counted with the runtime told that the thread blocks: o200k
 /// counts 10–20 MB a second (4 MiB took 0.2–0.4 s), and the requests queued on that thread would
@@ -37,23 +75,25 @@ const LONG_TEXT_BYTES: usize = 256 * 1024;
 
 impl TokenCounter for Tokenizer {
     fn count(&self, text: &str) -> u32 {
-        let count = || match self.bpe {
-            Some(bpe) => bpe.encode_ordinary(text).len(),
+        let Some(bpe) = self.bpe else {
             // 3.5 characters a token: ceil(chars × 2 / 7).
-            None => (text.chars().count() * 2).div_ceil(7),
+            return u32::try_from((text.chars().count() * 2).div_ceil(7)).unwrap_or(u32::MAX);
         };
-        let n = if self.bpe.is_some() && text.len() >= LONG_TEXT_BYTES && on_a_thread_pool() {
-            // The thread's other tasks move to another thread meanwhile.
-            tokio::task::block_in_place(count)
-        } else {
-            count()
-        };
-        u32::try_from(n).unwrap_or(u32::MAX)
+        if text.len() < REMEMBERED_BYTES {
+            return u32::try_from(bpe.encode_ordinary(text).len()).unwrap_or(u32::MAX);
+        }
+        counting(text.len(), || self.remembered_count(bpe, text))
     }
 
     fn name(&self) -> &str {
         self.name.as_str()
     }
+}
+
+/// Runs `work`, which counts the tokens of `bytes` of text: when they are many, with the runtime
+/// told that the thread blocks, so that its other tasks move to another thread meanwhile.
+pub fn counting<R>(bytes: usize, work: impl FnOnce() -> R) -> R {
+    if bytes >= LONG_TEXT_BYTES && on_a_thread_pool() { tokio::task::block_in_place(work) } else { work() }
 }
 
 /// Whether this runs on a multi-threaded runtime, where `block_in_place` may be called (a
@@ -77,5 +117,29 @@ mod tests {
         assert_eq!(Tokenizer::new(TokenizerName::O200kBase).count(""), 0);
         assert_eq!(Tokenizer::new(TokenizerName::CharEstimate).count("abcdefg"), 2);
         assert_eq!(Tokenizer::new(TokenizerName::CharEstimate).count("abcdefgh"), 3);
+    }
+
+    #[test]
+    fn a_long_texts_remembered_count_is_its_own() {
+        let tokenizer = Tokenizer::new(TokenizerName::O200kBase);
+        let bpe = tiktoken_rs::o200k_base_singleton();
+        // Texts of one length, with other counts.
+        let words = "hello world ".repeat(REMEMBERED_BYTES / 12 + 1);
+        let letters = "h e l l o w ".repeat(REMEMBERED_BYTES / 12 + 1);
+        assert_eq!(words.len(), letters.len());
+        assert_ne!(bpe.encode_ordinary(&words).len(), bpe.encode_ordinary(&letters).len());
+        for _ in 0..2 {
+            for text in [&words, &letters] {
+                assert_eq!(tokenizer.count(text) as usize, bpe.encode_ordinary(text).len());
+            }
+        }
+        // A clone shares what was remembered; more texts than are remembered push the oldest out.
+        assert_eq!(tokenizer.clone().remembered.lock().unwrap().len(), 2);
+        for n in 0..REMEMBERED + 1 {
+            let text = format!("{n} {words}");
+            assert_eq!(tokenizer.count(&text) as usize, bpe.encode_ordinary(&text).len());
+        }
+        assert_eq!(tokenizer.remembered.lock().unwrap().len(), REMEMBERED);
+        assert_eq!(tokenizer.count(&words) as usize, bpe.encode_ordinary(&words).len());
     }
 }

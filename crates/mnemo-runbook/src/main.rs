@@ -224,7 +224,7 @@ enum Command {
         /// A time (RFC 3339) or an age like 24h.
         #[arg(long, value_parser = judge::parse_time)]
         since: Option<chrono::DateTime<chrono::Utc>>,
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
         limit: i64,
         #[arg(long)]
         json: bool,

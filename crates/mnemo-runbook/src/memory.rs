@@ -153,10 +153,13 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             print_report(&report, json)?;
         }
         MemoryCommand::TimeZone { tenant, set, json } => {
-            if let Some(zone) = &set
-                && !store.set_time_zone(&tenant, zone).await?
-            {
-                bail!("unknown time zone {zone:?}: give an IANA name such as Europe/Paris or America/New_York");
+            if let Some(zone) = &set {
+                if !store.set_time_zone(&tenant, zone).await? {
+                    bail!("unknown time zone {zone:?}: give an IANA name such as Europe/Paris or America/New_York");
+                }
+                if !store.tenant_holds_data(&tenant).await? {
+                    eprintln!("warning: tenant {tenant} holds no memory and no workspace file yet: is its name right?");
+                }
             }
             let (zone, today) = store.tenant_today(&tenant).await?;
             if json {

@@ -69,8 +69,11 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let mut export = store.begin_export().await?;
-    // An empty file would pass for the backup of a tenant whose name was mistyped.
-    if args.since.is_none() && !export.holds(&args.tenant).await? {
+    // An empty file would pass for the backup of a tenant whose name was mistyped (with --since
+    // too, unless erasures since must reach the copy: a tenant whose only files were erased).
+    if !export.holds(&args.tenant).await?
+        && (args.since.is_none() || export.erasures(&args.tenant, args.since).await?.is_empty())
+    {
         bail!("tenant {} holds no memories, workspace files or settings: nothing to export", args.tenant);
     }
     let mut out = flate2::write::GzEncoder::new(std::io::BufWriter::new(stdout.lock()), flate2::Compression::fast());

@@ -217,13 +217,15 @@ SELECT (SELECT count(*) FROM live) = cardinality($7::uuid[])
 );
 
 /// Soft-deletes the session's live summaries that no recorded compaction holds: only `$3` when
-/// given, never `$4`; with a delete audit row each, reason `$6`. Returns their ids.
+/// given, never `$4`; with a delete audit row each, reason `$6`. Returns their ids. The session's
+/// rows are read through its index (`scope = 'session'`; the tenant's other rows are not read
+/// under the text-count lock the caller holds), then filtered.
 const DROP_UNHELD_SUMMARIES: &str = "
 WITH dropped AS (
     UPDATE memory_items m SET deleted_at = now()
-    WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.source_kind = 'session_summary'
+    WHERE m.tenant_id = $1 AND m.scope = 'session' AND m.session_id = $2 AND m.source_kind = 'session_summary'
       AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
-      AND ($3::uuid IS NULL OR m.id = $3) AND m.id IS DISTINCT FROM $4
+      AND m.id = COALESCE($3::uuid, m.id) AND m.id IS DISTINCT FROM $4
       AND NOT EXISTS (
           SELECT 1 FROM session_compactions c WHERE c.tenant_id = $1 AND c.session_id = $2 AND c.summary_id = m.id)
     RETURNING m.id

@@ -334,25 +334,27 @@ impl Store {
         Ok(())
     }
 
-    /// Live, older facts of the bucket with the pending fact's key, whatever their distance.
+    /// Live, older facts of the bucket with the pending fact's key, whatever their distance. The
+    /// scope is written as a literal here and in the reopen below, so that even a generic plan
+    /// reads the bucket through its class's index (migration 039), not every row of the agent.
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn same_key_facts(&self, fact: &PendingFact, key: &str) -> Result<Vec<Candidate>, StoreError> {
         let sql = format!(
             "SELECT o.id, o.content, NULL::float8 AS distance
              FROM memory_items o
-             WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = $3 AND o.fact_key = $4
+             WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = '{scope}' AND o.fact_key = $3
                AND o.{LIVE_FACT}
-               AND (COALESCE(o.valid_from, o.created_at), o.id) < ($5, $6)
-               AND o.visibility = $7 AND o.allowed_roles = $8 AND ($9::text IS NULL OR o.agent_id = $9)
-               AND ($10::text IS NULL OR o.user_id = $10)
+               AND (COALESCE(o.valid_from, o.created_at), o.id) < ($4, $5)
+               AND o.visibility = $6 AND o.allowed_roles = $7 AND ($8::text IS NULL OR o.agent_id = $8)
+               AND ($9::text IS NULL OR o.user_id = $9)
              ORDER BY o.valid_from, o.id
              LIMIT 1000",
             column = fact.identity_column(),
+            scope = fact.scope.as_str(),
         );
         Ok(sqlx::query_as(AssertSqlSafe(sql))
             .bind(fact.tenant_id.as_str())
             .bind(&fact.identity)
-            .bind(fact.scope.as_str())
             .bind(key)
             .bind(fact.valid_from)
             .bind(fact.id)
@@ -451,18 +453,18 @@ impl Store {
             // it. Judged again, it retires this one: one fact per key stays live.
             let reopened: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
                 "UPDATE memory_items n SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
-                 WHERE n.tenant_id = $1 AND n.{column} = $2 AND n.scope = $3 AND n.fact_key = $4
+                 WHERE n.tenant_id = $1 AND n.{column} = $2 AND n.scope = '{scope}' AND n.fact_key = $3
                    AND n.{LIVE_FACT} AND n.judge_at IS NOT NULL
-                   AND (COALESCE(n.valid_from, n.created_at), n.id) > ($5, $6)
-                   AND n.visibility = $7 AND n.allowed_roles = $8 AND ($9::text IS NULL OR n.agent_id = $9)
+                   AND (COALESCE(n.valid_from, n.created_at), n.id) > ($4, $5)
+                   AND n.visibility = $6 AND n.allowed_roles = $7 AND ($8::text IS NULL OR n.agent_id = $8)
                    -- Only one that may retire it: an agent's fact, by its writer or a service token.
-                   AND (n.scope <> 'agent' OR n.user_id IS NULL OR n.user_id IS NOT DISTINCT FROM $10)
+                   AND (n.scope <> 'agent' OR n.user_id IS NULL OR n.user_id IS NOT DISTINCT FROM $9)
                  RETURNING n.id, n.tenant_id",
                 column = fact.identity_column(),
+                scope = fact.scope.as_str(),
             )))
             .bind(fact.tenant_id.as_str())
             .bind(&fact.identity)
-            .bind(fact.scope.as_str())
             .bind(key)
             .bind(fact.valid_from)
             .bind(fact.id)

@@ -88,7 +88,8 @@ const ROWS_PER_EMBED_JOB: usize = 8;
 
 /// The rows that already held the keys of rows not inserted, by their position in the batch.
 const FIND_ITEMS: &str = "
-SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL AS deleted, m.visibility,
+SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL AS deleted,
+       m.superseded_by IS NOT NULL AS superseded, m.visibility,
        array_to_string(m.allowed_roles, ',') AS roles, m.session_id, m.user_id, m.agent_id
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
 JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
@@ -100,6 +101,7 @@ struct KeyHolder {
     id: Uuid,
     content_sha256: Vec<u8>,
     deleted: bool,
+    superseded: bool,
     visibility: String,
     roles: String,
     session_id: Option<String>,
@@ -114,19 +116,22 @@ struct KeyHolder {
 /// restarting too: the caller said, now, what it replaces. Returns the revived rows, and whether
 /// each has a vector already (then its judge job is queued here; otherwise embedding queues it).
 /// `$1` and `$2` are the rows' ids and tenants, `$3` the audit event, `$5` the keys written (null
-/// for none); `$4` whether the writer may bring the row back from a delete, checked again here
-/// under the row's lock: a delete that commits after the writer read the row live is not undone,
-/// nor is a row anonymized meanwhile touched ([`GONE_FACTS`] finds those).
+/// for none); `$4` whether the writer may bring the row back from a delete, and `$6` from a
+/// supersession, checked again here under the row's lock: a delete or a judgement that commits
+/// after the writer read the row live is not undone, nor is a row anonymized meanwhile touched
+/// ([`GONE_FACTS`] finds those).
 const REVIVE_FACTS: &str = "
 WITH old AS (
     SELECT m.tenant_id, m.id, m.superseded_by, m.deleted_at IS NOT NULL AS was_deleted,
            m.anonymized_at IS NOT NULL AS gone, r.fact_key
-    FROM unnest($1::uuid[], $2::text[], $4::bool[], $5::text[]) AS r(id, tenant_id, may_undelete, fact_key)
+    FROM unnest($1::uuid[], $2::text[], $4::bool[], $5::text[], $6::bool[])
+         AS r(id, tenant_id, may_undelete, fact_key, may_revive)
     JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
     WHERE m.source_kind = 'fact'
       AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL
            OR (r.fact_key IS NOT NULL AND m.fact_key IS DISTINCT FROM r.fact_key))
       AND (m.deleted_at IS NULL OR r.may_undelete)
+      AND (m.superseded_by IS NULL OR r.may_revive)
     ORDER BY m.tenant_id, m.id
     -- Not FOR UPDATE: a relation's foreign key check takes KEY SHARE on its target, which FOR
     -- UPDATE blocks (two writes reviving each other's targets would deadlock).
@@ -485,8 +490,8 @@ async fn settle(
         ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
 
     // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
-    let (mut reasserted_facts, mut reasserted_tenants, mut may_undelete, mut reasserted_keys) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut reasserted_facts, mut reasserted_tenants, mut may_undelete, mut reasserted_keys, mut may_revive) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     if inserted.len() < rows.len() {
         let column = |f: fn(&NewMemory) -> String| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
         let (tenants, kinds, refs) =
@@ -498,6 +503,7 @@ async fn settle(
             id,
             content_sha256: sha,
             deleted,
+            superseded,
             visibility,
             roles,
             session_id: session,
@@ -521,7 +527,9 @@ async fn settle(
                 // A session's row under a ref another session's row holds is another write: it
                 // would land on a row its session never reads.
                 let other_session = rows[i].session.as_ref().is_some_and(|s| session.as_deref() != Some(s.as_str()));
-                // The row names the user who first wrote it.
+                // The row names the user who first wrote it; only they bring it back. Another
+                // user of an agent reviving a fact the agent's operator (or another user) wrote
+                // would have the judge retire, in its writer's name, what replaced it.
                 let writer = holder.as_deref() == rows[i].user.as_ref().map(|u| u.as_str());
                 // Only a fact comes back from a delete, re-asserted by its writer, never by a
                 // model (extraction).
@@ -534,11 +542,15 @@ async fn settle(
                     // model bring back a fact its user deleted, nor another user of an agent
                     // an agent fact someone deleted (the row names its first writer).
                     Err(StoreError::SourceRefDeleted { existing: id })
+                } else if is_fact && superseded && !writer {
+                    // Another user's fact that a newer one replaced: theirs to bring back.
+                    Err(StoreError::SourceRefConflict { existing: id })
                 } else {
                     if is_fact {
                         reasserted_facts.push(id);
                         reasserted_tenants.push(rows[i].tenant.as_str());
                         may_undelete.push(may_undelete_it);
+                        may_revive.push(writer);
                         // Only its writer re-keys a fact: another user of an agent would retire
                         // the writer's facts of that key through it.
                         reasserted_keys.push(rows[i].fact_key.as_ref().filter(|_| writer).map(|k| k.as_str()));
@@ -556,6 +568,7 @@ async fn settle(
             .bind(AuditEvent::Revive.as_str())
             .bind(&may_undelete)
             .bind(&reasserted_keys)
+            .bind(&may_revive)
             .fetch_all(&mut *tx)
             .await?;
         // After the revival, which waited for any sweep holding those rows: a row anonymized

@@ -743,8 +743,8 @@ impl Store {
         lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
         let picked = sqlx::query_as(
             "SELECT m.id, 'erasure' FROM memory_items m
-             WHERE m.tenant_id = $1 AND m.source_kind = 'session_summary' AND m.session_id = ANY($2)
-               AND m.anonymized_at IS NULL
+             WHERE m.tenant_id = $1 AND m.scope = 'session' AND m.session_id = ANY($2)
+               AND m.source_kind = 'session_summary' AND m.anonymized_at IS NULL
              ORDER BY m.id FOR UPDATE",
         )
         .bind(tenant.as_str())
