@@ -11,8 +11,8 @@ use std::time::Duration;
 use mnemo_core::{
     CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, Keep, MAX_COMPACTION_MESSAGES, MEMORY_PREFIX,
     MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS, Placed, Principal, RecallRequest, Role, ScopeError, Section, SessionId,
-    TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble, compaction_cut, history_room,
-    tail_suffices,
+    TenantCounter, TokenCounter, TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble,
+    compaction_cut, history_room, tail_suffices,
 };
 use mnemo_recall::{PackRequest, RecallOptions, build_pack};
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
@@ -137,7 +137,8 @@ pub async fn context(
 ) -> Result<Json<Value>, ApiError> {
     let session = session_for(&principal, &sid)?;
     let asked = ContextBody::parse(body)?;
-    let tokenizer = state.tokenizer.as_ref();
+    // Counts the system prompt, sent again at every call, once for the tenant.
+    let tokenizer = &TenantCounter { counter: state.tokenizer.as_ref(), tenant: principal.tenant.as_str() };
     // A blank message is not placed, as a blank system prompt is not: providers refuse an empty
     // user message.
     let current = asked.current_message.filter(|m| !m.trim().is_empty()).map(|content| WindowMessage {
@@ -205,7 +206,7 @@ pub async fn context(
         compaction_keeps: state.context.compaction_keeps(),
     };
     let mut session_state = state.store.session_state(&principal.tenant, &session).await?;
-    let mut built = build(&state, &principal, &session, &session_state, &request).await?;
+    let mut built = build(&state, tokenizer, &principal, &session, &session_state, &request).await?;
     let trigger = fired(&built, &request, asked.overflow, state.context.keep_pairs);
     // One request per session at a time: while one is pending (and not stale) nothing is written.
     if let Some(trigger) = trigger
@@ -223,7 +224,7 @@ pub async fn context(
             poll = (poll * 2).min(MAX_WAIT_POLL);
             let now = state.store.session_state(&principal.tenant, &session).await?;
             if now.through != session_state.through || now.pending.is_none() {
-                built = build(&state, &principal, &session, &now, &request).await?;
+                built = build(&state, tokenizer, &principal, &session, &now, &request).await?;
                 session_state = now;
                 break;
             }
@@ -407,12 +408,12 @@ struct Built {
 /// and the triggers ([`tail_suffices`]), and assembles the window from them.
 async fn build(
     state: &AppState,
+    tokenizer: &dyn TokenCounter,
     principal: &Principal,
     session: &SessionId,
     session_state: &SessionState,
     request: &Request<'_>,
 ) -> Result<Built, ApiError> {
-    let tokenizer = state.tokenizer.as_ref();
     let summary = session_state.summary.as_ref().map(|s| s.content.as_str());
     let summary_tokens = summary.map_or(0, |s| u64::from(tokenizer.count(s)));
     let mut input = WindowInput {

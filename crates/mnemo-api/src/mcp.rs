@@ -31,7 +31,8 @@ use crate::{ApiError, schema};
 const INSTRUCTIONS: &str = "mnemo is your long-term memory. Call recall before answering anything that may \
 depend on earlier conversations, facts about the user, documents or tool outputs you no longer see (and \
 always when the conversation was trimmed for length): do not guess. Call remember_fact when you learn a \
-durable fact about the user or yourself. Your tenant, user and agent come from your token, never from \
+durable fact about the user or yourself (a fact about yourself needs a token naming the user, or a \
+service token naming no session). Your tenant, user and agent come from your token, never from \
 arguments; so does your session when the token names one.";
 
 /// One tool: its name, what it is for, the endpoint it calls and the arguments it takes.
@@ -107,7 +108,7 @@ static TOOLS: &[ToolSpec] = &[
         name: "remember_fact",
         description: "Remember a durable fact about the user (scope user) or about yourself (scope agent), across \
             sessions: a preference, a goal, a constraint, something true about them. Asserting the same fact again \
-            changes nothing. A fact that contradicts an older one retires the older one in the background; you \
+            changes nothing (brings it back if you had withdrawn it or a newer fact had replaced it). A fact that contradicts an older one retires the older one in the background; you \
             never need to delete it yourself.",
         method: Method::POST,
         path: "/v1/facts",

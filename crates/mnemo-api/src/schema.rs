@@ -52,7 +52,7 @@ fn metadata() -> Value {
 }
 
 fn event_time() -> Value {
-    json!({ "type": "string", "format": "date-time", "description": "When it happened (RFC 3339); default: now." })
+    json!({ "type": "string", "format": "date-time", "description": "When it happened (RFC 3339, of the years 0001-9999 in UTC; a chat message's or tool output's at most a day ahead of the server's clock); default: now." })
 }
 
 pub fn memory_id() -> Value {

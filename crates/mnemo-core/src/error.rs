@@ -65,6 +65,6 @@ impl ModelFailure {
     /// 502, 503 or 504 is a gateway's or the endpoint's state: asking again at once would pile
     /// calls onto it.
     pub fn may_refuse_the_request(&self) -> bool {
-        self.kind == "http_4xx" || (self.kind == "http_5xx" && self.detail.starts_with("HTTP 500:"))
+        ["HTTP 400:", "HTTP 422:", "HTTP 500:"].iter().any(|status| self.detail.starts_with(status))
     }
 }

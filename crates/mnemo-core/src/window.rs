@@ -65,6 +65,29 @@ pub trait TokenCounter: Send + Sync + std::fmt::Debug {
     fn count(&self, text: &str) -> u32;
     /// Names the counting, so a count made by another counter is known to be stale.
     fn name(&self) -> &str;
+    /// `text`'s count, which the counter may remember for `tenant`'s next calls (a long system
+    /// prompt is sent at every call). Never across tenants: one could time another's texts.
+    fn count_for(&self, tenant: &str, text: &str) -> u32 {
+        let _ = tenant;
+        self.count(text)
+    }
+}
+
+/// A counter that remembers for one tenant ([`TokenCounter::count_for`]).
+#[derive(Debug)]
+pub struct TenantCounter<'a> {
+    pub counter: &'a dyn TokenCounter,
+    pub tenant: &'a str,
+}
+
+impl TokenCounter for TenantCounter<'_> {
+    fn count(&self, text: &str) -> u32 {
+        self.counter.count_for(self.tenant, text)
+    }
+
+    fn name(&self) -> &str {
+        self.counter.name()
+    }
 }
 
 /// One stored message of a session, in the session's order.

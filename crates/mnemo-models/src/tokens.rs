@@ -16,11 +16,11 @@ use tiktoken_rs::CoreBPE;
 pub struct Tokenizer {
     name: TokenizerName,
     bpe: Option<&'static CoreBPE>,
-    /// The counts of the long texts counted last, the latest first.
+    /// The counts of the long texts counted last for a tenant, the latest first.
     remembered: Arc<Mutex<VecDeque<Remembered>>>,
 }
 
-/// A long text's count, by the text's SHA-256.
+/// A long text's count, by the SHA-256 of its tenant and the text.
 type Remembered = ([u8; 32], u32);
 
 impl std::fmt::Debug for Tokenizer {
@@ -39,10 +39,10 @@ impl Tokenizer {
         Self { name, bpe, remembered: Arc::default() }
     }
 
-    /// `text`'s count by BPE, remembered: a text seen among the last [`REMEMBERED`] long ones is
-    /// not counted again.
-    fn remembered_count(&self, bpe: &CoreBPE, text: &str) -> u32 {
-        let key: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+    /// `text`'s count by BPE, remembered for `tenant`: a text among the last [`REMEMBERED`] long
+    /// ones is not counted again.
+    fn remembered_count(&self, bpe: &CoreBPE, tenant: &str, text: &str) -> u32 {
+        let key: [u8; 32] = Sha256::new().chain_update(tenant).chain_update([0]).chain_update(text).finalize().into();
         let remembered = || self.remembered.lock().unwrap_or_else(PoisonError::into_inner);
         {
             let mut counts = remembered();
@@ -53,12 +53,16 @@ impl Tokenizer {
             }
         }
         // Counted outside the lock: two callers of one new text may both count it.
-        let n = u32::try_from(bpe.encode_ordinary(text).len()).unwrap_or(u32::MAX);
+        let n = count_by(bpe, text);
         let mut counts = remembered();
         counts.push_front((key, n));
         counts.truncate(REMEMBERED);
         n
     }
+}
+
+fn count_by(bpe: &CoreBPE, text: &str) -> u32 {
+    u32::try_from(bpe.encode_ordinary(text).len()).unwrap_or(u32::MAX)
 }
 
 /// Texts at least this long have their counts remembered: an agent sends the same system prompt
@@ -75,18 +79,24 @@ const LONG_TEXT_BYTES: usize = 256 * 1024;
 
 impl TokenCounter for Tokenizer {
     fn count(&self, text: &str) -> u32 {
-        let Some(bpe) = self.bpe else {
+        match self.bpe {
+            Some(bpe) => counting(text.len(), || count_by(bpe, text)),
             // 3.5 characters a token: ceil(chars × 2 / 7).
-            return u32::try_from((text.chars().count() * 2).div_ceil(7)).unwrap_or(u32::MAX);
-        };
-        if text.len() < REMEMBERED_BYTES {
-            return u32::try_from(bpe.encode_ordinary(text).len()).unwrap_or(u32::MAX);
+            None => u32::try_from((text.chars().count() * 2).div_ceil(7)).unwrap_or(u32::MAX),
         }
-        counting(text.len(), || self.remembered_count(bpe, text))
     }
 
     fn name(&self) -> &str {
         self.name.as_str()
+    }
+
+    fn count_for(&self, tenant: &str, text: &str) -> u32 {
+        match self.bpe {
+            Some(bpe) if text.len() >= REMEMBERED_BYTES => {
+                counting(text.len(), || self.remembered_count(bpe, tenant, text))
+            }
+            _ => self.count(text),
+        }
     }
 }
 
@@ -120,26 +130,38 @@ mod tests {
     }
 
     #[test]
-    fn a_long_texts_remembered_count_is_its_own() {
+    fn a_long_texts_remembered_count_is_its_own_and_its_tenants() {
         let tokenizer = Tokenizer::new(TokenizerName::O200kBase);
         let bpe = tiktoken_rs::o200k_base_singleton();
+        let exact = |text: &str| u32::try_from(bpe.encode_ordinary(text).len()).expect("fits");
         // Texts of one length, with other counts.
         let words = "hello world ".repeat(REMEMBERED_BYTES / 12 + 1);
         let letters = "h e l l o w ".repeat(REMEMBERED_BYTES / 12 + 1);
         assert_eq!(words.len(), letters.len());
-        assert_ne!(bpe.encode_ordinary(&words).len(), bpe.encode_ordinary(&letters).len());
+        assert_ne!(exact(&words), exact(&letters));
         for _ in 0..2 {
             for text in [&words, &letters] {
-                assert_eq!(tokenizer.count(text) as usize, bpe.encode_ordinary(text).len());
+                assert_eq!(tokenizer.count_for("acme", text), exact(text));
             }
         }
-        // A clone shares what was remembered; more texts than are remembered push the oldest out.
-        assert_eq!(tokenizer.clone().remembered.lock().unwrap().len(), 2);
-        for n in 0..REMEMBERED + 1 {
-            let text = format!("{n} {words}");
-            assert_eq!(tokenizer.count(&text) as usize, bpe.encode_ordinary(&text).len());
+        let remembered = |t: &Tokenizer| t.remembered.lock().expect("lock").len();
+        // Each tenant has its own; a clone shares them.
+        assert_eq!(remembered(&tokenizer.clone()), 2);
+        assert_eq!(tokenizer.count_for("globex", &words), exact(&words));
+        assert_eq!(remembered(&tokenizer), 3);
+        // The least recently used leaves first: `letters`, not `words` used just now.
+        assert_eq!(tokenizer.count_for("acme", &words), exact(&words));
+        for n in 0..REMEMBERED - 3 {
+            tokenizer.count_for("acme", &format!("{n} {words}"));
         }
-        assert_eq!(tokenizer.remembered.lock().unwrap().len(), REMEMBERED);
-        assert_eq!(tokenizer.count(&words) as usize, bpe.encode_ordinary(&words).len());
+        assert_eq!(remembered(&tokenizer), REMEMBERED);
+        let key = |tenant: &str, text: &str| -> [u8; 32] {
+            Sha256::new().chain_update(tenant).chain_update([0]).chain_update(text).finalize().into()
+        };
+        let held = |k: [u8; 32]| tokenizer.remembered.lock().expect("lock").iter().any(|(x, _)| *x == k);
+        tokenizer.count_for("acme", "more");
+        tokenizer.count_for("acme", &format!("one more {words}"));
+        assert!(!held(key("acme", &letters)) && held(key("acme", &words)));
+        assert_eq!(tokenizer.count_for("acme", &letters), exact(&letters));
     }
 }

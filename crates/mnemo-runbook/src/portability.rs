@@ -69,11 +69,12 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let mut export = store.begin_export().await?;
+    // The erasures since, so that a copy kept up to date by exports `--since` drops what it still
+    // holds of those users (their files are deleted here, which no row can carry).
+    let erasures = export.erasures(&args.tenant, args.since).await?;
     // An empty file would pass for the backup of a tenant whose name was mistyped (with --since
     // too, unless erasures since must reach the copy: a tenant whose only files were erased).
-    if !export.holds(&args.tenant).await?
-        && (args.since.is_none() || export.erasures(&args.tenant, args.since).await?.is_empty())
-    {
+    if !export.holds(&args.tenant).await? && (args.since.is_none() || erasures.is_empty()) {
         bail!("tenant {} holds no memories, workspace files or settings: nothing to export", args.tenant);
     }
     let mut out = flate2::write::GzEncoder::new(std::io::BufWriter::new(stdout.lock()), flate2::Compression::fast());
@@ -102,9 +103,6 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
         }
         eprintln!("{table}: {count}");
     }
-    // The erasures since, so that a copy kept up to date by exports `--since` drops what it still
-    // holds of those users (their files are deleted here, which no row can carry).
-    let erasures = export.erasures(&args.tenant, args.since).await?;
     for row in &erasures {
         writeln!(out, "{}", json!({ "table": ERASURES, "row": row }))?;
     }
