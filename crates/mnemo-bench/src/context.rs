@@ -8,14 +8,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_api::{AppState, ConnectionLimits, app};
 use mnemo_config::{ContextSettings, DatabaseSettings, Env, ServerSettings, TokenizerName, vars};
 use mnemo_core::{CompactionOutcome, CompactionTrigger, Principal, SessionId, TenantId, TokenCounter};
 use mnemo_jobs::{CompactPolicy, CompactReport, Compactor};
 use mnemo_store::queue::CompactJob;
-use mnemo_store::{Store, create_database, with_database};
+use mnemo_store::{Store, with_database};
 use mnemo_testkit::ScriptedChat;
 use serde_json::{Value, json};
 
@@ -84,9 +83,7 @@ pub(crate) struct LocalApi {
 impl LocalApi {
     pub async fn start(env: &Env) -> anyhow::Result<Self> {
         let database = DatabaseSettings::from_env(env)?;
-        let db =
-            create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
-        eprintln!("bench database: {}", db.name);
+        let db = crate::bench_database(&database).await?;
         let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
         let mut server_env =
             env.clone().with(vars::DATABASE_URL, db.url.as_str()).with(vars::JWT_SECRET, secret.as_str());

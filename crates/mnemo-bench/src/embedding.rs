@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use mnemo_config::{DatabaseSettings, EmbedSettings, Env, WorkerSettings, vars};
 use mnemo_core::{Embedder, Extras, Judge, MemoryText, NewMemory, SourceRef};
-use mnemo_store::{Store, create_database};
+use mnemo_store::Store;
 use serde_json::json;
 
 use crate::locomo;
@@ -159,8 +159,7 @@ pub async fn embedder(args: EmbedderArgs) -> anyhow::Result<()> {
 /// A fresh database and a store on it.
 pub(crate) async fn fresh(env: &Env) -> anyhow::Result<(String, Store)> {
     let database = DatabaseSettings::from_env(env)?;
-    let db = create_database(database.url.expose(), "mnemo_bench", 2).await?;
-    eprintln!("bench database: {}", db.name);
+    let db = crate::bench_database(&database).await?;
     let store = Store::connect(&db.url, 16).await?;
     Ok((db.url, store))
 }

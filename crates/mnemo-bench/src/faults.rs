@@ -47,7 +47,7 @@ use hdrhistogram::Histogram;
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Principal, Queue, SessionId, TenantId, UserId};
 use mnemo_store::queue::JudgeJob;
-use mnemo_store::{Delivery, Store, create_database, move_database};
+use mnemo_store::{Delivery, Store, move_database};
 use mnemo_testkit::{Answer, ChatAnswer, ScriptedChat, ScriptedEmbeddings};
 use serde_json::json;
 use uuid::Uuid;
@@ -414,8 +414,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.fault != Fault::Soak || args.kills >= 4, "a soak needs at least 4 windows (--kills)");
     let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
-    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
-    eprintln!("bench database: {}", db.name);
+    let db = crate::bench_database(&database).await?;
     if args.fault == Fault::DiskFull {
         let tablespace = args.tablespace.as_deref().context("disk-full needs --tablespace")?;
         anyhow::ensure!(args.ballast.is_some(), "disk-full needs --ballast");

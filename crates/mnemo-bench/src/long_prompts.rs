@@ -10,10 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_config::{DatabaseSettings, Env, vars};
-use mnemo_store::create_database;
 use serde_json::json;
 
 #[derive(Debug, clap::Args)]
@@ -51,8 +49,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.seconds > 0 && args.bytes > 0, "--seconds and --bytes must be above 0");
     let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
-    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
-    eprintln!("bench database: {}", db.name);
+    let db = crate::bench_database(&database).await?;
     let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let server_env = [
         (vars::DATABASE_URL, db.url.clone()),

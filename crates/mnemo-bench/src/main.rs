@@ -1,7 +1,10 @@
 //! `mnemo-bench`: benchmarks that need nothing but `MNEMO_DATABASE_URL`. Each scenario works in a
 //! fresh database of its own and starts whatever part of mnemo it measures.
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use mnemo_config::DatabaseSettings;
+use mnemo_store::{FreshDatabase, create_database};
 
 mod context;
 mod embedding;
@@ -93,6 +96,13 @@ pub(crate) fn sibling_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
         path.display()
     );
     Ok(path)
+}
+
+/// A fresh, migrated database beside `database`'s for one run, named on stderr.
+pub(crate) async fn bench_database(database: &DatabaseSettings) -> anyhow::Result<FreshDatabase> {
+    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
+    eprintln!("bench database: {}", db.name);
+    Ok(db)
 }
 
 /// Starts the real `mnemo-server` beside this one on a free local port, with `env` over this

@@ -13,10 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_config::{DatabaseSettings, Env, vars};
-use mnemo_store::create_database;
 use mnemo_testkit::OtlpReceiver;
 use serde_json::json;
 
@@ -93,8 +91,7 @@ pub async fn run(args: Args, setting: Setting) -> anyhow::Result<()> {
     anyhow::ensure!(args.clients > 0 && args.seconds > 0 && args.rounds > 0, "--clients, --seconds, --rounds > 0");
     let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
-    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
-    eprintln!("bench database: {}", db.name);
+    let db = crate::bench_database(&database).await?;
     // The API's role (scripts/env.sh names it), granted on this database.
     let app_url = match setting {
         Setting::Wall => mnemo_testkit::grant_app_role(&db.pool, &db.name).await?,

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mnemo_config::{DatabaseSettings, Env, vars};
-use mnemo_store::create_database;
 use serde_json::json;
 
 #[derive(Debug, clap::Args)]
@@ -32,8 +31,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.step > 0 && args.clients > 0, "--step and --clients must be positive");
     let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
-    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
-    eprintln!("bench database: {}", db.name);
+    let db = crate::bench_database(&database).await?;
     let secret = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let server = crate::start_server(&[
         (vars::DATABASE_URL, db.url.clone()),

@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use mnemo_api::{AppState, ConnectionLimits, app};
 use mnemo_config::{DatabaseSettings, Env, ServerSettings, vars};
 use mnemo_core::{Extras, MemoryText, NewMemory, Principal, SessionId, SourceRef, TenantId, UserId};
-use mnemo_store::{CommitStats, PlainInserts, Store, create_database};
+use mnemo_store::{CommitStats, PlainInserts, Store};
 use serde_json::json;
 
 #[derive(Debug, clap::Args)]
@@ -159,8 +158,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let env = Env::from_process()?;
     let database = DatabaseSettings::from_env(&env)?;
     let max_concurrency = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
-    let db = create_database(database.url.expose(), "mnemo_bench", 2).await.context("creating the bench database")?;
-    eprintln!("bench database: {}", db.name);
+    let db = crate::bench_database(&database).await?;
     let url = db.url.clone();
 
     // The plain-INSERT baseline: same server, same connection kind, one commit per row.

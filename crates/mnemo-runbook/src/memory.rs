@@ -157,9 +157,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 if !store.set_time_zone(&tenant, zone).await? {
                     bail!("unknown time zone {zone:?}: give an IANA name such as Europe/Paris or America/New_York");
                 }
-                if !store.tenant_holds_data(&tenant).await? {
-                    eprintln!("warning: tenant {tenant} holds no memory and no workspace file yet: is its name right?");
-                }
+                crate::retention::warn_if_it_holds_nothing(store, &tenant).await?;
             }
             let (zone, today) = store.tenant_today(&tenant).await?;
             if json {

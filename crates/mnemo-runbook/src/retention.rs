@@ -180,6 +180,15 @@ pub struct PolicyChange {
     pub unset: Vec<String>,
 }
 
+/// A tenant's setting may come before its data, so a name that holds nothing is not refused,
+/// only pointed out: it may be a typo.
+pub async fn warn_if_it_holds_nothing(store: &Store, tenant: &TenantId) -> anyhow::Result<()> {
+    if !store.tenant_holds_data(tenant).await? {
+        eprintln!("warning: tenant {tenant} holds no memory and no workspace file yet: is its name right?");
+    }
+    Ok(())
+}
+
 /// `mnemo-runbook retention-policy`: the tenant's retention settings and the policy in force,
 /// after changing them when asked.
 pub async fn policy(
@@ -210,9 +219,7 @@ pub async fn policy(
     let stored = if set.is_empty() && change.unset.is_empty() {
         before.clone()
     } else {
-        if !store.tenant_holds_data(tenant).await? {
-            eprintln!("warning: tenant {tenant} holds no memory and no workspace file yet: is its name right?");
-        }
+        warn_if_it_holds_nothing(store, tenant).await?;
         let unset: Vec<&str> = change.unset.iter().map(String::as_str).collect();
         Some(store.change_retention_settings(tenant, &set, &unset, "runbook").await?)
     };

@@ -225,7 +225,7 @@ WITH dropped AS (
     UPDATE memory_items m SET deleted_at = now()
     WHERE m.tenant_id = $1 AND m.scope = 'session' AND m.session_id = $2 AND m.source_kind = 'session_summary'
       AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
-      AND m.id = COALESCE($3::uuid, m.id) AND m.id IS DISTINCT FROM $4
+      AND ($3::uuid IS NULL OR m.id = $3) AND m.id IS DISTINCT FROM $4
       AND NOT EXISTS (
           SELECT 1 FROM session_compactions c WHERE c.tenant_id = $1 AND c.session_id = $2 AND c.summary_id = m.id)
     RETURNING m.id
