@@ -336,6 +336,14 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
         ),
         case("garbage token", "/v1/memories", "not.a.jwt", chat("x"), 401, "invalid_token"),
         case(
+            "a query with a token that does not verify",
+            "/v1/memories?expected_version=3",
+            &forged,
+            chat("x"),
+            401,
+            "invalid_token",
+        ),
+        case(
             "oversized tool output",
             "/v1/memories",
             &session,
@@ -353,6 +361,10 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
         ),
     ];
     cases.push(Case { token: None, ..case("no token", "/v1/memories", "", chat("x"), 401, "missing_token") });
+    cases.push(Case {
+        token: None,
+        ..case("a query and no token", "/v1/memories?expected_version=3", "", chat("x"), 401, "missing_token")
+    });
     cases.push(Case {
         content_type: "text/plain",
         ..case("not JSON content type", "/v1/memories", &session, chat("x"), 415, "unsupported_media_type")

@@ -155,7 +155,7 @@ pub fn app(state: AppState) -> Router {
                 .post(workspace::edit),
         )
         .route("/agents/{agent}/consolidate", post(workspace::consolidate).layer(small()))
-        .route_layer(middleware::from_fn(refuse_query));
+        .route_layer(middleware::from_fn_with_state(state.clone(), refuse_query));
     let v1 = v1_without_query
         .route("/tool-outputs/{key}", get(routes::tool_output))
         .route("/sessions/{sid}/messages", get(conversation::messages))
@@ -185,10 +185,14 @@ pub fn app(state: AppState) -> Router {
     api.merge(mcp)
 }
 
-/// Refuses a request with a query (`unknown_field`, naming its first parameter).
-async fn refuse_query(request: Request, next: Next) -> Result<Response, ApiError> {
-    if let Some((name, _)) = body::query_pairs(request.uri().query()).next() {
-        return Err(ApiError::unknown_field(name));
+/// Refuses a request with a query (`unknown_field`, naming its first parameter), once its token
+/// verifies: a caller without a valid token learns that first, as on every other route.
+async fn refuse_query(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
+    let first = body::query_pairs(request.uri().query()).next().map(|(name, _)| name.to_owned());
+    if let Some(name) = first {
+        let (mut parts, _) = request.into_parts();
+        auth::Verified::from_request_parts(&mut parts, &state).await?;
+        return Err(ApiError::unknown_field(&name));
     }
     Ok(next.run(request).await)
 }
