@@ -17,7 +17,9 @@ use mnemo_store::queue::CompactJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token};
 use serde_json::{Value, json};
 
+/// The settings that make the worker use `chat`, which takes only the key they name.
 fn llm_env(chat: &ScriptedChat) -> Vec<(&'static str, String)> {
+    chat.expect_key("test");
     vec![
         (vars::LLM_MODEL, "scripted-summarizer".to_owned()),
         (vars::LLM_BASE_URL, chat.base_url.clone()),
@@ -128,6 +130,7 @@ async fn a_session_past_its_trigger_is_answered_at_once_and_the_worker_brings_th
     assert!(done["diagnostics"]["summary"]["id"].is_string());
     let requests = chat.requests();
     assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0]["model"], "scripted-summarizer");
     assert_eq!(requests[0]["max_tokens"], 300);
     let prompt = requests[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
     assert!(prompt.starts_with("PREVIOUS SUMMARY:\n(none)"), "{prompt}");
@@ -151,7 +154,6 @@ async fn a_session_past_its_trigger_is_answered_at_once_and_the_worker_brings_th
     assert_eq!(app.db.count("SELECT count(*) FROM session_compactions WHERE outcome = 'summarized'").await, 2);
     // Nothing was lost: every message is still stored and listed.
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'chat_message'").await, 16);
-    // The summary is a row like any other: it gets embedded.
     drop(worker);
 }
 

@@ -13,6 +13,7 @@ use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, principal, token};
 use serde_json::json;
 
 fn runner(app: &TestApp, chat: &ScriptedChat, extra: &[(&'static str, &str)]) -> ConsolidateRunner {
+    chat.expect_key("test");
     let mut pairs = vec![
         (vars::LLM_MODEL, "scripted".to_owned()),
         (vars::LLM_BASE_URL, chat.base_url.clone()),

@@ -131,7 +131,9 @@ async fn a_killed_worker_loses_nothing_and_embeds_nothing_twice() {
     second.kill().await;
 }
 
+/// The settings that make the worker embed through `provider`, which takes only the key they name.
 fn openai_env(provider: &ScriptedEmbeddings) -> Vec<(&'static str, String)> {
+    provider.expect_key("test-key");
     vec![
         ("MNEMO_EMBED_PROVIDER", "openai".into()),
         ("MNEMO_EMBED_MODEL", "scripted-embedder".into()),
@@ -166,6 +168,7 @@ async fn transient_failures_are_retried_with_growing_delays() {
         provider.served(),
         provider.gaps()
     );
+    assert!(provider.models().iter().all(|m| m == "scripted-embedder"), "{:?}", provider.models());
     let gaps = provider.gaps();
     assert_eq!(gaps.len(), 4, "five requests: four failures and the success");
     // Attempt n waits 2^(n-1) s ± 50% (the growth itself is checked by mnemo-jobs' unit test):

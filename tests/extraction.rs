@@ -12,7 +12,9 @@ use mnemo_store::queue::ExtractJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token, wait_until};
 use serde_json::{Value, json};
 
+/// The settings that make the worker use `chat`, which takes only the key they name.
 fn llm_env(chat: &ScriptedChat) -> Vec<(&'static str, String)> {
+    chat.expect_key("test");
     vec![
         (vars::LLM_MODEL, "scripted-extractor".to_owned()),
         (vars::LLM_BASE_URL, chat.base_url.clone()),
@@ -132,6 +134,7 @@ async fn the_worker_writes_todays_note_the_profile_and_facts_that_are_embedded_j
     })
     .await;
     assert!(done, "the extraction did not finish");
+    assert!(chat.requests().iter().all(|r| r["model"] == "scripted-extractor"), "{:?}", chat.requests());
     let note = app.client.get(&today_note(), Some(&t)).await;
     let text = note.body["content"].as_str().expect("today's note");
     assert!(

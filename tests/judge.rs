@@ -39,7 +39,9 @@ impl Fixture {
     async fn start() -> Self {
         let provider = ScriptedEmbeddings::start(DIMS).await;
         let app = TestApp::spawn_with(&provider.env(MODEL)).await;
-        Self { app, chat: ScriptedChat::start().await, provider }
+        let chat = ScriptedChat::start().await;
+        chat.expect_key("test-key");
+        Self { app, chat, provider }
     }
 
     async fn fact(&self, who: &Principal, content: &str) -> Uuid {
@@ -479,6 +481,7 @@ async fn every_chat_client_asks_a_reasoning_model_in_its_own_terms() {
 
     let chat = ScriptedChat::start().await;
     chat.reasoning_model();
+    chat.expect_key("k");
     let (url, timeout) = (Some(chat.base_url.as_str()), Duration::from_secs(5));
     let judge = OpenAiJudge::new(url, "k", "o4-mini", timeout).expect("judge");
     let summarizer = OpenAiSummarizer::new(url, "k", "o4-mini", timeout).expect("summarizer");
@@ -506,6 +509,7 @@ async fn every_chat_client_asks_a_reasoning_model_in_its_own_terms() {
     }
 
     let requests = chat.requests();
+    assert!(requests.iter().all(|r| r["model"] == "o4-mini"), "each client names its model");
     let refused: Vec<_> = requests.iter().filter(|r| r.get("max_tokens").is_some()).collect();
     assert_eq!(refused.len(), 4, "one refused request per client, none after it");
     assert!(refused.iter().all(|r| r["temperature"] == 0));
@@ -712,6 +716,8 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
     assert_eq!(f.row(paris).await.outcome.as_deref(), Some("fail_open"));
 
     let listed = runbook(&f, &["judge", "fail-open", "--tenant", "acme", "--json"]);
+    let judged_at = listed["facts"][0]["judge_at"].as_str().map(chrono::DateTime::parse_from_rfc3339);
+    assert!(judged_at.is_some_and(|t| t.is_ok()), "{listed}");
     assert_eq!(
         listed["facts"],
         json!([{"id": paris, "tenant": "acme", "judge_at": listed["facts"][0]["judge_at"], "reason": "unparsable"}])
@@ -848,6 +854,7 @@ async fn the_worker_judges_embedded_facts_and_counts_fail_opens() {
     env.extend([
         (vars::JUDGE_MODEL, "scripted-judge".to_owned()),
         (vars::JUDGE_BASE_URL, f.chat.base_url.clone()),
+        (vars::JUDGE_API_KEY, "test-key".to_owned()),
         (vars::JUDGE_BATCH_SIZE, "5".to_owned()),
     ]);
     let worker = WorkerProcess::start(&f.app.db.url, &env).await.expect("worker");
@@ -867,6 +874,7 @@ async fn the_worker_judges_embedded_facts_and_counts_fail_opens() {
     assert_eq!(f.row(lima).await.outcome.as_deref(), Some("fail_open"));
     assert_eq!(f.chat.requests().len(), asked + 1, "a 503 was asked again in another format");
     assert_eq!(f.row(paris).await.superseded_by, None);
+    assert!(f.chat.requests().iter().all(|r| r["model"] == "scripted-judge"), "the judge names its model");
     assert!(worker.metric("mnemo_judge_fail_open_total").await >= 1.0);
     assert!(worker.metric("mnemo_judge_rows_total").await >= 3.0);
     worker.terminate().await.expect("clean stop");

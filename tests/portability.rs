@@ -137,7 +137,9 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
     assert!(run.ok, "{}", run.stderr);
     let again = runbook(&target.url, &["import", "--tenant", "acme", first.to_str().expect("path")], None).await;
     assert!(again.ok, "{}", again.stderr);
-    for line in again.stdout.lines().filter(|l| l.contains(" written ")) {
+    let tables: Vec<&str> = again.stdout.lines().filter(|l| l.contains(" written ")).collect();
+    assert!(tables.len() >= 5, "a line per table: {}", again.stdout);
+    for line in tables {
         assert!(line.contains(" 0 written"), "a second import wrote: {line}");
     }
 
@@ -277,7 +279,9 @@ async fn an_export_since_carries_later_changes_to_an_earlier_copy() {
     for file in [&later, &full] {
         let again = runbook(&copy.url, &["import", "--tenant", "acme", file.to_str().expect("path")], None).await;
         assert!(again.ok, "{}", again.stderr);
-        for line in again.stdout.lines().filter(|l| l.contains(" written ")) {
+        let tables: Vec<&str> = again.stdout.lines().filter(|l| l.contains(" written ")).collect();
+        assert!(tables.len() >= 5, "a line per table: {}", again.stdout);
+        for line in tables {
             assert!(line.contains(" 0 written") && line.contains(" 0 updated"), "{line}");
         }
     }

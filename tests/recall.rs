@@ -230,6 +230,9 @@ async fn bad_recall_requests_get_clear_errors() {
         let reply = f.app.client.post("/v1/recall", Some(&t), &json!({ "query": query })).await;
         assert_eq!(reply.status, 200, "{query}: {:?}", reply.body);
     }
+    // Its words are still searched: the row is found by the one that is not punctuation.
+    let reply = f.app.client.post("/v1/recall", Some(&t), &json!({ "query": "C:\\temp" })).await;
+    assert_eq!(refs(&reply.body), ["m1"], "{:?}", reply.body);
 }
 
 #[tokio::test]
@@ -416,6 +419,12 @@ async fn rerank_reorders_when_healthy_and_falls_back_on_any_failure() {
     let mut reversed = merge_order.clone();
     reversed.reverse();
     assert_eq!(refs(&reranked), reversed, "the scripted reranker reverses what it is given");
+    // It was given the question and the candidates' texts, in merge order.
+    let asked = reranker.last_request();
+    assert_eq!(asked["query"], "quarterly report");
+    let contents: Vec<&str> =
+        merge["items"].as_array().expect("items").iter().filter_map(|i| i["content"].as_str()).collect();
+    assert_eq!(asked["texts"], json!(contents));
     let scores: Vec<f64> =
         reranked["items"].as_array().expect("items").iter().map(|i| i["score"].as_f64().expect("score")).collect();
     assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");

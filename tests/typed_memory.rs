@@ -394,6 +394,9 @@ async fn visibility_and_roles_decide_who_reads_under_random_traffic() {
         let allowed = w.roles_open(&who) && user.is_none_or(|u| u == w.user) && session.is_none();
         let reply = app.client.delete(&format!("/v1/memories/{id}"), Some(&token(&who))).await;
         assert_eq!(reply.status, if allowed { 200 } else { 404 }, "{w:?} deleted by {who:?} (seed {seed})");
+        let gone = format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND deleted_at IS NOT NULL");
+        let gone = app.db.count(&gone).await;
+        assert_eq!(gone, i64::from(allowed), "{w:?}, {who:?}: the row's state is not the answer's (seed {seed})");
     }
     // A token bound to a session deletes that session's messages, and no other session's.
     let message = |session: &str| {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -44,6 +44,8 @@ struct Script {
     delay: Duration,
     /// While set, every request gets this answer instead of the queued ones.
     outage: Option<ChatAnswer>,
+    /// When set, a request without `Authorization: Bearer <key>` gets a 401, as a provider's.
+    key: Option<String>,
     requests: Vec<Value>,
 }
 
@@ -93,6 +95,11 @@ impl ScriptedChat {
     /// answers wait for the outage to end.
     pub fn outage(&self, answer: Option<ChatAnswer>) {
         self.script.lock().expect("script").outage = answer;
+    }
+
+    /// From now on, a request that does not present `key` as its bearer token gets OpenAI's 401.
+    pub fn expect_key(&self, key: &str) {
+        self.script.lock().expect("script").key = Some(key.to_owned());
     }
 
     /// The request bodies received so far.
@@ -221,15 +228,22 @@ fn completion(content: &str, finish_reason: &str) -> Response {
     .into_response()
 }
 
-async fn completions(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
+async fn completions(
+    State(script): State<Arc<Mutex<Script>>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     let (answer, refuse, delay) = {
         let mut s = script.lock().expect("script");
         s.requests.push(body.clone());
         // A refused request leaves the scripted answers for the requests that follow.
-        let refuse = (s.refuse_json_schema && body["response_format"]["type"] == "json_schema")
-            .then(|| {
-                let error = json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
-                (StatusCode::INTERNAL_SERVER_ERROR, error)
+        let schema_refused = s.refuse_json_schema && body["response_format"]["type"] == "json_schema";
+        let refuse = crate::provider::wrong_key(s.key.as_deref(), &headers)
+            .or_else(|| {
+                schema_refused.then(|| {
+                    let error = json!({"error": {"message": "response_format json_schema is not supported", "type": "server_error"}});
+                    (StatusCode::INTERNAL_SERVER_ERROR, error)
+                })
             })
             .or_else(|| reasoning_refusal(&s, &body).map(|error| (StatusCode::BAD_REQUEST, error)));
         let answer = if refuse.is_some() {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mnemo_config::vars;
 use serde_json::{Value, json};
@@ -39,6 +40,10 @@ struct Script {
     arrivals: Vec<std::time::Instant>,
     /// The `dimensions` field of each request.
     dimensions_asked: Vec<Option<u64>>,
+    /// The `model` field of each request.
+    models: Vec<String>,
+    /// When set, a request without `Authorization: Bearer <key>` gets a 401, as a provider's.
+    key: Option<String>,
 }
 
 /// The running server.
@@ -104,6 +109,16 @@ impl ScriptedEmbeddings {
     }
 
     /// Requests served so far, and the inputs they carried.
+    /// From now on, a request that does not present `key` as its bearer token gets OpenAI's 401.
+    pub fn expect_key(&self, key: &str) {
+        self.script.lock().expect("script").key = Some(key.to_owned());
+    }
+
+    /// The `model` each request named.
+    pub fn models(&self) -> Vec<String> {
+        self.script.lock().expect("script").models.clone()
+    }
+
     pub fn served(&self) -> (usize, usize) {
         let script = self.script.lock().expect("script");
         (script.requests, script.inputs)
@@ -155,8 +170,22 @@ pub async fn embed_like_the_provider(store: &mnemo_store::Store, model: &str, di
     store.save_vectors(model, vectors).await.expect("save vectors");
 }
 
+/// OpenAI's 401 for a request that does not present `key` (when one is expected).
+pub(crate) fn wrong_key(key: Option<&str>, headers: &HeaderMap) -> Option<(StatusCode, Value)> {
+    let key = key?;
+    let presented = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    (presented != Some(format!("Bearer {key}").as_str())).then(|| {
+        let message = "Incorrect API key provided.";
+        (
+            StatusCode::UNAUTHORIZED,
+            json!({"error": {"message": message, "type": "invalid_request_error", "code": "invalid_api_key"}}),
+        )
+    })
+}
+
 async fn embeddings(
     State((script, dimensions)): State<(Arc<Mutex<Script>>, usize)>,
+    headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
     let inputs: Vec<String> = match &body["input"] {
@@ -176,6 +205,10 @@ async fn embeddings(
         s.inputs += inputs.len();
         s.arrivals.push(std::time::Instant::now());
         s.dimensions_asked.push(body["dimensions"].as_u64());
+        s.models.push(body["model"].as_str().unwrap_or_default().to_owned());
+        if let Some((status, error)) = wrong_key(s.key.as_deref(), &headers) {
+            return (status, Json(error)).into_response();
+        }
         let refused = s
             .refuse_containing
             .as_ref()

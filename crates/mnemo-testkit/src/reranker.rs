@@ -26,7 +26,7 @@ pub enum RerankAnswer {
 struct Script {
     answers: VecDeque<RerankAnswer>,
     requests: usize,
-    last_texts: usize,
+    last_request: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -50,7 +50,12 @@ impl ScriptedReranker {
     /// Requests served so far, and how many texts the last one carried.
     pub fn served(&self) -> (usize, usize) {
         let script = self.script.lock().expect("script");
-        (script.requests, script.last_texts)
+        (script.requests, script.last_request["texts"].as_array().map_or(0, Vec::len))
+    }
+
+    /// The last request's body.
+    pub fn last_request(&self) -> Value {
+        self.script.lock().expect("script").last_request.clone()
     }
 }
 
@@ -59,7 +64,7 @@ async fn rerank(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value
     let answer = {
         let mut script = script.lock().expect("script");
         script.requests += 1;
-        script.last_texts = texts;
+        script.last_request = body.clone();
         script.answers.pop_front()
     };
     match answer {
