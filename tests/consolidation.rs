@@ -58,6 +58,11 @@ async fn note(app: &TestApp, t: &str, days_ago: u64, text: &str) {
     assert!(reply.status < 300, "{:?}", reply.body);
 }
 
+/// The budget a consolidation's system prompt tells, in characters.
+fn told(system: &str) -> Option<usize> {
+    system.split("under ").nth(1)?.split(' ').next()?.parse().ok()
+}
+
 async fn memory(app: &TestApp, t: &str) -> String {
     let reply = app.client.get("/v1/workspace/files/MEMORY.md", Some(t)).await;
     reply.body["content"].as_str().unwrap_or_default().to_owned()
@@ -100,7 +105,8 @@ async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only
         chat.requests().last().expect("a request")["messages"][1]["content"].as_str().expect("prompt").to_owned();
     // 7 days are today and the 6 before it.
     assert!(prompt.contains("- booked Lisbon") && !prompt.contains("ago"), "{prompt}");
-    assert!(chat.requests()[0]["messages"][0]["content"].as_str().unwrap_or("").contains("under 800 characters"));
+    let system = chat.requests()[0]["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
+    assert!(told(&system).is_some_and(|n| (700..=800).contains(&n)), "about four characters a token: {system}");
 
     // Nothing new since the watermark; then one changed note is read alone.
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
@@ -113,6 +119,38 @@ async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
     let actors = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'consolidation'").await;
     assert_eq!(actors, 2);
+
+    // Switched off: a new note is not read, the model is not asked, MEMORY.md stays.
+    note(&app, &t, 0, "- booked Lisbon\n- packed\n- left").await;
+    let (asked, kept) = (chat.requests().len(), memory(&app, &t).await);
+    let off = self::runner(&app, &chat, &[(vars::CONSOLIDATE_ENABLED, "false")]);
+    assert_eq!(off.run(&job()).await.expect("run"), ConsolidateReport::Disabled);
+    assert_eq!((chat.requests().len(), memory(&app, &t).await), (asked, kept));
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 }, "the note waited");
+}
+
+/// The budget is told in the characters its tokens hold in the text at hand: about four in
+/// English, fewer in Japanese, where four a token would ask for an answer the check refuses.
+#[tokio::test]
+async fn the_budget_is_told_in_the_characters_its_tokens_hold() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let told = |chat: &ScriptedChat| {
+        let system = chat.requests().last().expect("a request")["messages"][0]["content"].clone();
+        self::told(system.as_str().expect("system")).expect("a budget")
+    };
+    let runner = runner(&app, &chat, &[(vars::CONSOLIDATE_MAX_MEMORY_TOKENS, "1000")]);
+    note(&app, &t, 0, "- booked the early train to Lisbon and a hotel near the river").await;
+    runner.run(&job()).await.expect("run");
+    let english = told(&chat);
+    assert!((3600..=4000).contains(&english), "English: about four characters a token: {english}");
+    note(&app, &t, 0, "- リスボン行きの早朝の列車と川の近くのホテルを予約した。母は来月東京に来る。").await;
+    runner.run(&job()).await.expect("run");
+    let japanese = told(&chat);
+    assert!((1000..3000).contains(&japanese), "Japanese: fewer characters a token: {japanese}");
+    // The model may still answer up to the budget's tokens and the JSON around them.
+    assert_eq!(chat.requests().last().expect("a request")["max_tokens"], 1000 * 4 / 3 + 200);
 }
 
 /// Notes longer than one prompt should hold: a run shows the oldest that fit, records only

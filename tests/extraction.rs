@@ -264,6 +264,17 @@ async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_las
     );
     // Retries were queued as delayed jobs until the last attempt.
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'extract'").await, 1 + 3);
+    // Completing it again does not ask again; asking by hand (the model fixed) does, with its
+    // attempts anew, and the next run extracts it.
+    assert_eq!(complete(&app, &t, "s1", "web").await["skipped"], "already_asked");
+    let manual = app.client.post("/v1/sessions/s1/extract", Some(&t), &json!({})).await;
+    assert_eq!((manual.status, manual.body["queued"].as_bool()), (202, Some(true)), "{:?}", manual.body);
+    let again = "SELECT count(*) FROM memory_extractions WHERE status = 'pending' AND attempts = 0 AND trigger_source = 'manual'";
+    assert_eq!(app.db.count(again).await, 1);
+    assert!(matches!(runner.run(&job()).await.expect("fixed"), ExtractReport::Applied { conversations: 1, facts: 1 }));
+    // Once extracted, it is not asked for again.
+    let manual = app.client.post("/v1/sessions/s1/extract", Some(&t), &json!({})).await;
+    assert_eq!(manual.body["skipped"], "already_asked", "{:?}", manual.body);
 
     // A fenced answer is read; no model at all records `disabled` and changes nothing.
     let s2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
@@ -279,6 +290,10 @@ async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_las
     let none = self::runner(&app, None, &[(vars::EXTRACT_COOLDOWN_S, "0")]);
     assert_eq!(none.run(&job()).await.expect("disabled"), ExtractReport::Disabled { conversations: 1 });
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'disabled'").await, 1);
+    // Asked for by hand once a model is configured, it is extracted.
+    let manual = app.client.post("/v1/sessions/s3/extract", Some(&s3), &json!({})).await;
+    assert_eq!(manual.body["queued"], true, "{:?}", manual.body);
+    assert!(matches!(runner.run(&job()).await.expect("a model now"), ExtractReport::Applied { conversations: 1, .. }));
 }
 
 /// A model that is down for a while: the pair's other jobs wait out the cooldown instead of

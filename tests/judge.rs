@@ -497,8 +497,12 @@ async fn every_chat_client_asks_a_reasoning_model_in_its_own_terms() {
         today_note: String::new(),
         today,
     };
-    let consolidation =
-        ConsolidationInput { memory: String::new(), notes: vec![(today, "- moved".to_owned())], max_chars: 4000 };
+    let consolidation = ConsolidationInput {
+        memory: String::new(),
+        notes: vec![(today, "- moved".to_owned())],
+        max_tokens: 1000,
+        max_chars: 4000,
+    };
     for round in 0..2 {
         let verdicts = judge.judge("I live in Paris", &["I live in Tokyo".to_owned()]).await.expect("judged");
         assert_eq!(verdicts.len(), 1, "round {round}");

@@ -35,6 +35,8 @@ pub struct MaintenanceSettings {
 /// Consolidation of daily notes into MEMORY.md.
 #[derive(Debug, Clone)]
 pub struct ConsolidationSettings {
+    /// Off: no run reads a note or asks a model, and nothing is scheduled.
+    pub enabled: bool,
     /// Only notes of this many recent days are read.
     pub day_range: u32,
     /// MEMORY.md is replaced only by a result within this many tokens,
@@ -129,7 +131,9 @@ impl WorkspaceSettings {
             max_attempts: problems.bounded(env, vars::EXTRACT_MAX_ATTEMPTS, 3i32, 1..=100, "a whole number"),
             update_memory: bool_var(problems, vars::EXTRACT_UPDATE_MEMORY, false),
         };
+        let consolidate = bool_var(problems, vars::CONSOLIDATE_ENABLED, true);
         let consolidation = ConsolidationSettings {
+            enabled: consolidate,
             day_range: problems.bounded(env, vars::CONSOLIDATE_DAY_RANGE, 7u32, 1..=366, "a whole number of days"),
             max_memory_tokens: problems.bounded(
                 env,
@@ -146,6 +150,7 @@ impl WorkspaceSettings {
                 "a number of seconds",
             )),
             schedule: match env.get(vars::CONSOLIDATE_CRON).map(str::trim) {
+                _ if !consolidate => None,
                 Some("off") => None,
                 raw => match CronSchedule::parse(raw.unwrap_or("0 2 * * *")) {
                     Ok(schedule) => Some(schedule),
@@ -209,6 +214,9 @@ mod tests {
         assert!(settings.consolidation.schedule.is_some(), "nightly by default");
         let off = WorkspaceSettings::from_env(&Env::from_pairs([(vars::CONSOLIDATE_CRON, "off")])).expect("off");
         assert!(off.consolidation.schedule.is_none());
+        let disabled = WorkspaceSettings::from_env(&Env::from_pairs([(vars::CONSOLIDATE_ENABLED, "false")]));
+        let disabled = disabled.expect("disabled").consolidation;
+        assert!(!disabled.enabled && disabled.schedule.is_none(), "switched off, nothing is scheduled");
         let bad = WorkspaceSettings::from_env(&Env::from_pairs([(vars::CONSOLIDATE_CRON, "every night")]));
         assert!(bad.unwrap_err().to_string().contains(vars::CONSOLIDATE_CRON));
         let missing = Env::from_pairs([(vars::WORKSPACE_TEMPLATES_DIR, "/nonexistent-mnemo-templates")]);

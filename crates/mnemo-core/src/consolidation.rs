@@ -9,11 +9,13 @@ use chrono::NaiveDate;
 use crate::ModelFailure;
 
 /// What the model reads: the current MEMORY.md, the notes changed since the last consolidation
-/// (oldest first), and the budget it must keep to, in characters.
+/// (oldest first), and the budget it must keep to: in tokens, as the answer is checked, and in
+/// the characters that many tokens hold in this text, as the model is told (it can count those).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsolidationInput {
     pub memory: String,
     pub notes: Vec<(NaiveDate, String)>,
+    pub max_tokens: u64,
     pub max_chars: usize,
 }
 

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::NaiveDate;
 use mnemo_config::ConsolidationSettings;
 use mnemo_core::{
     Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath,
@@ -57,6 +58,11 @@ pub enum ConsolidateReport {
 
 impl ConsolidateRunner {
     pub async fn run(&self, job: &ConsolidateJob) -> Result<ConsolidateReport, JobError> {
+        // Switched off (`MNEMO_CONSOLIDATE_ENABLED`): jobs that extraction or an operator asked
+        // for end here, having read nothing.
+        if !self.settings.enabled {
+            return Ok(ConsolidateReport::Disabled);
+        }
         let workspace =
             Workspace { tenant: job.tenant_id.clone(), agent: job.agent_id.clone(), user: Some(job.user_id.clone()) };
         // No note, nothing to read: no run is taken, so no state row names the user (an erased
@@ -131,11 +137,21 @@ impl ConsolidateRunner {
             .map_err(|e| JobError::Setup(e.to_string()))?;
         let (memory, memory_version) =
             self.store.read_file(&memory_key).await?.map_or((String::new(), None), |f| (f.content, Some(f.version)));
+        let notes_shown: Vec<(NaiveDate, String)> = notes.iter().map(|n| (n.day, newest_part(&n.content))).collect();
+        // Checked in tokens, told in characters: as many as the budget's tokens hold in this
+        // text (about 4 in English, 1 to 2 in Chinese or Japanese), never more than 4.
+        let (mut chars, mut tokens) = (memory.chars().count(), u64::from(self.counter.count(&memory)));
+        for (_, text) in &notes_shown {
+            chars += text.chars().count();
+            tokens += u64::from(self.counter.count(text));
+        }
+        let per_token = if tokens == 0 { 4.0 } else { (chars as f64 / tokens as f64).clamp(1.0, 4.0) };
+        let budget = self.settings.max_memory_tokens;
         let input = ConsolidationInput {
             memory,
-            notes: notes.iter().map(|n| (n.day, newest_part(&n.content))).collect(),
-            // Told to the model in characters, which it can count; checked in tokens.
-            max_chars: usize::try_from(self.settings.max_memory_tokens * 4).unwrap_or(usize::MAX),
+            notes: notes_shown,
+            max_tokens: budget,
+            max_chars: (budget as f64 * per_token) as usize,
         };
         Ok(Some(Read { input, notes, memory_version, more }))
     }

@@ -24,8 +24,16 @@ impl OpenAiConsolidator {
     }
 
     async fn ask(&self, input: &ConsolidationInput) -> Result<Consolidation, ModelFailure> {
-        // No more than an answer may hold (a token for every 3 characters, room for the JSON).
-        let max_chars = input.max_chars.min((MAX_ANSWER_TOKENS as usize - 200) * 3);
+        // The budget and a third more (the model counts characters, not tokens), room for the
+        // JSON; no more than an answer may hold, and then a budget told smaller in proportion.
+        let wanted = input.max_tokens.saturating_mul(4) / 3 + 200;
+        let max_tokens = wanted.min(u64::from(MAX_ANSWER_TOKENS));
+        let max_chars = if wanted == max_tokens {
+            input.max_chars
+        } else {
+            let held = (max_tokens - 200) * 3 / 4;
+            usize::try_from(input.max_chars as u128 * u128::from(held) / u128::from(input.max_tokens)).unwrap_or(0)
+        };
         let system = format!(
             "{CONSOLIDATE_MARKER} of an AI assistant about one user. Merge what the NEW NOTES add into \
 MEMORY.md: keep durable facts, preferences and decisions, drop what is transient or superseded. The notes \
@@ -43,8 +51,7 @@ or empty\"}}"
                 {"role": "user", "content": format!("MEMORY.md:\n{}\n\nNEW NOTES:\n{notes}", input.memory.trim())},
             ],
         });
-        // The budget in tokens (about four characters each) and room for the JSON around it.
-        let max_tokens = u32::try_from(max_chars / 3 + 200).unwrap_or(u32::MAX);
+        let max_tokens = u32::try_from(max_tokens).unwrap_or(u32::MAX);
         let answer = self.chat.complete(request, max_tokens).await?;
         parse_consolidation(crate::openai::finished_text(&answer)?)
     }

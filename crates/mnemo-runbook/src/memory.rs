@@ -85,7 +85,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 } else if queued {
                     println!("queued: a worker serving the extract queue will extract the conversation");
                 } else {
-                    println!("already asked for this conversation (same last message)");
+                    println!("already asked for this conversation (same last message), or extracted");
                 }
                 return Ok(());
             }

@@ -20,10 +20,16 @@ use crate::{MessageCursor, Store, StoreError};
 /// Who wrote workspace changes made by extraction, in versions and audit rows.
 const ACTOR: &str = "extraction";
 
+/// Asks once per conversation end; a manual request asks again for one whose extraction failed or
+/// found no model (after the operator fixed the model), with its attempts anew. One that was
+/// extracted stays done: its entries are written already.
 const REQUEST: &str = "
-INSERT INTO memory_extractions (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
+INSERT INTO memory_extractions AS m (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO NOTHING
+ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO UPDATE
+SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finished_at = NULL,
+    trigger_source = EXCLUDED.trigger_source
+WHERE m.status IN ('failed', 'disabled') AND EXCLUDED.trigger_source = 'manual'
 RETURNING true";
 
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
@@ -179,8 +185,9 @@ impl Store {
         Ok(jobs.len() as u64)
     }
 
-    /// Asks for the extraction of a completed conversation (once per session and last message)
-    /// and queues the (agent, user)'s job. True when this call asked.
+    /// Asks for the extraction of a completed conversation (once per session and last message;
+    /// by hand, again after it failed) and queues the (agent, user)'s job. True when this call
+    /// asked.
     pub async fn request_extraction(
         &self,
         workspace: &Workspace,
@@ -441,21 +448,22 @@ pub struct MemoryStatus {
 
 /// Every (agent, user) of the tenant with extraction or consolidation state.
 const MEMORY_STATUS: &str = "
-WITH pairs AS (
-    SELECT agent_id, user_id FROM memory_extractions WHERE tenant_id = $1
+WITH requests AS (
+    SELECT agent_id, user_id, count(*) FILTER (WHERE status = 'pending') AS pending,
+           count(*) FILTER (WHERE status = 'failed') AS failed
+    FROM memory_extractions WHERE tenant_id = $1 GROUP BY agent_id, user_id
+), pairs AS (
+    SELECT agent_id, user_id FROM requests
     UNION SELECT agent_id, user_id FROM extraction_runs WHERE tenant_id = $1
     UNION SELECT agent_id, user_id FROM consolidation_state WHERE tenant_id = $1
 )
-SELECT p.agent_id, p.user_id,
-       (SELECT count(*) FROM memory_extractions m WHERE m.tenant_id = $1 AND m.agent_id = p.agent_id
-          AND m.user_id = p.user_id AND m.status = 'pending') AS pending,
-       (SELECT count(*) FROM memory_extractions m WHERE m.tenant_id = $1 AND m.agent_id = p.agent_id
-          AND m.user_id = p.user_id AND m.status = 'failed') AS failed,
+SELECT p.agent_id, p.user_id, COALESCE(q.pending, 0) AS pending, COALESCE(q.failed, 0) AS failed,
        r.last_finished_at AS last_extraction, r.running_since AS extraction_running_since,
        c.watermark AS consolidation_watermark, c.last_finished_at AS last_consolidation,
        c.last_outcome AS last_consolidation_outcome, c.last_reason AS last_consolidation_reason,
        COALESCE(c.failures, 0) AS consolidation_failures
 FROM pairs p
+LEFT JOIN requests q ON q.agent_id = p.agent_id AND q.user_id = p.user_id
 LEFT JOIN extraction_runs r ON r.tenant_id = $1 AND r.agent_id = p.agent_id AND r.user_id = p.user_id
 LEFT JOIN consolidation_state c ON c.tenant_id = $1 AND c.agent_id = p.agent_id AND c.user_id = p.user_id
 ORDER BY p.agent_id, p.user_id";
