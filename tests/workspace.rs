@@ -416,7 +416,7 @@ async fn a_failed_maintenance_run_is_run_again_at_the_next_tick() {
 }
 
 #[tokio::test]
-async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per_interval() {
+async fn maintenance_archives_old_notes_and_prunes_idle_sessions_once_per_interval() {
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
     let today = chrono::Utc::now().date_naive();
@@ -428,13 +428,17 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
             201
         );
     }
+    // Session s1 is in use (an old message and a new one); s0 has been idle for 200 days.
     let long_ago = (chrono::Utc::now() - chrono::Duration::days(200)).to_rfc3339();
-    for (source_ref, event_time) in [("old", Some(long_ago)), ("new", None)] {
+    let s0 = token(&principal("acme", Some("ann"), Some("helper"), Some("s0")));
+    for (who, source_ref, event_time) in
+        [(&t, "old", Some(&long_ago)), (&t, "new", None), (&s0, "idle", Some(&long_ago))]
+    {
         let mut body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": "hello" });
         if let Some(time) = event_time {
             body["event_time"] = json!(time);
         }
-        assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+        assert_eq!(app.client.post("/v1/memories", Some(who), &body).await.status, 201);
     }
 
     // A note named for no real day, stored before such names were refused, sorts first: a page
@@ -494,8 +498,10 @@ async fn maintenance_archives_old_notes_and_prunes_old_session_messages_once_per
 
     assert_eq!(store.prune_old_sessions(180, 10_000).await.expect("prune"), 1);
     assert_eq!(store.prune_old_sessions(180, 10_000).await.expect("again"), 0);
+    let listed = app.client.get("/v1/sessions/s0/messages", Some(&s0)).await;
+    assert_eq!(listed.body["messages"].as_array().map(Vec::len), Some(0), "the idle session is pruned");
     let listed = app.client.get("/v1/sessions/s1/messages", Some(&t)).await;
-    assert_eq!(listed.body["messages"].as_array().map(Vec::len), Some(1));
+    assert_eq!(listed.body["messages"].as_array().map(Vec::len), Some(2), "the session in use keeps its old message");
     let audited = app
         .db
         .count("SELECT count(*) FROM audit_log WHERE reason = 'session_retention' AND actor = 'maintenance'")

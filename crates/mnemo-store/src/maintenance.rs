@@ -35,14 +35,23 @@ WHERE user_id <> '' AND deleted_at IS NULL
 ORDER BY tenant_id, agent_id, user_id, path
 LIMIT $2";
 
-/// Soft-deletes at most `$2` live session messages older than `$1` days, with an audit row each.
+/// Soft-deletes at most `$2` live rows (messages, tool outputs, summaries) of sessions idle for `$1`
+/// days, with an audit row each. A session still in use keeps its old messages and the summary
+/// that stands for them: its window starts after what was compacted, and the agent would forget
+/// the start of a live conversation. Idle: no live message of the session is newer (read
+/// through the session's index of messages).
 const PRUNE_SESSIONS: &str = "
 WITH old AS (
-    SELECT tenant_id, id FROM memory_items
-    WHERE scope = 'session' AND source_kind IN ('chat_message', 'tool_output', 'session_summary')
-      AND deleted_at IS NULL AND anonymized_at IS NULL AND event_time < now() - make_interval(days => $1)
+    SELECT m.tenant_id, m.id FROM memory_items m
+    WHERE m.scope = 'session' AND m.source_kind IN ('chat_message', 'tool_output', 'session_summary')
+      AND m.deleted_at IS NULL AND m.anonymized_at IS NULL AND m.event_time < now() - make_interval(days => $1)
+      AND NOT EXISTS (
+          SELECT 1 FROM memory_items n
+          WHERE n.tenant_id = m.tenant_id AND n.session_id = m.session_id AND n.scope = 'session'
+            AND n.source_kind IN ('chat_message', 'tool_output') AND n.deleted_at IS NULL AND n.anonymized_at IS NULL
+            AND n.event_time >= now() - make_interval(days => $1))
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF m SKIP LOCKED
 ), deleted AS (
     UPDATE memory_items m SET deleted_at = now()
     FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id
@@ -168,7 +177,7 @@ impl Store {
         Ok(true)
     }
 
-    /// Soft-deletes at most `limit` session messages and summaries older than `days` days (the
+    /// Soft-deletes at most `limit` messages and summaries of sessions idle for `days` days (the
     /// retention sweep anonymizes them later); how many.
     pub async fn prune_old_sessions(&self, days: u32, limit: i64) -> Result<u64, StoreError> {
         let pruned: i64 = sqlx::query_scalar(PRUNE_SESSIONS)
