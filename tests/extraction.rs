@@ -215,6 +215,53 @@ async fn one_run_at_a_time_with_a_cooldown_and_conversations_that_wait_are_coale
 /// Two conversations of one long session taken by one run are each shown to the model: the
 /// later one's transcript does not stand in for the earlier one, whose messages are further back
 /// than the transcript reaches.
+/// MEMORY.md is the model's to rewrite at extraction only with `MNEMO_EXTRACT_UPDATE_MEMORY`
+/// (consolidation's otherwise); an answer that keeps nothing changes nothing and is done.
+#[tokio::test]
+async fn extraction_rewrites_memory_only_when_allowed_and_an_answer_keeping_nothing_changes_nothing() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let memory = || async {
+        let reply = app.client.get("/v1/workspace/files/MEMORY.md", Some(&t)).await;
+        reply.body["content"].as_str().unwrap_or_default().to_owned()
+    };
+    let answer = |entry: &str| {
+        let body = json!({ "should_update": true, "reason": "r", "daily_entry": entry,
+                           "memory_update": "# MEMORY.md\n\n- rewritten at extraction\n", "facts": [] });
+        ChatAnswer::Content(body.to_string())
+    };
+    let cooled = [(vars::EXTRACT_COOLDOWN_S, "0")];
+    conversation(&app, &t, ": first").await;
+    complete(&app, &t, "s1", "web").await;
+    let before = memory().await;
+    chat.then([answer("- first")]);
+    assert!(matches!(
+        runner(&app, Some(&chat), &cooled).run(&job()).await.expect("run"),
+        ExtractReport::Applied { .. }
+    ));
+    assert_eq!(memory().await, before, "not allowed by default");
+
+    say(&app, &t, "user", "and one more thing to keep in mind").await;
+    complete(&app, &t, "s1", "web").await;
+    chat.then([answer("- second")]);
+    let allowed = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0"), (vars::EXTRACT_UPDATE_MEMORY, "true")]);
+    assert!(matches!(allowed.run(&job()).await.expect("run"), ExtractReport::Applied { .. }));
+    assert_eq!(memory().await, "# MEMORY.md\n\n- rewritten at extraction\n");
+    let by_extraction =
+        "SELECT count(*) FROM workspace_file_versions WHERE path = 'MEMORY.md' AND actor = 'extraction'";
+    assert_eq!(app.db.count(by_extraction).await, 1);
+
+    say(&app, &t, "user", "thanks, that is all for today").await;
+    complete(&app, &t, "s1", "web").await;
+    let versions = app.db.count("SELECT count(*) FROM workspace_file_versions").await;
+    chat.then([ChatAnswer::Content(json!({ "should_update": false, "reason": "small talk" }).to_string())]);
+    assert_eq!(allowed.run(&job()).await.expect("run"), ExtractReport::NoUpdate { conversations: 1 });
+    assert_eq!(app.db.count("SELECT count(*) FROM workspace_file_versions").await, versions, "nothing written");
+    let kept = "SELECT count(*) FROM memory_extractions WHERE status = 'done' AND reason = 'nothing_to_keep'";
+    assert_eq!(app.db.count(kept).await, 1);
+}
+
 #[tokio::test]
 async fn two_conversations_of_one_session_in_one_run_are_both_shown() {
     let chat = ScriptedChat::start().await;
