@@ -127,6 +127,11 @@ async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only
     assert_eq!(off.run(&job()).await.expect("run"), ConsolidateReport::Disabled);
     assert_eq!((chat.requests().len(), memory(&app, &t).await), (asked, kept));
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 }, "the note waited");
+    // Nor is one asked for by hand.
+    let switched_off = TestApp::spawn_with(&[(vars::CONSOLIDATE_ENABLED, "false")]).await;
+    let reply = switched_off.client.post("/v1/agents/helper/consolidate", Some(&t), &json!({})).await;
+    assert_eq!((reply.status, reply.body.clone()), (202, json!({ "queued": false, "skipped": "disabled" })));
+    assert_eq!(switched_off.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 0);
 }
 
 /// The budget is told in the characters its tokens hold in the text at hand: about four in

@@ -71,7 +71,7 @@ fn runner(app: &TestApp, chat: Option<&ScriptedChat>, extra: &[(&'static str, &s
         settings: workspace.extraction,
         max_file_bytes: workspace.max_file_bytes,
         stale_after: Duration::from_secs(60),
-        consolidation_throttle: workspace.consolidation.throttle,
+        consolidation_throttle: workspace.consolidation.after_extraction(),
     }
 }
 
@@ -212,9 +212,6 @@ async fn one_run_at_a_time_with_a_cooldown_and_conversations_that_wait_are_coale
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 1);
 }
 
-/// Two conversations of one long session taken by one run are each shown to the model: the
-/// later one's transcript does not stand in for the earlier one, whose messages are further back
-/// than the transcript reaches.
 /// MEMORY.md is the model's to rewrite at extraction only with `MNEMO_EXTRACT_UPDATE_MEMORY`
 /// (consolidation's otherwise); an answer that keeps nothing changes nothing and is done.
 #[tokio::test]
@@ -231,7 +228,8 @@ async fn extraction_rewrites_memory_only_when_allowed_and_an_answer_keeping_noth
                            "memory_update": "# MEMORY.md\n\n- rewritten at extraction\n", "facts": [] });
         ChatAnswer::Content(body.to_string())
     };
-    let cooled = [(vars::EXTRACT_COOLDOWN_S, "0")];
+    // Consolidation switched off: the changed note asks for none.
+    let cooled = [(vars::EXTRACT_COOLDOWN_S, "0"), (vars::CONSOLIDATE_ENABLED, "false")];
     conversation(&app, &t, ": first").await;
     complete(&app, &t, "s1", "web").await;
     let before = memory().await;
@@ -241,6 +239,7 @@ async fn extraction_rewrites_memory_only_when_allowed_and_an_answer_keeping_noth
         ExtractReport::Applied { .. }
     ));
     assert_eq!(memory().await, before, "not allowed by default");
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 0);
 
     say(&app, &t, "user", "and one more thing to keep in mind").await;
     complete(&app, &t, "s1", "web").await;
@@ -262,6 +261,9 @@ async fn extraction_rewrites_memory_only_when_allowed_and_an_answer_keeping_noth
     assert_eq!(app.db.count(kept).await, 1);
 }
 
+/// Two conversations of one long session taken by one run are each shown to the model: the
+/// later one's transcript does not stand in for the earlier one, whose messages are further back
+/// than the transcript reaches.
 #[tokio::test]
 async fn two_conversations_of_one_session_in_one_run_are_both_shown() {
     let chat = ScriptedChat::start().await;

@@ -287,7 +287,10 @@ pub fn document() -> Value {
         ("/v1/agents/{agent}/consolidate", vec![Op::new("post", "consolidate_notes", "Consolidate the user's daily notes into MEMORY.md now")
             .param(path_param("agent", "The token's agent."))
             .body(schema::empty_body())
-            .answer(202, answer(json!({ "queued": { "type": "boolean", "description": "False while an earlier request still waits for its run." } })))
+            .answer(202, answer(json!({
+                "queued": { "type": "boolean", "description": "False while an earlier request still waits for its run." },
+                "skipped": { "type": ["string", "null"], "description": "disabled: consolidation is switched off (MNEMO_CONSOLIDATE_ENABLED)." },
+            })))
             .errors(&[403])]),
         ("/v1/workspace/files", vec![Op::new("get", "list_files", "The workspace's live files, by sort order, a page at a time")
             .param(query_param("prefix", json!({ "type": "string" }), "Only paths starting with this."))

@@ -367,8 +367,11 @@ pub async fn consolidate(
     if workspace.user.is_none() {
         return Err(ScopeError::WorkspaceNeedsUser.into());
     }
+    if !state.workspace.consolidation.enabled {
+        return Ok((StatusCode::ACCEPTED, Json(json!({ "queued": false, "skipped": "disabled" }))));
+    }
     let queued = state.store.request_consolidation(&workspace, None).await?;
-    Ok((StatusCode::ACCEPTED, Json(json!({ "queued": queued }))))
+    Ok((StatusCode::ACCEPTED, Json(json!({ "queued": queued, "skipped": null }))))
 }
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ async fn jobs_per_second(api: &LocalApi, args: &Args) -> anyhow::Result<Vec<Valu
             settings: settings.extraction.clone(),
             max_file_bytes: settings.max_file_bytes,
             stale_after: Duration::from_secs(600),
-            consolidation_throttle: settings.consolidation.throttle,
+            consolidation_throttle: settings.consolidation.after_extraction(),
         });
         let consolidate = Arc::new(ConsolidateRunner {
             store: api.store.clone(),

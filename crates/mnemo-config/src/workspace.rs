@@ -49,6 +49,13 @@ pub struct ConsolidationSettings {
     pub schedule: Option<CronSchedule>,
 }
 
+impl ConsolidationSettings {
+    /// How often at most an extraction asks for a consolidation; never when consolidation is off.
+    pub fn after_extraction(&self) -> Option<Duration> {
+        self.enabled.then_some(self.throttle)
+    }
+}
+
 /// The most user and assistant messages the extraction gates may ask a conversation for.
 pub const MAX_EXTRACT_MIN_MESSAGES: usize = 1000;
 

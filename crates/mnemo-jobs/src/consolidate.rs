@@ -98,12 +98,16 @@ impl ConsolidateRunner {
     }
 
     /// What the model would be asked now, without taking the run: the notes not yet read at
-    /// their current version and MEMORY.md (`None`: nothing new), and the model's answer (`None`: no model).
+    /// their current version and MEMORY.md (`None`: nothing new, or consolidation is off), and the
+    /// model's answer (`None`: no model).
     /// Nothing is applied.
     pub async fn propose(
         &self,
         workspace: &Workspace,
     ) -> Result<Option<(ConsolidationInput, Option<Result<Consolidation, ModelFailure>>)>, JobError> {
+        if !self.settings.enabled {
+            return Ok(None);
+        }
         let Some(Read { input, .. }) = self.input(workspace).await? else { return Ok(None) };
         let Some(consolidator) = &self.consolidator else { return Ok(Some((input, None))) };
         let answer = consolidator.consolidate(&input).await;
@@ -139,19 +143,20 @@ impl ConsolidateRunner {
             self.store.read_file(&memory_key).await?.map_or((String::new(), None), |f| (f.content, Some(f.version)));
         let notes_shown: Vec<(NaiveDate, String)> = notes.iter().map(|n| (n.day, newest_part(&n.content))).collect();
         // Checked in tokens, told in characters: as many as the budget's tokens hold in this
-        // text (about 4 in English, 1 to 2 in Chinese or Japanese), never more than 4.
+        // text (about 4 in English, 1 to 2 in Chinese or Japanese, under 1 in some scripts),
+        // never more than 4.
         let (mut chars, mut tokens) = (memory.chars().count(), u64::from(self.counter.count(&memory)));
         for (_, text) in &notes_shown {
             chars += text.chars().count();
             tokens += u64::from(self.counter.count(text));
         }
-        let per_token = if tokens == 0 { 4.0 } else { (chars as f64 / tokens as f64).clamp(1.0, 4.0) };
+        let per_token = if tokens == 0 { 4.0 } else { (chars as f64 / tokens as f64).clamp(0.1, 4.0) };
         let budget = self.settings.max_memory_tokens;
         let input = ConsolidationInput {
             memory,
             notes: notes_shown,
             max_tokens: budget,
-            max_chars: (budget as f64 * per_token) as usize,
+            max_chars: ((budget as f64 * per_token) as usize).max(1),
         };
         Ok(Some(Read { input, notes, memory_version, more }))
     }

@@ -41,8 +41,9 @@ pub struct ExtractRunner {
     pub max_file_bytes: usize,
     /// A run held longer than this is presumed dead (its worker was killed).
     pub stale_after: Duration,
-    /// An extraction asks for a consolidation at most this often per (agent, user).
-    pub consolidation_throttle: Duration,
+    /// An extraction asks for a consolidation at most this often per (agent, user); `None`:
+    /// never (consolidation is off).
+    pub consolidation_throttle: Option<Duration>,
 }
 
 /// What one job did.

@@ -463,7 +463,7 @@ pub async fn run_worker(
                     settings: settings.workspace.extraction.clone(),
                     max_file_bytes: settings.workspace.max_file_bytes,
                     stale_after: settings.job_timeout * 2,
-                    consolidation_throttle: settings.workspace.consolidation.throttle,
+                    consolidation_throttle: settings.workspace.consolidation.after_extraction(),
                 };
                 let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, ExtractJob, config, runner, handle_extract);

@@ -98,7 +98,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 settings: settings.extraction,
                 max_file_bytes: settings.max_file_bytes,
                 stale_after: std::time::Duration::from_secs(600),
-                consolidation_throttle: settings.consolidation.throttle,
+                consolidation_throttle: settings.consolidation.after_extraction(),
             };
             let Some(proposal) = runner.propose(&workspace, &session).await? else {
                 bail!("nothing to propose: no MNEMO_LLM_MODEL, or the session has no messages");
@@ -117,6 +117,10 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
         MemoryCommand::Consolidate { tenant, agent, user, dry_run, json } => {
             let missing = format!("user {user} has no daily notes under agent {agent} in tenant {tenant}");
             let workspace = Workspace { tenant, agent, user: Some(user) };
+            let settings = WorkspaceSettings::from_env(env)?;
+            if !settings.consolidation.enabled {
+                bail!("consolidation is switched off (MNEMO_CONSOLIDATE_ENABLED=false): nothing to queue or propose");
+            }
             // A mistyped name would queue a job that finds nothing to read.
             if !store.has_daily_notes(&workspace).await? {
                 bail!("{missing}: nothing to consolidate");
@@ -133,7 +137,6 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 return Ok(());
             }
             let context = ContextSettings::from_env(env)?;
-            let settings = WorkspaceSettings::from_env(env)?;
             let runner = ConsolidateRunner {
                 store: store.clone(),
                 consolidator: mnemo_models::consolidator(&context)?,

@@ -20,16 +20,24 @@ use crate::{MessageCursor, Store, StoreError};
 /// Who wrote workspace changes made by extraction, in versions and audit rows.
 const ACTOR: &str = "extraction";
 
-/// Asks once per conversation end; a manual request asks again for one whose extraction failed or
-/// found no model (after the operator fixed the model), with its attempts anew. One that was
-/// extracted stays done: its entries are written already.
+/// Asks once per conversation end.
 const REQUEST: &str = "
+INSERT INTO memory_extractions (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO NOTHING
+RETURNING true";
+
+/// A manual request: asks, or asks again for a conversation whose extraction failed or found no
+/// model (after the operator fixed the model), with its attempts anew. One that was extracted
+/// stays done: its entries are written already. (A separate statement: `DO UPDATE … WHERE`
+/// locks the row even when it changes nothing, which every retried completion would pay.)
+const REQUEST_AGAIN: &str = "
 INSERT INTO memory_extractions AS m (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO UPDATE
 SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finished_at = NULL,
     trigger_source = EXCLUDED.trigger_source
-WHERE m.status IN ('failed', 'disabled') AND EXCLUDED.trigger_source = 'manual'
+WHERE m.status IN ('failed', 'disabled')
 RETURNING true";
 
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
@@ -137,8 +145,8 @@ pub struct ExtractionChanges {
     /// not added (the rest applies), as an API write past it is refused.
     pub max_note_bytes: usize,
     /// When today's note changes, a consolidation is asked for in the same transaction, at most
-    /// once per this period.
-    pub consolidation_throttle: Duration,
+    /// once per this period; `None`: none is (consolidation is off).
+    pub consolidation_throttle: Option<Duration>,
 }
 
 fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
@@ -198,7 +206,8 @@ impl Store {
         let user = user_of(workspace)?;
         let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let asked: Option<bool> = sqlx::query_scalar(REQUEST)
+        let statement = if matches!(source, TriggerSource::Manual) { REQUEST_AGAIN } else { REQUEST };
+        let asked: Option<bool> = sqlx::query_scalar(statement)
             .bind(workspace.tenant.as_str())
             .bind(session.as_str())
             .bind(through.id)
@@ -373,8 +382,8 @@ impl Store {
                 None => return Err(StoreError::Database(sqlx::Error::RowNotFound)),
             }
         }
-        if note_changed {
-            request_consolidation_in(&mut tx, workspace, Some(changes.consolidation_throttle)).await?;
+        if let Some(throttle) = changes.consolidation_throttle.filter(|_| note_changed) {
+            request_consolidation_in(&mut tx, workspace, Some(throttle)).await?;
         }
         mark(&mut tx, workspace, pending, "done", reason, true).await?;
         release(&mut tx, workspace, worker, true).await?;

@@ -108,7 +108,6 @@ impl ScriptedEmbeddings {
         self.script.lock().expect("script").dimensions_asked.clone()
     }
 
-    /// Requests served so far, and the inputs they carried.
     /// From now on, a request that does not present `key` as its bearer token gets OpenAI's 401.
     pub fn expect_key(&self, key: &str) {
         self.script.lock().expect("script").key = Some(key.to_owned());
@@ -119,6 +118,7 @@ impl ScriptedEmbeddings {
         self.script.lock().expect("script").models.clone()
     }
 
+    /// Requests served so far, and the inputs they carried.
     pub fn served(&self) -> (usize, usize) {
         let script = self.script.lock().expect("script");
         (script.requests, script.inputs)
