@@ -98,16 +98,12 @@ impl ConsolidateRunner {
     }
 
     /// What the model would be asked now, without taking the run: the notes not yet read at
-    /// their current version and MEMORY.md (`None`: nothing new, or consolidation is off), and the
-    /// model's answer (`None`: no model).
+    /// their current version and MEMORY.md (`None`: nothing new), and the model's answer (`None`: no model).
     /// Nothing is applied.
     pub async fn propose(
         &self,
         workspace: &Workspace,
     ) -> Result<Option<(ConsolidationInput, Option<Result<Consolidation, ModelFailure>>)>, JobError> {
-        if !self.settings.enabled {
-            return Ok(None);
-        }
         let Some(Read { input, .. }) = self.input(workspace).await? else { return Ok(None) };
         let Some(consolidator) = &self.consolidator else { return Ok(Some((input, None))) };
         let answer = consolidator.consolidate(&input).await;

@@ -42,21 +42,27 @@ macro_rules! daily_note_path {
     };
 }
 
+/// A user's live daily note, as `workspace_files_daily_note_idx` (migration 043) holds them.
+macro_rules! live_daily_note {
+    () => {
+        concat!("user_id <> '' AND deleted_at IS NULL AND ", daily_note_path!())
+    };
+}
+
 /// Every (agent, user) with daily notes, of a tenant in zone `$2`, whose schedule fired at `$1`
 /// and was not acted on yet: marked, and returned to be queued. Cross-tenant: housekeeping finds
 /// the work, each job carries its own tenant. The tenants with notes are found first, then those
 /// of the zone, one zone lookup a tenant (not one a file; hence MATERIALIZED), then their notes.
 const SCHEDULE: &str = concat!(
     "
-WITH noted AS MATERIALIZED (
-    SELECT DISTINCT tenant_id AS t FROM workspace_files WHERE user_id <> '' AND deleted_at IS NULL AND ",
-    daily_note_path!(),
-    "
-), zone_tenants AS MATERIALIZED (SELECT t FROM noted WHERE tenant_time_zone(t) = $2)
+WITH noted AS MATERIALIZED (SELECT DISTINCT tenant_id AS t FROM workspace_files WHERE ",
+    live_daily_note!(),
+    "),
+zone_tenants AS MATERIALIZED (SELECT t FROM noted WHERE tenant_time_zone(t) = $2)
 INSERT INTO consolidation_state AS s (tenant_id, agent_id, user_id, last_scheduled_at, last_requested_at)
 SELECT DISTINCT tenant_id, agent_id, user_id, $1::timestamptz, now() FROM workspace_files
-WHERE user_id <> '' AND deleted_at IS NULL AND ",
-    daily_note_path!(),
+WHERE ",
+    live_daily_note!(),
     "
   AND tenant_id IN (SELECT t FROM zone_tenants)
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_scheduled_at = $1, last_requested_at = now()

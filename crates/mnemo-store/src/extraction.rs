@@ -20,25 +20,34 @@ use crate::{MessageCursor, Store, StoreError};
 /// Who wrote workspace changes made by extraction, in versions and audit rows.
 const ACTOR: &str = "extraction";
 
-/// Asks once per conversation end.
-const REQUEST: &str = "
-INSERT INTO memory_extractions (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
+/// A conversation's request, and what is done when it was asked for already (`$conflict`).
+macro_rules! request {
+    ($conflict:literal) => {
+        concat!(
+            "
+INSERT INTO memory_extractions AS m (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO NOTHING
-RETURNING true";
+ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) ",
+            $conflict,
+            "
+RETURNING true"
+        )
+    };
+}
+
+/// Asks once per conversation end.
+const REQUEST: &str = request!("DO NOTHING");
 
 /// A manual request: asks, or asks again for a conversation whose extraction failed or found no
 /// model (after the operator fixed the model), with its attempts anew. One that was extracted
 /// stays done: its entries are written already. (A separate statement: `DO UPDATE … WHERE`
 /// locks the row even when it changes nothing, which every retried completion would pay.)
-const REQUEST_AGAIN: &str = "
-INSERT INTO memory_extractions AS m (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO UPDATE
+const REQUEST_AGAIN: &str = request!(
+    "DO UPDATE
 SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finished_at = NULL,
     trigger_source = EXCLUDED.trigger_source
-WHERE m.status IN ('failed', 'disabled')
-RETURNING true";
+WHERE m.status IN ('failed', 'disabled')"
+);
 
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
 /// cooldown since the last one has passed and a conversation is pending (none is once the user
