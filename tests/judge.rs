@@ -1,5 +1,5 @@
 //! The contradiction judge against a real PostgreSQL and a scripted OpenAI-compatible chat server:
-//! SUPERSEDE and KEEP, keyed facts without a model call, candidates that never leave their
+//! SUPERSEDE, DUPLICATE and KEEP, copies and keyed facts without a model call, candidates that never leave their
 //! bucket, every failure failing open, the disabled judge, concurrent judgements, revival with
 //! as-of reads and recall, `judge clear`, and the real worker end to end. Facts get the scripted
 //! embedding provider's bag-of-words vectors, so "I live in Tokyo" and "I live in Paris" are
@@ -394,6 +394,62 @@ async fn every_judge_failure_fails_open_and_retires_nothing() {
 }
 
 #[tokio::test]
+async fn a_fact_said_again_retires_its_older_copy_which_leaves_its_ratings() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let ratings = |id: Uuid| {
+        let pool = f.app.db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (Option<f32>, Option<f32>)>(
+                "SELECT importance, confidence FROM memory_items WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("ratings")
+        }
+    };
+    let body = |content: &str, importance: f64, confidence: f64| json!({ "scope": "user", "content": content, "importance": importance, "confidence": confidence });
+
+    // The same words, case and punctuation aside: retired without a model, even with none.
+    let first = f.remember(&who, body("I live in Tokyo.", 0.9, 0.4)).await.0;
+    f.settle(None).await;
+    let again = f.remember(&who, body("i live in tokyo", 0.2, 0.8)).await.0;
+    f.settle(None).await;
+    assert_eq!(f.row(first).await.superseded_by, Some(again));
+    assert_eq!(f.row(again).await.outcome.as_deref(), Some("superseded"));
+    assert_eq!(ratings(again).await, (Some(0.9), Some(0.8)), "the copy left standing keeps the higher of each");
+    assert!(f.chat.requests().is_empty(), "no model was asked");
+
+    // In other words: the model says DUPLICATE; an unrelated candidate is kept.
+    let tea = f.fact(&who, "I live on sencha").await;
+    f.settle(None).await;
+    let reordered = f.fact(&who, "in Tokyo I live").await;
+    f.settle(f.judge(Duration::from_secs(5))).await;
+    assert_eq!(f.row(again).await.superseded_by, Some(reordered));
+    assert_eq!(f.row(tea).await.superseded_by, None);
+    assert_eq!(ratings(reordered).await, (Some(0.9), Some(0.8)));
+    assert_eq!(f.asked().last().map(|(new, _)| new.as_str()), Some("in Tokyo I live"));
+
+    let reasons: Vec<(Option<Uuid>, Option<Uuid>, Option<String>)> =
+        f.audit().await.into_iter().map(|(_, item, related, reason)| (item, related, reason)).collect();
+    assert_eq!(
+        reasons,
+        vec![
+            (Some(first), Some(again), Some("same_words".to_owned())),
+            (Some(again), Some(reordered), Some("duplicate".to_owned())),
+        ]
+    );
+
+    // A failing model retires nothing, not even a copy of the same words.
+    f.chat.then([ChatAnswer::Status(404)]);
+    let shouted = f.fact(&who, "In Tokyo, I LIVE").await;
+    f.settle(f.judge(Duration::from_secs(5))).await;
+    assert_eq!(f.row(shouted).await.outcome.as_deref(), Some("fail_open"));
+    assert_eq!(f.row(reordered).await.superseded_by, None);
+}
+
+#[tokio::test]
 async fn a_server_that_refuses_json_schema_is_asked_for_json_object_from_then_on() {
     let f = Fixture::start().await;
     f.chat.refuse_json_schema();
@@ -636,7 +692,7 @@ async fn a_judgement_made_before_a_revival_leaves_the_revived_fact_pending() {
 
     let kept = mnemo_store::Judgement {
         outcome: mnemo_core::JudgeOutcome::Kept,
-        supersede: Vec::new(),
+        retire: Vec::new(),
         reason: "model",
         model: None,
         candidates: 0,

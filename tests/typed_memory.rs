@@ -558,6 +558,42 @@ async fn recall_records_access_through_an_idempotent_job_and_never_writes_itself
 }
 
 #[tokio::test]
+async fn a_copy_the_judge_retires_leaves_its_session_to_the_survivor_which_is_promoted() {
+    let (app, _provider) = app().await;
+    let store = app.db.store();
+    let in_session = |s: &str| principal("acme", Some("ann"), Some("helper"), Some(s));
+    let episodic = |content: &str| json!({"scope": "user", "content": content, "layer": "episodic", "confidence": 0.9});
+    let policy = mnemo_jobs::JudgePolicy {
+        batch_size: 10,
+        max_wait: std::time::Duration::from_millis(5),
+        topk: 5,
+        threshold: 0.7,
+    };
+    let settle = || async {
+        embed_like_the_provider(&store, MODEL, DIMS).await;
+        mnemo_jobs::judge_pending(&store, None, policy, "test").await.expect("judge");
+    };
+    let first = id_of(&fact(&app, &in_session("s1"), episodic("Ann runs on Sundays.")).await);
+    settle().await;
+    let again = id_of(&fact(&app, &in_session("s2"), episodic("ann runs on sundays")).await);
+    settle().await;
+    let superseded_by: Option<Uuid> = sqlx::query_scalar("SELECT superseded_by FROM memory_items WHERE id = $1")
+        .bind(first)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("row");
+    assert_eq!(superseded_by, Some(again), "the same words, retired without a model");
+
+    assert_eq!(store.promote_episodic(0.75, 100).await.expect("promote"), 1, "stated in two sessions");
+    let layer: String = sqlx::query_scalar("SELECT layer FROM memory_items WHERE id = $1")
+        .bind(again)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("layer");
+    assert_eq!(layer, "semantic");
+}
+
+#[tokio::test]
 async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_fade() {
     let (app, _provider) = app().await;
     let store = app.db.store();

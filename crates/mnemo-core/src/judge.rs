@@ -11,6 +11,9 @@ use crate::ModelFailure;
 pub enum Verdict {
     /// The new fact makes the older one no longer true: retire it.
     Supersede,
+    /// The new fact says what the older one says, in other words: retire the older copy, so one
+    /// statement of it stays (seed 004 deduplicates what it keeps).
+    Duplicate,
     /// Both can be true at once.
     Keep,
 }

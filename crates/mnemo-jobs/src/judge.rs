@@ -2,8 +2,10 @@
 //! the dispatcher gathers up to `batch_size` pending facts and judges them side by side:
 //! - a fact with a key retires the older live facts of its bucket with the same key, without a
 //!   model call;
-//! - otherwise its candidates (older, live, close facts of its bucket) go to the model, which says
-//!   SUPERSEDE or KEEP for each; with no model configured the outcome is `disabled`;
+//! - otherwise its candidates (older, live, close facts of its bucket) with its very words (case
+//!   and punctuation aside) are retired as copies without a model call, and the others go to
+//!   the model, which says SUPERSEDE, DUPLICATE or KEEP for each; with no model configured the
+//!   outcome is `disabled` (or `superseded`, when copies were retired);
 //! - any model failure retires nothing: the outcome is `fail_open`, with an audit row and a
 //!   metric.
 //!
@@ -15,9 +17,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mnemo_core::{Judge, JudgeOutcome, Verdict};
+use mnemo_core::{Judge, JudgeOutcome, Verdict, fingerprint};
 use mnemo_store::queue::JudgeJob;
-use mnemo_store::{BatchRecord, Judgement, PendingFact, Store, StoreError};
+use mnemo_store::{BatchRecord, Candidate, Judgement, PendingFact, Retire, Store, StoreError};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -188,45 +190,57 @@ async fn judge_fact(
     let judgement = if let Some(key) = &fact.fact_key {
         let candidates = store.same_key_facts(&fact, key).await?;
         let outcome = if candidates.is_empty() { JudgeOutcome::NoCandidates } else { JudgeOutcome::Superseded };
-        judgement(outcome, candidates.iter().map(|c| c.id).collect(), "key_match", None, candidates.len())
-    } else if let Some(judge) = judge {
+        let retire = candidates.iter().map(|c| (c.id, Retire::KeyMatch)).collect();
+        judgement(outcome, retire, "key_match", None, candidates.len())
+    } else {
         let candidates = store.judge_candidates(&fact, policy.threshold, policy.topk).await?;
-        if candidates.is_empty() {
-            judgement(JudgeOutcome::NoCandidates, Vec::new(), "no_candidates", None, 0)
-        } else {
-            let texts: Vec<String> = candidates.iter().map(|c| c.content.clone()).collect();
-            let started = Instant::now();
-            let answer = judge
-                .judge(&fact.content, &texts)
-                .instrument(mnemo_config::model_span("chat", judge.model(), texts.len()))
-                .await;
-            let took = started.elapsed();
-            model_time = Some(took);
-            metrics::histogram!("mnemo_judge_model_seconds").record(took.as_secs_f64());
-            let model = Some(judge.model().to_owned());
-            match answer {
-                Ok(verdicts) if verdicts.len() == candidates.len() => {
-                    let retire: Vec<_> = candidates
-                        .iter()
-                        .zip(&verdicts)
-                        .filter(|(_, v)| **v == Verdict::Supersede)
-                        .map(|(c, _)| c.id)
-                        .collect();
-                    let outcome = if retire.is_empty() { JudgeOutcome::Kept } else { JudgeOutcome::Superseded };
-                    judgement(outcome, retire, "model", model, candidates.len())
-                }
-                Ok(verdicts) => {
-                    fail_open(&fact, "wrong_count", &format!("{} verdicts for {}", verdicts.len(), candidates.len()));
-                    judgement(JudgeOutcome::FailOpen, Vec::new(), "wrong_count", model, candidates.len())
-                }
-                Err(e) => {
-                    fail_open(&fact, e.kind, &e.detail);
-                    judgement(JudgeOutcome::FailOpen, Vec::new(), e.kind, model, candidates.len())
+        let total = candidates.len();
+        // A candidate with the fact's own words (case and punctuation aside) is a copy, retired
+        // without a model, so copies never pile up even where no judge model is configured.
+        let words = fingerprint(&fact.content);
+        let (copies, others): (Vec<Candidate>, Vec<Candidate>) =
+            candidates.into_iter().partition(|c| fingerprint(&c.content) == words);
+        let mut retire: Vec<(Uuid, Retire)> = copies.iter().map(|c| (c.id, Retire::SameWords)).collect();
+        let without_model = |retire: Vec<(Uuid, Retire)>, none: JudgeOutcome| {
+            let outcome = if retire.is_empty() { none } else { JudgeOutcome::Superseded };
+            judgement(outcome, retire, outcome.as_str(), None, total)
+        };
+        match &judge {
+            None => without_model(retire, JudgeOutcome::Disabled),
+            Some(_) if others.is_empty() => without_model(retire, JudgeOutcome::NoCandidates),
+            Some(judge) => {
+                let texts: Vec<String> = others.iter().map(|c| c.content.clone()).collect();
+                let started = Instant::now();
+                let answer = judge
+                    .judge(&fact.content, &texts)
+                    .instrument(mnemo_config::model_span("chat", judge.model(), texts.len()))
+                    .await;
+                let took = started.elapsed();
+                model_time = Some(took);
+                metrics::histogram!("mnemo_judge_model_seconds").record(took.as_secs_f64());
+                let model = Some(judge.model().to_owned());
+                match answer {
+                    Ok(verdicts) if verdicts.len() == others.len() => {
+                        retire.extend(others.iter().zip(&verdicts).filter_map(|(c, v)| match v {
+                            Verdict::Supersede => Some((c.id, Retire::Model)),
+                            Verdict::Duplicate => Some((c.id, Retire::Duplicate)),
+                            Verdict::Keep => None,
+                        }));
+                        let outcome = if retire.is_empty() { JudgeOutcome::Kept } else { JudgeOutcome::Superseded };
+                        judgement(outcome, retire, "model", model, total)
+                    }
+                    // A failing model retires nothing, the copies included.
+                    Ok(verdicts) => {
+                        fail_open(&fact, "wrong_count", &format!("{} verdicts for {}", verdicts.len(), others.len()));
+                        judgement(JudgeOutcome::FailOpen, Vec::new(), "wrong_count", model, total)
+                    }
+                    Err(e) => {
+                        fail_open(&fact, e.kind, &e.detail);
+                        judgement(JudgeOutcome::FailOpen, Vec::new(), e.kind, model, total)
+                    }
                 }
             }
         }
-    } else {
-        judgement(JudgeOutcome::Disabled, Vec::new(), "disabled", None, 0)
     };
     let applied = store.apply_judgement(&fact, &judgement).await?;
     if let Some(outcome) = applied {
@@ -237,12 +251,12 @@ async fn judge_fact(
 
 fn judgement(
     outcome: JudgeOutcome,
-    supersede: Vec<uuid::Uuid>,
+    retire: Vec<(Uuid, Retire)>,
     reason: &'static str,
     model: Option<String>,
     candidates: usize,
 ) -> Judgement {
-    Judgement { outcome, supersede, reason, model, candidates }
+    Judgement { outcome, retire, reason, model, candidates }
 }
 
 /// A judge failure: counted and logged by kind and ids; the detail (which could echo a prompt)

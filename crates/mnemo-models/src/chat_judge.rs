@@ -24,7 +24,8 @@ const SYSTEM_PROMPT: &str = "You keep a memory of facts about one person or agen
 For each EXISTING fact, decide:\n\
 - SUPERSEDE if the new fact makes the existing one no longer true: it contradicts it, or gives a new value for \
 the same thing (a move, a changed preference, a new job, a corrected detail).\n\
-- KEEP if both can be true at once: unrelated, compatible, or the new fact only adds detail.\n\
+- DUPLICATE if the new fact says exactly what the existing one says, in other words: no more, no less.\n\
+- KEEP if both can be true at once: unrelated, compatible, or one of them adds detail.\n\
 When unsure, KEEP. Answer with JSON only, one decision per existing fact, using its id: \
 {\"decisions\": [{\"id\": \"f1\", \"decision\": \"KEEP\"}]}";
 
@@ -183,7 +184,7 @@ fn schema(candidates: usize) -> Value {
                     "type": "object",
                     "properties": {
                         "id": {"type": "string", "enum": labels},
-                        "decision": {"type": "string", "enum": ["SUPERSEDE", "KEEP"]},
+                        "decision": {"type": "string", "enum": ["SUPERSEDE", "DUPLICATE", "KEEP"]},
                     },
                     "required": ["id", "decision"],
                     "additionalProperties": false,
@@ -258,9 +259,9 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
 }
 
 /// Plain text: each label with the decision right after it, like `f2: SUPERSEDE` or
-/// `f1 KEEP, f2 SUPERSEDE` (words after the decision are ignored). Only a SUPERSEDE that is the
-/// first word after its label, and the label's only decision, supersedes: prose ("f1 can't be
-/// superseded", "f1 is not at all superseded") keeps, whatever negation it uses.
+/// `f1 KEEP, f2 DUPLICATE` (words after the decision are ignored). Only a SUPERSEDE or DUPLICATE
+/// that is the first word after its label, and the label's only decision, retires: prose ("f1
+/// can't be superseded", "f1 is not at all superseded") keeps, whatever negation it uses.
 fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
     let mut pairs = Vec::new();
     for line in content.lines() {
@@ -273,6 +274,7 @@ fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
             let decision = match said.as_slice() {
                 [] => continue,
                 [(0, Verdict::Supersede)] => Verdict::Supersede,
+                [(0, Verdict::Duplicate)] => Verdict::Duplicate,
                 _ => Verdict::Keep,
             };
             pairs.push((words[at].to_owned(), decision));
@@ -289,6 +291,7 @@ fn is_label(word: &str) -> bool {
 fn verdict(word: &str) -> Option<Verdict> {
     match word.trim().to_ascii_uppercase().as_str() {
         "SUPERSEDE" | "SUPERSEDES" | "SUPERSEDED" => Some(Verdict::Supersede),
+        "DUPLICATE" | "DUPLICATES" => Some(Verdict::Duplicate),
         "KEEP" | "KEPT" => Some(Verdict::Keep),
         _ => None,
     }
@@ -305,7 +308,7 @@ fn index_of(id: &str, candidates: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use Verdict::{Keep, Supersede};
+    use Verdict::{Duplicate, Keep, Supersede};
 
     #[test]
     fn answers_are_read_tolerantly() {
@@ -317,6 +320,11 @@ mod tests {
         assert_eq!(parse_verdicts(single, 2), Ok(vec![Supersede, Keep]));
         assert_eq!(parse_verdicts(r#"{"f1": "SUPERSEDE"}"#, 1), Ok(vec![Supersede]));
         assert_eq!(parse_verdicts("f1: KEEP\nf2 - SUPERSEDE (moved)", 2), Ok(vec![Keep, Supersede]));
+        let copies = r#"{"decisions": [{"id": "f2", "decision": "DUPLICATE"}, {"id": "f1", "decision": "KEEP"}]}"#;
+        assert_eq!(parse_verdicts(copies, 2), Ok(vec![Keep, Duplicate]));
+        assert_eq!(parse_verdicts("f1 DUPLICATE, f2: not a duplicate", 2), Ok(vec![Duplicate, Keep]));
+        let both = r#"[{"id": "f1", "decision": "DUPLICATE"}, {"id": "f1", "decision": "SUPERSEDE"}]"#;
+        assert_eq!(parse_verdicts(both, 1), Ok(vec![Keep]), "a candidate given two decisions is kept");
     }
 
     #[test]

@@ -67,15 +67,43 @@ pub struct Candidate {
     pub distance: Option<f64>,
 }
 
+/// Why a fact is retired, as its audit row says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retire {
+    /// The new fact has its key.
+    KeyMatch,
+    /// The model said the new fact makes it untrue.
+    Model,
+    /// The model said the new fact says it again, in other words.
+    Duplicate,
+    /// The new fact has its words, case and punctuation aside (no model).
+    SameWords,
+}
+
+impl Retire {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::KeyMatch => "key_match",
+            Self::Model => "model",
+            Self::Duplicate => "duplicate",
+            Self::SameWords => "same_words",
+        }
+    }
+
+    /// Whether the new fact says what the retired one said.
+    fn is_copy(self) -> bool {
+        matches!(self, Self::Duplicate | Self::SameWords)
+    }
+}
+
 /// What the judge decided for one pending fact, before it is applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Judgement {
     /// `Kept` and `Superseded` are settled when applied, by what could still be retired.
     pub outcome: JudgeOutcome,
-    /// Facts to retire.
-    pub supersede: Vec<Uuid>,
-    /// A short code for the audit row: `key_match` or `model` for a supersede, the failure's
-    /// kind for a fail-open.
+    /// Facts to retire, and why.
+    pub retire: Vec<(Uuid, Retire)>,
+    /// A short code of how it was decided; a fail-open's audit row names the failure's kind.
     pub reason: &'static str,
     /// The model that decided, if one did.
     pub model: Option<String>,
@@ -403,7 +431,9 @@ impl Store {
         }
 
         let mut outcome = judgement.outcome;
-        if !judgement.supersede.is_empty() {
+        if !judgement.retire.is_empty() {
+            let ids: Vec<Uuid> = judgement.retire.iter().map(|(id, _)| *id).collect();
+            let reasons: Vec<&str> = judgement.retire.iter().map(|(_, why)| why.as_str()).collect();
             let retired: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
                 "WITH retired AS (
                     UPDATE memory_items o
@@ -416,8 +446,8 @@ impl Store {
                     RETURNING o.id
                 )
                 INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, details)
-                SELECT $1, '{supersede}', id, $4, $7, 'judge', jsonb_build_object('model', $8::text)
-                FROM retired
+                SELECT $1, '{supersede}', id, $4, r.reason, 'judge', jsonb_build_object('model', $8::text)
+                FROM retired JOIN unnest($5::uuid[], $7::text[]) AS r (id, reason) USING (id)
                 RETURNING item_id",
                 column = fact.identity_column(),
                 supersede = AuditEvent::Supersede,
@@ -426,9 +456,9 @@ impl Store {
             .bind(&fact.identity)
             .bind(fact.scope.as_str())
             .bind(fact.id)
-            .bind(&judgement.supersede)
+            .bind(&ids)
             .bind(fact.valid_from)
-            .bind(judgement.reason)
+            .bind(&reasons)
             .bind(&judgement.model)
             .bind(&fact.visibility)
             .bind(&fact.allowed_roles)
@@ -439,6 +469,42 @@ impl Store {
             if retired.is_empty() && outcome == JudgeOutcome::Superseded {
                 // Another judgement retired them first.
                 outcome = JudgeOutcome::Kept;
+            }
+            // The statement left standing keeps the most its copies were rated: saying a thing
+            // again never makes it matter less (seed 004 weighs importance and confidence when it
+            // deduplicates).
+            let copies: Vec<Uuid> = judgement
+                .retire
+                .iter()
+                .filter(|(id, why)| why.is_copy() && retired.contains(id))
+                .map(|(id, _)| *id)
+                .collect();
+            if !copies.is_empty() {
+                sqlx::query(
+                    "UPDATE memory_items n
+                     SET importance = GREATEST(n.importance, c.importance), confidence = GREATEST(n.confidence, c.confidence)
+                     FROM (SELECT max(importance) AS importance, max(confidence) AS confidence
+                           FROM memory_items WHERE tenant_id = $1 AND id = ANY($3)) c
+                     WHERE n.tenant_id = $1 AND n.id = $2",
+                )
+                .bind(fact.tenant_id.as_str())
+                .bind(fact.id)
+                .bind(&copies)
+                .execute(&mut *tx)
+                .await?;
+                // Where the copies were stated counts for the survivor: promotion looks for a
+                // memory stated in two sessions.
+                sqlx::query(
+                    "INSERT INTO memory_sightings (tenant_id, item_id, session_id, user_id, seen_at)
+                     SELECT tenant_id, $2, session_id, user_id, seen_at FROM memory_sightings
+                     WHERE tenant_id = $1 AND item_id = ANY($3)
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(fact.tenant_id.as_str())
+                .bind(fact.id)
+                .bind(&copies)
+                .execute(&mut *tx)
+                .await?;
             }
         }
         sqlx::query("UPDATE memory_items SET judge_at = now(), judge_outcome = $3 WHERE tenant_id = $1 AND id = $2")

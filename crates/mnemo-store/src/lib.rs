@@ -44,7 +44,7 @@ pub use extraction::{Claim, ExtractionChanges, MemoryStatus, PendingExtraction};
 pub use group_commit::{CommitStats, GroupCommit};
 pub use judge::{
     BatchRecord, BatchStats, Candidate, ClearSelection, ClearedFact, FactRecord, FailOpenFact, JudgeStatus, Judgement,
-    PendingFact, SupersedeIntegrity,
+    PendingFact, Retire, SupersedeIntegrity,
 };
 pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutputWindow};

@@ -1,7 +1,8 @@
 //! A scripted OpenAI-compatible chat server for the contradiction judge and the session
 //! summarizer: `POST /v1/chat/completions` answered as the protocol does. When healthy it
-//! answers by rules a test can predict: an existing fact is superseded when it starts with the
-//! same three words as the new fact ("I live in Tokyo" → "I live in Paris"), and kept otherwise;
+//! answers by rules a test can predict: an existing fact is a duplicate when it has the new
+//! fact's words in another order ("in Tokyo I live" → "I live in Tokyo"), superseded when it
+//! starts with the same three words ("I live in Tokyo" → "I live in Paris"), and kept otherwise;
 //! a summary says how many new messages it covered and whether it built on a previous one; an
 //! extraction follows the conversation's `remember:` and `my name is` lines. Scripted answers fail
 //! as a test says, one per request, or every request during an outage; a server can also refuse
@@ -216,6 +217,12 @@ fn first_words(text: &str) -> Vec<String> {
     text.split_whitespace().take(3).map(str::to_lowercase).collect()
 }
 
+fn sorted_words(text: &str) -> Vec<String> {
+    let mut words: Vec<String> = text.split_whitespace().map(str::to_lowercase).collect();
+    words.sort();
+    words
+}
+
 fn completion(content: &str, finish_reason: &str) -> Response {
     Json(json!({
         "id": "chatcmpl-scripted",
@@ -304,7 +311,13 @@ async fn completions(
     let decisions: Vec<Value> = existing
         .iter()
         .map(|(label, text)| {
-            let decision = if first_words(text) == new_words { "SUPERSEDE" } else { "KEEP" };
+            let decision = if sorted_words(text) == sorted_words(&new_fact) {
+                "DUPLICATE"
+            } else if first_words(text) == new_words {
+                "SUPERSEDE"
+            } else {
+                "KEEP"
+            };
             json!({"id": label, "decision": decision})
         })
         .collect();
