@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use mnemo_config::{ContextSettings, Env, TokenizerName, vars};
 use mnemo_core::{
-    CompactionOutcome, CompactionTrigger, Keep, MemoryText, NewMemory, SUMMARY_PREFIX, SessionId, TenantId,
+    CompactionOutcome, CompactionTrigger, Gates, Keep, MemoryText, NewMemory, SUMMARY_PREFIX, SessionId, TenantId,
     summary_source_ref,
 };
 use mnemo_jobs::{CompactPolicy, CompactReport, Compactor, SUMMARY_RETRIES};
@@ -66,6 +66,7 @@ fn compactor(app: &TestApp, settings: &ContextSettings) -> Compactor {
         summarizer: mnemo_models::summarizer(settings).expect("summarizer"),
         counter: Arc::new(mnemo_models::Tokenizer::new(TokenizerName::O200kBase)),
         policy: CompactPolicy::from_settings(settings),
+        extraction: Some(Gates::default()),
     }
 }
 
@@ -155,6 +156,60 @@ async fn a_session_past_its_trigger_is_answered_at_once_and_the_worker_brings_th
     // Nothing was lost: every message is still stored and listed.
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'chat_message'").await, 16);
     drop(worker);
+}
+
+#[tokio::test]
+async fn what_a_compaction_takes_out_of_the_window_is_extracted_without_the_conversation_ending() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_MESSAGES, "6"), (vars::COMPACT_TRIGGER_RATIO, "0")]).await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    say(&app, &ann, "early", "user", "remember: I am allergic to peanuts").await;
+    say(&app, &ann, "noted", "assistant", "Noted: no peanuts in any recipe.").await;
+    turns(&app, &ann, 0, 4).await;
+    // A token without an agent has no workspace to extract into; too short a conversation does
+    // not pass the gates (the same as a completed one).
+    let bob = token(&principal("acme", Some("bob"), None, Some("s2")));
+    turns(&app, &bob, 0, 5).await;
+    let cy = token(&principal("acme", Some("cy"), Some("helper"), Some("s3")));
+    for i in 0..10 {
+        say(&app, &cy, &format!("cy{i}"), "user", "ok").await;
+    }
+    for (t, sid) in [(&ann, "s1"), (&bob, "s2"), (&cy, "s3")] {
+        assert_eq!(context(&app, t, sid, json!({})).await["diagnostics"]["compaction"], "scheduled");
+    }
+
+    let worker = WorkerProcess::start(
+        &app.db.url,
+        &[&llm_env(&chat)[..], &[(vars::WORKER_QUEUES, "compact,extract".to_owned())]].concat(),
+    )
+    .await
+    .expect("worker");
+    let done = context(&app, &ann, "s1", json!({ "wait_ms": 20_000 })).await;
+    assert_eq!(done["diagnostics"]["compaction"], "used", "{done}");
+    assert!(!contents(&done).iter().any(|c| c.contains("peanuts")), "the early turn left the window: {done}");
+    let remembered = "SELECT count(*) FROM memory_items
+                      WHERE source_kind = 'fact' AND user_id = 'ann' AND content = 'I am allergic to peanuts'";
+    let extracted =
+        mnemo_testkit::wait_until(Duration::from_secs(30), || async { app.db.count(remembered).await == 1 }).await;
+    assert!(extracted, "the early fact was not extracted");
+    // Asked for with the record, through the last message it covers, for ann with her agent.
+    let asked: (String, String, String, bool) = sqlx::query_as(
+        "SELECT e.trigger_source, e.agent_id, e.user_id, e.through_id = c.through_id
+         FROM memory_extractions e JOIN session_compactions c USING (tenant_id, session_id)
+         WHERE e.session_id = 's1'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("one extraction of s1");
+    assert_eq!(asked, ("compaction".to_owned(), "helper".to_owned(), "ann".to_owned(), true));
+    let compacted = "SELECT count(*) FROM session_compactions WHERE session_id IN ('s2', 's3')";
+    assert!(mnemo_testkit::wait_until(Duration::from_secs(20), || async { app.db.count(compacted).await == 2 }).await);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE session_id <> 's1'").await, 0);
+    drop(worker);
+
+    // A client cannot name a compaction as a conversation's end.
+    let reply = app.client.post("/v1/sessions/s1/complete", Some(&ann), &json!({"trigger_source": "compaction"})).await;
+    assert_eq!((reply.status, reply.body["error"]["code"].as_str()), (400, Some("invalid_field")), "{:?}", reply.body);
 }
 
 #[tokio::test]
@@ -812,6 +867,7 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
         summary_id: Some(written.id),
         model: None,
         trigger: CompactionTrigger::Operator,
+        extract_for: Vec::new(),
     };
     // A request made after the first job recorded (its follow-up) outlives the overtaken one.
     assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Operator, None).await.expect("request"));

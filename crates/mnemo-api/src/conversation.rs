@@ -608,7 +608,7 @@ pub async fn complete(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let source = body.take_opt_str("trigger_source")?.ok_or(ApiError::MissingField("trigger_source"))?;
     let source = match TriggerSource::parse(&source)? {
-        TriggerSource::Manual => {
+        TriggerSource::Manual | TriggerSource::Compaction => {
             return Err(ApiError::InvalidField { field: "trigger_source", expected: "web, channel or cron" });
         }
         source => source,

@@ -269,6 +269,8 @@ async fn compaction_overhead(
         summarizer: mnemo_models::summarizer(&model)?,
         counter: Arc::new(mnemo_models::Tokenizer::new(context.tokenizer)),
         policy: CompactPolicy::from_settings(context),
+        // Compaction's own cost: its sessions have no agent to extract for.
+        extraction: None,
     };
     let (mut job_times, mut overheads) = (Histogram::<u64>::new(3)?, Histogram::<u64>::new(3)?);
     let (mut messages, mut calls) = (0usize, 0usize);

@@ -120,6 +120,9 @@ pub const EXTRACT_MIN_USER_CHARS: &str = "MNEMO_EXTRACT_MIN_USER_CHARS";
 pub const EXTRACT_COOLDOWN_S: &str = "MNEMO_EXTRACT_COOLDOWN_S";
 pub const EXTRACT_MAX_ATTEMPTS: &str = "MNEMO_EXTRACT_MAX_ATTEMPTS";
 pub const EXTRACT_UPDATE_MEMORY: &str = "MNEMO_EXTRACT_UPDATE_MEMORY";
+/// Extract what a compaction takes out of the context window, when it does (seed 001's
+/// flushBeforeCompact).
+pub const EXTRACT_BEFORE_COMPACTION: &str = "MNEMO_EXTRACT_BEFORE_COMPACTION";
 /// Consolidation of daily notes into MEMORY.md at all (`false`: MEMORY.md changes only by hand or
 /// by extraction's `MNEMO_EXTRACT_UPDATE_MEMORY`).
 pub const CONSOLIDATE_ENABLED: &str = "MNEMO_CONSOLIDATE_ENABLED";

@@ -74,6 +74,16 @@ pub struct ExtractionSettings {
     pub max_attempts: i32,
     /// Let extraction replace MEMORY.md too (MateClaw); by default only consolidation does.
     pub update_memory: bool,
+    /// Ask for the extraction of what each compaction covers.
+    pub before_compaction: bool,
+}
+
+impl ExtractionSettings {
+    /// The gates a compaction's messages pass to be extracted, or `None` when compactions ask
+    /// for no extraction.
+    pub fn before_compaction(&self) -> Option<Gates> {
+        (self.enabled && self.before_compaction).then_some(self.gates)
+    }
 }
 
 /// What the core files say until someone writes them.
@@ -137,6 +147,7 @@ impl WorkspaceSettings {
             )),
             max_attempts: problems.bounded(env, vars::EXTRACT_MAX_ATTEMPTS, 3i32, 1..=100, "a whole number"),
             update_memory: bool_var(problems, vars::EXTRACT_UPDATE_MEMORY, false),
+            before_compaction: bool_var(problems, vars::EXTRACT_BEFORE_COMPACTION, true),
         };
         let consolidate = bool_var(problems, vars::CONSOLIDATE_ENABLED, true);
         let consolidation = ConsolidationSettings {
@@ -224,6 +235,11 @@ mod tests {
         let disabled = WorkspaceSettings::from_env(&Env::from_pairs([(vars::CONSOLIDATE_ENABLED, "false")]));
         let disabled = disabled.expect("disabled").consolidation;
         assert!(!disabled.enabled && disabled.schedule.is_none(), "switched off, nothing is scheduled");
+        assert_eq!(settings.extraction.before_compaction(), Some(settings.extraction.gates), "on by default");
+        for off in [vars::EXTRACT_BEFORE_COMPACTION, vars::EXTRACT_ENABLED] {
+            let settings = WorkspaceSettings::from_env(&Env::from_pairs([(off, "false")])).expect("off");
+            assert_eq!(settings.extraction.before_compaction(), None, "{off}");
+        }
         let bad = WorkspaceSettings::from_env(&Env::from_pairs([(vars::CONSOLIDATE_CRON, "every night")]));
         assert!(bad.unwrap_err().to_string().contains(vars::CONSOLIDATE_CRON));
         let missing = Env::from_pairs([(vars::WORKSPACE_TEMPLATES_DIR, "/nonexistent-mnemo-templates")]);

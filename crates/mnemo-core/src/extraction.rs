@@ -14,12 +14,14 @@ use crate::{
 
 string_enum!(
     /// Where a completed conversation came from: a chat UI, a messaging channel, a scheduled
-    /// run (skipped by default: nobody said anything), or an explicit extract call.
+    /// run (skipped by default: nobody said anything), an explicit extract call, or a compaction
+    /// about to take its messages out of the context window (seed 001's flushBeforeCompact).
     TriggerSource, "trigger_source" {
         Web => "web",
         Channel => "channel",
         Cron => "cron",
         Manual => "manual",
+        Compaction => "compaction",
     }
 );
 

@@ -13,16 +13,18 @@
 //! some minutes ([`SUMMARY_RETRIES`]), so a short outage leaves no hole in the summary; the
 //! window fits its budget meanwhile all the same. When a later chunk fails, what the chunks
 //! before it summarized is recorded, and the next job goes on from there.
-//! Stored messages are never changed either way.
+//! Stored messages are never changed either way. The record asks, in its own transaction, for
+//! the extraction of the messages it covers (seed 001's flushBeforeCompact), so what leaves the
+//! window reaches memory even when the conversation is never completed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use mnemo_config::ContextSettings;
 use mnemo_core::{
-    AgentId, CompactionOutcome, Keep, MAX_COMPACTION_MESSAGES, MemoryText, ModelFailure, NewMemory, SessionId,
-    Summarizer, TenantId, TokenCounter, TranscriptLine, UserId, WindowMessage, compaction_cut, cut_to,
-    summary_source_ref, transcript, units_of, units_within,
+    AgentId, CompactionOutcome, Gates, Keep, MAX_COMPACTION_MESSAGES, MemoryText, ModelFailure, NewMemory, Role,
+    SessionId, Summarizer, TenantId, TokenCounter, TranscriptLine, TriggerSource, UserId, WindowMessage, Workspace,
+    compaction_cut, cut_to, summary_source_ref, transcript, units_of, units_within,
 };
 use mnemo_store::queue::CompactJob;
 use mnemo_store::{NewCompaction, Recording, SessionMessage, SessionState, Store, StoreError};
@@ -88,6 +90,9 @@ pub struct Compactor {
     pub summarizer: Option<Arc<dyn Summarizer>>,
     pub counter: Arc<dyn TokenCounter>,
     pub policy: CompactPolicy,
+    /// The gates what a compaction covers passes to be extracted (as a completed conversation);
+    /// `None`: compactions ask for no extraction.
+    pub extraction: Option<Gates>,
 }
 
 /// What one job did.
@@ -233,6 +238,7 @@ impl Compactor {
             summary_id,
             model: self.summarizer.as_ref().map(|m| m.model().to_owned()),
             trigger: job.trigger,
+            extract_for: self.extraction.map_or_else(Vec::new, |gates| extract_for(tenant, &stored[..cut], gates)),
         };
         match self.store.record_compaction(tenant, session, &record).await? {
             Recording::Recorded => {}
@@ -338,6 +344,32 @@ enum Summarized {
 /// Whether a summary's failure may pass on its own: the endpoint unreachable, overloaded or
 /// refusing the key for now, or too slow this once. An answer that cannot be used is not: the
 /// same input would draw the same answer.
+/// The workspaces whose extraction of `covered` a compaction asks for: one per user who wrote
+/// among them, with the agent they spoke with, when what extraction would read of it (their
+/// messages and those carrying no user) passes the gates.
+fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> Vec<Workspace> {
+    let mut users: Vec<&str> = covered.iter().filter_map(|m| m.user_id.as_deref()).collect();
+    users.sort_unstable();
+    users.dedup();
+    users
+        .into_iter()
+        .filter_map(|user| {
+            let theirs: Vec<&SessionMessage> =
+                covered.iter().filter(|m| m.user_id.as_deref().is_none_or(|u| u == user)).collect();
+            let spoken: Vec<(Role, &str)> = theirs.iter().map(|m| (m.role, m.content.as_str())).collect();
+            if gates.refuse(TriggerSource::Compaction, &spoken).is_some() {
+                return None;
+            }
+            let agent = theirs.iter().rev().find_map(|m| m.agent_id.as_deref())?;
+            Some(Workspace {
+                tenant: tenant.clone(),
+                agent: AgentId::parse(agent).ok()?,
+                user: Some(UserId::parse(user).ok()?),
+            })
+        })
+        .collect()
+}
+
 fn passes(failure: &ModelFailure) -> bool {
     failure.is_endpoint_state() || failure.kind == "timeout"
 }

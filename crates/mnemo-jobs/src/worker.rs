@@ -451,6 +451,7 @@ pub async fn run_worker(
                         }
                         None => CompactPolicy::from_settings(&settings.context),
                     },
+                    extraction: settings.workspace.extraction.before_compaction(),
                 };
                 let config = Config::default().queue(queue.as_str()).batch_size(concurrency);
                 monitor = register_queue!(monitor, CompactJob, config, compactor, handle_compact);

@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use mnemo_config::{
     ContextSettings, DatabaseSettings, EmbedSettings, Env, MIN_JWT_SECRET_BYTES, RecallSettings, RetentionSettings,
-    vars,
+    WorkspaceSettings, vars,
 };
 use mnemo_core::{
     AgentId, AuditEvent, FactScope, Label, MAX_BATCH_SIZE, MAX_TTL_DAYS, POLICY_FIELDS, Principal, RecallRequest,
@@ -291,7 +291,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Workspace { command } => workspace::run(&connect(&env).await?, command).await,
         Command::Memory { command } => memory::run(&connect(&env).await?, &env, command).await,
         Command::Session { command } => {
-            session::run(&connect(&env).await?, &ContextSettings::from_env(&env)?, command).await
+            let extraction = WorkspaceSettings::from_env(&env)?.extraction.before_compaction();
+            session::run(&connect(&env).await?, &ContextSettings::from_env(&env)?, extraction, command).await
         }
         Command::Facts { tenant, user, agent, include_superseded, as_of, json } => {
             let (scope, identity) = match (user, agent) {

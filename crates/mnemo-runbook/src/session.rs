@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Subcommand;
 use mnemo_config::ContextSettings;
-use mnemo_core::{CompactionTrigger, SessionId, TenantId};
+use mnemo_core::{CompactionTrigger, Gates, SessionId, TenantId};
 use mnemo_jobs::{CompactPlan, CompactPolicy, CompactReport, Compactor, SUMMARY_RETRIES};
 use mnemo_store::Store;
 use mnemo_store::queue::CompactJob;
@@ -51,7 +51,14 @@ pub enum SessionCommand {
     },
 }
 
-pub async fn run(store: &Store, settings: &ContextSettings, command: SessionCommand) -> anyhow::Result<()> {
+/// `settings` are the context's; `extraction` the gates of the extraction a compaction asks for
+/// (`None`: none), as the workers have them.
+pub async fn run(
+    store: &Store,
+    settings: &ContextSettings,
+    extraction: Option<Gates>,
+    command: SessionCommand,
+) -> anyhow::Result<()> {
     match command {
         SessionCommand::Show { tenant, session, content, json } => show(store, &tenant, &session, content, json).await,
         SessionCommand::Compact { tenant, session, dry_run, now, truncate, json } => {
@@ -60,7 +67,7 @@ pub async fn run(store: &Store, settings: &ContextSettings, command: SessionComm
                 (false, true) => How::Now { truncate },
                 (false, false) => How::Queue,
             };
-            compact(store, settings, &tenant, &session, how, json).await
+            compact(store, settings, extraction, &tenant, &session, how, json).await
         }
     }
 }
@@ -161,6 +168,7 @@ enum How {
 async fn compact(
     store: &Store,
     settings: &ContextSettings,
+    extraction: Option<Gates>,
     tenant: &TenantId,
     session: &SessionId,
     how: How,
@@ -171,6 +179,7 @@ async fn compact(
         summarizer: mnemo_models::summarizer(settings)?,
         counter: Arc::new(mnemo_models::Tokenizer::new(settings.tokenizer)),
         policy: CompactPolicy::from_settings(settings),
+        extraction,
     };
     if let How::Now { truncate: false } = how
         && compactor.summarizer.is_none()

@@ -7,11 +7,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use mnemo_core::{
     AuditEvent, CompactionOutcome, CompactionTrigger, Queue, Role, SessionId, SourceKind, TenantId, TokenCounter,
-    USER_SYSTEM_PREFIX, UserId, WindowMessage,
+    TriggerSource, USER_SYSTEM_PREFIX, UserId, WindowMessage, Workspace,
 };
 use uuid::Uuid;
 
 use crate::embeddings::lock_text_counts;
+use crate::extraction::request_extraction_in;
 use crate::queue::{CompactJob, push, push_after};
 use crate::retention::anonymize_ids;
 use crate::{Store, StoreError};
@@ -323,6 +324,9 @@ pub struct NewCompaction {
     pub summary_id: Option<Uuid>,
     pub model: Option<String>,
     pub trigger: CompactionTrigger,
+    /// The workspaces whose extraction of the covered messages is asked for with the record, so
+    /// a crash between the two loses neither (seed 001's flushBeforeCompact).
+    pub extract_for: Vec<Workspace>,
 }
 
 /// What became of a compaction's record.
@@ -602,6 +606,12 @@ impl Store {
                 .await?;
             if !dropped.is_empty() {
                 anonymize_ids(&mut tx, tenant, &dropped, "compaction").await?;
+            }
+        }
+        if recording == Recording::Recorded {
+            for workspace in &compaction.extract_for {
+                request_extraction_in(&mut tx, workspace, session, compaction.through, TriggerSource::Compaction)
+                    .await?;
             }
         }
         // An overtaken job's request was cleared by the job that overtook it: a request there now

@@ -212,30 +212,11 @@ impl Store {
         through: MessageCursor,
         source: TriggerSource,
     ) -> Result<bool, StoreError> {
-        let user = user_of(workspace)?;
         let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let statement = if matches!(source, TriggerSource::Manual) { REQUEST_AGAIN } else { REQUEST };
-        let asked: Option<bool> = sqlx::query_scalar(statement)
-            .bind(workspace.tenant.as_str())
-            .bind(session.as_str())
-            .bind(through.id)
-            .bind(through.event_time)
-            .bind(workspace.agent.as_str())
-            .bind(user)
-            .bind(source.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        if asked.is_some() {
-            let job = ExtractJob {
-                tenant_id: workspace.tenant.clone(),
-                agent_id: workspace.agent.clone(),
-                user_id: workspace.user.clone().expect("checked above"),
-            };
-            push(&mut tx, &[job]).await?;
-        }
+        let asked = request_extraction_in(&mut tx, workspace, session, through, source).await?;
         tx.commit().await?;
-        Ok(asked.is_some())
+        Ok(asked)
     }
 
     /// Takes the (agent, user)'s run for `worker`, or says how long to wait.
@@ -399,6 +380,37 @@ impl Store {
         tx.commit().await?;
         Ok(note_changed)
     }
+}
+
+/// [`Store::request_extraction`] in the caller's transaction.
+pub(crate) async fn request_extraction_in(
+    tx: &mut sqlx::PgConnection,
+    workspace: &Workspace,
+    session: &SessionId,
+    through: MessageCursor,
+    source: TriggerSource,
+) -> Result<bool, StoreError> {
+    let user = user_of(workspace)?;
+    let statement = if matches!(source, TriggerSource::Manual) { REQUEST_AGAIN } else { REQUEST };
+    let asked: Option<bool> = sqlx::query_scalar(statement)
+        .bind(workspace.tenant.as_str())
+        .bind(session.as_str())
+        .bind(through.id)
+        .bind(through.event_time)
+        .bind(workspace.agent.as_str())
+        .bind(user)
+        .bind(source.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+    if asked.is_some() {
+        let job = ExtractJob {
+            tenant_id: workspace.tenant.clone(),
+            agent_id: workspace.agent.clone(),
+            user_id: workspace.user.clone().expect("checked above"),
+        };
+        push(&mut *tx, &[job]).await?;
+    }
+    Ok(asked.is_some())
 }
 
 async fn mark(
