@@ -169,7 +169,11 @@ async fn what_a_compaction_takes_out_of_the_window_is_extracted_without_the_conv
     // A token without an agent has no workspace to extract into; too short a conversation does
     // not pass the gates (the same as a completed one).
     let bob = token(&principal("acme", Some("bob"), None, Some("s2")));
-    turns(&app, &bob, 0, 5).await;
+    turns(&app, &bob, 0, 1).await;
+    // An agent's service token answering in bob's session gives bob no workspace.
+    let service = token(&principal("acme", None, Some("helper"), Some("s2")));
+    say(&app, &service, "service", "assistant", "The early train leaves at seven.").await;
+    turns(&app, &bob, 1, 4).await;
     let cy = token(&principal("acme", Some("cy"), Some("helper"), Some("s3")));
     for i in 0..10 {
         say(&app, &cy, &format!("cy{i}"), "user", "ok").await;
@@ -180,7 +184,11 @@ async fn what_a_compaction_takes_out_of_the_window_is_extracted_without_the_conv
 
     let worker = WorkerProcess::start(
         &app.db.url,
-        &[&llm_env(&chat)[..], &[(vars::WORKER_QUEUES, "compact,extract".to_owned())]].concat(),
+        &[
+            &llm_env(&chat)[..],
+            &[(vars::WORKER_QUEUES, "compact,extract".to_owned()), (vars::EXTRACT_COOLDOWN_S, "0".to_owned())],
+        ]
+        .concat(),
     )
     .await
     .expect("worker");
@@ -205,6 +213,23 @@ async fn what_a_compaction_takes_out_of_the_window_is_extracted_without_the_conv
     let compacted = "SELECT count(*) FROM session_compactions WHERE session_id IN ('s2', 's3')";
     assert!(mnemo_testkit::wait_until(Duration::from_secs(20), || async { app.db.count(compacted).await == 2 }).await);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE session_id <> 's1'").await, 0);
+
+    // The conversation's completion is shown only what came after: the compaction's extraction
+    // read the rest, and its daily entry is not written twice.
+    say(&app, &ann, "late", "user", "remember: I moved to Porto last week").await;
+    let reply = app.client.post("/v1/sessions/s1/complete", Some(&ann), &json!({"trigger_source": "web"})).await;
+    assert_eq!(reply.body["queued"], true, "{:?}", reply.body);
+    let done = "SELECT count(*) FROM memory_extractions WHERE session_id = 's1' AND status = 'done'";
+    assert!(mnemo_testkit::wait_until(Duration::from_secs(30), || async { app.db.count(done).await == 2 }).await);
+    let transcripts: Vec<String> = chat
+        .requests()
+        .iter()
+        .filter_map(|r| r["messages"][1]["content"].as_str().and_then(|p| p.split_once("CONVERSATION:\n")))
+        .map(|(_, conversation)| conversation.to_owned())
+        .collect();
+    assert_eq!(transcripts.len(), 2, "{transcripts:?}");
+    assert!(transcripts[0].contains("peanuts") && !transcripts[0].contains("Porto"), "{}", transcripts[0]);
+    assert!(transcripts[1].contains("Porto") && !transcripts[1].contains("peanuts"), "{}", transcripts[1]);
     drop(worker);
 
     // A client cannot name a compaction as a conversation's end.

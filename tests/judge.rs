@@ -441,6 +441,23 @@ async fn a_fact_said_again_retires_its_older_copy_which_leaves_its_ratings() {
         ]
     );
 
+    // An unrated statement counts as ½: a copy rated lower leaves it unrated. An episodic
+    // statement of a semantic memory takes its layer, so saying it again never makes it fade.
+    let other = principal("acme", Some("u2"), None, None);
+    let bees = json!({ "scope": "user", "content": "I keep bees.", "importance": 0.2, "layer": "semantic" });
+    let rated = f.remember(&other, bees).await.0;
+    f.settle(None).await;
+    let unrated = f.remember(&other, json!({ "scope": "user", "content": "i keep bees", "layer": "episodic" })).await.0;
+    f.settle(None).await;
+    assert_eq!(f.row(rated).await.superseded_by, Some(unrated));
+    assert_eq!(ratings(unrated).await, (None, None));
+    let layer: String = sqlx::query_scalar("SELECT layer FROM memory_items WHERE id = $1")
+        .bind(unrated)
+        .fetch_one(&f.app.db.pool)
+        .await
+        .expect("layer");
+    assert_eq!(layer, "semantic");
+
     // A failing model retires nothing, not even a copy of the same words.
     f.chat.then([ChatAnswer::Status(404)]);
     let shouted = f.fact(&who, "In Tokyo, I LIVE").await;

@@ -640,6 +640,47 @@ async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_f
     let recalled = app.client.post("/v1/recall", Some(&token(&ann)), &json!({"query": "glacier museum"})).await;
     let ids: Vec<&Value> = recalled.body["items"].as_array().expect("items").iter().map(|i| &i["id"]).collect();
     assert!(ids.contains(&&json!(old.to_string())), "{:?}", recalled.body);
+
+    // Forgetting (MNEMO_DECAY_DELETE_FLOOR, off by default): maintenance deletes a faded memory
+    // unused for longer still, with an audit row; a semantic one as old never fades, so stays.
+    let born = json!({"scope": "user", "content": "ann was born by the glacier", "event_time": "2020-01-01T00:00:00Z"});
+    let born = id_of(&fact(&app, &ann, born).await);
+    let policy = mnemo_jobs::HousekeepingPolicy {
+        interval: std::time::Duration::from_secs(1),
+        model: MODEL.into(),
+        embed_grace: std::time::Duration::from_secs(60),
+        judge_grace: std::time::Duration::from_secs(60),
+        job_retention: std::time::Duration::from_secs(3600),
+        dead_worker_after: std::time::Duration::from_secs(60),
+        retention_interval: std::time::Duration::from_secs(3600),
+        consolidate_cron: None,
+        maintenance: mnemo_config::MaintenanceSettings {
+            interval: std::time::Duration::from_secs(6 * 3600),
+            note_retention_days: 0,
+            session_retention_days: 0,
+        },
+        signals: mnemo_config::SignalSettings { decay_delete_floor: 0.01, ..Default::default() },
+    };
+    mnemo_jobs::run_housekeeping(&store, "w", &policy).await.expect("housekeeping");
+    assert_eq!(app.db.count("SELECT forgotten FROM maintenance_runs WHERE finished_at IS NOT NULL").await, 1);
+    let deleted = |id: Uuid| {
+        let pool = app.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT deleted_at IS NOT NULL FROM memory_items WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("row")
+        }
+    };
+    assert_eq!((deleted(old).await, deleted(born).await), (true, false));
+    let audit = format!(
+        "SELECT count(*) FROM audit_log WHERE event = 'memory.delete' AND reason = 'decayed' AND item_id = '{old}'"
+    );
+    assert_eq!(app.db.count(&audit).await, 1);
+    let recalled = app.client.post("/v1/recall", Some(&token(&ann)), &json!({"query": "glacier museum"})).await;
+    let ids: Vec<&Value> = recalled.body["items"].as_array().expect("items").iter().map(|i| &i["id"]).collect();
+    assert!(!ids.contains(&&json!(old.to_string())) && ids.contains(&&json!(born.to_string())), "{:?}", recalled.body);
 }
 
 /// Random budgets and limits over rows of every layer: the rendered pack never passes the max

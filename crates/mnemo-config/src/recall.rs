@@ -27,6 +27,9 @@ pub struct SignalSettings {
     pub weights: SignalWeights,
     /// An episodic memory's decay below which packs leave it out (0: never).
     pub decay_floor: f64,
+    /// A faded memory's decay below which maintenance deletes it (0: never; at most
+    /// `decay_floor`, so a memory leaves packs before it is forgotten).
+    pub decay_delete_floor: f64,
     /// The confidence an episodic memory seen in two sessions needs to become semantic.
     pub promotion_min_confidence: f64,
 }
@@ -36,6 +39,7 @@ impl Default for SignalSettings {
         Self {
             weights: SignalWeights { importance: 0.1, confidence: 0.1, decay: 0.02, half_life_days: 30.0 },
             decay_floor: 0.05,
+            decay_delete_floor: 0.0,
             promotion_min_confidence: 0.75,
         }
     }
@@ -58,13 +62,22 @@ impl SignalSettings {
             unit(vars::SIGNAL_WEIGHT_DECAY, d.decay),
         );
         let decay_floor = unit(vars::DECAY_FLOOR, defaults.decay_floor);
+        let decay_delete_floor = unit(vars::DECAY_DELETE_FLOOR, defaults.decay_delete_floor);
         let promotion_min_confidence = unit(vars::PROMOTION_MIN_CONFIDENCE, defaults.promotion_min_confidence);
         let half_life_days = problems.parsed(env, vars::DECAY_HALF_LIFE_DAYS, d.half_life_days, "a number of days");
         if !(half_life_days > 0.0 && half_life_days <= 36_500.0) {
             problems.0.push(format!("{} must be above 0 and at most 36500", vars::DECAY_HALF_LIFE_DAYS));
         }
+        // A memory leaves packs for a while before it is deleted, so a recall can still save it.
+        if decay_delete_floor > 0.0 && decay_delete_floor >= decay_floor {
+            problems.0.push(format!(
+                "{}={decay_delete_floor} must be below {}={decay_floor}: a memory leaves packs before it is deleted",
+                vars::DECAY_DELETE_FLOOR,
+                vars::DECAY_FLOOR
+            ));
+        }
         let weights = SignalWeights { importance, confidence, decay, half_life_days };
-        Self { weights, decay_floor, promotion_min_confidence }
+        Self { weights, decay_floor, decay_delete_floor, promotion_min_confidence }
     }
 }
 

@@ -61,6 +61,8 @@ pub const SIGNAL_WEIGHT_DECAY: &str = "MNEMO_SIGNAL_WEIGHT_DECAY";
 pub const DECAY_HALF_LIFE_DAYS: &str = "MNEMO_DECAY_HALF_LIFE_DAYS";
 /// An episodic memory whose decay falls below this is no longer packed.
 pub const DECAY_FLOOR: &str = "MNEMO_DECAY_FLOOR";
+/// A faded memory whose decay falls below this is deleted (seed 004 forgets below 0.2).
+pub const DECAY_DELETE_FLOOR: &str = "MNEMO_DECAY_DELETE_FLOOR";
 /// The confidence an episodic memory needs to be promoted to semantic.
 pub const PROMOTION_MIN_CONFIDENCE: &str = "MNEMO_PROMOTION_MIN_CONFIDENCE";
 pub const RERANKER_URL: &str = "MNEMO_RERANKER_URL";

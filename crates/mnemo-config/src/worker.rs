@@ -226,6 +226,13 @@ mod tests {
         assert!(
             err.0.iter().any(|p| p.contains("MNEMO_JOB_TIMEOUT_S=0 is out of range: a number of seconds, 1 to 604800"))
         );
+        // A memory is deleted for its decay only after it left packs.
+        let db = (vars::DATABASE_URL, "postgres://x");
+        let forget =
+            |floor: &'static str| WorkerSettings::from_env(&Env::from_pairs([db, (vars::DECAY_DELETE_FLOOR, floor)]));
+        assert_eq!(forget("0.02").expect("below the fade floor").signals.decay_delete_floor, 0.02);
+        assert!(forget("0.2").unwrap_err().to_string().contains("MNEMO_DECAY_DELETE_FLOOR=0.2 must be below"));
+        assert!(forget("0.05").is_err(), "not the fade floor itself: a memory is faded first");
         let huge = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::EMBED_BATCH_SIZE, "100000")]);
         assert!(WorkerSettings::from_env(&huge).is_err());
         // A model call that could outlast most of its job is refused.

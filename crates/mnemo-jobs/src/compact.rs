@@ -341,11 +341,9 @@ enum Summarized {
     Failed(ModelFailure),
 }
 
-/// Whether a summary's failure may pass on its own: the endpoint unreachable, overloaded or
-/// refusing the key for now, or too slow this once. An answer that cannot be used is not: the
-/// same input would draw the same answer.
 /// The workspaces whose extraction of `covered` a compaction asks for: one per user who wrote
-/// among them, with the agent they spoke with, when what extraction would read of it (their
+/// among them, with the agent of their own last message that names one (a token without an
+/// agent has no workspace, as the API says), when what extraction would read of it (their
 /// messages and those carrying no user) passes the gates.
 fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> Vec<Workspace> {
     let mut users: Vec<&str> = covered.iter().filter_map(|m| m.user_id.as_deref()).collect();
@@ -360,7 +358,7 @@ fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> V
             if gates.refuse(TriggerSource::Compaction, &spoken).is_some() {
                 return None;
             }
-            let agent = theirs.iter().rev().find_map(|m| m.agent_id.as_deref())?;
+            let agent = theirs.iter().rev().filter(|m| m.user_id.is_some()).find_map(|m| m.agent_id.as_deref())?;
             Some(Workspace {
                 tenant: tenant.clone(),
                 agent: AgentId::parse(agent).ok()?,
@@ -370,6 +368,9 @@ fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> V
         .collect()
 }
 
+/// Whether a summary's failure may pass on its own: the endpoint unreachable, overloaded or
+/// refusing the key for now, or too slow this once. An answer that cannot be used is not: the
+/// same input would draw the same answer.
 fn passes(failure: &ModelFailure) -> bool {
     failure.is_endpoint_state() || failure.kind == "timeout"
 }

@@ -262,15 +262,20 @@ impl ExtractRunner {
         // One transcript part per conversation, newest messages first read, so coalesced
         // conversations share the 30 messages instead of the last one crowding the others out.
         // A conversation's part ends at its last message and starts after the previous
-        // conversation of its session taken by this run: a later completion of a long session
-        // must not take the place of an earlier one that was never shown.
+        // conversation of its session taken by this run (a later completion of a long session
+        // must not take the place of an earlier one that was never shown), or else after the
+        // last one extracted before (a compaction's, or an earlier completion's: its messages
+        // were shown, and showing them again would write its daily entry again).
         let mut conversations: Vec<&PendingExtraction> = pending.iter().collect();
         conversations.sort_by_key(|p| (p.through_time, p.through_id));
         let share = (TRANSCRIPT_MESSAGES / conversations.len().max(1)).max(2);
         let mut messages: Vec<(Role, String)> = Vec::new();
         for (i, p) in conversations.iter().enumerate() {
             let previous = conversations[..i].iter().rev().find(|q| q.session_id == p.session_id);
-            let after = previous.map(|q| q.through());
+            let after = match previous {
+                Some(q) => Some(q.through()),
+                None => self.store.last_extracted(workspace, &p.session_id, p.through()).await?,
+            };
             // In a session several users write in, another user's messages (and the assistant's
             // written under their token) are theirs: they never become this user's memories,
             // which that user's erasure could not reach. Rows carrying no user stay.

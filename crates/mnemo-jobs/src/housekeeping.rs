@@ -149,6 +149,7 @@ async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> R
         pruned = done.pruned,
         promoted = done.promoted,
         faded = done.faded,
+        forgotten = done.forgotten,
         "maintenance"
     );
     Ok(())
@@ -175,6 +176,10 @@ async fn maintenance_run(
     if signals.decay_floor > 0.0 {
         let before = fade_before(&signals.weights, signals.decay_floor);
         done.faded = steps.run("fade_episodic", store.fade_episodic(before, 10_000).await);
+    }
+    if signals.decay_delete_floor > 0.0 {
+        let before = fade_before(&signals.weights, signals.decay_delete_floor);
+        done.forgotten = steps.run("forget_decayed", store.forget_decayed(before, 10_000).await);
     }
     steps.run("prune_access_batches", store.prune_access_batches().await);
     steps.finish()?;

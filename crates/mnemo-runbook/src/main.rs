@@ -291,7 +291,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Workspace { command } => workspace::run(&connect(&env).await?, command).await,
         Command::Memory { command } => memory::run(&connect(&env).await?, &env, command).await,
         Command::Session { command } => {
-            let extraction = WorkspaceSettings::from_env(&env)?.extraction.before_compaction();
+            // Only a compaction asks for extractions: `show` needs no workspace settings.
+            let extraction = match &command {
+                session::SessionCommand::Compact { .. } => {
+                    WorkspaceSettings::from_env(&env)?.extraction.before_compaction()
+                }
+                session::SessionCommand::Show { .. } => None,
+            };
             session::run(&connect(&env).await?, &ContextSettings::from_env(&env)?, extraction, command).await
         }
         Command::Facts { tenant, user, agent, include_superseded, as_of, json } => {

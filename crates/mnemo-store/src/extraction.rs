@@ -164,6 +164,14 @@ fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
 
 /// The (agent, user)s with a conversation waiting for longer than `$1` seconds and no extract
 /// job that will run: at most `$2`.
+/// Where the (agent, user)'s last extracted conversation of a session ended before `($5, $6)`.
+const LAST_EXTRACTED: &str = "
+SELECT through_time, through_id FROM memory_extractions
+WHERE tenant_id = $1 AND session_id = $2 AND agent_id = $3 AND user_id = $4 AND status = 'done'
+  AND (through_time, through_id) < ($5, $6)
+ORDER BY through_time DESC, through_id DESC
+LIMIT 1";
+
 const STRANDED: &str = "
 WITH live AS (
     SELECT convert_from(job, 'UTF8')::jsonb AS args FROM apalis.jobs
@@ -217,6 +225,28 @@ impl Store {
         let asked = request_extraction_in(&mut tx, workspace, session, through, source).await?;
         tx.commit().await?;
         Ok(asked)
+    }
+
+    /// Where the workspace's last extracted conversation of `session` before `before` ended: the
+    /// messages through it were shown to the model already (a compaction's extraction, or an
+    /// earlier completion of the session).
+    pub async fn last_extracted(
+        &self,
+        workspace: &Workspace,
+        session: &SessionId,
+        before: MessageCursor,
+    ) -> Result<Option<MessageCursor>, StoreError> {
+        let user = user_of(workspace)?;
+        let row: Option<(DateTime<Utc>, Uuid)> = sqlx::query_as(LAST_EXTRACTED)
+            .bind(workspace.tenant.as_str())
+            .bind(session.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user)
+            .bind(before.event_time)
+            .bind(before.id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|(event_time, id)| MessageCursor { event_time, id }))
     }
 
     /// Takes the (agent, user)'s run for `worker`, or says how long to wait.

@@ -470,9 +470,10 @@ impl Store {
                 // Another judgement retired them first.
                 outcome = JudgeOutcome::Kept;
             }
-            // The statement left standing keeps the most its copies were rated: saying a thing
-            // again never makes it matter less (seed 004 weighs importance and confidence when it
-            // deduplicates).
+            // The statement left standing keeps the most its copies were rated (an unrated one
+            // counts as ½, as in ranking), and the most durable layer (an episodic copy never
+            // turns a semantic memory into one that fades): saying a thing again never makes it
+            // matter less (seed 004 weighs importance and confidence when it deduplicates).
             let copies: Vec<Uuid> = judgement
                 .retire
                 .iter()
@@ -482,8 +483,14 @@ impl Store {
             if !copies.is_empty() {
                 sqlx::query(
                     "UPDATE memory_items n
-                     SET importance = GREATEST(n.importance, c.importance), confidence = GREATEST(n.confidence, c.confidence)
-                     FROM (SELECT max(importance) AS importance, max(confidence) AS confidence
+                     SET importance = CASE WHEN c.importance > COALESCE(n.importance, 0.5) THEN c.importance
+                                           ELSE n.importance END,
+                         confidence = CASE WHEN c.confidence > COALESCE(n.confidence, 0.5) THEN c.confidence
+                                           ELSE n.confidence END,
+                         layer = CASE WHEN n.layer = 'episodic' THEN COALESCE(c.layer, n.layer) ELSE n.layer END,
+                         faded_at = CASE WHEN c.layer IS NULL THEN n.faded_at END
+                     FROM (SELECT max(importance) AS importance, max(confidence) AS confidence,
+                                  min(layer) FILTER (WHERE layer <> 'episodic') AS layer
                            FROM memory_items WHERE tenant_id = $1 AND id = ANY($3)) c
                      WHERE n.tenant_id = $1 AND n.id = $2",
                 )

@@ -22,8 +22,9 @@ ON CONFLICT (tick) DO UPDATE SET worker = $2, started_at = now()
 WHERE maintenance_runs.finished_at IS NULL AND maintenance_runs.started_at < now() - make_interval(secs => $3)";
 
 const FINISH: &str =
-    "UPDATE maintenance_runs SET archived = $2, pruned = $3, promoted = $4, faded = $5, finished_at = now()
-                      WHERE tick = $1";
+    "UPDATE maintenance_runs SET archived = $2, pruned = $3, promoted = $4, faded = $5, forgotten = $6,
+                                finished_at = now()
+     WHERE tick = $1";
 
 /// Live daily notes of days before `$1` (a path bound), at most `$2`, in key order after the
 /// key `($3, $4, $5, $6)`: a page at a time, so a row passed over never holds up the rest.
@@ -71,6 +72,8 @@ pub struct Maintained {
     pub promoted: u64,
     /// Episodic memories that left packs.
     pub faded: u64,
+    /// Faded memories deleted for their decay.
+    pub forgotten: u64,
 }
 
 impl Store {
@@ -97,6 +100,7 @@ impl Store {
             .bind(done.pruned as i64)
             .bind(done.promoted as i64)
             .bind(done.faded as i64)
+            .bind(done.forgotten as i64)
             .execute(&self.pool)
             .await?;
         Ok(())
