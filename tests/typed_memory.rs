@@ -594,7 +594,7 @@ async fn a_copy_the_judge_retires_leaves_its_session_to_the_survivor_which_is_pr
 }
 
 #[tokio::test]
-async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_fade() {
+async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_fade_then_are_forgotten() {
     let (app, _provider) = app().await;
     let store = app.db.store();
     let in_session = |s: &str| principal("acme", Some("ann"), Some("helper"), Some(s));
