@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use mnemo_config::{ContextSettings, Env, WorkspaceSettings, vars};
-use mnemo_core::{AgentId, TenantId, UserId};
+use mnemo_core::{AgentId, SessionId, TenantId, UserId};
 use mnemo_jobs::{ExtractReport, ExtractRunner, MAX_CONVERSATIONS_PER_RUN};
 use mnemo_store::queue::ExtractJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token, wait_until};
@@ -473,6 +473,56 @@ async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words
     let done = "SELECT count(*) FROM memory_extractions WHERE status = 'done' AND user_id = ";
     assert_eq!(app.db.count(&format!("{done}'ann'")).await, 1);
     assert_eq!(app.db.count(&format!("{done}'bob'")).await, 0, "ann's run marked only her conversation");
+}
+
+/// A conversation whose messages were all shown already (an earlier extraction of the session
+/// read them), or are another user's, is done without a model call; and a compaction recorded
+/// after a later conversation of its session was extracted asks for nothing.
+#[tokio::test]
+async fn what_an_earlier_extraction_read_is_not_read_again() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), Some("s1")));
+    conversation(&app, &ann, "Ann lives in Lyon").await;
+    assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
+    assert!(matches!(runner.run(&job()).await.expect("run"), ExtractReport::Applied { .. }));
+    assert_eq!(chat.requests().len(), 1);
+
+    // Only bob speaks after: ann's next conversation holds nothing of hers that is new.
+    for line in ["I am Bob, hello", "what is the weather in Lyon", "is it raining today"] {
+        say(&app, &bob, "user", line).await;
+    }
+    assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
+    assert!(matches!(runner.run(&job()).await.expect("run"), ExtractReport::NoUpdate { conversations: 1 }));
+    assert_eq!(chat.requests().len(), 1, "no model call");
+    let nothing_new = "SELECT count(*) FROM memory_extractions WHERE user_id = 'ann' AND reason = 'nothing_new'";
+    assert_eq!(app.db.count(nothing_new).await, 1);
+
+    // A compaction of the session's first messages, recorded only now, asks for nothing.
+    let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let store = app.db.store();
+    let messages = store.session_messages(&tenant, &session, None, 3).await.expect("messages");
+    let record = mnemo_store::NewCompaction {
+        from: None,
+        through: messages[2].cursor(),
+        covered: messages.iter().map(|m| m.id).collect(),
+        previous_summary: None,
+        outcome: mnemo_core::CompactionOutcome::Truncated,
+        reason: Some("no_model".to_owned()),
+        summary_id: None,
+        model: None,
+        trigger: mnemo_core::CompactionTrigger::Operator,
+        extract_for: vec![mnemo_core::Workspace {
+            tenant: tenant.clone(),
+            agent: AgentId::parse("helper").expect("agent"),
+            user: Some(UserId::parse("ann").expect("user")),
+        }],
+    };
+    let recorded = store.record_compaction(&tenant, &session, &record).await.expect("record");
+    assert_eq!(recorded, mnemo_store::Recording::Recorded);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE trigger_source = 'compaction'").await, 0);
 }
 
 /// A fact the user deleted is not brought back when a later conversation (or a stale profile)

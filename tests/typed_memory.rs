@@ -661,6 +661,16 @@ async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_f
         },
         signals: mnemo_config::SignalSettings { decay_delete_floor: 0.01, ..Default::default() },
     };
+    // Faded just now, it stays out of packs a while before it is deleted (from the fade floor to
+    // the delete floor: 70 days at a 30-day half-life), however long ago it was last used.
+    let (years_ago, weeks_ago) =
+        (chrono::Utc::now() - chrono::Duration::days(1000), chrono::Utc::now() - chrono::Duration::days(60));
+    assert_eq!(store.forget_decayed(years_ago, weeks_ago, 100).await.expect("forget"), 0);
+    sqlx::query("UPDATE memory_items SET faded_at = now() - interval '71 days' WHERE id = $1")
+        .bind(old)
+        .execute(&app.db.pool)
+        .await
+        .expect("faded long ago");
     mnemo_jobs::run_housekeeping(&store, "w", &policy).await.expect("housekeeping");
     assert_eq!(app.db.count("SELECT forgotten FROM maintenance_runs WHERE finished_at IS NOT NULL").await, 1);
     let deleted = |id: Uuid| {

@@ -141,6 +141,12 @@ impl ExtractRunner {
             return Ok(ExtractReport::Disabled { conversations });
         };
         let (input, read) = self.input(&workspace, &pending).await?;
+        if input.transcript.is_empty() {
+            // Nothing the model was not shown already (an earlier extraction of the session read
+            // it), or only another user's words: no call, no entry written twice.
+            self.store.finish_extraction(&workspace, &self.worker, &pending, "done", "nothing_new", false).await?;
+            return Ok(ExtractReport::NoUpdate { conversations });
+        }
         let extraction = match extractor.extract(&input).await {
             Ok(extraction) => extraction,
             // An endpoint that is down fails no conversation for a day: asked again once per

@@ -179,7 +179,11 @@ async fn maintenance_run(
     }
     if signals.decay_delete_floor > 0.0 {
         let before = fade_before(&signals.weights, signals.decay_delete_floor);
-        done.forgotten = steps.run("forget_decayed", store.forget_decayed(before, 10_000).await);
+        // Out of packs for as long as its decay takes from one floor to the other, however late
+        // it was faded (the first run after the floors were set, an old import), so a recall in
+        // between can still bring it back.
+        let faded_before = Utc::now() - (fade_before(&signals.weights, signals.decay_floor) - before);
+        done.forgotten = steps.run("forget_decayed", store.forget_decayed(before, faded_before, 10_000).await);
     }
     steps.run("prune_access_batches", store.prune_access_batches().await);
     steps.finish()?;

@@ -162,8 +162,6 @@ fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
     pending.iter().map(|p| (p.session_id.to_string(), p.through_id)).unzip()
 }
 
-/// The (agent, user)s with a conversation waiting for longer than `$1` seconds and no extract
-/// job that will run: at most `$2`.
 /// Where the (agent, user)'s last extracted conversation of a session ended before `($5, $6)`.
 const LAST_EXTRACTED: &str = "
 SELECT through_time, through_id FROM memory_extractions
@@ -172,6 +170,14 @@ WHERE tenant_id = $1 AND session_id = $2 AND agent_id = $3 AND user_id = $4 AND 
 ORDER BY through_time DESC, through_id DESC
 LIMIT 1";
 
+/// Whether a conversation of the session was extracted for the (agent, user) at or past `($5, $6)`.
+const EXTRACTED_PAST: &str = "
+SELECT EXISTS (SELECT 1 FROM memory_extractions
+               WHERE tenant_id = $1 AND session_id = $2 AND agent_id = $3 AND user_id = $4 AND status = 'done'
+                 AND (through_time, through_id) >= ($5, $6))";
+
+/// The (agent, user)s with a conversation waiting for longer than `$1` seconds and no extract
+/// job that will run: at most `$2`.
 const STRANDED: &str = "
 WITH live AS (
     SELECT convert_from(job, 'UTF8')::jsonb AS args FROM apalis.jobs
@@ -421,6 +427,23 @@ pub(crate) async fn request_extraction_in(
     source: TriggerSource,
 ) -> Result<bool, StoreError> {
     let user = user_of(workspace)?;
+    // A compaction recorded after a later conversation of the session was extracted (its model
+    // call outlasted that extraction) asks for nothing: the later one read its newest messages,
+    // and reading them again would write its daily entry twice.
+    if source == TriggerSource::Compaction {
+        let extracted_past: bool = sqlx::query_scalar(EXTRACTED_PAST)
+            .bind(workspace.tenant.as_str())
+            .bind(session.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user)
+            .bind(through.event_time)
+            .bind(through.id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if extracted_past {
+            return Ok(false);
+        }
+    }
     let statement = if matches!(source, TriggerSource::Manual) { REQUEST_AGAIN } else { REQUEST };
     let asked: Option<bool> = sqlx::query_scalar(statement)
         .bind(workspace.tenant.as_str())

@@ -489,7 +489,8 @@ impl Store {
                                            ELSE n.confidence END,
                          layer = CASE WHEN n.layer = 'episodic' THEN COALESCE(c.layer, n.layer) ELSE n.layer END,
                          faded_at = CASE WHEN c.layer IS NULL THEN n.faded_at END
-                     FROM (SELECT max(importance) AS importance, max(confidence) AS confidence,
+                     FROM (SELECT max(COALESCE(importance, 0.5)) AS importance,
+                                  max(COALESCE(confidence, 0.5)) AS confidence,
                                   min(layer) FILTER (WHERE layer <> 'episodic') AS layer
                            FROM memory_items WHERE tenant_id = $1 AND id = ANY($3)) c
                      WHERE n.tenant_id = $1 AND n.id = $2",
@@ -500,10 +501,10 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
                 // Where the copies were stated counts for the survivor: promotion looks for a
-                // memory stated in two sessions.
+                // memory stated in two sessions. Seen now, as `export --since` reads sightings.
                 sqlx::query(
                     "INSERT INTO memory_sightings (tenant_id, item_id, session_id, user_id, seen_at)
-                     SELECT tenant_id, $2, session_id, user_id, seen_at FROM memory_sightings
+                     SELECT tenant_id, $2, session_id, user_id, now() FROM memory_sightings
                      WHERE tenant_id = $1 AND item_id = ANY($3)
                      ON CONFLICT DO NOTHING",
                 )

@@ -72,16 +72,17 @@ WITH picked AS (
 UPDATE memory_items m SET faded_at = now()
 FROM picked WHERE m.tenant_id = picked.tenant_id AND m.id = picked.id";
 
-/// Faded episodic facts (not superseded ones, which have their own TTL) last used, or dated,
-/// before `$1` are deleted, soft (the retention sweep anonymizes them), their validity ended as
-/// an API delete ends it, with an audit row each; at most `$2` per run. Only facts: a daily
-/// note's pieces live as long as their note, and documents as long as their writer keeps them.
+/// Episodic facts faded before `$4` (not superseded ones, which have their own TTL) last used,
+/// or dated, before `$1` are deleted, soft (the retention sweep anonymizes them), their validity
+/// ended as an API delete ends it, with an audit row each; at most `$2` per run. Only facts: a
+/// daily note's pieces live as long as their note, and documents as long as their writer keeps
+/// them.
 const FORGET: &str = "
 WITH picked AS (
     SELECT tenant_id, id FROM memory_items
     WHERE layer = 'episodic' AND source_kind = 'fact' AND scope <> 'session' AND faded_at IS NOT NULL
       AND deleted_at IS NULL AND anonymized_at IS NULL AND superseded_by IS NULL
-      AND COALESCE(last_accessed_at, event_time) < $1
+      AND COALESCE(last_accessed_at, event_time) < $1 AND faded_at < $4
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), deleted AS (
@@ -131,12 +132,19 @@ impl Store {
         Ok(sqlx::query(FADE).bind(before).bind(limit).execute(&self.pool).await?.rows_affected())
     }
 
-    /// Deletes faded episodic memories unused since `before` (see [`FORGET`]); returns how many.
-    pub async fn forget_decayed(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError> {
+    /// Deletes episodic facts faded before `faded_before` and unused since `before` (see
+    /// [`FORGET`]); returns how many.
+    pub async fn forget_decayed(
+        &self,
+        before: DateTime<Utc>,
+        faded_before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
         let forgotten: i64 = sqlx::query_scalar(FORGET)
             .bind(before)
             .bind(limit)
             .bind(AuditEvent::Delete.as_str())
+            .bind(faded_before)
             .fetch_one(&self.pool)
             .await?;
         Ok(forgotten as u64)
