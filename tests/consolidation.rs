@@ -324,20 +324,13 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
 
     // Housekeeping does it on its tick, for the last fire.
     let policy = mnemo_jobs::HousekeepingPolicy {
-        interval: Duration::from_secs(1),
-        model: "m".into(),
-        embed_grace: Duration::from_secs(60),
-        judge_grace: Duration::from_secs(60),
-        job_retention: Duration::from_secs(3600),
-        dead_worker_after: Duration::from_secs(60),
-        retention_interval: Duration::from_secs(3600),
         consolidate_cron: Some(schedule),
         maintenance: mnemo_config::MaintenanceSettings {
             interval: Duration::from_secs(3600),
             note_retention_days: 0,
             session_retention_days: 0,
         },
-        signals: mnemo_config::SignalSettings::default(),
+        ..mnemo_testkit::housekeeping_policy("m")
     };
     // A step failing at every tick (here pruning, made to fail) does not keep the tick's later
     // steps from running; the failure is the tick's result.

@@ -646,20 +646,8 @@ async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_f
     let born = json!({"scope": "user", "content": "ann was born by the glacier", "event_time": "2020-01-01T00:00:00Z"});
     let born = id_of(&fact(&app, &ann, born).await);
     let policy = mnemo_jobs::HousekeepingPolicy {
-        interval: std::time::Duration::from_secs(1),
-        model: MODEL.into(),
-        embed_grace: std::time::Duration::from_secs(60),
-        judge_grace: std::time::Duration::from_secs(60),
-        job_retention: std::time::Duration::from_secs(3600),
-        dead_worker_after: std::time::Duration::from_secs(60),
-        retention_interval: std::time::Duration::from_secs(3600),
-        consolidate_cron: None,
-        maintenance: mnemo_config::MaintenanceSettings {
-            interval: std::time::Duration::from_secs(6 * 3600),
-            note_retention_days: 0,
-            session_retention_days: 0,
-        },
         signals: mnemo_config::SignalSettings { decay_delete_floor: 0.01, ..Default::default() },
+        ..mnemo_testkit::housekeeping_policy(MODEL)
     };
     // Faded just now, it stays out of packs a while before it is deleted (from the fade floor to
     // the delete floor: 70 days at a 30-day half-life), however long ago it was last used.

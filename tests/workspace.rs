@@ -383,20 +383,12 @@ async fn a_failed_maintenance_run_is_run_again_at_the_next_tick() {
     let app = TestApp::spawn().await;
     let store = app.db.store();
     let policy = mnemo_jobs::HousekeepingPolicy {
-        interval: Duration::from_secs(1),
-        model: "m".into(),
-        embed_grace: Duration::from_secs(60),
-        judge_grace: Duration::from_secs(60),
-        job_retention: Duration::from_secs(3600),
-        dead_worker_after: Duration::from_secs(60),
-        retention_interval: Duration::from_secs(3600),
-        consolidate_cron: None,
         maintenance: mnemo_config::MaintenanceSettings {
             interval: Duration::from_secs(6 * 3600),
             note_retention_days: 90,
             session_retention_days: 0,
         },
-        signals: mnemo_config::SignalSettings::default(),
+        ..mnemo_testkit::housekeeping_policy("m")
     };
     let exec = |sql: &'static str| {
         let pool = app.db.pool.clone();

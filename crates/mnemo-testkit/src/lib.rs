@@ -134,6 +134,28 @@ pub fn principal(tenant: &str, user: Option<&str>, agent: Option<&str>, session:
     }
 }
 
+/// Housekeeping as a test runs it by hand (`mnemo_jobs::run_housekeeping`): a 1 s tick over
+/// vectors of `model`, no consolidation schedule, maintenance every 6 h with no note or session
+/// retention, the default signals. A test sets what it exercises with `..`.
+pub fn housekeeping_policy(model: &str) -> mnemo_jobs::HousekeepingPolicy {
+    mnemo_jobs::HousekeepingPolicy {
+        interval: Duration::from_secs(1),
+        model: model.to_owned(),
+        embed_grace: Duration::from_secs(60),
+        judge_grace: Duration::from_secs(60),
+        job_retention: Duration::from_secs(3600),
+        dead_worker_after: Duration::from_secs(60),
+        retention_interval: Duration::from_secs(3600),
+        consolidate_cron: None,
+        maintenance: mnemo_config::MaintenanceSettings {
+            interval: Duration::from_secs(6 * 3600),
+            note_retention_days: 0,
+            session_retention_days: 0,
+        },
+        signals: mnemo_config::SignalSettings::default(),
+    }
+}
+
 /// A token signed with [`TEST_JWT_SECRET`], valid for an hour.
 pub fn token(principal: &Principal) -> String {
     mnemo_api::auth::sign_hs256(TEST_JWT_SECRET.as_bytes(), principal, Duration::from_secs(3600)).expect("sign")
