@@ -671,6 +671,15 @@ async fn the_runbook_dry_run_shows_the_proposal_and_writes_nothing() {
     let queued: Value = serde_json::from_slice(&queued.stdout).expect("json");
     assert_eq!(queued["queued"], true);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE trigger_source = 'manual'").await, 1);
+    // Once extracted through its last message, a dry run proposes what a request would do: nothing.
+    let report = runner(&app, Some(&chat), &[]).run(&job()).await.expect("extraction");
+    assert!(matches!(report, ExtractReport::Applied { .. }), "{report:?}");
+    let asked = chat.requests().len();
+    let dry = run(&["--dry-run"]).await;
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    let proposal: Value = serde_json::from_slice(&dry.stdout).expect("json");
+    assert_eq!(proposal["nothing_new"], true, "{proposal}");
+    assert_eq!(chat.requests().len(), asked, "no model call");
 }
 
 #[tokio::test]

@@ -237,16 +237,15 @@ impl ExtractRunner {
     }
 
     /// What the model would propose for `session` (up to its last message) now, applying
-    /// nothing: the runbook's dry run. `None` when the session has no messages or no model is
-    /// configured.
-    pub async fn propose(
-        &self,
-        workspace: &Workspace,
-        session: &mnemo_core::SessionId,
-    ) -> Result<Option<Result<mnemo_core::Extraction, mnemo_core::ModelFailure>>, JobError> {
-        let Some(extractor) = &self.extractor else { return Ok(None) };
+    /// nothing: the runbook's dry run. It reads what a real request would: nothing when the
+    /// session was extracted for the user through its last message already.
+    pub async fn propose(&self, workspace: &Workspace, session: &mnemo_core::SessionId) -> Result<Proposal, JobError> {
+        let Some(extractor) = &self.extractor else { return Ok(Proposal::NoModel) };
         let last = self.store.session_messages_newest_first(&workspace.tenant, session, None, None, 1).await?;
-        let Some(last) = last.first() else { return Ok(None) };
+        let Some(last) = last.first() else { return Ok(Proposal::NoMessages) };
+        if self.store.extracted_through(workspace, session, last.cursor()).await? {
+            return Ok(Proposal::NothingNew);
+        }
         let conversation = PendingExtraction {
             session_id: session.clone(),
             through_id: last.id,
@@ -255,7 +254,10 @@ impl ExtractRunner {
             attempts: 0,
         };
         let (input, _) = self.input(workspace, &[conversation]).await?;
-        Ok(Some(extractor.extract(&input).await))
+        if input.transcript.is_empty() {
+            return Ok(Proposal::NothingNew);
+        }
+        Ok(Proposal::Answer(extractor.extract(&input).await))
     }
 
     /// The transcript of the pending conversations (each up to its last message when completed)
@@ -328,6 +330,20 @@ impl ExtractRunner {
         };
         Ok((input, ReadVersions { profile: profile_version, memory: memory_version }))
     }
+}
+
+/// What a dry run found.
+#[derive(Debug)]
+pub enum Proposal {
+    /// No extraction model is configured.
+    NoModel,
+    /// The session holds no messages.
+    NoMessages,
+    /// Nothing the model has not been shown: the session was extracted for the user through
+    /// its last message, or holds only other users' words since.
+    NothingNew,
+    /// The model's answer, or how it failed.
+    Answer(Result<mnemo_core::Extraction, mnemo_core::ModelFailure>),
 }
 
 /// The versions of PROFILE.md and MEMORY.md the model was shown (`None`: no live file), so a

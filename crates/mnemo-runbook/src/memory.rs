@@ -8,7 +8,7 @@ use anyhow::bail;
 use clap::Subcommand;
 use mnemo_config::{ContextSettings, Env, WorkspaceSettings};
 use mnemo_core::{AgentId, SessionId, TenantId, TriggerSource, UserId, Workspace};
-use mnemo_jobs::{ConsolidateRunner, ExtractRunner};
+use mnemo_jobs::{ConsolidateRunner, ExtractRunner, Proposal};
 use mnemo_store::Store;
 use serde_json::{Value, json};
 
@@ -100,10 +100,24 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 stale_after: std::time::Duration::from_secs(600),
                 consolidation_throttle: settings.consolidation.after_extraction(),
             };
-            let Some(proposal) = runner.propose(&workspace, &session).await? else {
-                bail!("nothing to propose: no MNEMO_LLM_MODEL, or the session has no messages");
+            let proposal = match runner.propose(&workspace, &session).await? {
+                Proposal::NoModel => bail!("nothing to propose: no MNEMO_LLM_MODEL"),
+                Proposal::NoMessages => bail!("the session has no messages"),
+                Proposal::NothingNew => {
+                    // What a real request would find: the session's last conversation is done.
+                    if json {
+                        println!("{}", json!({ "dry_run": true, "nothing_new": true }));
+                    } else {
+                        println!(
+                            "nothing new: the session was extracted for user {} through its last message, or holds \
+                             only other users' words since",
+                            workspace.user.as_ref().map_or("", |u| u.as_str())
+                        );
+                    }
+                    return Ok(());
+                }
+                Proposal::Answer(answer) => answer.map_err(|f| anyhow::anyhow!("the model failed: {f}"))?,
             };
-            let proposal = proposal.map_err(|f| anyhow::anyhow!("the model failed: {f}"))?;
             let facts: Vec<Value> = proposal
                 .facts
                 .iter()

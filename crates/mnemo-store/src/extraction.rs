@@ -255,6 +255,17 @@ impl Store {
         Ok(row.map(|(event_time, id)| MessageCursor { event_time, id }))
     }
 
+    /// Whether a conversation of `session` was extracted for the workspace's user through
+    /// `through` or past it.
+    pub async fn extracted_through(
+        &self,
+        workspace: &Workspace,
+        session: &SessionId,
+        through: MessageCursor,
+    ) -> Result<bool, StoreError> {
+        extracted_through(&mut *self.pool.acquire().await?, workspace, session, through).await
+    }
+
     /// Takes the (agent, user)'s run for `worker`, or says how long to wait.
     pub async fn claim_extraction(
         &self,
@@ -418,6 +429,23 @@ impl Store {
     }
 }
 
+async fn extracted_through(
+    conn: &mut sqlx::PgConnection,
+    workspace: &Workspace,
+    session: &SessionId,
+    through: MessageCursor,
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(EXTRACTED_PAST)
+        .bind(workspace.tenant.as_str())
+        .bind(session.as_str())
+        .bind(workspace.agent.as_str())
+        .bind(user_of(workspace)?)
+        .bind(through.event_time)
+        .bind(through.id)
+        .fetch_one(conn)
+        .await?)
+}
+
 /// [`Store::request_extraction`] in the caller's transaction.
 pub(crate) async fn request_extraction_in(
     tx: &mut sqlx::PgConnection,
@@ -430,19 +458,8 @@ pub(crate) async fn request_extraction_in(
     // A compaction recorded after a later conversation of the session was extracted (its model
     // call outlasted that extraction) asks for nothing: the later one read its newest messages,
     // and reading them again would write its daily entry twice.
-    if source == TriggerSource::Compaction {
-        let extracted_past: bool = sqlx::query_scalar(EXTRACTED_PAST)
-            .bind(workspace.tenant.as_str())
-            .bind(session.as_str())
-            .bind(workspace.agent.as_str())
-            .bind(user)
-            .bind(through.event_time)
-            .bind(through.id)
-            .fetch_one(&mut *tx)
-            .await?;
-        if extracted_past {
-            return Ok(false);
-        }
+    if source == TriggerSource::Compaction && extracted_through(tx, workspace, session, through).await? {
+        return Ok(false);
     }
     let statement = if matches!(source, TriggerSource::Manual) { REQUEST_AGAIN } else { REQUEST };
     let asked: Option<bool> = sqlx::query_scalar(statement)
