@@ -708,7 +708,7 @@ async fn a_judgement_made_before_a_revival_leaves_the_revived_fact_pending() {
     assert!(!f.row(tokyo).await.judged, "revived, to be judged again");
 
     let kept = mnemo_store::Judgement {
-        outcome: mnemo_core::JudgeOutcome::Kept,
+        unless_retired: mnemo_core::JudgeOutcome::Kept,
         retire: Vec::new(),
         reason: "model",
         model: None,
@@ -716,6 +716,32 @@ async fn a_judgement_made_before_a_revival_leaves_the_revived_fact_pending() {
     };
     assert_eq!(store.apply_judgement(&stale, &kept).await.expect("applied"), None, "a judgement of the old validity");
     assert!(!f.row(tokyo).await.judged, "the revival's judgement was taken by a stale one");
+}
+
+/// A judgement whose facts to retire were retired by another judgement first records what it
+/// found without them: a fact judged with no model to ask (its copies only) is `disabled`, not
+/// `kept`, which says a model kept every candidate.
+#[tokio::test]
+async fn a_judgement_whose_copies_were_retired_first_records_that_no_model_was_asked() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    embed_like_the_provider(&f.app.db.store(), MODEL, DIMS).await;
+    let store = f.app.db.store();
+    let job = JudgeJob { tenant_id: TenantId::parse("acme").expect("tenant"), item_id: tokyo };
+    let pending = store.pending_facts(&[job]).await.expect("pending").pop().expect("tokyo is pending");
+    // The copy it would retire is no longer a live fact (here: no fact at all).
+    let copies_gone = mnemo_store::Judgement {
+        unless_retired: mnemo_core::JudgeOutcome::Disabled,
+        retire: vec![(Uuid::now_v7(), mnemo_store::Retire::SameWords)],
+        reason: "superseded",
+        model: None,
+        candidates: 1,
+    };
+    let applied = store.apply_judgement(&pending, &copies_gone).await.expect("applied");
+    assert_eq!(applied, Some(mnemo_core::JudgeOutcome::Disabled));
+    assert_eq!(f.row(tokyo).await.outcome.as_deref(), Some("disabled"));
+    assert_eq!(f.app.db.count("SELECT count(*) FROM audit_log WHERE event = 'supersede'").await, 0);
 }
 
 #[tokio::test]

@@ -189,9 +189,8 @@ async fn judge_fact(
     }
     let judgement = if let Some(key) = &fact.fact_key {
         let candidates = store.same_key_facts(&fact, key).await?;
-        let outcome = if candidates.is_empty() { JudgeOutcome::NoCandidates } else { JudgeOutcome::Superseded };
         let retire = candidates.iter().map(|c| (c.id, Retire::KeyMatch)).collect();
-        judgement(outcome, retire, "key_match", None, candidates.len())
+        judgement(JudgeOutcome::NoCandidates, retire, "key_match", None, candidates.len())
     } else {
         let candidates = store.judge_candidates(&fact, policy.threshold, policy.topk).await?;
         let total = candidates.len();
@@ -202,8 +201,8 @@ async fn judge_fact(
             candidates.into_iter().partition(|c| fingerprint(&c.content) == words);
         let mut retire: Vec<(Uuid, Retire)> = copies.iter().map(|c| (c.id, Retire::SameWords)).collect();
         let without_model = |retire: Vec<(Uuid, Retire)>, none: JudgeOutcome| {
-            let outcome = if retire.is_empty() { none } else { JudgeOutcome::Superseded };
-            judgement(outcome, retire, outcome.as_str(), None, total)
+            let reason = if retire.is_empty() { none.as_str() } else { JudgeOutcome::Superseded.as_str() };
+            judgement(none, retire, reason, None, total)
         };
         match &judge {
             None => without_model(retire, JudgeOutcome::Disabled),
@@ -226,8 +225,7 @@ async fn judge_fact(
                             Verdict::Duplicate => Some((c.id, Retire::Duplicate)),
                             Verdict::Keep => None,
                         }));
-                        let outcome = if retire.is_empty() { JudgeOutcome::Kept } else { JudgeOutcome::Superseded };
-                        judgement(outcome, retire, "model", model, total)
+                        judgement(JudgeOutcome::Kept, retire, "model", model, total)
                     }
                     // A failing model retires nothing, the copies included.
                     Ok(verdicts) => {
@@ -250,13 +248,13 @@ async fn judge_fact(
 }
 
 fn judgement(
-    outcome: JudgeOutcome,
+    unless_retired: JudgeOutcome,
     retire: Vec<(Uuid, Retire)>,
     reason: &'static str,
     model: Option<String>,
     candidates: usize,
 ) -> Judgement {
-    Judgement { outcome, retire, reason, model, candidates }
+    Judgement { unless_retired, retire, reason, model, candidates }
 }
 
 /// A judge failure: counted and logged by kind and ids; the detail (which could echo a prompt)

@@ -99,8 +99,10 @@ impl Retire {
 /// What the judge decided for one pending fact, before it is applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Judgement {
-    /// `Kept` and `Superseded` are settled when applied, by what could still be retired.
-    pub outcome: JudgeOutcome,
+    /// What is recorded when no fact could be retired (`Superseded` is, when one is): `Kept` for
+    /// a model that kept every candidate, or whose retirements another judgement made first;
+    /// `NoCandidates`, `Disabled` or `FailOpen` for a judgement that had no model to ask.
+    pub unless_retired: JudgeOutcome,
     /// Facts to retire, and why.
     pub retire: Vec<(Uuid, Retire)>,
     /// A short code of how it was decided; a fail-open's audit row names the failure's kind.
@@ -430,7 +432,7 @@ impl Store {
             return Ok(None);
         }
 
-        let mut outcome = judgement.outcome;
+        let mut outcome = judgement.unless_retired;
         if !judgement.retire.is_empty() {
             let ids: Vec<Uuid> = judgement.retire.iter().map(|(id, _)| *id).collect();
             let reasons: Vec<&str> = judgement.retire.iter().map(|(_, why)| why.as_str()).collect();
@@ -466,9 +468,9 @@ impl Store {
             .bind(&fact.writer)
             .fetch_all(&mut *tx)
             .await?;
-            if retired.is_empty() && outcome == JudgeOutcome::Superseded {
-                // Another judgement retired them first.
-                outcome = JudgeOutcome::Kept;
+            // None, when another judgement retired them first.
+            if !retired.is_empty() {
+                outcome = JudgeOutcome::Superseded;
             }
             // The statement left standing keeps the most its copies were rated (an unrated one
             // counts as ½, as in ranking), and the most durable layer (an episodic copy never
