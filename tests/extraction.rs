@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use mnemo_config::{ContextSettings, Env, WorkspaceSettings, vars};
-use mnemo_core::{AgentId, SessionId, TenantId, UserId};
+use mnemo_core::{AgentId, SessionId, TRANSCRIPT_MESSAGES, TenantId, UserId};
 use mnemo_jobs::{ExtractReport, ExtractRunner, MAX_CONVERSATIONS_PER_RUN};
 use mnemo_store::queue::ExtractJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, WorkerProcess, principal, token, wait_until};
@@ -261,11 +261,11 @@ async fn extraction_rewrites_memory_only_when_allowed_and_an_answer_keeping_noth
     assert_eq!(app.db.count(kept).await, 1);
 }
 
-/// Two conversations of one long session taken by one run are each shown to the model: the
-/// later one's transcript does not stand in for the earlier one, whose messages are further back
-/// than the transcript reaches.
+/// Two conversations of one long session are each shown to the model, every message once: the
+/// later one's transcript does not stand in for the earlier one, and the later one, longer than
+/// the room the earlier leaves in a transcript, waits for runs of its own.
 #[tokio::test]
-async fn two_conversations_of_one_session_in_one_run_are_both_shown() {
+async fn two_conversations_of_one_session_are_both_shown_every_message_once() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
@@ -276,12 +276,30 @@ async fn two_conversations_of_one_session_in_one_run_are_both_shown() {
         say(&app, &t, "assistant", &format!("Museum {i} opens at nine.")).await;
     }
     complete(&app, &t, "s1", "web").await;
-    let report = runner(&app, Some(&chat), &[]).run(&job()).await.expect("run");
-    assert!(matches!(report, ExtractReport::Applied { conversations: 2, .. }), "{report:?}");
-    let prompt = chat.requests()[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
-    assert!(prompt.contains("remember home_city: Ann lives in Lyon"), "the first conversation: {prompt}");
-    assert!(prompt.contains("Museum 19 opens at nine."), "the second: {prompt}");
-    assert_eq!(prompt.matches("Museum 19 opens").count(), 1, "no message twice: {prompt}");
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let mut taken = Vec::new();
+    loop {
+        match runner.run(&job()).await.expect("run") {
+            ExtractReport::Applied { conversations, .. } => taken.push(conversations),
+            ExtractReport::Nothing => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    // The first conversation; the second's first 30 messages; its last 10.
+    assert_eq!(taken, [1, 1, 1]);
+    let prompts: Vec<String> = chat
+        .requests()
+        .iter()
+        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
+        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, transcript)| transcript).to_owned())
+        .collect();
+    assert!(prompts[0].contains("remember home_city: Ann lives in Lyon"), "the first conversation: {}", prompts[0]);
+    for i in 0..20 {
+        for said in [format!("museum number {i}?"), format!("Museum {i} opens at nine.")] {
+            let shown: usize = prompts.iter().map(|p| p.matches(&said).count()).sum();
+            assert_eq!(shown, 1, "{said} shown {shown} times");
+        }
+    }
 }
 
 #[tokio::test]
@@ -404,8 +422,9 @@ async fn a_model_outage_waits_out_the_cooldown_and_fails_no_conversation() {
     assert!(matches!(report, ExtractReport::Applied { conversations: 1, .. }), "{report:?}");
 }
 
-/// More conversations than one transcript can show: a run takes the oldest it can show the
-/// model, and every conversation marked done was in the transcript of the run that took it.
+/// More conversations than one transcript can show: a run takes the oldest, whole, while the
+/// transcript has room, and every conversation marked done was in the transcript of the run
+/// that took it.
 #[tokio::test]
 async fn every_conversation_a_run_marks_done_was_shown_to_the_model() {
     let chat = ScriptedChat::start().await;
@@ -420,14 +439,58 @@ async fn every_conversation_a_run_marks_done_was_shown_to_the_model() {
         // Said after the completion: not part of what was completed.
         say(&app, &t, "user", &format!("later in trip number {i}.")).await;
     }
-    let first = runner.run(&job()).await.expect("first run");
-    assert!(
-        matches!(first, ExtractReport::Applied { conversations, .. } if conversations == MAX_CONVERSATIONS_PER_RUN),
-        "{first:?}"
+    // Four messages each: seven fit in a transcript of 30.
+    let mut taken = Vec::new();
+    loop {
+        match runner.run(&job()).await.expect("run") {
+            ExtractReport::Applied { conversations, .. } => taken.push(conversations),
+            ExtractReport::Nothing => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(taken, [7, 7, 6]);
+    // The transcripts (today's note, also in the prompt, quotes the earlier runs).
+    let prompts: Vec<String> = chat
+        .requests()
+        .iter()
+        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
+        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, transcript)| transcript).to_owned())
+        .collect();
+    assert_eq!(prompts.len(), 3);
+    for i in 0..total {
+        let shown = prompts.iter().filter(|p| p.contains(&format!("trip number {i}."))).count();
+        assert_eq!(shown, 1, "conversation {i} was shown {shown} times");
+        assert!(!prompts.iter().any(|p| p.contains(&format!("later in trip number {i}."))));
+    }
+    let whole: usize = prompts.iter().map(|p| p.matches("my name is Ann").count()).sum();
+    assert_eq!(whole, total, "each conversation is shown whole");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, total as i64);
+}
+
+/// A conversation longer than one transcript is read in pieces, one per run: the first piece is
+/// asked for as a conversation of its own, and each message is shown to the model once (a
+/// compaction covers 50 messages by default, a transcript holds 30).
+#[tokio::test]
+async fn a_conversation_longer_than_a_transcript_is_shown_in_pieces_each_message_once() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let total = TRANSCRIPT_MESSAGES + 12;
+    for i in 0..total {
+        say(&app, &t, if i % 2 == 0 { "user" } else { "assistant" }, &format!("message number {i}.")).await;
+    }
+    complete(&app, &t, "s1", "web").await;
+    let first = runner.run(&job()).await.expect("first piece");
+    assert!(matches!(first, ExtractReport::Applied { conversations: 1, .. }), "{first:?}");
+    let (done, pending) = (
+        app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done' AND trigger_source = 'web'").await,
+        app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'pending'").await,
     );
-    let second = runner.run(&job()).await.expect("second run");
-    assert!(matches!(second, ExtractReport::Applied { conversations: 5, .. }), "{second:?}");
-    // The transcripts (today's note, also in the prompt, quotes the first run).
+    assert_eq!((done, pending), (1, 1), "the first piece is done, the conversation waits");
+    let second = runner.run(&job()).await.expect("the rest");
+    assert!(matches!(second, ExtractReport::Applied { conversations: 1, .. }), "{second:?}");
+    assert_eq!(runner.run(&job()).await.expect("nothing left"), ExtractReport::Nothing);
     let prompts: Vec<String> = chat
         .requests()
         .iter()
@@ -436,11 +499,37 @@ async fn every_conversation_a_run_marks_done_was_shown_to_the_model() {
         .collect();
     assert_eq!(prompts.len(), 2);
     for i in 0..total {
-        let shown = prompts.iter().filter(|p| p.contains(&format!("trip number {i}."))).count();
-        assert_eq!(shown, 1, "conversation {i} was shown {shown} times");
-        assert!(!prompts.iter().any(|p| p.contains(&format!("later in trip number {i}."))));
+        let shown: Vec<usize> = (0..2).filter(|&run| prompts[run].contains(&format!("message number {i}."))).collect();
+        let expected = if i < TRANSCRIPT_MESSAGES { [0] } else { [1] };
+        assert_eq!(shown, expected, "message {i}");
     }
-    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, total as i64);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, 2);
+}
+
+/// A piece that failed for good is not read again: the conversation goes on after it, as a
+/// failed conversation's messages are not read by the next one.
+#[tokio::test]
+async fn a_piece_whose_attempts_are_spent_is_not_read_again() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0"), (vars::EXTRACT_MAX_ATTEMPTS, "1")]);
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let total = TRANSCRIPT_MESSAGES + 4;
+    for i in 0..total {
+        say(&app, &t, if i % 2 == 0 { "user" } else { "assistant" }, &format!("message number {i}.")).await;
+    }
+    complete(&app, &t, "s1", "web").await;
+    chat.then([ChatAnswer::Malformed]);
+    let first = runner.run(&job()).await.expect("the first piece fails");
+    assert!(matches!(first, ExtractReport::Failed { last_attempt: true, .. }), "{first:?}");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'failed'").await, 1);
+    let second = runner.run(&job()).await.expect("the rest");
+    assert!(matches!(second, ExtractReport::Applied { conversations: 1, .. }), "{second:?}");
+    let prompt = chat.requests()[1]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
+    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    for i in 0..total {
+        assert_eq!(transcript.contains(&format!("message number {i}.")), i >= TRANSCRIPT_MESSAGES, "message {i}");
+    }
 }
 
 /// Two users in one session: each one's completion is asked for (the same last message), and

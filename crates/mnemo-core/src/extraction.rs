@@ -25,7 +25,8 @@ string_enum!(
     }
 );
 
-/// The most user and assistant messages the model reads, and how long each may be.
+/// The most user and assistant messages the model reads in one run (a longer conversation is
+/// read in pieces), and how long each may be.
 pub const TRANSCRIPT_MESSAGES: usize = 30;
 pub const TRANSCRIPT_MESSAGE_CHARS: usize = 2000;
 /// The most facts one extraction may add, and the longest daily entry.

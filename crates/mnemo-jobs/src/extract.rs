@@ -3,10 +3,12 @@
 //!
 //! The run and its cooldown are held in the database (`extraction_runs`), so they hold across
 //! worker processes and restarts; a job that finds the run held or cooling waits as a delayed
-//! job. It takes the conversations of the pair still pending (the oldest
-//! [`MAX_CONVERSATIONS_PER_RUN`]; the rest wait for the next run), so a conversation that
-//! arrived meanwhile is coalesced into this run, never dropped. The model reads the last 30
-//! messages up to each conversation's completion and
+//! job. It takes the conversations of the pair still pending, oldest first, as many whole as
+//! one transcript holds ([`TRANSCRIPT_MESSAGES`] messages; the rest wait for the next run), so a
+//! conversation that arrived meanwhile is coalesced into this run, never dropped. A conversation
+//! longer than a transcript is read in pieces, one per run: its first piece is asked for as a
+//! conversation of its own, so every message is shown to the model once. The model reads the
+//! conversations' messages since the last extraction of their session, and
 //! the user's PROFILE.md, MEMORY.md and today's note; its checked answer is applied in one
 //! transaction (today's note, the profile, optionally the memory, facts as `POST /v1/facts`
 //! writes them). A failure writes nothing, is recorded, and starts the cooldown (the pair's
@@ -22,12 +24,11 @@ use mnemo_core::{
     WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
-use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, Store};
+use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, SessionMessage, Store};
 
 use crate::{JobError, UndoIfDropped, backoff};
 
-/// The most conversations one run takes: each keeps at least two of the transcript's messages.
-/// Later ones wait for the next run.
+/// The most conversations one run takes (of few messages each); later ones wait for the next run.
 pub const MAX_CONVERSATIONS_PER_RUN: usize = TRANSCRIPT_MESSAGES / 2;
 
 /// Runs extract jobs.
@@ -117,30 +118,98 @@ impl ExtractRunner {
     /// for the next run.
     async fn claimed(&self, job: &ExtractJob, workspace: &Workspace) -> Result<(ExtractReport, bool), JobError> {
         let mut pending = self.store.pending_extractions(workspace).await?;
-        // The oldest first; what this run cannot show the model stays pending for the next.
-        let more_waiting = pending.len() > MAX_CONVERSATIONS_PER_RUN;
-        pending.truncate(MAX_CONVERSATIONS_PER_RUN);
-        Ok((self.extract(job, workspace, pending).await?, more_waiting))
+        if pending.is_empty() {
+            self.store.finish_extraction(workspace, &self.worker, &[], "pending", "", false).await?;
+            return Ok((ExtractReport::Nothing, false));
+        }
+        let Some(extractor) = &self.extractor else {
+            let more_waiting = pending.len() > MAX_CONVERSATIONS_PER_RUN;
+            pending.truncate(MAX_CONVERSATIONS_PER_RUN);
+            self.store.finish_extraction(workspace, &self.worker, &pending, "disabled", "no_model", false).await?;
+            return Ok((ExtractReport::Disabled { conversations: pending.len() }, more_waiting));
+        };
+        let (parts, more_waiting) = self.plan(workspace, pending, true).await?;
+        Ok((self.extract(job, workspace, extractor.as_ref(), parts).await?, more_waiting))
     }
 
-    /// Extracts the `pending` conversations in one model call.
+    /// What this run shows the model of the `pending` conversations (oldest first), and whether
+    /// others wait for the next run. Each is taken whole, from where the last one extracted of
+    /// its session ended, while the transcript has room. When the next is longer than the room
+    /// left, it waits, unless nothing was taken: then its first piece, as many messages as the
+    /// transcript holds, is taken as a conversation of its own, asked for here with `ask` (a dry
+    /// run asks for nothing). A piece asked for before that ended without being extracted (its
+    /// attempts spent) is not read again: the next piece starts after it.
+    async fn plan(
+        &self,
+        workspace: &Workspace,
+        pending: Vec<PendingExtraction>,
+        ask: bool,
+    ) -> Result<(Vec<Part>, bool), JobError> {
+        let more_waiting = pending.len() > MAX_CONVERSATIONS_PER_RUN;
+        let mut parts: Vec<Part> = Vec::new();
+        let mut room = TRANSCRIPT_MESSAGES;
+        for conversation in pending.into_iter().take(MAX_CONVERSATIONS_PER_RUN) {
+            let session = conversation.session_id.clone();
+            let previous = parts.iter().rev().find(|q| q.conversation.session_id == session);
+            let mut after = match previous {
+                Some(q) => Some(q.conversation.through()),
+                None => self.store.last_extracted(workspace, &session, conversation.through()).await?,
+            };
+            loop {
+                // In a session several users write in, another user's messages (and the
+                // assistant's written under their token) are theirs: they never become this
+                // user's memories, which that user's erasure could not reach. Rows carrying no
+                // user stay.
+                let mut messages = self
+                    .store
+                    .spoken_messages(
+                        &workspace.tenant,
+                        &session,
+                        after,
+                        conversation.through().inclusive(),
+                        workspace.user.as_ref(),
+                        i64::try_from(room + 1).unwrap_or(i64::MAX),
+                    )
+                    .await?;
+                if messages.len() <= room {
+                    room -= messages.len();
+                    parts.push(Part { conversation, messages });
+                    break;
+                }
+                if !parts.is_empty() {
+                    return Ok((parts, true));
+                }
+                messages.truncate(room);
+                let end = messages.last().map(|m| m.cursor()).expect("room for at least one message");
+                let piece = PendingExtraction {
+                    session_id: session.clone(),
+                    through_id: end.id,
+                    through_time: end.event_time,
+                    trigger_source: conversation.trigger_source,
+                    attempts: 0,
+                };
+                if !ask || self.store.request_extraction_piece(workspace, &session, end, piece.trigger_source).await? {
+                    parts.push(Part { conversation: piece, messages });
+                    return Ok((parts, true));
+                }
+                after = Some(end);
+            }
+        }
+        Ok((parts, more_waiting))
+    }
+
+    /// Extracts the conversations of `parts` in one model call.
     async fn extract(
         &self,
         job: &ExtractJob,
         workspace: &Workspace,
-        pending: Vec<PendingExtraction>,
+        extractor: &dyn Extractor,
+        parts: Vec<Part>,
     ) -> Result<ExtractReport, JobError> {
         let workspace = workspace.clone();
-        if pending.is_empty() {
-            self.store.finish_extraction(&workspace, &self.worker, &[], "pending", "", false).await?;
-            return Ok(ExtractReport::Nothing);
-        }
-        let conversations = pending.len();
-        let Some(extractor) = &self.extractor else {
-            self.store.finish_extraction(&workspace, &self.worker, &pending, "disabled", "no_model", false).await?;
-            return Ok(ExtractReport::Disabled { conversations });
-        };
-        let (input, read) = self.input(&workspace, &pending).await?;
+        let conversations = parts.len();
+        let (input, read) = self.input(&workspace, &parts).await?;
+        let pending: Vec<PendingExtraction> = parts.into_iter().map(|p| p.conversation).collect();
         if input.transcript.is_empty() {
             // Nothing the model was not shown already (an earlier extraction of the session read
             // it), or only another user's words: no call, no entry written twice.
@@ -253,55 +322,19 @@ impl ExtractRunner {
             trigger_source: mnemo_core::TriggerSource::Manual,
             attempts: 0,
         };
-        let (input, _) = self.input(workspace, &[conversation]).await?;
+        let (parts, _) = self.plan(workspace, vec![conversation], false).await?;
+        let (input, _) = self.input(workspace, &parts).await?;
         if input.transcript.is_empty() {
             return Ok(Proposal::NothingNew);
         }
         Ok(Proposal::Answer(extractor.extract(&input).await))
     }
 
-    /// The transcript of the pending conversations (each up to its last message when completed)
-    /// and the user's files as they are now, with the versions of PROFILE.md and MEMORY.md read.
-    async fn input(
-        &self,
-        workspace: &Workspace,
-        pending: &[PendingExtraction],
-    ) -> Result<(ExtractionInput, ReadVersions), JobError> {
-        // One transcript part per conversation, newest messages first read, so coalesced
-        // conversations share the 30 messages instead of the last one crowding the others out.
-        // A conversation's part ends at its last message and starts after the previous
-        // conversation of its session taken by this run (a later completion of a long session
-        // must not take the place of an earlier one that was never shown), or else after the
-        // last one extracted before (a compaction's, or an earlier completion's: its messages
-        // were shown, and showing them again would write its daily entry again).
-        let mut conversations: Vec<&PendingExtraction> = pending.iter().collect();
-        conversations.sort_by_key(|p| (p.through_time, p.through_id));
-        let share = (TRANSCRIPT_MESSAGES / conversations.len().max(1)).max(2);
-        let mut messages: Vec<(Role, String)> = Vec::new();
-        for (i, p) in conversations.iter().enumerate() {
-            let previous = conversations[..i].iter().rev().find(|q| q.session_id == p.session_id);
-            let after = match previous {
-                Some(q) => Some(q.through()),
-                None => self.store.last_extracted(workspace, &p.session_id, p.through()).await?,
-            };
-            // In a session several users write in, another user's messages (and the assistant's
-            // written under their token) are theirs: they never become this user's memories,
-            // which that user's erasure could not reach. Rows carrying no user stay.
-            let rows = self
-                .store
-                .spoken_messages_newest_first(
-                    &workspace.tenant,
-                    &p.session_id,
-                    after,
-                    p.through().inclusive(),
-                    workspace.user.as_ref(),
-                    i64::try_from(share).unwrap_or(i64::MAX),
-                )
-                .await?;
-            let mut part: Vec<(Role, String)> = rows.into_iter().map(|m| (m.role, m.content)).collect();
-            part.reverse();
-            messages.extend(part);
-        }
+    /// The transcript of the `parts` and the user's files as they are now, with the versions of
+    /// PROFILE.md and MEMORY.md read.
+    async fn input(&self, workspace: &Workspace, parts: &[Part]) -> Result<(ExtractionInput, ReadVersions), JobError> {
+        let messages: Vec<(Role, String)> =
+            parts.iter().flat_map(|p| p.messages.iter().map(|m| (m.role, m.content.clone()))).collect();
         let borrowed: Vec<(Role, &str)> = messages.iter().map(|(role, text)| (*role, text.as_str())).collect();
         let (_, today) = self.store.tenant_today(&workspace.tenant).await?;
         let read = |path: WorkspacePath| {
@@ -330,6 +363,12 @@ impl ExtractRunner {
         };
         Ok((input, ReadVersions { profile: profile_version, memory: memory_version }))
     }
+}
+
+/// A conversation a run takes, and its messages the model is shown (oldest first).
+struct Part {
+    conversation: PendingExtraction,
+    messages: Vec<SessionMessage>,
 }
 
 /// What a dry run found.

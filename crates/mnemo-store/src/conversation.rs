@@ -131,11 +131,11 @@ const SESSION_MESSAGES: &str = session_messages!("m.event_time, m.id");
 const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC, m.id DESC");
 /// What the user and the assistant said (no tool calls or results), without the messages of other
 /// users (`$8`; rows carrying no user stay), newest first.
-const SPOKEN_NEWEST_FIRST: &str = session_messages!(
+const SPOKEN: &str = session_messages!(
     "
   AND m.source_kind = 'chat_message' AND COALESCE(m.role, 'user') IN ('user', 'assistant')
   AND m.tool_call_id IS NULL AND (m.user_id IS NULL OR m.user_id = $8)",
-    "m.event_time DESC, m.id DESC"
+    "m.event_time, m.id"
 );
 const COUNT_MESSAGES: &str = concat!("SELECT count(*)", conversation_rows!());
 
@@ -394,10 +394,10 @@ impl Store {
     }
 
     /// Up to `limit` of what the user and the assistant said in the session after `after` (from
-    /// the start when not given) and before `before`, newest first, leaving out tool traffic and
+    /// the start when not given) and before `before`, oldest first, leaving out tool traffic and
     /// other users' messages (in a session several users write in, theirs never become `user`'s
     /// memories): an extraction's transcript.
-    pub async fn spoken_messages_newest_first(
+    pub async fn spoken_messages(
         &self,
         tenant: &TenantId,
         session: &SessionId,
@@ -406,7 +406,7 @@ impl Store {
         user: Option<&UserId>,
         limit: i64,
     ) -> Result<Vec<SessionMessage>, StoreError> {
-        Ok(sqlx::query_as(SPOKEN_NEWEST_FIRST)
+        Ok(sqlx::query_as(SPOKEN)
             .bind(tenant.as_str())
             .bind(session.as_str())
             .bind(after.map(|c| c.event_time))

@@ -255,6 +255,39 @@ impl Store {
         Ok(row.map(|(event_time, id)| MessageCursor { event_time, id }))
     }
 
+    /// Asks for the first piece of a conversation too long for one transcript, as a conversation
+    /// of its own through `through`, with the conversation's trigger (no job: the run that cuts
+    /// it extracts it). Whether the piece is pending: asked now or before; `false` when it ended
+    /// before (failed for good, or found no model), so its messages are not read again.
+    pub async fn request_extraction_piece(
+        &self,
+        workspace: &Workspace,
+        session: &SessionId,
+        through: MessageCursor,
+        source: TriggerSource,
+    ) -> Result<bool, StoreError> {
+        let status: String = sqlx::query_scalar(concat!(
+            "WITH asked AS (",
+            request!("DO NOTHING"),
+            ")
+            SELECT 'pending' FROM asked
+            UNION ALL
+            SELECT status FROM memory_extractions
+            WHERE tenant_id = $1 AND session_id = $2 AND through_id = $3 AND agent_id = $5 AND user_id = $6
+            LIMIT 1"
+        ))
+        .bind(workspace.tenant.as_str())
+        .bind(session.as_str())
+        .bind(through.id)
+        .bind(through.event_time)
+        .bind(workspace.agent.as_str())
+        .bind(user_of(workspace)?)
+        .bind(source.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(status == "pending")
+    }
+
     /// Whether a conversation of `session` was extracted for the workspace's user through
     /// `through` or past it.
     pub async fn extracted_through(
