@@ -506,8 +506,8 @@ async fn a_conversation_longer_than_a_transcript_is_shown_in_pieces_each_message
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'done'").await, 2);
 }
 
-/// A piece that failed for good is not read again: the conversation goes on after it, as a
-/// failed conversation's messages are not read by the next one.
+/// A piece that failed for good is not read again: the conversation goes on after it, as the
+/// next conversation goes on after a failed one. An operator's request asks for it again.
 #[tokio::test]
 async fn a_piece_whose_attempts_are_spent_is_not_read_again() {
     let chat = ScriptedChat::start().await;
@@ -530,6 +530,103 @@ async fn a_piece_whose_attempts_are_spent_is_not_read_again() {
     for i in 0..total {
         assert_eq!(transcript.contains(&format!("message number {i}.")), i >= TRANSCRIPT_MESSAGES, "message {i}");
     }
+    // The operator's request, at the session's last message (done), asks for the failed piece.
+    let store = app.db.store();
+    let (tenant, sid) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let last = store.session_messages_newest_first(&tenant, &sid, None, None, 1).await.expect("last")[0].cursor();
+    let user = Some(UserId::parse("ann").expect("user"));
+    let workspace = mnemo_core::Workspace { tenant, agent: AgentId::parse("helper").expect("agent"), user };
+    let manual = mnemo_core::TriggerSource::Manual;
+    assert!(store.request_extraction(&workspace, &sid, last, manual).await.expect("asked"));
+    let third = runner.run(&job()).await.expect("the piece again");
+    assert!(matches!(third, ExtractReport::Applied { conversations: 1, .. }), "{third:?}");
+    let prompt = chat.requests()[2]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
+    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    for i in 0..total {
+        assert_eq!(transcript.contains(&format!("message number {i}.")), i < TRANSCRIPT_MESSAGES, "message {i}");
+    }
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status <> 'done'").await, 0);
+}
+
+/// A conversation failed for good is not read by the next one of its session (a message the
+/// model always fails on fails only its own conversation), and a piece a run without a model
+/// marked `disabled` is asked for again by the next run with one.
+#[tokio::test]
+async fn a_failed_conversation_is_not_read_by_the_next_and_a_disabled_piece_is_asked_again() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0"), (vars::EXTRACT_MAX_ATTEMPTS, "1")]);
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "poison: the model always fails on this").await;
+    complete(&app, &t, "s1", "web").await;
+    chat.then([ChatAnswer::Malformed]);
+    assert!(matches!(runner.run(&job()).await.expect("fails"), ExtractReport::Failed { last_attempt: true, .. }));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    assert!(matches!(runner.run(&job()).await.expect("the next"), ExtractReport::Applied { conversations: 1, .. }));
+    let prompt = chat.requests()[1]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
+    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    assert!(transcript.contains("Ann lives in Lyon") && !transcript.contains("poison"), "{transcript}");
+    // The operator asks for the session again: the failed one is read with what came since, and
+    // what was extracted between them is not read again.
+    say(&app, &t, "user", "I went hiking.").await;
+    say(&app, &t, "assistant", "Nice.").await;
+    let store = app.db.store();
+    let (tenant, sid) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let user = Some(UserId::parse("ann").expect("user"));
+    let workspace =
+        mnemo_core::Workspace { tenant: tenant.clone(), agent: AgentId::parse("helper").expect("agent"), user };
+    let ask_again = || async {
+        let last = store.session_messages_newest_first(&tenant, &sid, None, None, 1).await.expect("last")[0].cursor();
+        assert!(
+            store.request_extraction(&workspace, &sid, last, mnemo_core::TriggerSource::Manual).await.expect("ask")
+        );
+    };
+    ask_again().await;
+    assert!(matches!(runner.run(&job()).await.expect("again"), ExtractReport::Applied { conversations: 2, .. }));
+    let prompt = chat.requests()[2]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
+    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    assert!(transcript.contains("poison") && transcript.contains("hiking"), "{transcript}");
+    assert!(!transcript.contains("Lyon"), "{transcript}");
+
+    // A long conversation: its first piece is cut, the model fails once, and a worker without a
+    // model marks the piece and the conversation disabled.
+    for i in 0..TRANSCRIPT_MESSAGES + 4 {
+        say(&app, &t, if i % 2 == 0 { "user" } else { "assistant" }, &format!("message number {i}.")).await;
+    }
+    complete(&app, &t, "s1", "web").await;
+    let patient = self::runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    chat.then([ChatAnswer::Malformed]);
+    assert!(matches!(
+        patient.run(&job()).await.expect("fails once"),
+        ExtractReport::Failed { last_attempt: false, .. }
+    ));
+    let modelless = self::runner(&app, None, &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    assert!(matches!(modelless.run(&job()).await.expect("no model"), ExtractReport::Disabled { conversations: 2 }));
+    // With the model back, the operator asks for the session again: the piece comes first.
+    ask_again().await;
+    let asked_before = chat.requests().len();
+    let mut taken = Vec::new();
+    loop {
+        match patient.run(&job()).await.expect("run") {
+            ExtractReport::Applied { conversations, .. } => taken.push(conversations),
+            ExtractReport::Nothing => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    // The piece, then the rest.
+    assert_eq!(taken, [1, 1]);
+    let transcripts: Vec<String> = chat.requests()[asked_before..]
+        .iter()
+        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
+        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, t)| t).to_owned())
+        .collect();
+    let shown = |said: &str| transcripts.iter().map(|t| t.matches(said).count()).sum::<usize>();
+    assert_eq!((shown("poison"), shown("hiking")), (0, 0), "what was extracted is not read again");
+    for i in 0..TRANSCRIPT_MESSAGES + 4 {
+        assert_eq!(shown(&format!("message number {i}.")), 1, "message {i}");
+    }
+    assert!(transcripts[0].contains("message number 0."), "the disabled piece was asked for again");
 }
 
 /// Two users in one session: each one's completion is asked for (the same last message), and

@@ -133,12 +133,12 @@ impl ExtractRunner {
     }
 
     /// What this run shows the model of the `pending` conversations (oldest first), and whether
-    /// others wait for the next run. Each is taken whole, from where the last one extracted of
-    /// its session ended, while the transcript has room. When the next is longer than the room
+    /// others wait for the next run. Each is taken whole, from where the last one read of its
+    /// session ended (extracted, or failed for good), while the transcript has room. When the next is longer than the room
     /// left, it waits, unless nothing was taken: then its first piece, as many messages as the
     /// transcript holds, is taken as a conversation of its own, asked for here with `ask` (a dry
-    /// run asks for nothing). A piece asked for before that ended without being extracted (its
-    /// attempts spent) is not read again: the next piece starts after it.
+    /// run asks for nothing). A piece whose attempts were spent is not read again (the next piece
+    /// starts after it) until an operator asks for the session again.
     async fn plan(
         &self,
         workspace: &Workspace,
@@ -150,11 +150,11 @@ impl ExtractRunner {
         let mut room = TRANSCRIPT_MESSAGES;
         for conversation in pending.into_iter().take(MAX_CONVERSATIONS_PER_RUN) {
             let session = conversation.session_id.clone();
+            // After the previous one of its session in this run, or one read before that ended
+            // later (a failed one asked for again is older than what was extracted since).
             let previous = parts.iter().rev().find(|q| q.conversation.session_id == session);
-            let mut after = match previous {
-                Some(q) => Some(q.conversation.through()),
-                None => self.store.last_extracted(workspace, &session, conversation.through()).await?,
-            };
+            let read = self.store.last_read(workspace, &session, conversation.through()).await?;
+            let mut after = read.max(previous.map(|q| q.conversation.through()));
             loop {
                 // In a session several users write in, another user's messages (and the
                 // assistant's written under their token) are theirs: they never become this
@@ -188,7 +188,8 @@ impl ExtractRunner {
                     trigger_source: conversation.trigger_source,
                     attempts: 0,
                 };
-                if !ask || self.store.request_extraction_piece(workspace, &session, end, piece.trigger_source).await? {
+                let source = piece.trigger_source;
+                if !ask || self.store.request_extraction_piece(workspace, &self.worker, &session, end, source).await? {
                     parts.push(Part { conversation: piece, messages });
                     return Ok((parts, true));
                 }

@@ -200,10 +200,8 @@ async fn judge_fact(
         let (copies, others): (Vec<Candidate>, Vec<Candidate>) =
             candidates.into_iter().partition(|c| fingerprint(&c.content) == words);
         let mut retire: Vec<(Uuid, Retire)> = copies.iter().map(|c| (c.id, Retire::SameWords)).collect();
-        let without_model = |retire: Vec<(Uuid, Retire)>, none: JudgeOutcome| {
-            let reason = if retire.is_empty() { none.as_str() } else { JudgeOutcome::Superseded.as_str() };
-            judgement(none, retire, reason, None, total)
-        };
+        let without_model =
+            |retire: Vec<(Uuid, Retire)>, none: JudgeOutcome| judgement(none, retire, none.as_str(), None, total);
         match &judge {
             None => without_model(retire, JudgeOutcome::Disabled),
             Some(_) if others.is_empty() => without_model(retire, JudgeOutcome::NoCandidates),

@@ -37,8 +37,9 @@ pub struct SessionMessage {
     pub agent_id: Option<String>,
 }
 
-/// Where a page of messages starts: after this message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a page of messages starts: after this message. Ordered as a session's messages are,
+/// by time then id (a `Uuid` orders by its bytes, as PostgreSQL orders uuids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MessageCursor {
     pub event_time: DateTime<Utc>,
     pub id: Uuid,
@@ -130,7 +131,7 @@ LIMIT $7"
 const SESSION_MESSAGES: &str = session_messages!("m.event_time, m.id");
 const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC, m.id DESC");
 /// What the user and the assistant said (no tool calls or results), without the messages of other
-/// users (`$8`; rows carrying no user stay), newest first.
+/// users (`$8`; rows carrying no user stay), oldest first.
 const SPOKEN: &str = session_messages!(
     "
   AND m.source_kind = 'chat_message' AND COALESCE(m.role, 'user') IN ('user', 'assistant')

@@ -49,6 +49,34 @@ SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finishe
 WHERE m.status IN ('failed', 'disabled')"
 );
 
+/// A piece of a long conversation, asked for while `$8` holds the (agent, user)'s run: its status
+/// after the request (none when the run is not held).
+const REQUEST_PIECE: &str = "
+WITH held AS (
+    SELECT 1 FROM extraction_runs WHERE tenant_id = $1 AND agent_id = $5 AND user_id = $6 AND running_by = $8
+), asked AS (
+    INSERT INTO memory_extractions AS m (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
+    SELECT $1, $2, $3, $4, $5, $6, $7 FROM held
+    ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO UPDATE
+    SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finished_at = NULL
+    WHERE m.status = 'disabled'
+    RETURNING m.status
+)
+SELECT COALESCE((SELECT status FROM asked),
+                (SELECT status FROM memory_extractions
+                 WHERE tenant_id = $1 AND session_id = $2 AND through_id = $3 AND agent_id = $5 AND user_id = $6))
+FROM held";
+
+/// A manual request asks again for what failed in the session for the (agent `$3`, user `$4`)
+/// before the request's last message (`$5`, `$6`): each conversation, or piece of a long one,
+/// whose attempts were spent. Their messages were never shown (no later conversation reads
+/// across one, see `LAST_READ`), so each reads its own again.
+const ASK_AGAIN_FAILED: &str = "
+UPDATE memory_extractions m
+SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finished_at = NULL
+WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.agent_id = $3 AND m.user_id = $4
+  AND m.status = 'failed' AND (m.through_time, m.through_id) < ($5, $6)";
+
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
 /// cooldown since the last one has passed and a conversation is pending (none is once the user
 /// was erased: no run row may name them then).
@@ -162,10 +190,12 @@ fn keys(pending: &[PendingExtraction]) -> (Vec<String>, Vec<Uuid>) {
     pending.iter().map(|p| (p.session_id.to_string(), p.through_id)).unzip()
 }
 
-/// Where the (agent, user)'s last extracted conversation of a session ended before `($5, $6)`.
-const LAST_EXTRACTED: &str = "
+/// Where the (agent, user)'s last conversation of a session read before `($5, $6)` ended:
+/// extracted, or failed for good (its messages are not read by the next one: a message the model
+/// always fails on fails only its own conversation; an operator's request asks for it again).
+const LAST_READ: &str = "
 SELECT through_time, through_id FROM memory_extractions
-WHERE tenant_id = $1 AND session_id = $2 AND agent_id = $3 AND user_id = $4 AND status = 'done'
+WHERE tenant_id = $1 AND session_id = $2 AND agent_id = $3 AND user_id = $4 AND status IN ('done', 'failed')
   AND (through_time, through_id) < ($5, $6)
 ORDER BY through_time DESC, through_id DESC
 LIMIT 1";
@@ -233,17 +263,17 @@ impl Store {
         Ok(asked)
     }
 
-    /// Where the workspace's last extracted conversation of `session` before `before` ended: the
+    /// Where the workspace's last conversation of `session` read before `before` ended: the
     /// messages through it were shown to the model already (a compaction's extraction, or an
-    /// earlier completion of the session).
-    pub async fn last_extracted(
+    /// earlier completion of the session), or failed for good and wait for an operator.
+    pub async fn last_read(
         &self,
         workspace: &Workspace,
         session: &SessionId,
         before: MessageCursor,
     ) -> Result<Option<MessageCursor>, StoreError> {
         let user = user_of(workspace)?;
-        let row: Option<(DateTime<Utc>, Uuid)> = sqlx::query_as(LAST_EXTRACTED)
+        let row: Option<(DateTime<Utc>, Uuid)> = sqlx::query_as(LAST_READ)
             .bind(workspace.tenant.as_str())
             .bind(session.as_str())
             .bind(workspace.agent.as_str())
@@ -257,35 +287,35 @@ impl Store {
 
     /// Asks for the first piece of a conversation too long for one transcript, as a conversation
     /// of its own through `through`, with the conversation's trigger (no job: the run that cuts
-    /// it extracts it). Whether the piece is pending: asked now or before; `false` when it ended
-    /// before (failed for good, or found no model), so its messages are not read again.
+    /// it extracts it), while `worker` holds the (agent, user)'s run. Whether the piece is pending:
+    /// asked now or before, or asked again after a run without a model marked it `disabled`;
+    /// `false` when it ended (its attempts spent), so its messages are not read again until an
+    /// operator asks for the session again. [`StoreError::RunLost`] when the run was taken over.
     pub async fn request_extraction_piece(
         &self,
         workspace: &Workspace,
+        worker: &str,
         session: &SessionId,
         through: MessageCursor,
         source: TriggerSource,
     ) -> Result<bool, StoreError> {
-        let status: String = sqlx::query_scalar(concat!(
-            "WITH asked AS (",
-            request!("DO NOTHING"),
-            ")
-            SELECT 'pending' FROM asked
-            UNION ALL
-            SELECT status FROM memory_extractions
-            WHERE tenant_id = $1 AND session_id = $2 AND through_id = $3 AND agent_id = $5 AND user_id = $6
-            LIMIT 1"
-        ))
-        .bind(workspace.tenant.as_str())
-        .bind(session.as_str())
-        .bind(through.id)
-        .bind(through.event_time)
-        .bind(workspace.agent.as_str())
-        .bind(user_of(workspace)?)
-        .bind(source.as_str())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(status == "pending")
+        let (tenant, user) = (workspace.tenant.as_str(), user_of(workspace)?);
+        // Under the user's files, shared: an erasure committing meanwhile is seen, as by the claim.
+        let mut tx = self.pool.begin().await?;
+        share_user_files(&mut tx, tenant, user).await?;
+        let status: Option<String> = sqlx::query_scalar(REQUEST_PIECE)
+            .bind(tenant)
+            .bind(session.as_str())
+            .bind(through.id)
+            .bind(through.event_time)
+            .bind(workspace.agent.as_str())
+            .bind(user)
+            .bind(source.as_str())
+            .bind(worker)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(status.ok_or(StoreError::RunLost)? == "pending")
     }
 
     /// Whether a conversation of `session` was extracted for the workspace's user through
@@ -494,7 +524,8 @@ pub(crate) async fn request_extraction_in(
     if source == TriggerSource::Compaction && extracted_through(tx, workspace, session, through).await? {
         return Ok(false);
     }
-    let statement = if matches!(source, TriggerSource::Manual) { REQUEST_AGAIN } else { REQUEST };
+    let manual = source == TriggerSource::Manual;
+    let statement = if manual { REQUEST_AGAIN } else { REQUEST };
     let asked: Option<bool> = sqlx::query_scalar(statement)
         .bind(workspace.tenant.as_str())
         .bind(session.as_str())
@@ -505,7 +536,22 @@ pub(crate) async fn request_extraction_in(
         .bind(source.as_str())
         .fetch_optional(&mut *tx)
         .await?;
-    if asked.is_some() {
+    let asked_again = if manual {
+        sqlx::query(ASK_AGAIN_FAILED)
+            .bind(workspace.tenant.as_str())
+            .bind(session.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user)
+            .bind(through.event_time)
+            .bind(through.id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+    } else {
+        0
+    };
+    let asked = asked.is_some() || asked_again > 0;
+    if asked {
         let job = ExtractJob {
             tenant_id: workspace.tenant.clone(),
             agent_id: workspace.agent.clone(),
@@ -513,7 +559,7 @@ pub(crate) async fn request_extraction_in(
         };
         push(&mut *tx, &[job]).await?;
     }
-    Ok(asked.is_some())
+    Ok(asked)
 }
 
 async fn mark(
