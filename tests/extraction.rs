@@ -536,8 +536,7 @@ async fn a_piece_whose_attempts_are_spent_is_not_read_again() {
     let last = store.session_messages_newest_first(&tenant, &sid, None, None, 1).await.expect("last")[0].cursor();
     let user = Some(UserId::parse("ann").expect("user"));
     let workspace = mnemo_core::Workspace { tenant, agent: AgentId::parse("helper").expect("agent"), user };
-    let manual = mnemo_core::TriggerSource::Manual;
-    assert!(store.request_extraction(&workspace, &sid, last, manual).await.expect("asked"));
+    assert!(store.request_extraction_again(&workspace, &sid, last).await.expect("asked"));
     let third = runner.run(&job()).await.expect("the piece again");
     assert!(matches!(third, ExtractReport::Applied { conversations: 1, .. }), "{third:?}");
     let prompt = chat.requests()[2]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
@@ -578,15 +577,20 @@ async fn a_failed_conversation_is_not_read_by_the_next_and_a_disabled_piece_is_a
         mnemo_core::Workspace { tenant: tenant.clone(), agent: AgentId::parse("helper").expect("agent"), user };
     let ask_again = || async {
         let last = store.session_messages_newest_first(&tenant, &sid, None, None, 1).await.expect("last")[0].cursor();
-        assert!(
-            store.request_extraction(&workspace, &sid, last, mnemo_core::TriggerSource::Manual).await.expect("ask")
-        );
+        assert!(store.request_extraction_again(&workspace, &sid, last).await.expect("ask"));
     };
+    // A client's request asks for its own conversation only: a message the model always fails on
+    // is not tried again for as long as a client keeps asking.
+    let client = app.client.post("/v1/sessions/s1/extract", Some(&t), &json!({})).await;
+    assert_eq!(client.status, 202, "{:?}", client.body);
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'failed'").await, 1);
+    runner.run(&job()).await.expect("the client's conversation");
     ask_again().await;
-    assert!(matches!(runner.run(&job()).await.expect("again"), ExtractReport::Applied { conversations: 2, .. }));
-    let prompt = chat.requests()[2]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
+    assert!(matches!(runner.run(&job()).await.expect("again"), ExtractReport::Applied { conversations: 1, .. }));
+    let prompt =
+        chat.requests().last().expect("asked")["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
     let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
-    assert!(transcript.contains("poison") && transcript.contains("hiking"), "{transcript}");
+    assert!(transcript.contains("poison") && !transcript.contains("hiking"), "{transcript}");
     assert!(!transcript.contains("Lyon"), "{transcript}");
 
     // A long conversation: its first piece is cut, the model fails once, and a worker without a

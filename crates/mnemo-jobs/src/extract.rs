@@ -137,8 +137,8 @@ impl ExtractRunner {
     /// session ended (extracted, or failed for good), while the transcript has room. When the next is longer than the room
     /// left, it waits, unless nothing was taken: then its first piece, as many messages as the
     /// transcript holds, is taken as a conversation of its own, asked for here with `ask` (a dry
-    /// run asks for nothing). A piece whose attempts were spent is not read again (the next piece
-    /// starts after it) until an operator asks for the session again.
+    /// run asks for nothing). A piece whose attempts were spent is not read again (the reading
+    /// starts after it, as after a failed conversation) until an operator asks for the session.
     async fn plan(
         &self,
         workspace: &Workspace,
@@ -154,47 +154,45 @@ impl ExtractRunner {
             // later (a failed one asked for again is older than what was extracted since).
             let previous = parts.iter().rev().find(|q| q.conversation.session_id == session);
             let read = self.store.last_read(workspace, &session, conversation.through()).await?;
-            let mut after = read.max(previous.map(|q| q.conversation.through()));
-            loop {
-                // In a session several users write in, another user's messages (and the
-                // assistant's written under their token) are theirs: they never become this
-                // user's memories, which that user's erasure could not reach. Rows carrying no
-                // user stay.
-                let mut messages = self
-                    .store
-                    .spoken_messages(
-                        &workspace.tenant,
-                        &session,
-                        after,
-                        conversation.through().inclusive(),
-                        workspace.user.as_ref(),
-                        i64::try_from(room + 1).unwrap_or(i64::MAX),
-                    )
-                    .await?;
-                if messages.len() <= room {
-                    room -= messages.len();
-                    parts.push(Part { conversation, messages });
-                    break;
-                }
-                if !parts.is_empty() {
-                    return Ok((parts, true));
-                }
-                messages.truncate(room);
-                let end = messages.last().map(|m| m.cursor()).expect("room for at least one message");
-                let piece = PendingExtraction {
-                    session_id: session.clone(),
-                    through_id: end.id,
-                    through_time: end.event_time,
-                    trigger_source: conversation.trigger_source,
-                    attempts: 0,
-                };
-                let source = piece.trigger_source;
-                if !ask || self.store.request_extraction_piece(workspace, &self.worker, &session, end, source).await? {
-                    parts.push(Part { conversation: piece, messages });
-                    return Ok((parts, true));
-                }
-                after = Some(end);
+            let after = read.max(previous.map(|q| q.conversation.through()));
+            // In a session several users write in, another user's messages (and the
+            // assistant's written under their token) are theirs: they never become this
+            // user's memories, which that user's erasure could not reach. Rows carrying no
+            // user stay.
+            let mut messages = self
+                .store
+                .spoken_messages(
+                    &workspace.tenant,
+                    &session,
+                    after,
+                    conversation.through().inclusive(),
+                    workspace.user.as_ref(),
+                    i64::try_from(room + 1).unwrap_or(i64::MAX),
+                )
+                .await?;
+            if messages.len() <= room {
+                room -= messages.len();
+                parts.push(Part { conversation, messages });
+                continue;
             }
+            if !parts.is_empty() {
+                return Ok((parts, true));
+            }
+            messages.truncate(room);
+            let end = messages.last().map(|m| m.cursor()).expect("room for at least one message");
+            let piece = PendingExtraction {
+                session_id: session.clone(),
+                through_id: end.id,
+                through_time: end.event_time,
+                trigger_source: conversation.trigger_source,
+                attempts: 0,
+            };
+            if ask {
+                let source = piece.trigger_source;
+                self.store.request_extraction_piece(workspace, &self.worker, &session, end, source).await?;
+            }
+            parts.push(Part { conversation: piece, messages });
+            return Ok((parts, true));
         }
         Ok((parts, more_waiting))
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use clap::Subcommand;
 use mnemo_config::{ContextSettings, Env, WorkspaceSettings};
-use mnemo_core::{AgentId, SessionId, TenantId, TriggerSource, UserId, Workspace};
+use mnemo_core::{AgentId, SessionId, TenantId, UserId, Workspace};
 use mnemo_jobs::{ConsolidateRunner, ExtractRunner, Proposal};
 use mnemo_store::Store;
 use serde_json::{Value, json};
@@ -78,8 +78,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             if !dry_run {
                 let last = store.session_messages_newest_first(&workspace.tenant, &session, None, None, 1).await?;
                 let Some(last) = last.first() else { bail!("the session has no messages") };
-                let queued =
-                    store.request_extraction(&workspace, &session, last.cursor(), TriggerSource::Manual).await?;
+                let queued = store.request_extraction_again(&workspace, &session, last.cursor()).await?;
                 if json {
                     println!("{}", json!({ "queued": queued }));
                 } else if queued {

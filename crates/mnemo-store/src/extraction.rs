@@ -49,23 +49,20 @@ SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finishe
 WHERE m.status IN ('failed', 'disabled')"
 );
 
-/// A piece of a long conversation, asked for while `$8` holds the (agent, user)'s run: its status
-/// after the request (none when the run is not held).
+/// A piece of a long conversation, asked for while `$8` holds the (agent, user)'s run (the row
+/// locked, so a takeover committing meanwhile is seen): one row when it is held.
 const REQUEST_PIECE: &str = "
 WITH held AS (
     SELECT 1 FROM extraction_runs WHERE tenant_id = $1 AND agent_id = $5 AND user_id = $6 AND running_by = $8
+    FOR SHARE
 ), asked AS (
     INSERT INTO memory_extractions AS m (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
     SELECT $1, $2, $3, $4, $5, $6, $7 FROM held
     ON CONFLICT (tenant_id, session_id, through_id, agent_id, user_id) DO UPDATE
     SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finished_at = NULL
     WHERE m.status = 'disabled'
-    RETURNING m.status
 )
-SELECT COALESCE((SELECT status FROM asked),
-                (SELECT status FROM memory_extractions
-                 WHERE tenant_id = $1 AND session_id = $2 AND through_id = $3 AND agent_id = $5 AND user_id = $6))
-FROM held";
+SELECT 1 FROM held";
 
 /// A manual request asks again for what failed in the session for the (agent `$3`, user `$4`)
 /// before the request's last message (`$5`, `$6`): each conversation, or piece of a long one,
@@ -263,6 +260,37 @@ impl Store {
         Ok(asked)
     }
 
+    /// An operator's request (the runbook's, never a client's: a message the model always fails
+    /// on would be retried for as long as a client kept asking): asks for the conversation through
+    /// `through` as [`Self::request_extraction`] does by hand, and again for every conversation
+    /// and piece of the session before it that failed for good, each for its own messages (no
+    /// later conversation read them). True when anything was asked.
+    pub async fn request_extraction_again(
+        &self,
+        workspace: &Workspace,
+        session: &SessionId,
+        through: MessageCursor,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let failed = sqlx::query(ASK_AGAIN_FAILED)
+            .bind(workspace.tenant.as_str())
+            .bind(session.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user_of(workspace)?)
+            .bind(through.event_time)
+            .bind(through.id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let asked = request_extraction_in(&mut tx, workspace, session, through, TriggerSource::Manual).await?;
+        if failed > 0 && !asked {
+            push(&mut tx, &[extract_job(workspace)?]).await?;
+        }
+        tx.commit().await?;
+        Ok(asked || failed > 0)
+    }
+
     /// Where the workspace's last conversation of `session` read before `before` ended: the
     /// messages through it were shown to the model already (a compaction's extraction, or an
     /// earlier completion of the session), or failed for good and wait for an operator.
@@ -287,10 +315,9 @@ impl Store {
 
     /// Asks for the first piece of a conversation too long for one transcript, as a conversation
     /// of its own through `through`, with the conversation's trigger (no job: the run that cuts
-    /// it extracts it), while `worker` holds the (agent, user)'s run. Whether the piece is pending:
-    /// asked now or before, or asked again after a run without a model marked it `disabled`;
-    /// `false` when it ended (its attempts spent), so its messages are not read again until an
-    /// operator asks for the session again. [`StoreError::RunLost`] when the run was taken over.
+    /// it extracts it), while `worker` holds the (agent, user)'s run: pending after this, asked
+    /// now or before, or asked again after a run without a model marked it `disabled`.
+    /// [`StoreError::RunLost`] when the run was taken over.
     pub async fn request_extraction_piece(
         &self,
         workspace: &Workspace,
@@ -298,12 +325,14 @@ impl Store {
         session: &SessionId,
         through: MessageCursor,
         source: TriggerSource,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<(), StoreError> {
         let (tenant, user) = (workspace.tenant.as_str(), user_of(workspace)?);
         // Under the user's files, shared: an erasure committing meanwhile is seen, as by the claim.
         let mut tx = self.pool.begin().await?;
         share_user_files(&mut tx, tenant, user).await?;
-        let status: Option<String> = sqlx::query_scalar(REQUEST_PIECE)
+        // The piece's end is past where the run's reading starts (`LAST_READ`), so no row there
+        // was extracted or failed: one that exists is pending, or disabled and asked again.
+        let held: Option<i32> = sqlx::query_scalar(REQUEST_PIECE)
             .bind(tenant)
             .bind(session.as_str())
             .bind(through.id)
@@ -315,7 +344,7 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(status.ok_or(StoreError::RunLost)? == "pending")
+        held.map(drop).ok_or(StoreError::RunLost)
     }
 
     /// Whether a conversation of `session` was extracted for the workspace's user through
@@ -524,8 +553,7 @@ pub(crate) async fn request_extraction_in(
     if source == TriggerSource::Compaction && extracted_through(tx, workspace, session, through).await? {
         return Ok(false);
     }
-    let manual = source == TriggerSource::Manual;
-    let statement = if manual { REQUEST_AGAIN } else { REQUEST };
+    let statement = if source == TriggerSource::Manual { REQUEST_AGAIN } else { REQUEST };
     let asked: Option<bool> = sqlx::query_scalar(statement)
         .bind(workspace.tenant.as_str())
         .bind(session.as_str())
@@ -536,30 +564,16 @@ pub(crate) async fn request_extraction_in(
         .bind(source.as_str())
         .fetch_optional(&mut *tx)
         .await?;
-    let asked_again = if manual {
-        sqlx::query(ASK_AGAIN_FAILED)
-            .bind(workspace.tenant.as_str())
-            .bind(session.as_str())
-            .bind(workspace.agent.as_str())
-            .bind(user)
-            .bind(through.event_time)
-            .bind(through.id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-    } else {
-        0
-    };
-    let asked = asked.is_some() || asked_again > 0;
-    if asked {
-        let job = ExtractJob {
-            tenant_id: workspace.tenant.clone(),
-            agent_id: workspace.agent.clone(),
-            user_id: workspace.user.clone().expect("checked above"),
-        };
-        push(&mut *tx, &[job]).await?;
+    if asked.is_some() {
+        push(&mut *tx, &[extract_job(workspace)?]).await?;
     }
-    Ok(asked)
+    Ok(asked.is_some())
+}
+
+/// The (agent, user)'s extract job.
+fn extract_job(workspace: &Workspace) -> Result<ExtractJob, StoreError> {
+    let user = workspace.user.clone().ok_or(StoreError::Stored(mnemo_core::InvalidInput::Empty { field: "user" }))?;
+    Ok(ExtractJob { tenant_id: workspace.tenant.clone(), agent_id: workspace.agent.clone(), user_id: user })
 }
 
 async fn mark(
