@@ -55,6 +55,28 @@ fn job() -> ExtractJob {
     }
 }
 
+/// The transcripts the model was shown, one per request from the `from`th on: what follows
+/// "CONVERSATION:" (today's note, earlier in the prompt, quotes earlier runs).
+fn transcripts(chat: &ScriptedChat, from: usize) -> Vec<String> {
+    chat.requests()[from..]
+        .iter()
+        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
+        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, t)| t).to_owned())
+        .collect()
+}
+
+/// Runs `runner` until nothing is pending: how many conversations each run took.
+async fn run_until_nothing(runner: &ExtractRunner) -> Vec<usize> {
+    let mut taken = Vec::new();
+    loop {
+        match runner.run(&job()).await.expect("run") {
+            ExtractReport::Applied { conversations, .. } => taken.push(conversations),
+            ExtractReport::Nothing => return taken,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 fn runner(app: &TestApp, chat: Option<&ScriptedChat>, extra: &[(&'static str, &str)]) -> ExtractRunner {
     let mut pairs: Vec<(&str, String)> = chat.map(llm_env).unwrap_or_default();
     pairs.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
@@ -277,22 +299,10 @@ async fn two_conversations_of_one_session_are_both_shown_every_message_once() {
     }
     complete(&app, &t, "s1", "web").await;
     let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
-    let mut taken = Vec::new();
-    loop {
-        match runner.run(&job()).await.expect("run") {
-            ExtractReport::Applied { conversations, .. } => taken.push(conversations),
-            ExtractReport::Nothing => break,
-            other => panic!("{other:?}"),
-        }
-    }
+    let taken = run_until_nothing(&runner).await;
     // The first conversation; the second's first 30 messages; its last 10.
     assert_eq!(taken, [1, 1, 1]);
-    let prompts: Vec<String> = chat
-        .requests()
-        .iter()
-        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
-        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, transcript)| transcript).to_owned())
-        .collect();
+    let prompts = transcripts(&chat, 0);
     assert!(prompts[0].contains("remember home_city: Ann lives in Lyon"), "the first conversation: {}", prompts[0]);
     for i in 0..20 {
         for said in [format!("museum number {i}?"), format!("Museum {i} opens at nine.")] {
@@ -440,22 +450,10 @@ async fn every_conversation_a_run_marks_done_was_shown_to_the_model() {
         say(&app, &t, "user", &format!("later in trip number {i}.")).await;
     }
     // Four messages each: seven fit in a transcript of 30.
-    let mut taken = Vec::new();
-    loop {
-        match runner.run(&job()).await.expect("run") {
-            ExtractReport::Applied { conversations, .. } => taken.push(conversations),
-            ExtractReport::Nothing => break,
-            other => panic!("{other:?}"),
-        }
-    }
+    let taken = run_until_nothing(&runner).await;
     assert_eq!(taken, [7, 7, 6]);
     // The transcripts (today's note, also in the prompt, quotes the earlier runs).
-    let prompts: Vec<String> = chat
-        .requests()
-        .iter()
-        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
-        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, transcript)| transcript).to_owned())
-        .collect();
+    let prompts = transcripts(&chat, 0);
     assert_eq!(prompts.len(), 3);
     for i in 0..total {
         let shown = prompts.iter().filter(|p| p.contains(&format!("trip number {i}."))).count();
@@ -491,12 +489,7 @@ async fn a_conversation_longer_than_a_transcript_is_shown_in_pieces_each_message
     let second = runner.run(&job()).await.expect("the rest");
     assert!(matches!(second, ExtractReport::Applied { conversations: 1, .. }), "{second:?}");
     assert_eq!(runner.run(&job()).await.expect("nothing left"), ExtractReport::Nothing);
-    let prompts: Vec<String> = chat
-        .requests()
-        .iter()
-        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
-        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, transcript)| transcript).to_owned())
-        .collect();
+    let prompts = transcripts(&chat, 0);
     assert_eq!(prompts.len(), 2);
     for i in 0..total {
         let shown: Vec<usize> = (0..2).filter(|&run| prompts[run].contains(&format!("message number {i}."))).collect();
@@ -525,8 +518,7 @@ async fn a_piece_whose_attempts_are_spent_is_not_read_again() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'failed'").await, 1);
     let second = runner.run(&job()).await.expect("the rest");
     assert!(matches!(second, ExtractReport::Applied { conversations: 1, .. }), "{second:?}");
-    let prompt = chat.requests()[1]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
-    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    let transcript = transcripts(&chat, 1).remove(0);
     for i in 0..total {
         assert_eq!(transcript.contains(&format!("message number {i}.")), i >= TRANSCRIPT_MESSAGES, "message {i}");
     }
@@ -539,8 +531,7 @@ async fn a_piece_whose_attempts_are_spent_is_not_read_again() {
     assert!(store.request_extraction_again(&workspace, &sid, last).await.expect("asked"));
     let third = runner.run(&job()).await.expect("the piece again");
     assert!(matches!(third, ExtractReport::Applied { conversations: 1, .. }), "{third:?}");
-    let prompt = chat.requests()[2]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
-    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    let transcript = transcripts(&chat, 2).remove(0);
     for i in 0..total {
         assert_eq!(transcript.contains(&format!("message number {i}.")), i < TRANSCRIPT_MESSAGES, "message {i}");
     }
@@ -563,8 +554,7 @@ async fn a_failed_conversation_is_not_read_by_the_next_and_a_disabled_piece_is_a
     conversation(&app, &t, "home_city: Ann lives in Lyon").await;
     complete(&app, &t, "s1", "web").await;
     assert!(matches!(runner.run(&job()).await.expect("the next"), ExtractReport::Applied { conversations: 1, .. }));
-    let prompt = chat.requests()[1]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
-    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    let transcript = transcripts(&chat, 1).remove(0);
     assert!(transcript.contains("Ann lives in Lyon") && !transcript.contains("poison"), "{transcript}");
     // The operator asks for the session again: the failed one is read with what came since, and
     // what was extracted between them is not read again.
@@ -587,9 +577,7 @@ async fn a_failed_conversation_is_not_read_by_the_next_and_a_disabled_piece_is_a
     runner.run(&job()).await.expect("the client's conversation");
     ask_again().await;
     assert!(matches!(runner.run(&job()).await.expect("again"), ExtractReport::Applied { conversations: 1, .. }));
-    let prompt =
-        chat.requests().last().expect("asked")["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
-    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    let transcript = transcripts(&chat, 0).pop().expect("asked");
     assert!(transcript.contains("poison") && !transcript.contains("hiking"), "{transcript}");
     assert!(!transcript.contains("Lyon"), "{transcript}");
 
@@ -610,27 +598,16 @@ async fn a_failed_conversation_is_not_read_by_the_next_and_a_disabled_piece_is_a
     // With the model back, the operator asks for the session again: the piece comes first.
     ask_again().await;
     let asked_before = chat.requests().len();
-    let mut taken = Vec::new();
-    loop {
-        match patient.run(&job()).await.expect("run") {
-            ExtractReport::Applied { conversations, .. } => taken.push(conversations),
-            ExtractReport::Nothing => break,
-            other => panic!("{other:?}"),
-        }
-    }
+    let taken = run_until_nothing(&patient).await;
     // The piece, then the rest.
     assert_eq!(taken, [1, 1]);
-    let transcripts: Vec<String> = chat.requests()[asked_before..]
-        .iter()
-        .map(|r| r["messages"][1]["content"].as_str().unwrap_or_default())
-        .map(|p| p.split_once("CONVERSATION:").map_or("", |(_, t)| t).to_owned())
-        .collect();
-    let shown = |said: &str| transcripts.iter().map(|t| t.matches(said).count()).sum::<usize>();
+    let shown_since = transcripts(&chat, asked_before);
+    let shown = |said: &str| shown_since.iter().map(|t| t.matches(said).count()).sum::<usize>();
     assert_eq!((shown("poison"), shown("hiking")), (0, 0), "what was extracted is not read again");
     for i in 0..TRANSCRIPT_MESSAGES + 4 {
         assert_eq!(shown(&format!("message number {i}.")), 1, "message {i}");
     }
-    assert!(transcripts[0].contains("message number 0."), "the disabled piece was asked for again");
+    assert!(shown_since[0].contains("message number 0."), "the disabled piece was asked for again");
 }
 
 /// Two users in one session: each one's completion is asked for (the same last message), and
@@ -656,8 +633,7 @@ async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words
 
     let run = runner(&app, Some(&chat), &[]).run(&job()).await.expect("ann's run");
     assert!(matches!(run, ExtractReport::Applied { conversations: 1, .. }), "{run:?}");
-    let prompt = chat.requests()[0]["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
-    let transcript = prompt.split_once("CONVERSATION:").map_or("", |(_, t)| t);
+    let transcript = transcripts(&chat, 0).remove(0);
     assert!(transcript.contains("I travel to Lyon") && transcript.contains("Welcome both"), "{transcript}");
     assert!(!transcript.contains("peanuts"), "bob's words reached ann's extraction: {transcript}");
     let done = "SELECT count(*) FROM memory_extractions WHERE status = 'done' AND user_id = ";
