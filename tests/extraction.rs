@@ -65,6 +65,17 @@ fn transcripts(chat: &ScriptedChat, from: usize) -> Vec<String> {
         .collect()
 }
 
+/// The operator asks for Ann's session `sid` with helper again, at its last message (the
+/// runbook's `memory extract`): whether anything was asked.
+async fn operator_asks_again(app: &TestApp, sid: &str) -> bool {
+    let store = app.db.store();
+    let (tenant, sid) = (TenantId::parse("acme").expect("tenant"), SessionId::parse(sid).expect("session"));
+    let last = store.session_messages_newest_first(&tenant, &sid, None, None, 1).await.expect("last")[0].cursor();
+    let user = Some(UserId::parse("ann").expect("user"));
+    let workspace = mnemo_core::Workspace { tenant, agent: AgentId::parse("helper").expect("agent"), user };
+    store.request_extraction_again(&workspace, &sid, last).await.expect("asked")
+}
+
 /// Runs `runner` until nothing is pending: how many conversations each run took.
 async fn run_until_nothing(runner: &ExtractRunner) -> Vec<usize> {
     let mut taken = Vec::new();
@@ -523,12 +534,7 @@ async fn a_piece_whose_attempts_are_spent_is_not_read_again() {
         assert_eq!(transcript.contains(&format!("message number {i}.")), i >= TRANSCRIPT_MESSAGES, "message {i}");
     }
     // The operator's request, at the session's last message (done), asks for the failed piece.
-    let store = app.db.store();
-    let (tenant, sid) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
-    let last = store.session_messages_newest_first(&tenant, &sid, None, None, 1).await.expect("last")[0].cursor();
-    let user = Some(UserId::parse("ann").expect("user"));
-    let workspace = mnemo_core::Workspace { tenant, agent: AgentId::parse("helper").expect("agent"), user };
-    assert!(store.request_extraction_again(&workspace, &sid, last).await.expect("asked"));
+    assert!(operator_asks_again(&app, "s1").await);
     let third = runner.run(&job()).await.expect("the piece again");
     assert!(matches!(third, ExtractReport::Applied { conversations: 1, .. }), "{third:?}");
     let transcript = transcripts(&chat, 2).remove(0);
@@ -560,22 +566,13 @@ async fn a_failed_conversation_is_not_read_by_the_next_and_a_disabled_piece_is_a
     // what was extracted between them is not read again.
     say(&app, &t, "user", "I went hiking.").await;
     say(&app, &t, "assistant", "Nice.").await;
-    let store = app.db.store();
-    let (tenant, sid) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
-    let user = Some(UserId::parse("ann").expect("user"));
-    let workspace =
-        mnemo_core::Workspace { tenant: tenant.clone(), agent: AgentId::parse("helper").expect("agent"), user };
-    let ask_again = || async {
-        let last = store.session_messages_newest_first(&tenant, &sid, None, None, 1).await.expect("last")[0].cursor();
-        assert!(store.request_extraction_again(&workspace, &sid, last).await.expect("ask"));
-    };
     // A client's request asks for its own conversation only: a message the model always fails on
     // is not tried again for as long as a client keeps asking.
     let client = app.client.post("/v1/sessions/s1/extract", Some(&t), &json!({})).await;
     assert_eq!(client.status, 202, "{:?}", client.body);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status = 'failed'").await, 1);
     runner.run(&job()).await.expect("the client's conversation");
-    ask_again().await;
+    assert!(operator_asks_again(&app, "s1").await);
     assert!(matches!(runner.run(&job()).await.expect("again"), ExtractReport::Applied { conversations: 1, .. }));
     let transcript = transcripts(&chat, 0).pop().expect("asked");
     assert!(transcript.contains("poison") && !transcript.contains("hiking"), "{transcript}");
@@ -596,7 +593,7 @@ async fn a_failed_conversation_is_not_read_by_the_next_and_a_disabled_piece_is_a
     let modelless = self::runner(&app, None, &[(vars::EXTRACT_COOLDOWN_S, "0")]);
     assert!(matches!(modelless.run(&job()).await.expect("no model"), ExtractReport::Disabled { conversations: 2 }));
     // With the model back, the operator asks for the session again: the piece comes first.
-    ask_again().await;
+    assert!(operator_asks_again(&app, "s1").await);
     let asked_before = chat.requests().len();
     let taken = run_until_nothing(&patient).await;
     // The piece, then the rest.

@@ -180,17 +180,11 @@ impl ExtractRunner {
             }
             messages.truncate(room);
             let end = messages.last().map(|m| m.cursor()).expect("room for at least one message");
-            let piece = PendingExtraction {
-                session_id: session.clone(),
-                through_id: end.id,
-                through_time: end.event_time,
-                trigger_source: conversation.trigger_source,
-                attempts: 0,
-            };
+            let source = conversation.trigger_source;
             if ask {
-                let source = piece.trigger_source;
                 self.store.request_extraction_piece(workspace, &self.worker, &session, end, source).await?;
             }
+            let piece = PendingExtraction::new(session, end, source);
             parts.push(Part { conversation: piece, messages });
             return Ok((parts, true));
         }
@@ -314,13 +308,7 @@ impl ExtractRunner {
         if self.store.extracted_through(workspace, session, last.cursor()).await? {
             return Ok(Proposal::NothingNew);
         }
-        let conversation = PendingExtraction {
-            session_id: session.clone(),
-            through_id: last.id,
-            through_time: last.event_time,
-            trigger_source: mnemo_core::TriggerSource::Manual,
-            attempts: 0,
-        };
+        let conversation = PendingExtraction::new(session.clone(), last.cursor(), mnemo_core::TriggerSource::Manual);
         let (parts, _) = self.plan(workspace, vec![conversation], false).await?;
         let (input, _) = self.input(workspace, &parts).await?;
         if input.transcript.is_empty() {

@@ -152,6 +152,17 @@ pub struct PendingExtraction {
 }
 
 impl PendingExtraction {
+    /// A conversation of `session` through `through`, not attempted yet.
+    pub fn new(session: SessionId, through: MessageCursor, trigger_source: TriggerSource) -> Self {
+        Self {
+            session_id: session,
+            through_id: through.id,
+            through_time: through.event_time,
+            trigger_source,
+            attempts: 0,
+        }
+    }
+
     pub fn through(&self) -> MessageCursor {
         MessageCursor { event_time: self.through_time, id: self.through_id }
     }
