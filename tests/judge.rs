@@ -393,6 +393,83 @@ async fn every_judge_failure_fails_open_and_retires_nothing() {
     assert_eq!(f.row(paris).await.outcome.as_deref(), Some("fail_open"));
 }
 
+/// A judge failure that may pass (the endpoint down, overloaded or slow) is asked about again
+/// by housekeeping after a wait that doubles with each failure, six times; a failure that the
+/// same input would draw again waits for an operator, as does a fact past its six.
+#[tokio::test]
+async fn a_judge_failure_that_may_pass_is_asked_again_later_and_one_that_would_recur_is_not() {
+    let f = Fixture::start().await;
+    let judge = f.judge(Duration::from_millis(500));
+    let store = f.app.db.store();
+    let wait = |id: Uuid| {
+        let pool = f.app.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<f64>>(
+                "SELECT extract(epoch FROM judge_retry_at - judge_at)::float8 FROM memory_items WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("wait")
+        }
+    };
+    let who = principal("acme", Some("u1"), None, None);
+    let tokyo = f.fact(&who, "I live in Tokyo").await;
+    f.settle(judge.clone()).await;
+    f.chat.then([ChatAnswer::Status(503)]);
+    let paris = f.fact(&who, "I live in Paris").await;
+    f.settle(judge.clone()).await;
+    assert_eq!(f.row(paris).await.outcome.as_deref(), Some("fail_open"));
+    assert_eq!(wait(paris).await, Some(300.0));
+    let status = runbook(&f, &["judge", "status", "--json"]);
+    assert_eq!(status["to_ask_again"].as_i64(), Some(1), "{status}");
+
+    let at = now().await;
+    assert_eq!(store.rejudge_passing_failures(at + chrono::Duration::minutes(4), 100).await.expect("rejudge"), 0);
+    assert_eq!(store.rejudge_passing_failures(at + chrono::Duration::minutes(6), 100).await.expect("rejudge"), 1);
+    let cleared: (String, String) = sqlx::query_as(
+        "SELECT actor, reason FROM audit_log WHERE event = 'judge_clear' AND item_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(paris)
+    .fetch_one(&f.app.db.pool)
+    .await
+    .expect("audit");
+    assert_eq!(cleared, ("housekeeping".to_owned(), "retry".to_owned()));
+    // The endpoint is back: the fact is judged, and the contradiction resolved.
+    f.settle(judge.clone()).await;
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris));
+    assert_eq!(wait(paris).await, None);
+
+    // An answer that cannot be used would be drawn again: not asked again.
+    let who = principal("acme", Some("u2"), None, None);
+    f.fact(&who, "I live in Tokyo").await;
+    f.settle(judge.clone()).await;
+    f.chat.then([ChatAnswer::Malformed]);
+    let lima = f.fact(&who, "I live in Lima").await;
+    f.settle(judge.clone()).await;
+    assert_eq!(f.row(lima).await.outcome.as_deref(), Some("fail_open"));
+    assert_eq!(wait(lima).await, None);
+    assert_eq!(store.rejudge_passing_failures(at + chrono::Duration::days(1), 100).await.expect("rejudge"), 0);
+
+    // Each failure doubles the wait; after the sixth the fact waits for an operator.
+    let who = principal("acme", Some("u3"), None, None);
+    f.fact(&who, "I live in Tokyo").await;
+    f.settle(judge.clone()).await;
+    let oslo = f.fact(&who, "I live in Oslo").await;
+    for failure in 0..7 {
+        if failure > 0 {
+            let later = at + chrono::Duration::days(1);
+            assert_eq!(store.rejudge_passing_failures(later, 100).await.expect("rejudge"), 1, "failure {failure}");
+        }
+        f.chat.then([ChatAnswer::Status(503)]);
+        f.settle(judge.clone()).await;
+        assert_eq!(f.row(oslo).await.outcome.as_deref(), Some("fail_open"));
+        let expected = (failure < 6).then(|| 300.0 * 2f64.powi(failure));
+        assert_eq!(wait(oslo).await, expected, "failure {failure}");
+    }
+    assert_eq!(store.rejudge_passing_failures(at + chrono::Duration::days(30), 100).await.expect("rejudge"), 0);
+}
+
 #[tokio::test]
 async fn a_fact_said_again_retires_its_older_copy_which_leaves_its_ratings() {
     let f = Fixture::start().await;
@@ -713,6 +790,7 @@ async fn a_judgement_made_before_a_revival_leaves_the_revived_fact_pending() {
         reason: "model",
         model: None,
         candidates: 0,
+        failure_may_pass: false,
     };
     assert_eq!(store.apply_judgement(&stale, &kept).await.expect("applied"), None, "a judgement of the old validity");
     assert!(!f.row(tokyo).await.judged, "the revival's judgement was taken by a stale one");
@@ -737,6 +815,7 @@ async fn a_judgement_whose_copies_were_retired_first_records_that_no_model_was_a
         reason: "superseded",
         model: None,
         candidates: 1,
+        failure_may_pass: false,
     };
     let applied = store.apply_judgement(&pending, &copies_gone).await.expect("applied");
     assert_eq!(applied, Some(mnemo_core::JudgeOutcome::Disabled));

@@ -60,6 +60,13 @@ impl ModelFailure {
         matches!(self.kind, "connection" | "http_429" | "http_5xx" | "unauthorized" | "model_missing")
     }
 
+    /// Whether the failure may pass on its own: the endpoint unreachable, overloaded or refusing
+    /// the key for now, or too slow this once. An answer that cannot be used is not: the same
+    /// input would draw the same answer.
+    pub fn may_pass(&self) -> bool {
+        self.is_endpoint_state() || self.kind == "timeout"
+    }
+
     /// Whether the server may have refused what was asked (a 400 or 422; some servers answer 500
     /// to an answer format they cannot follow), so that asking otherwise may be answered. A
     /// 502, 503 or 504 is a gateway's or the endpoint's state: asking again at once would pile

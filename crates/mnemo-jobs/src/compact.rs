@@ -209,7 +209,7 @@ impl Compactor {
                     Err(e) => return Err(e.into()),
                 }
             }
-            Err(failure) if passes(&failure) && (job.summary_failures as usize) < SUMMARY_RETRIES.len() => {
+            Err(failure) if failure.may_pass() && (job.summary_failures as usize) < SUMMARY_RETRIES.len() => {
                 let after = SUMMARY_RETRIES[job.summary_failures as usize];
                 tracing::warn!(tenant = %tenant, kind = failure.kind, failures = job.summary_failures + 1,
                     "the summary failed; compaction tries again after {after:?}");
@@ -366,13 +366,6 @@ fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> V
             })
         })
         .collect()
-}
-
-/// Whether a summary's failure may pass on its own: the endpoint unreachable, overloaded or
-/// refusing the key for now, or too slow this once. An answer that cannot be used is not: the
-/// same input would draw the same answer.
-fn passes(failure: &ModelFailure) -> bool {
-    failure.is_endpoint_state() || failure.kind == "timeout"
 }
 
 #[cfg(test)]

@@ -230,9 +230,13 @@ async fn judge_fact(
                         fail_open(&fact, "wrong_count", &format!("{} verdicts for {}", verdicts.len(), others.len()));
                         judgement(JudgeOutcome::FailOpen, Vec::new(), "wrong_count", model, total)
                     }
+                    // One that may pass (the endpoint down or slow) is asked again later.
                     Err(e) => {
                         fail_open(&fact, e.kind, &e.detail);
-                        judgement(JudgeOutcome::FailOpen, Vec::new(), e.kind, model, total)
+                        Judgement {
+                            failure_may_pass: e.may_pass(),
+                            ..judgement(JudgeOutcome::FailOpen, Vec::new(), e.kind, model, total)
+                        }
                     }
                 }
             }
@@ -252,7 +256,7 @@ fn judgement(
     model: Option<String>,
     candidates: usize,
 ) -> Judgement {
-    Judgement { unless_retired, retire, reason, model, candidates }
+    Judgement { unless_retired, retire, reason, model, candidates, failure_may_pass: false }
 }
 
 /// A judge failure: counted and logged by kind and ids; the detail (which could echo a prompt)

@@ -252,6 +252,7 @@ async fn status(store: &Store, window: Duration, json: bool) -> anyhow::Result<(
                 "judged": judged,
                 "outcomes": outcomes,
                 "fail_open_rate": rate,
+                "to_ask_again": status.to_ask_again,
                 "batches": batch_json(&b),
             })
         );
@@ -264,6 +265,7 @@ async fn status(store: &Store, window: Duration, json: bool) -> anyhow::Result<(
         println!("  {:<14} {n:>8}", outcome.as_str());
     }
     println!("fail-open rate: {:.2}%", rate * 100.0);
+    println!("failed open, to be asked again automatically: {}", status.to_ask_again);
     if b.batches > 0 {
         println!(
             "batches: {} ({} rows), mean {:.0} ms each, slowest model call per batch {:.0} ms on average, {:.1} rows/s per worker",

@@ -110,6 +110,9 @@ pub struct Judgement {
     /// The model that decided, if one did.
     pub model: Option<String>,
     pub candidates: usize,
+    /// A fail-open whose failure may pass on its own (the endpoint down, overloaded or slow):
+    /// housekeeping asks again later ([`Store::rejudge_passing_failures`]).
+    pub failure_may_pass: bool,
 }
 
 /// A fact with its state, for the admin view.
@@ -158,6 +161,8 @@ pub struct JudgeStatus {
     pub oldest_pending_seconds: Option<f64>,
     /// Rows judged within the window, per outcome (every outcome listed, zeros too).
     pub outcomes: Vec<(JudgeOutcome, i64)>,
+    /// Live facts failed open that housekeeping will ask about again (their failure may pass).
+    pub to_ask_again: i64,
     pub batches: BatchStats,
 }
 
@@ -171,7 +176,8 @@ pub struct SupersedeIntegrity {
     pub superseded: i64,
     /// Live facts with a vector that the judge has not judged yet.
     pub unjudged: i64,
-    /// Live facts whose last judgement failed open: they wait for an operator's re-judge.
+    /// Live facts whose last judgement failed open: asked again by housekeeping if the failure
+    /// may pass, otherwise waiting for an operator's re-judge.
     pub failed_open: i64,
     /// Facts with more than one supersede audit row.
     pub superseded_twice: i64,
@@ -225,6 +231,12 @@ pub struct BatchRecord {
     pub model_sum: Duration,
     pub model_max: Duration,
 }
+
+/// How long housekeeping waits before asking again about a fact whose judge failed in a way that
+/// may pass, the first time; each later failure doubles it. After `REJUDGE_WAITS` failures
+/// (5 minutes to 160, about 5¼ hours in all) the fact waits for an operator's `judge clear`.
+const REJUDGE_FIRST_WAIT_S: u32 = 300;
+const REJUDGE_WAITS: u32 = 6;
 
 const LIVE_FACT: &str =
     "source_kind = 'fact' AND superseded_by IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL";
@@ -517,12 +529,24 @@ impl Store {
                 .await?;
             }
         }
-        sqlx::query("UPDATE memory_items SET judge_at = now(), judge_outcome = $3 WHERE tenant_id = $1 AND id = $2")
-            .bind(fact.tenant_id.as_str())
-            .bind(fact.id)
-            .bind(outcome.as_str())
-            .execute(&mut *tx)
-            .await?;
+        // A failure that may pass is asked about again after a wait that doubles with each of the
+        // fact's failures (its fail-open audit rows, this one not yet among them), at most
+        // `REJUDGE_WAITS` times; any other outcome clears the wait.
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE memory_items SET judge_at = now(), judge_outcome = $3,
+                 judge_retry_at = CASE WHEN $4 THEN (
+                     SELECT now() + make_interval(secs => {REJUDGE_FIRST_WAIT_S} * 2 ^ count(*))
+                     FROM audit_log WHERE tenant_id = $1 AND item_id = $2 AND event = '{fail_open}'
+                     HAVING count(*) < {REJUDGE_WAITS}) END
+             WHERE tenant_id = $1 AND id = $2",
+            fail_open = AuditEvent::JudgeFailOpen,
+        )))
+        .bind(fact.tenant_id.as_str())
+        .bind(fact.id)
+        .bind(outcome.as_str())
+        .bind(outcome == JudgeOutcome::FailOpen && judgement.failure_may_pass)
+        .execute(&mut *tx)
+        .await?;
         if let Some(key) = &fact.fact_key {
             // A fact's validity starts when its writer's transaction began, so a newer fact of
             // this key may have been judged while this one was not yet committed, and never saw
@@ -648,8 +672,15 @@ impl Store {
             .into_iter()
             .map(|o| (o, counts.iter().find(|(name, _)| name == o.as_str()).map_or(0, |(_, n)| *n)))
             .collect();
+        let to_ask_again: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM memory_items
+             WHERE judge_retry_at IS NOT NULL AND judge_outcome = '{fail_open}' AND {LIVE_FACT}",
+            fail_open = JudgeOutcome::FailOpen.as_str(),
+        )))
+        .fetch_one(&self.pool)
+        .await?;
         let batches = self.judge_batch_stats(window).await?;
-        Ok(JudgeStatus { pending, oldest_pending_seconds, outcomes, batches })
+        Ok(JudgeStatus { pending, oldest_pending_seconds, outcomes, to_ask_again, batches })
     }
 
     pub async fn judge_batch_stats(&self, window: Duration) -> Result<BatchStats, StoreError> {
@@ -752,7 +783,7 @@ impl Store {
             after = Some((last.2, last.0));
             let rows: Vec<(Uuid, String)> = found.into_iter().map(|(id, tenant, _)| (id, tenant)).collect();
             if !dry_run {
-                clear_batch(&mut tx, &rows, actor).await?;
+                clear_batch(&mut tx, &rows, actor, "operator").await?;
                 tx.commit().await?;
             }
             total += rows.len();
@@ -761,6 +792,29 @@ impl Store {
                 return Ok(total);
             }
         }
+    }
+
+    /// Re-opens, as `judge clear` does, the live facts whose judge failed in a way that may pass
+    /// and whose wait ended by `now` (at most `limit`), with a `judge_clear` audit row each
+    /// (actor `housekeeping`, reason `retry`) and a judge job. Returns how many.
+    pub async fn rejudge_passing_failures(&self, now: DateTime<Utc>, limit: i64) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let due: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m.id, m.tenant_id FROM memory_items m
+             WHERE m.judge_retry_at <= $1 AND m.judge_outcome = '{fail_open}' AND m.{LIVE_FACT}
+             ORDER BY m.judge_retry_at LIMIT $2
+             FOR UPDATE SKIP LOCKED",
+            fail_open = JudgeOutcome::FailOpen.as_str(),
+        )))
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        if !due.is_empty() {
+            clear_batch(&mut tx, &due, "housekeeping", "retry").await?;
+        }
+        tx.commit().await?;
+        Ok(due.len() as u64)
     }
 
     /// The facts of one bucket with their state, oldest first. With `as_of`, liveness is as it
@@ -874,23 +928,31 @@ pub(crate) async fn push_judge_jobs(tx: &mut sqlx::PgConnection, rows: Vec<(Uuid
     push(tx, &jobs).await
 }
 
-/// Clears the judgements of `rows` (locked by the caller), with an audit row and a judge job each.
-async fn clear_batch(tx: &mut sqlx::PgConnection, rows: &[(Uuid, String)], actor: &str) -> Result<(), StoreError> {
+/// Clears the judgements of `rows` (locked by the caller), with an audit row (`actor`, `reason`)
+/// and a judge job each.
+async fn clear_batch(
+    tx: &mut sqlx::PgConnection,
+    rows: &[(Uuid, String)],
+    actor: &str,
+    reason: &str,
+) -> Result<(), StoreError> {
     let (ids, tenants): (Vec<Uuid>, Vec<String>) = rows.iter().cloned().unzip();
     sqlx::query(
         "WITH cleared AS (
-            UPDATE memory_items m SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
+            UPDATE memory_items m SET judge_at = NULL, judge_outcome = NULL, judge_retry_at = NULL,
+                                      judge_enqueued_at = now()
             FROM unnest($1::uuid[], $2::text[]) AS c(id, tenant_id)
             WHERE m.tenant_id = c.tenant_id AND m.id = c.id
             RETURNING m.id, m.tenant_id
         )
         INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
-        SELECT tenant_id, $4, id, 'operator', $3 FROM cleared",
+        SELECT tenant_id, $4, id, $5, $3 FROM cleared",
     )
     .bind(&ids)
     .bind(&tenants)
     .bind(actor)
     .bind(AuditEvent::JudgeClear.as_str())
+    .bind(reason)
     .execute(&mut *tx)
     .await?;
     push_judge_jobs(tx, ids.into_iter().zip(tenants).collect()).await

@@ -59,6 +59,8 @@ pub struct WorkerStatus {
 /// What one housekeeping run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Housekeeping {
+    /// Jobs queued again: lost embed, judge and extraction jobs, and facts asked about again
+    /// after a judge failure that may pass.
     pub requeued: u64,
     pub pruned_jobs: u64,
     pub removed_workers: u64,
