@@ -237,12 +237,28 @@ impl Typed {
     }
 }
 
-/// What makes two statements "the same memory" for promotion: the words, case and punctuation
-/// aside. sha256 of the normalized text, first 16 bytes in hex.
+/// What makes two statements "the same memory" for promotion, and a copy for the judge: the
+/// words, case and punctuation aside, but a number's sign kept ("-18" is not "18"; the hyphen
+/// of "2024-05" is not a sign). sha256 of the normalized text, first 16 bytes in hex.
 pub fn fingerprint(text: &str) -> String {
-    let normalized: Vec<String> =
-        text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).map(str::to_lowercase).collect();
-    hex::encode(&Sha256::digest(normalized.join(" ").as_bytes())[..16])
+    let mut words: Vec<String> = Vec::new();
+    let mut start = None;
+    for (at, c) in text.char_indices().chain([(text.len(), ' ')]) {
+        match (c.is_alphanumeric(), start) {
+            (true, None) => start = Some(at),
+            (false, Some(from)) => {
+                let word = text[from..at].to_lowercase();
+                let mut before = text[..from].chars().rev();
+                let signed = word.starts_with(|c: char| c.is_ascii_digit())
+                    && matches!(before.next(), Some('-' | '\u{2212}'))
+                    && !before.next().is_some_and(char::is_alphanumeric);
+                words.push(if signed { format!("-{word}") } else { word });
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    hex::encode(&Sha256::digest(words.join(" ").as_bytes())[..16])
 }
 
 #[cfg(test)]
@@ -253,6 +269,17 @@ mod tests {
     fn fingerprints_ignore_case_and_punctuation_only() {
         assert_eq!(fingerprint("I moved to Lisbon."), fingerprint("i moved   to lisbon"));
         assert_ne!(fingerprint("I moved to Lisbon"), fingerprint("I moved to Porto"));
+        // Stored fingerprints of texts without a sign are what they were.
+        assert_eq!(fingerprint("I moved to Lisbon."), "1ddd0b3690bec6ebbe956843e1c1ef39");
+    }
+
+    #[test]
+    fn fingerprints_keep_a_numbers_sign() {
+        assert_ne!(fingerprint("The freezer is set to -18 C"), fingerprint("The freezer is set to 18 C"));
+        assert_eq!(fingerprint("The freezer is set to -18 C"), fingerprint("the freezer is set to \u{2212}18 c."));
+        assert_eq!(fingerprint("temperature:-18"), fingerprint("temperature -18"));
+        assert_eq!(fingerprint("born 2024-05-01"), fingerprint("born 2024 05 01"));
+        assert_eq!(fingerprint("a well-known fact"), fingerprint("a well known fact"));
     }
 
     #[test]
