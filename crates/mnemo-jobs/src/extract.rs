@@ -24,7 +24,7 @@ use mnemo_core::{
     WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
-use mnemo_store::{Claim, ExtractionChanges, PendingExtraction, Replacement, SessionMessage, Store};
+use mnemo_store::{Claim, ExtractionChanges, MessageCursor, PendingExtraction, Replacement, SessionMessage, Store};
 
 use crate::{JobError, UndoIfDropped, backoff};
 
@@ -298,23 +298,33 @@ impl ExtractRunner {
         Ok(ExtractReport::Failed { reason: kind.to_owned(), last_attempt })
     }
 
-    /// What the model would propose for `session` (up to its last message) now, applying
-    /// nothing: the runbook's dry run. It reads what a real request would: nothing when the
-    /// session was extracted for the user through its last message already.
+    /// What the model would propose in the first run after an operator's request for `session`
+    /// (up to its last message), applying nothing: the runbook's dry run. It plans what the
+    /// request would ask for: the session's failed conversations and pieces again, oldest first,
+    /// then its conversation through its last message unless that was extracted already.
     pub async fn propose(&self, workspace: &Workspace, session: &mnemo_core::SessionId) -> Result<Proposal, JobError> {
         let Some(extractor) = &self.extractor else { return Ok(Proposal::NoModel) };
         let last = self.store.session_messages_newest_first(&workspace.tenant, session, None, None, 1).await?;
         let Some(last) = last.first() else { return Ok(Proposal::NoMessages) };
-        if self.store.extracted_through(workspace, session, last.cursor()).await? {
-            return Ok(Proposal::NothingNew);
+        let mut asked = self.store.failed_extractions(workspace, session, last.cursor()).await?;
+        let asked_again = asked.len();
+        if !self.store.extracted_through(workspace, session, last.cursor()).await? {
+            asked.push(PendingExtraction::new(session.clone(), last.cursor(), mnemo_core::TriggerSource::Manual));
         }
-        let conversation = PendingExtraction::new(session.clone(), last.cursor(), mnemo_core::TriggerSource::Manual);
-        let (parts, _) = self.plan(workspace, vec![conversation], false).await?;
+        let throughs: Vec<MessageCursor> = asked.iter().map(PendingExtraction::through).collect();
+        let (parts, _) = self.plan(workspace, asked, false).await?;
         let (input, _) = self.input(workspace, &parts).await?;
         if input.transcript.is_empty() {
             return Ok(Proposal::NothingNew);
         }
-        Ok(Proposal::Answer(extractor.extract(&input).await))
+        let shown = Shown {
+            asked: throughs.len(),
+            asked_again,
+            taken: parts.len(),
+            messages: parts.iter().map(|p| p.messages.len()).sum(),
+            piece: parts.last().is_some_and(|p| !throughs.contains(&p.conversation.through())),
+        };
+        Ok(Proposal::Answer(extractor.extract(&input).await, shown))
     }
 
     /// The transcript of the `parts` and the user's files as they are now, with the versions of
@@ -368,8 +378,21 @@ pub enum Proposal {
     /// Nothing the model has not been shown: the session was extracted for the user through
     /// its last message, or holds only other users' words since.
     NothingNew,
-    /// The model's answer, or how it failed.
-    Answer(Result<mnemo_core::Extraction, mnemo_core::ModelFailure>),
+    /// The model's answer, or how it failed, and what it was shown.
+    Answer(Result<mnemo_core::Extraction, mnemo_core::ModelFailure>, Shown),
+}
+
+/// What a dry run showed the model: the first run's share of what an operator's request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shown {
+    /// Conversations and pieces the request asks for, and of them those that failed before.
+    pub asked: usize,
+    pub asked_again: usize,
+    /// Of those, how many the first run takes (oldest first), and their messages.
+    pub taken: usize,
+    pub messages: usize,
+    /// Whether the last one taken is the first piece of a conversation longer than a transcript.
+    pub piece: bool,
 }
 
 /// The versions of PROFILE.md and MEMORY.md the model was shown (`None`: no live file), so a

@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 
 #[derive(Debug, Subcommand)]
 pub enum MemoryCommand {
-    /// Extract a session's conversation: queue it past the gates, or with --dry-run print what
-    /// the model (MNEMO_LLM_*) would change, applying nothing (prints content).
+    /// Extract a session's conversation, and ask again for its failed ones: queue them past the
+    /// gates, or with --dry-run print what the model (MNEMO_LLM_*) would change in the first
+    /// run, applying nothing (prints content).
     Extract {
         #[arg(long, value_parser = TenantId::parse)]
         tenant: TenantId,
@@ -99,7 +100,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 stale_after: std::time::Duration::from_secs(600),
                 consolidation_throttle: settings.consolidation.after_extraction(),
             };
-            let proposal = match runner.propose(&workspace, &session).await? {
+            let (proposal, shown) = match runner.propose(&workspace, &session).await? {
                 Proposal::NoModel => bail!("nothing to propose: no MNEMO_LLM_MODEL"),
                 Proposal::NoMessages => bail!("the session has no messages"),
                 Proposal::NothingNew => {
@@ -115,14 +116,30 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                     }
                     return Ok(());
                 }
-                Proposal::Answer(answer) => answer.map_err(|f| anyhow::anyhow!("the model failed: {f}"))?,
+                Proposal::Answer(answer, shown) => {
+                    (answer.map_err(|f| anyhow::anyhow!("the model failed: {f}"))?, shown)
+                }
             };
+            if !json {
+                println!(
+                    "the first run would show the model {} messages of {} of the {} conversations a request asks \
+                     for ({} failed before, asked again){}",
+                    shown.messages,
+                    shown.taken,
+                    shown.asked,
+                    shown.asked_again,
+                    if shown.piece { "; the last is the first piece of one longer than a transcript" } else { "" }
+                );
+            }
             let facts: Vec<Value> = proposal
                 .facts
                 .iter()
                 .map(|f| json!({ "content": f.content.as_str(), "scope": f.scope.as_str(), "key": f.key.as_ref().map(|k| k.as_str()) }))
                 .collect();
-            let report = json!({ "dry_run": true, "should_update": proposal.should_update, "reason": proposal.reason,
+            let report = json!({ "dry_run": true,
+                "shown": { "asked": shown.asked, "asked_again": shown.asked_again, "taken": shown.taken,
+                           "messages": shown.messages, "piece": shown.piece },
+                "should_update": proposal.should_update, "reason": proposal.reason,
                 "daily_entry": proposal.daily_entry, "profile_update": proposal.profile_update,
                 "memory_update": proposal.memory_update, "facts": facts });
             print_report(&report, json)?;

@@ -74,6 +74,14 @@ SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finishe
 WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.agent_id = $3 AND m.user_id = $4
   AND m.status = 'failed' AND (m.through_time, m.through_id) < ($5, $6)";
 
+/// The session's conversations and pieces whose extraction failed for good before `($5, $6)`,
+/// oldest first: those [`ASK_AGAIN_FAILED`] asks for again.
+const FAILED_BEFORE: &str = "
+SELECT session_id, through_id, through_time, trigger_source, 0 AS attempts FROM memory_extractions m
+WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.agent_id = $3 AND m.user_id = $4
+  AND m.status = 'failed' AND (m.through_time, m.through_id) < ($5, $6)
+ORDER BY m.through_time, m.through_id";
+
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
 /// cooldown since the last one has passed and a conversation is pending (none is once the user
 /// was erased: no run row may name them then).
@@ -367,6 +375,26 @@ impl Store {
         through: MessageCursor,
     ) -> Result<bool, StoreError> {
         extracted_through(&mut *self.pool.acquire().await?, workspace, session, through).await
+    }
+
+    /// The session's conversations and pieces whose extraction for the workspace's user failed
+    /// for good before `through`, oldest first, as [`Store::request_extraction_again`] would ask
+    /// for them again (not attempted yet).
+    pub async fn failed_extractions(
+        &self,
+        workspace: &Workspace,
+        session: &SessionId,
+        through: MessageCursor,
+    ) -> Result<Vec<PendingExtraction>, StoreError> {
+        Ok(sqlx::query_as(FAILED_BEFORE)
+            .bind(workspace.tenant.as_str())
+            .bind(session.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user_of(workspace)?)
+            .bind(through.event_time)
+            .bind(through.id)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// Takes the (agent, user)'s run for `worker`, or says how long to wait.
