@@ -844,9 +844,9 @@ async fn the_runbook_dry_run_shows_the_proposal_and_writes_nothing() {
     assert_eq!(proposal["nothing_new"], true, "{proposal}");
     assert_eq!(chat.requests().len(), asked, "no model call");
 
-    // A conversation failed for good, one extracted after it, and new messages: the dry run
-    // shows the model what the operator's request would show it first, the failed conversation
-    // and the new messages, and says so.
+    // A conversation failed for good, one extracted after it, new messages, and a conversation of
+    // another session waiting: the dry run shows the model what the first run after the
+    // operator's request would show it, all three, oldest first, and says so.
     let once = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0"), (vars::EXTRACT_MAX_ATTEMPTS, "1")]);
     conversation(&app, &t, "poison: the model always fails on this").await;
     complete(&app, &t, "s1", "web").await;
@@ -857,18 +857,21 @@ async fn the_runbook_dry_run_shows_the_proposal_and_writes_nothing() {
     assert!(matches!(once.run(&job()).await.expect("the next"), ExtractReport::Applied { conversations: 1, .. }));
     say(&app, &t, "user", "I went hiking.").await;
     say(&app, &t, "assistant", "Nice.").await;
+    let other = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    conversation(&app, &other, "car: Ann drives a red van").await;
+    complete(&app, &other, "s2", "web").await;
     let asked = chat.requests().len();
     let dry = run(&["--dry-run"]).await;
     assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
     let proposal: Value = serde_json::from_slice(&dry.stdout).expect("json");
-    let shown = json!({ "asked": 2, "asked_again": 1, "taken": 2, "messages": 6, "piece": false });
+    let shown = json!({ "waiting": 3, "asked_again": 1, "taken": 3, "messages": 10, "piece": false });
     assert_eq!(proposal["shown"], shown, "{proposal}");
     let previewed = transcripts(&chat, asked).remove(0);
-    assert!(previewed.contains("poison") && previewed.contains("hiking"), "{previewed}");
+    assert!(previewed.contains("poison") && previewed.contains("hiking") && previewed.contains("red van"));
     assert!(!previewed.contains("Ann has a cat"), "{previewed}");
     let queued: Value = serde_json::from_slice(&run(&[]).await.stdout).expect("json");
     assert_eq!(queued["queued"], true);
-    assert!(matches!(once.run(&job()).await.expect("asked again"), ExtractReport::Applied { conversations: 2, .. }));
+    assert!(matches!(once.run(&job()).await.expect("asked again"), ExtractReport::Applied { conversations: 3, .. }));
     assert_eq!(transcripts(&chat, asked + 1), [previewed], "the run shows what the dry run did");
 }
 

@@ -413,6 +413,18 @@ async fn a_judge_failure_that_may_pass_is_asked_again_later_and_one_that_would_r
             .expect("wait")
         }
     };
+    // As if `by` had passed: every wait ends that much sooner.
+    let elapse = |by: &'static str| {
+        let pool = f.app.db.pool.clone();
+        async move {
+            sqlx::query("UPDATE memory_items SET judge_retry_at = judge_retry_at - $1::interval")
+                .bind(by)
+                .execute(&pool)
+                .await
+                .expect("elapse");
+        }
+    };
+    let rejudge = || async { store.rejudge_passing_failures(100).await.expect("rejudge") };
     let who = principal("acme", Some("u1"), None, None);
     let tokyo = f.fact(&who, "I live in Tokyo").await;
     f.settle(judge.clone()).await;
@@ -424,9 +436,10 @@ async fn a_judge_failure_that_may_pass_is_asked_again_later_and_one_that_would_r
     let status = runbook(&f, &["judge", "status", "--json"]);
     assert_eq!(status["to_ask_again"].as_i64(), Some(1), "{status}");
 
-    let at = now().await;
-    assert_eq!(store.rejudge_passing_failures(at + chrono::Duration::minutes(4), 100).await.expect("rejudge"), 0);
-    assert_eq!(store.rejudge_passing_failures(at + chrono::Duration::minutes(6), 100).await.expect("rejudge"), 1);
+    elapse("4 minutes").await;
+    assert_eq!(rejudge().await, 0, "not before its wait ends");
+    elapse("1 minute").await;
+    assert_eq!(rejudge().await, 1);
     let cleared: (String, String) = sqlx::query_as(
         "SELECT actor, reason FROM audit_log WHERE event = 'judge_clear' AND item_id = $1 ORDER BY id DESC LIMIT 1",
     )
@@ -449,17 +462,19 @@ async fn a_judge_failure_that_may_pass_is_asked_again_later_and_one_that_would_r
     f.settle(judge.clone()).await;
     assert_eq!(f.row(lima).await.outcome.as_deref(), Some("fail_open"));
     assert_eq!(wait(lima).await, None);
-    assert_eq!(store.rejudge_passing_failures(at + chrono::Duration::days(1), 100).await.expect("rejudge"), 0);
+    elapse("1 day").await;
+    assert_eq!(rejudge().await, 0);
 
-    // Each failure doubles the wait; after the sixth the fact waits for an operator.
+    // Each failure doubles the wait; after the sixth the fact waits for an operator, whose
+    // clear starts the count again.
     let who = principal("acme", Some("u3"), None, None);
     f.fact(&who, "I live in Tokyo").await;
     f.settle(judge.clone()).await;
     let oslo = f.fact(&who, "I live in Oslo").await;
     for failure in 0..7 {
         if failure > 0 {
-            let later = at + chrono::Duration::days(1);
-            assert_eq!(store.rejudge_passing_failures(later, 100).await.expect("rejudge"), 1, "failure {failure}");
+            elapse("1 day").await;
+            assert_eq!(rejudge().await, 1, "failure {failure}");
         }
         f.chat.then([ChatAnswer::Status(503)]);
         f.settle(judge.clone()).await;
@@ -467,7 +482,13 @@ async fn a_judge_failure_that_may_pass_is_asked_again_later_and_one_that_would_r
         let expected = (failure < 6).then(|| 300.0 * 2f64.powi(failure));
         assert_eq!(wait(oslo).await, expected, "failure {failure}");
     }
-    assert_eq!(store.rejudge_passing_failures(at + chrono::Duration::days(30), 100).await.expect("rejudge"), 0);
+    elapse("30 days").await;
+    assert_eq!(rejudge().await, 0);
+    let selection = mnemo_store::ClearSelection::Ids(vec![oslo]);
+    store.clear_judgements(&selection, None, "runbook", false, 100, &mut |_| {}).await.expect("clear");
+    f.chat.then([ChatAnswer::Status(503)]);
+    f.settle(judge.clone()).await;
+    assert_eq!(wait(oslo).await, Some(300.0), "counted again from the operator's clear");
 }
 
 #[tokio::test]

@@ -593,6 +593,45 @@ async fn a_copy_the_judge_retires_leaves_its_session_to_the_survivor_which_is_pr
     assert_eq!(layer, "semantic");
 }
 
+/// Memories written before the fingerprint kept signs hold the one without: computed again, a
+/// "-18" stated in two sessions is promoted, and a "18" is not one of its sightings.
+#[tokio::test]
+async fn fingerprints_written_before_signs_counted_are_computed_again() {
+    let (app, _provider) = app().await;
+    let store = app.db.store();
+    let in_session = |s: &str| principal("acme", Some("ann"), Some("helper"), Some(s));
+    let episodic = |content: &str| json!({"scope": "user", "content": content, "layer": "episodic", "confidence": 0.9});
+    let cold = id_of(&fact(&app, &in_session("s1"), episodic("The freezer is set to -18 C.")).await);
+    let warm = id_of(&fact(&app, &in_session("s2"), episodic("The freezer is set to 18 C")).await);
+    let again = id_of(&fact(&app, &in_session("s3"), episodic("the freezer is set to -18 c")).await);
+    fact(&app, &in_session("s4"), episodic("Ann runs on Sundays.")).await;
+    // As written before: the sign dropped.
+    sqlx::query("UPDATE memory_items SET fingerprint = $1 WHERE id = $2")
+        .bind(mnemo_core::fingerprint("The freezer is set to 18 C"))
+        .bind(cold)
+        .execute(&app.db.pool)
+        .await
+        .expect("old fingerprint");
+    let (read, changed) = store.refingerprint(None, 2, &mut |_, _| {}).await.expect("refingerprint");
+    assert_eq!((read, changed), (2, 1), "only memories with a minus before a digit are read");
+    assert_eq!(store.refingerprint(None, 2, &mut |_, _| {}).await.expect("again"), (2, 0), "idempotent");
+    assert_eq!(store.promote_episodic(0.75, 100).await.expect("promote"), 2, "-18 in two sessions");
+    let layer = |id: Uuid| {
+        let pool = app.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT layer FROM memory_items WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("layer")
+        }
+    };
+    assert_eq!(
+        (layer(cold).await, layer(again).await, layer(warm).await),
+        ("semantic".into(), "semantic".into(), "episodic".into())
+    );
+}
+
 #[tokio::test]
 async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_fade_then_are_forgotten() {
     let (app, _provider) = app().await;

@@ -299,26 +299,32 @@ impl ExtractRunner {
     }
 
     /// What the model would propose in the first run after an operator's request for `session`
-    /// (up to its last message), applying nothing: the runbook's dry run. It plans what the
-    /// request would ask for: the session's failed conversations and pieces again, oldest first,
-    /// then its conversation through its last message unless that was extracted already.
+    /// (up to its last message), applying nothing: the runbook's dry run. It plans what would
+    /// wait after the request, oldest first, as a run takes it: the (agent, user)'s pending
+    /// conversations of every session, the session's failed conversations and pieces asked for
+    /// again, and its conversation through its last message unless that was extracted already.
     pub async fn propose(&self, workspace: &Workspace, session: &mnemo_core::SessionId) -> Result<Proposal, JobError> {
         let Some(extractor) = &self.extractor else { return Ok(Proposal::NoModel) };
         let last = self.store.session_messages_newest_first(&workspace.tenant, session, None, None, 1).await?;
         let Some(last) = last.first() else { return Ok(Proposal::NoMessages) };
-        let mut asked = self.store.failed_extractions(workspace, session, last.cursor()).await?;
-        let asked_again = asked.len();
+        let failed = self.store.failed_extractions(workspace, session, last.cursor()).await?;
+        let asked_again = failed.len();
+        let mut waiting = self.store.pending_extractions(workspace).await?;
+        waiting.extend(failed);
         if !self.store.extracted_through(workspace, session, last.cursor()).await? {
-            asked.push(PendingExtraction::new(session.clone(), last.cursor(), mnemo_core::TriggerSource::Manual));
+            waiting.push(PendingExtraction::new(session.clone(), last.cursor(), mnemo_core::TriggerSource::Manual));
         }
-        let throughs: Vec<MessageCursor> = asked.iter().map(PendingExtraction::through).collect();
-        let (parts, _) = self.plan(workspace, asked, false).await?;
+        // A message ends one conversation at most: the same end is the same request.
+        waiting.sort_by_key(PendingExtraction::through);
+        waiting.dedup_by_key(|p| p.through());
+        let throughs: Vec<MessageCursor> = waiting.iter().map(PendingExtraction::through).collect();
+        let (parts, _) = self.plan(workspace, waiting, false).await?;
         let (input, _) = self.input(workspace, &parts).await?;
         if input.transcript.is_empty() {
             return Ok(Proposal::NothingNew);
         }
         let shown = Shown {
-            asked: throughs.len(),
+            waiting: throughs.len(),
             asked_again,
             taken: parts.len(),
             messages: parts.iter().map(|p| p.messages.len()).sum(),
@@ -382,11 +388,13 @@ pub enum Proposal {
     Answer(Result<mnemo_core::Extraction, mnemo_core::ModelFailure>, Shown),
 }
 
-/// What a dry run showed the model: the first run's share of what an operator's request asks for.
+/// What a dry run showed the model: the first run's share of what waits after an operator's
+/// request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shown {
-    /// Conversations and pieces the request asks for, and of them those that failed before.
-    pub asked: usize,
+    /// Conversations and pieces waiting after the request (the (agent, user)'s, every session),
+    /// and of them the session's that had failed, asked for again.
+    pub waiting: usize,
     pub asked_again: usize,
     /// Of those, how many the first run takes (oldest first), and their messages.
     pub taken: usize,

@@ -58,7 +58,7 @@ pub async fn run_housekeeping(
             .run("requeue_unembedded", store.requeue_unembedded(&policy.model, policy.embed_grace, 10_000).await)
             + steps.run("requeue_unjudged", store.requeue_unjudged(policy.judge_grace, 10_000).await)
             + steps.run("requeue_unextracted", store.requeue_unextracted(EXTRACTION_GRACE, 1_000).await)
-            + steps.run("rejudge_passing_failures", store.rejudge_passing_failures(Utc::now(), 1_000).await),
+            + steps.run("rejudge_passing_failures", store.rejudge_passing_failures(1_000).await),
         pruned_jobs: steps.run("prune_finished_jobs", store.prune_finished_jobs(policy.job_retention).await),
         removed_workers: steps.run("remove_stale_workers", store.remove_stale_workers(policy.dead_worker_after).await),
         retention_scheduled: steps

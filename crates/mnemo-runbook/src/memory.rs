@@ -64,6 +64,15 @@ pub enum MemoryCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Compute again the promotion fingerprints of episodic memories holding a negative number,
+    /// once after upgrading past migration 46 (before it, "-18" and "18" were the same words).
+    /// Idempotent; every tenant, or one.
+    Refingerprint {
+        #[arg(long, value_parser = TenantId::parse)]
+        tenant: Option<TenantId>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Result<()> {
@@ -122,11 +131,11 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             };
             if !json {
                 println!(
-                    "the first run would show the model {} messages of {} of the {} conversations a request asks \
-                     for ({} failed before, asked again){}",
+                    "the first run would show the model {} messages of {} of the {} conversations waiting after the \
+                     request ({} of this session failed before, asked again){}",
                     shown.messages,
                     shown.taken,
-                    shown.asked,
+                    shown.waiting,
                     shown.asked_again,
                     if shown.piece { "; the last is the first piece of one longer than a transcript" } else { "" }
                 );
@@ -137,7 +146,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 .map(|f| json!({ "content": f.content.as_str(), "scope": f.scope.as_str(), "key": f.key.as_ref().map(|k| k.as_str()) }))
                 .collect();
             let report = json!({ "dry_run": true,
-                "shown": { "asked": shown.asked, "asked_again": shown.asked_again, "taken": shown.taken,
+                "shown": { "waiting": shown.waiting, "asked_again": shown.asked_again, "taken": shown.taken,
                            "messages": shown.messages, "piece": shown.piece },
                 "should_update": proposal.should_update, "reason": proposal.reason,
                 "daily_entry": proposal.daily_entry, "profile_update": proposal.profile_update,
@@ -197,6 +206,19 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 println!("{}", json!({ "tenant": tenant.as_str(), "time_zone": zone, "today": today }));
             } else {
                 println!("{tenant}: {zone} (today there: {today})");
+            }
+        }
+        MemoryCommand::Refingerprint { tenant, json } => {
+            let mut progress = |read: u64, changed: u64| {
+                if read.is_multiple_of(10_000) {
+                    eprintln!("{read} memories read, {changed} fingerprints changed");
+                }
+            };
+            let (read, changed) = store.refingerprint(tenant.as_ref(), 1_000, &mut progress).await?;
+            if json {
+                println!("{}", json!({ "read": read, "changed": changed }));
+            } else {
+                println!("{read} episodic memories with a minus before a digit read, {changed} fingerprints changed");
             }
         }
         MemoryCommand::Status { tenant, json } => {

@@ -530,16 +530,24 @@ impl Store {
             }
         }
         // A failure that may pass is asked about again after a wait that doubles with each of the
-        // fact's failures (its fail-open audit rows, this one not yet among them), at most
-        // `REJUDGE_WAITS` times; any other outcome clears the wait.
+        // fact's failures since it was last revived or cleared by an operator (its fail-open audit
+        // rows, this one not yet among them), at most `REJUDGE_WAITS` times; any other outcome
+        // clears the wait.
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE memory_items SET judge_at = now(), judge_outcome = $3,
                  judge_retry_at = CASE WHEN $4 THEN (
                      SELECT now() + make_interval(secs => {REJUDGE_FIRST_WAIT_S} * 2 ^ count(*))
-                     FROM audit_log WHERE tenant_id = $1 AND item_id = $2 AND event = '{fail_open}'
+                     FROM audit_log a
+                     WHERE a.tenant_id = $1 AND a.item_id = $2 AND a.event = '{fail_open}'
+                       AND a.id > coalesce((
+                           SELECT max(r.id) FROM audit_log r
+                           WHERE r.tenant_id = $1 AND r.item_id = $2
+                             AND (r.event = '{revive}' OR (r.event = '{clear}' AND r.reason = 'operator'))), 0)
                      HAVING count(*) < {REJUDGE_WAITS}) END
              WHERE tenant_id = $1 AND id = $2",
             fail_open = AuditEvent::JudgeFailOpen,
+            revive = AuditEvent::Revive,
+            clear = AuditEvent::JudgeClear,
         )))
         .bind(fact.tenant_id.as_str())
         .bind(fact.id)
@@ -795,18 +803,19 @@ impl Store {
     }
 
     /// Re-opens, as `judge clear` does, the live facts whose judge failed in a way that may pass
-    /// and whose wait ended by `now` (at most `limit`), with a `judge_clear` audit row each
-    /// (actor `housekeeping`, reason `retry`) and a judge job. Returns how many.
-    pub async fn rejudge_passing_failures(&self, now: DateTime<Utc>, limit: i64) -> Result<u64, StoreError> {
+    /// and whose wait has ended (at most `limit`), with a `judge_clear` audit row each (actor
+    /// `housekeeping`, reason `retry`) and a judge job. Returns how many.
+    pub async fn rejudge_passing_failures(&self, limit: i64) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
+        // The conditions are the index's predicate (migration 046): a fact retired while it
+        // waited leaves the index.
         let due: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT m.id, m.tenant_id FROM memory_items m
-             WHERE m.judge_retry_at <= $1 AND m.judge_outcome = '{fail_open}' AND m.{LIVE_FACT}
-             ORDER BY m.judge_retry_at LIMIT $2
+             WHERE m.judge_retry_at <= now() AND m.judge_outcome = '{fail_open}' AND m.{LIVE_FACT}
+             ORDER BY m.judge_retry_at LIMIT $1
              FOR UPDATE SKIP LOCKED",
             fail_open = JudgeOutcome::FailOpen.as_str(),
         )))
-        .bind(now)
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;

@@ -159,4 +159,57 @@ impl Store {
                            AND (status IN ('Pending', 'Queued', 'Running') OR (status = 'Failed' AND attempts < max_attempts))))";
         Ok(sqlx::query(prune).bind(AccessJob::QUEUE.as_str()).execute(&self.pool).await?.rows_affected())
     }
+
+    /// Computes again the promotion fingerprint of episodic memories that hold a signed number
+    /// (written before the fingerprint kept signs), `batch` rows a transaction in key order,
+    /// calling `progress` with the rows read and changed so far. Idempotent. Returns both.
+    pub async fn refingerprint(
+        &self,
+        tenant: Option<&TenantId>,
+        batch: i64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(u64, u64), StoreError> {
+        let (mut after, mut read, mut changed) = ((String::new(), Uuid::nil()), 0u64, 0u64);
+        loop {
+            // A superset of what `fingerprint` reads as a sign: a minus before a digit.
+            let rows: Vec<(String, Uuid, String, String)> = sqlx::query_as(
+                "SELECT tenant_id, id, content, fingerprint FROM memory_items
+                 WHERE (tenant_id, id) > ($1, $2) AND ($3::text IS NULL OR tenant_id = $3)
+                   AND layer = 'episodic' AND fingerprint IS NOT NULL AND content ~ '[-−][0-9]'
+                 ORDER BY tenant_id, id LIMIT $4",
+            )
+            .bind(&after.0)
+            .bind(after.1)
+            .bind(tenant.map(TenantId::as_str))
+            .bind(batch)
+            .fetch_all(&self.pool)
+            .await?;
+            let Some(last) = rows.last() else { return Ok((read, changed)) };
+            after = (last.0.clone(), last.1);
+            read += rows.len() as u64;
+            let stale: Vec<(String, Uuid, String)> = rows
+                .into_iter()
+                .filter_map(|(tenant, id, content, stored)| {
+                    let now = mnemo_core::fingerprint(&content);
+                    (now != stored).then_some((tenant, id, now))
+                })
+                .collect();
+            if !stale.is_empty() {
+                let (tenants, (ids, prints)): (Vec<String>, (Vec<Uuid>, Vec<String>)) =
+                    stale.into_iter().map(|(t, id, p)| (t, (id, p))).unzip();
+                changed += sqlx::query(
+                    "UPDATE memory_items m SET fingerprint = c.fingerprint
+                     FROM unnest($1::text[], $2::uuid[], $3::text[]) AS c(tenant_id, id, fingerprint)
+                     WHERE m.tenant_id = c.tenant_id AND m.id = c.id AND m.fingerprint IS NOT NULL",
+                )
+                .bind(&tenants)
+                .bind(&ids)
+                .bind(&prints)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            }
+            progress(read, changed);
+        }
+    }
 }
