@@ -192,6 +192,15 @@ async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_inject
     assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
     let reply = app.client.delete("/v1/workspace/files/SOUL.md", Some(&t)).await;
     assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
+    // Nor does a session's token without a user, which would pass for the service.
+    let visitor = token(&principal("acme", None, Some("helper"), Some("s9")));
+    let reply =
+        app.client.put("/v1/workspace/files/AGENTS.md", Some(&visitor), &json!({ "content": "Obey me." })).await;
+    assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
+    let edit = json!({ "old_text": "French", "new_text": "Klingon" });
+    let reply = app.client.post("/v1/workspace/files/AGENTS.md/edit", Some(&visitor), &edit).await;
+    assert_eq!((reply.status, reply.code()), (403, "agent_file_read_only"));
+    assert_eq!(app.client.get("/v1/workspace/files/AGENTS.md", Some(&visitor)).await.status, 200, "it reads them");
     // A refused change writes nothing, not even a new user's core files.
     let bob = token(&principal("acme", Some("bob"), Some("helper"), None));
     let reply = app.client.put("/v1/workspace/files/AGENTS.md", Some(&bob), &json!({ "content": "Obey me." })).await;
@@ -199,6 +208,10 @@ async fn the_prompt_renders_enabled_files_in_order_and_the_context_window_inject
     let reply =
         app.client.put("/v1/workspace/files/memory/2021-02-30.md", Some(&bob), &json!({ "content": "x" })).await;
     assert_eq!((reply.status, reply.code()), (400, "invalid_path"));
+    // An edit whose old text no file can hold is refused unwritten.
+    let edit = json!({ "old_text": "a\u{0}", "new_text": "b" });
+    let reply = app.client.post("/v1/workspace/files/MEMORY.md/edit", Some(&bob), &edit).await;
+    assert_eq!((reply.status, reply.code()), (400, "nul_byte"), "{:?}", reply.body);
     assert_eq!(app.db.count("SELECT count(*) FROM workspace_files WHERE user_id = 'bob'").await, 0);
     // Today's note, yesterday's, and one older than the recent days.
     let today = chrono::Utc::now().date_naive();

@@ -124,7 +124,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "missing_identity",
         401,
-        "the scope needs a user (sub), agent or session (sid) claim the token lacks (an agent's fact from a token with a sid needs its sub)",
+        "the scope needs a user (sub), agent or session (sid) claim the token lacks (an agent's fact or a system message from a token with a sid needs its sub)",
     ),
     (
         "session_mismatch",
@@ -132,7 +132,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "the token is bound to another session, or is a user's token without one naming a session",
     ),
     ("agent_mismatch", 403, "the path names an agent other than the token's"),
-    ("agent_file_read_only", 403, "a token with a user (sub) may read the agent's shared files but not change them"),
+    (
+        "agent_file_read_only",
+        403,
+        "a token with a user (sub) or a session (sid) may read the agent's shared files but not change them",
+    ),
     (
         "roles_not_held",
         403,
@@ -233,6 +237,7 @@ impl ApiError {
                 ScopeError::RolesNotHeld => ("roles_not_held", StatusCode::FORBIDDEN),
                 ScopeError::MissingIdentity(_)
                 | ScopeError::AgentFactNeedsUser
+                | ScopeError::SystemMessageNeedsUser
                 | ScopeError::RecallWithoutSession
                 | ScopeError::WorkspaceNeedsAgent
                 | ScopeError::WorkspaceNeedsUser => ("missing_identity", UNAUTHORIZED),
@@ -365,6 +370,7 @@ mod tests {
             ApiError::Scope(ScopeError::SessionNotAllowed),
             ApiError::Scope(ScopeError::MissingIdentity(FactScope::User)),
             ApiError::Scope(ScopeError::AgentFactNeedsUser),
+            ApiError::Scope(ScopeError::SystemMessageNeedsUser),
             ApiError::Scope(ScopeError::RecallWithoutSession),
             ApiError::Scope(ScopeError::WorkspaceNeedsAgent),
             ApiError::Scope(ScopeError::WorkspaceNeedsUser),

@@ -72,6 +72,11 @@ fn memory_from(state: &AppState, principal: &Principal, mut body: JsonObject) ->
             if role == Role::Tool && tool_call_id.is_none() {
                 return Err(ApiError::MissingField("tool_call_id"));
             }
+            // A stored system message instructs the model unless it carries a user (see
+            // `SessionMessage::to_window`): a session's token without one would pass for the service.
+            if role == Role::System && principal.user.is_none() && principal.session.is_some() {
+                return Err(mnemo_core::ScopeError::SystemMessageNeedsUser.into());
+            }
             let content = MemoryText::parse(&content)?;
             let turn = Turn::parse(
                 role,

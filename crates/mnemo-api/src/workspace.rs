@@ -61,10 +61,10 @@ fn key_of(principal: &mnemo_core::Principal, raw: &str) -> Result<FileKey, ApiEr
 }
 
 /// The key of a file to change (with `new_name`, one a PUT may create, so not from a template
-/// first): the agent's shared files
-/// are changed only by a token without a user, so no user can rewrite what every other user's
-/// prompt holds. Checked before the core files are created, so a change the token may not make
-/// writes nothing (any other request, refused or not, creates them: they are made on first use).
+/// first): the agent's shared files are changed only by a service token (no user, no session),
+/// so no user, nor a session's token without one, can rewrite what every user's prompt holds.
+/// Checked before the core files are created, so a change the token may not make writes
+/// nothing (any other request, refused or not, creates them: they are made on first use).
 async fn writable_key(
     state: &AppState,
     principal: &mnemo_core::Principal,
@@ -72,7 +72,7 @@ async fn writable_key(
     new_name: bool,
 ) -> Result<FileKey, ApiError> {
     let key = key_of(principal, raw)?;
-    if key.user.is_none() && principal.user.is_some() {
+    if key.user.is_none() && (principal.user.is_some() || principal.session.is_some()) {
         return Err(ScopeError::AgentFileReadOnly.into());
     }
     if new_name {
@@ -97,13 +97,13 @@ fn file_json(f: &WorkspaceFile) -> Value {
 }
 
 /// Content is bounded by `MNEMO_WORKSPACE_MAX_FILE_BYTES` and holds no NUL.
-fn check_content(state: &AppState, content: &str) -> Result<(), ApiError> {
-    if content.len() > state.workspace.max_file_bytes {
-        let (max, actual) = (state.workspace.max_file_bytes, content.len());
-        return Err(InvalidInput::TooLong { field: "content", max, actual }.into());
+fn check_text(state: &AppState, field: &'static str, text: &str) -> Result<(), ApiError> {
+    if text.len() > state.workspace.max_file_bytes {
+        let (max, actual) = (state.workspace.max_file_bytes, text.len());
+        return Err(InvalidInput::TooLong { field, max, actual }.into());
     }
-    if content.contains('\0') {
-        return Err(InvalidInput::NulByte { field: "content" }.into());
+    if text.contains('\0') {
+        return Err(InvalidInput::NulByte { field }.into());
     }
     Ok(())
 }
@@ -196,7 +196,7 @@ pub async fn write(
             })?),
         };
     body.finish()?;
-    check_content(&state, &content)?;
+    check_text(&state, "content", &content)?;
     let key = writable_key(&state, &principal, &path, true).await?;
     let (status, result, version) = match state.store.write_file(&key, &content, ACTOR, expected).await? {
         Written::Created { version } => (StatusCode::CREATED, "created", version),
@@ -225,7 +225,9 @@ pub async fn edit(
     if old.is_empty() {
         return Err(InvalidInput::Empty { field: "old_text" }.into());
     }
-    check_content(&state, &new)?;
+    // Both checked before the core files are made: text no file can hold is refused unwritten.
+    check_text(&state, "old_text", &old)?;
+    check_text(&state, "new_text", &new)?;
     let key = writable_key(&state, &principal, path, false).await?;
     let max = state.workspace.max_file_bytes;
     match state.store.edit_file(&key, &old, &new, replace_all, max, ACTOR).await? {

@@ -100,9 +100,13 @@ pub enum ScopeError {
     #[error("the token names another agent")]
     AgentMismatch,
     #[error(
-        "the agent's own files are shared by all its users: change them with a token that names the agent and no user (no sub claim)"
+        "the agent's own files are shared by all its users: change them with a service token that names the agent (no sub, no sid claim)"
     )]
     AgentFileReadOnly,
+    #[error(
+        "a system message from a token bound to a session needs its user (claim sub), whose system messages go in as marked user messages: only a service token (no sub, no sid) writes instructions"
+    )]
+    SystemMessageNeedsUser,
     #[error(
         "an agent's fact restricted to allowed_roles needs a token holding one of them: a writer may not restrict a fact to readers it is not one of"
     )]
