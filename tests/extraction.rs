@@ -608,8 +608,9 @@ async fn a_failed_conversation_is_not_read_by_the_next_and_a_disabled_piece_is_a
 }
 
 /// Two users in one session: each one's completion is asked for (the same last message), and
-/// each extraction reads only its own user's messages (and rows carrying no user): another
-/// user's words never become this user's memories, where their erasure could not reach them.
+/// each extraction reads only its own user's messages, and of the rows carrying no user (an
+/// agent's replies) those that answer it or open the session: another user's words, or a reply
+/// repeating them, never become this user's memories, where their erasure could not reach them.
 #[tokio::test]
 async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words() {
     let chat = ScriptedChat::start().await;
@@ -617,12 +618,13 @@ async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words
     let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
     let bob = token(&principal("acme", Some("bob"), Some("helper"), Some("s1")));
     let agent = token(&principal("acme", None, Some("helper"), Some("s1")));
+    say(&app, &agent, "assistant", "Welcome both of you.").await;
     say(&app, &ann, "user", "hello, my name is Ann and I plan a trip").await;
     say(&app, &bob, "user", "I am Bob and I am allergic to peanuts").await;
     say(&app, &bob, "assistant", "Noted, Bob: no peanuts.").await;
-    say(&app, &agent, "assistant", "Welcome both of you.").await;
+    say(&app, &agent, "assistant", "Bob, your peanut allergy is in your file.").await;
     say(&app, &ann, "user", "remember that I travel to Lyon in May").await;
-    say(&app, &ann, "assistant", "Noted.").await;
+    say(&app, &agent, "assistant", "Ann, Lyon in May is noted.").await;
     assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
     assert_eq!(complete(&app, &bob, "s1", "web").await["queued"], true, "bob's completion is his own");
     assert_eq!(complete(&app, &bob, "s1", "web").await["skipped"], "already_asked");
@@ -632,7 +634,8 @@ async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words
     assert!(matches!(run, ExtractReport::Applied { conversations: 1, .. }), "{run:?}");
     let transcript = transcripts(&chat, 0).remove(0);
     assert!(transcript.contains("I travel to Lyon") && transcript.contains("Welcome both"), "{transcript}");
-    assert!(!transcript.contains("peanuts"), "bob's words reached ann's extraction: {transcript}");
+    assert!(transcript.contains("Lyon in May is noted"), "{transcript}");
+    assert!(!transcript.contains("peanut"), "bob's words reached ann's extraction: {transcript}");
     let done = "SELECT count(*) FROM memory_extractions WHERE status = 'done' AND user_id = ";
     assert_eq!(app.db.count(&format!("{done}'ann'")).await, 1);
     assert_eq!(app.db.count(&format!("{done}'bob'")).await, 0, "ann's run marked only her conversation");

@@ -344,16 +344,29 @@ enum Summarized {
 /// The workspaces whose extraction of `covered` a compaction asks for: one per user who wrote
 /// among them, with the agent of their own last message that names one (a token without an
 /// agent has no workspace, as the API says), when what extraction would read of it (their
-/// messages and those carrying no user) passes the gates.
+/// messages, and those carrying no user that follow theirs or open the span) passes the gates.
 fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> Vec<Workspace> {
     let mut users: Vec<&str> = covered.iter().filter_map(|m| m.user_id.as_deref()).collect();
     users.sort_unstable();
     users.dedup();
+    // Whose each message is: its user's, or the one before it that carries a user.
+    let mut owner = None;
+    let owners: Vec<Option<&str>> = covered
+        .iter()
+        .map(|m| {
+            owner = m.user_id.as_deref().or(owner);
+            owner
+        })
+        .collect();
     users
         .into_iter()
         .filter_map(|user| {
-            let theirs: Vec<&SessionMessage> =
-                covered.iter().filter(|m| m.user_id.as_deref().is_none_or(|u| u == user)).collect();
+            let theirs: Vec<&SessionMessage> = covered
+                .iter()
+                .zip(&owners)
+                .filter(|(_, owner)| owner.is_none_or(|u| u == user))
+                .map(|(m, _)| m)
+                .collect();
             let spoken: Vec<(Role, &str)> = theirs.iter().map(|m| (m.role, m.content.as_str())).collect();
             if gates.refuse(TriggerSource::Compaction, &spoken).is_some() {
                 return None;
@@ -382,5 +395,49 @@ mod tests {
         assert_eq!(within(120, 100), 1);
         assert_eq!(within(120, 500), 1);
         assert_eq!(within(600, 10), 4);
+    }
+
+    #[test]
+    fn a_reply_carrying_no_user_counts_for_the_user_it_follows() {
+        let message = |user: Option<&str>, role: Role, content: &str| SessionMessage {
+            id: uuid::Uuid::now_v7(),
+            source_kind: mnemo_core::SourceKind::ChatMessage,
+            role,
+            content: content.to_owned(),
+            tool_call_id: None,
+            tool_name: None,
+            token_count: None,
+            token_counter: None,
+            event_time: chrono::Utc::now(),
+            user_id: user.map(str::to_owned),
+            agent_id: user.map(|_| "helper".to_owned()),
+        };
+        let tenant = TenantId::parse("acme").expect("tenant");
+        let gates = Gates { skip_cron: true, min_messages: 3, min_last_user_chars: 5 };
+        // Ann speaks twice with a reply before her; the agent's replies to Bob are his, so he
+        // reaches three messages only by counting them.
+        let covered = [
+            message(None, Role::Assistant, "Welcome both of you."),
+            message(Some("ann"), Role::User, "I plan a trip to Lyon"),
+            message(Some("bob"), Role::User, "I am allergic to peanuts"),
+            message(None, Role::Assistant, "Bob, noted."),
+            message(Some("ann"), Role::User, "remember it is in May"),
+        ];
+        let users = |covered: &[SessionMessage]| -> Vec<String> {
+            extract_for(&tenant, covered, gates).into_iter().filter_map(|w| Some(w.user?.as_str().to_owned())).collect()
+        };
+        assert_eq!(users(&covered), ["ann", "bob"]);
+        // Without the reply that follows him, Bob has two messages; Ann the same three.
+        let fewer = [covered[0].clone(), covered[1].clone(), covered[2].clone(), covered[4].clone()];
+        assert_eq!(users(&fewer), ["ann"]);
+        // A reply after Ann's last message is hers, not Bob's.
+        let hers = [
+            fewer[0].clone(),
+            fewer[1].clone(),
+            fewer[2].clone(),
+            fewer[3].clone(),
+            message(None, Role::Assistant, "Ann, noted."),
+        ];
+        assert_eq!(users(&hers), ["ann"]);
     }
 }
