@@ -719,6 +719,25 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     assert_eq!(f.db().count(erasures).await, 1);
     f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "ernie", "--force", "--json"]).await;
     assert_eq!(f.db().count(erasures).await, 2);
+
+    // A user whose rows are all gone already, named in clear only by their extraction state
+    // and a sighting: not a mistyped id; the erasure takes what is left.
+    f.exec(
+        "INSERT INTO memory_extractions (tenant_id, session_id, through_id, through_time, agent_id, user_id, trigger_source)
+         VALUES ('acme', 's7', gen_random_uuid(), now(), 'helper', 'greta', 'web')",
+    )
+    .await;
+    f.exec(
+        "INSERT INTO memory_sightings (tenant_id, item_id, session_id, user_id)
+         SELECT tenant_id, id, 's7', 'greta' FROM memory_items WHERE tenant_id = 'acme' LIMIT 1",
+    )
+    .await;
+    let greta = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "greta", "--json"]).await;
+    assert_eq!(greta["other_records"].as_u64(), Some(2), "{greta}");
+    assert_eq!(f.db().count(erasures).await, 3);
+    let left = "SELECT (SELECT count(*) FROM memory_extractions WHERE user_id = 'greta')
+                     + (SELECT count(*) FROM memory_sightings WHERE user_id = 'greta')";
+    assert_eq!(f.db().count(left).await, 0);
 }
 
 /// An erasure cut off after its last row and before its `memory.erase` row (the connection

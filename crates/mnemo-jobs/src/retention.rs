@@ -261,6 +261,12 @@ pub async fn erase_user(
         }
         workspace_files += files;
     }
+    // With a session the user first wrote in meanwhile: its rows no longer name them, but a
+    // compaction that recorded them as a writer still does, until `forget_summary_writer`.
+    let mut sessions = sessions;
+    sessions.extend(store.user_sessions(tenant, user).await?);
+    sessions.sort_unstable();
+    sessions.dedup();
     done = erase_summaries(store, tenant, &sessions, actor, &mut report, done).await?;
     store.forget_summary_writer(tenant, &user_sha256).await?;
     let details = json!({

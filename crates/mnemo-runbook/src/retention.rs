@@ -273,7 +273,7 @@ pub async fn erase(
         let hash = mnemo_jobs::user_sha256(user);
         if let Some(at) = store.unfinished_erasure(tenant, &hash).await? {
             eprintln!("an erasure of user {user} began at {at} and did not finish: finishing it");
-        } else if plan.rows() == 0 && plan.workspace_files == 0 {
+        } else if plan.rows() == 0 && plan.workspace_files == 0 && plan.other_records == 0 {
             let Some(at) = store.last_erasure(tenant, &hash).await? else {
                 anyhow::bail!(
                     "no row or workspace file of tenant {tenant} carries user {user}, who was never erased: check \
@@ -301,12 +301,14 @@ pub async fn erase(
     let plan = &report.plan;
     let kinds: Vec<String> = plan.rows_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!(
-        "user {user} of tenant {tenant}: {} rows ({}), {} tool output payloads, {} vectors, {} workspace files",
+        "user {user} of tenant {tenant}: {} rows ({}), {} tool output payloads, {} vectors, {} workspace files, \
+         {} other records (extraction and consolidation state, sightings)",
         plan.rows(),
         if kinds.is_empty() { "none".to_owned() } else { kinds.join(", ") },
         plan.tool_outputs,
         plan.embeddings,
-        plan.workspace_files
+        plan.workspace_files,
+        plan.other_records
     );
     if dry_run {
         println!("dry run: nothing changed");
@@ -325,6 +327,7 @@ fn erasure_json(report: &ErasureReport) -> Value {
         "tool_outputs": report.plan.tool_outputs,
         "embeddings": report.plan.embeddings,
         "workspace_files": report.plan.workspace_files,
+        "other_records": report.plan.other_records,
         "anonymized_by_kind": report.anonymized,
         "anonymized": report.anonymized.values().sum::<u64>(),
         "seconds": report.elapsed.as_secs_f64(),

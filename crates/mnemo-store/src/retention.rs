@@ -65,6 +65,9 @@ pub struct ErasurePlan {
     /// The user's workspace files (PROFILE.md, MEMORY.md, daily notes), removed with every
     /// version.
     pub workspace_files: u64,
+    /// Other records naming the user in clear (`USER_RECORDS`): what is left of a user whose
+    /// rows were all deleted and anonymized already.
+    pub other_records: u64,
 }
 
 impl ErasurePlan {
@@ -139,6 +142,11 @@ macro_rules! due_versions {
 /// The sessions of tenant `$1` whose summaries may hold user `$2`'s words: those the user has
 /// rows in, and those a summary was made from the user's messages in (named by the sha256 of
 /// the id, as the erasure's audit row names them; migration 38), which may be anonymized since.
+/// Tables besides rows and files that name a user in clear, erased with their workspace: their
+/// extraction and consolidation state, and their sightings, which name the sessions they stated
+/// memories in, on any row (another user's agent fact, too).
+const USER_RECORDS: &[&str] = &["memory_extractions", "extraction_runs", "consolidation_state", "memory_sightings"];
+
 macro_rules! users_sessions {
     () => {
         "SELECT s.session_id FROM memory_items s
@@ -649,6 +657,15 @@ impl Store {
                 .bind(user.as_str())
                 .fetch_one(&self.pool)
                 .await?;
+        let counts: Vec<String> = USER_RECORDS
+            .iter()
+            .map(|table| format!("(SELECT count(*) FROM {table} WHERE tenant_id = $1 AND user_id = $2)"))
+            .collect();
+        let other_records: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {}", counts.join(" + "))))
+            .bind(tenant.as_str())
+            .bind(user.as_str())
+            .fetch_one(&self.pool)
+            .await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         Ok(ErasurePlan {
             rows_by_kind: kinds.into_iter().fold(BTreeMap::new(), |mut by_kind, (kind, count)| {
@@ -658,6 +675,7 @@ impl Store {
             tool_outputs: n(tool_outputs),
             embeddings: n(embeddings),
             workspace_files: n(workspace_files),
+            other_records: n(other_records),
         })
     }
 
@@ -668,16 +686,7 @@ impl Store {
     pub async fn erase_user_workspace(&self, tenant: &TenantId, user: &UserId) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         crate::workspace::lock_user_files(&mut tx, tenant, user).await?;
-        // Sightings name the sessions the user stated memories in, on any row (another user's
-        // agent fact, too).
-        let tables = [
-            "workspace_file_versions",
-            "memory_extractions",
-            "extraction_runs",
-            "consolidation_state",
-            "memory_sightings",
-        ];
-        for table in tables {
+        for table in ["workspace_file_versions"].iter().chain(USER_RECORDS) {
             sqlx::query(AssertSqlSafe(format!("DELETE FROM {table} WHERE tenant_id = $1 AND user_id = $2")))
                 .bind(tenant.as_str())
                 .bind(user.as_str())
