@@ -364,6 +364,8 @@ async fn every_judge_failure_fails_open_and_retires_nothing() {
         ("truncated", vec![ChatAnswer::Runaway]),
         // The rule's answer supersedes Tokyo, but a filter cut it.
         ("unfinished", vec![ChatAnswer::Filtered]),
+        // Past the answer's size bound (8 MiB), which the same request would pass again.
+        ("answer_too_large", vec![ChatAnswer::Content("x".repeat(9 << 20))]),
     ];
     for (i, (kind, answers)) in cases.into_iter().enumerate() {
         let who = principal("acme", Some(&format!("user{i}")), None, None);
@@ -377,8 +379,15 @@ async fn every_judge_failure_fails_open_and_retires_nothing() {
         let row = f.row(paris).await;
         assert!(row.judged, "{kind}: judge_at is set so the row is not retried");
         assert_eq!(row.outcome.as_deref(), Some("fail_open"), "{kind}");
+        // Only the endpoint's state, or its slowness, may pass: asked again later.
+        let retry: bool = sqlx::query_scalar("SELECT judge_retry_at IS NOT NULL FROM memory_items WHERE id = $1")
+            .bind(paris)
+            .fetch_one(&f.app.db.pool)
+            .await
+            .expect("retry");
         let audit = f.audit().await;
         assert_eq!(audit.last(), Some(&("judge_fail_open".to_owned(), Some(paris), None, Some(kind.to_owned()))));
+        assert_eq!(retry, matches!(kind, "timeout" | "http_5xx" | "model_missing"), "{kind}");
     }
     assert_eq!(f.app.db.count("SELECT count(*) FROM memory_items WHERE superseded_by IS NOT NULL").await, 0);
 

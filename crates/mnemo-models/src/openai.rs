@@ -260,6 +260,11 @@ fn failure(e: OpenAIError) -> ModelFailure {
                 404 => ModelFailure::new("model_missing", detail),
                 401 | 403 => ModelFailure::new("unauthorized", detail),
                 429 => ModelFailure::new("http_429", detail),
+                // An answer past the size bound: an unusable answer, not the endpoint's state.
+                // (async-openai keeps a 5xx body whole as the message.)
+                502 if api.api_error.message.contains(crate::transport::ANSWER_TOO_LARGE) => {
+                    ModelFailure::new("answer_too_large", detail)
+                }
                 500..=599 => ModelFailure::new("http_5xx", detail),
                 _ => ModelFailure::new("http_4xx", detail),
             }

@@ -14,6 +14,10 @@ use async_openai::middleware::HttpRequestFactory;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// What the 502 that stands for an answer over the bound says, so that a chat client tells it
+/// from the endpoint's own 5xx: the same request would draw the same answer.
+pub(crate) const ANSWER_TOO_LARGE: &str = "the answer is larger than";
+
 /// The longest error message kept from an endpoint's error answer, in characters.
 const ERROR_MESSAGE_CHARS: usize = 200;
 
@@ -41,7 +45,7 @@ impl tower::Service<HttpRequestFactory> for BoundedTransport {
                 Some(body) if status.is_success() => (status, body),
                 Some(body) => (status, openai_error(&body)),
                 None => {
-                    let message = format!("the answer is larger than {max_bytes} bytes");
+                    let message = format!("{ANSWER_TOO_LARGE} {max_bytes} bytes");
                     (StatusCode::BAD_GATEWAY, json!({ "error": { "message": message } }).to_string().into_bytes())
                 }
             };
