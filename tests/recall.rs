@@ -353,6 +353,25 @@ async fn degraded_until_the_searched_rows_have_vectors() {
 
 /// A question of more distinct words than the keyword half searches by keeps the rarest: the
 /// one word that finds the row is never the one left out.
+/// The period's list only adds candidates: when it cannot be ranked (here the tenant's calendar
+/// is gone), the recall answers from the other lists, `degraded`, instead of failing.
+#[tokio::test]
+async fn a_failing_extra_list_leaves_the_recall_degraded_not_failed() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", None, None, Some("s1"));
+    f.write(&me, "chat_message", "m1", "the deploy key rotated in May 2023").await;
+    f.embed_all().await;
+    let question = json!({ "query": "when did the deploy key rotate in 2023?", "scope": "session" });
+    assert_eq!(f.recall(&me, question.clone()).await["degraded"], false);
+    sqlx::query("ALTER FUNCTION tenant_time_zone(text) RENAME TO tenant_time_zone_gone")
+        .execute(&f.app.db.pool)
+        .await
+        .expect("rename");
+    let answer = f.recall(&me, question).await;
+    assert_eq!(answer["degraded"], true, "{answer}");
+    assert_eq!(refs(&answer), ["m1"]);
+}
+
 #[tokio::test]
 async fn a_long_question_searches_by_its_rarest_words() {
     let f = Fixture::start(&[]).await;

@@ -284,7 +284,12 @@ impl Recall {
                 }
                 search.vector_by_participant(&scope, &vector, &names, CANDIDATES_PER_CLASS).await
             };
-            tokio::try_join!(nearest, within, by_participant).map(Some)
+            // The period's and the participant's lists only add candidates: one that fails
+            // leaves the answer to the others, `degraded`, rather than failing the recall.
+            let (nearest, within, by_participant) = tokio::join!(nearest, within, by_participant);
+            let (within, period_failed) = extra_list(within, "period");
+            let (by_participant, participant_failed) = extra_list(by_participant, "participant");
+            Ok(Some((nearest?, within, by_participant, period_failed || participant_failed)))
         };
         // Whether rows may be missing only qualifies the answer: a failed check says so, and
         // does not fail the recall.
@@ -295,8 +300,9 @@ impl Recall {
             }))
         };
         let (keyword, vector, pending) = tokio::try_join!(keyword, vector, pending)?;
-        let degraded = pending || vector.is_none() || lagging;
-        let (mut nearest, within, by_participant) = vector.unwrap_or_default();
+        let no_vector = vector.is_none();
+        let (mut nearest, within, by_participant, extra_failed) = vector.unwrap_or_default();
+        let degraded = pending || no_vector || lagging || extra_failed;
         // The participant the question names: the session's vector list becomes their messages,
         // after the session's nearest message whoever wrote it (a question can name the wrong one).
         for (class, ids) in by_participant.into_iter().filter(|(_, ids)| !ids.is_empty()) {
@@ -453,6 +459,18 @@ fn weight(weights: &ClassWeights, class: &RecallClass) -> f64 {
 
 /// Orders `items` by the reranker's scores. On any failure the order stays as it was and one
 /// warning says why (never with content). Returns whether the reranker's order was used.
+/// An extra candidate list, or none when its statement failed (logged; the recall is then
+/// `degraded`).
+fn extra_list(list: Result<mnemo_store::Ranked, StoreError>, which: &'static str) -> (mnemo_store::Ranked, bool) {
+    match list {
+        Ok(list) => (list, false),
+        Err(error) => {
+            tracing::warn!(%error, list = which, "recall could not rank an extra list; answering without it");
+            (mnemo_store::Ranked::default(), true)
+        }
+    }
+}
+
 async fn rerank(reranker: &dyn Reranker, query: &str, items: &mut [RecalledItem]) -> bool {
     let texts: Vec<String> = items.iter().map(|i| i.content.clone()).collect();
     let started = Instant::now();

@@ -3,8 +3,9 @@
 //! queries of concurrent recalls are embedded together: one task embeds whatever queries are
 //! waiting, up to `MNEMO_RECALL_QUERY_BATCH` (32), while the next ones queue. A lone query is
 //! embedded at once; it never waits for company. The vectors of the last `MNEMO_RECALL_QUERY_CACHE`
-//! (1,024) distinct queries are kept, per tenant, user and agent: a hit is faster (and counted
-//! on `/metrics`), and must not tell one tenant, user or service what another asked. A recall waits for its vector at most
+//! (1,024) distinct queries are kept, per tenant, user, agent and session: a hit is faster (and
+//! counted on `/metrics`), and must not tell one tenant, user, session or service what another
+//! asked. A recall waits for its vector at most
 //! `MNEMO_RECALL_QUERY_WAIT_MS` (a provider that hangs holds up the queries behind it), then
 //! answers from full text; a query whose recall stopped waiting is not embedded.
 
@@ -12,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mnemo_core::{AgentId, EmbedError, Embedder, Principal};
+use mnemo_core::{AgentId, EmbedError, Embedder, Principal, SessionId};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
 
@@ -33,9 +34,10 @@ pub(crate) struct QueryVectors {
     cache: Mutex<Cache>,
 }
 
-/// Who asked what: the tenant, the user and the agent (a service account has no user) and the
-/// query text.
-type Asked = (mnemo_core::TenantId, Option<mnemo_core::UserId>, Option<AgentId>, String);
+/// Who asked what: the tenant, the user, the agent and the session (a service account has no
+/// user and no session; a session's token without a user must not pass for it) and the query
+/// text.
+type Asked = (mnemo_core::TenantId, Option<mnemo_core::UserId>, Option<AgentId>, Option<SessionId>, String);
 
 /// Vectors by who asked what, the oldest dropped first.
 #[derive(Debug, Default)]
@@ -52,7 +54,8 @@ impl QueryVectors {
 
     /// The query's vector, from the cache or embedded with the queries waiting beside it.
     pub(crate) async fn vector(&self, asker: &Principal, query: &str) -> Result<Vec<f32>, EmbedError> {
-        let key = (asker.tenant.clone(), asker.user.clone(), asker.agent.clone(), query.to_owned());
+        let key =
+            (asker.tenant.clone(), asker.user.clone(), asker.agent.clone(), asker.session.clone(), query.to_owned());
         if let Some(vector) = self.cache.lock().expect("query cache").vectors.get(&key) {
             metrics::counter!("mnemo_recall_query_cache_hits_total").increment(1);
             return Ok(vector.clone());
@@ -152,23 +155,26 @@ mod tests {
     async fn a_query_is_cached_for_its_own_asker_only() {
         let embedder = Arc::new(Counting::default());
         let vectors = QueryVectors::new(embedder.clone(), 32, 16, Duration::from_secs(60));
-        let asker = |tenant: &str, user: Option<&str>, agent: Option<&str>| Principal {
+        let asker = |tenant: &str, user: Option<&str>, agent: Option<&str>, session: Option<&str>| Principal {
             tenant: mnemo_core::TenantId::parse(tenant).expect("tenant"),
             user: user.map(|u| mnemo_core::UserId::parse(u).expect("user")),
             agent: agent.map(|a| AgentId::parse(a).expect("agent")),
-            session: None,
+            session: session.map(|s| SessionId::parse(s).expect("session")),
             roles: Vec::new(),
         };
         let askers = [
-            asker("acme", Some("ann"), None),
-            asker("acme", Some("bob"), None),
-            asker("acme", None, Some("helper")),
-            asker("acme", None, Some("coach")),
-            asker("globex", Some("ann"), None),
+            asker("acme", Some("ann"), None, None),
+            asker("acme", Some("bob"), None, None),
+            asker("acme", None, Some("helper"), None),
+            asker("acme", None, Some("coach"), None),
+            asker("globex", Some("ann"), None, None),
+            // A session's token without a user is not the agent's service, nor another session.
+            asker("acme", None, Some("helper"), Some("s1")),
+            asker("acme", None, Some("helper"), Some("s2")),
         ];
         for who in askers.iter().chain(&askers) {
             vectors.vector(who, "is Initech being acquired?").await.expect("vector");
         }
-        assert_eq!(embedder.0.load(Ordering::SeqCst), 5, "once per tenant, user and agent");
+        assert_eq!(embedder.0.load(Ordering::SeqCst), 7, "once per tenant, user, agent and session");
     }
 }
