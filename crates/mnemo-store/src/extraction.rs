@@ -224,17 +224,21 @@ SELECT EXISTS (SELECT 1 FROM memory_extractions
 
 /// The (agent, user)s with a conversation waiting for longer than `$1` seconds and no extract
 /// job that will run: at most `$2`.
+/// The live jobs' (tenant, agent, user) are read once, as text, so that the anti-join is one
+/// hash join: a containment test per pair read every live job's payload again for each pending
+/// row (docs/benchmarks.md, "Stranded extractions").
 const STRANDED: &str = "
-WITH live AS (
-    SELECT convert_from(job, 'UTF8')::jsonb AS args FROM apalis.jobs
-    WHERE job_type = $3
-      AND (status IN ('Pending', 'Queued', 'Running') OR (status = 'Failed' AND attempts < max_attempts))
+WITH live AS MATERIALIZED (
+    SELECT DISTINCT args ->> 'tenant_id' AS tenant_id, args ->> 'agent_id' AS agent_id, args ->> 'user_id' AS user_id
+    FROM (SELECT convert_from(job, 'UTF8')::jsonb AS args FROM apalis.jobs
+          WHERE job_type = $3
+            AND (status IN ('Pending', 'Queued', 'Running') OR (status = 'Failed' AND attempts < max_attempts))) j
 )
 SELECT DISTINCT e.tenant_id, e.agent_id, e.user_id FROM memory_extractions e
 WHERE e.status = 'pending' AND e.created_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (
       SELECT 1 FROM live
-      WHERE live.args @> jsonb_build_object('tenant_id', e.tenant_id, 'agent_id', e.agent_id, 'user_id', e.user_id))
+      WHERE live.tenant_id = e.tenant_id AND live.agent_id = e.agent_id AND live.user_id = e.user_id)
 LIMIT $2";
 
 impl Store {
