@@ -42,6 +42,14 @@ fn id_of(reply: &mnemo_testkit::Reply) -> Uuid {
     reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id")
 }
 
+async fn layer_of(app: &TestApp, id: Uuid) -> String {
+    sqlx::query_scalar("SELECT layer FROM memory_items WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("layer")
+}
+
 #[tokio::test]
 async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
     let (app, _provider) = app().await;
@@ -616,16 +624,7 @@ async fn fingerprints_written_before_signs_counted_are_computed_again() {
     assert_eq!((read, changed), (2, 1), "only memories with a minus before a digit are read");
     assert_eq!(store.refingerprint(None, 2, &mut |_, _| {}).await.expect("again"), (2, 0), "idempotent");
     assert_eq!(store.promote_episodic(0.75, 100).await.expect("promote"), 2, "-18 in two sessions");
-    let layer = |id: Uuid| {
-        let pool = app.db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, String>("SELECT layer FROM memory_items WHERE id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .expect("layer")
-        }
-    };
+    let layer = |id: Uuid| layer_of(&app, id);
     assert_eq!(
         (layer(cold).await, layer(again).await, layer(warm).await),
         ("semantic".into(), "semantic".into(), "episodic".into())
@@ -649,16 +648,7 @@ async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_f
 
     assert_eq!(store.promote_episodic(0.75, 100).await.expect("promote"), 2);
     assert_eq!(store.promote_episodic(0.75, 100).await.expect("again"), 0, "promotion is not idempotent");
-    let layer = |id: Uuid| {
-        let pool = app.db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, String>("SELECT layer FROM memory_items WHERE id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .expect("layer")
-        }
-    };
+    let layer = |id: Uuid| layer_of(&app, id);
     assert_eq!((layer(a).await, layer(b).await), ("semantic".into(), "semantic".into()));
     assert_eq!((layer(unsure).await, layer(once).await), ("episodic".into(), "episodic".into()));
     let audited = app.db.count("SELECT count(*) FROM audit_log WHERE event = 'memory.promote'").await;

@@ -246,10 +246,10 @@ impl Jobs {
 
 /// The embed and the judge queue's jobs now.
 async fn queue_jobs(store: &Store) -> anyhow::Result<[Jobs; 2]> {
-    let status = store.queue_status().await?;
+    let status = store.queue_status(true).await?;
     let of = |queue: Queue| {
         status.iter().find(|q| q.queue == queue.as_str()).map_or_else(Jobs::default, |q| Jobs {
-            done: q.done,
+            done: q.done.unwrap_or(0),
             waiting: q.pending + q.failed,
             running: q.running,
             dead: q.dead,
@@ -552,7 +552,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 let command = args.restart_command.as_deref().context("postgres-restart needs --restart-command")?;
                 let status = tokio::process::Command::new("sh").arg("-c").arg(command).status().await?;
                 anyhow::ensure!(status.success(), "`{command}` failed: {status}");
-                while store.queue_status().await.is_err() {
+                while store.queue_status(false).await.is_err() {
                     anyhow::ensure!(
                         t.elapsed() < Duration::from_secs(120),
                         "PostgreSQL did not come back within 120 s"

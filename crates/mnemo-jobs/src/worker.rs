@@ -508,7 +508,7 @@ async fn gauge_loop(store: Store, model: String) {
     let mut timer = tokio::time::interval(Duration::from_secs(5));
     loop {
         timer.tick().await;
-        match store.queue_status().await {
+        match store.queue_status(false).await {
             Ok(queues) => {
                 for q in queues {
                     for (state, n) in

@@ -434,7 +434,7 @@ async fn reads(env: &Env) -> anyhow::Result<Reads> {
 async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
     let model = EmbedSettings::from_env(env)?.model;
     let store = connect(env).await?;
-    let queues = store.queue_status().await?;
+    let queues = store.queue_status(true).await?;
     let backlog = store.embed_backlog(&model).await?;
     let workers = store.workers(mnemo_config::orphan_timeout(env)?).await?;
     let alive = workers.iter().filter(|w| w.alive).count();
@@ -472,7 +472,7 @@ async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
             q.running,
             q.failed,
             q.dead,
-            q.done,
+            q.done.unwrap_or(0),
             age(q.oldest_pending_seconds)
         );
     }

@@ -241,6 +241,20 @@ WHERE e.status = 'pending' AND e.created_at < now() - make_interval(secs => $1)
       WHERE live.tenant_id = e.tenant_id AND live.agent_id = e.agent_id AND live.user_id = e.user_id)
 LIMIT $2";
 
+/// Binds `$1`–`$6` of the statements over one session's conversations for a workspace: the
+/// tenant, the session, the agent, the user, and a message (its time, then its id).
+macro_rules! bind_conversations {
+    ($query:expr, $workspace:expr, $session:expr, $message:expr) => {
+        $query
+            .bind($workspace.tenant.as_str())
+            .bind($session.as_str())
+            .bind($workspace.agent.as_str())
+            .bind(user_of($workspace)?)
+            .bind($message.event_time)
+            .bind($message.id)
+    };
+}
+
 impl Store {
     /// Queues an extract job for each (agent, user) whose conversations have waited longer than
     /// `grace` with no job that will run: a job given up, or a crash between a run and the job
@@ -296,13 +310,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let failed = sqlx::query(ASK_AGAIN_FAILED)
-            .bind(workspace.tenant.as_str())
-            .bind(session.as_str())
-            .bind(workspace.agent.as_str())
-            .bind(user_of(workspace)?)
-            .bind(through.event_time)
-            .bind(through.id)
+        let failed = bind_conversations!(sqlx::query(ASK_AGAIN_FAILED), workspace, session, through)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -323,16 +331,10 @@ impl Store {
         session: &SessionId,
         before: MessageCursor,
     ) -> Result<Option<MessageCursor>, StoreError> {
-        let user = user_of(workspace)?;
-        let row: Option<(DateTime<Utc>, Uuid)> = sqlx::query_as(LAST_READ)
-            .bind(workspace.tenant.as_str())
-            .bind(session.as_str())
-            .bind(workspace.agent.as_str())
-            .bind(user)
-            .bind(before.event_time)
-            .bind(before.id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row: Option<(DateTime<Utc>, Uuid)> =
+            bind_conversations!(sqlx::query_as(LAST_READ), workspace, session, before)
+                .fetch_optional(&self.pool)
+                .await?;
         Ok(row.map(|(event_time, id)| MessageCursor { event_time, id }))
     }
 
@@ -390,13 +392,7 @@ impl Store {
         session: &SessionId,
         through: MessageCursor,
     ) -> Result<Vec<PendingExtraction>, StoreError> {
-        Ok(sqlx::query_as(FAILED_BEFORE)
-            .bind(workspace.tenant.as_str())
-            .bind(session.as_str())
-            .bind(workspace.agent.as_str())
-            .bind(user_of(workspace)?)
-            .bind(through.event_time)
-            .bind(through.id)
+        Ok(bind_conversations!(sqlx::query_as(FAILED_BEFORE), workspace, session, through)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -570,15 +566,7 @@ async fn extracted_through(
     session: &SessionId,
     through: MessageCursor,
 ) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(EXTRACTED_PAST)
-        .bind(workspace.tenant.as_str())
-        .bind(session.as_str())
-        .bind(workspace.agent.as_str())
-        .bind(user_of(workspace)?)
-        .bind(through.event_time)
-        .bind(through.id)
-        .fetch_one(conn)
-        .await?)
+    Ok(bind_conversations!(sqlx::query_scalar(EXTRACTED_PAST), workspace, session, through).fetch_one(conn).await?)
 }
 
 /// [`Store::request_extraction`] in the caller's transaction.

@@ -19,7 +19,9 @@ pub struct QueueStatus {
     pub running: i64,
     pub failed: i64,
     pub dead: i64,
-    pub done: i64,
+    /// Jobs done and not pruned yet; counted only when asked (`queue_status(true)`): there are
+    /// an hour of every job's worth, read whole.
+    pub done: Option<i64>,
     /// Age of the oldest job that could run now but has not started.
     pub oldest_pending_seconds: Option<f64>,
 }
@@ -70,6 +72,9 @@ pub struct Housekeeping {
     pub consolidations_scheduled: u64,
 }
 
+/// The most finished jobs one housekeeping tick deletes.
+const PRUNE_JOBS: i64 = 20_000;
+
 impl Store {
     /// Claims housekeeping tick `tick` for `worker`. Exactly one caller per tick gets `true`.
     pub async fn claim_housekeeping_tick(&self, tick: i64, worker: &str) -> Result<bool, StoreError> {
@@ -109,12 +114,18 @@ impl Store {
         sqlx::query("DELETE FROM retention_sweeps WHERE scheduled_at < now() - interval '30 days'")
             .execute(&self.pool)
             .await?;
+        // At most `PRUNE_JOBS` a tick, the oldest first through their index (migration 047): a
+        // backlog (after an outage, or a shorter retention) goes over a few ticks, not in one
+        // statement holding every row.
         let pruned = sqlx::query(
-            "DELETE FROM apalis.jobs
-             WHERE (status = 'Done' OR status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts))
-               AND coalesce(done_at, run_at) < now() - make_interval(secs => $1)",
+            "DELETE FROM apalis.jobs WHERE id IN (
+                 SELECT id FROM apalis.jobs
+                 WHERE (status = 'Done' OR status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts))
+                   AND coalesce(done_at, run_at) < now() - make_interval(secs => $1)
+                 ORDER BY coalesce(done_at, run_at) LIMIT $2)",
         )
         .bind(retention.as_secs_f64())
+        .bind(PRUNE_JOBS)
         .execute(&self.pool)
         .await?
         .rows_affected();
@@ -135,20 +146,57 @@ impl Store {
         Ok(removed)
     }
 
-    pub async fn queue_status(&self) -> Result<Vec<QueueStatus>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT job_type AS queue,
-                    count(*) FILTER (WHERE status IN ('Pending', 'Queued')) AS pending,
-                    count(*) FILTER (WHERE status = 'Running') AS running,
-                    count(*) FILTER (WHERE status = 'Failed' AND attempts < max_attempts) AS failed,
-                    count(*) FILTER (WHERE status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts)) AS dead,
-                    count(*) FILTER (WHERE status = 'Done') AS done,
+    /// Each queue's jobs by state. Live and dead jobs are read through their own indexes
+    /// (migrations 043 and 047), so the workers' gauges, refreshed every few seconds, never read
+    /// the finished jobs; `count_done` counts those too (the runbook's `status`).
+    pub async fn queue_status(&self, count_done: bool) -> Result<Vec<QueueStatus>, StoreError> {
+        let live: Vec<(String, i64, i64, i64, Option<f64>)> = sqlx::query_as(
+            "SELECT job_type,
+                    count(*) FILTER (WHERE status IN ('Pending', 'Queued')),
+                    count(*) FILTER (WHERE status = 'Running'),
+                    count(*) FILTER (WHERE status = 'Failed'),
                     extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'Pending' AND run_at <= now()))::float8
-                        AS oldest_pending_seconds
-             FROM apalis.jobs GROUP BY job_type ORDER BY job_type",
+             FROM apalis.jobs
+             WHERE status IN ('Pending', 'Queued', 'Running') OR (status = 'Failed' AND attempts < max_attempts)
+             GROUP BY job_type",
         )
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        let dead: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT job_type, count(*) FROM apalis.jobs
+             WHERE status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts) GROUP BY job_type",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let done: Vec<(String, i64)> = if count_done {
+            sqlx::query_as("SELECT job_type, count(*) FROM apalis.jobs WHERE status = 'Done' GROUP BY job_type")
+                .fetch_all(&self.pool)
+                .await?
+        } else {
+            Vec::new()
+        };
+        // By queue name, in order; a queue with jobs in any state is listed.
+        let mut queues: std::collections::BTreeMap<String, QueueStatus> = std::collections::BTreeMap::new();
+        let empty = |queue: String| QueueStatus {
+            queue,
+            pending: 0,
+            running: 0,
+            failed: 0,
+            dead: 0,
+            done: count_done.then_some(0),
+            oldest_pending_seconds: None,
+        };
+        for (name, pending, running, failed, oldest) in live {
+            let q = queues.entry(name.clone()).or_insert_with(|| empty(name));
+            (q.pending, q.running, q.failed, q.oldest_pending_seconds) = (pending, running, failed, oldest);
+        }
+        for (name, n) in dead {
+            queues.entry(name.clone()).or_insert_with(|| empty(name)).dead = n;
+        }
+        for (name, n) in done {
+            queues.entry(name.clone()).or_insert_with(|| empty(name)).done = Some(n);
+        }
+        Ok(queues.into_values().collect())
     }
 
     /// Checks acknowledged writes of `tenant` after a fault: every id has its row, and each row
