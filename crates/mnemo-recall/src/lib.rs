@@ -457,8 +457,6 @@ fn weight(weights: &ClassWeights, class: &RecallClass) -> f64 {
     }
 }
 
-/// Orders `items` by the reranker's scores. On any failure the order stays as it was and one
-/// warning says why (never with content). Returns whether the reranker's order was used.
 /// An extra candidate list, or none when its statement failed (logged; the recall is then
 /// `degraded`).
 fn extra_list(list: Result<mnemo_store::Ranked, StoreError>, which: &'static str) -> (mnemo_store::Ranked, bool) {
@@ -471,6 +469,8 @@ fn extra_list(list: Result<mnemo_store::Ranked, StoreError>, which: &'static str
     }
 }
 
+/// Orders `items` by the reranker's scores. On any failure the order stays as it was and one
+/// warning says why (never with content). Returns whether the reranker's order was used.
 async fn rerank(reranker: &dyn Reranker, query: &str, items: &mut [RecalledItem]) -> bool {
     let texts: Vec<String> = items.iter().map(|i| i.content.clone()).collect();
     let started = Instant::now();

@@ -476,9 +476,6 @@ async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
             age(q.oldest_pending_seconds)
         );
     }
-    if queues.is_empty() {
-        println!("(no jobs)");
-    }
     println!(
         "\nembeddings ({model}): {} rows pending (oldest {}), {} failed for good",
         backlog.pending,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use mnemo_core::TenantId;
+use mnemo_core::{Queue, TenantId};
 use uuid::Uuid;
 
 use crate::{Store, StoreError};
@@ -146,7 +146,7 @@ impl Store {
         Ok(removed)
     }
 
-    /// Each queue's jobs by state. Live and dead jobs are read through their own indexes
+    /// Each queue's jobs by state, every queue listed. Live and dead jobs are read through their own indexes
     /// (migrations 043 and 047), so the workers' gauges, refreshed every few seconds, never read
     /// the finished jobs; `count_done` counts those too (the runbook's `status`).
     pub async fn queue_status(&self, count_done: bool) -> Result<Vec<QueueStatus>, StoreError> {
@@ -175,8 +175,8 @@ impl Store {
         } else {
             Vec::new()
         };
-        // By queue name, in order; a queue with jobs in any state is listed.
-        let mut queues: std::collections::BTreeMap<String, QueueStatus> = std::collections::BTreeMap::new();
+        // Every queue, by name, zeros included: a gauge whose queue went empty reads 0, not its
+        // last value; then any other job type the table holds.
         let empty = |queue: String| QueueStatus {
             queue,
             pending: 0,
@@ -186,6 +186,8 @@ impl Store {
             done: count_done.then_some(0),
             oldest_pending_seconds: None,
         };
+        let mut queues: std::collections::BTreeMap<String, QueueStatus> =
+            Queue::ALL.iter().map(|q| (q.as_str().to_owned(), empty(q.as_str().to_owned()))).collect();
         for (name, pending, running, failed, oldest) in live {
             let q = queues.entry(name.clone()).or_insert_with(|| empty(name));
             (q.pending, q.running, q.failed, q.oldest_pending_seconds) = (pending, running, failed, oldest);
