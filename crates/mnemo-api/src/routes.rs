@@ -74,7 +74,7 @@ fn memory_from(state: &AppState, principal: &Principal, mut body: JsonObject) ->
             }
             // A stored system message instructs the model unless it carries a user (see
             // `SessionMessage::to_window`): a session's token without one would pass for the service.
-            if role == Role::System && principal.user.is_none() && principal.session.is_some() {
+            if role == Role::System && principal.user.is_none() && !principal.is_service() {
                 return Err(mnemo_core::ScopeError::SystemMessageNeedsUser.into());
             }
             let content = MemoryText::parse(&content)?;

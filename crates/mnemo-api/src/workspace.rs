@@ -72,7 +72,7 @@ async fn writable_key(
     new_name: bool,
 ) -> Result<FileKey, ApiError> {
     let key = key_of(principal, raw)?;
-    if key.user.is_none() && (principal.user.is_some() || principal.session.is_some()) {
+    if key.user.is_none() && !principal.is_service() {
         return Err(ScopeError::AgentFileReadOnly.into());
     }
     if new_name {

@@ -421,7 +421,7 @@ impl NewMemory {
         .ok_or(ScopeError::MissingIdentity(scope))?;
         // A fact names its writer, whose facts alone it replaces: a user, or the service, whose
         // facts replace any. A session's token without a user would pass for the service.
-        if scope == FactScope::Agent && principal.user.is_none() && principal.session.is_some() {
+        if scope == FactScope::Agent && principal.user.is_none() && !principal.is_service() {
             return Err(ScopeError::AgentFactNeedsUser);
         }
         let source_ref = fact_source_ref(scope, identity, &content);

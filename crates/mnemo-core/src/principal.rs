@@ -13,3 +13,12 @@ pub struct Principal {
     /// one of them.
     pub roles: Vec<Label>,
 }
+
+impl Principal {
+    /// A service token: no user and no session. A session's token without a user carries no
+    /// user either, but is not the service: it must not write what only the service may (an
+    /// agent's facts, system messages, the agent's shared files).
+    pub fn is_service(&self) -> bool {
+        self.user.is_none() && self.session.is_none()
+    }
+}

@@ -64,23 +64,36 @@ WITH held AS (
 )
 SELECT 1 FROM held";
 
+/// The conversations of session `$2` whose extraction for (agent `$3`, user `$4`) failed for good
+/// before the message (`$5`, `$6`): one condition for the operator's request and its dry run.
+macro_rules! failed_before {
+    () => {
+        "
+WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.agent_id = $3 AND m.user_id = $4
+  AND m.status = 'failed' AND (m.through_time, m.through_id) < ($5, $6)"
+    };
+}
+
 /// A manual request asks again for what failed in the session for the (agent `$3`, user `$4`)
 /// before the request's last message (`$5`, `$6`): each conversation, or piece of a long one,
 /// whose attempts were spent. Their messages were never shown (no later conversation reads
 /// across one, see `LAST_READ`), so each reads its own again.
-const ASK_AGAIN_FAILED: &str = "
+const ASK_AGAIN_FAILED: &str = concat!(
+    "
 UPDATE memory_extractions m
-SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finished_at = NULL
-WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.agent_id = $3 AND m.user_id = $4
-  AND m.status = 'failed' AND (m.through_time, m.through_id) < ($5, $6)";
+SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finished_at = NULL",
+    failed_before!()
+);
 
 /// The session's conversations and pieces whose extraction failed for good before `($5, $6)`,
 /// oldest first: those [`ASK_AGAIN_FAILED`] asks for again.
-const FAILED_BEFORE: &str = "
-SELECT session_id, through_id, through_time, trigger_source, 0 AS attempts FROM memory_extractions m
-WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.agent_id = $3 AND m.user_id = $4
-  AND m.status = 'failed' AND (m.through_time, m.through_id) < ($5, $6)
-ORDER BY m.through_time, m.through_id";
+const FAILED_BEFORE: &str = concat!(
+    "
+SELECT session_id, through_id, through_time, trigger_source, 0 AS attempts FROM memory_extractions m",
+    failed_before!(),
+    "
+ORDER BY m.through_time, m.through_id"
+);
 
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
 /// cooldown since the last one has passed and a conversation is pending (none is once the user

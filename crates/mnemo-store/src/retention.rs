@@ -139,14 +139,14 @@ macro_rules! due_versions {
     };
 }
 
-/// The sessions of tenant `$1` whose summaries may hold user `$2`'s words: those the user has
-/// rows in, and those a summary was made from the user's messages in (named by the sha256 of
-/// the id, as the erasure's audit row names them; migration 38), which may be anonymized since.
 /// Tables besides rows and files that name a user in clear, erased with their workspace: their
 /// extraction and consolidation state, and their sightings, which name the sessions they stated
 /// memories in, on any row (another user's agent fact, too).
 const USER_RECORDS: &[&str] = &["memory_extractions", "extraction_runs", "consolidation_state", "memory_sightings"];
 
+/// The sessions of tenant `$1` whose summaries may hold user `$2`'s words: those the user has
+/// rows in, and those a summary was made from the user's messages in (named by the sha256 of
+/// the id, as the erasure's audit row names them; migration 38), which may be anonymized since.
 macro_rules! users_sessions {
     () => {
         "SELECT s.session_id FROM memory_items s

@@ -161,7 +161,7 @@ impl Store {
     }
 
     /// Computes again the promotion fingerprint of episodic memories that hold a signed number
-    /// (written before the fingerprint kept signs), `batch` rows a transaction in key order,
+    /// (written before the fingerprint kept signs), `batch` rows a statement in key order,
     /// calling `progress` with the rows read and changed so far. Idempotent. Returns both.
     pub async fn refingerprint(
         &self,
