@@ -409,6 +409,55 @@ async fn a_tenants_time_zone_decides_the_day_of_its_notes_and_when_its_schedule_
     at_two(&fires[2], 0);
 }
 
+/// A schedule or request that raced the user's erasure leaves a state row (and a job) naming
+/// them; the job, finding no note, removes the row. (The race itself has no deterministic test:
+/// this starts from what it leaves.)
+#[tokio::test]
+async fn a_job_that_finds_no_note_leaves_no_state_row_naming_the_user() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    sqlx::query("INSERT INTO consolidation_state (tenant_id, agent_id, user_id, last_requested_at) VALUES ('acme', 'helper', 'ann', now())")
+        .execute(&app.db.pool)
+        .await
+        .expect("a state row");
+    let runner = runner(&app, &chat, &[]);
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
+    assert_eq!(app.db.count("SELECT count(*) FROM consolidation_state").await, 0);
+    assert!(chat.requests().is_empty(), "no model call");
+}
+
+/// A line the user takes out of a note during the model call never reaches MEMORY.md; a note only
+/// added to meanwhile (as extraction adds to today's) does not stop the run.
+#[tokio::test]
+async fn a_note_that_lost_text_during_the_model_call_changes_nothing() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- my PIN is 1234\n- booked Lisbon\n").await;
+    let runner = runner(&app, &chat, &[]);
+    let before = memory(&app, &t).await;
+    let answer = |text: &str| {
+        ChatAnswer::Content(json!({ "should_update": true, "reason": "r", "memory_content": text }).to_string())
+    };
+    chat.delay_every_answer(Duration::from_millis(600));
+    chat.then([answer("# MEMORY.md\n\n- PIN 1234\n")]);
+    let once = job();
+    let (report, ()) = tokio::join!(runner.run(&once), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        note(&app, &t, 0, "- booked Lisbon\n").await;
+    });
+    assert_eq!(report.expect("run"), ConsolidateReport::Failed { reason: "notes_changed".to_owned() });
+    assert_eq!(memory(&app, &t).await, before, "MEMORY.md is not written from the text taken out");
+
+    chat.then([answer("# MEMORY.md\n\n- booked Lisbon\n")]);
+    let (report, ()) = tokio::join!(runner.run(&once), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        note(&app, &t, 0, "- booked Lisbon\n- and a hotel\n").await;
+    });
+    assert_eq!(report.expect("run"), ConsolidateReport::Updated { notes: 1 });
+    assert_eq!(memory(&app, &t).await, "# MEMORY.md\n\n- booked Lisbon\n");
+}
+
 #[tokio::test]
 async fn memory_edited_during_the_model_call_is_kept_and_the_notes_are_read_again() {
     let chat = ScriptedChat::start().await;

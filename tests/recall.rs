@@ -150,7 +150,7 @@ async fn each_scope_searches_its_own_class_and_needs_its_identity() {
     f.write(&me, "chat_message", "mine-too", "alpha second note in my session").await;
     f.write(&other, "chat_message", "theirs", "alpha note in another session").await;
     f.write(&me, "tool_output", "call-1", "alpha tool result").await;
-    f.write(&me, "document_chunk", "doc-1", "alpha document chunk").await;
+    f.write(&principal("acme", None, None, None), "document_chunk", "doc-1", "alpha document chunk").await;
     let my_fact = f.fact(&me, "user", "alpha fact about me").await;
     f.fact(&other, "user", "alpha fact about someone else").await;
     let agent_fact = f.fact(&me, "agent", "alpha fact this agent learned").await;
@@ -242,7 +242,7 @@ async fn class_priors_order_the_classes_and_zero_leaves_one_out() {
         let f = Fixture::start(extra).await;
         let me = principal("acme", None, None, Some("s1"));
         f.write(&me, "chat_message", "said", "the launch date is friday").await;
-        f.write(&me, "document_chunk", "written", "the launch date is friday").await;
+        f.write(&principal("acme", None, None, None), "document_chunk", "written", "the launch date is friday").await;
         f.embed_all().await;
         refs(&f.recall(&me, json!({ "query": "launch date" })).await)
     };
@@ -260,7 +260,8 @@ async fn superseded_deleted_and_anonymized_rows_never_return() {
     let old = f.fact(&me, "user", "I live in Tokyo").await;
     let new = f.fact(&me, "user", "I live in Paris").await;
     let deleted = f.write(&me, "chat_message", "deleted", "we talked about where I live").await;
-    let anonymized = f.write(&me, "document_chunk", "anonymized", "where I live is in the file").await;
+    let service = principal("acme", None, None, None);
+    let anonymized = f.write(&service, "document_chunk", "anonymized", "where I live is in the file").await;
     f.embed_all().await;
     let db = &f.app.db.pool;
     sqlx::query("UPDATE memory_items SET superseded_by = $2, superseded_at = now(), valid_to = now() WHERE id = $1")
@@ -423,7 +424,7 @@ async fn rerank_reorders_when_healthy_and_falls_back_on_any_failure() {
     let me = principal("acme", None, None, Some("s1"));
     for i in 0..6 {
         let text = format!("report {} {}", "quarterly ".repeat(6 - i), "filler ".repeat(i));
-        f.write(&me, "document_chunk", &format!("d{i}"), &text).await;
+        f.write(&principal("acme", None, None, None), "document_chunk", &format!("d{i}"), &text).await;
     }
     f.embed_all().await;
 
@@ -510,7 +511,11 @@ async fn tenants_and_identities_never_leak_under_random_traffic() {
         let source_ref = format!("r{}", i % 40);
         let (reply, owner) = match rng.random_range(0..4) {
             0 => (f.try_write(&who, "chat_message", &source_ref, &text).await, ("session", Some(session))),
-            1 => (f.try_write(&who, "document_chunk", &source_ref, &text).await, ("tenant", None)),
+            // Document chunks are the service's to write.
+            1 => {
+                let service = principal(tenant, None, None, None);
+                (f.try_write(&service, "document_chunk", &source_ref, &text).await, ("tenant", None))
+            }
             2 => (f.try_fact(&who, "user", &text).await, ("user", Some(user))),
             _ => (f.try_fact(&who, "agent", &text).await, ("agent", Some(agent))),
         };

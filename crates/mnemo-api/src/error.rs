@@ -142,6 +142,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         403,
         "an agent's fact with allowed_roles, written by a token holding none of them (a writer may not restrict a fact to readers it is not one of)",
     ),
+    (
+        "document_chunk_needs_service",
+        403,
+        "a document chunk (recalled by every user of the tenant) written with a user's or a session's token: only a service token (no sub, no sid) writes one",
+    ),
     ("not_found", 404, "no such route or resource for this tenant"),
     ("method_not_allowed", 405, "the route exists with another method"),
     ("request_timeout", 408, "the request body did not arrive in time"),
@@ -235,6 +240,7 @@ impl ApiError {
                 ScopeError::AgentMismatch => ("agent_mismatch", StatusCode::FORBIDDEN),
                 ScopeError::AgentFileReadOnly => ("agent_file_read_only", StatusCode::FORBIDDEN),
                 ScopeError::RolesNotHeld => ("roles_not_held", StatusCode::FORBIDDEN),
+                ScopeError::DocumentChunkNeedsService => ("document_chunk_needs_service", StatusCode::FORBIDDEN),
                 ScopeError::MissingIdentity(_)
                 | ScopeError::AgentFactNeedsUser
                 | ScopeError::SystemMessageNeedsUser
@@ -377,6 +383,7 @@ mod tests {
             ApiError::Scope(ScopeError::AgentMismatch),
             ApiError::Scope(ScopeError::AgentFileReadOnly),
             ApiError::Scope(ScopeError::RolesNotHeld),
+            ApiError::Scope(ScopeError::DocumentChunkNeedsService),
             ApiError::Invalid(InvalidInput::BadPath { reason: "x" }),
             ApiError::Invalid(InvalidInput::TooMany { field: "tags", max: 16, actual: 17 }),
             ApiError::RelationTargetNotFound(uuid::Uuid::nil()),

@@ -208,6 +208,8 @@ async fn authenticate(
 ) -> Result<Response, ApiError> {
     let (mut parts, body) = request.into_parts();
     let auth::Verified(principal) = auth::Verified::from_request_parts(&mut parts, &state).await?;
+    // Charged before the body is read, so that a body refused below still counts.
+    let charged = auth::charge(&state, &principal);
     let body = axum::body::to_bytes(body, body_limit).await.map_err(|e| {
         if body::caused_by::<http_body_util::LengthLimitError>(&e) {
             ApiError::PayloadTooLarge
@@ -217,16 +219,16 @@ async fn authenticate(
             ApiError::MalformedJson(e.to_string())
         }
     })?;
-    // A tool call's arguments get the checks a `/v1` body gets (a repeated key, too many values).
-    if !body.is_empty() {
-        body::strict_json(&body)?;
-    }
-    if let Err(refused) = auth::charge(&state, &principal) {
+    if let Err(refused) = charged {
         let ApiError::RateLimited(wait) = refused else { return Err(refused) };
         if !mcp::is_tool_call(&body) {
             return Err(refused);
         }
         parts.extensions.insert(mcp::OverLimit(wait));
+    }
+    // A tool call's arguments get the checks a `/v1` body gets (a repeated key, too many values).
+    if !body.is_empty() {
+        body::strict_json(&body)?;
     }
     Ok(next.run(Request::from_parts(parts, body.into())).await)
 }

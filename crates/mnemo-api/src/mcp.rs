@@ -91,7 +91,8 @@ static TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "remember",
-        description: "Store a chat message, a tool output or a document chunk so it can be recalled later. \
+        description: "Store a chat message, a tool output or a document chunk so it can be recalled later \
+            (a document chunk is recalled by every user of the tenant, and only a service token writes one). \
             source_ref identifies it: writing the same source_ref again with the same content changes nothing \
             (was_new is false), with other content is a source_ref_conflict. Tool outputs longer than 16 KiB are \
             kept whole behind a tout_ key.",
@@ -276,6 +277,12 @@ impl ApiAnswer {
     }
 }
 
+/// The longest string a tool call puts into the request's path or query: past every bound the
+/// endpoints set (a workspace path's is 200 bytes), and far inside what a URI may hold (64 KiB),
+/// so that an over-long argument is refused as bad input, not failed as an unreachable API.
+const MAX_URI_FIELD_BYTES: usize = 4096;
+const URI_FIELD_BOUND: &str = "at most 4096 bytes";
+
 impl ToolSpec {
     fn tool(&self) -> Tool {
         let Value::Object(schema) = (self.schema)() else { unreachable!("every schema is an object") };
@@ -307,6 +314,12 @@ impl ToolSpec {
                         _ => ApiError::InvalidField { field, expected: "a name other than . or .." },
                     });
                 }
+                Some(Value::String(s)) if s.len() > MAX_URI_FIELD_BYTES => {
+                    return Err(match mnemo_core::WorkspacePath::parse(&s) {
+                        Err(bad) if field == "path" => bad.into(),
+                        _ => ApiError::InvalidField { field, expected: URI_FIELD_BOUND },
+                    });
+                }
                 Some(Value::String(s)) if !s.is_empty() => s,
                 None | Some(Value::Null) => return Err(ApiError::MissingField(field)),
                 Some(_) => return Err(ApiError::InvalidField { field, expected: "a non-empty string" }),
@@ -334,6 +347,9 @@ impl ToolSpec {
             let whole = matches!(schema["properties"][*field]["type"].as_str(), Some("integer"));
             match value {
                 Value::Null => {}
+                Value::String(s) if !whole && s.len() > MAX_URI_FIELD_BYTES => {
+                    return Err(ApiError::InvalidField { field, expected: URI_FIELD_BOUND });
+                }
                 Value::String(s) if !whole => query.push(format!("{field}={}", percent_encode(&s))),
                 // 5.0 too, as clients that hold every number as a float send it.
                 Value::Number(n) if whole => {
@@ -468,7 +484,14 @@ impl<F: Forward> ServerHandler for MnemoMcp<F> {
             // A tool error, not a protocol one: the agent sees it and may try again later.
             Err(e) => {
                 tracing::warn!(tool = spec.name, error = %e, "an MCP tool call could not reach the API");
-                let message = "mnemo's API could not be reached or did not answer in time; try again later";
+                // A call that timed out may have been applied: one that is not idempotent (an
+                // edit, a new version) must not be sent again blind.
+                let message = if spec.idempotent {
+                    "mnemo's API could not be reached or did not answer in time; try again later"
+                } else {
+                    "mnemo's API could not be reached or did not answer in time, and the call may have been \
+                     applied: read the current state before trying again"
+                };
                 let body = json!({ "error": { "code": UNAVAILABLE, "message": message } });
                 ApiAnswer { status: 503, body }
             }
@@ -590,6 +613,11 @@ mod tests {
         assert_eq!(code("list_files", json!({ "limit": 1001 })), "invalid_field");
         let page = spec("get_tool_output").call(args(json!({ "key": "tout_x", "max_bytes": 1 << 20 })));
         assert!(page.expect("the largest page").uri.ends_with("max_bytes=1048576"));
+        // Past what a URI holds: bad input, not an API that could not be reached.
+        let long = "x".repeat(70_000);
+        assert_eq!(code("read_file", json!({ "path": format!("{long}.md") })), "invalid_path");
+        assert_eq!(code("forget", json!({ "id": long })), "invalid_field");
+        assert_eq!(code("list_files", json!({ "prefix": long })), "invalid_field");
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub struct Args {
     /// Other tenants, each with a twentieth as many rows.
     #[arg(long, default_value_t = 4)]
     other_tenants: usize,
+    /// Rows of one more tenant, a neighbour whose words the queried tenant's questions share
+    /// (document chunks made the same way): what another tenant's size costs this one's recall.
+    #[arg(long, default_value_t = 0)]
+    neighbour_rows: usize,
     /// Rows of the queried tenant in the one session that is searched (the rest of the tenant's
     /// rows are documents, facts of a user and of an agent).
     #[arg(long, default_value_t = 1000)]
@@ -231,6 +235,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "scenario": "recall-latency",
         "items": args.items,
         "session_rows": args.session_rows,
+        "neighbour_rows": args.neighbour_rows,
         "rows_total": total,
         "build": build,
         "top_k": args.top_k,
@@ -272,6 +277,9 @@ async fn build(
     let mut tenants = vec![(main.tenant.clone(), args.items)];
     for i in 1..=args.other_tenants {
         tenants.push((TenantId::parse(&format!("other-{i}"))?, args.items / 20));
+    }
+    if args.neighbour_rows > 0 {
+        tenants.push((TenantId::parse("neighbour")?, args.neighbour_rows));
     }
     let total: usize = tenants.iter().map(|(_, n)| n).sum();
     let started = Instant::now();

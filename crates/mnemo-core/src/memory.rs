@@ -111,6 +111,10 @@ pub enum ScopeError {
         "an agent's fact restricted to allowed_roles needs a token holding one of them: a writer may not restrict a fact to readers it is not one of"
     )]
     RolesNotHeld,
+    #[error(
+        "document chunks are shared by the whole tenant: write them with a service token (no sub, no sid claim); a user's own notes are facts or workspace files"
+    )]
+    DocumentChunkNeedsService,
 }
 
 /// A validated row to remember: its scope and identities follow the rules of its kind, and its
@@ -374,7 +378,9 @@ impl NewMemory {
         Ok(self)
     }
 
-    /// A document chunk: tenant-wide, no session.
+    /// A document chunk: tenant-wide, no session, written by the service. A user's token or a
+    /// session's would put text every user of the tenant recalls where neither that user's
+    /// forgetting nor their erasure reaches it.
     pub fn document_chunk(
         principal: &Principal,
         source_ref: SourceRef,
@@ -384,6 +390,9 @@ impl NewMemory {
     ) -> Result<Self, ScopeError> {
         if session.is_some() {
             return Err(ScopeError::SessionNotAllowed);
+        }
+        if !principal.is_service() {
+            return Err(ScopeError::DocumentChunkNeedsService);
         }
         Ok(Self {
             tenant: principal.tenant.clone(),
@@ -506,12 +515,18 @@ mod tests {
     }
 
     #[test]
-    fn document_chunks_refuse_a_session() {
-        let p = principal(None, None, Some("s"));
-        let err = NewMemory::document_chunk(&p, source("c1"), text("x"), session("s"), Extras::default());
+    fn document_chunks_refuse_a_session_and_are_the_service_s_to_write() {
+        let service = principal(None, Some("a"), None);
+        let err = NewMemory::document_chunk(&service, source("c1"), text("x"), session("s"), Extras::default());
         assert_eq!(err.unwrap_err(), ScopeError::SessionNotAllowed);
-        let row = NewMemory::document_chunk(&p, source("c1"), text("x"), None, Extras::default()).expect("ok");
-        assert_eq!((row.scope, row.session), (Scope::Tenant, None));
+        let row = NewMemory::document_chunk(&service, source("c1"), text("x"), None, Extras::default()).expect("ok");
+        assert_eq!((row.scope, row.session, row.user), (Scope::Tenant, None, None));
+        for who in
+            [principal(Some("u"), None, None), principal(None, None, Some("s")), principal(Some("u"), None, Some("s"))]
+        {
+            let err = NewMemory::document_chunk(&who, source("c1"), text("x"), None, Extras::default());
+            assert_eq!(err.unwrap_err(), ScopeError::DocumentChunkNeedsService, "{who:?}");
+        }
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //!   assistant's tool call with every result answering it (never split);
 //! - the last turn (from the last user message on) is kept while anything else can go;
 //! - then the summary goes, and last a message too large on its own is cut in the middle, keeping
-//!   its head and tail around a marker.
+//!   its head and tail around a marker (one with no room even for the marker goes, but a tool
+//!   result sent as one).
 //!
 //! The system prompt and the current message are the caller's own and are never cut: when they
 //! alone do not fit, assembly refuses ([`WindowError::BudgetTooSmall`]). The workspace files and
@@ -218,7 +219,8 @@ pub struct Window {
     pub messages: Vec<Placed>,
     /// Tokens per section, overhead included, in section order.
     pub tokens: Vec<(Section, u64)>,
-    /// History messages kept and dropped (by index into `history`).
+    /// History messages kept and dropped (by index into `history`, ascending): dropped from the
+    /// front, or cut to nothing.
     pub kept: Vec<usize>,
     pub dropped: Vec<usize>,
     pub summary_used: bool,
@@ -397,11 +399,19 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
             }
             continue;
         }
+        let position = largest;
         let largest = &mut contents[largest];
         let now = largest.cost - bare(largest, &framed);
         let target = now.saturating_sub(history_cost - room).min(now - 1);
         let text = largest.text.take().unwrap_or_else(|| input.history[largest.index].content.clone());
         let text = cut_to(&text, target, counter);
+        // Nothing left of it: a message with no content is refused by some providers, so it goes
+        // rather than stay empty, unless it is a tool result answering a call sent as a call.
+        if text.is_empty() && !as_text[index] && message.role != Role::Tool && message.tool_call_id.is_none() {
+            history_cost -= largest.cost;
+            contents.remove(position);
+            continue;
+        }
         let cut_cost = u64::from(counter.count(&text)) + bare(largest, &framed);
         history_cost = history_cost - largest.cost + cut_cost;
         largest.cost = cut_cost;
@@ -413,12 +423,13 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
         tokens.push((Section::Summary, summary_cost));
         messages.push(placed(Role::User, summary, Section::Summary));
     }
-    let kept_from = contents.first().map_or(input.history.len(), |k| k.index);
-    for kept in contents {
-        let message = &input.history[kept.index];
-        let truncated = kept.text.is_some();
-        let content = kept.text.unwrap_or_else(|| message.content.clone());
-        let (role, content, tool_call_id, tool_name) = match (message.role, as_text[kept.index]) {
+    let kept: Vec<usize> = contents.iter().map(|k| k.index).collect();
+    let dropped = (0..input.history.len()).filter(|i| kept.binary_search(i).is_err()).collect();
+    for one in contents {
+        let message = &input.history[one.index];
+        let truncated = one.text.is_some();
+        let content = one.text.unwrap_or_else(|| message.content.clone());
+        let (role, content, tool_call_id, tool_name) = match (message.role, as_text[one.index]) {
             (Role::Tool, true) => (Role::User, format!("{ORPHAN_RESULT_PREFIX}\n{content}"), None, None),
             (role, true) => {
                 let name = message.tool_name.as_deref().unwrap_or(DEFAULT_TOOL_NAME);
@@ -426,7 +437,7 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
             }
             (role, false) => (role, content, message.tool_call_id.clone(), message.tool_name.clone()),
         };
-        let history_index = Some(kept.index);
+        let history_index = Some(one.index);
         messages.push(Placed {
             role,
             content,
@@ -453,13 +464,7 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
             truncated: false,
         });
     }
-    Ok(Window {
-        messages,
-        tokens,
-        kept: (kept_from..input.history.len()).collect(),
-        dropped: (0..kept_from).collect(),
-        summary_used,
-    })
+    Ok(Window { messages, tokens, kept, dropped, summary_used })
 }
 
 /// A history message going into the window: its text when it was cut, and what it costs.
@@ -741,6 +746,31 @@ mod tests {
         let call = window.messages.iter().find(|m| m.content.contains("notes.md")).expect("the call, as text");
         assert!(call.truncated && call.content.starts_with(&unanswered_call("write_file")), "{}", call.content);
         assert!(window.messages.iter().any(|m| m.content.starts_with(ORPHAN_RESULT_PREFIX)), "its result as text");
+    }
+
+    /// A message with no room left even for the cut's marker goes rather than stay empty (some
+    /// providers refuse an empty message); a tool result sent as one stays, answering its call.
+    #[test]
+    fn a_message_cut_to_nothing_goes_but_a_tool_result_stays() {
+        let history = [
+            message(Role::User, "find it"),
+            call("c1"),
+            result("c1", &"result text ".repeat(30)),
+            message(Role::User, &"and the latest question ".repeat(20)),
+        ];
+        let mut went = 0;
+        for budget in 8..300 {
+            let Ok(window) = assemble(&input(&history, budget), &Quarters) else { continue };
+            assert!(window.total_tokens() <= u64::from(budget), "budget {budget}");
+            for placed in &window.messages {
+                assert!(!placed.content.is_empty() || placed.role == Role::Tool, "budget {budget}: {placed:?}");
+            }
+            let mut all = [window.kept.clone(), window.dropped.clone()].concat();
+            all.sort_unstable();
+            assert_eq!(all, [0, 1, 2, 3], "budget {budget}: every message is kept or dropped, once");
+            went += usize::from(!window.kept.contains(&3));
+        }
+        assert!(went > 0, "some budget leaves no room for the last question at all");
     }
 
     #[test]

@@ -65,9 +65,10 @@ impl ConsolidateRunner {
         }
         let workspace =
             Workspace { tenant: job.tenant_id.clone(), agent: job.agent_id.clone(), user: Some(job.user_id.clone()) };
-        // No note, nothing to read: no run is taken, so no state row names the user (an erased
-        // one above all).
+        // No note, nothing to read: no run is taken, and no idle state row is left naming the
+        // user (an erased one above all).
         if !self.store.has_daily_notes(&workspace).await? {
+            self.store.forget_idle_consolidation(&workspace).await?;
             return Ok(ConsolidateReport::NothingNew);
         }
         if !self.store.claim_consolidation(&workspace, &self.worker, self.stale_after).await? {
@@ -204,13 +205,15 @@ impl ConsolidateRunner {
                         .await;
                     match finished {
                         Ok(()) => ConsolidateReport::Updated { notes },
-                        // MEMORY.md changed during the model call: the edit stays, and the notes
-                        // are left to the next run, which shows the model the new MEMORY.md.
-                        Err(StoreError::FileChanged { .. }) => {
+                        // MEMORY.md, or a note the model read, changed during the model call:
+                        // the edit stays, and the notes are left to the next run, which shows the
+                        // model the files as they are now.
+                        Err(StoreError::FileChanged { path }) => {
+                            let reason = if path == "MEMORY.md" { "memory_changed" } else { "notes_changed" };
                             self.store
-                                .finish_consolidation(&workspace, &self.worker, None, None, "failed", "memory_changed")
+                                .finish_consolidation(&workspace, &self.worker, None, None, "failed", reason)
                                 .await?;
-                            failed("memory_changed")
+                            failed(reason)
                         }
                         Err(e) => return Err(e.into()),
                     }

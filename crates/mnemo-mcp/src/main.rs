@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use mnemo_api::mcp::{ApiAnswer, ApiCall, Forward, MnemoMcp};
 use rmcp::ServiceExt;
 use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::async_rw::AsyncRwTransport;
 use serde_json::json;
 
 const URL: &str = "MNEMO_URL";
@@ -19,6 +20,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// mnemo's largest answer is a whole tool output (4 MiB by default), which JSON may escape to a
 /// few times its size; more than this is not mnemo answering.
 const MAX_ANSWER_BYTES: usize = 64 << 20;
+/// The longest message (one line) read from stdin.
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// Forwards calls over HTTP to mnemo-server.
 #[derive(Debug, Clone)]
@@ -102,7 +105,11 @@ async fn main() -> anyhow::Result<()> {
     let shown = without_credentials(&base);
     let remote = Remote { http, base, shown, bearer };
     tracing::info!(url = %remote.shown, "mnemo-mcp serving MCP on stdio");
-    let server = MnemoMcp::new(remote).serve(rmcp::transport::stdio()).await.context("MCP handshake failed")?;
+    // rmcp drops a longer line unanswered; 16 MiB by default, under what the API's body limit
+    // allows when an operator raises the file and tool-output bounds.
+    let stdio = AsyncRwTransport::<RoleServer, _, _>::new(tokio::io::stdin(), tokio::io::stdout())
+        .with_max_line_length(MAX_MESSAGE_BYTES);
+    let server = MnemoMcp::new(remote).serve(stdio).await.context("MCP handshake failed")?;
     server.waiting().await.context("MCP session failed")?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use mnemo_core::{AgentId, TenantId, UserId, Workspace, WorkspacePath};
 
 use crate::queue::{ConsolidateJob, push};
-use crate::workspace::{Replacement, replace_core_file, share_user_files, user_of};
+use crate::workspace::{Replacement, current, key_in, lock, replace_core_file, share_user_files, user_of};
 use crate::{Store, StoreError};
 
 /// Who wrote MEMORY.md changes made by consolidation, in versions and audit rows.
@@ -123,7 +123,7 @@ UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_f
                       WHERE w.tenant_id = s.tenant_id AND w.agent_id = s.agent_id AND w.user_id = s.user_id
                         AND w.path = e.key AND w.deleted_at IS NULL)),
     watermark = GREATEST(watermark, COALESCE($8, watermark)), last_outcome = $5, last_reason = $6,
-    failures = CASE WHEN $5 <> 'failed' THEN 0 WHEN $6 IN ('memory_changed', 'error') THEN failures ELSE failures + 1 END
+    failures = CASE WHEN $5 <> 'failed' THEN 0 WHEN $6 IN ('memory_changed', 'notes_changed', 'error') THEN failures ELSE failures + 1 END
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $7";
 
 /// A daily note to consolidate, at the version read.
@@ -211,6 +211,28 @@ impl Store {
             .await?)
     }
 
+    /// Removes the (agent, user)'s state when no run holds it and the user has no live daily
+    /// note. A schedule or a request that races the user's erasure can write a row (and queue a
+    /// job) naming them after the erasure took theirs; that job, finding no note, removes it here.
+    pub async fn forget_idle_consolidation(&self, workspace: &Workspace) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let user = user_of(workspace)?;
+        // After an erasure under way, which holds the user's files alone.
+        share_user_files(&mut tx, workspace.tenant.as_str(), user).await?;
+        sqlx::query(concat!(
+            "DELETE FROM consolidation_state
+             WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by IS NULL AND NOT ",
+            has_daily_note!()
+        ))
+        .bind(workspace.tenant.as_str())
+        .bind(workspace.agent.as_str())
+        .bind(user)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Takes the (agent, user)'s consolidation run; false when another holds it.
     pub async fn claim_consolidation(
         &self,
@@ -257,10 +279,10 @@ impl Store {
     }
 
     /// Ends the run in one transaction: replaces MEMORY.md when `memory` is given (or, when it
-    /// changed since the model read it, changes nothing: [`StoreError::FileChanged`]), records the
-    /// notes `read` as consolidated when given (so a run that failed leaves them to the next),
-    /// and the outcome and its reason. A run another worker took over changes nothing
-    /// ([`StoreError::RunLost`]).
+    /// or a note `read` lost text since the model read them, changes nothing:
+    /// [`StoreError::FileChanged`] naming the file), records the notes `read` as consolidated when
+    /// given (so a run that failed leaves them to the next), and the outcome and its reason. A run
+    /// another worker took over changes nothing ([`StoreError::RunLost`]).
     pub async fn finish_consolidation(
         &self,
         workspace: &Workspace,
@@ -271,12 +293,23 @@ impl Store {
         reason: &str,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        if let Some(replacement) = memory
-            && !replace_core_file(&mut tx, workspace, "MEMORY.md", replacement, ACTOR).await?
-        {
-            return Err(StoreError::FileChanged { path: "MEMORY.md".to_owned() });
-        }
         let read = read.unwrap_or_default();
+        if let Some(replacement) = memory {
+            // What a user took out of a note during the model call must not reach MEMORY.md (a
+            // note only added to, as extraction adds to today's, still holds what was read).
+            // Locked before MEMORY.md, in the order extraction takes them.
+            for note in read {
+                let key = key_in(workspace, WorkspacePath::daily_note(note.day))?;
+                lock(&mut tx, &key).await?;
+                let now = current(&mut tx, &key).await?;
+                if !now.is_some_and(|c| !c.deleted && c.file.content.starts_with(&note.content)) {
+                    return Err(StoreError::FileChanged { path: key.path.as_str().to_owned() });
+                }
+            }
+            if !replace_core_file(&mut tx, workspace, "MEMORY.md", replacement, ACTOR).await? {
+                return Err(StoreError::FileChanged { path: "MEMORY.md".to_owned() });
+            }
+        }
         let versions: serde_json::Map<String, serde_json::Value> =
             read.iter().map(|n| (WorkspacePath::daily_note(n.day).to_string(), n.version.into())).collect();
         let finished = sqlx::query(FINISH)
