@@ -125,6 +125,8 @@ fi
 # --- 3. a worker killed mid-batch -------------------------------------------------------------
 rows=1000
 log "writing $rows rows, then killing the worker that holds embed jobs"
+# Document chunks are the service's to write: a token without a user or a session.
+token=$(runbook token --tenant "$tenant" --agent helper)
 body=$(jq -nc --argjson n "$rows" '{items: [range($n) | {source_kind: "document_chunk", source_ref: "doc-\(.)",
   content: "Document \(.) of the compose test: notes on topic \(. % 37), shelf \(. % 11), written for the worker kill."}]}')
 t0=$SECONDS

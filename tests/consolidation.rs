@@ -416,13 +416,26 @@ async fn a_tenants_time_zone_decides_the_day_of_its_notes_and_when_its_schedule_
 async fn a_job_that_finds_no_note_leaves_no_state_row_naming_the_user() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;
-    sqlx::query("INSERT INTO consolidation_state (tenant_id, agent_id, user_id, last_requested_at) VALUES ('acme', 'helper', 'ann', now())")
-        .execute(&app.db.pool)
-        .await
-        .expect("a state row");
+    // bob deleted his only note: his state stays for `memory status`.
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), None));
+    note(&app, &bob, 0, "- a note").await;
+    let path = format!("/v1/workspace/files/memory/{}.md", day(0));
+    assert!(app.client.delete(&path, Some(&bob)).await.status < 300);
+    for user in ["ann", "bob"] {
+        sqlx::query("INSERT INTO consolidation_state (tenant_id, agent_id, user_id, last_requested_at) VALUES ('acme', 'helper', $1, now())")
+            .bind(user)
+            .execute(&app.db.pool)
+            .await
+            .expect("a state row");
+    }
     let runner = runner(&app, &chat, &[]);
-    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
-    assert_eq!(app.db.count("SELECT count(*) FROM consolidation_state").await, 0);
+    let bobs = ConsolidateJob { user_id: UserId::parse("bob").expect("user"), ..job() };
+    for job in [job(), bobs] {
+        assert_eq!(runner.run(&job).await.expect("run"), ConsolidateReport::NothingNew);
+    }
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT user_id FROM consolidation_state").fetch_all(&app.db.pool).await.expect("rows");
+    assert_eq!(left, ["bob"], "ann, who has no file at all, is named nowhere");
     assert!(chat.requests().is_empty(), "no model call");
 }
 

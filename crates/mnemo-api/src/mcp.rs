@@ -613,11 +613,14 @@ mod tests {
         assert_eq!(code("list_files", json!({ "limit": 1001 })), "invalid_field");
         let page = spec("get_tool_output").call(args(json!({ "key": "tout_x", "max_bytes": 1 << 20 })));
         assert!(page.expect("the largest page").uri.ends_with("max_bytes=1048576"));
-        // Past what a URI holds: bad input, not an API that could not be reached.
-        let long = "x".repeat(70_000);
+        // Past the bound (far inside what a URI holds): bad input, not an unreachable API.
+        let long = "x".repeat(MAX_URI_FIELD_BYTES + 1);
         assert_eq!(code("read_file", json!({ "path": format!("{long}.md") })), "invalid_path");
         assert_eq!(code("forget", json!({ "id": long })), "invalid_field");
         assert_eq!(code("list_files", json!({ "prefix": long })), "invalid_field");
+        let at_the_bound = "x".repeat(MAX_URI_FIELD_BYTES);
+        assert!(spec("forget").call(args(json!({ "id": at_the_bound }))).is_ok());
+        assert!(spec("list_files").call(args(json!({ "prefix": at_the_bound }))).is_ok());
     }
 
     #[test]

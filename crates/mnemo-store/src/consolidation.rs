@@ -113,7 +113,8 @@ ORDER BY w.path"
 /// Ends the run held by `$7`: `$4` the notes' versions now consolidated (`{}` for none; entries
 /// of notes no longer live are dropped), `$5` the outcome, `$6` its label, `$8` the newest
 /// change consolidated (the watermark never moves back). Failures in a row are counted, but not
-/// an edit of MEMORY.md during the model call or a database error: the next run may well succeed.
+/// an edit of MEMORY.md or of a note during the model call, or a database error: the next run
+/// may well succeed.
 const FINISH: &str = "
 UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_finished_at = now(),
     consolidated = (
@@ -211,19 +212,22 @@ impl Store {
             .await?)
     }
 
-    /// Removes the (agent, user)'s state when no run holds it and the user has no live daily
-    /// note. A schedule or a request that races the user's erasure can write a row (and queue a
-    /// job) naming them after the erasure took theirs; that job, finding no note, removes it here.
+    /// Removes the (agent, user)'s state when no run holds it and the user has no file under the
+    /// agent at all, not even a deleted one: an erased user. A schedule or a request that races
+    /// the user's erasure can write a row (and queue a job) naming them after the erasure took
+    /// theirs; that job, finding no note, removes it here. A user who only deleted their notes
+    /// keeps the state `memory status` shows.
     pub async fn forget_idle_consolidation(&self, workspace: &Workspace) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         let user = user_of(workspace)?;
         // After an erasure under way, which holds the user's files alone.
         share_user_files(&mut tx, workspace.tenant.as_str(), user).await?;
-        sqlx::query(concat!(
+        sqlx::query(
             "DELETE FROM consolidation_state
-             WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by IS NULL AND NOT ",
-            has_daily_note!()
-        ))
+             WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by IS NULL
+               AND NOT EXISTS (SELECT 1 FROM workspace_files w
+                               WHERE w.tenant_id = $1 AND w.agent_id = $2 AND w.user_id = $3)",
+        )
         .bind(workspace.tenant.as_str())
         .bind(workspace.agent.as_str())
         .bind(user)
@@ -302,7 +306,8 @@ impl Store {
                 let key = key_in(workspace, WorkspacePath::daily_note(note.day))?;
                 lock(&mut tx, &key).await?;
                 let now = current(&mut tx, &key).await?;
-                if !now.is_some_and(|c| !c.deleted && c.file.content.starts_with(&note.content)) {
+                // (Extraction trims a note's trailing blank before it adds an entry.)
+                if !now.is_some_and(|c| !c.deleted && c.file.content.starts_with(note.content.trim_end())) {
                     return Err(StoreError::FileChanged { path: key.path.as_str().to_owned() });
                 }
             }
