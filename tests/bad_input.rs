@@ -665,6 +665,29 @@ async fn mcp_messages_other_than_tool_calls_cost_one_request_each() {
     assert_eq!(body["result"]["structuredContent"]["error"]["code"], "rate_limited", "{body}");
 }
 
+/// A body `/mcp` refuses (a repeated key) is charged all the same: refusing it is no cheaper
+/// than answering it, so it must not be a way past the limit.
+#[tokio::test]
+async fn a_refused_mcp_body_costs_one_request_too() {
+    let app = TestApp::spawn_with(&[("MNEMO_RATE_LIMIT_PER_TENANT", "0.5"), ("MNEMO_RATE_LIMIT_BURST", "3")]).await;
+    let http = reqwest::Client::new();
+    let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let send = |body: &'static str| {
+        http.post(format!("{}/mcp", app.client.base))
+            .bearer_auth(&token)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let repeated = r#"{"jsonrpc": "2.0", "id": 1, "id": 2, "method": "tools/list"}"#;
+    let mut statuses = Vec::new();
+    for body in [repeated, repeated, repeated, r#"{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}"#] {
+        statuses.push(send(body).await.expect("request").status().as_u16());
+    }
+    assert_eq!(statuses, [400, 400, 400, 429], "a burst of 3 spent on refused bodies");
+}
+
 /// A client that asks for a long answer and never reads it loses its connection once a write has
 /// waited the write timeout (hyper has none); and past the cap, a new connection waits until one
 /// ends.

@@ -505,6 +505,39 @@ async fn a_job_makes_no_more_model_calls_than_its_chunk_limit() {
     assert_eq!((chat.requests().len(), messages), (4, 4), "one call per message, four messages");
 }
 
+/// One tool call whose calls and results take more chunks than a job asks for is truncated
+/// without a model call: asked in as many calls as it takes, it could outlast the job's timeout
+/// on every try, and be asked again forever.
+#[tokio::test]
+async fn a_unit_too_large_for_one_job_is_truncated_without_a_model_call() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    let long = about_260_tokens();
+    // Six parallel calls and their results open the session: one unit of twelve messages.
+    for i in 0..6 {
+        let call = json!({ "source_kind": "chat_message", "source_ref": format!("call{i}"), "role": "assistant",
+            "tool_call_id": format!("c{i}"), "name": "search", "content": format!("{{\"q\": \"{long}\"}}") });
+        assert_eq!(app.client.post("/v1/memories", Some(&t), &call).await.status, 201);
+    }
+    for i in 0..6 {
+        let result =
+            json!({ "source_kind": "tool_output", "source_ref": format!("c{i}"), "name": "search", "content": long });
+        assert_eq!(app.client.post("/v1/memories", Some(&t), &result).await.status, 201);
+    }
+    turns(&app, &t, 0, 3).await;
+    let compactor =
+        compactor(&app, &settings([llm_env(&chat), vec![(vars::COMPACT_CHUNK_TOKENS, "500".to_owned())]].concat()));
+    assert_eq!(compactor.policy.max_chunks, 4);
+    let report = compactor.run(&job("acme", "s1")).await.expect("job");
+    let truncated = CompactionOutcome::Truncated;
+    assert_eq!(
+        report,
+        CompactReport::Compacted { messages: 12, outcome: truncated, reason: Some("unit_too_large".into()) }
+    );
+    assert!(chat.requests().is_empty(), "no model call");
+}
+
 /// Ten turns in session s1 of about 260 tokens a message, and a compactor with 500-token
 /// chunks: two messages never share a chunk, seven fit in four chunks' worth of tokens.
 async fn one_call_per_message(app: &TestApp, chat: &ScriptedChat) -> Compactor {

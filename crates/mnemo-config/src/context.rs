@@ -27,8 +27,10 @@ impl TokenizerName {
     }
 }
 
-/// Context windows and their compaction. The API server reads the triggers and the tokenizer;
-/// the worker reads what compaction keeps and the model that summarizes.
+/// Context windows and their compaction. The API server reads the triggers and the tokenizer,
+/// and what compaction keeps (to ask only when there is something to compact); the worker reads
+/// the tokenizer and what compaction keeps (to cut) and the model that summarizes: both must be
+/// given the same.
 #[derive(Debug, Clone)]
 pub struct ContextSettings {
     pub tokenizer: TokenizerName,

@@ -140,17 +140,29 @@ impl TranscriptLine {
 }
 
 /// A summary as a model wrote it, checked: every section is there, in order, each opening a
-/// line. Anything else is garbage and changes nothing.
+/// line, and the first two (the intent and the summary itself) say something: a bare template
+/// would replace the previous summary with nothing. Anything else is garbage and changes nothing.
 pub fn check_summary(text: &str) -> Result<String, ModelFailure> {
     let text = text.trim();
     let mut from = 0;
+    // Where each section's heading starts and ends.
+    let mut headings = Vec::with_capacity(SUMMARY_SECTIONS.len());
     for section in SUMMARY_SECTIONS {
         let found = text[from..].match_indices(section).find(|(at, _)| {
             from + at == 0 || text.as_bytes()[from + at - 1] == b'\n' || is_markup_before(text, from + at)
         });
         match found {
-            Some((at, _)) => from += at + section.len(),
+            Some((at, _)) => {
+                headings.push((from + at, from + at + section.len()));
+                from += at + section.len();
+            }
             None => return Err(ModelFailure::new("unparsable", format!("the summary has no {section} section"))),
+        }
+    }
+    for (i, section) in SUMMARY_SECTIONS.iter().enumerate().take(2) {
+        let body = &text[headings[i].1..headings[i + 1].0];
+        if !body.chars().any(char::is_alphanumeric) {
+            return Err(ModelFailure::new("unparsable", format!("the summary's {section} section is empty")));
         }
     }
     Ok(text.to_owned())
@@ -269,11 +281,17 @@ mod tests {
         let good = "SESSION INTENT: plan a trip\nSUMMARY: chose Lisbon\nARTIFACTS: none\nNEXT STEPS: book";
         assert_eq!(check_summary(&format!("  {good}\n")).as_deref(), Ok(good));
         assert!(check_summary("## SESSION INTENT\nx\n**SUMMARY**\ny\n- ARTIFACTS\nz\nNEXT STEPS\nw").is_ok());
+        // Nothing to list under the last two is a fine answer.
+        assert!(check_summary("SESSION INTENT: plan a trip\nSUMMARY: chose Lisbon\nARTIFACTS:\nNEXT STEPS:").is_ok());
         for bad in [
             "",
             "I cannot help with that.",
             "SUMMARY: x\nSESSION INTENT: y\nARTIFACTS\nNEXT STEPS",
             "SESSION INTENT: the SUMMARY ARTIFACTS NEXT STEPS",
+            // The bare template, or one whose intent or summary says nothing.
+            "SESSION INTENT\nSUMMARY\nARTIFACTS\nNEXT STEPS",
+            "## SESSION INTENT\n-\n## SUMMARY\n**\n## ARTIFACTS\nnone\n## NEXT STEPS\nnone",
+            "SESSION INTENT: plan a trip\nSUMMARY:\nARTIFACTS: none\nNEXT STEPS: book",
         ] {
             assert_eq!(check_summary(bad).map_err(|e| e.kind), Err("unparsable"), "{bad:?}");
         }

@@ -269,7 +269,16 @@ impl Compactor {
         let mut done: Vec<(usize, String)> = Vec::new();
         let mut read = 0;
         let max = self.policy.summary_max_tokens;
-        for chunk in self.chunks(lines) {
+        let chunks = self.chunks(lines);
+        // Only a unit too large for one job's calls (`plan` takes it whole all the same) comes
+        // here in more chunks: asking for them all could outlast the job's timeout on every try.
+        if chunks.len() as u64 > self.policy.max_chunks {
+            return Summarized::Failed(ModelFailure::new(
+                "unit_too_large",
+                format!("one tool call and its results take {} chunks, more than one job asks for", chunks.len()),
+            ));
+        }
+        for chunk in chunks {
             let summary = done.last().map(|(_, text)| text.as_str()).or(previous);
             let answer = model.summarize(summary, &chunk, max).await.and_then(|text| {
                 // A server may ignore max_tokens; twice them leaves room for another tokenizer's count.
