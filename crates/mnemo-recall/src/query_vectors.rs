@@ -3,15 +3,16 @@
 //! queries of concurrent recalls are embedded together: one task embeds whatever queries are
 //! waiting, up to `MNEMO_RECALL_QUERY_BATCH` (32), while the next ones queue. A lone query is
 //! embedded at once; it never waits for company. The vectors of the last `MNEMO_RECALL_QUERY_CACHE`
-//! (1,024) distinct queries are kept, per tenant, user, agent and session: a hit is faster (and
-//! counted on `/metrics`), and must not tell one tenant, user, session or service what another
-//! asked. A recall waits for its vector at most
+//! (1,024) distinct queries are kept, per tenant, user, agent and session, for at most
+//! [`QUERY_CACHE_TTL`] (a query names what its asker asked, which a user's erasure must not
+//! leave in memory for long): a hit is faster (and counted on `/metrics`), and must not tell one
+//! tenant, user, session or service what another asked. A recall waits for its vector at most
 //! `MNEMO_RECALL_QUERY_WAIT_MS` (a provider that hangs holds up the queries behind it), then
 //! answers from full text; a query whose recall stopped waiting is not embedded.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mnemo_core::{AgentId, EmbedError, Embedder, Principal, SessionId};
 use tokio::sync::{mpsc, oneshot};
@@ -22,11 +23,16 @@ type Reply = oneshot::Sender<Result<Vec<f32>, EmbedError>>;
 /// A query handed to the embedding task, with the span of the recall that waits for it.
 type Handed = (String, Reply, Span);
 
+/// How long a query's vector is served from the cache; older ones are dropped at the next
+/// recall.
+pub(crate) const QUERY_CACHE_TTL: Duration = Duration::from_secs(600);
+
 #[derive(Debug)]
 pub(crate) struct QueryVectors {
     embedder: Arc<dyn Embedder>,
     max_batch: usize,
     cache_entries: usize,
+    ttl: Duration,
     wait: Duration,
     /// The embedding task's queue: started on first use (inside the runtime), and again if the
     /// task ever stopped.
@@ -39,26 +45,44 @@ pub(crate) struct QueryVectors {
 /// text.
 type Asked = (mnemo_core::TenantId, Option<mnemo_core::UserId>, Option<AgentId>, Option<SessionId>, String);
 
-/// Vectors by who asked what, the oldest dropped first.
+/// Vectors by who asked what, with when they were kept; the oldest dropped first.
 #[derive(Debug, Default)]
 struct Cache {
-    vectors: HashMap<Asked, Vec<f32>>,
+    vectors: HashMap<Asked, (Vec<f32>, Instant)>,
+    /// The keys in the order they were kept: the expired ones are at the front.
     order: VecDeque<Asked>,
+}
+
+impl Cache {
+    /// Drops the vectors kept longer than `ttl` ago.
+    fn expire(&mut self, ttl: Duration) {
+        while let Some(oldest) = self.order.front()
+            && self.vectors.get(oldest).is_none_or(|(_, kept)| kept.elapsed() > ttl)
+        {
+            let oldest = self.order.pop_front().expect("just seen");
+            self.vectors.remove(&oldest);
+        }
+    }
 }
 
 impl QueryVectors {
     pub(crate) fn new(embedder: Arc<dyn Embedder>, max_batch: usize, cache_entries: usize, wait: Duration) -> Self {
         let max_batch = max_batch.max(1);
-        Self { embedder, max_batch, cache_entries, wait, queue: Mutex::default(), cache: Mutex::default() }
+        let ttl = QUERY_CACHE_TTL;
+        Self { embedder, max_batch, cache_entries, ttl, wait, queue: Mutex::default(), cache: Mutex::default() }
     }
 
     /// The query's vector, from the cache or embedded with the queries waiting beside it.
     pub(crate) async fn vector(&self, asker: &Principal, query: &str) -> Result<Vec<f32>, EmbedError> {
         let key =
             (asker.tenant.clone(), asker.user.clone(), asker.agent.clone(), asker.session.clone(), query.to_owned());
-        if let Some(vector) = self.cache.lock().expect("query cache").vectors.get(&key) {
-            metrics::counter!("mnemo_recall_query_cache_hits_total").increment(1);
-            return Ok(vector.clone());
+        {
+            let mut cache = self.cache.lock().expect("query cache");
+            cache.expire(self.ttl);
+            if let Some((vector, _)) = cache.vectors.get(&key) {
+                metrics::counter!("mnemo_recall_query_cache_hits_total").increment(1);
+                return Ok(vector.clone());
+            }
         }
         let queue = {
             let mut queue = self.queue.lock().expect("query queue");
@@ -75,7 +99,9 @@ impl QueryVectors {
         let late = || EmbedError::transient("query_wait", format!("no query vector within {:?}", self.wait));
         let vector = tokio::time::timeout(self.wait, answer).await.map_err(|_| late())?.map_err(|_| gone())??;
         let mut cache = self.cache.lock().expect("query cache");
-        if self.cache_entries > 0 && cache.vectors.insert(key.clone(), vector.clone()).is_none() {
+        // A query two recalls embedded side by side keeps its first time, and its place in the order.
+        if self.cache_entries > 0 && !cache.vectors.contains_key(&key) {
+            cache.vectors.insert(key.clone(), (vector.clone(), Instant::now()));
             cache.order.push_back(key);
             if cache.order.len() > self.cache_entries
                 && let Some(oldest) = cache.order.pop_front()
@@ -176,5 +202,28 @@ mod tests {
             vectors.vector(who, "is Initech being acquired?").await.expect("vector");
         }
         assert_eq!(embedder.0.load(Ordering::SeqCst), 7, "once per tenant, user, agent and session");
+    }
+
+    /// A vector older than the cache's time to live is embedded again, and the old one is gone.
+    #[tokio::test]
+    async fn a_query_is_kept_no_longer_than_its_time_to_live() {
+        let embedder = Arc::new(Counting::default());
+        let ttl = Duration::from_millis(200);
+        let vectors = QueryVectors { ttl, ..QueryVectors::new(embedder.clone(), 32, 16, Duration::from_secs(60)) };
+        let ann = Principal {
+            tenant: mnemo_core::TenantId::parse("acme").expect("tenant"),
+            user: Some(mnemo_core::UserId::parse("ann").expect("user")),
+            agent: None,
+            session: None,
+            roles: Vec::new(),
+        };
+        vectors.vector(&ann, "where do I live?").await.expect("vector");
+        vectors.vector(&ann, "where do I live?").await.expect("vector");
+        assert_eq!(embedder.0.load(Ordering::SeqCst), 1, "a hit within its time to live");
+        tokio::time::sleep(ttl * 2).await;
+        vectors.vector(&ann, "something else").await.expect("vector");
+        assert_eq!(vectors.cache.lock().expect("cache").vectors.len(), 1, "the expired query is gone");
+        vectors.vector(&ann, "where do I live?").await.expect("vector");
+        assert_eq!(embedder.0.load(Ordering::SeqCst), 3, "embedded again once expired");
     }
 }
