@@ -306,18 +306,15 @@ impl ToolSpec {
             let close = rest[open..].find('}').map_or(rest.len(), |c| open + c);
             let field = &rest[open + 1..close];
             let value = match args.remove(field) {
-                // URL parsers resolve a `.` or `..` segment before the endpoint could refuse it; a
-                // file's path gets the code the endpoint would give it.
-                Some(Value::String(s)) if s == "." || s == ".." => {
+                // URL parsers resolve a `.` or `..` segment before the endpoint could refuse it,
+                // and an over-long one never makes a URI; a file's path gets the code the endpoint
+                // would give it.
+                Some(Value::String(s)) if s == "." || s == ".." || s.len() > MAX_URI_FIELD_BYTES => {
+                    let expected =
+                        if s.len() > MAX_URI_FIELD_BYTES { URI_FIELD_BOUND } else { "a name other than . or .." };
                     return Err(match mnemo_core::WorkspacePath::parse(&s) {
                         Err(bad) if field == "path" => bad.into(),
-                        _ => ApiError::InvalidField { field, expected: "a name other than . or .." },
-                    });
-                }
-                Some(Value::String(s)) if s.len() > MAX_URI_FIELD_BYTES => {
-                    return Err(match mnemo_core::WorkspacePath::parse(&s) {
-                        Err(bad) if field == "path" => bad.into(),
-                        _ => ApiError::InvalidField { field, expected: URI_FIELD_BOUND },
+                        _ => ApiError::InvalidField { field, expected },
                     });
                 }
                 Some(Value::String(s)) if !s.is_empty() => s,
