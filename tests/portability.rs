@@ -418,7 +418,21 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     future.push(json!({"end": {"rows": rows + 1}}).to_string());
     assert!(end.contains(&format!("\"rows\":{rows}")));
     let expected = format!("line {}: an erasure needs", future.len() - 1);
-    refused(&target, "future erasure", future, &[], &expected).await;
+    refused(&target, "future erasure", future.clone(), &[], &expected).await;
+
+    // A header whose time is not one, and an erasure in a file that does not say when it was
+    // exported (the erasure could then be dated after it).
+    let mut header: serde_json::Value = lines[0].parse().expect("header");
+    header["exported_at"] = json!("yesterday");
+    let mut bad_time = lines.clone();
+    bad_time[0] = header.to_string();
+    refused(&target, "bad export time", bad_time, &[], "line 1: exported_at is not an RFC 3339 time").await;
+    let mut undated = future.clone();
+    header.as_object_mut().expect("header").remove("exported_at");
+    undated[0] = header.to_string();
+    let dated = undated.len() - 2;
+    undated[dated] = undated[dated].replace("9999-01-01", "2026-01-01");
+    refused(&target, "undated export", undated, &[], &format!("line {}: an erasure needs", dated + 1)).await;
 
     // Rows a write would refuse: a reserved source_ref, a path no write accepts, a user's file
     // held by the agent (every user's prompt would show it), a size that is not the content's.
@@ -848,6 +862,89 @@ async fn a_revival_carried_by_an_export_since_keeps_the_copys_chains_sound() {
     let check = runbook(&copy.url, &["judge", "check", "--tenant", "acme", "--json"], None).await;
     assert!(check.ok, "the copy's chains: {}{}", check.stdout, check.stderr);
     assert_eq!(copy.count("SELECT count(*) FROM audit_log WHERE event = 'revive' AND actor = 'import'").await, 1);
+    for path in [full, later] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// A moved tenant goes on where it was: extraction's and consolidation's progress travel with it,
+/// so no conversation is read (and paid for) again; a consolidation run held at the source holds
+/// nothing in the copy; an erasure the file carries takes the user's progress out of the copy,
+/// and a copy made before the erasure does not bring it back.
+#[tokio::test]
+async fn extraction_and_consolidation_progress_travel_with_the_tenant() {
+    use mnemo_core::{AgentId, SessionId, UserId, Workspace};
+    use std::time::Duration;
+
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let said = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "I moved to Lyon" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    // The conversation asked for, and extracted as a run that found nothing new ends it; then a
+    // consolidation run held (its worker still at it when the export is made).
+    let store = app.db.store();
+    let workspace = Workspace {
+        tenant: TenantId::parse("acme").expect("tenant"),
+        agent: AgentId::parse("a1").expect("agent"),
+        user: Some(UserId::parse("u1").expect("user")),
+    };
+    let session = SessionId::parse("s1").expect("session");
+    let (event_time, id) = sqlx::query_as("SELECT event_time, id FROM memory_items WHERE source_ref = 'm1'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("the message");
+    let through = mnemo_store::MessageCursor { event_time, id };
+    let asked = store.request_extraction(&workspace, &session, through, mnemo_core::TriggerSource::Manual).await;
+    assert!(asked.expect("asked"));
+    let claim = store.claim_extraction(&workspace, "w1", Duration::ZERO, Duration::from_secs(60)).await;
+    assert!(matches!(claim, Ok(mnemo_store::Claim::Claimed)), "{claim:?}");
+    let pending = store.pending_extractions(&workspace).await.expect("pending");
+    assert_eq!(pending.len(), 1);
+    store.finish_extraction(&workspace, "w1", &pending, "done", "nothing_new", true).await.expect("done");
+    let note = json!({ "content": "- moved to Lyon\n" });
+    let put = app.client.put("/v1/workspace/files/memory/2026-11-30.md", Some(&t), &note).await;
+    assert!(put.status < 300, "{:?}", put.body);
+    store.request_consolidation(&workspace, None).await.expect("asked");
+    assert!(store.claim_consolidation(&workspace, "w1", Duration::from_secs(3600)).await.expect("claimed"));
+
+    let full = temp("progress.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&full)).await.ok);
+    let copy = TestDb::new().await;
+    let import_full = ["import", "--tenant", "acme", full.to_str().expect("path")];
+    let run = runbook(&copy.url, &import_full, None).await;
+    assert!(run.ok, "{}", run.stderr);
+    // The copy's next extraction of the session starts after the message read at the source.
+    let end =
+        mnemo_store::MessageCursor { event_time: chrono::Utc::now() + chrono::Duration::days(1), id: Uuid::max() };
+    let read = copy.store().last_read(&workspace, &session, end).await.expect("last read");
+    assert_eq!(read, Some(through), "the copy would read the session again from its start");
+    let state = "SELECT to_jsonb(s) - 'running_since' - 'running_by' FROM consolidation_state s";
+    let (ours, theirs): (serde_json::Value, serde_json::Value) = (
+        sqlx::query_scalar(state).fetch_one(&app.db.pool).await.expect("source state"),
+        sqlx::query_scalar(state).fetch_one(&copy.pool).await.expect("copy state"),
+    );
+    assert_eq!(ours, theirs);
+    assert!(
+        copy.store().claim_consolidation(&workspace, "w2", Duration::from_secs(3600)).await.expect("claim"),
+        "a run held at the source holds the copy's consolidation"
+    );
+
+    let since: String =
+        sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("now");
+    assert!(runbook(&app.db.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await.ok);
+    let later = temp("progress-since.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await.ok);
+    let progress = "SELECT (SELECT count(*) FROM memory_extractions WHERE user_id = 'u1')
+                         + (SELECT count(*) FROM consolidation_state WHERE user_id = 'u1')";
+    assert_eq!(copy.count(progress).await, 2);
+    let run = runbook(&copy.url, &["import", "--tenant", "acme", later.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(copy.count(progress).await, 0, "the erased user's progress stays in the copy");
+    assert!(runbook(&copy.url, &import_full, None).await.ok);
+    assert_eq!(copy.count(progress).await, 0, "a copy made before the erasure brought the user's progress back");
     for path in [full, later] {
         let _ = std::fs::remove_file(path);
     }

@@ -3,7 +3,7 @@
 //! so a cut file is told from a whole one. Export streams (constant memory); import checks every
 //! line and every reference before it writes anything, in one transaction.
 
-use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -20,6 +20,9 @@ const VERSION: u64 = 1;
 /// be megabytes, and one statement's parameters must stay well under PostgreSQL's 1 GB).
 const STAGE_BATCH: usize = 1000;
 const STAGE_BYTES: usize = 32 << 20;
+/// The longest line an import reads: no field PostgreSQL stores is over 1 GB, and a longer line
+/// would be held whole in memory before it could be refused.
+const MAX_LINE_BYTES: u64 = 1 << 30;
 /// Progress on stderr every this many rows.
 const PROGRESS_EVERY: u64 = 100_000;
 
@@ -56,6 +59,27 @@ pub struct ImportArgs {
     #[arg(long, requires = "retarget", value_parser = ["apply", "skip"])]
     erasures: Option<String>,
     file: PathBuf,
+}
+
+/// Line `n` of the file as JSON, and its length; `None` at the end of the file. A line over
+/// `max` bytes is refused once `max + 1` are read.
+fn read_line(file: &mut impl BufRead, n: i64, max: u64) -> anyhow::Result<Option<(Value, usize)>> {
+    let mut line = Vec::new();
+    let read = file
+        .by_ref()
+        .take(max + 1)
+        .read_until(b'\n', &mut line)
+        .with_context(|| format!("line {n}: the file is truncated or not a mnemo export"))?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    } else if line.len() as u64 > max {
+        bail!("line {n}: longer than {max} bytes: not a line of a mnemo export");
+    }
+    let value = serde_json::from_slice(&line).with_context(|| format!("line {n}: not JSON"))?;
+    Ok(Some((value, line.len())))
 }
 
 fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
@@ -118,19 +142,9 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
 pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let file = std::fs::File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
-    let mut lines = BufReader::new(flate2::read::GzDecoder::new(file)).lines();
+    let mut lines = BufReader::new(flate2::read::GzDecoder::new(file));
     let mut line_no = 1i64;
-    // A line as JSON, and its length.
-    let read = |line: Option<std::io::Result<String>>, n: i64| -> anyhow::Result<Option<(Value, usize)>> {
-        match line {
-            None => Ok(None),
-            Some(Err(e)) => bail!("line {n}: the file is truncated or not a mnemo export ({e})"),
-            Some(Ok(text)) => serde_json::from_str(&text)
-                .map(|value| Some((value, text.len())))
-                .with_context(|| format!("line {n}: not JSON")),
-        }
-    };
-    let (header, _) = read(lines.next(), line_no)?.context("the file is empty")?;
+    let (header, _) = read_line(&mut lines, line_no, MAX_LINE_BYTES)?.context("the file is empty")?;
     if header["format"] != FORMAT {
         bail!("line 1: not a mnemo export (format {})", header["format"]);
     }
@@ -154,8 +168,13 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         );
     }
 
-    let exported_at = header["exported_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-    let exported_at = exported_at.map(|t| t.with_timezone(&chrono::Utc));
+    // Files exported before the header said when have no erasures either (those came later).
+    let exported_at = match &header["exported_at"] {
+        Value::Null => None,
+        at => {
+            Some(at.as_str().and_then(|t| parse_time(t).ok()).context("line 1: exported_at is not an RFC 3339 time")?)
+        }
+    };
     let mut import = store.begin_import(&args.tenant, args.retarget && args.with_settings).await?;
     let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
     let (mut rows, mut batch_bytes) = (0u64, 0usize);
@@ -163,7 +182,7 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     let mut erasures_left_out = 0u64;
     let end = loop {
         line_no += 1;
-        let Some((mut value, bytes)) = read(lines.next(), line_no)? else {
+        let Some((mut value, bytes)) = read_line(&mut lines, line_no, MAX_LINE_BYTES)? else {
             bail!("the file ends after line {} without its end line: it is truncated", line_no - 1);
         };
         if let Some(end) = value.get("end") {
@@ -216,7 +235,7 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     if end["rows"] != rows {
         bail!("line {line_no}: the end line counts {} rows, the file holds {rows}", end["rows"]);
     }
-    if read(lines.next(), line_no + 1)?.is_some() {
+    if read_line(&mut lines, line_no + 1, MAX_LINE_BYTES)?.is_some() {
         bail!("line {}: lines after the end line", line_no + 1);
     }
     import.stage(&batch).await?;
@@ -250,4 +269,29 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     }
     eprintln!("imported {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_over_the_bound_is_refused_before_it_is_read_whole() {
+        let mut file = std::io::Cursor::new(b"{\"a\": 1}\n{\"b\": \"0123456789\"}\n{}".to_vec());
+        assert_eq!(
+            read_line(&mut file, 1, 8).expect("at the bound").map(|(v, n)| (v["a"].clone(), n)),
+            Some((json!(1), 8))
+        );
+        let refused = read_line(&mut file, 2, 8).expect_err("over the bound").to_string();
+        assert!(refused.contains("line 2: longer than 8 bytes"), "{refused}");
+        // Only the bound and one byte more were taken from the file.
+        assert_eq!(file.position(), 9 + 9);
+    }
+
+    #[test]
+    fn the_last_line_may_end_without_a_newline() {
+        let mut file = std::io::Cursor::new(b"{}".to_vec());
+        assert_eq!(read_line(&mut file, 1, 8).expect("read").map(|(v, _)| v), Some(json!({})));
+        assert!(read_line(&mut file, 2, 8).expect("the end").is_none());
+    }
 }

@@ -13,7 +13,9 @@ use crate::{Store, StoreError};
 
 /// What an export holds, in the order an import writes it (a row's references come first), with
 /// what `--since` filters by: when a row was written or, for rows changed in place, last
-/// changed. The audit log, job queues and run bookkeeping stay behind.
+/// changed. Extraction's and consolidation's progress travels (a moved tenant would otherwise
+/// read every session and every daily note again, paying the model and writing the same
+/// memories twice); the audit log, job queues and the runs held or cooling down stay behind.
 pub const EXPORT_TABLES: &[(&str, &str)] = &[
     ("tenant_config", "updated_at"),
     ("memory_items", "changed_at"),
@@ -25,7 +27,13 @@ pub const EXPORT_TABLES: &[(&str, &str)] = &[
     ("workspace_files", "updated_at"),
     // A version changes once: when retention redacts its text.
     ("workspace_file_versions", "COALESCE(redacted_at, created_at)"),
+    // Asked again, a conversation's row is pending anew from then (`created_at`).
+    ("memory_extractions", "COALESCE(finished_at, created_at)"),
+    ("consolidation_state", CONSOLIDATION_CHANGED),
 ];
+
+/// When an (agent, user)'s consolidation state last changed: it has no column of its own for it.
+const CONSOLIDATION_CHANGED: &str = "GREATEST(watermark, last_requested_at, last_scheduled_at, last_finished_at)";
 
 /// The tables whose rows change in place, with their keys, and when the file's copy `r` replaces
 /// the stored row `s`: when it changed later, so an export `--since` carries a retirement, a
@@ -53,6 +61,19 @@ const CHANGED_IN_PLACE: &[(&str, &[&str], &str)] = &[
         "workspace_file_versions",
         &["tenant_id", "agent_id", "user_id", "path", "version"],
         "s.redacted_at IS NULL AND r.redacted_at IS NOT NULL",
+    ),
+    (
+        "memory_extractions",
+        &["tenant_id", "session_id", "through_id", "agent_id", "user_id"],
+        "COALESCE(r.finished_at, r.created_at) > COALESCE(s.finished_at, s.created_at)",
+    ),
+    // A run held here is left to finish.
+    (
+        "consolidation_state",
+        &["tenant_id", "agent_id", "user_id"],
+        "s.running_since IS NULL
+         AND GREATEST(r.watermark, r.last_requested_at, r.last_scheduled_at, r.last_finished_at)
+             > GREATEST(s.watermark, s.last_requested_at, s.last_scheduled_at, s.last_finished_at)",
     ),
 ];
 
@@ -93,7 +114,8 @@ pub enum ImportError {
     )]
     Diverged { line: i64, path: String },
     #[error(
-        "line {line}: an erasure needs a user_sha256 (64 hex digits) and an erased_at time no later than the export"
+        "line {line}: an erasure needs a user_sha256 (64 hex digits) and an erased_at time no later than the \
+         export's (its header's exported_at)"
     )]
     BadErasure { line: i64 },
     #[error(transparent)]
@@ -245,8 +267,9 @@ impl Store {
 
 impl Import {
     /// Takes the erasure on line `line` of the file (an [`Export::erasures`] row) exported at
-    /// `exported_at`: an erasure after it is refused (it would delete the user's files written
-    /// since, and audit an erasure that never happened).
+    /// `exported_at`: an erasure after it, or in a file that does not say when it was exported,
+    /// is refused (it would delete the user's files written since, and audit an erasure that
+    /// never happened).
     pub fn erasure(
         &mut self,
         line: i64,
@@ -255,7 +278,7 @@ impl Import {
     ) -> Result<(), ImportError> {
         let hash = row["user_sha256"].as_str().filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
         let at = row["erased_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-        let at = at.map(|at| at.with_timezone(&chrono::Utc)).filter(|at| exported_at.is_none_or(|e| *at <= e));
+        let at = at.map(|at| at.with_timezone(&chrono::Utc)).filter(|at| exported_at.is_some_and(|e| *at <= e));
         let (Some(hash), Some(at)) = (hash, at) else { return Err(ImportError::BadErasure { line }) };
         self.erasures.push((hash.to_ascii_lowercase(), at));
         Ok(())
@@ -263,7 +286,8 @@ impl Import {
 
     /// Records the file's erasures this tenant has not (an audit row each, at the source's
     /// time), and deletes what the tenant still holds of those users from before their erasure:
-    /// their workspace files with every version, and their sightings; and takes them out of the
+    /// their workspace files with every version, their sightings, and their extraction and
+    /// consolidation progress; and takes them out of the
     /// writers of earlier compactions, as the erasure did at the source (a compaction record is
     /// never exported again once changed). Their memories come in the file anonymized. Returns
     /// (erasures recorded, rows deleted).
@@ -304,6 +328,14 @@ impl Import {
             format!(
                 "DELETE FROM memory_sightings x USING unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
                  WHERE x.tenant_id = $1 AND x.user_id IS NOT NULL AND x.seen_at <= e.at AND {erased}"
+            ),
+            format!(
+                "DELETE FROM memory_extractions x USING unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
+                 WHERE x.tenant_id = $1 AND x.created_at <= e.at AND {erased}"
+            ),
+            format!(
+                "DELETE FROM consolidation_state x USING unnest($2::text[], $3::timestamptz[]) AS e(hash, at)
+                 WHERE x.tenant_id = $1 AND {CONSOLIDATION_CHANGED} <= e.at AND {erased}"
             ),
         ];
         sqlx::query(
@@ -363,17 +395,29 @@ impl Import {
         )
         .execute(&mut *self.tx)
         .await?;
+        // A consolidation run held at the source holds nothing here.
+        sqlx::query(
+            "UPDATE import_rows SET row = row || '{\"running_since\": null, \"running_by\": null}'::jsonb
+             WHERE tbl = 'consolidation_state'",
+        )
+        .execute(&mut *self.tx)
+        .await?;
         let columns = check_rows(&mut self.tx, tenant).await?;
-        // An erasure deletes a user's files and sightings outright; a copy made before it must
-        // not bring them back (their memories come back anonymized already: an anonymized row is
-        // never replaced).
+        // An erasure deletes a user's files, sightings and progress outright; a copy made before
+        // it must not bring them back (their memories come back anonymized already: an
+        // anonymized row is never replaced).
         let erased_left_out = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DELETE FROM import_rows l USING audit_log a
-             WHERE l.tbl IN ('workspace_files', 'workspace_file_versions', 'memory_sightings')
+             WHERE l.tbl IN ('workspace_files', 'workspace_file_versions', 'memory_sightings', 'memory_extractions',
+                             'consolidation_state')
                AND a.tenant_id = $1 AND a.event = '{erase}'
                AND a.details->>'user_sha256' = {user_hash}
-               AND (l.row->>CASE l.tbl WHEN 'memory_sightings' THEN 'seen_at' ELSE 'created_at' END)::timestamptz
-                   <= a.created_at",
+               AND CASE l.tbl
+                       WHEN 'memory_sightings' THEN (l.row->>'seen_at')::timestamptz
+                       WHEN 'consolidation_state' THEN (SELECT {CONSOLIDATION_CHANGED}
+                                                        FROM jsonb_populate_record(NULL::consolidation_state, l.row))
+                       ELSE (l.row->>'created_at')::timestamptz
+                   END <= a.created_at",
             erase = mnemo_core::AuditEvent::Erase,
             user_hash = user_sha256_sql("l.row->>'user_id'"),
         )))
@@ -569,7 +613,7 @@ impl Import {
 /// import's tenant; a live memory's source_ref and ids parse as a write's do (a reserved
 /// `|anonymized` ref would block the tenant's sweeps); a workspace file's path is one a write
 /// accepts, its owner (agent or user) is the one its path says (an agent's PROFILE.md would reach
-/// every user's prompt), and a file's size is its content's.
+/// every user's prompt), and a file's size is its content's; progress names ids a job parses.
 fn check_row(tenant: &TenantId, line: i64, table: &'static str, row: &Value) -> Result<(), ImportError> {
     let bad = |problem: String| ImportError::BadRow { line, table, problem };
     let text = |field: &str| row[field].as_str().unwrap_or_default();
@@ -605,6 +649,15 @@ fn check_row(tenant: &TenantId, line: i64, table: &'static str, row: &Value) -> 
             }
             if table == "workspace_files" && row["size_bytes"].as_u64() != Some(text("content").len() as u64) {
                 return Err(bad("size_bytes is not the length of its content".to_owned()));
+            }
+        }
+        // Progress is an (agent, user)'s, and an extraction's a session's too: ids a job could
+        // not parse would stop it.
+        "memory_extractions" | "consolidation_state" => {
+            mnemo_core::AgentId::parse(text("agent_id")).map_err(invalid)?;
+            mnemo_core::UserId::parse(text("user_id")).map_err(invalid)?;
+            if table == "memory_extractions" {
+                mnemo_core::SessionId::parse(text("session_id")).map_err(invalid)?;
             }
         }
         _ => {}
