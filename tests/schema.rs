@@ -119,3 +119,67 @@ async fn the_store_tells_a_refused_statement_from_one_that_may_pass_later() {
         .expect_err("nothing listens");
     assert!(!mnemo_store::StoreError::from(unreachable).is_permanent());
 }
+
+/// Migration 49 moves the vectors into partitions by tenant: a database an earlier build filled
+/// keeps every vector, each tenant's in one partition, and its HNSW index, now one per partition.
+/// A model's index made on the partitioned table is built once, whoever else tries meanwhile.
+#[tokio::test]
+async fn the_vectors_move_into_partitions_by_tenant_with_their_index() {
+    use mnemo_core::{MemoryText, Scope, SourceKind, SourceRef, TenantId};
+
+    let admin = mnemo_testkit::admin_url();
+    let (name, url) = mnemo_store::create_empty_database(&admin, "mnemo_test").await.expect("database");
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    MIGRATOR.run_through(&pool, 20261122000048).await.expect("the schema before migration 49");
+    let store = mnemo_store::Store::new(pool.clone());
+    let rows: Vec<mnemo_store::BulkRow> = (0..200)
+        .map(|i| mnemo_store::BulkRow {
+            id: uuid::Uuid::now_v7(),
+            tenant: TenantId::parse(["acme", "globex"][i % 2]).expect("tenant"),
+            scope: Scope::Tenant,
+            session: None,
+            user: None,
+            agent: None,
+            kind: SourceKind::DocumentChunk,
+            source_ref: SourceRef::parse(&format!("chunk-{i}")).expect("ref"),
+            content: MemoryText::parse(&format!("chunk {i}")).expect("text"),
+            created_at: None,
+            deleted_at: None,
+            vector: Some((0..4).map(|d| ((i + d) % 7) as f32 + 1.0).collect()),
+        })
+        .collect();
+    store.bulk_load("m", &rows).await.expect("bulk load");
+    // The index as builds before migration 49 made it.
+    sqlx::raw_sql(
+        "CREATE INDEX memory_embeddings_hnsw_before_4 ON memory_embeddings
+         USING hnsw ((embedding::vector(4)) vector_cosine_ops) WHERE model = 'm'",
+    )
+    .execute(&pool)
+    .await
+    .expect("the old index");
+
+    MIGRATOR.run(&pool).await.expect("migration 49");
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.expect(sql) }
+    };
+    assert_eq!(count("SELECT count(*) FROM memory_embeddings").await, 200);
+    assert_eq!(count("SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.id = e.item_id").await, 200);
+    assert_eq!(count("SELECT count(*) FROM pg_inherits WHERE inhparent = 'memory_embeddings'::regclass").await, 16);
+    let spread =
+        "SELECT max(n) FROM (SELECT count(DISTINCT tableoid) AS n FROM memory_embeddings GROUP BY tenant_id) t";
+    assert_eq!(count(spread).await, 1, "a tenant's vectors in more than one partition");
+    let index = "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                 WHERE c.relname = 'memory_embeddings_hnsw_before_4' AND i.indisvalid
+                   AND (SELECT count(*) FROM pg_inherits WHERE inhparent = c.oid) = 16";
+    assert_eq!(count(index).await, 1, "the HNSW index did not come back over every partition");
+
+    // A new model's index: built by one of two builders at once, valid over every partition.
+    let (one, two) = tokio::join!(store.ensure_vector_index("n", 4), store.ensure_vector_index("n", 4));
+    let built = [one.expect("one builder"), two.expect("the other")];
+    assert_eq!(built.iter().filter(|b| **b).count(), 1, "{built:?}");
+    assert!(store.has_vector_index("n", 4).await.expect("validity"));
+    assert!(!store.ensure_vector_index("n", 4).await.expect("built already"));
+    pool.close().await;
+    let _ = mnemo_store::drop_database(&admin, &name).await;
+}

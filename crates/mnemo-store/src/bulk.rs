@@ -205,17 +205,19 @@ impl Store {
         let (memory_rows, memory_items_bytes, memory_embeddings_bytes, fulltext_index_bytes): (i64, i64, i64, i64) =
             sqlx::query_as(
                 "SELECT (SELECT count(*) FROM memory_items), pg_total_relation_size('memory_items'),
-                        pg_total_relation_size('memory_embeddings'), pg_relation_size($1::regclass)",
+                        (SELECT sum(pg_total_relation_size(relid))::bigint FROM pg_partition_tree('memory_embeddings')),
+                        pg_relation_size($1::regclass)",
             )
             .bind(FULLTEXT_INDEX)
             .fetch_one(&self.pool)
             .await?;
+        // The partitions' indexes hold it; none when the index is not there.
         let vector_index_bytes: Option<i64> = sqlx::query_scalar(
-            "SELECT pg_relation_size(c.oid)::bigint FROM pg_class c
+            "SELECT sum(pg_relation_size(t.relid))::bigint FROM pg_class c, pg_partition_tree(c.oid) t
              WHERE c.relname = $1 AND c.relnamespace = current_schema()::regnamespace",
         )
         .bind(crate::search::vector_index_name(model, dimensions))
-        .fetch_optional(&self.pool)
+        .fetch_one(&self.pool)
         .await?;
         Ok(Footprint {
             memory_rows,

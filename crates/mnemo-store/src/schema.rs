@@ -39,6 +39,15 @@ impl Migrations {
         Ok(())
     }
 
+    /// Applies apalis' tables and mnemo's migrations only through `version`: the schema an earlier
+    /// build left, for checking what a later migration does to a database that build filled.
+    pub async fn run_through(&self, pool: &PgPool, version: i64) -> Result<(), StoreError> {
+        PostgresStorage::<()>::setup(pool).await?;
+        let through: Vec<_> = self.own.iter().filter(|m| m.version <= version).cloned().collect();
+        Migrator { migrations: through.into(), ..Migrator::DEFAULT }.run(pool).await?;
+        Ok(())
+    }
+
     pub async fn status(&self, pool: &PgPool) -> Result<SchemaStatus, StoreError> {
         let mut status = SchemaStatus { pending: Vec::new(), unknown: Vec::new() };
         let apalis = PostgresStorage::<()>::migrations();

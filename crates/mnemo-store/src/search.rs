@@ -478,26 +478,59 @@ impl Store {
         .await?)
     }
 
-    /// Builds (or rebuilds, if an earlier build was interrupted) the HNSW index for `model`'s
-    /// vectors. Returns whether it built one. Runs CONCURRENTLY: writes go on meanwhile.
+    /// Builds (or finishes, if an earlier build was interrupted) the HNSW index for `model`'s
+    /// vectors: one per partition of `memory_embeddings` (migration 49), each built CONCURRENTLY
+    /// (writes go on meanwhile) and attached to the table's, which is valid once every
+    /// partition's is. Returns whether it built one; false too while another session builds it
+    /// (every worker tries at start).
     pub async fn ensure_vector_index(&self, model: &str, dimensions: usize) -> Result<bool, StoreError> {
         let name = vector_index_name(model, dimensions);
-        match self.index_validity(&name).await? {
-            Some(true) => return Ok(false),
-            Some(false) => {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX CONCURRENTLY IF EXISTS {name}")))
-                    .execute(&self.pool)
-                    .await?;
-            }
-            None => {}
+        if self.index_validity(&name).await? == Some(true) {
+            return Ok(false);
+        }
+        let on = |table: &str| {
+            format!(
+                "{table} USING hnsw ((embedding::vector({dimensions})) vector_cosine_ops) WHERE model = {}",
+                sql_literal(model)
+            )
+        };
+        // One builder at a time (a second would find a partition's index half-built, invalid,
+        // and drop it), under a lock its own connection holds until it closes at the end, built
+        // or not (a pooled one could go back to the pool still holding it).
+        let mut conn = self.pool.acquire().await?.detach();
+        let lock = format!("mnemo vector index {name}");
+        let locked: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))").bind(&lock).fetch_one(&mut conn).await?;
+        // Built by another meanwhile, or being built.
+        if !locked || self.index_validity(&name).await? == Some(true) {
+            return Ok(false);
         }
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON memory_embeddings
-             USING hnsw ((embedding::vector({dimensions})) vector_cosine_ops) WHERE model = {}",
-            sql_literal(model)
+            "CREATE INDEX IF NOT EXISTS {name} ON ONLY {}",
+            on("memory_embeddings")
         )))
-        .execute(&self.pool)
+        .execute(&mut conn)
         .await?;
+        // The partitions of the table, and those of the index (the ones attached).
+        let children = "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                        WHERE i.inhparent = $1::regclass ORDER BY 1";
+        let partitions: Vec<String> =
+            sqlx::query_scalar(children).bind("memory_embeddings").fetch_all(&mut conn).await?;
+        let attached: Vec<String> = sqlx::query_scalar(children).bind(&name).fetch_all(&mut conn).await?;
+        let missing = partitions.iter().filter_map(|partition| {
+            let index = format!("{name}_{}", partition.trim_start_matches("memory_embeddings_"));
+            (!attached.contains(&index)).then_some((partition, index))
+        });
+        for (partition, index) in missing {
+            if self.index_validity(&index).await? == Some(false) {
+                let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {index}");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&mut conn).await?;
+            }
+            let create = format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {}", on(partition));
+            sqlx::raw_sql(sqlx::AssertSqlSafe(create)).execute(&mut conn).await?;
+            let attach = format!("ALTER INDEX {name} ATTACH PARTITION {index}");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(attach)).execute(&mut conn).await?;
+        }
         Ok(true)
     }
 
