@@ -5,10 +5,28 @@
 -- another's"). Now the scan walks its partition's graph, shared only with the tenants hashed there.
 -- Every key already leads with tenant_id (migration 13), so the keys stay as they were.
 --
--- On a large database this copies every vector and builds each model's HNSW index again, inside
--- this migration: recall keeps its index throughout, and writes wait until it ends (about
--- 8 s per 500,000 vectors for the copy, and the HNSW build's time on top). docs/runbook.md
--- ("Upgrading a large database") has the numbers.
+-- It copies every vector and builds each model's HNSW index again (every index named
+-- memory_embeddings_hnsw_*; other indexes made by hand on the table are not kept), with both
+-- memory tables locked: recall and writes of memories wait until it commits, on a replica too.
+-- docs/runbook.md ("Upgrading a large database") says how long that is.
+--
+-- Both tables are locked first, in the order other statements take them (memory_items, then
+-- memory_embeddings), without waiting in their queue: dropping the old table's foreign key locks
+-- memory_items, and taken in the middle that lock would deadlock with any statement holding
+-- memory_items while waiting for the vectors. Busy tables are tried again for a minute.
+DO $$
+BEGIN
+    FOR attempt IN 1..120 LOOP
+        BEGIN
+            LOCK TABLE memory_items, memory_embeddings IN ACCESS EXCLUSIVE MODE NOWAIT;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.5);
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'migration 49 locks memory_items and memory_embeddings, which stayed in use for a minute (a long export, import or transaction?): run it again when they are free';
+END $$;
+
 CREATE TEMP TABLE vector_indexes ON COMMIT DROP AS
 SELECT pg_get_indexdef(i.indexrelid) AS definition
 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
@@ -51,3 +69,5 @@ BEGIN
         EXECUTE d;
     END LOOP;
 END $$;
+
+ANALYZE memory_embeddings;

@@ -254,16 +254,22 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Recall's HNSW index for the model this pool embeds with, built once per database (every
-/// worker tries; CREATE INDEX IF NOT EXISTS makes the others no-ops). Built concurrently, so
-/// writes and embedding go on while it builds.
+/// worker tries; one builds while the others find it built or being built). Built concurrently,
+/// so writes and embedding go on while it builds; a build that fails (a lock it waited too long
+/// for) is tried again a minute later, going on from the partitions done.
 async fn build_vector_index(store: Store, model: String, dimensions: usize) {
     let started = std::time::Instant::now();
-    match store.ensure_vector_index(&model, dimensions).await {
-        Ok(true) => tracing::info!(model, seconds = started.elapsed().as_secs_f64(), "vector index built"),
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(model, error = %e, "cannot build the vector index; recall ranks the tenant class exactly")
+    loop {
+        match store.ensure_vector_index(&model, dimensions).await {
+            Ok(true) => tracing::info!(model, seconds = started.elapsed().as_secs_f64(), "vector index built"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(model, error = %e, "cannot build the vector index yet; recall ranks the tenant class exactly meanwhile");
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                continue;
+            }
         }
+        return;
     }
 }
 

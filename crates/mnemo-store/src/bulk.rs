@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::{Store, StoreError};
 
 /// The full-text (RUM) index the migrations create.
-const FULLTEXT_INDEX: &str = "memory_items_tenant_text_idx";
+const FULLTEXT_INDEX: &str = "memory_items_tsv_idx";
 
 /// One row for [`Store::bulk_load`].
 #[derive(Debug, Clone)]

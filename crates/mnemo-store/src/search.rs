@@ -505,6 +505,12 @@ impl Store {
         if !locked || self.index_validity(&name).await? == Some(true) {
             return Ok(false);
         }
+        // Creating the table's index and attaching a partition's take locks that stall recall and
+        // embedding while they wait (behind a long export, say): they give up instead, and the
+        // caller tries again. A partition's build waits as long as it must: giving up would throw
+        // away what it built.
+        let (give_up, wait) = ("SET lock_timeout = '5s'", "SET lock_timeout = 0");
+        sqlx::query(give_up).execute(&mut conn).await?;
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE INDEX IF NOT EXISTS {name} ON ONLY {}",
             on("memory_embeddings")
@@ -527,7 +533,9 @@ impl Store {
                 sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&mut conn).await?;
             }
             let create = format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {}", on(partition));
+            sqlx::query(wait).execute(&mut conn).await?;
             sqlx::raw_sql(sqlx::AssertSqlSafe(create)).execute(&mut conn).await?;
+            sqlx::query(give_up).execute(&mut conn).await?;
             let attach = format!("ALTER INDEX {name} ATTACH PARTITION {index}");
             sqlx::raw_sql(sqlx::AssertSqlSafe(attach)).execute(&mut conn).await?;
         }
