@@ -211,6 +211,21 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
         .expect("supersede");
     let retried = fact(&app, &ann, derived).await;
     assert_eq!((retried.status, retried.body["was_new"].clone()), (200, json!(false)), "{:?}", retried.body);
+
+    // Another user of the agent restating an agent fact adds no relation to it: refused, as a
+    // revival or a new key of theirs would be. Restated without relations, it lands as before.
+    let agent_fact = json!({"scope": "agent", "content": "the office closes at six"});
+    let office = id_of(&fact(&app, &ann, agent_fact.clone()).await);
+    let bob = principal("acme", Some("bob"), Some("helper"), None);
+    let mut linked = agent_fact.clone();
+    linked["relations"] = json!([{"type": "related_to", "target": target}]);
+    let reply = fact(&app, &bob, linked.clone()).await;
+    assert_eq!((reply.status, reply.code()), (409, "source_ref_conflict"), "{:?}", reply.body);
+    let held = format!("SELECT count(*) FROM memory_relations WHERE item_id = '{office}'");
+    assert_eq!(app.db.count(&held).await, 0);
+    assert_eq!(id_of(&fact(&app, &bob, agent_fact).await), office);
+    assert_eq!(fact(&app, &ann, linked).await.status, 200, "its writer adds relations");
+    assert_eq!(app.db.count(&held).await, 1);
 }
 
 /// A single scope holds what its class holds: `agent` what the agent's other users shared with

@@ -534,7 +534,14 @@ async fn settle(
                 // Only a fact comes back from a delete, re-asserted by its writer, never by a
                 // model (extraction).
                 let may_undelete_it = is_fact && typed.origin != Origin::Extraction && writer;
-                *slot = Some(if sha != rows[i].content_sha256 || (is_fact && readers_differ) || other_session {
+                // Relations are the writer's to add, as reviving and re-keying are: another user of
+                // an agent would hang links on a memory that is not theirs to change.
+                let foreign_relations = !writer && typed.relations.iter().any(|r| r.target != id);
+                *slot = Some(if sha != rows[i].content_sha256
+                    || (is_fact && readers_differ)
+                    || other_session
+                    || foreign_relations
+                {
                     Err(StoreError::SourceRefConflict { existing: id })
                 } else if deleted && !may_undelete_it {
                     // A fact is asserted again by its user; a message or chunk under a
