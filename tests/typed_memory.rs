@@ -677,6 +677,17 @@ async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_f
     let before = chrono::Utc::now() - chrono::Duration::days(130);
     assert_eq!(store.fade_episodic(before, 100).await.expect("fade"), 1);
     assert_eq!(store.fade_episodic(before, 100).await.expect("again"), 0, "fading is not idempotent");
+    // One dated ahead (a booking) decays from its write, not from its date.
+    let ahead = json!({"scope": "user", "content": "ann booked the glacier tour", "layer": "episodic",
+                       "event_time": "2999-01-01T00:00:00Z"});
+    let ahead = id_of(&fact(&app, &in_session("s4"), ahead).await);
+    assert_eq!(store.fade_episodic(before, 100).await.expect("fade"), 0, "written just now");
+    sqlx::query("UPDATE memory_items SET created_at = now() - interval '200 days' WHERE id = $1")
+        .bind(ahead)
+        .execute(&app.db.pool)
+        .await
+        .expect("written long ago");
+    assert_eq!(store.fade_episodic(before, 100).await.expect("fade"), 1, "dated ahead, written long ago");
     let ann = in_session("s3");
     let pack = app.client.post("/v1/memory-pack", Some(&token(&ann)), &json!({"query": "glacier museum"})).await;
     assert_eq!(pack.status, 200, "{:?}", pack.body);

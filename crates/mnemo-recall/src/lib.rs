@@ -328,8 +328,7 @@ impl Recall {
             .filter_map(|(id, score)| {
                 let at = rows.iter().position(|r| r.id == *id)?;
                 let row = rows.swap_remove(at);
-                let last_used = row.last_accessed_at.unwrap_or(row.event_time);
-                let age_days = (now - last_used).num_seconds() as f64 / 86_400.0;
+                let age_days = (now - row.last_used).num_seconds() as f64 / 86_400.0;
                 let factor = signal_factor(
                     &signals,
                     &Signals { importance: row.importance, confidence: row.confidence, age_days },

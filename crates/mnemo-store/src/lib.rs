@@ -7,6 +7,15 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+/// When a memory was last of use, for its decay: its last recall or, never recalled, its
+/// `event_time`, but its write at the latest (a fact dated ahead does not stay fresh until its
+/// day). Fading's and forgetting's indexes are on this expression (migration 51).
+macro_rules! decay_clock {
+    () => {
+        "COALESCE(last_accessed_at, LEAST(event_time, created_at))"
+    };
+}
+
 mod bulk;
 mod consolidation;
 mod conversation;

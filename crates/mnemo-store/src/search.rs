@@ -59,7 +59,8 @@ pub struct RecalledRow {
     pub layer: String,
     pub importance: Option<f32>,
     pub confidence: Option<f32>,
-    pub last_accessed_at: Option<DateTime<Utc>>,
+    /// When it was last of use, for its decay (see `decay_clock!`).
+    pub last_used: DateTime<Utc>,
     pub faded: bool,
     /// A message's role and `name` (a tool output's tool), and the conversation and user it was
     /// written in and for: with the kind, who or what wrote it, and where.
@@ -464,13 +465,14 @@ impl Store {
         ids: &[Uuid],
         include_superseded: bool,
     ) -> Result<Vec<RecalledRow>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT id, source_kind, source_ref, content, event_time, scope, layer, importance, confidence,
-                    last_accessed_at, faded_at IS NOT NULL AS faded, role, tool_name, session_id, user_id
+        Ok(sqlx::query_as(concat!(
+            "SELECT id, source_kind, source_ref, content, event_time, scope, layer, importance, confidence, ",
+            decay_clock!(),
+            " AS last_used, faded_at IS NOT NULL AS faded, role, tool_name, session_id, user_id
              FROM memory_items
              WHERE tenant_id = $1 AND id = ANY($2) AND deleted_at IS NULL AND anonymized_at IS NULL
                AND ($3 OR superseded_by IS NULL)",
-        )
+        ))
         .bind(tenant.as_str())
         .bind(ids)
         .bind(include_superseded)

@@ -58,31 +58,38 @@ WITH groups AS (
 )
 SELECT count(*) FROM promoted";
 
-/// Live episodic memories (not session rows) last used, or dated, before `$1` leave packs; at
-/// most `$2` per run.
-const FADE: &str = "
+/// Live episodic memories (not session rows) last of use ([`decay_clock!`]) before `$1` leave
+/// packs; at most `$2` per run.
+const FADE: &str = concat!(
+    "
 WITH picked AS (
     SELECT tenant_id, id FROM memory_items
     WHERE layer = 'episodic' AND scope <> 'session' AND faded_at IS NULL
       AND deleted_at IS NULL AND anonymized_at IS NULL
-      AND COALESCE(last_accessed_at, event_time) < $1
+      AND ",
+    decay_clock!(),
+    " < $1
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE memory_items m SET faded_at = now()
-FROM picked WHERE m.tenant_id = picked.tenant_id AND m.id = picked.id";
+FROM picked WHERE m.tenant_id = picked.tenant_id AND m.id = picked.id"
+);
 
-/// Episodic facts faded before `$4` (not superseded ones, which have their own TTL) last used,
-/// or dated, before `$1` are deleted, soft (the retention sweep anonymizes them), their validity
+/// Episodic facts faded before `$4` (not superseded ones, which have their own TTL) last of use
+/// ([`decay_clock!`]) before `$1` are deleted, soft (the retention sweep anonymizes them), their validity
 /// ended as an API delete ends it, with an audit row each; at most `$2` per run. Only facts: a
 /// daily note's pieces live as long as their note, and documents as long as their writer keeps
 /// them.
-const FORGET: &str = "
+const FORGET: &str = concat!(
+    "
 WITH picked AS (
     SELECT tenant_id, id FROM memory_items
     WHERE layer = 'episodic' AND source_kind = 'fact' AND scope <> 'session' AND faded_at IS NOT NULL
       AND deleted_at IS NULL AND anonymized_at IS NULL AND superseded_by IS NULL
-      AND COALESCE(last_accessed_at, event_time) < $1 AND faded_at < $4
+      AND ",
+    decay_clock!(),
+    " < $1 AND faded_at < $4
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), deleted AS (
@@ -93,7 +100,8 @@ WITH picked AS (
     INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
     SELECT tenant_id, $3, id, 'decayed', 'maintenance' FROM deleted
 )
-SELECT count(*) FROM deleted";
+SELECT count(*) FROM deleted"
+);
 
 impl Store {
     /// Queues one access batch for `tenant`: the rows a recall returned, as of `at`.
