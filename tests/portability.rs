@@ -901,6 +901,16 @@ async fn extraction_and_consolidation_progress_travel_with_the_tenant() {
     let pending = store.pending_extractions(&workspace).await.expect("pending");
     assert_eq!(pending.len(), 1);
     store.finish_extraction(&workspace, "w1", &pending, "done", "nothing_new", true).await.expect("done");
+    // A later conversation asked for and not yet attempted: the copy holds it pending.
+    let said = json!({ "source_kind": "chat_message", "source_ref": "m2", "content": "I work from home now" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    let (event_time, id) = sqlx::query_as("SELECT event_time, id FROM memory_items WHERE source_ref = 'm2'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("the message");
+    let later_one = mnemo_store::MessageCursor { event_time, id };
+    let asked = store.request_extraction(&workspace, &session, later_one, mnemo_core::TriggerSource::Manual).await;
+    assert!(asked.expect("asked"));
     let note = json!({ "content": "- moved to Lyon\n" });
     let put = app.client.put("/v1/workspace/files/memory/2026-11-30.md", Some(&t), &note).await;
     assert!(put.status < 300, "{:?}", put.body);
@@ -929,23 +939,41 @@ async fn extraction_and_consolidation_progress_travel_with_the_tenant() {
         "a run held at the source holds the copy's consolidation"
     );
 
-    let since: String =
-        sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
-            .fetch_one(&app.db.pool)
-            .await
-            .expect("now");
+    let now = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("now")
+    };
+    // A failed attempt travels with an export --since and replaces the copy's count.
+    let since = now().await;
+    let claim = store.claim_extraction(&workspace, "w1", Duration::ZERO, Duration::from_secs(60)).await;
+    assert!(matches!(claim, Ok(mnemo_store::Claim::Claimed)), "{claim:?}");
+    let pending = store.pending_extractions(&workspace).await.expect("pending");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(store.fail_extraction(&workspace, "w1", &pending, "model_error", false, 5).await.expect("failed"), 1);
+    let attempted = temp("progress-attempted.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&attempted)).await.ok);
+    let run = runbook(&copy.url, &["import", "--tenant", "acme", attempted.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    let attempts = format!("SELECT attempts::int8 FROM memory_extractions WHERE through_id = '{id}'");
+    assert_eq!(copy.count(&attempts).await, 1, "the copy kept the count from before the attempt");
+
+    let since = now().await;
     assert!(runbook(&app.db.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await.ok);
     let later = temp("progress-since.jsonl.gz");
     assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await.ok);
     let progress = "SELECT (SELECT count(*) FROM memory_extractions WHERE user_id = 'u1')
                          + (SELECT count(*) FROM consolidation_state WHERE user_id = 'u1')";
-    assert_eq!(copy.count(progress).await, 2);
+    assert_eq!(copy.count(progress).await, 3);
     let run = runbook(&copy.url, &["import", "--tenant", "acme", later.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(copy.count(progress).await, 0, "the erased user's progress stays in the copy");
     assert!(runbook(&copy.url, &import_full, None).await.ok);
     assert_eq!(copy.count(progress).await, 0, "a copy made before the erasure brought the user's progress back");
-    for path in [full, later] {
+    for path in [full, attempted, later] {
         let _ = std::fs::remove_file(path);
     }
 }

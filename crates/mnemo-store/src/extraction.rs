@@ -138,6 +138,7 @@ WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $5";
 const MARK: &str = "
 UPDATE memory_extractions m
 SET status = $4, reason = $5, attempts = attempts + $6::int,
+    attempted_at = CASE WHEN $6::int > 0 THEN now() ELSE attempted_at END,
     finished_at = CASE WHEN $4 = 'pending' THEN NULL ELSE now() END
 FROM unnest($2::text[], $3::uuid[]) AS k(session_id, through_id)
 WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.through_id
@@ -150,7 +151,7 @@ WHERE m.tenant_id = $1 AND m.session_id = k.session_id AND m.through_id = k.thro
 /// Returns their statuses.
 const MARK_FAILED: &str = "
 UPDATE memory_extractions m
-SET attempts = attempts + 1, reason = $4,
+SET attempts = attempts + 1, reason = $4, attempted_at = now(),
     status = CASE WHEN attempts + 1 >= $5 AND (NOT $8 OR created_at < now() - interval '1 day')
                   THEN 'failed' ELSE 'pending' END,
     finished_at = CASE WHEN attempts + 1 >= $5 AND (NOT $8 OR created_at < now() - interval '1 day')

@@ -27,10 +27,13 @@ pub const EXPORT_TABLES: &[(&str, &str)] = &[
     ("workspace_files", "updated_at"),
     // A version changes once: when retention redacts its text.
     ("workspace_file_versions", "COALESCE(redacted_at, created_at)"),
-    // Asked again, a conversation's row is pending anew from then (`created_at`).
-    ("memory_extractions", "COALESCE(finished_at, created_at)"),
+    ("memory_extractions", EXTRACTION_CHANGED),
     ("consolidation_state", CONSOLIDATION_CHANGED),
 ];
+
+/// When a conversation's extraction last changed: asked (again: pending anew from then), attempted
+/// or finished.
+const EXTRACTION_CHANGED: &str = "GREATEST(created_at, attempted_at, finished_at)";
 
 /// When an (agent, user)'s consolidation state last changed: it has no column of its own for it.
 const CONSOLIDATION_CHANGED: &str = "GREATEST(watermark, last_requested_at, last_scheduled_at, last_finished_at)";
@@ -65,7 +68,7 @@ const CHANGED_IN_PLACE: &[(&str, &[&str], &str)] = &[
     (
         "memory_extractions",
         &["tenant_id", "session_id", "through_id", "agent_id", "user_id"],
-        "COALESCE(r.finished_at, r.created_at) > COALESCE(s.finished_at, s.created_at)",
+        "GREATEST(r.created_at, r.attempted_at, r.finished_at) > GREATEST(s.created_at, s.attempted_at, s.finished_at)",
     ),
     // A run held here is left to finish.
     (
