@@ -844,6 +844,22 @@ async fn packs_keep_their_budgets_and_layer_limits() {
     );
     assert!(context.body["diagnostics"]["memory_pack"]["tokens"].as_u64().expect("tokens") <= 300);
 
+    // A service token's working layer is the path's session, as the session's own token's is.
+    let service = principal("acme", None, Some("helper"), None);
+    let working = |session: &'static str| {
+        let (app, service) = (&app, &service);
+        async move {
+            let body = json!({"current_message": "the kayak", "memory_pack": {"top_k": {"working": 3}}});
+            let context =
+                app.client.post(&format!("/v1/sessions/{session}/context"), Some(&token(service)), &body).await;
+            assert_eq!(context.status, 200, "{:?}", context.body);
+            let items = context.body["diagnostics"]["memory_pack"]["items"].as_array().cloned().unwrap_or_default();
+            items.iter().filter(|i| i["layer"] == "working").count()
+        }
+    };
+    assert_eq!(working("s1").await, 3);
+    assert_eq!(working("s2").await, 0, "another session's messages");
+
     // A current message longer than a query may be (a paste) asks the pack with its end.
     let paste = format!("{}\nwhat about the kayak?", "é lorem ipsum ".repeat(400));
     assert!(paste.len() > mnemo_core::MAX_QUERY_BYTES);

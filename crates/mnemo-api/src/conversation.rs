@@ -185,7 +185,9 @@ pub async fn context(
             pack_request.max_budget_tokens =
                 pack_request.max_budget_tokens.min(u32::try_from(room).unwrap_or(u32::MAX));
             pack_request.soft_budget_tokens = pack_request.soft_budget_tokens.min(pack_request.max_budget_tokens);
-            Some(build_pack(&state.recall, tokenizer, &principal, &pack_request, &RecallOptions::default()).await?)
+            // The working layer is the path's session: a service token is bound to none.
+            let reader = Principal { session: Some(session.clone()), ..principal.clone() };
+            Some(build_pack(&state.recall, tokenizer, &reader, &pack_request, &RecallOptions::default()).await?)
         }
         _ => None,
     };
