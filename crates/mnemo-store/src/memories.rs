@@ -537,35 +537,31 @@ async fn settle(
                 // Relations are the writer's to add, as reviving and re-keying are: another user of
                 // an agent would hang links on a memory that is not theirs to change.
                 let foreign_relations = !writer && typed.relations.iter().any(|r| r.target != id);
-                *slot = Some(
-                    if sha != rows[i].content_sha256
-                        || (is_fact && readers_differ)
-                        || other_session
-                        || foreign_relations
-                    {
-                        Err(StoreError::SourceRefConflict { existing: id })
-                    } else if deleted && !may_undelete_it {
-                        // A fact is asserted again by its user; a message or chunk under a
-                        // deleted row's key is a retry that must not bring the row back, nor may a
-                        // model bring back a fact its user deleted, nor another user of an agent
-                        // an agent fact someone deleted (the row names its first writer).
-                        Err(StoreError::SourceRefDeleted { existing: id })
-                    } else if is_fact && superseded && !writer {
-                        // Another user's fact that a newer one replaced: theirs to bring back.
-                        Err(StoreError::SourceRefConflict { existing: id })
-                    } else {
-                        if is_fact {
-                            reasserted_facts.push(id);
-                            reasserted_tenants.push(rows[i].tenant.as_str());
-                            may_undelete.push(may_undelete_it);
-                            may_revive.push(writer);
-                            // Only its writer re-keys a fact: another user of an agent would retire
-                            // the writer's facts of that key through it.
-                            reasserted_keys.push(rows[i].fact_key.as_ref().filter(|_| writer).map(|k| k.as_str()));
-                        }
-                        Ok(Remembered { id, was_new: false })
-                    },
-                );
+                let conflict =
+                    sha != rows[i].content_sha256 || (is_fact && readers_differ) || other_session || foreign_relations;
+                *slot = Some(if conflict {
+                    Err(StoreError::SourceRefConflict { existing: id })
+                } else if deleted && !may_undelete_it {
+                    // A fact is asserted again by its user; a message or chunk under a
+                    // deleted row's key is a retry that must not bring the row back, nor may a
+                    // model bring back a fact its user deleted, nor another user of an agent
+                    // an agent fact someone deleted (the row names its first writer).
+                    Err(StoreError::SourceRefDeleted { existing: id })
+                } else if is_fact && superseded && !writer {
+                    // Another user's fact that a newer one replaced: theirs to bring back.
+                    Err(StoreError::SourceRefConflict { existing: id })
+                } else {
+                    if is_fact {
+                        reasserted_facts.push(id);
+                        reasserted_tenants.push(rows[i].tenant.as_str());
+                        may_undelete.push(may_undelete_it);
+                        may_revive.push(writer);
+                        // Only its writer re-keys a fact: another user of an agent would retire
+                        // the writer's facts of that key through it.
+                        reasserted_keys.push(rows[i].fact_key.as_ref().filter(|_| writer).map(|k| k.as_str()));
+                    }
+                    Ok(Remembered { id, was_new: false })
+                });
             }
         }
     }
