@@ -214,6 +214,32 @@ async fn a_run_taken_over_changes_nothing() {
     assert_eq!(versions, 1);
 }
 
+/// A run the user's erasure cuts short (their notes and the run's state deleted under it) ends
+/// without an error, which the worker would answer with a retry naming the erased user.
+#[tokio::test]
+async fn a_run_the_users_erasure_cuts_short_leaves_nothing_naming_them() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    note(&app, &t, 0, "- booked Lisbon").await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let runner = runner(&app, &chat, &[]);
+    let store = app.db.store();
+    let (tenant, user) = (TenantId::parse("acme").expect("tenant"), UserId::parse("ann").expect("user"));
+    let erase = async {
+        assert!(mnemo_testkit::wait_until(Duration::from_secs(5), || async { chat.requests().len() == 1 }).await);
+        mnemo_jobs::erase_user(&store, &tenant, &user, 100, false, "runbook", |_, _| {}).await.expect("erase");
+    };
+    let once = job();
+    let (run, ()) = tokio::join!(runner.run(&once), erase);
+    assert_eq!(run.expect("an error would be retried"), ConsolidateReport::NothingNew);
+    let naming = "SELECT (SELECT count(*) FROM consolidation_state WHERE user_id = 'ann')
+                       + (SELECT count(*) FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%')";
+    assert_eq!(app.db.count(naming).await, 0);
+    assert_eq!(runner.run(&job()).await.expect("again"), ConsolidateReport::NothingNew);
+    assert_eq!(app.db.count(naming).await, 0);
+}
+
 #[tokio::test]
 async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_agent() {
     let chat = ScriptedChat::start().await;

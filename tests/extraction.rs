@@ -911,6 +911,32 @@ async fn an_edit_made_during_the_model_call_is_never_overwritten() {
     assert_eq!(app.db.count(by_extraction).await, 0);
 }
 
+/// A run the user's erasure cuts short (their progress and run deleted under it) ends without an
+/// error, which the worker would answer with a retry naming the erased user.
+#[tokio::test]
+async fn a_run_the_users_erasure_cuts_short_leaves_nothing_naming_them() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    chat.delay_every_answer(Duration::from_millis(600));
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let (store, once) = (app.db.store(), job());
+    let erase = async {
+        assert!(wait_until(Duration::from_secs(5), || async { chat.requests().len() == 1 }).await);
+        mnemo_jobs::erase_user(&store, &once.tenant_id, &once.user_id, 100, false, "test", |_, _| {})
+            .await
+            .expect("erase");
+    };
+    let (run, ()) = tokio::join!(runner.run(&once), erase);
+    assert_eq!(run.expect("an error would be retried"), ExtractReport::Nothing);
+    let naming = "SELECT (SELECT count(*) FROM memory_extractions WHERE user_id = 'ann')
+                       + (SELECT count(*) FROM extraction_runs WHERE user_id = 'ann')
+                       + (SELECT count(*) FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%')";
+    assert_eq!(app.db.count(naming).await, 0);
+}
+
 /// Ann's profile and completed conversation, and an extraction whose model answers slowly;
 /// `change` runs once the model is asked (the files have been read). The run's report, and the
 /// answer to the change.

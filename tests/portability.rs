@@ -915,7 +915,16 @@ async fn extraction_and_consolidation_progress_travel_with_the_tenant() {
     let put = app.client.put("/v1/workspace/files/memory/2026-11-30.md", Some(&t), &note).await;
     assert!(put.status < 300, "{:?}", put.body);
     store.request_consolidation(&workspace, None).await.expect("asked");
-    assert!(store.claim_consolidation(&workspace, "w1", Duration::from_secs(3600)).await.expect("claimed"));
+    let job = mnemo_store::queue::ConsolidateJob {
+        tenant_id: workspace.tenant.clone(),
+        agent_id: workspace.agent.clone(),
+        user_id: UserId::parse("u1").expect("user"),
+    };
+    let claim = |store: mnemo_store::Store, worker: &'static str| {
+        let job = job.clone();
+        async move { store.claim_consolidation(&job, worker, Duration::from_secs(3600), Duration::from_secs(5)).await }
+    };
+    assert_eq!(claim(store.clone(), "w1").await.expect("claimed"), mnemo_store::ConsolidationClaim::Claimed);
 
     let full = temp("progress.jsonl.gz");
     assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&full)).await.ok);
@@ -934,8 +943,9 @@ async fn extraction_and_consolidation_progress_travel_with_the_tenant() {
         sqlx::query_scalar(state).fetch_one(&copy.pool).await.expect("copy state"),
     );
     assert_eq!(ours, theirs);
-    assert!(
-        copy.store().claim_consolidation(&workspace, "w2", Duration::from_secs(3600)).await.expect("claim"),
+    assert_eq!(
+        claim(copy.store(), "w2").await.expect("claim"),
+        mnemo_store::ConsolidationClaim::Claimed,
         "a run held at the source holds the copy's consolidation"
     );
 

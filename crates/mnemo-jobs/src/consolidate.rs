@@ -14,7 +14,7 @@ use mnemo_core::{
     Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath,
 };
 use mnemo_store::queue::ConsolidateJob;
-use mnemo_store::{ChangedNote, Replacement, Store, StoreError};
+use mnemo_store::{ChangedNote, ConsolidationClaim, Replacement, Store, StoreError};
 
 use crate::{JobError, UndoIfDropped};
 
@@ -65,15 +65,10 @@ impl ConsolidateRunner {
         }
         let workspace =
             Workspace { tenant: job.tenant_id.clone(), agent: job.agent_id.clone(), user: Some(job.user_id.clone()) };
-        // No note, nothing to read: no run is taken, and no idle state row is left naming the
-        // user (an erased one above all).
-        if !self.store.has_daily_notes(&workspace).await? {
-            self.store.forget_idle_consolidation(&workspace).await?;
-            return Ok(ConsolidateReport::NothingNew);
-        }
-        if !self.store.claim_consolidation(&workspace, &self.worker, self.stale_after).await? {
-            self.store.retry_after(job, Duration::from_secs(5)).await?;
-            return Ok(ConsolidateReport::Held);
+        match self.store.claim_consolidation(job, &self.worker, self.stale_after, Duration::from_secs(5)).await? {
+            ConsolidationClaim::Claimed => {}
+            ConsolidationClaim::Held => return Ok(ConsolidateReport::Held),
+            ConsolidationClaim::NoNote => return self.nothing_to_read(&workspace).await,
         }
         // Cut off midway, the run is released as a failed one is below.
         let cut_off = {
@@ -87,6 +82,11 @@ impl ConsolidateRunner {
         let Ok((report, more)) = result else {
             // Whatever failed, the run is not left held until it goes stale.
             let _ = self.store.finish_consolidation(&workspace, &self.worker, None, None, "failed", "error").await;
+            // The user erased during the run (their notes and state gone with them, hence the
+            // failure): a retry would name them in the queue again.
+            if !self.store.has_daily_notes(&workspace).await? {
+                return self.nothing_to_read(&workspace).await;
+            }
             return result.map(|(report, _)| report);
         };
         // After the run is released and nothing may end it any more: the run's ownership is
@@ -96,6 +96,13 @@ impl ConsolidateRunner {
             self.store.request_consolidation(&workspace, None).await?;
         }
         Ok(report)
+    }
+
+    /// The user has no daily note, so nothing to read: no run is taken, and no idle state row is
+    /// left naming them (an erased user above all).
+    async fn nothing_to_read(&self, workspace: &Workspace) -> Result<ConsolidateReport, JobError> {
+        self.store.forget_idle_consolidation(workspace).await?;
+        Ok(ConsolidateReport::NothingNew)
     }
 
     /// What the model would be asked now, without taking the run: the notes not yet read at

@@ -110,6 +110,11 @@ impl ExtractRunner {
         if result.is_err() {
             // Whatever failed, the run is not left held until it goes stale.
             let _ = self.store.finish_extraction(&workspace, &self.worker, &[], "pending", "", false).await;
+            // The user erased during the run (their conversations' progress gone with them,
+            // hence the failure): a retry would name them in the queue again.
+            if self.store.pending_extractions(&workspace).await?.is_empty() {
+                return Ok(ExtractReport::Nothing);
+            }
         }
         result
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use mnemo_core::{AgentId, TenantId, UserId, Workspace, WorkspacePath};
 
-use crate::queue::{ConsolidateJob, push};
+use crate::queue::{ConsolidateJob, push, push_after};
 use crate::workspace::{Replacement, current, key_in, lock, replace_core_file, share_user_files, user_of};
 use crate::{Store, StoreError};
 
@@ -127,6 +127,16 @@ UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_f
     failures = CASE WHEN $5 <> 'failed' THEN 0 WHEN $6 IN ('memory_changed', 'notes_changed', 'error') THEN failures ELSE failures + 1 END
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $7";
 
+/// What a claim of an (agent, user)'s consolidation run found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsolidationClaim {
+    Claimed,
+    /// Another run holds it: the job was queued again.
+    Held,
+    /// The user has no live daily note (erased since the job was queued, say): nothing to run.
+    NoNote,
+}
+
 /// A daily note to consolidate, at the version read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChangedNote {
@@ -237,27 +247,45 @@ impl Store {
         Ok(())
     }
 
-    /// Takes the (agent, user)'s consolidation run; false when another holds it.
+    /// Takes `job`'s (agent, user)'s consolidation run. When another run holds it, `job` is queued
+    /// again after `retry_in` in the claim's transaction, under the user's files: an erasure
+    /// either commits first (then the user has no note, and nothing is queued) or waits, and its
+    /// clean-up of the queue finds the retry.
     pub async fn claim_consolidation(
         &self,
-        workspace: &Workspace,
+        job: &ConsolidateJob,
         worker: &str,
         stale: Duration,
-    ) -> Result<bool, StoreError> {
-        let user = user_of(workspace)?;
+        retry_in: Duration,
+    ) -> Result<ConsolidationClaim, StoreError> {
+        let (tenant, agent, user) = (job.tenant_id.as_str(), job.agent_id.as_str(), job.user_id.as_str());
         // Under the user's files, shared: an erasure committing meanwhile is seen by the claim.
         let mut tx = self.pool.begin().await?;
-        share_user_files(&mut tx, workspace.tenant.as_str(), user).await?;
+        share_user_files(&mut tx, tenant, user).await?;
         let claimed: Option<bool> = sqlx::query_scalar(CLAIM)
-            .bind(workspace.tenant.as_str())
-            .bind(workspace.agent.as_str())
+            .bind(tenant)
+            .bind(agent)
             .bind(user)
             .bind(worker)
             .bind(stale.as_secs_f64())
             .fetch_optional(&mut *tx)
             .await?;
+        let claim = if claimed.is_some() {
+            ConsolidationClaim::Claimed
+        } else if sqlx::query_scalar(concat!("SELECT ", has_daily_note!()))
+            .bind(tenant)
+            .bind(agent)
+            .bind(user)
+            .fetch_one(&mut *tx)
+            .await?
+        {
+            push_after(&mut tx, job, retry_in, 0).await?;
+            ConsolidationClaim::Held
+        } else {
+            ConsolidationClaim::NoNote
+        };
         tx.commit().await?;
-        Ok(claimed.is_some())
+        Ok(claim)
     }
 
     /// The daily notes of days from `since` on that consolidation has not read at their current

@@ -39,7 +39,7 @@ mod typed;
 mod workspace;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
-pub use consolidation::ChangedNote;
+pub use consolidation::{ChangedNote, ConsolidationClaim};
 pub use conversation::{
     Compaction, MessageCursor, NewCompaction, PendingCompaction, Recording, STALE_REQUEST, SessionMessage,
     SessionState, SessionSummary,
