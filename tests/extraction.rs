@@ -641,6 +641,45 @@ async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words
     assert_eq!(app.db.count(&format!("{done}'bob'")).await, 0, "ann's run marked only her conversation");
 }
 
+/// A reply to a user (a row carrying no user after theirs) is erased with them: it may repeat
+/// their words, and with their rows gone it would read as a reply to the user before them.
+#[tokio::test]
+async fn replies_to_an_erased_user_leave_with_them_and_never_become_another_users() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), Some("s1")));
+    let agent = token(&principal("acme", None, Some("helper"), Some("s1")));
+    say(&app, &agent, "assistant", "Welcome both of you.").await;
+    say(&app, &bob, "user", "I am Bob and I am allergic to peanuts").await;
+    say(&app, &agent, "assistant", "Bob, your peanut allergy is in your file.").await;
+    say(&app, &ann, "user", "remember that I travel to Lyon in May").await;
+    say(&app, &agent, "assistant", "Ann, Lyon in May is noted.").await;
+    say(&app, &bob, "user", "and remember that I like trains").await;
+    let (store, tenant) = (app.db.store(), TenantId::parse("acme").expect("tenant"));
+    let ann_id = UserId::parse("ann").expect("user");
+    let plan = mnemo_jobs::erase_user(&store, &tenant, &ann_id, 100, true, "test", |_, _| {}).await.expect("plan");
+    assert_eq!(plan.plan.rows_by_kind.get("chat_message"), Some(&2), "her message and the reply to it");
+    mnemo_jobs::erase_user(&store, &tenant, &ann_id, 100, false, "test", |_, _| {}).await.expect("erase");
+    let kept = |text: &'static str| {
+        let app = &app;
+        async move {
+            let sql =
+                format!("SELECT count(*) FROM memory_items WHERE anonymized_at IS NULL AND content LIKE '%{text}%'");
+            app.db.count(&sql).await
+        }
+    };
+    assert_eq!(kept("Lyon").await, 0, "the reply to ann stayed");
+    assert_eq!((kept("Welcome").await, kept("peanut allergy").await), (1, 1), "everyone's and bob's replies stay");
+
+    // Bob's extraction is shown his words and the replies to him, nothing of ann's.
+    assert_eq!(complete(&app, &bob, "s1", "web").await["queued"], true);
+    let bobs = ExtractJob { user_id: UserId::parse("bob").expect("user"), ..job() };
+    runner(&app, Some(&chat), &[]).run(&bobs).await.expect("bob's run");
+    let transcript = transcripts(&chat, 0).remove(0);
+    assert!(transcript.contains("peanut allergy is in your file") && !transcript.contains("Lyon"), "{transcript}");
+}
+
 /// A conversation whose messages were all shown already (an earlier extraction of the session
 /// read them), or are another user's, is done without a model call; and a compaction recorded
 /// after a later conversation of its session was extracted asks for nothing.

@@ -721,10 +721,11 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     let said = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "my secret plan" });
     let said = app.client.post("/v1/memories", Some(&t), &said).await;
     assert_eq!(said.status, 201);
-    // The agent's answer, whose vector is made with the words of the turn before it.
-    let agent = token(&principal("acme", None, Some("a1"), Some("s1")));
+    // Another user's turn after it, whose vector is made with the words of the turn before it
+    // (an agent's reply would be erased with u1).
+    let other = token(&principal("acme", Some("u2"), Some("a1"), Some("s1")));
     let answer = json!({ "source_kind": "chat_message", "source_ref": "m2", "content": "a fine plan" });
-    let answer = app.client.post("/v1/memories", Some(&agent), &answer).await;
+    let answer = app.client.post("/v1/memories", Some(&other), &answer).await;
     assert_eq!(answer.status, 201);
     let id = |reply: &mnemo_testkit::Reply| reply.body["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()).expect("id");
     let (said, answer) = (id(&said), id(&answer));

@@ -254,6 +254,9 @@ pub async fn erase_user(
     // made recall rows that the next row pass erases.
     let mut workspace_files = store.erase_user_workspace(tenant, user).await?;
     loop {
+        // The replies to the user first: they are known by the user's rows before them.
+        let sessions = store.user_sessions(tenant, user).await?;
+        done = erase_replies(store, tenant, user, &sessions, batch_size, actor, &mut report, done).await?;
         done = erase_rows(store, tenant, user, batch_size, actor, &mut report, done, total, &mut progress).await?;
         let files = store.erase_user_workspace(tenant, user).await?;
         if files == 0 {
@@ -298,12 +301,39 @@ async fn erase_summaries(
     done: u64,
 ) -> Result<u64, StoreError> {
     let summaries = store.erase_session_summaries(tenant, sessions, actor).await?;
-    for (_, kind) in &summaries {
+    Ok(tally(report, &summaries, done))
+}
+
+/// Counts rows an erasure anonymized, by kind and in the metrics; returns `done` plus them.
+fn tally(report: &mut ErasureReport, erased: &[(Uuid, String)], done: u64) -> u64 {
+    for (_, kind) in erased {
         *report.anonymized.entry(kind.clone()).or_default() += 1;
     }
     metrics::counter!("mnemo_anonymized_rows_total", "reason" => AnonymizeReason::Erasure.as_str())
-        .increment(summaries.len() as u64);
-    Ok(done + summaries.len() as u64)
+        .increment(erased.len() as u64);
+    done + erased.len() as u64
+}
+
+/// Erases the replies to `user` in `sessions` (see [`Store::erase_user_replies`]), a batch at a
+/// time until none is left; returns `done` plus those erased.
+#[allow(clippy::too_many_arguments)]
+async fn erase_replies(
+    store: &Store,
+    tenant: &TenantId,
+    user: &UserId,
+    sessions: &[String],
+    batch_size: u32,
+    actor: &str,
+    report: &mut ErasureReport,
+    mut done: u64,
+) -> Result<u64, StoreError> {
+    loop {
+        let batch = store.erase_user_replies(tenant, user, sessions, i64::from(batch_size.max(1)), actor).await?;
+        if batch.is_empty() {
+            return Ok(done);
+        }
+        done = tally(report, &batch, done);
+    }
 }
 
 /// Erases the rows carrying `user`, a page of ids at a time, then checks again from the start:
@@ -332,12 +362,7 @@ async fn erase_rows(
             continue;
         };
         after = last;
-        for (_, kind) in &batch {
-            *report.anonymized.entry(kind.clone()).or_default() += 1;
-        }
-        metrics::counter!("mnemo_anonymized_rows_total", "reason" => AnonymizeReason::Erasure.as_str())
-            .increment(batch.len() as u64);
-        done += batch.len() as u64;
+        done = tally(report, &batch, done);
         progress(done, total.max(done));
     }
 }

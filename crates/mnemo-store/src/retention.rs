@@ -161,6 +161,15 @@ macro_rules! users_sessions {
 const SUMMARY_OF_USERS_SESSION: &str =
     concat!("m.source_kind = 'session_summary' AND m.session_id IN (", users_sessions!(), ")");
 
+/// A conversation row `m` of tenant `$1` carrying no user that replies to user `$2` (see
+/// `replied_to!`): written to them, it may repeat what they said.
+const REPLY_TO_USER: &str = concat!(
+    "m.scope = 'session' AND m.source_kind IN ('chat_message', 'tool_output') AND m.user_id IS NULL
+     AND m.anonymized_at IS NULL AND ",
+    replied_to!(),
+    " = $2"
+);
+
 /// Anonymizes rows `$2` (with reasons `$3`) of tenant `$1`, audited as event `$4` by actor `$5`.
 /// Returns (id, source_kind, reason) of each row anonymized.
 const ANONYMIZE: &str = "
@@ -632,7 +641,12 @@ impl Store {
              SELECT m.source_kind, count(*) FROM memory_items m
              WHERE m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION} AND m.user_id IS DISTINCT FROM $2
                AND m.anonymized_at IS NULL
-             GROUP BY 1"
+             GROUP BY 1
+             UNION ALL
+             SELECT m.source_kind, count(*) FROM memory_items m
+             WHERE m.tenant_id = $1 AND m.session_id IN ({sessions}) AND {REPLY_TO_USER}
+             GROUP BY 1",
+            sessions = users_sessions!(),
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())
@@ -758,6 +772,35 @@ impl Store {
         )
         .bind(tenant.as_str())
         .bind(sessions)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows = anonymize(&mut tx, tenant, picked, actor).await?;
+        tx.commit().await?;
+        Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
+    }
+
+    /// Soft-deletes and anonymizes up to `limit` of the rows of `sessions` that reply to `user`
+    /// ([`REPLY_TO_USER`]), in one transaction. Before the user's own rows, whose user the
+    /// replies are known by. Returns (id, source_kind) of each.
+    pub async fn erase_user_replies(
+        &self,
+        tenant: &TenantId,
+        user: &UserId,
+        sessions: &[String],
+        limit: i64,
+        actor: &str,
+    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
+        let picked = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT m.id, 'erasure' FROM memory_items m
+             WHERE m.tenant_id = $1 AND m.session_id = ANY($3) AND {REPLY_TO_USER}
+             ORDER BY m.id LIMIT $4 FOR UPDATE OF m"
+        )))
+        .bind(tenant.as_str())
+        .bind(user.as_str())
+        .bind(sessions)
+        .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
         let rows = anonymize(&mut tx, tenant, picked, actor).await?;
