@@ -256,3 +256,58 @@ ORDER BY p.agent_id, p.user_id;
 EXPLAIN (ANALYZE, COSTS off) EXECUTE status_new('big');
 \echo == memory status of a tenant with 1,000 pairs: before (two counts a pair)
 EXPLAIN (ANALYZE, COSTS off) EXECUTE status_old('big');
+
+-- RECORD_COMPACTION (conversation.rs), each compaction recorded, here one whose plan started at
+-- the latest of the session's 3,000 records
+PREPARE record_latest(text, text, uuid, timestamptz, int, text, text, uuid, text, text, timestamptz, uuid, uuid[]) AS
+INSERT INTO session_compactions
+    (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger,
+     participants)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+       ARRAY(SELECT DISTINCT encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex') FROM memory_items m
+             WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[]) AND m.user_id IS NOT NULL)
+WHERE NOT EXISTS (
+    SELECT 1 FROM (SELECT through_time, through_id FROM session_compactions
+                   WHERE tenant_id = $1 AND session_id = $2
+                   ORDER BY through_time DESC, through_id DESC LIMIT 1) latest
+    WHERE (through_time, through_id) >= ($4, $3) OR $11::timestamptz IS NULL
+       OR (through_time, through_id) > ($11, $12)
+)
+ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING;
+PREPARE record_every(text, text, uuid, timestamptz, int, text, text, uuid, text, text, timestamptz, uuid, uuid[]) AS
+INSERT INTO session_compactions
+    (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger,
+     participants)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+       ARRAY(SELECT DISTINCT encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex') FROM memory_items m
+             WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[]) AND m.user_id IS NOT NULL)
+WHERE NOT EXISTS (
+    SELECT 1 FROM session_compactions
+    WHERE tenant_id = $1 AND session_id = $2
+      AND ((through_time, through_id) >= ($4, $3) OR $11::timestamptz IS NULL
+           OR (through_time, through_id) > ($11, $12))
+)
+ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING;
+SELECT through_time AS latest_time, through_id AS latest_id FROM session_compactions
+WHERE tenant_id = 'big' AND session_id = 'long' ORDER BY through_time DESC, through_id DESC LIMIT 1 \gset
+\echo == record a compaction: the latest record alone
+BEGIN; EXPLAIN (ANALYZE, COSTS off) EXECUTE record_latest('big', 'long', gen_random_uuid(), now(), 30, 'summarized', NULL,
+    NULL, 'm', 'messages', :'latest_time', :'latest_id', '{}'); ROLLBACK;
+\echo == record a compaction: before (every record of the session)
+BEGIN; EXPLAIN (ANALYZE, COSTS off) EXECUTE record_every('big', 'long', gen_random_uuid(), now(), 30, 'summarized', NULL,
+    NULL, 'm', 'messages', :'latest_time', :'latest_id', '{}'); ROLLBACK;
+
+-- PRUNE_SESSIONS (maintenance.rs), each maintenance run (every 6 hours by default): not changed,
+-- measured for what a scan of every session row costs at this size
+PREPARE prune_sessions(int, bigint) AS
+SELECT m.tenant_id, m.id FROM memory_items m
+WHERE m.scope = 'session' AND m.source_kind IN ('chat_message', 'tool_output', 'session_summary')
+  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL AND m.event_time < now() - make_interval(days => $1)
+  AND NOT EXISTS (
+      SELECT 1 FROM memory_items n
+      WHERE n.tenant_id = m.tenant_id AND n.session_id = m.session_id AND n.scope = 'session'
+        AND n.source_kind IN ('chat_message', 'tool_output') AND n.deleted_at IS NULL AND n.anonymized_at IS NULL
+        AND n.event_time >= now() - make_interval(days => $1))
+LIMIT $2;
+\echo == rows of idle sessions to prune: none idle for 2 days, every row older
+EXPLAIN (ANALYZE, COSTS off) EXECUTE prune_sessions(2, 1000);

@@ -199,12 +199,15 @@ SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
        ARRAY(SELECT DISTINCT encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex') FROM memory_items m
              WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[]) AND m.user_id IS NOT NULL)
 WHERE NOT EXISTS (
-    SELECT 1 FROM session_compactions
-    WHERE tenant_id = $1 AND session_id = $2
-      -- Recorded already, or another job recorded past where this one's plan started: its
-      -- summary would be dropped for this one's, which does not include it.
-      AND ((through_time, through_id) >= ($4, $3) OR $11::timestamptz IS NULL
-           OR (through_time, through_id) > ($11, $12))
+    -- The latest record alone: each test holds for it when it holds for any earlier one (read
+    -- whole, the session's every compaction was read at each record).
+    SELECT 1 FROM (SELECT through_time, through_id FROM session_compactions
+                   WHERE tenant_id = $1 AND session_id = $2
+                   ORDER BY through_time DESC, through_id DESC LIMIT 1) latest
+    -- Recorded already, or another job recorded past where this one's plan started: its
+    -- summary would be dropped for this one's, which does not include it.
+    WHERE (through_time, through_id) >= ($4, $3) OR $11::timestamptz IS NULL
+       OR (through_time, through_id) > ($11, $12)
 )
 ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING";
 
