@@ -961,6 +961,26 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
             .await,
         2
     );
+
+    // A plan that started at the first of the two records, recorded after the second: overtaken
+    // by the latest record, whatever the earlier ones say.
+    let recorded = store.session_compactions(&tenant, &session).await.expect("compactions");
+    assert_eq!(recorded.len(), 2);
+    let first = recorded.iter().min_by_key(|c| (c.through_time, c.through_id)).expect("a record");
+    let messages = store.session_messages(&tenant, &session, None, 100).await.expect("messages");
+    let from_first = mnemo_store::NewCompaction {
+        from: Some(mnemo_store::MessageCursor { event_time: first.through_time, id: first.through_id }),
+        through: messages.last().expect("a message").cursor(),
+        covered: messages
+            .iter()
+            .filter(|m| (m.event_time, m.id) > (first.through_time, first.through_id))
+            .map(|m| m.id)
+            .collect(),
+        summary_id: None,
+        outcome: CompactionOutcome::Truncated,
+        ..stale
+    };
+    assert_eq!(store.record_compaction(&tenant, &session, &from_first).await.expect("record"), Recording::Overtaken);
 }
 
 fn live(id: uuid::Uuid) -> String {
