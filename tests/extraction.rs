@@ -655,11 +655,16 @@ async fn replies_to_an_erased_user_leave_with_them_and_never_become_another_user
     say(&app, &agent, "assistant", "Bob, your peanut allergy is in your file.").await;
     say(&app, &ann, "user", "remember that I travel to Lyon in May").await;
     say(&app, &agent, "assistant", "Ann, Lyon in May is noted.").await;
+    // A reply to a message she deleted is hers too.
+    say(&app, &ann, "user", "my passport number is X123").await;
+    let deleted = "UPDATE memory_items SET deleted_at = now() WHERE content LIKE '%passport number%'";
+    sqlx::query(deleted).execute(&app.db.pool).await.expect("deleted");
+    say(&app, &agent, "assistant", "Your passport X123 is noted.").await;
     say(&app, &bob, "user", "and remember that I like trains").await;
     let (store, tenant) = (app.db.store(), TenantId::parse("acme").expect("tenant"));
     let ann_id = UserId::parse("ann").expect("user");
     let plan = mnemo_jobs::erase_user(&store, &tenant, &ann_id, 100, true, "test", |_, _| {}).await.expect("plan");
-    assert_eq!(plan.plan.rows_by_kind.get("chat_message"), Some(&2), "her message and the reply to it");
+    assert_eq!(plan.plan.rows_by_kind.get("chat_message"), Some(&4), "her messages and the replies to them");
     mnemo_jobs::erase_user(&store, &tenant, &ann_id, 100, false, "test", |_, _| {}).await.expect("erase");
     let kept = |text: &'static str| {
         let app = &app;
@@ -669,7 +674,7 @@ async fn replies_to_an_erased_user_leave_with_them_and_never_become_another_user
             app.db.count(&sql).await
         }
     };
-    assert_eq!(kept("Lyon").await, 0, "the reply to ann stayed");
+    assert_eq!((kept("Lyon").await, kept("passport").await), (0, 0), "a reply to ann stayed");
     assert_eq!((kept("Welcome").await, kept("peanut allergy").await), (1, 1), "everyone's and bob's replies stay");
 
     // Bob's extraction is shown his words and the replies to him, nothing of ann's.
@@ -1079,24 +1084,23 @@ async fn a_claim_racing_an_erasure_leaves_no_row_naming_the_user() {
         "SELECT pg_advisory_xact_lock(hashtextextended('user files/' || 'acme' || '/' || 'ann', 0))",
         "DELETE FROM memory_extractions WHERE tenant_id = 'acme' AND user_id = 'ann'",
         "DELETE FROM extraction_runs WHERE tenant_id = 'acme' AND user_id = 'ann'",
+        "DELETE FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%'",
     ] {
         sqlx::query(statement).execute(&mut *erasure).await.expect(statement);
     }
-    let workspace = mnemo_core::Workspace {
-        tenant: TenantId::parse("acme").expect("tenant"),
-        agent: AgentId::parse("helper").expect("agent"),
-        user: Some(UserId::parse("ann").expect("user")),
-    };
     let store = app.db.store();
-    let claim = tokio::spawn(async move {
-        store.claim_extraction(&workspace, "racer", Duration::ZERO, Duration::from_secs(60)).await
-    });
+    let claim =
+        tokio::spawn(
+            async move { store.claim_extraction(&job(), "racer", Duration::ZERO, Duration::from_secs(60)).await },
+        );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!claim.is_finished(), "the claim waits for the erasure");
     erasure.commit().await.expect("commit");
     let claimed = claim.await.expect("task").expect("claim");
-    assert!(matches!(claimed, mnemo_store::Claim::Wait(_)), "{claimed:?}");
+    assert_eq!(claimed, mnemo_store::Claim::Nothing);
     assert_eq!(app.db.count(runs).await, 0, "no run row names the erased user");
+    let jobs = "SELECT count(*) FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%'";
+    assert_eq!(app.db.count(jobs).await, 0, "no retry names the erased user");
 }
 
 /// A long run of tool traffic after what the user said does not crowd it out of the transcript:

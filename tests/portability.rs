@@ -895,9 +895,14 @@ async fn extraction_and_consolidation_progress_travel_with_the_tenant() {
         .await
         .expect("the message");
     let through = mnemo_store::MessageCursor { event_time, id };
+    let extract_job = mnemo_store::queue::ExtractJob {
+        tenant_id: workspace.tenant.clone(),
+        agent_id: workspace.agent.clone(),
+        user_id: UserId::parse("u1").expect("user"),
+    };
     let asked = store.request_extraction(&workspace, &session, through, mnemo_core::TriggerSource::Manual).await;
     assert!(asked.expect("asked"));
-    let claim = store.claim_extraction(&workspace, "w1", Duration::ZERO, Duration::from_secs(60)).await;
+    let claim = store.claim_extraction(&extract_job, "w1", Duration::ZERO, Duration::from_secs(60)).await;
     assert!(matches!(claim, Ok(mnemo_store::Claim::Claimed)), "{claim:?}");
     let pending = store.pending_extractions(&workspace).await.expect("pending");
     assert_eq!(pending.len(), 1);
@@ -960,7 +965,7 @@ async fn extraction_and_consolidation_progress_travel_with_the_tenant() {
     };
     // A failed attempt travels with an export --since and replaces the copy's count.
     let since = now().await;
-    let claim = store.claim_extraction(&workspace, "w1", Duration::ZERO, Duration::from_secs(60)).await;
+    let claim = store.claim_extraction(&extract_job, "w1", Duration::ZERO, Duration::from_secs(60)).await;
     assert!(matches!(claim, Ok(mnemo_store::Claim::Claimed)), "{claim:?}");
     let pending = store.pending_extractions(&workspace).await.expect("pending");
     assert_eq!(pending.len(), 1);

@@ -1040,7 +1040,7 @@ async fn text_counts_stay_exact_when_saves_and_erasures_race() {
     let alice = mnemo_core::UserId::parse("alice").expect("user");
     let erased = store.erase_user_rows(&acme.tenant, &alice, Uuid::nil(), 1000, "test").await;
     saves.join_all().await;
-    assert_eq!(erased.expect("erased").len(), rows.len(), "every row of alice's anonymized");
+    assert_eq!(erased.expect("erased").0.len(), rows.len(), "every row of alice's anonymized");
     let (kept, from_rows) = counted(store.clone()).await;
     assert_eq!(kept, from_rows, "an erasure racing embeddings leaves no word counted");
     assert!(kept.is_empty(), "{kept:?}");

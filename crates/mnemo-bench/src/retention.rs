@@ -4,7 +4,10 @@
 //! bulk-loaded with `Store::bulk_load` (a load, not a measurement) and then vacuumed and
 //! analyzed as autovacuum would. The floor check is `Store::sweep_plan` (the counts a sweep
 //! decides on), timed warm; the sweep is `mnemo_jobs::sweep_tenant`, the function the worker
-//! and the runbook run.
+//! and the runbook run. Then two users of the same tenant are erased with
+//! `mnemo_jobs::erase_user` (the runbook's `erase`): one whose `--erase-messages` messages have
+//! no replies, and one each of whose messages an agent's reply follows (taken with it), so the
+//! cost of finding the replies is a ratio of the same run.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +32,9 @@ pub struct Args {
     /// Times the floor check is repeated.
     #[arg(long, default_value_t = 5)]
     checks: usize,
+    /// Messages of each of the two users erased after the sweep.
+    #[arg(long, default_value_t = 20_000)]
+    erase_messages: u64,
     #[arg(long)]
     json: bool,
 }
@@ -70,6 +76,41 @@ fn row(tenant: &TenantId, now: DateTime<Utc>, i: u64) -> anyhow::Result<BulkRow>
     })
 }
 
+/// Message `i` of an erased user's conversations (50 sessions of their own, a message every
+/// minute a month ago), and with `replied` the agent's reply right after it, carrying no user.
+fn conversation(
+    tenant: &TenantId,
+    now: DateTime<Utc>,
+    user: &str,
+    i: u64,
+    replied: bool,
+) -> anyhow::Result<Vec<BulkRow>> {
+    let at = now - TimeDelta::days(30) + TimeDelta::minutes(i as i64);
+    let session = Some(SessionId::parse(&format!("{user}-session-{}", i % 50))?);
+    let row = |n: u128, who: Option<UserId>, text: String, at| -> anyhow::Result<BulkRow> {
+        Ok(BulkRow {
+            id: Uuid::from_u128((2 << 120) | (u128::from(i) << 2) | n | if replied { 1 << 100 } else { 0 }),
+            tenant: tenant.clone(),
+            scope: Scope::Session,
+            session: session.clone(),
+            user: who,
+            agent: None,
+            kind: SourceKind::ChatMessage,
+            source_ref: SourceRef::parse(&format!("{user}-{i}-{n}"))?,
+            content: MemoryText::parse(&text)?,
+            created_at: Some(at),
+            deleted_at: None,
+            vector: Some(vec![0.05; DIMENSIONS]),
+        })
+    };
+    let mut rows =
+        vec![row(0, Some(UserId::parse(user)?), format!("{user} says {i} about {}", TOPICS[(i % 5) as usize]), at)?];
+    if replied {
+        rows.push(row(1, None, format!("noted, {user}: {i}"), at + TimeDelta::seconds(1))?);
+    }
+    Ok(rows)
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let env = Env::from_process()?;
     let (url, store) = fresh(&env).await?;
@@ -82,6 +123,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let rows = (start..=end).map(|i| row(&tenant, now, i)).collect::<anyhow::Result<Vec<_>>>()?;
         store.bulk_load(MODEL, &rows).await?;
         eprintln!("loaded {end}/{} rows ({:.0} s)", args.rows, started.elapsed().as_secs_f64());
+    }
+    for (user, replied) in [("erased-plain", false), ("erased-replied", true)] {
+        let mut rows = Vec::new();
+        for i in 0..args.erase_messages {
+            rows.extend(conversation(&tenant, now, user, i, replied)?);
+        }
+        store.bulk_load(MODEL, &rows).await?;
     }
     store.vacuum_analyze_memories().await?;
     let load = started.elapsed();
@@ -123,6 +171,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let left = store.sweep_plan(&tenant, &policy).await?.due();
     anyhow::ensure!(swept == plan.due() && left == 0, "swept {swept} of {} due, {left} left", plan.due());
 
+    let mut erasures = Vec::new();
+    for user in ["erased-plain", "erased-replied"] {
+        let user = UserId::parse(user)?;
+        let report = mnemo_jobs::erase_user(&store, &tenant, &user, args.batch_size, false, "bench", |_, _| {}).await?;
+        let erased: u64 = report.anonymized.values().sum();
+        let left = store.erasure_plan(&tenant, &user).await?.rows();
+        anyhow::ensure!(left == 0, "{left} rows of {user} left after its erasure");
+        let seconds = report.elapsed.as_secs_f64();
+        eprintln!("erased {user}: {erased} rows in {seconds:.1} s");
+        erasures.push(json!({ "user": user.as_str(), "rows": erased, "seconds": seconds,
+                              "rows_per_second": erased as f64 / seconds }));
+    }
+
     let result = json!({
         "database": url,
         "tenant_rows": plan.tenant_rows,
@@ -135,6 +196,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "rows_per_second": swept as f64 / seconds,
         "over_floor": report.over_floor,
         "load_seconds": load.as_secs_f64(),
+        "erasures": erasures,
     });
     if args.json {
         println!("{result}");
@@ -153,6 +215,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.batch_size,
             swept as f64 / seconds
         );
+        for e in &erasures {
+            println!(
+                "erase {:<15}{} rows in {:.1} s at batch {}: {:.0} rows/s",
+                e["user"].as_str().unwrap_or_default(),
+                e["rows"],
+                e["seconds"].as_f64().unwrap_or_default(),
+                args.batch_size,
+                e["rows_per_second"].as_f64().unwrap_or_default()
+            );
+        }
     }
     Ok(())
 }

@@ -85,6 +85,9 @@ impl ConsolidateRunner {
             // The user erased during the run (their notes and state gone with them, hence the
             // failure): a retry would name them in the queue again.
             if !self.store.has_daily_notes(&workspace).await? {
+                if let Err(e) = &result {
+                    tracing::debug!(error = %e, "a consolidation run ended by its user's erasure");
+                }
                 return self.nothing_to_read(&workspace).await;
             }
             return result.map(|(report, _)| report);

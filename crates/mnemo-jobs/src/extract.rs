@@ -80,14 +80,10 @@ impl ExtractRunner {
             Workspace { tenant: job.tenant_id.clone(), agent: job.agent_id.clone(), user: Some(job.user_id.clone()) };
         // Nothing pending: no run is taken, so no run row names the user (an erased one above
         // all, whose jobs queued or retried around the erasure still run).
-        if self.store.pending_extractions(&workspace).await?.is_empty() {
-            return Ok(ExtractReport::Nothing);
-        }
-        if let Claim::Wait(wait) =
-            self.store.claim_extraction(&workspace, &self.worker, self.settings.cooldown, self.stale_after).await?
-        {
-            self.store.retry_after(job, wait).await?;
-            return Ok(ExtractReport::Waiting(wait));
+        match self.store.claim_extraction(job, &self.worker, self.settings.cooldown, self.stale_after).await? {
+            Claim::Claimed => {}
+            Claim::Wait(wait) => return Ok(ExtractReport::Waiting(wait)),
+            Claim::Nothing => return Ok(ExtractReport::Nothing),
         }
         // Cut off midway, the run is released as a failed one is below (the release is the
         // holder's only: it never ends a run another worker took over).
@@ -113,6 +109,9 @@ impl ExtractRunner {
             // The user erased during the run (their conversations' progress gone with them,
             // hence the failure): a retry would name them in the queue again.
             if self.store.pending_extractions(&workspace).await?.is_empty() {
+                if let Err(e) = &result {
+                    tracing::debug!(error = %e, "an extraction run ended by its user's erasure");
+                }
                 return Ok(ExtractReport::Nothing);
             }
         }

@@ -254,9 +254,6 @@ pub async fn erase_user(
     // made recall rows that the next row pass erases.
     let mut workspace_files = store.erase_user_workspace(tenant, user).await?;
     loop {
-        // The replies to the user first: they are known by the user's rows before them.
-        let sessions = store.user_sessions(tenant, user).await?;
-        done = erase_replies(store, tenant, user, &sessions, batch_size, actor, &mut report, done).await?;
         done = erase_rows(store, tenant, user, batch_size, actor, &mut report, done, total, &mut progress).await?;
         let files = store.erase_user_workspace(tenant, user).await?;
         if files == 0 {
@@ -314,28 +311,6 @@ fn tally(report: &mut ErasureReport, erased: &[(Uuid, String)], done: u64) -> u6
     done + erased.len() as u64
 }
 
-/// Erases the replies to `user` in `sessions` (see [`Store::erase_user_replies`]), a batch at a
-/// time until none is left; returns `done` plus those erased.
-#[allow(clippy::too_many_arguments)]
-async fn erase_replies(
-    store: &Store,
-    tenant: &TenantId,
-    user: &UserId,
-    sessions: &[String],
-    batch_size: u32,
-    actor: &str,
-    report: &mut ErasureReport,
-    mut done: u64,
-) -> Result<u64, StoreError> {
-    loop {
-        let batch = store.erase_user_replies(tenant, user, sessions, i64::from(batch_size.max(1)), actor).await?;
-        if batch.is_empty() {
-            return Ok(done);
-        }
-        done = tally(report, &batch, done);
-    }
-}
-
 /// Erases the rows carrying `user`, a page of ids at a time, then checks again from the start:
 /// rows written while the erasure runs, or held by another transaction, are erased too. It
 /// stops only when none is left. Returns `done` plus the rows erased.
@@ -353,8 +328,8 @@ async fn erase_rows(
 ) -> Result<u64, StoreError> {
     let mut after = Uuid::nil();
     loop {
-        let batch = store.erase_user_rows(tenant, user, after, i64::from(batch_size.max(1)), actor).await?;
-        let Some(last) = batch.iter().map(|(id, _)| *id).max() else {
+        let (batch, last) = store.erase_user_rows(tenant, user, after, i64::from(batch_size.max(1)), actor).await?;
+        let Some(last) = last else {
             if after.is_nil() {
                 return Ok(done);
             }

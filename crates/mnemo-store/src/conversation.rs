@@ -108,7 +108,7 @@ macro_rules! session_messages {
     ($order:literal) => {
         session_messages!("", $order)
     };
-    ($filter:expr, $order:literal) => {
+    ($filter:literal, $order:literal) => {
         concat!(
             "SELECT m.id, m.source_kind,
        COALESCE(m.role, CASE m.source_kind WHEN 'tool_output' THEN 'tool' ELSE 'user' END) AS role,
@@ -136,14 +136,15 @@ const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC
 /// the first: in a session several users write in, a reply to another user (which may repeat
 /// what they said) is theirs.
 const SPOKEN: &str = session_messages!(
-    concat!(
-        "
+    "
   AND m.source_kind = 'chat_message' AND COALESCE(m.role, 'user') IN ('user', 'assistant')
   AND m.tool_call_id IS NULL
-  AND (m.user_id = $8 OR (m.user_id IS NULL AND ($8::text IS NULL OR COALESCE(",
-        replied_to!(),
-        " = $8, true))))"
-    ),
+  AND (m.user_id = $8 OR (m.user_id IS NULL AND ($8::text IS NULL OR COALESCE((
+      SELECT p.user_id = $8 FROM memory_items p
+      WHERE p.tenant_id = $1 AND p.session_id = $2 AND p.scope = 'session'
+        AND p.source_kind IN ('chat_message', 'tool_output') AND p.deleted_at IS NULL AND p.anonymized_at IS NULL
+        AND p.user_id IS NOT NULL AND (p.event_time, p.id) < (m.event_time, m.id)
+      ORDER BY p.event_time DESC, p.id DESC LIMIT 1), true))))",
     "m.event_time, m.id"
 );
 const COUNT_MESSAGES: &str = concat!("SELECT count(*)", conversation_rows!());

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::consolidation::request_consolidation_in;
 use crate::memories::insert_in;
-use crate::queue::{ExtractJob, push};
+use crate::queue::{ExtractJob, push, push_after};
 use crate::workspace::{
     NewState, Replacement, apply, current, key_in, lock, replace_core_file, share_user_files, user_of,
 };
@@ -95,18 +95,29 @@ SELECT session_id, through_id, through_time, trigger_source, 0 AS attempts FROM 
 ORDER BY m.through_time, m.through_id"
 );
 
+/// Whether the (tenant `$1`, agent `$2`, user `$3`) has a conversation pending.
+macro_rules! has_pending {
+    () => {
+        "EXISTS (SELECT 1 FROM memory_extractions
+        WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND status = 'pending')"
+    };
+}
+
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
 /// cooldown since the last one has passed and a conversation is pending (none is once the user
 /// was erased: no run row may name them then).
-const CLAIM: &str = "
+const CLAIM: &str = concat!(
+    "
 INSERT INTO extraction_runs AS r (tenant_id, agent_id, user_id, running_since, running_by)
 SELECT $1, $2, $3, now(), $4
-WHERE EXISTS (SELECT 1 FROM memory_extractions
-              WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND status = 'pending')
+WHERE ",
+    has_pending!(),
+    "
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET running_since = now(), running_by = $4
 WHERE (r.running_since IS NULL OR r.running_since < now() - make_interval(secs => $6))
   AND (r.last_finished_at IS NULL OR r.last_finished_at <= now() - make_interval(secs => $5))
-RETURNING true";
+RETURNING true"
+);
 
 /// How long until the run can be taken: the cooldown `$4` left; and while it is held, the least
 /// of a whole cooldown (a holder that is alive starts one when it ends) and the time until the
@@ -194,8 +205,11 @@ impl PendingExtraction {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Claim {
     Claimed,
-    /// Another run holds the (agent, user), or its cooldown lasts this long yet.
+    /// Another run holds the (agent, user), or its cooldown lasts this long yet: the job was
+    /// queued again for then.
     Wait(Duration),
+    /// Nothing is pending (the user erased since the job was queued, say): nothing to run.
+    Nothing,
 }
 
 /// What an extraction changes, checked.
@@ -411,15 +425,18 @@ impl Store {
             .await?)
     }
 
-    /// Takes the (agent, user)'s run for `worker`, or says how long to wait.
+    /// Takes `job`'s (agent, user)'s extraction run. When it is held or cooling, `job` is queued
+    /// again for when it may be taken, in the claim's transaction, under the user's files: an
+    /// erasure either commits first (then nothing is pending, and nothing is queued) or waits,
+    /// and its clean-up of the queue finds the retry.
     pub async fn claim_extraction(
         &self,
-        workspace: &Workspace,
+        job: &ExtractJob,
         worker: &str,
         cooldown: Duration,
         stale: Duration,
     ) -> Result<Claim, StoreError> {
-        let (tenant, agent, user) = (workspace.tenant.as_str(), workspace.agent.as_str(), user_of(workspace)?);
+        let (tenant, agent, user) = (job.tenant_id.as_str(), job.agent_id.as_str(), job.user_id.as_str());
         // Under the user's files, shared: an erasure committing meanwhile is seen by the claim.
         let mut tx = self.pool.begin().await?;
         share_user_files(&mut tx, tenant, user).await?;
@@ -432,19 +449,31 @@ impl Store {
             .bind(stale.as_secs_f64())
             .fetch_optional(&mut *tx)
             .await?;
-        tx.commit().await?;
-        if claimed.is_some() {
-            return Ok(Claim::Claimed);
-        }
-        let wait: Option<f64> = sqlx::query_scalar(WAIT)
+        let claim = if claimed.is_some() {
+            Claim::Claimed
+        } else if !sqlx::query_scalar::<_, bool>(concat!("SELECT ", has_pending!()))
             .bind(tenant)
             .bind(agent)
             .bind(user)
-            .bind(cooldown.as_secs_f64())
-            .bind(stale.as_secs_f64())
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(Claim::Wait(Duration::from_secs_f64(wait.unwrap_or(1.0).clamp(0.5, 3600.0))))
+            .fetch_one(&mut *tx)
+            .await?
+        {
+            Claim::Nothing
+        } else {
+            let wait: Option<f64> = sqlx::query_scalar(WAIT)
+                .bind(tenant)
+                .bind(agent)
+                .bind(user)
+                .bind(cooldown.as_secs_f64())
+                .bind(stale.as_secs_f64())
+                .fetch_optional(&mut *tx)
+                .await?;
+            let wait = Duration::from_secs_f64(wait.unwrap_or(1.0).clamp(0.5, 3600.0));
+            push_after(&mut tx, job, wait, 0).await?;
+            Claim::Wait(wait)
+        };
+        tx.commit().await?;
+        Ok(claim)
     }
 
     /// The (agent, user)'s conversations waiting for extraction, oldest first.

@@ -16,19 +16,6 @@ macro_rules! decay_clock {
     };
 }
 
-/// Whose a conversation row `m` carrying no user is (an agent's reply written with a service
-/// token): the user of the live conversation row before it that carries one; NULL before the
-/// first (everyone's). Extraction shows a reply to its user only; an erasure takes it with them.
-macro_rules! replied_to {
-    () => {
-        "(SELECT p.user_id FROM memory_items p
-      WHERE p.tenant_id = m.tenant_id AND p.session_id = m.session_id AND p.scope = 'session'
-        AND p.source_kind IN ('chat_message', 'tool_output') AND p.deleted_at IS NULL AND p.anonymized_at IS NULL
-        AND p.user_id IS NOT NULL AND (p.event_time, p.id) < (m.event_time, m.id)
-      ORDER BY p.event_time DESC, p.id DESC LIMIT 1)"
-    };
-}
-
 mod bulk;
 mod consolidation;
 mod conversation;

@@ -161,14 +161,26 @@ macro_rules! users_sessions {
 const SUMMARY_OF_USERS_SESSION: &str =
     concat!("m.source_kind = 'session_summary' AND m.session_id IN (", users_sessions!(), ")");
 
-/// A conversation row `m` of tenant `$1` carrying no user that replies to user `$2` (see
-/// `replied_to!`): written to them, it may repeat what they said.
-const REPLY_TO_USER: &str = concat!(
-    "m.scope = 'session' AND m.source_kind IN ('chat_message', 'tool_output') AND m.user_id IS NULL
-     AND m.anonymized_at IS NULL AND ",
-    replied_to!(),
-    " = $2"
-);
+/// The rows that reply to a conversation row `u` of the user being erased (joined LATERAL to
+/// it): those carrying no user (an agent's, written with a service token) after it in its
+/// session, up to the next row that carries one, deleted or not. Extraction reads them as the
+/// user's (`SPOKEN`), and they may repeat what the user said; once the user's row is gone they
+/// would read as replies to the user before. A reply follows one nearest row, so counts of them
+/// add up.
+const REPLIES_OF: &str = "
+SELECT r.id, r.source_kind FROM memory_items r
+LEFT JOIN LATERAL (
+    SELECT p.event_time, p.id FROM memory_items p
+    WHERE p.tenant_id = u.tenant_id AND p.session_id = u.session_id AND p.scope = 'session'
+      AND p.source_kind IN ('chat_message', 'tool_output') AND p.user_id IS NOT NULL AND p.anonymized_at IS NULL
+      AND p.event_time >= u.event_time AND (p.event_time, p.id) > (u.event_time, u.id)
+    ORDER BY p.event_time, p.id LIMIT 1
+) next ON true
+WHERE u.scope = 'session' AND u.source_kind IN ('chat_message', 'tool_output')
+  AND r.tenant_id = u.tenant_id AND r.session_id = u.session_id AND r.scope = 'session'
+  AND r.source_kind IN ('chat_message', 'tool_output') AND r.user_id IS NULL AND r.anonymized_at IS NULL
+  AND r.event_time >= u.event_time AND (r.event_time, r.id) > (u.event_time, u.id)
+  AND (next.id IS NULL OR (r.event_time, r.id) < (next.event_time, next.id))";
 
 /// Anonymizes rows `$2` (with reasons `$3`) of tenant `$1`, audited as event `$4` by actor `$5`.
 /// Returns (id, source_kind, reason) of each row anonymized.
@@ -633,38 +645,31 @@ impl Store {
 
     /// What erasing `user` of `tenant` would anonymize.
     pub async fn erasure_plan(&self, tenant: &TenantId, user: &UserId) -> Result<ErasurePlan, StoreError> {
-        // The user's rows, then the summaries of their sessions that another writer stamped: two
-        // selections, each on its index (under one OR, the tenant's every row is read).
-        let kinds: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT source_kind, count(*) FROM memory_items WHERE tenant_id = $1 AND user_id = $2 GROUP BY 1
-             UNION ALL
-             SELECT m.source_kind, count(*) FROM memory_items m
-             WHERE m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION} AND m.user_id IS DISTINCT FROM $2
-               AND m.anonymized_at IS NULL
-             GROUP BY 1
-             UNION ALL
-             SELECT m.source_kind, count(*) FROM memory_items m
-             WHERE m.tenant_id = $1 AND m.session_id IN ({sessions}) AND {REPLY_TO_USER}
-             GROUP BY 1",
-            sessions = users_sessions!(),
+        // The user's rows and the replies to them, then the summaries of their sessions that
+        // another writer stamped: selections each on its index (under one OR, the tenant's every
+        // row is read).
+        let kinds: Vec<(String, i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "WITH erased AS (
+                 SELECT id, source_kind FROM memory_items WHERE tenant_id = $1 AND user_id = $2
+                 UNION ALL
+                 SELECT r.id, r.source_kind FROM memory_items u CROSS JOIN LATERAL ({REPLIES_OF}) r
+                 WHERE u.tenant_id = $1 AND u.user_id = $2 AND u.anonymized_at IS NULL
+                 UNION ALL
+                 SELECT m.id, m.source_kind FROM memory_items m
+                 WHERE m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION} AND m.user_id IS DISTINCT FROM $2
+                   AND m.anonymized_at IS NULL
+             )
+             SELECT source_kind, count(*),
+                    (SELECT count(*) FROM tool_outputs t JOIN erased e ON t.item_id = e.id WHERE t.tenant_id = $1),
+                    (SELECT count(*) FROM memory_embeddings v JOIN erased e ON v.item_id = e.id WHERE v.tenant_id = $1)
+             FROM erased GROUP BY 1"
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())
         .fetch_all(&self.pool)
         .await?;
-        let (tool_outputs, embeddings): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT (SELECT count(*) FROM tool_outputs t JOIN memory_items m ON m.tenant_id = t.tenant_id AND m.id = t.item_id
-                     WHERE t.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2),
-                    (SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-                     WHERE e.tenant_id = $1 AND m.tenant_id = $1 AND m.user_id = $2)
-                    + (SELECT count(*) FROM memory_embeddings e JOIN memory_items m ON m.tenant_id = e.tenant_id AND m.id = e.item_id
-                       WHERE e.tenant_id = $1 AND m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION}
-                         AND m.user_id IS DISTINCT FROM $2 AND m.anonymized_at IS NULL)"
-        )))
-        .bind(tenant.as_str())
-        .bind(user.as_str())
-        .fetch_one(&self.pool)
-        .await?;
+        // Each row of the answer repeats the two totals.
+        let (tool_outputs, embeddings) = kinds.first().map_or((0, 0), |k| (k.2, k.3));
         let workspace_files: i64 =
             sqlx::query_scalar("SELECT count(*) FROM workspace_files WHERE tenant_id = $1 AND user_id = $2")
                 .bind(tenant.as_str())
@@ -682,10 +687,7 @@ impl Store {
             .await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         Ok(ErasurePlan {
-            rows_by_kind: kinds.into_iter().fold(BTreeMap::new(), |mut by_kind, (kind, count)| {
-                *by_kind.entry(kind).or_default() += n(count);
-                by_kind
-            }),
+            rows_by_kind: kinds.into_iter().map(|(kind, count, _, _)| (kind, n(count))).collect(),
             tool_outputs: n(tool_outputs),
             embeddings: n(embeddings),
             workspace_files: n(workspace_files),
@@ -779,38 +781,10 @@ impl Store {
         Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
     }
 
-    /// Soft-deletes and anonymizes up to `limit` of the rows of `sessions` that reply to `user`
-    /// ([`REPLY_TO_USER`]), in one transaction. Before the user's own rows, whose user the
-    /// replies are known by. Returns (id, source_kind) of each.
-    pub async fn erase_user_replies(
-        &self,
-        tenant: &TenantId,
-        user: &UserId,
-        sessions: &[String],
-        limit: i64,
-        actor: &str,
-    ) -> Result<Vec<(Uuid, String)>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
-        let picked = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT m.id, 'erasure' FROM memory_items m
-             WHERE m.tenant_id = $1 AND m.session_id = ANY($3) AND {REPLY_TO_USER}
-             ORDER BY m.id LIMIT $4 FOR UPDATE OF m"
-        )))
-        .bind(tenant.as_str())
-        .bind(user.as_str())
-        .bind(sessions)
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
-        let rows = anonymize(&mut tx, tenant, picked, actor).await?;
-        tx.commit().await?;
-        Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
-    }
-
-    /// Soft-deletes and anonymizes up to `limit` rows carrying `user` with ids after `after`, in
-    /// one transaction, waiting for rows others hold (an erasure must not skip any). Returns (id,
-    /// source_kind) of each.
+    /// Soft-deletes and anonymizes up to `limit` rows carrying `user` with ids after `after`, and
+    /// the replies to them ([`REPLIES_OF`]), in one transaction (a reply is never left behind
+    /// its row), waiting for rows others hold (an erasure must not skip any). Returns (id,
+    /// source_kind) of each, and the last of the user's rows taken, where the next page starts.
     pub async fn erase_user_rows(
         &self,
         tenant: &TenantId,
@@ -818,23 +792,30 @@ impl Store {
         after: Uuid,
         limit: i64,
         actor: &str,
-    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+    ) -> Result<(Vec<(Uuid, String)>, Option<Uuid>), StoreError> {
         let mut tx = self.pool.begin().await?;
         lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
-        let picked = sqlx::query_as(
-            "SELECT m.id, 'erasure' FROM memory_items m
-             WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $4
-             ORDER BY m.id LIMIT $3 FOR UPDATE",
-        )
+        let picked: Vec<(Uuid, String, bool)> = sqlx::query_as(AssertSqlSafe(format!(
+            "WITH mine AS (
+                 SELECT m.tenant_id, m.id, m.session_id, m.scope, m.source_kind, m.event_time FROM memory_items m
+                 WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $4
+                 ORDER BY m.id LIMIT $3 FOR UPDATE
+             )
+             SELECT id, 'erasure', true FROM mine
+             UNION
+             SELECT r.id, 'erasure', false FROM mine u CROSS JOIN LATERAL ({REPLIES_OF}) r"
+        )))
         .bind(tenant.as_str())
         .bind(user.as_str())
         .bind(limit)
         .bind(after)
         .fetch_all(&mut *tx)
         .await?;
+        let last = picked.iter().filter(|(_, _, mine)| *mine).map(|(id, _, _)| *id).max();
+        let picked = picked.into_iter().map(|(id, reason, _)| (id, reason)).collect();
         let rows = anonymize(&mut tx, tenant, picked, actor).await?;
         tx.commit().await?;
-        Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
+        Ok((rows.into_iter().map(|(id, kind, _)| (id, kind)).collect(), last))
     }
 
     /// Writes one audit row about a tenant rather than an item (a refused or allowed sweep, an
