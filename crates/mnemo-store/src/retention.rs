@@ -168,7 +168,8 @@ const SUMMARY_OF_USERS_SESSION: &str =
 /// would read as replies to the user before. A reply follows one nearest row, so counts of them
 /// add up.
 const REPLIES_OF: &str = "
-SELECT r.id, r.source_kind FROM memory_items r
+SELECT r.id, r.source_kind
+FROM (SELECT 1) one
 LEFT JOIN LATERAL (
     SELECT p.event_time, p.id FROM memory_items p
     WHERE p.tenant_id = u.tenant_id AND p.session_id = u.session_id AND p.scope = 'session'
@@ -176,11 +177,15 @@ LEFT JOIN LATERAL (
       AND p.event_time >= u.event_time AND (p.event_time, p.id) > (u.event_time, u.id)
     ORDER BY p.event_time, p.id LIMIT 1
 ) next ON true
-WHERE u.scope = 'session' AND u.source_kind IN ('chat_message', 'tool_output')
-  AND r.tenant_id = u.tenant_id AND r.session_id = u.session_id AND r.scope = 'session'
-  AND r.source_kind IN ('chat_message', 'tool_output') AND r.user_id IS NULL AND r.anonymized_at IS NULL
-  AND r.event_time >= u.event_time AND (r.event_time, r.id) > (u.event_time, u.id)
-  AND (next.id IS NULL OR (r.event_time, r.id) < (next.event_time, next.id))";
+-- Bounded by the next row in the index condition: read after, as a filter, the scan would run to
+-- the session's end from each of the user's rows.
+JOIN memory_items r
+  ON r.tenant_id = u.tenant_id AND r.session_id = u.session_id AND r.scope = 'session'
+ AND r.source_kind IN ('chat_message', 'tool_output') AND r.user_id IS NULL AND r.anonymized_at IS NULL
+ AND r.event_time >= u.event_time AND r.event_time <= COALESCE(next.event_time, 'infinity')
+ AND (r.event_time, r.id) > (u.event_time, u.id)
+ AND (next.id IS NULL OR (r.event_time, r.id) < (next.event_time, next.id))
+WHERE u.scope = 'session' AND u.source_kind IN ('chat_message', 'tool_output')";
 
 /// Anonymizes rows `$2` (with reasons `$3`) of tenant `$1`, audited as event `$4` by actor `$5`.
 /// Returns (id, source_kind, reason) of each row anonymized.
