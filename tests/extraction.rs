@@ -655,17 +655,39 @@ async fn replies_to_an_erased_user_leave_with_them_and_never_become_another_user
     say(&app, &agent, "assistant", "Bob, your peanut allergy is in your file.").await;
     say(&app, &ann, "user", "remember that I travel to Lyon in May").await;
     say(&app, &agent, "assistant", "Ann, Lyon in May is noted.").await;
-    // A reply to a message she deleted is hers too.
+    say(&app, &bob, "user", "and remember that I like trains").await;
+    // A reply to a message she deleted is hers too, not the user's before her.
     say(&app, &ann, "user", "my passport number is X123").await;
     let deleted = "UPDATE memory_items SET deleted_at = now() WHERE content LIKE '%passport number%'";
     sqlx::query(deleted).execute(&app.db.pool).await.expect("deleted");
-    say(&app, &agent, "assistant", "Your passport X123 is noted.").await;
-    say(&app, &bob, "user", "and remember that I like trains").await;
+    for reply in ["Your passport X123 is noted.", "I will keep it safe.", "Anything else, Ann?"] {
+        say(&app, &agent, "assistant", reply).await;
+    }
+
+    // Bob's extraction is shown his words and the replies to him, nothing of ann's.
+    assert_eq!(complete(&app, &bob, "s1", "web").await["queued"], true);
+    let bobs = ExtractJob { user_id: UserId::parse("bob").expect("user"), ..job() };
+    runner(&app, Some(&chat), &[]).run(&bobs).await.expect("bob's run");
+    let transcript = transcripts(&chat, 0).remove(0);
+    assert!(transcript.contains("peanut allergy is in your file") && transcript.contains("trains"), "{transcript}");
+    assert!(!transcript.contains("Lyon") && !transcript.contains("passport"), "{transcript}");
+
     let (store, tenant) = (app.db.store(), TenantId::parse("acme").expect("tenant"));
     let ann_id = UserId::parse("ann").expect("user");
     let plan = mnemo_jobs::erase_user(&store, &tenant, &ann_id, 100, true, "test", |_, _| {}).await.expect("plan");
-    assert_eq!(plan.plan.rows_by_kind.get("chat_message"), Some(&4), "her messages and the replies to them");
-    mnemo_jobs::erase_user(&store, &tenant, &ann_id, 100, false, "test", |_, _| {}).await.expect("erase");
+    assert_eq!(plan.plan.rows_by_kind.get("chat_message"), Some(&6), "her messages and the replies to them");
+    // Two rows a transaction: a message goes after its replies, in the same one or the next.
+    let lyon: uuid::Uuid = sqlx::query_scalar("SELECT id FROM memory_items WHERE content LIKE '%travel to Lyon%'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("her first message");
+    let page = |after| store.erase_user_rows(&tenant, &ann_id, after, 2, "test");
+    let (rows, next) = page(uuid::Uuid::nil()).await.expect("first page");
+    assert_eq!((rows.len(), next), (2, Some(lyon)), "the reply to her first message, then the message");
+    let (rows, next) = page(lyon).await.expect("second page");
+    assert_eq!((rows.len(), next), (2, Some(lyon)), "two of the three replies to her second message, not it");
+    let erased = mnemo_jobs::erase_user(&store, &tenant, &ann_id, 2, false, "test", |_, _| {}).await.expect("erase");
+    assert_eq!(erased.anonymized.get("chat_message"), Some(&2), "the last reply, then her second message");
     let kept = |text: &'static str| {
         let app = &app;
         async move {
@@ -674,15 +696,8 @@ async fn replies_to_an_erased_user_leave_with_them_and_never_become_another_user
             app.db.count(&sql).await
         }
     };
-    assert_eq!((kept("Lyon").await, kept("passport").await), (0, 0), "a reply to ann stayed");
+    assert_eq!((kept("Lyon").await, kept("passport").await, kept("Ann?").await), (0, 0, 0), "a reply to ann stayed");
     assert_eq!((kept("Welcome").await, kept("peanut allergy").await), (1, 1), "everyone's and bob's replies stay");
-
-    // Bob's extraction is shown his words and the replies to him, nothing of ann's.
-    assert_eq!(complete(&app, &bob, "s1", "web").await["queued"], true);
-    let bobs = ExtractJob { user_id: UserId::parse("bob").expect("user"), ..job() };
-    runner(&app, Some(&chat), &[]).run(&bobs).await.expect("bob's run");
-    let transcript = transcripts(&chat, 0).remove(0);
-    assert!(transcript.contains("peanut allergy is in your file") && !transcript.contains("Lyon"), "{transcript}");
 }
 
 /// A conversation whose messages were all shown already (an earlier extraction of the session

@@ -86,7 +86,7 @@ impl ConsolidateRunner {
             // failure): a retry would name them in the queue again.
             if !self.store.has_daily_notes(&workspace).await? {
                 if let Err(e) = &result {
-                    tracing::debug!(error = %e, "a consolidation run ended by its user's erasure");
+                    tracing::debug!(error = %e, "a failed consolidation run left no note to read (its user erased, say)");
                 }
                 return self.nothing_to_read(&workspace).await;
             }

@@ -110,7 +110,7 @@ impl ExtractRunner {
             // hence the failure): a retry would name them in the queue again.
             if self.store.pending_extractions(&workspace).await?.is_empty() {
                 if let Err(e) = &result {
-                    tracing::debug!(error = %e, "an extraction run ended by its user's erasure");
+                    tracing::debug!(error = %e, "a failed extraction run left nothing pending (its user erased, say)");
                 }
                 return Ok(ExtractReport::Nothing);
             }

@@ -132,9 +132,10 @@ const SESSION_MESSAGES: &str = session_messages!("m.event_time, m.id");
 const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC, m.id DESC");
 /// What the user and the assistant said (no tool calls or results), without the messages of other
 /// users than `$8`, oldest first. A row carrying no user (an agent's reply written with a service
-/// token) is the user's of the live message before it that carries one, and everyone's before
-/// the first: in a session several users write in, a reply to another user (which may repeat
-/// what they said) is theirs.
+/// token) is the user's of the message before it that carries one (deleted or not: a reply to a
+/// message its user deleted is still theirs), and everyone's before the first: in a session
+/// several users write in, a reply to another user (which may repeat what they said) is theirs.
+/// An erasure takes a user's replies by the same rule (`REPLIES_OF` in retention.rs).
 const SPOKEN: &str = session_messages!(
     "
   AND m.source_kind = 'chat_message' AND COALESCE(m.role, 'user') IN ('user', 'assistant')
@@ -142,8 +143,8 @@ const SPOKEN: &str = session_messages!(
   AND (m.user_id = $8 OR (m.user_id IS NULL AND ($8::text IS NULL OR COALESCE((
       SELECT p.user_id = $8 FROM memory_items p
       WHERE p.tenant_id = $1 AND p.session_id = $2 AND p.scope = 'session'
-        AND p.source_kind IN ('chat_message', 'tool_output') AND p.deleted_at IS NULL AND p.anonymized_at IS NULL
-        AND p.user_id IS NOT NULL AND (p.event_time, p.id) < (m.event_time, m.id)
+        AND p.source_kind IN ('chat_message', 'tool_output') AND p.anonymized_at IS NULL
+        AND p.user_id IS NOT NULL AND p.event_time <= m.event_time AND (p.event_time, p.id) < (m.event_time, m.id)
       ORDER BY p.event_time DESC, p.id DESC LIMIT 1), true))))",
     "m.event_time, m.id"
 );

@@ -163,10 +163,10 @@ const SUMMARY_OF_USERS_SESSION: &str =
 
 /// The rows that reply to a conversation row `u` of the user being erased (joined LATERAL to
 /// it): those carrying no user (an agent's, written with a service token) after it in its
-/// session, up to the next row that carries one, deleted or not. Extraction reads them as the
-/// user's (`SPOKEN`), and they may repeat what the user said; once the user's row is gone they
-/// would read as replies to the user before. A reply follows one nearest row, so counts of them
-/// add up.
+/// session, up to the next row that carries one, deleted or not: the rule by which extraction
+/// reads them as the user's (`SPOKEN` in conversation.rs). They may repeat what the user said,
+/// and once the user's row is gone they would read as replies to the user before. A reply
+/// follows one nearest row, so counts of them add up.
 const REPLIES_OF: &str = "
 SELECT r.id, r.source_kind
 FROM (SELECT 1) one
@@ -786,10 +786,12 @@ impl Store {
         Ok(rows.into_iter().map(|(id, kind, _)| (id, kind)).collect())
     }
 
-    /// Soft-deletes and anonymizes up to `limit` rows carrying `user` with ids after `after`, and
-    /// the replies to them ([`REPLIES_OF`]), in one transaction (a reply is never left behind
-    /// its row), waiting for rows others hold (an erasure must not skip any). Returns (id,
-    /// source_kind) of each, and the last of the user's rows taken, where the next page starts.
+    /// Soft-deletes and anonymizes rows carrying `user` with ids after `after` and the replies to
+    /// them ([`REPLIES_OF`]), at most `limit` in one transaction, waiting for rows others hold
+    /// (an erasure must not skip any). A row goes after its replies, in the same transaction or
+    /// a later one, so none is left behind its row (a long run of tool rows after one message
+    /// may fill a transaction alone). Returns (id, source_kind) of each, and where the next page
+    /// starts (`after` again when only replies were taken; `None` when nothing was left).
     pub async fn erase_user_rows(
         &self,
         tenant: &TenantId,
@@ -800,15 +802,16 @@ impl Store {
     ) -> Result<(Vec<(Uuid, String)>, Option<Uuid>), StoreError> {
         let mut tx = self.pool.begin().await?;
         lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
-        let picked: Vec<(Uuid, String, bool)> = sqlx::query_as(AssertSqlSafe(format!(
+        let found: Vec<(Uuid, Uuid, bool)> = sqlx::query_as(AssertSqlSafe(format!(
             "WITH mine AS (
                  SELECT m.tenant_id, m.id, m.session_id, m.scope, m.source_kind, m.event_time FROM memory_items m
                  WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $4
                  ORDER BY m.id LIMIT $3 FOR UPDATE
              )
-             SELECT id, 'erasure', true FROM mine
-             UNION
-             SELECT r.id, 'erasure', false FROM mine u CROSS JOIN LATERAL ({REPLIES_OF}) r"
+             SELECT id, id AS owner, true AS mine FROM mine
+             UNION ALL
+             SELECT r.id, u.id, false FROM mine u CROSS JOIN LATERAL ({REPLIES_OF}) r
+             ORDER BY owner, mine, id"
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())
@@ -816,11 +819,21 @@ impl Store {
         .bind(after)
         .fetch_all(&mut *tx)
         .await?;
-        let last = picked.iter().filter(|(_, _, mine)| *mine).map(|(id, _, _)| *id).max();
-        let picked = picked.into_iter().map(|(id, reason, _)| (id, reason)).collect();
-        let rows = anonymize(&mut tx, tenant, picked, actor).await?;
+        let mut last = None;
+        let taken: Vec<(Uuid, String)> = found
+            .iter()
+            .take(usize::try_from(limit.max(1)).unwrap_or(usize::MAX))
+            .inspect(|(_, owner, mine)| {
+                if *mine {
+                    last = Some(*owner);
+                }
+            })
+            .map(|(id, _, _)| (*id, "erasure".to_owned()))
+            .collect();
+        let next = last.or((!taken.is_empty()).then_some(after));
+        let rows = anonymize(&mut tx, tenant, taken, actor).await?;
         tx.commit().await?;
-        Ok((rows.into_iter().map(|(id, kind, _)| (id, kind)).collect(), last))
+        Ok((rows.into_iter().map(|(id, kind, _)| (id, kind)).collect(), next))
     }
 
     /// Writes one audit row about a tenant rather than an item (a refused or allowed sweep, an
