@@ -311,3 +311,27 @@ WHERE m.scope = 'session' AND m.source_kind IN ('chat_message', 'tool_output', '
 LIMIT $2;
 \echo == rows of idle sessions to prune: none idle for 2 days, every row older
 EXPLAIN (ANALYZE, COSTS off) EXECUTE prune_sessions(2, 1000);
+
+-- ZONE_CLOCKS (time_zone.rs), every housekeeping tick (10 s): 10,000 tenants in 7 zones
+INSERT INTO tenant_config (tenant_id, settings)
+SELECT 't' || g, jsonb_build_object('time_zone',
+       (ARRAY['Europe/Paris', 'America/New_York', 'Asia/Tokyo', 'UTC', 'Europe/Berlin', 'Australia/Sydney',
+              'America/Los_Angeles'])[g % 7 + 1])
+FROM generate_series(1, 10000) g
+ON CONFLICT (tenant_id) DO UPDATE SET settings = tenant_config.settings || EXCLUDED.settings;
+ANALYZE tenant_config;
+PREPARE zone_clocks AS
+SELECT zone, now() AT TIME ZONE zone FROM (
+    SELECT tenant_time_zone(min(tenant_id)) AS zone FROM tenant_config WHERE settings ? 'time_zone'
+    GROUP BY settings ->> 'time_zone'
+    UNION SELECT 'UTC'
+) zones ORDER BY zone;
+PREPARE zone_clocks_before AS
+SELECT zone, now() AT TIME ZONE zone FROM (
+    SELECT tenant_time_zone(tenant_id) AS zone FROM tenant_config WHERE settings ? 'time_zone'
+    UNION SELECT 'UTC'
+) zones ORDER BY zone;
+\echo == the clocks of the zones: each zone name checked once
+EXPLAIN (ANALYZE, COSTS off) EXECUTE zone_clocks;
+\echo == the clocks of the zones: before, checked once a tenant
+EXPLAIN (ANALYZE, COSTS off) EXECUTE zone_clocks_before;

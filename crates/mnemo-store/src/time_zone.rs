@@ -9,10 +9,13 @@ use mnemo_core::TenantId;
 
 use crate::{Store, StoreError};
 
-/// Every zone some tenant is in (UTC always), with the wall-clock time there now.
+/// Every zone some tenant is in (UTC always), with the wall-clock time there now. Each name
+/// stored is checked once, through one tenant that holds it, not once a tenant: the check is a
+/// subtransaction, and this runs at every housekeeping tick.
 const ZONE_CLOCKS: &str = "
 SELECT zone, now() AT TIME ZONE zone FROM (
-    SELECT tenant_time_zone(tenant_id) AS zone FROM tenant_config WHERE settings ? 'time_zone'
+    SELECT tenant_time_zone(min(tenant_id)) AS zone FROM tenant_config WHERE settings ? 'time_zone'
+    GROUP BY settings ->> 'time_zone'
     UNION SELECT 'UTC'
 ) zones ORDER BY zone";
 
