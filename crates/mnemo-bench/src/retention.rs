@@ -40,6 +40,8 @@ pub struct Args {
 }
 
 const TENANT: &str = "bench";
+/// The two users erased after the sweep, and whether an agent's reply follows each message.
+const ERASED_USERS: [(&str, bool); 2] = [("erased-plain", false), ("erased-replied", true)];
 const LOAD_BATCH: u64 = 50_000;
 /// The local model's name and dimension: retired rows carry a vector as it makes them.
 const MODEL: &str = "all-MiniLM-L6-v2";
@@ -124,7 +126,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         store.bulk_load(MODEL, &rows).await?;
         eprintln!("loaded {end}/{} rows ({:.0} s)", args.rows, started.elapsed().as_secs_f64());
     }
-    for (user, replied) in [("erased-plain", false), ("erased-replied", true)] {
+    for (user, replied) in ERASED_USERS {
         let mut rows = Vec::new();
         for i in 0..args.erase_messages {
             rows.extend(conversation(&tenant, now, user, i, replied)?);
@@ -172,12 +174,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(swept == plan.due() && left == 0, "swept {swept} of {} due, {left} left", plan.due());
 
     let mut erasures = Vec::new();
-    for user in ["erased-plain", "erased-replied"] {
+    for (user, replied) in ERASED_USERS {
         let user = UserId::parse(user)?;
         let report = mnemo_jobs::erase_user(&store, &tenant, &user, args.batch_size, false, "bench", |_, _| {}).await?;
         let erased: u64 = report.anonymized.values().sum();
         let left = store.erasure_plan(&tenant, &user).await?.rows();
-        let expected = args.erase_messages * if user.as_str() == "erased-replied" { 2 } else { 1 };
+        let expected = args.erase_messages * if replied { 2 } else { 1 };
         anyhow::ensure!(left == 0 && erased == expected, "{erased} rows of {user} erased, {left} left");
         let seconds = report.elapsed.as_secs_f64();
         eprintln!("erased {user}: {erased} rows in {seconds:.1} s");

@@ -819,19 +819,12 @@ impl Store {
         .bind(after)
         .fetch_all(&mut *tx)
         .await?;
-        let mut last = None;
-        let taken: Vec<(Uuid, String)> = found
-            .iter()
-            .take(usize::try_from(limit.max(1)).unwrap_or(usize::MAX))
-            .inspect(|(_, owner, mine)| {
-                if *mine {
-                    last = Some(*owner);
-                }
-            })
-            .map(|(id, _, _)| (*id, "erasure".to_owned()))
-            .collect();
+        let taken = &found[..found.len().min(usize::try_from(limit.max(1)).unwrap_or(usize::MAX))];
+        // The last of the user's rows taken; replies alone continue from where this page began.
+        let last = taken.iter().rev().find(|(_, _, mine)| *mine).map(|(_, owner, _)| *owner);
         let next = last.or((!taken.is_empty()).then_some(after));
-        let rows = anonymize(&mut tx, tenant, taken, actor).await?;
+        let picked = taken.iter().map(|(id, _, _)| (*id, "erasure".to_owned())).collect();
+        let rows = anonymize(&mut tx, tenant, picked, actor).await?;
         tx.commit().await?;
         Ok((rows.into_iter().map(|(id, kind, _)| (id, kind)).collect(), next))
     }
