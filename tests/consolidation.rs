@@ -231,12 +231,18 @@ async fn a_run_the_users_erasure_cuts_short_leaves_nothing_naming_them() {
         mnemo_jobs::erase_user(&store, &tenant, &user, 100, false, "runbook", |_, _| {}).await.expect("erase");
     };
     let once = job();
+    let jobs = "SELECT count(*) FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%'";
+    let queued = app.db.count(jobs).await;
+    store.retry_after(&once, Duration::from_secs(3600)).await.expect("retry");
+    assert_eq!(app.db.count(jobs).await, queued + 1, "a user with a note is retried");
     let (run, ()) = tokio::join!(runner.run(&once), erase);
     assert_eq!(run.expect("an error would be retried"), ConsolidateReport::NothingNew);
     let naming = "SELECT (SELECT count(*) FROM consolidation_state WHERE user_id = 'ann')
                        + (SELECT count(*) FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%')";
     assert_eq!(app.db.count(naming).await, 0);
     assert_eq!(runner.run(&job()).await.expect("again"), ConsolidateReport::NothingNew);
+    // The worker's retry after an error, queued once the erasure committed.
+    store.retry_failed(&once, Duration::from_secs(1), 1).await.expect("retry");
     assert_eq!(app.db.count(naming).await, 0);
 }
 

@@ -982,6 +982,15 @@ async fn a_run_the_users_erasure_cuts_short_leaves_nothing_naming_them() {
     chat.delay_every_answer(Duration::from_millis(600));
     let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
     let (store, once) = (app.db.store(), job());
+    let jobs = "SELECT count(*) FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%'";
+    let queued = app.db.count(jobs).await;
+    store.retry_after(&once, Duration::from_secs(3600)).await.expect("retry");
+    assert_eq!(app.db.count(jobs).await, queued + 1, "a pending conversation is retried");
+    // As a worker holds its job while it runs: the erasure takes it too.
+    sqlx::query("UPDATE apalis.jobs SET status = 'Running' WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%'")
+        .execute(store.pool())
+        .await
+        .expect("running");
     let erase = async {
         assert!(wait_until(Duration::from_secs(5), || async { chat.requests().len() == 1 }).await);
         mnemo_jobs::erase_user(&store, &once.tenant_id, &once.user_id, 100, false, "test", |_, _| {})
@@ -993,6 +1002,11 @@ async fn a_run_the_users_erasure_cuts_short_leaves_nothing_naming_them() {
     let naming = "SELECT (SELECT count(*) FROM memory_extractions WHERE user_id = 'ann')
                        + (SELECT count(*) FROM extraction_runs WHERE user_id = 'ann')
                        + (SELECT count(*) FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%')";
+    assert_eq!(app.db.count(naming).await, 0);
+    // A retry the run (or the worker, after an error) queues once the erasure committed: the
+    // cooldown's, a backoff's.
+    store.retry_after(&once, Duration::from_secs(1)).await.expect("retry");
+    store.retry_failed(&once, Duration::from_secs(1), 1).await.expect("retry");
     assert_eq!(app.db.count(naming).await, 0);
 }
 

@@ -82,6 +82,9 @@ macro_rules! has_daily_note {
     };
 }
 
+/// Whether the (tenant `$1`, agent `$2`, user `$3`) has a live daily note.
+pub(crate) const HAS_NOTE: &str = concat!("SELECT ", has_daily_note!());
+
 /// Takes the run when nobody holds it (or its holder is presumed dead) and the user has a live
 /// daily note (none once the user was erased: no state row may name them then).
 const CLAIM: &str = concat!(
@@ -214,7 +217,7 @@ impl Store {
     /// anything to read, and a job for the pair (one queued before the user's erasure, say) must
     /// not leave a state row naming them.
     pub async fn has_daily_notes(&self, workspace: &Workspace) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar(concat!("SELECT ", has_daily_note!()))
+        Ok(sqlx::query_scalar(HAS_NOTE)
             .bind(workspace.tenant.as_str())
             .bind(workspace.agent.as_str())
             .bind(user_of(workspace)?)
@@ -272,13 +275,7 @@ impl Store {
             .await?;
         let claim = if claimed.is_some() {
             ConsolidationClaim::Claimed
-        } else if sqlx::query_scalar(concat!("SELECT ", has_daily_note!()))
-            .bind(tenant)
-            .bind(agent)
-            .bind(user)
-            .fetch_one(&mut *tx)
-            .await?
-        {
+        } else if sqlx::query_scalar(HAS_NOTE).bind(tenant).bind(agent).bind(user).fetch_one(&mut *tx).await? {
             push_after(&mut tx, job, retry_in, 0).await?;
             ConsolidationClaim::Held
         } else {

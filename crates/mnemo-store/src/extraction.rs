@@ -103,6 +103,9 @@ macro_rules! has_pending {
     };
 }
 
+/// Whether the (tenant `$1`, agent `$2`, user `$3`) has a conversation pending.
+pub(crate) const HAS_PENDING: &str = concat!("SELECT ", has_pending!());
+
 /// Takes the (agent, user)'s run when nobody holds it (or its holder is presumed dead), the
 /// cooldown since the last one has passed and a conversation is pending (none is once the user
 /// was erased: no run row may name them then).
@@ -451,7 +454,7 @@ impl Store {
             .await?;
         let claim = if claimed.is_some() {
             Claim::Claimed
-        } else if !sqlx::query_scalar::<_, bool>(concat!("SELECT ", has_pending!()))
+        } else if !sqlx::query_scalar::<_, bool>(HAS_PENDING)
             .bind(tenant)
             .bind(agent)
             .bind(user)

@@ -18,6 +18,14 @@ use crate::StoreError;
 /// never be pushed onto another queue's table.
 pub trait JobArgs: Serialize + for<'de> Deserialize<'de> + Send + Sync + Unpin + 'static {
     const QUEUE: Queue;
+
+    /// For a job about one user's files: the (tenant, agent, user) it names, and a query over
+    /// them (`$1`–`$3`) saying whether it still has work. Its retries are queued under the
+    /// user's files and only while it has work, so none outlives the user's erasure: one that
+    /// committed first leaves no work, and one under way waits, then removes the retry.
+    fn user_work(&self) -> Option<([&str; 3], &'static str)> {
+        None
+    }
 }
 
 /// Embed memory rows of one tenant. A write queues one job for the rows of a tenant that one
@@ -167,10 +175,18 @@ impl JobArgs for AccessJob {
 
 impl JobArgs for ConsolidateJob {
     const QUEUE: Queue = Queue::Consolidate;
+
+    fn user_work(&self) -> Option<([&str; 3], &'static str)> {
+        Some(([self.tenant_id.as_str(), self.agent_id.as_str(), self.user_id.as_str()], crate::consolidation::HAS_NOTE))
+    }
 }
 
 impl JobArgs for ExtractJob {
     const QUEUE: Queue = Queue::Extract;
+
+    fn user_work(&self) -> Option<([&str; 3], &'static str)> {
+        Some(([self.tenant_id.as_str(), self.agent_id.as_str(), self.user_id.as_str()], crate::extraction::HAS_PENDING))
+    }
 }
 
 impl JobArgs for EmbedJob {
@@ -268,15 +284,29 @@ impl crate::Store {
     /// (apalis retries a failed job at once and ignores a retry delay).
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
     pub async fn retry_after<J: JobArgs>(&self, job: &J, delay: Duration) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        push_after(&mut conn, job, delay, 0).await
+        self.retry(job, delay, 0).await
     }
 
     /// Queues `job` again after it failed for the `failures`-th time in a row, due after
     /// `delay`; the next run knows how many failures it follows ([`failures_before`]).
     pub async fn retry_failed<J: JobArgs>(&self, job: &J, delay: Duration, failures: usize) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        push_after(&mut conn, job, delay, failures).await
+        self.retry(job, delay, failures).await
+    }
+
+    /// Queues `job` again (see [`JobArgs::user_work`] for a job naming a user).
+    async fn retry<J: JobArgs>(&self, job: &J, delay: Duration, failures: usize) -> Result<(), StoreError> {
+        let Some(([tenant, agent, user], has_work)) = job.user_work() else {
+            return push_after(&mut *self.pool.acquire().await?, job, delay, failures).await;
+        };
+        let mut tx = self.pool.begin().await?;
+        crate::workspace::share_user_files(&mut tx, tenant, user).await?;
+        let has_work: bool =
+            sqlx::query_scalar(has_work).bind(tenant).bind(agent).bind(user).fetch_one(&mut *tx).await?;
+        if has_work {
+            push_after(&mut tx, job, delay, failures).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Makes every job of `J`'s queue that waits out a backoff due now, for when what failed

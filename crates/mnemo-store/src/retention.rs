@@ -701,8 +701,8 @@ impl Store {
     }
 
     /// Removes the user's workspace files with every version, their extraction and
-    /// consolidation state, and the extraction and consolidation jobs naming them that are not
-    /// running, in one transaction: an erasure keeps no copy of what they said, nor their id in
+    /// consolidation state, and the extraction and consolidation jobs naming them (running
+    /// ones too), in one transaction: an erasure keeps no copy of what they said, nor their id in
     /// clear. Returns the files removed.
     pub async fn erase_user_workspace(&self, tenant: &TenantId, user: &UserId) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -714,11 +714,11 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        // A running job finds nothing pending and takes no run (see the runners); it is pruned
-        // with the finished jobs.
+        // Running ones too: the run finds nothing pending and takes no run (see the runners),
+        // and apalis' acknowledgement of a row gone changes nothing.
         sqlx::query(
             "DELETE FROM apalis.jobs
-             WHERE job_type = ANY($3) AND status <> 'Running'
+             WHERE job_type = ANY($3)
                AND convert_from(job, 'UTF8')::jsonb @> jsonb_build_object('tenant_id', $1::text, 'user_id', $2::text)",
         )
         .bind(tenant.as_str())
