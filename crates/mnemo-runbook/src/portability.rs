@@ -101,7 +101,10 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
     if !export.holds(&args.tenant).await? && (args.since.is_none() || erasures.is_empty()) {
         bail!("tenant {} holds no memories, workspace files or settings: nothing to export", args.tenant);
     }
-    let mut out = flate2::write::GzEncoder::new(std::io::BufWriter::new(stdout.lock()), flate2::Compression::fast());
+    // Buffered in front of the encoder: each of a line's many small writes would otherwise be a
+    // compression call of its own (flate2 clears its whole output buffer on each one).
+    let encoder = flate2::write::GzEncoder::new(stdout.lock(), flate2::Compression::fast());
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, encoder);
     let header = json!({
         "format": FORMAT, "version": VERSION, "schema": export.schema, "tenant": args.tenant.as_str(),
         "exported_at": export.started_at, "since": args.since, "with_vectors": args.with_vectors,
@@ -133,7 +136,7 @@ pub async fn export(store: &Store, args: ExportArgs) -> anyhow::Result<()> {
     rows += erasures.len() as u64;
     eprintln!("{ERASURES}: {}", erasures.len());
     writeln!(out, "{}", json!({ "end": { "rows": rows } }))?;
-    out.finish()?.flush()?;
+    out.into_inner().map_err(std::io::IntoInnerError::into_error)?.finish()?.flush()?;
     let seconds = started.elapsed().as_secs_f64();
     eprintln!("exported {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));
     Ok(())

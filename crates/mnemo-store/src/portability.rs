@@ -210,7 +210,9 @@ impl Export {
     }
 
     /// The tenant's rows of one of [`EXPORT_TABLES`] (created or changed since `since`, if given)
-    /// as JSON objects of their stored columns, streamed.
+    /// as JSON objects of their stored columns, streamed in the order the scan reads them (an
+    /// import writes them in one statement: no order is needed, and a sort would hold the
+    /// first row back until it had read the tenant's last).
     pub fn rows<'a>(
         &'a mut self,
         tenant: &'a TenantId,
@@ -221,8 +223,7 @@ impl Export {
         let sql = format!(
             "SELECT to_jsonb(t) - ARRAY(SELECT column_name::text FROM information_schema.columns
                  WHERE table_schema = current_schema() AND table_name = '{table}' AND is_generated <> 'NEVER')
-             FROM {table} t WHERE tenant_id = $1 AND ($2::timestamptz IS NULL OR {time} >= $2)
-             ORDER BY ctid"
+             FROM {table} t WHERE tenant_id = $1 AND ($2::timestamptz IS NULL OR {time} >= $2)"
         );
         sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(sql))
             .bind(tenant.as_str())
