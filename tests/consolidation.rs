@@ -8,6 +8,7 @@ use std::time::Duration;
 use mnemo_config::{ContextSettings, Env, TokenizerName, WorkspaceSettings, vars};
 use mnemo_core::{AgentId, TenantId, UserId, Workspace};
 use mnemo_jobs::{ConsolidateReport, ConsolidateRunner, MAX_NOTES_CHARS};
+use mnemo_store::ConsolidationRequest;
 use mnemo_store::queue::ConsolidateJob;
 use mnemo_testkit::{ChatAnswer, ScriptedChat, TestApp, principal, token};
 use serde_json::json;
@@ -263,8 +264,9 @@ async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_ag
     let workspace = workspace();
     let store = app.db.store();
     let throttle = Some(Duration::from_secs(1800));
-    assert!(store.request_consolidation(&workspace, throttle).await.expect("first"));
-    assert!(!store.request_consolidation(&workspace, throttle).await.expect("throttled"));
+    assert_eq!(store.request_consolidation(&workspace, throttle).await.expect("first"), ConsolidationRequest::Queued);
+    let throttled = store.request_consolidation(&workspace, throttle).await.expect("throttled");
+    assert_eq!(throttled, ConsolidationRequest::Waiting);
     // By hand: not throttled, but not queued twice while a request waits for its run.
     let by_hand = async || {
         let reply = app.client.post("/v1/agents/helper/consolidate", Some(&t), &json!({})).await;
@@ -291,6 +293,11 @@ async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_ag
     let agent_only = token(&principal("acme", None, Some("helper"), None));
     let reply = app.client.post("/v1/agents/helper/consolidate", Some(&agent_only), &json!({})).await;
     assert_eq!((reply.status, reply.code()), (401, "missing_identity"));
+    // A user without a daily note: nothing to consolidate, no job and no state row naming them.
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), None));
+    let reply = app.client.post("/v1/agents/helper/consolidate", Some(&bob), &json!({})).await;
+    assert_eq!((reply.status, reply.body), (202, json!({ "queued": false, "skipped": "no_daily_notes" })));
+    assert_eq!(app.db.count("SELECT count(*) FROM consolidation_state WHERE user_id = 'bob'").await, 0);
     // The held run's retry and the extraction's request, then two by hand.
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2 + 2);
 }
@@ -314,7 +321,7 @@ async fn requests_wait_longer_after_each_failed_run() {
             .execute(store.pool())
             .await
             .expect("age the request");
-        store.request_consolidation(&workspace, Some(throttle)).await.expect("request")
+        store.request_consolidation(&workspace, Some(throttle)).await.expect("request") == ConsolidationRequest::Queued
     };
     let over_budget = || {
         ChatAnswer::Content(
@@ -460,6 +467,11 @@ async fn a_job_that_finds_no_note_leaves_no_state_row_naming_the_user() {
             .await
             .expect("a state row");
     }
+    // A job that failed before it removed the row is run again for it.
+    let store = app.db.store();
+    let jobs = "SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'";
+    assert!(store.retry_failed(&job(), Duration::from_secs(3600), 1).await.expect("retry"));
+    assert_eq!(app.db.count(jobs).await, 1);
     let runner = runner(&app, &chat, &[]);
     let bobs = ConsolidateJob { user_id: UserId::parse("bob").expect("user"), ..job() };
     for job in [job(), bobs] {
@@ -468,6 +480,8 @@ async fn a_job_that_finds_no_note_leaves_no_state_row_naming_the_user() {
     let left: Vec<String> =
         sqlx::query_scalar("SELECT user_id FROM consolidation_state").fetch_all(&app.db.pool).await.expect("rows");
     assert_eq!(left, ["bob"], "ann, who has no file at all, is named nowhere");
+    assert!(!store.retry_failed(&job(), Duration::from_secs(3600), 1).await.expect("retry"), "nothing left to do");
+    assert_eq!(app.db.count(jobs).await, 1);
     assert!(chat.requests().is_empty(), "no model call");
 }
 

@@ -9,7 +9,7 @@ use mnemo_core::{
     FileKey, InvalidInput, MemoryNotes, PromptFile, ScopeError, Workspace, WorkspacePath, WorkspacePrompt,
     render_prompt,
 };
-use mnemo_store::{Edited, FileMeta, WorkspaceFile, Written};
+use mnemo_store::{ConsolidationRequest, Edited, FileMeta, WorkspaceFile, Written};
 use serde_json::{Value, json};
 
 use crate::auth::Authenticated;
@@ -372,8 +372,12 @@ pub async fn consolidate(
     if !state.workspace.consolidation.enabled {
         return Ok((StatusCode::ACCEPTED, Json(json!({ "queued": false, "skipped": "disabled" }))));
     }
-    let queued = state.store.request_consolidation(&workspace, None).await?;
-    Ok((StatusCode::ACCEPTED, Json(json!({ "queued": queued, "skipped": null }))))
+    let (queued, skipped) = match state.store.request_consolidation(&workspace, None).await? {
+        ConsolidationRequest::Queued => (true, None),
+        ConsolidationRequest::Waiting => (false, None),
+        ConsolidationRequest::NoNote => (false, Some("no_daily_notes")),
+    };
+    Ok((StatusCode::ACCEPTED, Json(json!({ "queued": queued, "skipped": skipped }))))
 }
 
 #[cfg(test)]

@@ -96,6 +96,7 @@ impl ConsolidateRunner {
         // this process's name, so an undo or a failure here could end the run another job of
         // this process has claimed since.
         if more && matches!(report, ConsolidateReport::Updated { .. } | ConsolidateReport::Kept { .. }) {
+            // Under the user's files: an erasure that committed since leaves no note, and no request.
             self.store.request_consolidation(&workspace, None).await?;
         }
         Ok(report)

@@ -227,11 +227,15 @@ async fn finish<J: JobArgs>(
     match Next::after(result, failures) {
         Next::Done => Ok(()),
         Next::RetryAfter(delay, cause) => {
-            tracing::warn!(queue, error = %with_causes(&cause), delay_ms = delay.as_millis() as u64,
-                "job failed; it runs again later");
-            metrics::counter!("mnemo_job_retries_total", "queue" => queue).increment(1);
             // When even the retry cannot be queued, the job fails and apalis runs it again at once.
-            store.retry_failed(job, delay, failures).await.map_err(Into::into)
+            if store.retry_failed(job, delay, failures).await? {
+                tracing::warn!(queue, error = %with_causes(&cause), delay_ms = delay.as_millis() as u64,
+                    "job failed; it runs again later");
+                metrics::counter!("mnemo_job_retries_total", "queue" => queue).increment(1);
+            } else {
+                tracing::info!(queue, error = %with_causes(&cause), "job failed with no work left; not run again");
+            }
+            Ok(())
         }
         Next::GiveUp(cause) => {
             tracing::error!(queue, error = %with_causes(&cause), "job cannot succeed; given up");

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use mnemo_config::{ContextSettings, Env, WorkspaceSettings};
 use mnemo_core::{AgentId, SessionId, TenantId, UserId, Workspace};
 use mnemo_jobs::{ConsolidateRunner, ExtractRunner, Proposal};
-use mnemo_store::Store;
+use mnemo_store::{ConsolidationRequest, Store};
 use serde_json::{Value, json};
 
 #[derive(Debug, Subcommand)]
@@ -165,7 +165,12 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 bail!("{missing}: nothing to consolidate");
             }
             if !dry_run {
-                let queued = store.request_consolidation(&workspace, None).await?;
+                let request = store.request_consolidation(&workspace, None).await?;
+                // The notes deleted since they were looked at.
+                if request == ConsolidationRequest::NoNote {
+                    bail!("{missing}: nothing to consolidate");
+                }
+                let queued = request == ConsolidationRequest::Queued;
                 if json {
                     println!("{}", json!({ "queued": queued }));
                 } else if queued {

@@ -85,6 +85,14 @@ macro_rules! has_daily_note {
 /// Whether the (tenant `$1`, agent `$2`, user `$3`) has a live daily note.
 pub(crate) const HAS_NOTE: &str = concat!("SELECT ", has_daily_note!());
 
+/// Whether a consolidation job of the (tenant `$1`, agent `$2`, user `$3`) has work: a live
+/// daily note to read, or a state row to remove (one a request racing the user's erasure wrote).
+pub(crate) const HAS_WORK: &str = concat!(
+    "SELECT ",
+    has_daily_note!(),
+    " OR EXISTS (SELECT 1 FROM consolidation_state WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3)"
+);
+
 /// Takes the run when nobody holds it (or its holder is presumed dead) and the user has a live
 /// daily note (none once the user was erased: no state row may name them then).
 const CLAIM: &str = concat!(
@@ -130,6 +138,17 @@ UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_f
     failures = CASE WHEN $5 <> 'failed' THEN 0 WHEN $6 IN ('memory_changed', 'notes_changed', 'error') THEN failures ELSE failures + 1 END
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $7";
 
+/// What a request for an (agent, user)'s consolidation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsolidationRequest {
+    /// Its job is queued.
+    Queued,
+    /// An earlier request waits for its run (or, throttled, was made too recently).
+    Waiting,
+    /// The user has no live daily note: nothing to consolidate.
+    NoNote,
+}
+
 /// What a claim of an (agent, user)'s consolidation run found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsolidationClaim {
@@ -150,19 +169,35 @@ pub struct ChangedNote {
 }
 
 impl Store {
-    /// Asks for a consolidation of the (agent, user) and queues its job, unless one was asked
-    /// for within `throttle` (longer after failed runs), or, without a throttle, one is still
-    /// waiting for its run. True when this call queued the job.
+    /// Asks for a consolidation of the (agent, user) and queues its job, unless the user has no
+    /// live daily note (nothing to read; an erased user among them), one was asked for within
+    /// `throttle` (longer after failed runs), or, without a throttle, one is still waiting for
+    /// its run.
     pub async fn request_consolidation(
         &self,
         workspace: &Workspace,
         throttle: Option<Duration>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<ConsolidationRequest, StoreError> {
+        let user = user_of(workspace)?;
         let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let asked = request_consolidation_in(&mut tx, workspace, throttle).await?;
+        // Under the user's files, shared: an erasure committing meanwhile leaves no note.
+        share_user_files(&mut tx, workspace.tenant.as_str(), user).await?;
+        let has_note: bool = sqlx::query_scalar(HAS_NOTE)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user)
+            .fetch_one(&mut *tx)
+            .await?;
+        let request = if !has_note {
+            ConsolidationRequest::NoNote
+        } else if request_consolidation_in(&mut tx, workspace, throttle).await? {
+            ConsolidationRequest::Queued
+        } else {
+            ConsolidationRequest::Waiting
+        };
         tx.commit().await?;
-        Ok(asked)
+        Ok(request)
     }
 
     /// Queues a consolidation for every (agent, user) with daily notes, of the tenants in `zone`,

@@ -307,8 +307,12 @@ impl Store {
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        push(&mut *self.pool.acquire().await?, &jobs).await?;
-        Ok(jobs.len() as u64)
+        // Each under its user's files, while still pending: an erasure since leaves nothing.
+        let mut queued = 0;
+        for job in &jobs {
+            queued += u64::from(self.retry_after(job, Duration::ZERO).await?);
+        }
+        Ok(queued)
     }
 
     /// Asks for the extraction of a completed conversation (once per session and last message;

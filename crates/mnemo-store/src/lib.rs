@@ -39,7 +39,7 @@ mod typed;
 mod workspace;
 
 pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
-pub use consolidation::{ChangedNote, ConsolidationClaim};
+pub use consolidation::{ChangedNote, ConsolidationClaim, ConsolidationRequest};
 pub use conversation::{
     Compaction, MessageCursor, NewCompaction, PendingCompaction, Recording, STALE_REQUEST, SessionMessage,
     SessionState, SessionSummary,

@@ -177,7 +177,7 @@ impl JobArgs for ConsolidateJob {
     const QUEUE: Queue = Queue::Consolidate;
 
     fn user_work(&self) -> Option<([&str; 3], &'static str)> {
-        Some(([self.tenant_id.as_str(), self.agent_id.as_str(), self.user_id.as_str()], crate::consolidation::HAS_NOTE))
+        Some(([self.tenant_id.as_str(), self.agent_id.as_str(), self.user_id.as_str()], crate::consolidation::HAS_WORK))
     }
 }
 
@@ -283,20 +283,27 @@ impl crate::Store {
     /// Queues `job` again on its own queue, due after `delay`: the worker's durable backoff
     /// (apalis retries a failed job at once and ignores a retry delay).
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
-    pub async fn retry_after<J: JobArgs>(&self, job: &J, delay: Duration) -> Result<(), StoreError> {
+    pub async fn retry_after<J: JobArgs>(&self, job: &J, delay: Duration) -> Result<bool, StoreError> {
         self.retry(job, delay, 0).await
     }
 
     /// Queues `job` again after it failed for the `failures`-th time in a row, due after
-    /// `delay`; the next run knows how many failures it follows ([`failures_before`]).
-    pub async fn retry_failed<J: JobArgs>(&self, job: &J, delay: Duration, failures: usize) -> Result<(), StoreError> {
+    /// `delay`; the next run knows how many failures it follows ([`failures_before`]). False
+    /// when the job had no work left ([`JobArgs::user_work`]) and was not queued.
+    pub async fn retry_failed<J: JobArgs>(
+        &self,
+        job: &J,
+        delay: Duration,
+        failures: usize,
+    ) -> Result<bool, StoreError> {
         self.retry(job, delay, failures).await
     }
 
-    /// Queues `job` again (see [`JobArgs::user_work`] for a job naming a user).
-    async fn retry<J: JobArgs>(&self, job: &J, delay: Duration, failures: usize) -> Result<(), StoreError> {
+    /// Queues `job` again (see [`JobArgs::user_work`] for a job naming a user); whether it did.
+    async fn retry<J: JobArgs>(&self, job: &J, delay: Duration, failures: usize) -> Result<bool, StoreError> {
         let Some(([tenant, agent, user], has_work)) = job.user_work() else {
-            return push_after(&mut *self.pool.acquire().await?, job, delay, failures).await;
+            push_after(&mut *self.pool.acquire().await?, job, delay, failures).await?;
+            return Ok(true);
         };
         let mut tx = self.pool.begin().await?;
         crate::workspace::share_user_files(&mut tx, tenant, user).await?;
@@ -306,7 +313,7 @@ impl crate::Store {
             push_after(&mut tx, job, delay, failures).await?;
         }
         tx.commit().await?;
-        Ok(())
+        Ok(has_work)
     }
 
     /// Makes every job of `J`'s queue that waits out a backoff due now, for when what failed

@@ -716,10 +716,14 @@ impl Store {
         }
         // Running ones too: the run finds nothing pending and takes no run (see the runners),
         // and apalis' acknowledgement of a row gone changes nothing.
+        // Locked in id order, as apalis' acknowledgement of a batch locks them: a worker
+        // acknowledging two of them at once waits for the erasure, or the erasure for it.
         sqlx::query(
-            "DELETE FROM apalis.jobs
-             WHERE job_type = ANY($3)
-               AND convert_from(job, 'UTF8')::jsonb @> jsonb_build_object('tenant_id', $1::text, 'user_id', $2::text)",
+            "DELETE FROM apalis.jobs WHERE id IN (
+                 SELECT id FROM apalis.jobs
+                 WHERE job_type = ANY($3)
+                   AND convert_from(job, 'UTF8')::jsonb @> jsonb_build_object('tenant_id', $1::text, 'user_id', $2::text)
+                 ORDER BY id FOR UPDATE)",
         )
         .bind(tenant.as_str())
         .bind(user.as_str())
