@@ -182,6 +182,13 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
         .await
         .expect("count");
     assert!(unembedded >= BULK_ROWS as i64, "{unembedded} rows left to embed");
+    let embedded = "SELECT count(*) FROM memory_items WHERE tenant_id = 'acme' AND embedded_model IS NOT NULL";
+    let embedded = source.db.count(embedded).await;
+    assert!(run.stdout.contains(&format!("\n{embedded} items to embed again")), "{embedded}: {}", run.stdout);
+    assert_eq!(fresh.count("SELECT count(*) FROM memory_items WHERE embedded_model IS NOT NULL").await, 0);
+    // Again: nothing new, nothing more to embed.
+    let run = runbook(&fresh.url, &["import", "--tenant", "acme", bare.to_str().expect("path")], None).await;
+    assert!(run.ok && run.stdout.contains("\n0 items to embed again"), "{}{}", run.stdout, run.stderr);
     for path in [first, second, bare] {
         let _ = std::fs::remove_file(path);
     }

@@ -487,6 +487,27 @@ impl Import {
         .fetch_all(&mut *self.tx)
         .await?;
         report.to_embed += crate::retention::drop_vectors_made_with(&mut self.tx, &self.tenant, &turns).await?;
+        // A row new here whose vector did not come with it goes in without its model, as the
+        // embed worker will find it: not in with it and then out again, which wrote every index
+        // entry twice and the full-text index's (it holds embedded rows only) for nothing.
+        sqlx::query("CREATE TEMP TABLE import_unembedded (id uuid NOT NULL) ON COMMIT DROP")
+            .execute(&mut *self.tx)
+            .await?;
+        sqlx::query(
+            "WITH unembedded AS (
+                 UPDATE import_rows l SET row = jsonb_set(l.row, '{embedded_model}', 'null')
+                 WHERE l.tbl = 'memory_items' AND l.row->>'embedded_model' IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM import_rows e
+                                   WHERE e.tbl = 'memory_embeddings' AND e.row->>'item_id' = l.row->>'id'
+                                     AND e.row->>'model' = l.row->>'embedded_model')
+                   AND NOT EXISTS (SELECT 1 FROM memory_items s
+                                   WHERE s.tenant_id = $1 AND s.id = (l.row->>'id')::uuid)
+                 RETURNING (l.row->>'id')::uuid AS id)
+             INSERT INTO import_unembedded SELECT id FROM unembedded",
+        )
+        .bind(tenant)
+        .execute(&mut *self.tx)
+        .await?;
         for (table, columns) in &columns {
             let list = columns.join(", ");
             let staged: i64 = sqlx::query_scalar("SELECT count(*) FROM import_rows WHERE tbl = $1")
@@ -568,6 +589,14 @@ impl Import {
                 }
             }
         }
+        let inserted_unembedded: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM import_unembedded u JOIN memory_items m ON m.tenant_id = $1 AND m.id = u.id",
+        )
+        .bind(tenant)
+        .fetch_one(&mut *self.tx)
+        .await?;
+        report.to_embed += u64::try_from(inserted_unembedded).unwrap_or(0);
+        // Stored rows the file overwrote, or kept, without a vector of their model here.
         report.to_embed += sqlx::query(
             "UPDATE memory_items m SET embedded_model = NULL
              FROM import_rows l
