@@ -808,6 +808,18 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     assert!(runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await.ok);
     assert_eq!(copy.count(files).await, 0);
     assert_eq!(copy.count(vectors).await, 0, "the older file brought back a vector made with the erased words");
+    // A whole export from after the erasure, into a copy from before: the reply's vector, made
+    // with the erased words, is dropped and the reply queued once; it keeps its model (its full
+    // text stays searchable) though the file brings it without a vector.
+    let after = temp("copy-after.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--with-vectors"], Some(&after)).await.ok);
+    let second = TestDb::new().await;
+    assert!(runbook(&second.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await.ok);
+    let run = runbook(&second.url, &["import", "--tenant", "acme", after.to_str().expect("path")], None).await;
+    assert!(run.ok && run.stdout.contains("\n1 items to embed again"), "{}{}", run.stdout, run.stderr);
+    let reply_model = format!("SELECT count(*) FROM memory_items WHERE id = '{answer}' AND embedded_model = 'm'");
+    assert_eq!(second.count(&reply_model).await, 1);
+    let _ = std::fs::remove_file(after);
 
     // In another tenant the same hash may name someone else: a retargeted file's erasures are
     // applied or left out as the operator says, never guessed.

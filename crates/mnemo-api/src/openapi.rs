@@ -289,7 +289,7 @@ pub fn document() -> Value {
             .body(schema::empty_body())
             .answer(202, answer(json!({
                 "queued": { "type": "boolean", "description": "False while an earlier request still waits for its run." },
-                "skipped": { "type": ["string", "null"], "description": "disabled: consolidation is switched off (MNEMO_CONSOLIDATE_ENABLED)." },
+                "skipped": { "type": ["string", "null"], "description": "disabled: consolidation is switched off (MNEMO_CONSOLIDATE_ENABLED); no_daily_notes: the user has no daily note to consolidate." },
             })))
             .errors(&[403])]),
         ("/v1/workspace/files", vec![Op::new("get", "list_files", "The workspace's live files, by sort order, a page at a time")

@@ -486,7 +486,8 @@ impl Import {
         .bind(tenant)
         .fetch_all(&mut *self.tx)
         .await?;
-        report.to_embed += crate::retention::drop_vectors_made_with(&mut self.tx, &self.tenant, &turns).await?;
+        let queued = crate::retention::drop_vectors_made_with(&mut self.tx, &self.tenant, &turns).await?;
+        report.to_embed += queued.len() as u64;
         // A row new here whose vector did not come with it goes in without its model, as the
         // embed worker will find it: not in with it and then out again, which wrote every index
         // entry twice and the full-text index's (it holds embedded rows only) for nothing.
@@ -496,7 +497,7 @@ impl Import {
         sqlx::query(
             "WITH unembedded AS (
                  UPDATE import_rows l SET row = jsonb_set(l.row, '{embedded_model}', 'null')
-                 WHERE l.tbl = 'memory_items' AND l.row->>'embedded_model' IS NOT NULL
+                 WHERE l.tbl = 'memory_items' AND l.row->>'embedded_model' IS NOT NULL AND l.row->>'id' IS NOT NULL
                    AND NOT EXISTS (SELECT 1 FROM import_rows e
                                    WHERE e.tbl = 'memory_embeddings' AND e.row->>'item_id' = l.row->>'id'
                                      AND e.row->>'model' = l.row->>'embedded_model')
@@ -590,22 +591,25 @@ impl Import {
             }
         }
         let inserted_unembedded: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM import_unembedded u JOIN memory_items m ON m.tenant_id = $1 AND m.id = u.id",
+            "SELECT count(DISTINCT u.id) FROM import_unembedded u JOIN memory_items m ON m.tenant_id = $1 AND m.id = u.id",
         )
         .bind(tenant)
         .fetch_one(&mut *self.tx)
         .await?;
         report.to_embed += u64::try_from(inserted_unembedded).unwrap_or(0);
-        // Stored rows the file overwrote, or kept, without a vector of their model here.
+        // Stored rows the file overwrote, or kept, without a vector of their model here (but
+        // those whose vectors held a turn the file brings anonymized: queued above, they keep
+        // their model, and their full text stays searchable until they are embedded again).
         report.to_embed += sqlx::query(
             "UPDATE memory_items m SET embedded_model = NULL
              FROM import_rows l
              WHERE l.tbl = 'memory_items' AND m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
-               AND m.embedded_model IS NOT NULL
+               AND m.embedded_model IS NOT NULL AND m.id <> ALL($2)
                AND NOT EXISTS (SELECT 1 FROM memory_embeddings e
                                WHERE e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = m.embedded_model)",
         )
         .bind(tenant)
+        .bind(&queued)
         .execute(&mut *self.tx)
         .await?
         .rows_affected();

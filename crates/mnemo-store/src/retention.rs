@@ -302,10 +302,10 @@ pub(crate) async fn drop_vectors_made_with(
     tx: &mut sqlx::PgConnection,
     tenant: &TenantId,
     ids: &[Uuid],
-) -> Result<u64, StoreError> {
+) -> Result<Vec<Uuid>, StoreError> {
     let again: Vec<(Uuid, String, Vec<u8>)> =
         sqlx::query_as(DROP_VECTORS_MADE_WITH).bind(tenant.as_str()).bind(ids).fetch_all(&mut *tx).await?;
-    let queued = again.len() as u64;
+    let queued = again.iter().map(|(id, _, _)| *id).collect();
     push(&mut *tx, &again.into_iter().map(embed_job).collect::<Result<Vec<_>, _>>()?).await?;
     Ok(queued)
 }
