@@ -491,20 +491,17 @@ impl Import {
         // A row new here whose vector did not come with it goes in without its model, as the
         // embed worker will find it: not in with it and then out again, which wrote every index
         // entry twice and the full-text index's (it holds embedded rows only) for nothing.
-        sqlx::query("CREATE TEMP TABLE import_unembedded (id uuid NOT NULL) ON COMMIT DROP")
+        sqlx::query("CREATE TEMP TABLE import_unembedded (line bigint PRIMARY KEY, id uuid NOT NULL) ON COMMIT DROP")
             .execute(&mut *self.tx)
             .await?;
         sqlx::query(
-            "WITH unembedded AS (
-                 UPDATE import_rows l SET row = jsonb_set(l.row, '{embedded_model}', 'null')
-                 WHERE l.tbl = 'memory_items' AND l.row->>'embedded_model' IS NOT NULL AND l.row->>'id' IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM import_rows e
-                                   WHERE e.tbl = 'memory_embeddings' AND e.row->>'item_id' = l.row->>'id'
-                                     AND e.row->>'model' = l.row->>'embedded_model')
-                   AND NOT EXISTS (SELECT 1 FROM memory_items s
-                                   WHERE s.tenant_id = $1 AND s.id = (l.row->>'id')::uuid)
-                 RETURNING (l.row->>'id')::uuid AS id)
-             INSERT INTO import_unembedded SELECT id FROM unembedded",
+            "INSERT INTO import_unembedded
+             SELECT l.line, (l.row->>'id')::uuid FROM import_rows l
+             WHERE l.tbl = 'memory_items' AND l.row->>'embedded_model' IS NOT NULL AND l.row->>'id' IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM import_rows e
+                               WHERE e.tbl = 'memory_embeddings' AND e.row->>'item_id' = l.row->>'id'
+                                 AND e.row->>'model' = l.row->>'embedded_model')
+               AND NOT EXISTS (SELECT 1 FROM memory_items s WHERE s.tenant_id = $1 AND s.id = (l.row->>'id')::uuid)",
         )
         .bind(tenant)
         .execute(&mut *self.tx)
@@ -568,9 +565,20 @@ impl Import {
                 }
                 _ => "",
             };
+            // A new row whose vector did not come with it: without its model (see above).
+            let selected = columns
+                .iter()
+                .map(|c| match (*table, c.as_str()) {
+                    ("memory_items", "embedded_model") => "CASE WHEN NOT EXISTS (SELECT 1 FROM import_unembedded u
+                         WHERE u.line = l.line) THEN r.embedded_model END"
+                        .to_owned(),
+                    _ => format!("r.{c}"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
             let insert = format!(
                 "INSERT INTO {table} ({list})
-                 SELECT {list} FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
+                 SELECT {selected} FROM import_rows l, jsonb_populate_record(NULL::{table}, l.row) r
                  WHERE l.tbl = '{table}' {not_erased} ORDER BY l.line
                  ON CONFLICT DO NOTHING"
             );
