@@ -121,7 +121,9 @@ impl Fixture {
             .env_clear()
             .env(vars::DATABASE_URL, &self.app.db.url)
             .env(vars::READ_DATABASE_URL, replica_url)
-            .env(vars::READ_REPLICA_WAIT_MS, "200")
+            // Long enough for the replica to replay what the whole test suite writes meanwhile
+            // (the lag it waits out is the cluster's), and paid in full only while it is paused.
+            .env(vars::READ_REPLICA_WAIT_MS, "3000")
             .env("MNEMO_LOG", "warn")
             .args(["export", "--tenant", tenant])
             .stdout(std::process::Stdio::piped())
