@@ -160,13 +160,9 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             if !settings.consolidation.enabled {
                 bail!("consolidation is switched off (MNEMO_CONSOLIDATE_ENABLED=false): nothing to queue or propose");
             }
-            // A mistyped name would queue a job that finds nothing to read.
-            if !store.has_daily_notes(&workspace).await? {
-                bail!("{missing}: nothing to consolidate");
-            }
+            // A mistyped name has no notes: the request queues nothing, and a dry run reads nothing.
             if !dry_run {
                 let request = store.request_consolidation(&workspace, None).await?;
-                // The notes deleted since they were looked at.
                 if request == ConsolidationRequest::NoNote {
                     bail!("{missing}: nothing to consolidate");
                 }
@@ -179,6 +175,9 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                     println!("not queued: an earlier request still waits for a worker to take it");
                 }
                 return Ok(());
+            }
+            if !store.has_daily_notes(&workspace).await? {
+                bail!("{missing}: nothing to consolidate");
             }
             let context = ContextSettings::from_env(env)?;
             let runner = ConsolidateRunner {

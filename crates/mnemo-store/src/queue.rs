@@ -301,14 +301,14 @@ impl crate::Store {
 
     /// Queues `job` again (see [`JobArgs::user_work`] for a job naming a user); whether it did.
     async fn retry<J: JobArgs>(&self, job: &J, delay: Duration, failures: usize) -> Result<bool, StoreError> {
-        let Some(([tenant, agent, user], has_work)) = job.user_work() else {
+        let Some(([tenant, agent, user], work_query)) = job.user_work() else {
             push_after(&mut *self.pool.acquire().await?, job, delay, failures).await?;
             return Ok(true);
         };
         let mut tx = self.pool.begin().await?;
         crate::workspace::share_user_files(&mut tx, tenant, user).await?;
         let has_work: bool =
-            sqlx::query_scalar(has_work).bind(tenant).bind(agent).bind(user).fetch_one(&mut *tx).await?;
+            sqlx::query_scalar(work_query).bind(tenant).bind(agent).bind(user).fetch_one(&mut *tx).await?;
         if has_work {
             push_after(&mut tx, job, delay, failures).await?;
         }

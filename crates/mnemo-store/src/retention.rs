@@ -715,9 +715,9 @@ impl Store {
                 .await?;
         }
         // Running ones too: the run finds nothing pending and takes no run (see the runners),
-        // and apalis' acknowledgement of a row gone changes nothing.
-        // Locked in id order, as apalis' acknowledgement of a batch locks them: a worker
-        // acknowledging two of them at once waits for the erasure, or the erasure for it.
+        // and apalis' acknowledgement of a row gone changes nothing. Locked in id order, as that
+        // acknowledgement locks a batch: a worker acknowledging two of them at once waits for the
+        // erasure, or the erasure for it.
         sqlx::query(
             "DELETE FROM apalis.jobs WHERE id IN (
                  SELECT id FROM apalis.jobs
