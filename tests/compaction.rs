@@ -79,6 +79,7 @@ fn job(tenant: &str, session: &str) -> CompactJob {
         tenant_id: TenantId::parse(tenant).expect("tenant"),
         session_id: SessionId::parse(session).expect("session"),
         trigger: CompactionTrigger::Messages,
+        keep: None,
         keep_at_most: None,
         summary_failures: 0,
     }
@@ -391,6 +392,56 @@ async fn keep_pairs_and_keep_tokens_never_split_a_tool_call_from_its_results() {
     assert_eq!(after["messages"][2]["tool_calls"][0]["id"], "c2");
 }
 
+/// The job cuts where the server that asked judged there was something to cut: by the server's
+/// keep, whatever the worker's own settings say, and never keeping fewer than 1,024 tokens for
+/// one call's small budget (a router model's call must not fold for good what calls with larger
+/// budgets show verbatim).
+#[tokio::test]
+async fn a_job_cuts_as_the_server_that_asked_for_it_judged() {
+    let chat = ScriptedChat::start().await;
+    // The worker's settings: its default keep (two turns).
+    let worker = settings(llm_env(&chat));
+    let queued = |app: &TestApp| {
+        let pool = app.db.pool.clone();
+        async move {
+            let job: Vec<u8> = sqlx::query_scalar("SELECT job FROM apalis.jobs WHERE job_type = 'compact'")
+                .fetch_one(&pool)
+                .await
+                .expect("the job");
+            serde_json::from_slice::<CompactJob>(&job).expect("a compact job")
+        }
+    };
+    let t = token(&principal("acme", None, None, Some("s1")));
+
+    // The server keeps one turn.
+    let app = TestApp::spawn_with(&[
+        (vars::COMPACT_KEEP_PAIRS, "1"),
+        (vars::COMPACT_TRIGGER_MESSAGES, "5"),
+        (vars::COMPACT_TRIGGER_RATIO, "0"),
+    ])
+    .await;
+    turns(&app, &t, 0, 3).await;
+    assert_eq!(context(&app, &t, "s1", json!({})).await["diagnostics"]["trigger"], "messages");
+    let job = queued(&app).await;
+    assert_eq!(job.keep, Some(Keep::Turns(1)));
+    let report = compactor(&app, &worker).run(&job).await.expect("job");
+    assert!(matches!(report, CompactReport::Compacted { messages: 4, .. }), "{report:?}");
+
+    // A 300-token budget: half of its room is far less than the two turns kept (about 180
+    // tokens), yet the job keeps them.
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0.5"), (vars::COMPACT_TRIGGER_MESSAGES, "0")]).await;
+    let words = "word ".repeat(40);
+    for i in 0..30 {
+        say(&app, &t, &format!("m{i}"), if i % 2 == 0 { "user" } else { "assistant" }, &words).await;
+    }
+    let small = context(&app, &t, "s1", json!({ "max_input_tokens": 300 })).await;
+    assert_eq!(small["diagnostics"]["trigger"], "tokens", "{}", small["diagnostics"]);
+    let job = queued(&app).await;
+    assert_eq!(job.keep_at_most, Some(1_024));
+    let report = compactor(&app, &worker).run(&job).await.expect("job");
+    assert!(matches!(report, CompactReport::Compacted { messages: 26, .. }), "{report:?}");
+}
+
 #[tokio::test]
 async fn a_duplicated_or_retried_job_leaves_one_summary_and_one_record() {
     let chat = ScriptedChat::start().await;
@@ -691,7 +742,7 @@ async fn a_model_outage_is_waited_out_before_anything_is_truncated() {
     turns(&app, &t, 0, 4).await;
     let store = app.db.store();
     let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
-    assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None).await.expect("request"));
+    assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None, None).await.expect("request"));
     chat.outage(Some(ChatAnswer::Status(503)));
     // The worker takes the queued job: it is the one run below.
     let take =
@@ -723,7 +774,7 @@ async fn a_model_outage_is_waited_out_before_anything_is_truncated() {
     assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 0, "nothing recorded");
     // The request is the retried job's: a trigger now queues no second job.
     let before = compact_jobs(&app).await;
-    assert!(!store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None).await.expect("request"));
+    assert!(!store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None, None).await.expect("request"));
     assert_eq!(compact_jobs(&app).await, before);
 
     chat.outage(None);
@@ -928,7 +979,7 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
         extract_for: Vec::new(),
     };
     // A request made after the first job recorded (its follow-up) outlives the overtaken one.
-    assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Operator, None).await.expect("request"));
+    assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Operator, None, None).await.expect("request"));
     assert_eq!(store.record_compaction(&tenant, &session, &stale).await.expect("record"), Recording::Overtaken);
     assert_eq!(
         app.db.count("SELECT count(*) FROM session_compaction_requests").await,
@@ -1117,7 +1168,7 @@ async fn a_retried_job_never_takes_over_the_summary_of_an_earlier_try() {
     turns(&app, &t, 0, 4).await;
     let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
     let compactor = compactor(&app, &settings(llm_env(&chat)));
-    let plan = compactor.plan(&tenant, &session, None).await.expect("plan");
+    let plan = compactor.plan(&tenant, &session, None, None).await.expect("plan");
     let (first, last) = (&plan.messages[0], &plan.messages[plan.cut - 1]);
     let quoted =
         "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
@@ -1141,6 +1192,71 @@ async fn a_retried_job_never_takes_over_the_summary_of_an_earlier_try() {
     assert_eq!(app.db.count(&anonymized(orphan)).await, 1, "the earlier try's summary is anonymized");
     let window = context(&app, &t, "s1", json!({})).await;
     assert!(!contents(&window).iter().any(|m| m.contains("question 0 ")), "{window}");
+}
+
+/// A job that crashed after writing its summary, retried after the messages it covered were
+/// deleted: the retry finds nothing to compact, and no record may ever come to drop the earlier
+/// try's summary, which quotes them. The retry drops it. A job still writing one meanwhile is
+/// then not recorded over a dropped summary.
+#[tokio::test]
+async fn a_job_that_finds_nothing_to_compact_drops_the_summary_an_earlier_try_left() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 3).await;
+    let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let compactor = compactor(&app, &settings(llm_env(&chat)));
+    let plan = compactor.plan(&tenant, &session, None, None).await.expect("plan");
+    assert_eq!(plan.cut, 2, "the first turn is compacted");
+    let last = &plan.messages[1];
+    let summary = |text: &str| {
+        NewMemory::session_summary(
+            tenant.clone(),
+            session.clone(),
+            None,
+            None,
+            summary_source_ref(&session, None, last.id, text),
+            MemoryText::parse(text).expect("text"),
+            last.event_time,
+        )
+    };
+    let quoted = "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
+    let orphan = app.db.store().remember(&summary(quoted)).await.expect("the earlier try's summary").id;
+    for message in &plan.messages[..2] {
+        let deleted = app.client.delete(&format!("/v1/memories/{}", message.id), Some(&t)).await;
+        assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    }
+
+    let report = compactor.run(&job("acme", "s1")).await.expect("job");
+    assert_eq!(report, CompactReport::NothingToCompact);
+    assert_eq!(app.db.count(&anonymized(orphan)).await, 1, "the earlier try's summary is anonymized");
+    let window = context(&app, &t, "s1", json!({})).await;
+    assert!(!contents(&window).iter().any(|m| m.contains("question 0 ")), "{window}");
+
+    // A job that keeps less (queued by another server or the runbook), between writing its
+    // summary and recording it, when another finds nothing: its summary is dropped, so it is not
+    // recorded.
+    turns(&app, &t, 3, 1).await;
+    let plan = compactor.plan(&tenant, &session, None, None).await.expect("plan");
+    assert_eq!(plan.cut, 2);
+    let written = "SESSION INTENT: trip\nSUMMARY: question 1 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
+    let written = app.db.store().remember(&summary(written)).await.expect("the duplicate's summary").id;
+    app.db.store().nothing_to_compact(&tenant, &session).await.expect("nothing to compact");
+    let record = mnemo_store::NewCompaction {
+        from: None,
+        through: plan.messages[1].cursor(),
+        covered: plan.messages[..2].iter().map(|m| m.id).collect(),
+        previous_summary: None,
+        outcome: CompactionOutcome::Summarized,
+        reason: None,
+        summary_id: Some(written),
+        model: None,
+        trigger: CompactionTrigger::Messages,
+        extract_for: Vec::new(),
+    };
+    let recorded = app.db.store().record_compaction(&tenant, &session, &record).await.expect("record");
+    assert_eq!(recorded, Recording::Overtaken);
+    assert!(app.db.store().session_compactions(&tenant, &session).await.expect("compactions").is_empty());
 }
 
 /// A session whose agent replies with a service token (its replies carry no user): the summary

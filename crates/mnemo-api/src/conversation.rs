@@ -35,6 +35,10 @@ const GATE_MESSAGES: i64 = 2 * mnemo_config::MAX_EXTRACT_MIN_MESSAGES as i64;
 const MIN_INPUT_TOKENS: i64 = 64;
 const MAX_INPUT_TOKENS: i64 = 10_000_000;
 const DEFAULT_INPUT_TOKENS: i64 = 128_000;
+/// The fewest tokens a compaction keeps verbatim at one call's asking, however small its budget:
+/// a call with a small budget (a router model's) trims its own window each time, and must not
+/// fold into the summary for good what the session's calls with larger budgets still show.
+const MIN_KEEP_AT_MOST: u64 = 1_024;
 
 /// The query a message asks a memory pack with: its end (a paste's question is usually there),
 /// as much as a query holds, cut at a character boundary, without the NUL bytes a query may not
@@ -214,8 +218,8 @@ pub async fn context(
     if let Some(trigger) = trigger
         && session_state.pending.is_none_or(|p| p.is_stale())
     {
-        let keep_at_most = Some(built.lasting_room / 2);
-        state.store.request_compaction(&principal.tenant, &session, trigger, keep_at_most).await?;
+        let keeps = Some(state.context.compaction_keeps());
+        state.store.request_compaction(&principal.tenant, &session, trigger, keeps, Some(built.keep_at_most)).await?;
         session_state.pending = Some(PendingCompaction { trigger, since: chrono::Utc::now() });
     }
     if asked.wait_ms > 0 && session_state.pending.is_some_and(|p| !p.is_stale()) {
@@ -350,7 +354,7 @@ fn fired(built: &Built, request: &Request<'_>, overflow: bool, keep_pairs: usize
     let more_than_kept = built.compactable.unwrap_or(
         turns_read > keep_pairs
             || (built.read.len() < built.since_compaction && turns_read == keep_pairs)
-            || built.history_tokens > built.lasting_room / 2,
+            || built.history_tokens > built.keep_at_most,
     );
     if built.since_compaction == 0 || !more_than_kept {
         None
@@ -396,10 +400,10 @@ struct Built {
     /// exactly when every message was read, else at least what was read, past the triggers).
     since_compaction: usize,
     history_tokens: u64,
-    /// What the summary and the history may cost in this window without its current message
-    /// (the budget less the system prompt, the workspace and the memory): a compaction keeps at
-    /// most half of it.
-    lasting_room: u64,
+    /// The most a compaction keeps verbatim: half of what the summary and the history may cost
+    /// in this window without its current message (the budget less the system prompt, the
+    /// workspace and the memory), and at least [`MIN_KEEP_AT_MOST`].
+    keep_at_most: u64,
     /// History tokens past which the whole window passes the token trigger; 0 never.
     history_trigger: u64,
     /// Whether a compaction would cover anything, when every message since the last one was read.
@@ -437,6 +441,7 @@ async fn build(
         }
         None => room,
     };
+    let keep_at_most = (lasting_room / 2).max(MIN_KEEP_AT_MOST);
     // The trigger counts the whole window (the system prompt, the workspace, the memory and the
     // current message too), not the history alone; never below half the history's room, so a
     // window whose other parts pass the trigger alone does not ask for a summary at every turn.
@@ -485,16 +490,16 @@ async fn build(
         usize::try_from(count).unwrap_or(usize::MAX)
     };
     // Cut as the job's plan cuts: over the oldest messages it reads, by its keep, and keeping at
-    // most half the history's room in this call.
+    // most `keep_at_most`.
     let compactable = exhausted.then(|| {
         let planned = &history[..history.len().min(MAX_COMPACTION_MESSAGES)];
-        let at_most = Keep::Tokens(lasting_room / 2);
+        let at_most = Keep::Tokens(keep_at_most);
         compaction_cut(planned, request.compaction_keeps).max(compaction_cut(planned, at_most)) > 0
     });
     input.history = &history;
     let window = assemble(&input, tokenizer).map_err(budget_too_small)?;
     let history_tokens = summary_tokens + read_tokens;
-    Ok(Built { window, read, since_compaction, history_tokens, lasting_room, history_trigger, compactable })
+    Ok(Built { window, read, since_compaction, history_tokens, keep_at_most, history_trigger, compactable })
 }
 
 fn budget_too_small(error: WindowError) -> ApiError {

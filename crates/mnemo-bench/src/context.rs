@@ -294,6 +294,7 @@ async fn compaction_overhead(
             tenant_id: principal.tenant.clone(),
             session_id: SessionId::parse(&sid)?,
             trigger: CompactionTrigger::Operator,
+            keep: None,
             keep_at_most: None,
             summary_failures: 0,
         };

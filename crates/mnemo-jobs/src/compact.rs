@@ -98,7 +98,8 @@ pub struct Compactor {
 /// What one job did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CompactReport {
-    /// Nothing before the kept turns: the request is cleared.
+    /// Nothing before the kept turns: the request is cleared, and a summary an earlier try left
+    /// unrecorded is deleted and anonymized.
     NothingToCompact,
     /// The model failed in a way that passes (`reason`): nothing is recorded, and the job is
     /// queued again, due after `after`.
@@ -106,8 +107,9 @@ pub enum CompactReport {
     /// `messages` were compacted, summarized or truncated (with the reason).
     Compacted { messages: usize, outcome: CompactionOutcome, reason: Option<String> },
     /// Another compaction of the session was recorded while this one ran (or this job's own, if
-    /// it ran again): this one is not recorded, and the next job plans from that one. A summary
-    /// it wrote is deleted and anonymized.
+    /// it ran again), or another job found nothing to compact and dropped this one's summary:
+    /// this one is not recorded, and the next job plans from what is recorded. A summary it
+    /// wrote is deleted and anonymized.
     Overtaken,
     /// A message it covered was deleted or erased (or one was written into its range) while it
     /// ran: it is not recorded, a summary it wrote is deleted and anonymized, and the compaction
@@ -116,20 +118,22 @@ pub enum CompactReport {
 }
 
 impl Compactor {
-    /// Where a compaction of the session would cut now: before the kept turns (or tokens), and
-    /// before `keep_at_most` tokens when the kept turns are longer (one long agent turn), but
-    /// never past what one job summarizes (`max_chunks` chunks).
+    /// Where a compaction of the session would cut now: before the kept turns (or tokens) of
+    /// `keep` (the policy's when `None`), and before `keep_at_most` tokens when the kept turns
+    /// are longer (one long agent turn), but never past what one job summarizes (`max_chunks`
+    /// chunks).
     pub async fn plan(
         &self,
         tenant: &TenantId,
         session: &SessionId,
+        keep: Option<Keep>,
         keep_at_most: Option<u64>,
     ) -> Result<CompactPlan, JobError> {
         let state = self.store.session_state(tenant, session).await?;
         let read = i64::try_from(MAX_COMPACTION_MESSAGES).unwrap_or(i64::MAX);
         let messages = self.store.session_messages(tenant, session, state.through, read).await?;
         let history: Vec<_> = messages.iter().map(|m| m.to_window(self.counter.as_ref())).collect();
-        let wanted = compaction_cut(&history, self.policy.keep)
+        let wanted = compaction_cut(&history, keep.unwrap_or(self.policy.keep))
             .max(keep_at_most.map_or(0, |tokens| compaction_cut(&history, Keep::Tokens(tokens))));
         let per_job = self.policy.chunk_tokens.saturating_mul(self.policy.max_chunks);
         let cut = units_within(&history[..wanted], per_job);
@@ -151,9 +155,9 @@ impl Compactor {
     pub async fn run(&self, job: &CompactJob) -> Result<CompactReport, JobError> {
         let (tenant, session) = (&job.tenant_id, &job.session_id);
         let CompactPlan { state, messages: stored, history, cut, wanted } =
-            self.plan(tenant, session, job.keep_at_most).await?;
+            self.plan(tenant, session, job.keep, job.keep_at_most).await?;
         if cut == 0 {
-            self.store.clear_compaction_request(tenant, session).await?;
+            self.store.nothing_to_compact(tenant, session).await?;
             return Ok(CompactReport::NothingToCompact);
         }
         let previous = state.summary.as_ref();
@@ -249,13 +253,13 @@ impl Compactor {
             Recording::MessagesChanged => {
                 tracing::info!(tenant = %tenant, trigger = job.trigger.as_str(),
                     "the session's messages changed during its compaction; it is planned again");
-                self.store.request_compaction(tenant, session, job.trigger, job.keep_at_most).await?;
+                self.store.request_compaction(tenant, session, job.trigger, job.keep, job.keep_at_most).await?;
                 return Ok(CompactReport::MessagesChanged);
             }
         }
         // A backlog longer than one job's share continues in the next job.
         if cut < wanted {
-            self.store.request_compaction(tenant, session, job.trigger, job.keep_at_most).await?;
+            self.store.request_compaction(tenant, session, job.trigger, job.keep, job.keep_at_most).await?;
         }
         metrics::counter!("mnemo_compactions_total", "outcome" => outcome.as_str()).increment(1);
         tracing::info!(tenant = %tenant, messages = cut, outcome = outcome.as_str(), trigger = job.trigger.as_str(),

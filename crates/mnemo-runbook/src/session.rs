@@ -196,7 +196,7 @@ async fn compact(
         anyhow::bail!("session {session} of tenant {tenant} has no messages");
     }
     if let How::DryRun = how {
-        let CompactPlan { messages, history, cut, .. } = compactor.plan(tenant, session, None).await?;
+        let CompactPlan { messages, history, cut, .. } = compactor.plan(tenant, session, None, None).await?;
         let tokens: u64 = history[..cut].iter().map(|m| m.cost()).sum();
         let way = if compactor.summarizer.is_some() { "summarize" } else { "truncate" };
         let (first, last) = (messages[..cut].first().map(|m| m.id), messages[..cut].last().map(|m| m.id));
@@ -224,6 +224,7 @@ async fn compact(
             tenant_id: tenant.clone(),
             session_id: session.clone(),
             trigger: CompactionTrigger::Operator,
+            keep: None,
             keep_at_most: None,
             // --truncate: a model that fails for now truncates here, as the last try would.
             summary_failures: if let How::Now { truncate: true } = how { SUMMARY_RETRIES.len() as u32 } else { 0 },
@@ -253,7 +254,7 @@ async fn compact(
         }
         return Ok(());
     }
-    let queued = store.request_compaction(tenant, session, CompactionTrigger::Operator, None).await?;
+    let queued = store.request_compaction(tenant, session, CompactionTrigger::Operator, None, None).await?;
     if json {
         println!("{}", json!({ "queued": queued }));
     } else if queued {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    AuditEvent, CompactionOutcome, CompactionTrigger, Queue, Role, SessionId, SourceKind, TenantId, TokenCounter,
+    AuditEvent, CompactionOutcome, CompactionTrigger, Keep, Queue, Role, SessionId, SourceKind, TenantId, TokenCounter,
     TriggerSource, USER_SYSTEM_PREFIX, UserId, WindowMessage, Workspace,
 };
 use uuid::Uuid;
@@ -200,7 +200,12 @@ SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
        -- The writers of the messages `$13` its summary was made from (user_sha256's hash).
        ARRAY(SELECT DISTINCT encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex') FROM memory_items m
              WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[]) AND m.user_id IS NOT NULL)
-WHERE NOT EXISTS (
+-- Its summary is still live: a job that found nothing to compact drops the summaries no record
+-- holds, this one's too if it ran meanwhile (with another keep); then this one is overtaken.
+WHERE ($8::uuid IS NULL OR EXISTS (
+    SELECT 1 FROM memory_items s
+    WHERE s.tenant_id = $1 AND s.id = $8 AND s.deleted_at IS NULL AND s.anonymized_at IS NULL))
+AND NOT EXISTS (
     -- The latest record alone: each test holds for it when it holds for any earlier one (read
     -- whole, the session's every compaction was read at each record).
     SELECT 1 FROM (SELECT through_time, through_id FROM session_compactions
@@ -347,7 +352,8 @@ pub struct NewCompaction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recording {
     Recorded,
-    /// Another compaction of the session was recorded since this one's plan started.
+    /// Another compaction of the session was recorded since this one's plan started, or its
+    /// summary was dropped by a job that found nothing to compact.
     Overtaken,
     /// A message it covers, or the summary it built on, was deleted or erased, or a message was
     /// written into its range, since its plan read them.
@@ -499,6 +505,7 @@ impl Store {
         tenant: &TenantId,
         session: &SessionId,
         trigger: CompactionTrigger,
+        keep: Option<Keep>,
         keep_at_most: Option<u64>,
     ) -> Result<bool, StoreError> {
         let mut conn = self.tenant_connection([tenant.as_str()]).await?;
@@ -515,6 +522,7 @@ impl Store {
                 tenant_id: tenant.clone(),
                 session_id: session.clone(),
                 trigger,
+                keep,
                 keep_at_most,
                 summary_failures: 0,
             };
@@ -637,9 +645,29 @@ impl Store {
         Ok(recording)
     }
 
-    /// Clears the session's compaction request: its job found nothing to compact.
-    pub async fn clear_compaction_request(&self, tenant: &TenantId, session: &SessionId) -> Result<(), StoreError> {
-        sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&self.pool).await?;
+    /// Clears the session's compaction request: its job found nothing to compact. The summaries
+    /// no record holds (an earlier try's, which crashed before recording) are deleted and
+    /// anonymized now, as a record would: none may come, and such a summary may quote the message
+    /// whose delete left nothing to compact. A job that wrote one meanwhile (keeping less) is
+    /// then overtaken.
+    pub async fn nothing_to_compact(&self, tenant: &TenantId, session: &SessionId) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
+        let dropped: Vec<Uuid> = sqlx::query_scalar(DROP_UNHELD_SUMMARIES)
+            .bind(tenant.as_str())
+            .bind(session.as_str())
+            .bind(None::<Uuid>)
+            .bind(None::<Uuid>)
+            .bind(AuditEvent::Delete.as_str())
+            .bind(Recording::MessagesChanged.drop_reason())
+            .fetch_all(&mut *tx)
+            .await?;
+        if !dropped.is_empty() {
+            anonymize_ids(&mut tx, tenant, &dropped, "compaction").await?;
+        }
+        sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use apalis_core::task::builder::TaskBuilder;
 use apalis_core::task::metadata::MetadataStore;
 use apalis_postgres::queries::push_tasks;
-use mnemo_core::{AgentId, CompactionTrigger, Queue, SessionId, TenantId, UserId};
+use mnemo_core::{AgentId, CompactionTrigger, Keep, Queue, SessionId, TenantId, UserId};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -125,6 +125,11 @@ pub struct CompactJob {
     pub session_id: SessionId,
     #[serde(with = "parsed")]
     pub trigger: CompactionTrigger,
+    /// The turns (or tokens) kept verbatim, as the server that asked judged there was something
+    /// to compact: the worker cuts by the same keep whatever its own settings say. `None` (a job
+    /// the runbook queues, or one queued before this field): the worker's setting.
+    #[serde(default, with = "keep", skip_serializing_if = "Option::is_none")]
+    pub keep: Option<Keep>,
     /// When the turns compaction keeps are longer than this many tokens (one long agent turn),
     /// it keeps this many instead: half of what the asking call's window leaves the history
     /// (without its current message).
@@ -224,6 +229,35 @@ mod parsed {
         D: Deserializer<'de>,
     {
         T::try_from(String::deserialize(d)?).map_err(D::Error::custom)
+    }
+}
+
+/// A job's `Option<Keep>` as `{"turns": 2}` or `{"tokens": 500}` (mnemo-core's types carry no
+/// serde).
+mod keep {
+    use mnemo_core::Keep;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Form {
+        Turns(usize),
+        Tokens(u64),
+    }
+
+    pub fn serialize<S: Serializer>(keep: &Option<Keep>, s: S) -> Result<S::Ok, S::Error> {
+        let form = keep.map(|keep| match keep {
+            Keep::Turns(n) => Form::Turns(n),
+            Keep::Tokens(n) => Form::Tokens(n),
+        });
+        form.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Keep>, D::Error> {
+        Ok(Option::<Form>::deserialize(d)?.map(|form| match form {
+            Form::Turns(n) => Keep::Turns(n),
+            Form::Tokens(n) => Keep::Tokens(n),
+        }))
     }
 }
 
@@ -340,6 +374,28 @@ mod tests {
         assert_eq!(failures_before(&metadata), 0);
         let _ = metadata.insert(FAILURES, "3");
         assert_eq!(failures_before(&metadata), 3);
+    }
+
+    #[test]
+    fn compact_jobs_carry_their_keep_and_those_queued_before_still_decode() {
+        let old = serde_json::json!({ "tenant_id": "acme", "session_id": "s1", "trigger": "messages",
+            "keep_at_most": null, "summary_failures": 0 });
+        let job: CompactJob = serde_json::from_value(old.clone()).expect("decodes");
+        assert_eq!(job.keep, None);
+        assert_eq!(serde_json::to_value(&job).expect("encodes"), old, "no keep, no field");
+
+        for (keep, form) in [
+            (Keep::Turns(1), serde_json::json!({ "turns": 1 })),
+            (Keep::Tokens(500), serde_json::json!({ "tokens": 500 })),
+        ] {
+            let job = CompactJob { keep: Some(keep), ..job.clone() };
+            let encoded = serde_json::to_value(&job).expect("encodes");
+            assert_eq!(encoded["keep"], form);
+            assert_eq!(serde_json::from_value::<CompactJob>(encoded).expect("decodes"), job);
+        }
+        let bad = serde_json::json!({ "tenant_id": "acme", "session_id": "s1", "trigger": "messages",
+            "keep": { "pairs": 2 } });
+        assert!(serde_json::from_value::<CompactJob>(bad).is_err());
     }
 
     #[test]
