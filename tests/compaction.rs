@@ -742,7 +742,9 @@ async fn a_model_outage_is_waited_out_before_anything_is_truncated() {
     turns(&app, &t, 0, 4).await;
     let store = app.db.store();
     let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
-    assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None, None).await.expect("request"));
+    assert!(
+        store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None, None).await.expect("request")
+    );
     chat.outage(Some(ChatAnswer::Status(503)));
     // The worker takes the queued job: it is the one run below.
     let take =
@@ -774,7 +776,9 @@ async fn a_model_outage_is_waited_out_before_anything_is_truncated() {
     assert_eq!(app.db.count("SELECT count(*) FROM session_compactions").await, 0, "nothing recorded");
     // The request is the retried job's: a trigger now queues no second job.
     let before = compact_jobs(&app).await;
-    assert!(!store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None, None).await.expect("request"));
+    assert!(
+        !store.request_compaction(&tenant, &session, CompactionTrigger::Messages, None, None).await.expect("request")
+    );
     assert_eq!(compact_jobs(&app).await, before);
 
     chat.outage(None);
@@ -979,7 +983,9 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
         extract_for: Vec::new(),
     };
     // A request made after the first job recorded (its follow-up) outlives the overtaken one.
-    assert!(store.request_compaction(&tenant, &session, CompactionTrigger::Operator, None, None).await.expect("request"));
+    assert!(
+        store.request_compaction(&tenant, &session, CompactionTrigger::Operator, None, None).await.expect("request")
+    );
     assert_eq!(store.record_compaction(&tenant, &session, &stale).await.expect("record"), Recording::Overtaken);
     assert_eq!(
         app.db.count("SELECT count(*) FROM session_compaction_requests").await,
@@ -1220,7 +1226,8 @@ async fn a_job_that_finds_nothing_to_compact_drops_the_summary_an_earlier_try_le
             last.event_time,
         )
     };
-    let quoted = "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
+    let quoted =
+        "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
     let orphan = app.db.store().remember(&summary(quoted)).await.expect("the earlier try's summary").id;
     for message in &plan.messages[..2] {
         let deleted = app.client.delete(&format!("/v1/memories/{}", message.id), Some(&t)).await;
@@ -1239,7 +1246,8 @@ async fn a_job_that_finds_nothing_to_compact_drops_the_summary_an_earlier_try_le
     turns(&app, &t, 3, 1).await;
     let plan = compactor.plan(&tenant, &session, None, None).await.expect("plan");
     assert_eq!(plan.cut, 2);
-    let written = "SESSION INTENT: trip\nSUMMARY: question 1 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
+    let written =
+        "SESSION INTENT: trip\nSUMMARY: question 1 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
     let written = app.db.store().remember(&summary(written)).await.expect("the duplicate's summary").id;
     app.db.store().nothing_to_compact(&tenant, &session).await.expect("nothing to compact");
     let record = mnemo_store::NewCompaction {

@@ -750,6 +750,57 @@ async fn what_an_earlier_extraction_read_is_not_read_again() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE trigger_source = 'compaction'").await, 0);
 }
 
+/// A compaction recorded while a later conversation of the session is being extracted asks for
+/// the messages it covers (that conversation is not done yet); the next run finds them read: no
+/// second model call, no daily entry written twice.
+#[tokio::test]
+async fn a_compaction_recorded_during_a_later_extraction_is_not_read_again() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &ann, "Ann lives in Lyon").await;
+    assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
+    let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let store = app.db.store();
+    let messages = store.session_messages(&tenant, &session, None, 3).await.expect("messages");
+    let record = mnemo_store::NewCompaction {
+        from: None,
+        through: messages[2].cursor(),
+        covered: messages.iter().map(|m| m.id).collect(),
+        previous_summary: None,
+        outcome: mnemo_core::CompactionOutcome::Truncated,
+        reason: Some("no_model".to_owned()),
+        summary_id: None,
+        model: None,
+        trigger: mnemo_core::CompactionTrigger::Operator,
+        extract_for: vec![mnemo_core::Workspace {
+            tenant: tenant.clone(),
+            agent: AgentId::parse("helper").expect("agent"),
+            user: Some(UserId::parse("ann").expect("user")),
+        }],
+    };
+    chat.delay_every_answer(Duration::from_millis(500));
+    let compacted = async {
+        // Once the run is in its model call.
+        while chat.requests().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        store.record_compaction(&tenant, &session, &record).await.expect("record")
+    };
+    let first = job();
+    let (report, recorded) = tokio::join!(runner.run(&first), compacted);
+    assert!(matches!(report.expect("run"), ExtractReport::Applied { .. }));
+    assert_eq!(recorded, mnemo_store::Recording::Recorded);
+    let asked = "SELECT count(*) FROM memory_extractions WHERE trigger_source = 'compaction'";
+    assert_eq!(app.db.count(asked).await, 1, "asked for while the later one was not done");
+
+    chat.delay_every_answer(Duration::ZERO);
+    assert!(matches!(runner.run(&job()).await.expect("run"), ExtractReport::NoUpdate { conversations: 1 }));
+    assert_eq!(chat.requests().len(), 1, "no second model call");
+    assert_eq!(app.db.count(&format!("{asked} AND status = 'done' AND reason = 'nothing_new'")).await, 1);
+}
+
 /// A fact the user deleted is not brought back when a later conversation (or a stale profile)
 /// makes the model extract it again.
 #[tokio::test]

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
-    ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, TRANSCRIPT_MESSAGES, Workspace,
-    WorkspacePath, extraction_transcript,
+    ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, TRANSCRIPT_MESSAGES,
+    TriggerSource, Workspace, WorkspacePath, extraction_transcript,
 };
 use mnemo_store::queue::ExtractJob;
 use mnemo_store::{Claim, ExtractionChanges, MessageCursor, PendingExtraction, Replacement, SessionMessage, Store};
@@ -157,6 +157,15 @@ impl ExtractRunner {
             // After the previous one of its session in this run, or one read before that ended
             // later (a failed one asked for again is older than what was extracted since).
             let previous = parts.iter().rev().find(|q| q.conversation.session_id == session);
+            // A compaction's request that went in while a later conversation of the session was
+            // being extracted: that one read these messages (this run starts after its apply
+            // committed), and reading them again would write its daily entry twice.
+            if conversation.trigger_source == TriggerSource::Compaction
+                && self.store.extracted_through(workspace, &session, conversation.through()).await?
+            {
+                parts.push(Part { conversation, messages: Vec::new() });
+                continue;
+            }
             let read = self.store.last_read(workspace, &session, conversation.through()).await?;
             let after = read.max(previous.map(|q| q.conversation.through()));
             // In a session several users write in, another user's messages (and the
