@@ -39,3 +39,107 @@ async fn the_official_python_client_uses_every_tool_over_both_transports() {
         "the unreachable API was not checked: {stdout}"
     );
 }
+
+/// One JSON-RPC message, a line on mnemo-mcp's stdin.
+async fn send(stdin: &mut tokio::process::ChildStdin, message: &serde_json::Value) {
+    use tokio::io::AsyncWriteExt;
+    stdin.write_all(format!("{message}\n").as_bytes()).await.expect("write a line");
+    stdin.flush().await.expect("flush");
+}
+
+/// mnemo-mcp's answers by id, read from its stdout until `ids` all came (or 30 s passed).
+async fn answers(
+    stdout: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    ids: &[u64],
+) -> std::collections::HashMap<u64, serde_json::Value> {
+    let mut got = std::collections::HashMap::new();
+    let read = async {
+        while ids.iter().any(|id| !got.contains_key(id)) {
+            let line = stdout.next_line().await.expect("read stdout").expect("mnemo-mcp still runs");
+            let message: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+            if let Some(id) = message["id"].as_u64() {
+                got.insert(id, message);
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), read).await.expect("the answers come within 30 s");
+    got
+}
+
+/// mnemo-mcp over raw stdin and stdout. An API that takes the connection and never answers is a
+/// tool error `unavailable` after `MNEMO_MCP_TIMEOUT_S`, whose message, for a call that is not
+/// idempotent, says it may have been applied. A line longer than rmcp's default (16 MiB) is
+/// read; one past 64 MiB is dropped unanswered, and the session goes on.
+#[tokio::test]
+async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
+    use serde_json::json;
+    use tokio::io::AsyncBufReadExt;
+
+    let bin = binary("mnemo-mcp").expect("mnemo-mcp is built");
+    let mcp_token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    for bad in ["0", "3601", "1.5", "soon"] {
+        let refused = tokio::process::Command::new(&bin)
+            .env("MNEMO_TOKEN", &mcp_token)
+            .env("MNEMO_MCP_TIMEOUT_S", bad)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("mnemo-mcp runs");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && stderr.contains("MNEMO_MCP_TIMEOUT_S must be"), "{bad}: {stderr}");
+    }
+
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = silent.local_addr().expect("address");
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            open.push(connection);
+        }
+    });
+    let mut child = tokio::process::Command::new(&bin)
+        .env("MNEMO_URL", format!("http://{address}"))
+        .env("MNEMO_TOKEN", &mcp_token)
+        .env("MNEMO_MCP_TIMEOUT_S", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("mnemo-mcp starts");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let init =
+        json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "0" } });
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init })).await;
+    assert!(answers(&mut stdout, &[1]).await[&1]["result"]["serverInfo"].is_object());
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).await;
+
+    let call = |id: u64, name: &str, arguments: serde_json::Value| json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": name, "arguments": arguments } });
+    let started = std::time::Instant::now();
+    send(&mut stdin, &call(2, "recall", json!({ "query": "the trip" }))).await;
+    send(&mut stdin, &call(3, "write_file", json!({ "path": "memory/notes.md", "content": "x" }))).await;
+    let got = answers(&mut stdout, &[2, 3]).await;
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1), "answered before the timeout");
+    for (id, words) in [(2, "try again later"), (3, "may have been applied")] {
+        let result = &got[&id]["result"];
+        assert_eq!(result["isError"], true, "{result}");
+        assert_eq!(result["structuredContent"]["error"]["code"], "unavailable", "{result}");
+        let message = result["structuredContent"]["error"]["message"].as_str().expect("a message");
+        assert!(message.contains(words), "{message}");
+    }
+
+    // 20 MiB in one line (over rmcp's default 16 MiB): read and answered (an argument the tool
+    // does not take, refused before the API is asked).
+    let long = json!({ "key": "tout_x", "owner": "x".repeat(20 << 20) });
+    send(&mut stdin, &call(4, "get_tool_output", long)).await;
+    let refused = &answers(&mut stdout, &[4]).await[&4]["result"];
+    assert_eq!(refused["structuredContent"]["error"]["code"], "unknown_field", "{refused}");
+    // 65 MiB: dropped unanswered; the ping after it is answered.
+    let too_long = json!({ "key": "tout_x", "owner": "x".repeat(65 << 20) });
+    send(&mut stdin, &call(5, "get_tool_output", too_long)).await;
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "id": 6, "method": "ping" })).await;
+    let got = answers(&mut stdout, &[6]).await;
+    assert!(got[&6]["result"].is_object(), "{:?}", got[&6]);
+    assert!(!got.contains_key(&5), "the line over 64 MiB was answered");
+}

@@ -14,9 +14,11 @@ use serde_json::json;
 
 const URL: &str = "MNEMO_URL";
 const TOKEN: &str = "MNEMO_TOKEN";
+const TIMEOUT: &str = "MNEMO_MCP_TIMEOUT_S";
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
 /// A recall embeds its query and may rerank; a write may wait for group commit.
-const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_TIMEOUT_S: u64 = 60;
+const MAX_TIMEOUT_S: u64 = 3600;
 /// mnemo's largest answer is a whole tool output (4 MiB by default), which JSON may escape to a
 /// few times its size; more than this is not mnemo answering.
 const MAX_ANSWER_BYTES: usize = 64 << 20;
@@ -92,9 +94,16 @@ async fn main() -> anyhow::Result<()> {
             without_credentials(&base)
         );
     }
+    let timeout = match std::env::var(TIMEOUT) {
+        Err(_) => DEFAULT_TIMEOUT_S,
+        Ok(value) => match value.trim().parse::<u64>() {
+            Ok(seconds @ 1..=MAX_TIMEOUT_S) => seconds,
+            _ => bail!("{TIMEOUT} must be a whole number of seconds from 1 to {MAX_TIMEOUT_S}, not {value:?}"),
+        },
+    };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::builder()
-        .timeout(CALL_TIMEOUT)
+        .timeout(Duration::from_secs(timeout))
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .context("cannot build the HTTP client")?;
