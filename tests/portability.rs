@@ -260,6 +260,13 @@ async fn an_export_since_carries_later_changes_to_an_earlier_copy() {
     changed.sort();
     assert_eq!(exported, changed, "the export since holds exactly the rows changed since");
 
+    // The copy faded the row the source deleted, after the delete: its own access clock, which
+    // does not make its row the later one.
+    sqlx::query("UPDATE memory_items SET faded_at = now() WHERE id = $1::uuid")
+        .bind(&ids[1])
+        .execute(&copy.pool)
+        .await
+        .expect("fade");
     let run = runbook(&copy.url, &["import", "--tenant", "acme", later.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);
     let items = run.stdout.lines().find(|l| l.starts_with("memory_items ")).expect("the items' line");
@@ -321,6 +328,8 @@ async fn every_memory_column_is_state_or_bookkeeping() {
         "judge_retry_at",
         "last_accessed_at",
         "access_count",
+        // Fading goes by the access clock, which is each copy's own.
+        "faded_at",
     ];
     let db = TestDb::new().await;
     let columns: Vec<String> = sqlx::query_scalar(
