@@ -851,6 +851,25 @@ async fn an_erasure_at_the_source_reaches_a_copy_kept_by_exports_since() {
     let run = runbook(&copy.url, &[&retarget[..], &["--erasures", "apply"]].concat(), None).await;
     assert!(run.ok, "{}", run.stderr);
     assert_eq!((copy.count(beta_files).await, copy.count(beta_erasures).await), (0, 1));
+    // A tenant that erased its own u1 leaves out the files of a file's u1, unless the operator says
+    // the file's ids name other people: then that u1 is someone else, and keeps their files.
+    sqlx::query(
+        "INSERT INTO workspace_files (tenant_id, agent_id, user_id, path, id, content, size_bytes, enabled, sort_order, version, created_at)
+         VALUES ('gamma', 'a1', 'u1', 'memory/2026-01-01.md', gen_random_uuid(), 'gamma''s u1', 11, true, 100, 1, now())",
+    )
+    .execute(&copy.pool)
+    .await
+    .expect("gamma's u1 has a note");
+    let erased = runbook(&copy.url, &["erase", "--tenant", "gamma", "--user", "u1"], None).await;
+    assert!(erased.ok, "{}", erased.stderr);
+    let gamma_files = "SELECT count(*) FROM workspace_files WHERE tenant_id = 'gamma' AND user_id = 'u1'";
+    let from_before = ["import", "--tenant", "gamma", "--retarget", full.to_str().expect("path")];
+    let run = runbook(&copy.url, &from_before, None).await;
+    assert!(run.ok && run.stdout.contains("of users erased since left out"), "{}{}", run.stdout, run.stderr);
+    assert_eq!(copy.count(gamma_files).await, 0);
+    let run = runbook(&copy.url, &[&from_before[..], &["--erasures", "skip"]].concat(), None).await;
+    assert!(run.ok && !run.stdout.contains("erased since left out"), "{}{}", run.stdout, run.stderr);
+    assert!(copy.count(gamma_files).await > 0, "the file's u1 lost their files to the target's erasure of its own u1");
     for path in [full, later] {
         let _ = std::fs::remove_file(path);
     }

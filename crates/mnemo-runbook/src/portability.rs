@@ -54,8 +54,9 @@ pub struct ImportArgs {
     /// With `--retarget`, for a file that carries erasures (users named by a hash of their id):
     /// `apply` when the two tenants' user ids name the same people (a tenant moved or renamed,
     /// a copy kept up to date), so the target deletes what it holds of them; `skip` when they do
-    /// not. Asked for, not guessed: either way round a wrong guess deletes someone's files or
-    /// keeps an erased user's.
+    /// not, and then the target's own erasures leave out nothing of the file's users either.
+    /// Asked for, not guessed: either way round a wrong guess deletes someone's files or keeps an
+    /// erased user's.
     #[arg(long, requires = "retarget", value_parser = ["apply", "skip"])]
     erasures: Option<String>,
     file: PathBuf,
@@ -178,7 +179,9 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
             Some(at.as_str().and_then(|t| parse_time(t).ok()).context("line 1: exported_at is not an RFC 3339 time")?)
         }
     };
-    let mut import = store.begin_import(&args.tenant, args.retarget && args.with_settings).await?;
+    // `skip`: the file's user ids name other people than the target's, whose erasures are not theirs.
+    let own_erasures = args.erasures.as_deref() != Some("skip");
+    let mut import = store.begin_import(&args.tenant, args.retarget && args.with_settings, own_erasures).await?;
     let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
     let (mut rows, mut batch_bytes) = (0u64, 0usize);
     let mut settings_left_out = false;

@@ -156,6 +156,9 @@ pub struct Import {
     erasures: Vec<(String, chrono::DateTime<chrono::Utc>)>,
     /// The file's tenant settings replace the stored ones, however recently those changed.
     replace_settings: bool,
+    /// The tenant's own erasures leave out the file's files, sightings and progress of the users
+    /// they name: not when the file's user ids name other people (`--erasures skip`).
+    own_erasures: bool,
 }
 
 /// The name an export gives its erasure lines in place of a table.
@@ -256,7 +259,12 @@ impl Store {
     /// With `replace_settings`, the file's tenant settings (when it has them) replace the
     /// tenant's whenever either changed last (another tenant's copy, asked for by name); without,
     /// only when the file's changed later.
-    pub async fn begin_import(&self, tenant: &TenantId, replace_settings: bool) -> Result<Import, StoreError> {
+    pub async fn begin_import(
+        &self,
+        tenant: &TenantId,
+        replace_settings: bool,
+        own_erasures: bool,
+    ) -> Result<Import, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SET CONSTRAINTS memory_items_superseded_by_fkey DEFERRED").execute(&mut *tx).await?;
         sqlx::query(
@@ -265,7 +273,7 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        Ok(Import { tenant: tenant.clone(), tx, erasures: Vec::new(), replace_settings })
+        Ok(Import { tenant: tenant.clone(), tx, erasures: Vec::new(), replace_settings, own_erasures })
     }
 }
 
@@ -410,8 +418,11 @@ impl Import {
         // An erasure deletes a user's files, sightings and progress outright; a copy made before
         // it must not bring them back (their memories come back anonymized already: an
         // anonymized row is never replaced).
-        let erased_left_out = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DELETE FROM import_rows l USING audit_log a
+        let erased_left_out = if !self.own_erasures {
+            0
+        } else {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM import_rows l USING audit_log a
              WHERE l.tbl IN ('workspace_files', 'workspace_file_versions', 'memory_sightings', 'memory_extractions',
                              'consolidation_state')
                AND a.tenant_id = $1 AND a.event = '{erase}'
@@ -422,13 +433,14 @@ impl Import {
                                                         FROM jsonb_populate_record(NULL::consolidation_state, l.row))
                        ELSE (l.row->>'created_at')::timestamptz
                    END <= a.created_at",
-            erase = mnemo_core::AuditEvent::Erase,
-            user_hash = user_sha256_sql("l.row->>'user_id'"),
-        )))
-        .bind(tenant)
-        .execute(&mut *self.tx)
-        .await?
-        .rows_affected();
+                erase = mnemo_core::AuditEvent::Erase,
+                user_hash = user_sha256_sql("l.row->>'user_id'"),
+            )))
+            .bind(tenant)
+            .execute(&mut *self.tx)
+            .await?
+            .rows_affected()
+        };
         sqlx::query("ANALYZE import_rows").execute(&mut *self.tx).await?;
         for (table, field, target, keys) in REFERENCES {
             // The referencing row's value of each key: `field` stands for the target's `id`.
