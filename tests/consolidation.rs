@@ -448,9 +448,78 @@ async fn a_tenants_time_zone_decides_the_day_of_its_notes_and_when_its_schedule_
     at_two(&fires[2], 0);
 }
 
-/// A schedule or request that raced the user's erasure leaves a state row (and a job) naming
-/// them; the job, finding no note, removes the row. (The race itself has no deterministic test:
-/// this starts from what it leaves.)
+/// The nightly schedule and a user's erasure exclude each other (the erasure holds the
+/// schedule's lock shared, the schedule alone): a schedule never queues a user whose erasure is
+/// under way, and an erasure that comes while a schedule runs deletes what it queued. Each side
+/// is held open by hand, doing what the other side's transaction does.
+#[tokio::test]
+async fn the_nightly_schedule_and_a_users_erasure_never_interleave() {
+    let app = TestApp::spawn().await;
+    let store = app.db.store();
+    for user in ["ann", "bob"] {
+        note(&app, &token(&principal("acme", Some(user), Some("helper"), None)), 0, "- a note").await;
+    }
+    let named = |user: &str| {
+        format!(
+            "SELECT (SELECT count(*) FROM consolidation_state WHERE user_id = '{user}')
+                  + (SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'
+                       AND convert_from(job, 'UTF8')::jsonb->>'user_id' = '{user}')"
+        )
+    };
+    let held = Duration::from_millis(300);
+
+    // An erasure of ann under way (the lock shared, her notes deleted, not committed yet): the
+    // schedule waits for it, then finds no note of hers.
+    let mut erasure = app.db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(hashtextextended('consolidation schedule', 0))")
+        .execute(&mut *erasure)
+        .await
+        .expect("the schedule's lock, shared");
+    for table in ["workspace_file_versions", "workspace_files"] {
+        let delete = format!("DELETE FROM {table} WHERE user_id = 'ann'");
+        sqlx::query(sqlx::AssertSqlSafe(delete)).execute(&mut *erasure).await.expect("delete");
+    }
+    let fire = mnemo_core::CronSchedule::parse("0 2 * * *").expect("valid").last_fire(chrono::Utc::now().naive_utc());
+    let fire = fire.expect("a fire");
+    let scheduling = tokio::spawn({
+        let store = store.clone();
+        async move { store.schedule_consolidations("UTC", fire).await }
+    });
+    tokio::time::sleep(held).await;
+    assert!(!scheduling.is_finished(), "the schedule did not wait for the erasure");
+    erasure.commit().await.expect("commit");
+    assert_eq!(scheduling.await.expect("join").expect("schedule"), 1, "bob alone");
+    assert_eq!(app.db.count(&named("ann")).await, 0);
+
+    // A schedule under way (the lock alone, a job for bob queued, not committed yet): bob's
+    // erasure waits for it, then deletes the job.
+    let mut schedule = app.db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('consolidation schedule', 0))")
+        .execute(&mut *schedule)
+        .await
+        .expect("the schedule's lock");
+    let bobs = ConsolidateJob { user_id: UserId::parse("bob").expect("user"), ..job() };
+    sqlx::query("INSERT INTO apalis.jobs (job, id, job_type) VALUES ($1, gen_random_uuid()::text, 'consolidate')")
+        .bind(serde_json::to_vec(&bobs).expect("json"))
+        .execute(&mut *schedule)
+        .await
+        .expect("a job");
+    let erasing = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let (tenant, user) = (TenantId::parse("acme").expect("tenant"), UserId::parse("bob").expect("user"));
+            store.erase_user_workspace(&tenant, &user).await
+        }
+    });
+    tokio::time::sleep(held).await;
+    assert!(!erasing.is_finished(), "the erasure did not wait for the schedule");
+    schedule.commit().await.expect("commit");
+    erasing.await.expect("join").expect("erase");
+    assert_eq!(app.db.count(&named("bob")).await, 0, "the schedule's job or state outlived bob's erasure");
+}
+
+/// A schedule or request that raced the user's erasure before the two excluded each other left a
+/// state row (and a job) naming them; the job, finding no note, removes the row.
 #[tokio::test]
 async fn a_job_that_finds_no_note_leaves_no_state_row_naming_the_user() {
     let chat = ScriptedChat::start().await;

@@ -70,6 +70,21 @@ WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
 RETURNING tenant_id, agent_id, user_id"
 );
 
+/// The nightly schedule, as a whole: it holds this alone while it scans and queues, and a user's
+/// erasure holds it shared. So the schedule never reads a note an erasure in flight is deleting
+/// (it would queue a job and write a state row naming the user after the erasure), and an
+/// erasure that comes while it runs waits, then deletes what it queued. One lock, not one per
+/// user: a schedule may queue thousands of users in one transaction.
+const LOCK_SCHEDULE_ALONE: &str = "SELECT pg_advisory_xact_lock(hashtextextended('consolidation schedule', 0))";
+const LOCK_SCHEDULE: &str = "SELECT pg_advisory_xact_lock_shared(hashtextextended('consolidation schedule', 0))";
+
+/// Shares the nightly schedule's lock until `tx` ends, as a user's erasure does (see
+/// [`LOCK_SCHEDULE_ALONE`]).
+pub(crate) async fn share_schedule(tx: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    sqlx::query(LOCK_SCHEDULE).execute(tx).await?;
+    Ok(())
+}
+
 /// Whether the (tenant `$1`, agent `$2`, user `$3`) has a live daily note.
 macro_rules! has_daily_note {
     () => {
@@ -221,6 +236,7 @@ impl Store {
         if claimed == 0 {
             return Ok(0);
         }
+        sqlx::query(LOCK_SCHEDULE_ALONE).execute(&mut *tx).await?;
         // A claim matters while its fire is within the schedule's look-back (366 days).
         sqlx::query("DELETE FROM consolidation_fires WHERE fire < now() - interval '400 days'")
             .execute(&mut *tx)

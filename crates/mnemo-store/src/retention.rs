@@ -707,6 +707,8 @@ impl Store {
     pub async fn erase_user_workspace(&self, tenant: &TenantId, user: &UserId) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         crate::workspace::lock_user_files(&mut tx, tenant, user).await?;
+        // Before any delete, so it waits holding no row: a schedule under way may be queueing the user.
+        crate::consolidation::share_schedule(&mut tx).await?;
         for table in ["workspace_file_versions"].iter().chain(USER_RECORDS) {
             sqlx::query(AssertSqlSafe(format!("DELETE FROM {table} WHERE tenant_id = $1 AND user_id = $2")))
                 .bind(tenant.as_str())
