@@ -2,10 +2,9 @@
 -- clock of the database it is in, which is each copy's own (last_accessed_at and access_count
 -- are bookkeeping). When a fade counted as a change, a copy that faded a row after its source
 -- deleted or superseded it kept its own row at the next `export --since`: the file's change
--- looked older. The same trigger as migration 26's, without faded_at.
-DROP TRIGGER memory_items_changed ON memory_items;
-
-CREATE TRIGGER memory_items_changed BEFORE UPDATE ON memory_items FOR EACH ROW
+-- looked older. The same trigger as migration 26's, without faded_at, replaced in place (a
+-- SHARE ROW EXCLUSIVE lock: reads go on; DROP TRIGGER would take ACCESS EXCLUSIVE).
+CREATE OR REPLACE TRIGGER memory_items_changed BEFORE UPDATE ON memory_items FOR EACH ROW
 WHEN (OLD.changed_at IS NOT DISTINCT FROM NEW.changed_at AND
     (OLD.scope, OLD.session_id, OLD.user_id, OLD.agent_id, OLD.source_kind, OLD.source_ref,
      OLD.content, OLD.content_sha256, OLD.tool_output_key, OLD.metadata, OLD.event_time,

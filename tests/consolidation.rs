@@ -466,7 +466,16 @@ async fn the_nightly_schedule_and_a_users_erasure_never_interleave() {
                        AND convert_from(job, 'UTF8')::jsonb->>'user_id' = '{user}')"
         )
     };
-    let held = Duration::from_millis(300);
+    // Until a lock waits to be granted (the other side's), at most 30 s.
+    let waiting = || async {
+        let waits = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+        let poll = async {
+            while app.db.count(waits).await == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), poll).await.is_ok()
+    };
 
     // An erasure of ann under way (the lock shared, her notes deleted, not committed yet): the
     // schedule waits for it, then finds no note of hers.
@@ -485,8 +494,7 @@ async fn the_nightly_schedule_and_a_users_erasure_never_interleave() {
         let store = store.clone();
         async move { store.schedule_consolidations("UTC", fire).await }
     });
-    tokio::time::sleep(held).await;
-    assert!(!scheduling.is_finished(), "the schedule did not wait for the erasure");
+    assert!(waiting().await && !scheduling.is_finished(), "the schedule did not wait for the erasure");
     erasure.commit().await.expect("commit");
     assert_eq!(scheduling.await.expect("join").expect("schedule"), 1, "bob alone");
     assert_eq!(app.db.count(&named("ann")).await, 0);
@@ -511,8 +519,7 @@ async fn the_nightly_schedule_and_a_users_erasure_never_interleave() {
             store.erase_user_workspace(&tenant, &user).await
         }
     });
-    tokio::time::sleep(held).await;
-    assert!(!erasing.is_finished(), "the erasure did not wait for the schedule");
+    assert!(waiting().await && !erasing.is_finished(), "the erasure did not wait for the schedule");
     schedule.commit().await.expect("commit");
     erasing.await.expect("join").expect("erase");
     assert_eq!(app.db.count(&named("bob")).await, 0, "the schedule's job or state outlived bob's erasure");

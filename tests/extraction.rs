@@ -757,7 +757,7 @@ async fn what_an_earlier_extraction_read_is_not_read_again() {
 async fn a_compaction_recorded_during_a_later_extraction_is_not_read_again() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;
-    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0"), (vars::LLM_TIMEOUT_MS, "10000")]);
     let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
     conversation(&app, &ann, "Ann lives in Lyon").await;
     assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
@@ -780,12 +780,16 @@ async fn a_compaction_recorded_during_a_later_extraction_is_not_read_again() {
             user: Some(UserId::parse("ann").expect("user")),
         }],
     };
-    chat.delay_every_answer(Duration::from_millis(500));
+    // Long enough for the record to commit during the model call on a loaded machine.
+    chat.delay_every_answer(Duration::from_secs(2));
     let compacted = async {
         // Once the run is in its model call.
-        while chat.requests().is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let in_call = async {
+            while chat.requests().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), in_call).await.expect("the run asks the model");
         store.record_compaction(&tenant, &session, &record).await.expect("record")
     };
     let first = job();

@@ -910,6 +910,48 @@ async fn a_revival_carried_by_an_export_since_keeps_the_copys_chains_sound() {
     let check = runbook(&copy.url, &["judge", "check", "--tenant", "acme", "--json"], None).await;
     assert!(check.ok, "the copy's chains: {}{}", check.stdout, check.stderr);
     assert_eq!(copy.count("SELECT count(*) FROM audit_log WHERE event = 'revive' AND actor = 'import'").await, 1);
+    // Stamped when the source revived it, so `facts --as-of` reads the copy's history as the source's.
+    let revived = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, Vec<chrono::DateTime<chrono::Utc>>>(
+            "SELECT array_agg(created_at ORDER BY created_at) FROM audit_log WHERE event = 'revive'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("revivals")
+    };
+    assert_eq!(revived(copy.pool.clone()).await, revived(app.db.pool.clone()).await);
+
+    // A deleted fact asserted again is revived too, and the copy audits that revival as well.
+    let sync = || async {
+        let whole = temp("revival-whole.jsonl.gz");
+        assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&whole)).await.ok);
+        let run = runbook(&copy.url, &["import", "--tenant", "acme", whole.to_str().expect("path")], None).await;
+        assert!(run.ok, "{}", run.stderr);
+        let _ = std::fs::remove_file(whole);
+    };
+    let tea = json!({ "content": "Alice drinks tea", "scope": "user", "key": "drink" });
+    let tea_id = app.client.post("/v1/facts", Some(&t), &tea).await.body["id"].clone();
+    sync().await;
+    let deleted = app.client.delete(&format!("/v1/memories/{}", tea_id.as_str().expect("id")), Some(&t)).await;
+    assert_eq!(deleted.status, 200);
+    sync().await;
+    assert_eq!(app.client.post("/v1/facts", Some(&t), &tea).await.status, 200);
+    sync().await;
+    assert_eq!(copy.count("SELECT count(*) FROM audit_log WHERE event = 'revive' AND actor = 'import'").await, 2);
+    assert_eq!(revived(copy.pool.clone()).await, revived(app.db.pool.clone()).await);
+    // A fact each side deleted on its own (the copy first): the source's later delete is no revival.
+    let chess = json!({ "content": "Alice plays chess", "scope": "user", "key": "game" });
+    let chess = app.client.post("/v1/facts", Some(&t), &chess).await.body["id"].clone();
+    sync().await;
+    sqlx::query("UPDATE memory_items SET deleted_at = now() WHERE id = $1::uuid")
+        .bind(chess.as_str())
+        .execute(&copy.pool)
+        .await
+        .expect("deleted in the copy");
+    let deleted = app.client.delete(&format!("/v1/memories/{}", chess.as_str().expect("id")), Some(&t)).await;
+    assert_eq!(deleted.status, 200);
+    sync().await;
+    assert_eq!(copy.count("SELECT count(*) FROM audit_log WHERE event = 'revive' AND actor = 'import'").await, 2);
     for path in [full, later] {
         let _ = std::fs::remove_file(path);
     }
@@ -1026,6 +1068,15 @@ async fn extraction_and_consolidation_progress_travel_with_the_tenant() {
 
     let since = now().await;
     assert!(runbook(&app.db.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await.ok);
+    // A state row written after the erasure (a schedule that raced it, before the two excluded
+    // each other): the source's job forgets it, which no later export carries.
+    sqlx::query(
+        "INSERT INTO consolidation_state (tenant_id, agent_id, user_id, last_scheduled_at, last_requested_at)
+         VALUES ('acme', 'a1', 'u1', now(), now())",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("a state row after the erasure");
     let later = temp("progress-since.jsonl.gz");
     assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&later)).await.ok);
     let progress = "SELECT (SELECT count(*) FROM memory_extractions WHERE user_id = 'u1')

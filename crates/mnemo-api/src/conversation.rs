@@ -218,7 +218,7 @@ pub async fn context(
     if let Some(trigger) = trigger
         && session_state.pending.is_none_or(|p| p.is_stale())
     {
-        let keeps = Some(state.context.compaction_keeps());
+        let keeps = Some(request.compaction_keeps);
         state.store.request_compaction(&principal.tenant, &session, trigger, keeps, Some(built.keep_at_most)).await?;
         session_state.pending = Some(PendingCompaction { trigger, since: chrono::Utc::now() });
     }

@@ -107,13 +107,12 @@ pub enum CompactReport {
     /// `messages` were compacted, summarized or truncated (with the reason).
     Compacted { messages: usize, outcome: CompactionOutcome, reason: Option<String> },
     /// Another compaction of the session was recorded while this one ran (or this job's own, if
-    /// it ran again), or another job found nothing to compact and dropped this one's summary:
-    /// this one is not recorded, and the next job plans from what is recorded. A summary it
-    /// wrote is deleted and anonymized.
+    /// it ran again): this one is not recorded, and the next job plans from that one. A summary
+    /// it wrote is deleted and anonymized.
     Overtaken,
     /// A message it covered was deleted or erased (or one was written into its range) while it
-    /// ran: it is not recorded, a summary it wrote is deleted and anonymized, and the compaction
-    /// is asked for again.
+    /// ran, or the summary it wrote was dropped or erased: it is not recorded, a summary it wrote
+    /// is deleted and anonymized, and the compaction is asked for again.
     MessagesChanged,
 }
 

@@ -95,7 +95,8 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let timeout = match std::env::var(TIMEOUT) {
-        Err(_) => DEFAULT_TIMEOUT_S,
+        Err(std::env::VarError::NotPresent) => DEFAULT_TIMEOUT_S,
+        Err(std::env::VarError::NotUnicode(_)) => bail!("{TIMEOUT} is not Unicode"),
         Ok(value) => match value.trim().parse::<u64>() {
             Ok(seconds @ 1..=MAX_TIMEOUT_S) => seconds,
             _ => bail!("{TIMEOUT} must be a whole number of seconds from 1 to {MAX_TIMEOUT_S}, not {value:?}"),

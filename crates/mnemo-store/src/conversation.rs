@@ -191,32 +191,39 @@ INSERT INTO session_compaction_requests AS r (tenant_id, session_id, trigger) VA
 ON CONFLICT (tenant_id, session_id) DO UPDATE SET requested_at = now()";
 
 /// Records a compaction unless one through the same or a later message is recorded already, or
-/// one past where this one's plan started.
+/// one past where this one's plan started (overtaken), or its summary is no longer live; whether
+/// it was overtaken, and whether it was recorded.
 const RECORD_COMPACTION: &str = "
-INSERT INTO session_compactions
-    (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger,
-     participants)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-       -- The writers of the messages `$13` its summary was made from (user_sha256's hash).
-       ARRAY(SELECT DISTINCT encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex') FROM memory_items m
-             WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[]) AND m.user_id IS NOT NULL)
--- Its summary is still live: a job that found nothing to compact drops the summaries no record
--- holds, this one's too if it ran meanwhile (with another keep); then this one is overtaken.
-WHERE ($8::uuid IS NULL OR EXISTS (
-    SELECT 1 FROM memory_items s
-    WHERE s.tenant_id = $1 AND s.id = $8 AND s.deleted_at IS NULL AND s.anonymized_at IS NULL))
-AND NOT EXISTS (
-    -- The latest record alone: each test holds for it when it holds for any earlier one (read
-    -- whole, the session's every compaction was read at each record).
-    SELECT 1 FROM (SELECT through_time, through_id FROM session_compactions
-                   WHERE tenant_id = $1 AND session_id = $2
-                   ORDER BY through_time DESC, through_id DESC LIMIT 1) latest
-    -- Recorded already, or another job recorded past where this one's plan started: its
-    -- summary would be dropped for this one's, which does not include it.
-    WHERE (through_time, through_id) >= ($4, $3) OR $11::timestamptz IS NULL
-       OR (through_time, through_id) > ($11, $12)
+WITH overtaken AS (
+    SELECT EXISTS (
+        -- The latest record alone: each test holds for it when it holds for any earlier one
+        -- (read whole, the session's every compaction was read at each record).
+        SELECT 1 FROM (SELECT through_time, through_id FROM session_compactions
+                       WHERE tenant_id = $1 AND session_id = $2
+                       ORDER BY through_time DESC, through_id DESC LIMIT 1) latest
+        -- Recorded already, or another job recorded past where this one's plan started: its
+        -- summary would be dropped for this one's, which does not include it.
+        WHERE (through_time, through_id) >= ($4, $3) OR $11::timestamptz IS NULL
+           OR (through_time, through_id) > ($11, $12)
+    ) AS yes
+), recorded AS (
+    INSERT INTO session_compactions
+        (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger,
+         participants)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+           -- The writers of the messages `$13` its summary was made from (user_sha256's hash).
+           ARRAY(SELECT DISTINCT encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex') FROM memory_items m
+                 WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[]) AND m.user_id IS NOT NULL)
+    WHERE NOT (SELECT yes FROM overtaken)
+      -- Its summary is still live: a job that found nothing to compact (keeping more) drops the
+      -- summaries no record holds, and an erasure those holding the user's words.
+      AND ($8::uuid IS NULL OR EXISTS (
+          SELECT 1 FROM memory_items s
+          WHERE s.tenant_id = $1 AND s.id = $8 AND s.deleted_at IS NULL AND s.anonymized_at IS NULL))
+    ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING
+    RETURNING 1
 )
-ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING";
+SELECT (SELECT yes FROM overtaken), EXISTS (SELECT 1 FROM recorded)";
 
 /// Compactions of one session record one at a time, so two cannot both pass the check above.
 const LOCK_SESSION: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))";
@@ -352,11 +359,11 @@ pub struct NewCompaction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recording {
     Recorded,
-    /// Another compaction of the session was recorded since this one's plan started, or its
-    /// summary was dropped by a job that found nothing to compact.
+    /// Another compaction of the session was recorded since this one's plan started.
     Overtaken,
     /// A message it covers, or the summary it built on, was deleted or erased, or a message was
-    /// written into its range, since its plan read them.
+    /// written into its range, since its plan read them; or the summary it wrote was dropped (by
+    /// a job that found nothing to compact) or erased.
     MessagesChanged,
 }
 
@@ -586,8 +593,10 @@ impl Store {
             .bind(compaction.previous_summary)
             .fetch_one(&mut *tx)
             .await?;
-        let recorded = unchanged
-            && sqlx::query(RECORD_COMPACTION)
+        let (overtaken, recorded) = if !unchanged {
+            (false, false)
+        } else {
+            sqlx::query_as(RECORD_COMPACTION)
                 .bind(tenant.as_str())
                 .bind(session.as_str())
                 .bind(compaction.through.id)
@@ -602,14 +611,14 @@ impl Store {
                 .bind(compaction.from.map(|c| c.id))
                 // A truncation (even one that keeps the previous summary) summarized nothing.
                 .bind(if compaction.outcome == CompactionOutcome::Summarized { &compaction.covered[..] } else { &[] })
-                .execute(&mut *tx)
+                .fetch_one(&mut *tx)
                 .await?
-                .rows_affected()
-                == 1;
-        let recording = match (unchanged, recorded) {
-            (false, _) => Recording::MessagesChanged,
-            (true, false) => Recording::Overtaken,
-            (true, true) => Recording::Recorded,
+        };
+        let recording = match (unchanged, recorded, overtaken) {
+            (true, true, _) => Recording::Recorded,
+            (true, false, true) => Recording::Overtaken,
+            // Not overtaken, yet not recorded: its summary was dropped or erased meanwhile.
+            _ => Recording::MessagesChanged,
         };
         // Recorded: every other job of the session is overtaken, so no summary it holds is lost.
         let (only, never) = match recording {
@@ -649,7 +658,7 @@ impl Store {
     /// no record holds (an earlier try's, which crashed before recording) are deleted and
     /// anonymized now, as a record would: none may come, and such a summary may quote the message
     /// whose delete left nothing to compact. A job that wrote one meanwhile (keeping less) is
-    /// then overtaken.
+    /// then not recorded, and planned again.
     pub async fn nothing_to_compact(&self, tenant: &TenantId, session: &SessionId) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;

@@ -661,6 +661,18 @@ impl Import {
         if let Some((line, path)) = ahead {
             return Err(ImportError::Diverged { line, path });
         }
+        // A consolidation state naming a user with no file under the agent (an erased user) is
+        // forgotten, as the source forgets it (`forget_idle_consolidation`): a later export
+        // cannot carry that delete.
+        sqlx::query(
+            "DELETE FROM consolidation_state s
+             WHERE s.tenant_id = $1 AND s.running_by IS NULL
+               AND NOT EXISTS (SELECT 1 FROM workspace_files w
+                               WHERE w.tenant_id = $1 AND w.agent_id = s.agent_id AND w.user_id = s.user_id)",
+        )
+        .bind(tenant)
+        .execute(&mut *self.tx)
+        .await?;
         self.tx.commit().await?;
         Ok(report)
     }
@@ -843,16 +855,21 @@ fn is_bad_value(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("22") || c.starts_with("23")))
 }
 
-/// The revive audit rows of the retired facts the file's copies bring back (revived at the
-/// source, whose audit rows stay behind), written before those copies overwrite them; `wins`
-/// is when a copy `r` replaces the stored row `s`.
+/// The revive audit rows of the retired (superseded or deleted) facts the file's copies bring
+/// back (revived at the source, whose audit rows stay behind), written before those copies
+/// overwrite them, and stamped when the source revived them: a revival starts the fact's
+/// validity (`valid_from`). `wins` is when a copy `r` replaces the stored row `s`.
 async fn audit_imported_revivals(tx: &mut sqlx::PgConnection, tenant: &str, wins: &str) -> Result<(), StoreError> {
     let sql = format!(
-        "INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
-         SELECT $1, '{revive}', s.id, s.superseded_by, 'imported', 'import'
+        "INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor, created_at)
+         SELECT $1, '{revive}', s.id, s.superseded_by, 'imported', 'import', COALESCE(r.valid_from, now())
          FROM import_rows l, jsonb_populate_record(NULL::memory_items, l.row) r, memory_items s
          WHERE l.tbl = 'memory_items' AND s.tenant_id = $1 AND s.id = r.id AND ({wins})
-           AND s.superseded_by IS NOT NULL AND r.superseded_by IS DISTINCT FROM s.superseded_by
+           AND s.source_kind = 'fact'
+           AND ((s.superseded_by IS NOT NULL AND r.superseded_by IS DISTINCT FROM s.superseded_by)
+                -- Valid again since it was deleted here: revived at the source after that (two
+                -- copies may each delete a row, by their own maintenance clocks).
+                OR (s.deleted_at IS NOT NULL AND r.valid_from > s.deleted_at))
          ORDER BY l.line",
         revive = mnemo_core::AuditEvent::Revive,
     );
