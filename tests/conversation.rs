@@ -201,7 +201,8 @@ async fn the_context_always_fits_and_keeps_tool_calls_with_their_results() {
 }
 
 /// What a context answer sends, counted as a chat API counts it: each message's content, a
-/// call's id, name and arguments, a result's call id, and 4 tokens of framing a message.
+/// participant's name (and a token for it), a call's id, name and arguments, a result's call id,
+/// and 4 tokens of framing a message.
 fn tokens_sent(messages: &[Value]) -> u64 {
     use mnemo_core::TokenCounter;
     let tokenizer = mnemo_models::Tokenizer::new(mnemo_config::TokenizerName::O200kBase);
@@ -209,6 +210,9 @@ fn tokens_sent(messages: &[Value]) -> u64 {
     let mut total = 0;
     for m in messages {
         total += 4 + count(&m["content"]) + count(&m["tool_call_id"]);
+        if m["name"].is_string() {
+            total += 1 + count(&m["name"]);
+        }
         for call in m["tool_calls"].as_array().into_iter().flatten() {
             total += 4 + count(&call["id"]) + count(&call["function"]["name"]) + count(&call["function"]["arguments"]);
         }
@@ -296,6 +300,48 @@ async fn what_a_context_sends_fits_its_budget_and_every_tool_message_follows_the
             let text = serde_json::to_string(messages).expect("json");
             assert!(text.contains("found") && text.contains("result 29"), "{text}");
         }
+    }
+}
+
+/// Who wrote each message goes with it: as OpenAI's `name` when it is one OpenAI takes, else
+/// before the text; the names count in the budget. A blank system prompt is not placed.
+#[tokio::test]
+async fn each_participant_is_named_in_the_window_within_its_budget() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    let said = [
+        ("user", "Caroline", "I paint on Sundays"),
+        ("user", "Mélanie Dupont", "I run marathons"),
+        ("assistant", "coach-bot", "Both lovely hobbies"),
+    ];
+    for (i, (role, name, text)) in said.iter().enumerate() {
+        let mut body = message(&format!("m{i}"), role, text);
+        body["name"] = json!(name);
+        write(&app, &t, &body).await;
+    }
+    let reply = app.client.post("/v1/sessions/s1/context", Some(&t), &json!({ "system_prompt": " \n " })).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(
+        reply.body["messages"],
+        json!([
+            { "role": "user", "name": "Caroline", "content": "I paint on Sundays" },
+            { "role": "user", "content": "Mélanie Dupont: I run marathons" },
+            { "role": "assistant", "name": "coach-bot", "content": "Both lovely hobbies" },
+        ])
+    );
+    // Long names on short messages: what is sent, names and all, fits every budget.
+    for i in 0..40 {
+        let name = ["a_participant_with_a_rather_long_name", "another participant, named at length"][i % 2];
+        let mut body = message(&format!("n{i}"), if i % 2 == 0 { "user" } else { "assistant" }, "ok");
+        body["name"] = json!(name);
+        write(&app, &t, &body).await;
+    }
+    for budget in [64, 120, 240, 480] {
+        let body = json!({ "max_input_tokens": budget });
+        let reply = app.client.post("/v1/sessions/s1/context", Some(&t), &body).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        let sent = tokens_sent(reply.body["messages"].as_array().expect("messages"));
+        assert!(sent <= budget, "budget {budget}: {sent} tokens sent");
     }
 }
 

@@ -3,6 +3,7 @@
 //! only what the document says (statuses, content types, bodies; every 4xx the error-code body),
 //! and refuses what breaks the document's schemas.
 
+use mnemo_config::vars;
 use mnemo_testkit::{ServerProcess, TestApp, TestDb, free_port, principal, test_python, token};
 
 #[tokio::test]
@@ -95,7 +96,10 @@ async fn schemathesis_finds_nothing_against_the_real_server() {
     let schemathesis = python.parent().expect("the venv's bin").join("schemathesis");
     let examples = std::env::var("MNEMO_FUZZ_EXAMPLES").map_or(DEFAULT_EXAMPLES, |n| n.parse().expect("a number"));
     let db = TestDb::new().await;
-    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server starts");
+    // No compaction triggers: with one pending and no worker to do it, every fuzzed context call
+    // waits out its whole `wait_ms` (up to 30 s), and one run took 350 s instead of 30.
+    let quiet = [(vars::COMPACT_TRIGGER_RATIO, "0"), (vars::COMPACT_TRIGGER_MESSAGES, "0")];
+    let server = ServerProcess::start_with(&db.app_url, free_port(), &quiet).await.expect("server starts");
     let fuzzer = principal("fuzz", Some("u1"), Some("a1"), Some("s1"));
     // schemathesis keeps its example database and reports in its working directory.
     let workdir = std::env::temp_dir().join(format!("mnemo-schemathesis-{}", std::process::id()));

@@ -399,6 +399,11 @@ async fn visibility_and_roles_decide_who_reads_under_random_traffic() {
                 assert_eq!(source_ref, format!("fact:user:{id}"), "(seed {seed})");
             } else if w.scope == "user" {
                 assert!(source_ref.starts_with(&format!("fact:user:{}:", w.user)), "{source_ref} (seed {seed})");
+            } else {
+                // An agent's or tenant's fact names no user: every reader gets the ref its writes
+                // produce.
+                assert!(source_ref.starts_with(&format!("fact:{}:", w.scope)), "{source_ref} (seed {seed})");
+                assert_ne!(source_ref, format!("fact:{}:{id}", w.scope), "(seed {seed})");
             }
         }
     }

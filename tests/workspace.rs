@@ -21,6 +21,21 @@ fn files(reply: &Value) -> Vec<(String, i64, bool)> {
         .collect()
 }
 
+/// A context call is a use too: a new user's first window holds the core files, as the window
+/// after any workspace route would.
+#[tokio::test]
+async fn a_first_context_call_creates_the_core_files() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let window = app.client.post("/v1/sessions/s1/context", Some(&t), &json!({ "current_message": "hi" })).await;
+    assert_eq!(window.status, 200, "{:?}", window.body);
+    let first = &window.body["messages"][0];
+    assert_eq!(first["role"], "system", "{first}");
+    assert!(first["content"].as_str().unwrap_or("").contains("--- AGENTS.md ---"), "{first}");
+    let listed = app.client.get("/v1/workspace/files", Some(&t)).await;
+    assert_eq!(files(&listed.body).len(), 4, "{:?}", listed.body);
+}
+
 #[tokio::test]
 async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
     let app = TestApp::spawn().await;

@@ -173,6 +173,9 @@ pub async fn context(
     // The token's agent workspace: its enabled files and its memory, within their share.
     let workspace = match Workspace::of(&principal) {
         Ok(workspace) => {
+            // Created on first use, as every workspace route does: a new user's first window
+            // holds the operator's AGENTS.md.
+            state.store.ensure_core_files(&workspace, &state.workspace.templates, None).await?;
             let share = state.workspace.prompt_max_tokens.min(u64::from(budget / 2)).min(left);
             Some(crate::workspace::workspace_prompt(&state, &workspace, share).await?)
         }
@@ -596,12 +599,23 @@ fn openai_messages(placed: &[Placed]) -> Vec<Value> {
             continue;
         }
         calls_open = false;
-        out.push(match m.role {
-            Role::Tool => json!({ "role": "tool", "tool_call_id": m.tool_call_id, "content": m.content }),
-            role => json!({ "role": role.as_str(), "content": m.content }),
+        out.push(match (m.role, m.tool_name.as_deref()) {
+            (Role::Tool, _) => json!({ "role": "tool", "tool_call_id": m.tool_call_id, "content": m.content }),
+            (role, None) => json!({ "role": role.as_str(), "content": m.content }),
+            // The participant who wrote it: OpenAI's `name` when it is one OpenAI takes, else
+            // before the text (a name with a space or an accent is refused as a `name`).
+            (role, Some(name)) if is_openai_name(name) => {
+                json!({ "role": role.as_str(), "name": name, "content": m.content })
+            }
+            (role, Some(name)) => json!({ "role": role.as_str(), "content": format!("{name}: {}", m.content) }),
         });
     }
     out
+}
+
+/// Whether OpenAI takes `name` as a message's `name`: 1 to 64 ASCII letters, digits, `_` or `-`.
+fn is_openai_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// `POST /v1/sessions/{sid}/complete` `{trigger_source: web|channel|cron}`: the conversation is

@@ -139,10 +139,15 @@ impl Label {
         Ok(Self(raw.to_owned()))
     }
 
-    /// Tags: at most [`MAX_TAGS`], lowercased, sorted and without repeats.
+    /// Tags: at most [`MAX_TAGS`], checked as given, then lowercased, sorted and without
+    /// repeats. Checked before lowercasing: a capital's lowercase can be a letter and a combining
+    /// mark (`İ`) or longer in bytes (`Ⱥ`), which the rules would refuse.
     pub fn tags(raw: &[String]) -> Result<Vec<Self>, InvalidInput> {
-        let lowered: Vec<String> = raw.iter().map(|t| t.to_lowercase()).collect();
-        Self::parse_list("tags", &lowered, MAX_TAGS)
+        let mut tags: Vec<Self> =
+            Self::parse_list("tags", raw, MAX_TAGS)?.into_iter().map(|tag| Self(tag.0.to_lowercase())).collect();
+        tags.sort();
+        tags.dedup();
+        Ok(tags)
     }
 
     /// At most `max` labels, sorted and without repeats.
@@ -301,6 +306,9 @@ mod tests {
             [Label::parse("tags", "tone").expect("ok")]
         );
         assert_eq!(Label::parse("roles", "Admin").expect("ok").as_str(), "Admin");
+        // Checked as written, then lowercased: İ lowers to i and a combining dot, Ⱥ to 3 bytes.
+        let lowered = Label::tags(&["İstanbul".into(), "Ⱥ".repeat(32)]).expect("letters");
+        assert_eq!(lowered.iter().map(Label::as_str).collect::<Vec<_>>(), ["i\u{307}stanbul", &"ⱥ".repeat(32)]);
         assert!(Label::parse("tags", "two words").is_err());
         let many: Vec<String> = (0..=MAX_TAGS).map(|i| format!("t{i}")).collect();
         assert!(matches!(Label::parse_list("tags", &many, MAX_TAGS), Err(InvalidInput::TooMany { .. })));

@@ -58,6 +58,9 @@ pub const MESSAGE_OVERHEAD_TOKENS: u32 = 4;
 /// assistant message's `tool_calls`.
 const CALL_OVERHEAD_TOKENS: u32 = 4;
 
+/// What a participant's name costs beyond its own tokens: the field, or the `: ` after it.
+const NAME_OVERHEAD_TOKENS: u32 = 2;
+
 /// The function name a call without a stored tool name is sent under.
 pub const DEFAULT_TOOL_NAME: &str = "tool";
 
@@ -130,7 +133,8 @@ fn framing(message: &WindowMessage, as_text: bool, counter: &dyn TokenCounter) -
         Role::Tool => count(id),
         Role::Assistant if message.tool_call_id.is_some() && as_text => count(&unanswered_call(name)) + 1,
         Role::Assistant if message.tool_call_id.is_some() => count(id) + count(name) + u64::from(CALL_OVERHEAD_TOKENS),
-        _ => 0,
+        // The participant's name goes with the message (as its `name`, or before its text).
+        _ => message.tool_name.as_deref().map_or(0, |speaker| count(speaker) + u64::from(NAME_OVERHEAD_TOKENS)),
     }
 }
 
@@ -253,7 +257,7 @@ fn cut_marker(removed_chars: usize) -> String {
 /// fit; the files and the memory are cut (the memory first) or left out instead.
 fn place_fixed(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<Fixed, WindowError> {
     let cost = |text: &str| u64::from(counter.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS);
-    let system = input.system_prompt.filter(|t| !t.is_empty());
+    let system = input.system_prompt.filter(|t| !t.trim().is_empty());
     let current_cost = input.current.map_or(0, |m| cost(&m.content));
     let needed = system.map_or(0, cost) + current_cost;
     if needed > u64::from(input.budget) {
@@ -407,7 +411,8 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
         let text = cut_to(&text, target, counter);
         // Nothing left of it: a message with no content is refused by some providers, so it goes
         // rather than stay empty, unless it is a tool result answering a call sent as a call.
-        if text.is_empty() && !as_text[index] && message.role != Role::Tool && message.tool_call_id.is_none() {
+        let is_call = message.role == Role::Assistant && message.tool_call_id.is_some();
+        if text.is_empty() && !as_text[index] && message.role != Role::Tool && !is_call {
             history_cost -= largest.cost;
             contents.remove(position);
             continue;
@@ -750,14 +755,14 @@ mod tests {
 
     /// A message with no room left even for the cut's marker goes rather than stay empty (some
     /// providers refuse an empty message); a tool result sent as one stays, answering its call.
+    /// A user's message that carries a stray call id is no call: it goes too.
     #[test]
     fn a_message_cut_to_nothing_goes_but_a_tool_result_stays() {
-        let history = [
-            message(Role::User, "find it"),
-            call("c1"),
-            result("c1", &"result text ".repeat(30)),
-            message(Role::User, &"and the latest question ".repeat(20)),
-        ];
+        let stray = WindowMessage {
+            tool_call_id: Some("stray".to_owned()),
+            ..message(Role::User, &"and the latest question ".repeat(20))
+        };
+        let history = [message(Role::User, "find it"), call("c1"), result("c1", &"result text ".repeat(30)), stray];
         let mut went = 0;
         for budget in 8..300 {
             let Ok(window) = assemble(&input(&history, budget), &Quarters) else { continue };
@@ -771,6 +776,14 @@ mod tests {
             went += usize::from(!window.kept.contains(&3));
         }
         assert!(went > 0, "some budget leaves no room for the last question at all");
+    }
+
+    #[test]
+    fn a_blank_system_prompt_is_not_placed() {
+        let history = [message(Role::User, "hello")];
+        let window = assemble(&WindowInput { system_prompt: Some(" \n\t "), ..input(&history, 100) }, &Quarters);
+        let sections: Vec<Section> = window.expect("fits").messages.iter().map(|m| m.section).collect();
+        assert_eq!(sections, [Section::History]);
     }
 
     #[test]
@@ -849,6 +862,7 @@ mod tests {
                 count(m.tool_call_id.as_deref()) + count(m.tool_name.as_deref()) + u64::from(CALL_OVERHEAD_TOKENS)
             }
             Role::Tool => count(m.tool_call_id.as_deref()),
+            _ if m.tool_name.is_some() => count(m.tool_name.as_deref()) + u64::from(NAME_OVERHEAD_TOKENS),
             _ => 0,
         };
         count(Some(&m.content)) + u64::from(MESSAGE_OVERHEAD_TOKENS) + ids

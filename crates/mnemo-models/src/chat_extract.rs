@@ -212,7 +212,7 @@ mod tests {
     fn typed_fields_are_kept_when_valid_and_dropped_alone_when_not() {
         let answer = json!({"should_update": true, "facts": [
             {"content": "Ann runs on Sundays", "scope": "user", "layer": "episodic", "category": "event",
-             "importance": 0.7, "confidence": 0.9, "tags": ["Running", "running", "two words"]},
+             "importance": 0.7, "confidence": 0.9, "tags": ["Running", "running", "two words", "İzmir"]},
             {"content": "Ann likes tea", "scope": "user", "layer": "working", "importance": 3, "visibility": "tenant"},
         ]});
         let parsed = parse_extraction(&answer.to_string()).expect("valid");
@@ -222,7 +222,7 @@ mod tests {
             (Some(mnemo_core::Layer::Episodic), Some(mnemo_core::Category::Event))
         );
         assert_eq!(typed.importance.map(mnemo_core::Unit::get), Some(0.7));
-        assert_eq!(typed.tags.iter().map(|t| t.as_str()).collect::<Vec<_>>(), ["running"]);
+        assert_eq!(typed.tags.iter().map(|t| t.as_str()).collect::<Vec<_>>(), ["i\u{307}zmir", "running"]);
         // An unknown layer, an out-of-range importance and a visibility are left out; the fact stays.
         assert_eq!(parsed.facts[1].typed, mnemo_core::TypedInput::default());
     }

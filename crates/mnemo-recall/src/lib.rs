@@ -334,9 +334,11 @@ impl Recall {
                     &Signals { importance: row.importance, confidence: row.confidence, age_days },
                 );
                 // A user's fact's ref names its writer (`fact:user:{user}:…`): another reader of a
-                // shared fact is answered a ref by its id.
+                // shared fact is answered a ref by its id. An agent's or tenant's fact's ref names
+                // no user, and stays as its writes produce it.
                 let writer = row.user_id.as_deref();
                 let source_ref = if row.source_kind == SourceKind::Fact.as_str()
+                    && row.scope == "user"
                     && writer.is_some()
                     && writer != principal.user.as_ref().map(|u| u.as_str())
                 {
