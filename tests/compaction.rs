@@ -238,6 +238,23 @@ async fn what_a_compaction_takes_out_of_the_window_is_extracted_without_the_conv
     assert_eq!((reply.status, reply.body["error"]["code"].as_str()), (400, Some("invalid_field")), "{:?}", reply.body);
 }
 
+/// A participant's name is sent with each message, so it counts toward the token trigger as it
+/// does in the window: forty short messages under a long name pass half of an 800-token budget
+/// (their text alone would not).
+#[tokio::test]
+async fn a_participants_name_counts_toward_the_token_trigger() {
+    let app = TestApp::spawn_with(&[(vars::COMPACT_TRIGGER_RATIO, "0.5"), (vars::COMPACT_TRIGGER_MESSAGES, "0")]).await;
+    let t = token(&principal("acme", None, None, Some("s1")));
+    for i in 0..40 {
+        let body = json!({ "source_kind": "chat_message", "source_ref": format!("n{i}"),
+                           "role": if i % 2 == 0 { "user" } else { "assistant" },
+                           "name": "a_participant_with_a_rather_long_name", "content": "ok" });
+        assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
+    }
+    let window = context(&app, &t, "s1", json!({ "max_input_tokens": 800 })).await;
+    assert_eq!(window["diagnostics"]["trigger"], "tokens", "{}", window["diagnostics"]);
+}
+
 #[tokio::test]
 async fn each_trigger_fires_past_its_threshold_and_zero_turns_it_off() {
     // Tokens: 40 words a message, a 2,000-token budget, 0.5 of it.
@@ -877,7 +894,10 @@ async fn the_runbook_shows_a_session_and_compacts_it_on_demand() {
         [&["session", command, "--tenant", "acme", "--session", "s1", "--json"], extra].concat()
     };
 
-    // A mistyped session is refused by name, and nothing is queued.
+    // A mistyped session is refused by name, and nothing is queued; nor is it shown as empty.
+    let shown = run_runbook(&app, &[], &["session", "show", "--tenant", "acme", "--session", "s1x"]).await;
+    let stderr = String::from_utf8_lossy(&shown.stderr);
+    assert!(!shown.status.success() && stderr.contains("session s1x of tenant acme has no messages"), "{stderr}");
     for extra in [&[][..], &["--dry-run"][..]] {
         let typo = ["session", "compact", "--tenant", "acme", "--session", "s1x", "--json"];
         let refused = run_runbook(&app, &[], &[&typo[..], extra].concat()).await;

@@ -451,6 +451,8 @@ async fn rows_given_up_on_are_embedded_again_by_the_runbook() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert_eq!(report["queued"], 1);
+    // Progress goes to stderr as it goes, with --json too (stdout holds only the answer).
+    assert!(String::from_utf8_lossy(&output.stderr).contains("1 rows queued to embed again"));
     assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await, "never embedded");
     assert_eq!(db.count(given_up).await, 0);
     worker.kill().await;

@@ -939,6 +939,17 @@ async fn the_runbook_dry_run_shows_the_proposal_and_writes_nothing() {
         let bob = run_as("bob", extra).await;
         assert!(!bob.status.success() && String::from_utf8_lossy(&bob.stderr).contains("wrote nothing"));
     }
+    // Nor into a workspace of a mistyped agent.
+    let typo = tokio::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+        .args(["memory", "extract", "--tenant", "acme", "--agent", "helpr", "--user", "ann", "--session", "s1"])
+        .env_clear()
+        .env(vars::DATABASE_URL, &app.db.url)
+        .envs(llm_env(&chat))
+        .output()
+        .await
+        .expect("runbook runs");
+    let stderr = String::from_utf8_lossy(&typo.stderr);
+    assert!(!typo.status.success() && stderr.contains("a mistyped agent"), "{stderr}");
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions").await, 0);
     let dry = run(&["--dry-run"]).await;
     assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));

@@ -120,6 +120,8 @@ async fn the_api_role_is_refused_when_the_wall_would_not_hold_it() {
     let role: sqlx::postgres::PgConnectOptions = app.db.url.parse().expect("url");
     let refused = owner.grant_app_role(role.get_username()).await.expect_err("the owner was granted");
     assert!(refused.to_string().contains("row-level security would not hold it"), "{refused}");
+    // The role, not the database URL, is what is wrong.
+    assert!(!refused.to_string().contains("database URL"), "{refused}");
     assert!(owner.grant_app_role("no such role").await.is_err());
     // Granting again to the API's role changes nothing and succeeds.
     let app_role: sqlx::postgres::PgConnectOptions = app.db.app_url.parse().expect("url");

@@ -14,6 +14,34 @@ async fn migrations_are_current_and_re_runnable() {
     assert!(MIGRATOR.status(&db.pool).await.expect("status").is_current());
 }
 
+/// `migrate` says what it applies, and stops, changing nothing, on a database a newer build
+/// migrated (a migration this build does not know).
+#[tokio::test]
+async fn the_runbook_refuses_to_migrate_a_database_a_newer_build_migrated() {
+    let db = TestDb::new().await;
+    let migrate = || {
+        std::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
+            .arg("migrate")
+            .env_clear()
+            .env(mnemo_config::vars::DATABASE_URL, &db.url)
+            .output()
+            .expect("runbook runs")
+    };
+    let current = migrate();
+    assert!(current.status.success(), "{}", String::from_utf8_lossy(&current.stderr));
+    assert!(String::from_utf8_lossy(&current.stdout).contains("(0 migrations applied now)"));
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (29991231000000, 'from a newer build', true, '\\x00', 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a newer build's migration");
+    let newer = migrate();
+    let stderr = String::from_utf8_lossy(&newer.stderr);
+    assert!(!newer.status.success() && stderr.contains("migrated by a newer mnemo"), "{stderr}");
+}
+
 #[tokio::test]
 async fn the_audit_log_refuses_update_delete_and_truncate() {
     let db = TestDb::new().await;

@@ -369,6 +369,10 @@ async fn the_runbook_lists_prints_and_restores_any_version() {
     let versions: Vec<i64> =
         history["versions"].as_array().expect("versions").iter().filter_map(|v| v["version"].as_i64()).collect();
     assert_eq!(versions, [1, 2], "two writes, the first creating it (not from its template)");
+    // A mistyped path is no file, not an empty history.
+    let typo = runbook(&app, &[&["workspace", "history"][..], &owner, &["--path", "PROFLE.md"]].concat()).await;
+    let stderr = String::from_utf8_lossy(&typo.stderr);
+    assert!(!typo.status.success() && stderr.contains("no such file: PROFLE.md"), "{stderr}");
     let cat =
         runbook(&app, &[&["workspace", "cat"][..], &owner, &["--path", "PROFILE.md", "--version", "1"]].concat()).await;
     assert_eq!(String::from_utf8_lossy(&cat.stdout), "first profile");

@@ -151,6 +151,7 @@ pub async fn context(
         content,
         tool_call_id: None,
         tool_name: None,
+        name_tokens: 0,
     });
     let budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
     let pack_left_out = match &asked.memory_pack {

@@ -222,6 +222,7 @@ mod tests {
             tokens: content.len().div_ceil(4) as u32,
             tool_call_id: call.map(str::to_owned),
             tool_name: call.map(|_| "search".to_owned()),
+            name_tokens: 0,
         }
     }
 

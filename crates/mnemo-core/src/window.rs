@@ -59,7 +59,7 @@ pub const MESSAGE_OVERHEAD_TOKENS: u32 = 4;
 const CALL_OVERHEAD_TOKENS: u32 = 4;
 
 /// What a participant's name costs beyond its own tokens: the field, or the `: ` after it.
-const NAME_OVERHEAD_TOKENS: u32 = 2;
+pub const NAME_OVERHEAD_TOKENS: u32 = 2;
 
 /// The function name a call without a stored tool name is sent under.
 pub const DEFAULT_TOOL_NAME: &str = "tool";
@@ -103,15 +103,30 @@ pub struct WindowMessage {
     pub tokens: u32,
     /// On a tool result: the call it answers. On an assistant message: the call it makes.
     pub tool_call_id: Option<String>,
-    /// The tool's name, on a call and its result.
+    /// The tool's name, on a call and its result; the participant's, on another message.
     pub tool_name: Option<String>,
+    /// What the participant's name costs with the message ([`WindowMessage::name_cost`]); 0
+    /// without one.
+    pub name_tokens: u32,
 }
 
 impl WindowMessage {
-    /// What the message costs in a window: its tokens and the per-message overhead. A lower
-    /// bound for a tool call or result, which also carry ids, a name or a marker ([`framing`]).
+    /// What the message costs in a window: its tokens, its participant's name and the
+    /// per-message overhead. A lower bound for a tool call or result, which also carry ids, a
+    /// name or a marker ([`framing`]).
     pub fn cost(&self) -> u64 {
-        u64::from(self.tokens) + u64::from(MESSAGE_OVERHEAD_TOKENS)
+        u64::from(self.tokens) + u64::from(self.name_tokens) + u64::from(MESSAGE_OVERHEAD_TOKENS)
+    }
+
+    /// What `name` costs on a message of `role` ([`WindowMessage::name_tokens`]): on a tool call
+    /// or result it is the tool's, sent in the protocol's fields ([`framing`]); on any other
+    /// message the participant's, sent as the message's `name` or before its text.
+    pub fn name_cost(role: Role, tool_call_id: Option<&str>, name: Option<&str>, counter: &dyn TokenCounter) -> u32 {
+        let tool = role == Role::Tool || (role == Role::Assistant && tool_call_id.is_some());
+        match name {
+            Some(name) if !tool => counter.count(name) + NAME_OVERHEAD_TOKENS,
+            _ => 0,
+        }
     }
 
     /// Whether the message starts a turn: a user's own message, not a system message written
@@ -133,8 +148,8 @@ fn framing(message: &WindowMessage, as_text: bool, counter: &dyn TokenCounter) -
         Role::Tool => count(id),
         Role::Assistant if message.tool_call_id.is_some() && as_text => count(&unanswered_call(name)) + 1,
         Role::Assistant if message.tool_call_id.is_some() => count(id) + count(name) + u64::from(CALL_OVERHEAD_TOKENS),
-        // The participant's name goes with the message (as its `name`, or before its text).
-        _ => message.tool_name.as_deref().map_or(0, |speaker| count(speaker) + u64::from(NAME_OVERHEAD_TOKENS)),
+        // A participant's name is in the message's cost already (`name_tokens`).
+        _ => 0,
     }
 }
 
@@ -376,8 +391,10 @@ pub fn assemble(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<W
     let mut contents: Vec<Kept> =
         (start..input.history.len()).map(|i| Kept { index: i, text: None, cost: message_cost(i) }).collect();
     let mut history_cost: u64 = contents.iter().map(|k| k.cost).sum();
-    // What a message costs with no content at all.
-    let bare = |k: &Kept, framed: &[u64]| u64::from(MESSAGE_OVERHEAD_TOKENS) + framed[k.index];
+    // What a message costs with no content at all (its participant's name is not cut).
+    let bare = |k: &Kept, framed: &[u64]| {
+        u64::from(MESSAGE_OVERHEAD_TOKENS) + u64::from(input.history[k.index].name_tokens) + framed[k.index]
+    };
     while history_cost > room {
         let cuttable = |i: &usize| contents[*i].cost > bare(&contents[*i], &framed);
         let Some(largest) = (0..contents.len()).filter(cuttable).max_by_key(|&i| contents[i].cost) else {
@@ -631,7 +648,13 @@ mod tests {
             tokens: Quarters.count(content),
             tool_call_id: None,
             tool_name: None,
+            name_tokens: 0,
         }
+    }
+
+    fn named(message: WindowMessage, name: Option<&str>) -> WindowMessage {
+        let name_tokens = WindowMessage::name_cost(message.role, message.tool_call_id.as_deref(), name, &Quarters);
+        WindowMessage { tool_name: name.map(str::to_owned), name_tokens, ..message }
     }
 
     fn call(id: &str) -> WindowMessage {
@@ -921,8 +944,12 @@ mod tests {
                 } as usize;
                 let text: String = "abcd".repeat(size.div_ceil(4))[..size].to_owned();
                 match next(5) {
-                    0 => history.push(message(Role::User, &text)),
-                    1 => history.push(message(Role::Assistant, &text)),
+                    // Now and then a participant's name, of up to 60 characters.
+                    role @ (0 | 1) => {
+                        let role = if role == 0 { Role::User } else { Role::Assistant };
+                        let name = (next(3) == 0).then(|| "n".repeat(1 + next(60) as usize));
+                        history.push(named(message(role, &text), name.as_deref()));
+                    }
                     // A call with up to two results, or none (a tool that failed unrecorded).
                     2 => {
                         // Now and then an id used before (some servers number calls per step).

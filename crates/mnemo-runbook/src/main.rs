@@ -275,11 +275,7 @@ async fn main() -> anyhow::Result<()> {
         Command::EmbedRetry { tenant, json } => {
             let store = connect(&env).await?;
             let queued = store
-                .retry_given_up_embeddings(tenant.as_ref(), 10_000, |n| {
-                    if !json {
-                        eprintln!("{n} rows queued to embed again");
-                    }
-                })
+                .retry_given_up_embeddings(tenant.as_ref(), 10_000, |n| eprintln!("{n} rows queued to embed again"))
                 .await?;
             if json {
                 println!("{}", serde_json::json!({ "queued": queued }));
@@ -495,11 +491,19 @@ async fn migrate(env: &Env) -> anyhow::Result<()> {
     let settings = DatabaseSettings::from_env(env)?;
     let store = Store::connect(settings.url.expose(), 2).await.context("cannot connect to the database")?;
     let before = MIGRATOR.status(store.pool()).await?;
+    if !before.unknown.is_empty() {
+        anyhow::bail!(
+            "the database was migrated by a newer mnemo (migrations {:?} are not this build's): run that build, \
+             or a later one",
+            before.unknown
+        );
+    }
+    // Some migrations take minutes on a large database (docs/runbook.md says which).
+    if !before.pending.is_empty() {
+        eprintln!("applying {} migrations: {:?}", before.pending.len(), before.pending);
+    }
     MIGRATOR.run(store.pool()).await.context("migration failed")?;
     let after = MIGRATOR.status(store.pool()).await?;
-    if !after.unknown.is_empty() {
-        eprintln!("warning: the database has migrations this build does not know: {:?}", after.unknown);
-    }
     println!("schema is current ({} migrations applied now)", before.pending.len() - after.pending.len());
     Ok(())
 }

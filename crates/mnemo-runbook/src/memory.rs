@@ -78,10 +78,18 @@ pub enum MemoryCommand {
 pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Result<()> {
     match command {
         MemoryCommand::Extract { tenant, agent, user, session, dry_run, json } => {
-            // What is extracted goes into this user's files and facts: never another's conversation.
-            if !store.user_in_session(&tenant, &user, &session).await? {
+            // What is extracted goes into this user's files and facts: never another's conversation,
+            // nor a workspace of a mistyped agent.
+            let (user_there, agent_known) = store.user_and_agent_in_session(&tenant, &user, &agent, &session).await?;
+            if !user_there {
                 bail!(
                     "user {user} wrote nothing in session {session} of tenant {tenant}: nothing of theirs to extract"
+                );
+            }
+            if !agent_known {
+                bail!(
+                    "agent {agent} has no message in session {session} and no file of user {user} in tenant {tenant}: \
+                     a mistyped agent would get a workspace of its own"
                 );
             }
             let workspace = Workspace { tenant, agent, user: Some(user) };

@@ -79,6 +79,10 @@ async fn show(store: &Store, tenant: &TenantId, session: &SessionId, content: bo
     messages.truncate(SHOW_LIMIT as usize);
     let compactions = store.session_compactions(tenant, session).await?;
     let state = store.session_state(tenant, session).await?;
+    // A mistyped session has nothing at all: said, not shown as an empty session.
+    if messages.is_empty() && compactions.is_empty() && state.pending.is_none() {
+        anyhow::bail!("session {session} of tenant {tenant} has no messages");
+    }
     // Compacted: at or before the last message compacted (which may itself be deleted since).
     let compacted =
         |m: &mnemo_store::SessionMessage| state.through.is_some_and(|c| (m.event_time, m.id) <= (c.event_time, c.id));

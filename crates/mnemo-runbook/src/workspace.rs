@@ -130,6 +130,10 @@ pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()>
         }
         WorkspaceCommand::History { owner, path, json } => {
             let history = store.file_history(&owner.file(&path)?).await?;
+            // A file never written (a mistyped path or owner) has no history: said, not printed empty.
+            if history.is_empty() {
+                bail!("no such file: {path} (no version of it under that agent and user)");
+            }
             if json {
                 let versions: Vec<Value> = history
                     .iter()

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    AuditEvent, CompactionOutcome, CompactionTrigger, Keep, Queue, Role, SessionId, SourceKind, TenantId, TokenCounter,
-    TriggerSource, USER_SYSTEM_PREFIX, UserId, WindowMessage, Workspace,
+    AgentId, AuditEvent, CompactionOutcome, CompactionTrigger, Keep, Queue, Role, SessionId, SourceKind, TenantId,
+    TokenCounter, TriggerSource, USER_SYSTEM_PREFIX, UserId, WindowMessage, Workspace,
 };
 use uuid::Uuid;
 
@@ -64,14 +64,18 @@ impl SessionMessage {
     /// (what a user, or an agent acting with their token, wrote never instructs the model).
     pub fn to_window(&self, counter: &dyn TokenCounter) -> WindowMessage {
         if self.role == Role::System && self.user_id.is_some() {
-            let content = format!("{USER_SYSTEM_PREFIX}\n{}", self.content);
+            // The participant's name after the marker, which the message opens with.
+            let content = match &self.tool_name {
+                Some(name) => format!("{USER_SYSTEM_PREFIX}\n{name}: {}", self.content),
+                None => format!("{USER_SYSTEM_PREFIX}\n{}", self.content),
+            };
             return WindowMessage {
                 role: Role::User,
                 tokens: counter.count(&content),
                 content,
                 tool_call_id: None,
-                // The participant's name, as on any user message.
-                tool_name: self.tool_name.clone(),
+                tool_name: None,
+                name_tokens: 0,
             };
         }
         let stored = self
@@ -84,6 +88,12 @@ impl SessionMessage {
             content: self.content.clone(),
             tool_call_id: self.tool_call_id.clone(),
             tool_name: self.tool_name.clone(),
+            name_tokens: WindowMessage::name_cost(
+                self.role,
+                self.tool_call_id.as_deref(),
+                self.tool_name.as_deref(),
+                counter,
+            ),
         }
     }
 }
@@ -379,19 +389,24 @@ impl Recording {
 }
 
 impl Store {
-    /// Whether `user` has rows in `session`.
-    pub async fn user_in_session(
+    /// Whether `user` has rows in `session`, and whether `agent` is known there: it has rows in
+    /// the session, or files of the user.
+    pub async fn user_and_agent_in_session(
         &self,
         tenant: &TenantId,
         user: &UserId,
+        agent: &AgentId,
         session: &SessionId,
-    ) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND session_id = $2 AND user_id = $3)",
+    ) -> Result<(bool, bool), StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND session_id = $2 AND user_id = $3),
+                    EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND session_id = $2 AND agent_id = $4)
+                    OR EXISTS (SELECT 1 FROM workspace_files WHERE tenant_id = $1 AND agent_id = $4 AND user_id = $3)",
         )
         .bind(tenant.as_str())
         .bind(session.as_str())
         .bind(user.as_str())
+        .bind(agent.as_str())
         .fetch_one(&self.pool)
         .await?)
     }

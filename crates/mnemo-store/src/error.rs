@@ -32,6 +32,9 @@ pub enum StoreError {
     RolledBack,
     #[error("invalid database URL: {0}")]
     Config(#[source] sqlx::Error),
+    /// An operator's request the store refuses, changing nothing; the text says why.
+    #[error("{0}")]
+    Refused(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]

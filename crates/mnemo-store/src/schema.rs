@@ -77,7 +77,7 @@ impl crate::Store {
     /// role is a superuser, BYPASSRLS or a member of the owner's role: row-level security would
     /// not hold it. Running it again changes nothing.
     pub async fn grant_app_role(&self, role: &str) -> Result<(), StoreError> {
-        let refuse = |why: String| StoreError::Config(sqlx::Error::Configuration(why.into()));
+        let refuse = StoreError::Refused;
         let plain = role.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
             && role.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         if !plain {
