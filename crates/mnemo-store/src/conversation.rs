@@ -399,8 +399,13 @@ impl Store {
         session: &SessionId,
     ) -> Result<(bool, bool), StoreError> {
         Ok(sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND session_id = $2 AND user_id = $3),
-                    EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND session_id = $2 AND agent_id = $4)
+            // `scope = 'session'`, which a session's rows always have, lets the session's partial
+            // indexes bound each scan to the session (the user's or agent's index would read all
+            // of their rows in the tenant).
+            "SELECT EXISTS (SELECT 1 FROM memory_items
+                            WHERE tenant_id = $1 AND scope = 'session' AND session_id = $2 AND user_id = $3),
+                    EXISTS (SELECT 1 FROM memory_items
+                            WHERE tenant_id = $1 AND scope = 'session' AND session_id = $2 AND agent_id = $4)
                     OR EXISTS (SELECT 1 FROM workspace_files WHERE tenant_id = $1 AND agent_id = $4 AND user_id = $3)",
         )
         .bind(tenant.as_str())
