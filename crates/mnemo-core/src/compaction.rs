@@ -128,13 +128,16 @@ pub struct TranscriptLine {
 }
 
 impl TranscriptLine {
-    /// `[user] …`, `[assistant → search] …` for a call, `[tool search] …` for a result.
+    /// `[user] …` (`[user Mélanie] …` with its participant's name), `[assistant calls search] …`
+    /// for a call, `[tool search result] …` for a result: a summary of a group chat can say who
+    /// said what.
     pub fn render(&self) -> String {
         let name = self.tool_name.as_deref().unwrap_or("tool");
-        match (self.role, self.is_call) {
-            (Role::Assistant, true) => format!("[assistant calls {name}] {}", self.content),
-            (Role::Tool, _) => format!("[tool {name} result] {}", self.content),
-            (role, _) => format!("[{role}] {}", self.content),
+        match (self.role, self.is_call, &self.tool_name) {
+            (Role::Assistant, true, _) => format!("[assistant calls {name}] {}", self.content),
+            (Role::Tool, _, _) => format!("[tool {name} result] {}", self.content),
+            (role, _, Some(speaker)) => format!("[{role} {speaker}] {}", self.content),
+            (role, _, None) => format!("[{role}] {}", self.content),
         }
     }
 }
@@ -274,7 +277,16 @@ mod tests {
             assert!(line.content.chars().count() < TOOL_PREVIEW_CHARS + 60, "{}", line.content.len());
         }
         assert_eq!(lines[1].render().split(']').next(), Some("[assistant calls search"));
+        assert_eq!(lines[2].render().split(']').next(), Some("[tool search result"));
         assert_eq!(preview("short", 10), "short");
+    }
+
+    #[test]
+    fn a_summarizer_reads_who_said_what() {
+        let named = WindowMessage { tool_name: Some("Mélanie Dupont".into()), ..m(Role::User, "I run", None) };
+        let lines = transcript(&[named, m(Role::Assistant, "nice", None)]);
+        assert_eq!(lines[0].render(), "[user Mélanie Dupont] I run");
+        assert_eq!(lines[1].render(), "[assistant] nice");
     }
 
     #[test]
