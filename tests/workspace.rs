@@ -515,6 +515,12 @@ async fn maintenance_archives_old_notes_and_prunes_idle_sessions_once_per_interv
     let archive_path = format!("/v1/workspace/files/memory/archive/{}.md", old.format("%Y-%m-%d"));
     let archived = app.client.get(&archive_path, Some(&t)).await;
     assert_eq!(archived.body["content"], format!("# {old}\n- notes\n\n- more notes"));
+    // Written again with what the archive holds already (a restore, say): not added twice.
+    let same = app.client.put(&old_path, Some(&t), &json!({ "content": "- more notes\n" })).await;
+    assert!(same.status < 300, "{:?}", same.body);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
+    let archived = app.client.get(&archive_path, Some(&t)).await;
+    assert_eq!(archived.body["content"], format!("# {old}\n- notes\n\n- more notes"));
     // The archived note leaves recall; the recent one stays.
     let live_notes = "SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note' AND deleted_at IS NULL";
     assert_eq!(app.db.count(&format!("{live_notes} AND metadata ->> 'path' LIKE '%{old}%'")).await, 0);

@@ -163,8 +163,10 @@ impl Store {
         let Some(note) = current(&mut tx, &from).await?.filter(|c| !c.deleted) else { return Ok(false) };
         let existing = current(&mut tx, &to).await?;
         // A note of a day archived before (written again since) is added to that day's archive,
-        // not put in its place.
+        // not put in its place; a note the archive holds already (restored from an earlier
+        // version, say) is not added twice.
         let content = match existing.as_ref().filter(|c| !c.deleted && !c.file.content.trim().is_empty()) {
+            Some(archived) if archived.file.content.contains(note.file.content.trim()) => archived.file.content.clone(),
             Some(archived) => format!("{}\n\n{}", archived.file.content.trim_end(), note.file.content),
             None => note.file.content.clone(),
         };
