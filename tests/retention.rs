@@ -945,7 +945,20 @@ async fn replaced_and_deleted_workspace_texts_are_redacted_after_the_soft_ttl() 
     assert_eq!(f.db().count("SELECT count(*) FROM workspace_file_versions WHERE redacted_at IS NOT NULL").await, 0);
     assert_eq!(f.db().count(&holding("platypus")).await, 3, "the dry run changed a file");
 
-    let swept = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
+    // The safety floor holds the versions on their own count: 3 of the tenant's 8, past a floor
+    // of 1, is refused and changes nothing, until an operator allows as many.
+    let floor = [(vars::ANONYMIZE_FLOOR_ROWS, "1")];
+    let refused = f.runbook(&floor, &["anonymize", "--tenant", "acme"]).await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("redact 3 of its 8"), "{stderr}");
+    assert!(stderr.contains("--allow-large-sweep 3"), "{stderr}");
+    assert_eq!(f.db().count(&holding("platypus")).await, 3, "the refused sweep changed a file");
+    let short = f.runbook(&floor, &["anonymize", "--tenant", "acme", "--allow-large-sweep", "2"]).await;
+    assert!(!short.status.success());
+    assert_eq!(f.db().count(&holding("platypus")).await, 3);
+
+    let allow = ["anonymize", "--tenant", "acme", "--allow-large-sweep", "3", "--json"];
+    let swept = f.runbook_json(&floor, &allow).await;
     assert_eq!((swept["outcome"].as_str(), swept["workspace_versions_redacted"].as_u64()), (Some("done"), Some(3)));
     assert_eq!(f.db().count(&holding("quokka")).await, 0, "a version replaced 40 days ago kept its text");
     assert_eq!(f.db().count(&holding("platypus")).await, 0, "a file deleted 40 days ago kept its text");

@@ -116,8 +116,8 @@ pub async fn sweep_tenant(
     }
     let plan = store.sweep_plan(tenant, &policy).await?;
     let due = plan.due();
-    let over_floor = options.floor.refuses(due, plan.tenant_rows);
-    let allowed = options.allow_large.is_some_and(|n| n >= due);
+    let over_floor = plan.over(&options.floor);
+    let allowed = options.allow_large.is_some_and(|n| n >= plan.to_allow());
     let dry_run = options.dry_run || policy.dry_run;
     let mut report = SweepReport {
         tenant: tenant.clone(),
@@ -136,6 +136,8 @@ pub async fn sweep_tenant(
         "soft_deleted": plan.soft_deleted,
         "superseded": plan.superseded,
         "tenant_rows": plan.tenant_rows,
+        "workspace_versions_due": plan.workspace_versions,
+        "tenant_versions": plan.tenant_versions,
         "max_fraction": options.floor.max_fraction,
         "floor_rows": options.floor.floor_rows,
         "allowed": options.allow_large,
@@ -151,6 +153,8 @@ pub async fn sweep_tenant(
             tenant = %tenant,
             due,
             tenant_rows = plan.tenant_rows,
+            workspace_versions_due = plan.workspace_versions,
+            tenant_versions = plan.tenant_versions,
             "retention sweep refused by the safety floor; nothing changed (an operator can allow it: mnemo-runbook anonymize --allow-large-sweep)"
         );
         report.outcome = SweepOutcome::Refused;
@@ -182,9 +186,10 @@ pub async fn sweep_tenant(
                 break;
             }
         }
-        // Then the workspace files' replaced and deleted texts, one file per transaction.
+        // Then the workspace files' replaced and deleted texts, one file per transaction; past
+        // the floor, no more than the operator allowed (a file's versions go together).
         let (cutoff, mut after) = (plan.cutoffs.deleted_before, FileCursor::default());
-        while report.outcome == SweepOutcome::Done {
+        while report.outcome == SweepOutcome::Done && cap.is_none_or(|n| report.redacted_versions < n) {
             let Some((file, n)) = store.redact_due_versions(tenant, cutoff, &after, &options.actor).await? else {
                 break;
             };

@@ -81,15 +81,18 @@ pub async fn anonymize(
         print_sweep(&report, settings);
     }
     if report.outcome == SweepOutcome::Refused {
+        let plan = &report.plan;
         bail!(
-            "refused by the safety floor: the sweep would anonymize {} of the tenant's {} rows, more than {:.0}% and more \
-             than {} rows. Nothing changed; the refusal is in the audit log. Check the rows with --dry-run, then allow \
-             this sweep with --allow-large-sweep {}",
-            report.plan.due(),
-            report.plan.tenant_rows,
+            "refused by the safety floor: the sweep would anonymize {} of the tenant's {} rows and redact {} of its {} \
+             workspace file versions; either past {:.0}% and past {} is refused. Nothing changed; the refusal is in the \
+             audit log. Check them with --dry-run, then allow this sweep with --allow-large-sweep {}",
+            plan.due(),
+            plan.tenant_rows,
+            plan.workspace_versions,
+            plan.tenant_versions,
             settings.floor.max_fraction * 100.0,
             settings.floor.floor_rows,
-            report.plan.due()
+            plan.to_allow()
         );
     }
     Ok(())
@@ -111,6 +114,7 @@ fn sweep_json(report: &SweepReport) -> Value {
         "anonymized": report.anonymized,
         "anonymized_total": report.anonymized_total(),
         "workspace_versions_due": report.plan.workspace_versions,
+        "tenant_versions": report.plan.tenant_versions,
         "workspace_versions_redacted": report.redacted_versions,
         "ids": ids,
         "seconds": report.elapsed.as_secs_f64(),
@@ -138,10 +142,13 @@ fn print_sweep(report: &SweepReport, settings: &RetentionSettings) {
         plan.superseded,
         plan.tenant_rows
     );
-    println!("due: {} workspace file versions (replaced or deleted before the soft TTL)", plan.workspace_versions);
+    println!(
+        "due: {} workspace file versions (replaced or deleted before the soft TTL) of the tenant's {}",
+        plan.workspace_versions, plan.tenant_versions
+    );
     if report.over_floor {
         println!(
-            "over the safety floor: more than {:.0}% of the tenant and more than {} rows",
+            "over the safety floor: more than {:.0}% of the tenant's rows or versions and more than {}",
             settings.floor.max_fraction * 100.0,
             settings.floor.floor_rows
         );

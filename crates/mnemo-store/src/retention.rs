@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{
-    AnonymizeReason, AuditEvent, Label, Queue, RetentionPolicy, SessionId, TenantId, UserId, WorkspacePath,
+    AnonymizeReason, AuditEvent, Label, Queue, RetentionPolicy, SafetyFloor, SessionId, TenantId, UserId, WorkspacePath,
 };
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
@@ -46,13 +46,27 @@ pub struct SweepPlan {
     /// Every row the tenant holds, anonymized ones included.
     pub tenant_rows: u64,
     /// Workspace file versions whose text is due for redaction (replaced, or current in a file
-    /// deleted, before the soft TTL's cutoff); outside the safety floor's count.
+    /// deleted, before the soft TTL's cutoff); held to the safety floor on their own count.
     pub workspace_versions: u64,
+    /// Every workspace file version the tenant holds, redacted ones included.
+    pub tenant_versions: u64,
 }
 
 impl SweepPlan {
     pub fn due(&self) -> u64 {
         self.soft_deleted + self.superseded
+    }
+
+    /// Whether `floor` refuses this sweep unasked: its rows against the tenant's rows, or its
+    /// workspace versions against the tenant's versions (a shortened TTL or a bulk delete of
+    /// files empties their history as surely as it anonymizes rows).
+    pub fn over(&self, floor: &SafetyFloor) -> bool {
+        floor.refuses(self.due(), self.tenant_rows) || floor.refuses(self.workspace_versions, self.tenant_versions)
+    }
+
+    /// The smallest `--allow-large-sweep` that lets this sweep through: both counts.
+    pub fn to_allow(&self) -> u64 {
+        self.due().max(self.workspace_versions)
     }
 }
 
@@ -515,6 +529,11 @@ impl Store {
             .bind(deleted_before)
             .fetch_one(&self.pool)
             .await?;
+        let tenant_versions: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM workspace_file_versions WHERE tenant_id = $1")
+                .bind(tenant.as_str())
+                .fetch_one(&self.pool)
+                .await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         Ok(SweepPlan {
             cutoffs,
@@ -522,6 +541,7 @@ impl Store {
             superseded: n(due - soft_deleted),
             tenant_rows: n(tenant_rows),
             workspace_versions: n(versions),
+            tenant_versions: n(tenant_versions),
         })
     }
 
