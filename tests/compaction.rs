@@ -1182,6 +1182,26 @@ async fn a_message_deleted_while_its_summary_is_written_is_in_no_summary() {
     assert_eq!(app.db.count(&format!("{summaries} AND anonymized_at IS NULL")).await, 1);
 }
 
+/// A summary that quotes question 0.
+const QUOTES_QUESTION_0: &str =
+    "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
+
+/// Writes the summary of session s1 through `last` a job's try would write (planned from the
+/// session's start): its id.
+async fn summary_through(app: &TestApp, last: &mnemo_store::SessionMessage, text: &str) -> uuid::Uuid {
+    let session = SessionId::parse("s1").expect("session");
+    let summary = NewMemory::session_summary(
+        TenantId::parse("acme").expect("tenant"),
+        session.clone(),
+        None,
+        None,
+        summary_source_ref(&session, None, last.id, text),
+        MemoryText::parse(text).expect("text"),
+        last.event_time,
+    );
+    app.db.store().remember(&summary).await.expect("a try's summary").id
+}
+
 /// A job that wrote its summary and crashed before recording it, retried after a message it
 /// summarized was deleted: the retry records the summary its model writes now, and the earlier
 /// try's, which quotes the deleted message, is anonymized. Before, the retry landed on the same
@@ -1196,18 +1216,7 @@ async fn a_retried_job_never_takes_over_the_summary_of_an_earlier_try() {
     let compactor = compactor(&app, &settings(llm_env(&chat)));
     let plan = compactor.plan(&tenant, &session, None, None).await.expect("plan");
     let (first, last) = (&plan.messages[0], &plan.messages[plan.cut - 1]);
-    let quoted =
-        "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
-    let orphan = NewMemory::session_summary(
-        tenant.clone(),
-        session.clone(),
-        None,
-        None,
-        summary_source_ref(&session, None, last.id, quoted),
-        MemoryText::parse(quoted).expect("text"),
-        last.event_time,
-    );
-    let orphan = app.db.store().remember(&orphan).await.expect("the earlier try's summary").id;
+    let orphan = summary_through(&app, last, QUOTES_QUESTION_0).await;
     let deleted = app.client.delete(&format!("/v1/memories/{}", first.id), Some(&t)).await;
     assert_eq!(deleted.status, 200, "{:?}", deleted.body);
 
@@ -1234,21 +1243,7 @@ async fn a_job_that_finds_nothing_to_compact_drops_the_summary_an_earlier_try_le
     let compactor = compactor(&app, &settings(llm_env(&chat)));
     let plan = compactor.plan(&tenant, &session, None, None).await.expect("plan");
     assert_eq!(plan.cut, 2, "the first turn is compacted");
-    let last = &plan.messages[1];
-    let summary = |text: &str| {
-        NewMemory::session_summary(
-            tenant.clone(),
-            session.clone(),
-            None,
-            None,
-            summary_source_ref(&session, None, last.id, text),
-            MemoryText::parse(text).expect("text"),
-            last.event_time,
-        )
-    };
-    let quoted =
-        "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
-    let orphan = app.db.store().remember(&summary(quoted)).await.expect("the earlier try's summary").id;
+    let orphan = summary_through(&app, &plan.messages[1], QUOTES_QUESTION_0).await;
     for message in &plan.messages[..2] {
         let deleted = app.client.delete(&format!("/v1/memories/{}", message.id), Some(&t)).await;
         assert_eq!(deleted.status, 200, "{:?}", deleted.body);
@@ -1268,7 +1263,7 @@ async fn a_job_that_finds_nothing_to_compact_drops_the_summary_an_earlier_try_le
     assert_eq!(plan.cut, 2);
     let written =
         "SESSION INTENT: trip\nSUMMARY: question 1 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
-    let written = app.db.store().remember(&summary(written)).await.expect("the duplicate's summary").id;
+    let written = summary_through(&app, &plan.messages[1], written).await;
     app.db.store().nothing_to_compact(&tenant, &session).await.expect("nothing to compact");
     let record = mnemo_store::NewCompaction {
         from: None,

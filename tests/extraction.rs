@@ -703,6 +703,29 @@ async fn replies_to_an_erased_user_leave_with_them_and_never_become_another_user
 /// A conversation whose messages were all shown already (an earlier extraction of the session
 /// read them), or are another user's, is done without a model call; and a compaction recorded
 /// after a later conversation of its session was extracted asks for nothing.
+/// A compaction (truncating) of session s1's first three messages, asking for ann's extraction of
+/// them under agent helper.
+async fn compaction_of_the_first_three(store: &mnemo_store::Store) -> mnemo_store::NewCompaction {
+    let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let messages = store.session_messages(&tenant, &session, None, 3).await.expect("messages");
+    mnemo_store::NewCompaction {
+        from: None,
+        through: messages[2].cursor(),
+        covered: messages.iter().map(|m| m.id).collect(),
+        previous_summary: None,
+        outcome: mnemo_core::CompactionOutcome::Truncated,
+        reason: Some("no_model".to_owned()),
+        summary_id: None,
+        model: None,
+        trigger: mnemo_core::CompactionTrigger::Operator,
+        extract_for: vec![mnemo_core::Workspace {
+            tenant,
+            agent: AgentId::parse("helper").expect("agent"),
+            user: Some(UserId::parse("ann").expect("user")),
+        }],
+    }
+}
+
 #[tokio::test]
 async fn what_an_earlier_extraction_read_is_not_read_again() {
     let chat = ScriptedChat::start().await;
@@ -728,23 +751,7 @@ async fn what_an_earlier_extraction_read_is_not_read_again() {
     // A compaction of the session's first messages, recorded only now, asks for nothing.
     let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
     let store = app.db.store();
-    let messages = store.session_messages(&tenant, &session, None, 3).await.expect("messages");
-    let record = mnemo_store::NewCompaction {
-        from: None,
-        through: messages[2].cursor(),
-        covered: messages.iter().map(|m| m.id).collect(),
-        previous_summary: None,
-        outcome: mnemo_core::CompactionOutcome::Truncated,
-        reason: Some("no_model".to_owned()),
-        summary_id: None,
-        model: None,
-        trigger: mnemo_core::CompactionTrigger::Operator,
-        extract_for: vec![mnemo_core::Workspace {
-            tenant: tenant.clone(),
-            agent: AgentId::parse("helper").expect("agent"),
-            user: Some(UserId::parse("ann").expect("user")),
-        }],
-    };
+    let record = compaction_of_the_first_three(&store).await;
     let recorded = store.record_compaction(&tenant, &session, &record).await.expect("record");
     assert_eq!(recorded, mnemo_store::Recording::Recorded);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE trigger_source = 'compaction'").await, 0);
@@ -763,23 +770,7 @@ async fn a_compaction_recorded_during_a_later_extraction_is_not_read_again() {
     assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
     let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
     let store = app.db.store();
-    let messages = store.session_messages(&tenant, &session, None, 3).await.expect("messages");
-    let record = mnemo_store::NewCompaction {
-        from: None,
-        through: messages[2].cursor(),
-        covered: messages.iter().map(|m| m.id).collect(),
-        previous_summary: None,
-        outcome: mnemo_core::CompactionOutcome::Truncated,
-        reason: Some("no_model".to_owned()),
-        summary_id: None,
-        model: None,
-        trigger: mnemo_core::CompactionTrigger::Operator,
-        extract_for: vec![mnemo_core::Workspace {
-            tenant: tenant.clone(),
-            agent: AgentId::parse("helper").expect("agent"),
-            user: Some(UserId::parse("ann").expect("user")),
-        }],
-    };
+    let record = compaction_of_the_first_three(&store).await;
     // Long enough for the record to commit during the model call on a loaded machine.
     chat.delay_every_answer(Duration::from_secs(2));
     let compacted = async {
