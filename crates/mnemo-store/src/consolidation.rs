@@ -70,6 +70,15 @@ WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
 RETURNING tenant_id, agent_id, user_id"
 );
 
+/// Removes the tenant's (`$1`) consolidation states that no run holds and whose user has no file
+/// under the agent at all, not even a deleted one (an erased user): the (agent `$2`, user `$3`)'s
+/// when given, else every such one.
+pub(crate) const FORGET_IDLE_STATES: &str = "
+DELETE FROM consolidation_state s
+WHERE s.tenant_id = $1 AND ($2::text IS NULL OR (s.agent_id = $2 AND s.user_id = $3)) AND s.running_by IS NULL
+  AND NOT EXISTS (SELECT 1 FROM workspace_files w
+                  WHERE w.tenant_id = $1 AND w.agent_id = s.agent_id AND w.user_id = s.user_id)";
+
 /// The nightly schedule, as a whole: it holds this alone while it scans and queues, and a user's
 /// erasure holds it shared. So the schedule never reads a note an erasure in flight is deleting
 /// (it would queue a job and write a state row naming the user after the erasure), and an
@@ -286,17 +295,12 @@ impl Store {
         let user = user_of(workspace)?;
         // After an erasure under way, which holds the user's files alone.
         share_user_files(&mut tx, workspace.tenant.as_str(), user).await?;
-        sqlx::query(
-            "DELETE FROM consolidation_state
-             WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by IS NULL
-               AND NOT EXISTS (SELECT 1 FROM workspace_files w
-                               WHERE w.tenant_id = $1 AND w.agent_id = $2 AND w.user_id = $3)",
-        )
-        .bind(workspace.tenant.as_str())
-        .bind(workspace.agent.as_str())
-        .bind(user)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(FORGET_IDLE_STATES)
+            .bind(workspace.tenant.as_str())
+            .bind(workspace.agent.as_str())
+            .bind(user)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }

@@ -598,10 +598,7 @@ impl Store {
         compaction: &NewCompaction,
     ) -> Result<Recording, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
-        // Before any row lock: embedding and erasure take the tenant's text counts, then rows, and
-        // anonymizing a dropped summary below needs the counts.
-        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
+        lock_session_summaries(&mut tx, tenant, session).await?;
         let unchanged: bool = sqlx::query_scalar(COVERED_UNCHANGED)
             .bind(tenant.as_str())
             .bind(session.as_str())
@@ -646,18 +643,7 @@ impl Store {
             _ => (compaction.summary_id, None),
         };
         if recording == Recording::Recorded || only.is_some() {
-            let dropped: Vec<Uuid> = sqlx::query_scalar(DROP_UNHELD_SUMMARIES)
-                .bind(tenant.as_str())
-                .bind(session.as_str())
-                .bind(only)
-                .bind(never)
-                .bind(AuditEvent::Delete.as_str())
-                .bind(recording.drop_reason())
-                .fetch_all(&mut *tx)
-                .await?;
-            if !dropped.is_empty() {
-                anonymize_ids(&mut tx, tenant, &dropped, "compaction").await?;
-            }
+            drop_unheld_summaries(&mut tx, tenant, session, only, never, recording.drop_reason()).await?;
         }
         if recording == Recording::Recorded {
             for workspace in &compaction.extract_for {
@@ -681,20 +667,8 @@ impl Store {
     /// then not recorded, and planned again.
     pub async fn nothing_to_compact(&self, tenant: &TenantId, session: &SessionId) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
-        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
-        let dropped: Vec<Uuid> = sqlx::query_scalar(DROP_UNHELD_SUMMARIES)
-            .bind(tenant.as_str())
-            .bind(session.as_str())
-            .bind(None::<Uuid>)
-            .bind(None::<Uuid>)
-            .bind(AuditEvent::Delete.as_str())
-            .bind(Recording::MessagesChanged.drop_reason())
-            .fetch_all(&mut *tx)
-            .await?;
-        if !dropped.is_empty() {
-            anonymize_ids(&mut tx, tenant, &dropped, "compaction").await?;
-        }
+        lock_session_summaries(&mut tx, tenant, session).await?;
+        drop_unheld_summaries(&mut tx, tenant, session, None, None, Recording::MessagesChanged.drop_reason()).await?;
         sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
@@ -712,4 +686,40 @@ impl Store {
             .fetch_all(&self.pool)
             .await?)
     }
+}
+
+/// Takes the session's compaction lock, then the tenant's text counts, before any row lock
+/// (embedding and erasure take the counts, then rows; anonymizing a dropped summary needs them).
+async fn lock_session_summaries(
+    tx: &mut sqlx::PgConnection,
+    tenant: &TenantId,
+    session: &SessionId,
+) -> Result<(), StoreError> {
+    sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+    lock_text_counts(tx, &[tenant.as_str().to_owned()]).await
+}
+
+/// Deletes and anonymizes the session's summaries no record holds (only `only` when given, never
+/// `never`; see [`DROP_UNHELD_SUMMARIES`]), audited with `reason`.
+async fn drop_unheld_summaries(
+    tx: &mut sqlx::PgConnection,
+    tenant: &TenantId,
+    session: &SessionId,
+    only: Option<Uuid>,
+    never: Option<Uuid>,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let dropped: Vec<Uuid> = sqlx::query_scalar(DROP_UNHELD_SUMMARIES)
+        .bind(tenant.as_str())
+        .bind(session.as_str())
+        .bind(only)
+        .bind(never)
+        .bind(AuditEvent::Delete.as_str())
+        .bind(reason)
+        .fetch_all(&mut *tx)
+        .await?;
+    if !dropped.is_empty() {
+        anonymize_ids(tx, tenant, &dropped, "compaction").await?;
+    }
+    Ok(())
 }

@@ -664,15 +664,12 @@ impl Import {
         // A consolidation state naming a user with no file under the agent (an erased user) is
         // forgotten, as the source forgets it (`forget_idle_consolidation`): a later export
         // cannot carry that delete.
-        sqlx::query(
-            "DELETE FROM consolidation_state s
-             WHERE s.tenant_id = $1 AND s.running_by IS NULL
-               AND NOT EXISTS (SELECT 1 FROM workspace_files w
-                               WHERE w.tenant_id = $1 AND w.agent_id = s.agent_id AND w.user_id = s.user_id)",
-        )
-        .bind(tenant)
-        .execute(&mut *self.tx)
-        .await?;
+        sqlx::query(crate::consolidation::FORGET_IDLE_STATES)
+            .bind(tenant)
+            .bind(None::<&str>)
+            .bind(None::<&str>)
+            .execute(&mut *self.tx)
+            .await?;
         self.tx.commit().await?;
         Ok(report)
     }
