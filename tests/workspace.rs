@@ -27,6 +27,11 @@ fn files(reply: &Value) -> Vec<(String, i64, bool)> {
 async fn a_first_context_call_creates_the_core_files() {
     let app = TestApp::spawn().await;
     let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    // A call whose own message does not fit is refused before anything is written.
+    let long = json!({ "max_input_tokens": 64, "current_message": "word ".repeat(200) });
+    let refused = app.client.post("/v1/sessions/s1/context", Some(&t), &long).await;
+    assert_eq!((refused.status, refused.code()), (400, "invalid_field"), "{:?}", refused.body);
+    assert_eq!(app.db.count("SELECT count(*) FROM workspace_files").await, 0);
     let window = app.client.post("/v1/sessions/s1/context", Some(&t), &json!({ "current_message": "hi" })).await;
     assert_eq!(window.status, 200, "{:?}", window.body);
     let first = &window.body["messages"][0];

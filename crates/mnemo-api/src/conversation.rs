@@ -160,8 +160,9 @@ pub async fn context(
         Some(AskedPack::Pack(_)) => Some("no_room"),
     };
     // What the caller's own system prompt and current message leave for the workspace and the
-    // memory pack (counted as the window counts them; nothing when they do not fit, which
-    // assembly refuses): they shrink to fit rather than refuse a call that fits without them.
+    // memory pack (counted as the window counts them): they shrink to fit rather than refuse a
+    // call that fits without them. A call that does not fit without them is refused here, before
+    // anything is written (the core files below).
     let own = WindowInput {
         system_prompt: asked.system_prompt.as_deref(),
         current: current.as_ref(),
@@ -170,7 +171,7 @@ pub async fn context(
     };
     // Less the two messages' framing and the memory's marker.
     let framing = 2 * u64::from(MESSAGE_OVERHEAD_TOKENS) + u64::from(tokenizer.count(MEMORY_PREFIX)) + 1;
-    let left = history_room(&own, tokenizer).unwrap_or(0).saturating_sub(framing);
+    let left = history_room(&own, tokenizer).map_err(budget_too_small)?.saturating_sub(framing);
     // The token's agent workspace: its enabled files and its memory, within their share.
     let workspace = match Workspace::of(&principal) {
         Ok(workspace) => {
