@@ -235,7 +235,7 @@ async fn what_a_compaction_takes_out_of_the_window_is_extracted_without_the_conv
 
     // A client cannot name a compaction as a conversation's end.
     let reply = app.client.post("/v1/sessions/s1/complete", Some(&ann), &json!({"trigger_source": "compaction"})).await;
-    assert_eq!((reply.status, reply.body["error"]["code"].as_str()), (400, Some("invalid_field")), "{:?}", reply.body);
+    assert_eq!((reply.status, reply.body["error"]["code"].as_str()), (400, Some("invalid_value")), "{:?}", reply.body);
 }
 
 /// A participant's name is sent with each message, so it counts toward the token trigger as it

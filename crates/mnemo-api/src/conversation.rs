@@ -631,8 +631,10 @@ pub async fn complete(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let source = body.take_opt_str("trigger_source")?.ok_or(ApiError::MissingField("trigger_source"))?;
     let source = match TriggerSource::parse(&source)? {
+        // Values of the server's own, not a caller's: outside the set a caller may name.
         TriggerSource::Manual | TriggerSource::Compaction => {
-            return Err(ApiError::InvalidField { field: "trigger_source", expected: "web, channel or cron" });
+            let expected = "web, channel or cron";
+            return Err(InvalidInput::UnknownValue { field: "trigger_source", value: source, expected }.into());
         }
         source => source,
     };

@@ -67,7 +67,9 @@ impl Op {
             errors.extend([401, 403, 429, 503]);
         }
         if self.body.is_some() {
-            // A body may be refused, arrive too slowly, or not fit on a full disk.
+            // A body may be refused, arrive too slowly, or not fit on a full disk (operations
+            // without a body that write name 507 themselves: the workspace's reads create its
+            // core files on first use).
             errors.extend([400, 408, 413, 415, 507]);
         }
         errors.sort_unstable();
@@ -230,7 +232,7 @@ pub fn document() -> Value {
         ("/v1/memories/{id}", vec![Op::new("delete", "forget", "Soft-delete a memory")
             .param(json!({ "name": "id", "in": "path", "required": true, "schema": uuid(), "description": "The memory's id." }))
             .answer(200, answer(json!({ "id": uuid(), "deleted_at": time(), "already_deleted": { "type": "boolean" } })))
-            .errors(&[400, 404])]),
+            .errors(&[400, 404, 507])]),
         ("/v1/recall", vec![Op::new("post", "recall", "Hybrid recall over the classes the token may see")
             .body(schema::recall_body())
             .answer(200, answer(json!({
@@ -264,7 +266,7 @@ pub fn document() -> Value {
                 "messages": { "type": "array", "items": answer(json!({
                     "id": uuid(), "source_kind": { "type": "string" }, "role": { "type": "string" },
                     "content": { "type": "string" }, "tool_call_id": nullable("string"), "name": nullable("string"),
-                    "token_count": { "type": "integer" }, "event_time": time(),
+                    "token_count": nullable("integer"), "event_time": time(),
                 })) },
                 "next_cursor": nullable("string"),
             })))
@@ -297,9 +299,9 @@ pub fn document() -> Value {
             .param(query_param("limit", json!({ "type": "integer", "minimum": 1, "maximum": 1000 }), "Page size (default 1000)."))
             .param(query_param("cursor", json!({ "type": "string" }), "next_cursor of the page before."))
             .answer(200, answer(json!({ "files": { "type": "array", "items": refs("FileMeta") }, "next_cursor": nullable("string") })))
-            .errors(&[400])]),
+            .errors(&[400, 507])]),
         ("/v1/workspace/files/{path}", vec![
-            Op::new("get", "read_file", "One workspace file").param(file()).answer(200, refs("File")).errors(&[400, 404]),
+            Op::new("get", "read_file", "One workspace file").param(file()).answer(200, refs("File")).errors(&[400, 404, 507]),
             Op::new("put", "write_file", "Replace a workspace file's content (creating it)")
                 .param(file())
                 .body(schema::file_write_body())
@@ -318,7 +320,7 @@ pub fn document() -> Value {
             Op::new("delete", "delete_file", "Delete a workspace file (its versions stay)")
                 .param(file())
                 .answer(200, answer(json!({ "path": { "type": "string" }, "deleted": { "type": "boolean" }, "version": { "type": "integer" } })))
-                .errors(&[400, 403, 404]),
+                .errors(&[400, 403, 404, 507]),
         ]),
         ("/v1/workspace/files/{path}/edit", vec![Op::new("post", "edit_file", "Replace exact text in a workspace file")
             .param(file())
@@ -328,7 +330,7 @@ pub fn document() -> Value {
         ("/v1/workspace/prompt", vec![Op::new("get", "workspace_prompt", "The enabled files and memory notes rendered for a prompt")
             .param(query_param("max_tokens", json!({ "type": "integer", "minimum": 1, "maximum": 1_000_000 }), "Token budget."))
             .answer(200, answer(json!({ "prompt": { "type": "string" }, "files": { "type": "string" }, "memory": { "type": "string" }, "tokens": { "type": "integer" } })))
-            .errors(&[400])]),
+            .errors(&[400, 507])]),
         ("/healthz", vec![Op::new("get", "healthz", "The process is up").public().answer(200, answer(json!({ "status": { "type": "string" } })))]),
         ("/readyz", vec![Op::new("get", "readyz", "The database answers and its schema is current")
             .public()
