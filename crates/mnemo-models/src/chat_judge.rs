@@ -212,20 +212,22 @@ pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, 
     let mut conflicted = vec![false; candidates];
     let mut invented = 0;
     for (id, verdict) in &decisions {
-        match index_of(id, candidates) {
-            Some(i) => {
+        match (index_of(id, candidates), verdict) {
+            (Some(i), Some(verdict)) => {
                 if verdicts[i].is_some_and(|v| v != *verdict) {
                     conflicted[i] = true;
                 }
                 verdicts[i] = Some(*verdict);
             }
-            None => invented += 1,
+            (Some(_), None) => {}
+            // Whatever it says of it: the label is what shows the model miscounted.
+            (None, _) => invented += 1,
         }
     }
     if invented > 0 {
         return Err(ModelFailure::new("invented_ids", format!("{invented} decisions name no candidate")));
     }
-    if decisions.is_empty() {
+    if decisions.iter().all(|(_, verdict)| verdict.is_none()) {
         return Err(ModelFailure::new("no_decisions", "the answer decides about no candidate"));
     }
     Ok(verdicts
@@ -235,13 +237,14 @@ pub fn parse_verdicts(content: &str, candidates: usize) -> Result<Vec<Verdict>, 
         .collect())
 }
 
-/// `{"decisions": [...]}`, a bare list of `{id, decision}`, or an `{id: decision}` map.
-fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
+/// `{"decisions": [...]}`, a bare list of `{id, decision}`, or an `{id: decision}` map; each
+/// label with its decision, `None` when the decision is no word the judge knows.
+fn decisions_in(value: &Value) -> Option<Vec<(String, Option<Verdict>)>> {
     let entry = |item: &Value| {
         let id = item.get("id").or_else(|| item.get("candidate"))?;
         let id = id.as_str().map(str::to_owned).or_else(|| id.as_u64().map(|n| n.to_string()))?;
-        let decision = item.get("decision").or_else(|| item.get("verdict"))?.as_str()?;
-        Some((id, verdict(decision)?))
+        let decision = item.get("decision").or_else(|| item.get("verdict"))?;
+        Some((id, decision.as_str().and_then(verdict)))
     };
     match value {
         Value::Array(items) => Some(items.iter().filter_map(entry).collect()),
@@ -250,7 +253,11 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
             Some(_) => None,
             None if map.contains_key("id") => Some(entry(value).into_iter().collect()),
             None => {
-                let pairs: Vec<_> = map.iter().filter_map(|(k, v)| Some((k.clone(), verdict(v.as_str()?)?))).collect();
+                let pairs: Vec<_> = map
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().and_then(verdict)))
+                    .filter(|(k, v)| v.is_some() || is_label(k))
+                    .collect();
                 (!pairs.is_empty()).then_some(pairs)
             }
         },
@@ -262,7 +269,7 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Verdict)>> {
 /// `f1 KEEP, f2 DUPLICATE` (words after the decision are ignored). Only a SUPERSEDE or DUPLICATE
 /// that is the first word after its label, and the label's only decision, retires: prose ("f1
 /// can't be superseded", "f1 is not at all superseded") keeps, whatever negation it uses.
-fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
+fn decisions_in_lines(content: &str) -> Option<Vec<(String, Option<Verdict>)>> {
     let mut pairs = Vec::new();
     for line in content.lines() {
         let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
@@ -272,10 +279,10 @@ fn decisions_in_lines(content: &str) -> Option<Vec<(String, Verdict)>> {
             let said: Vec<(usize, Verdict)> =
                 segment.iter().enumerate().filter_map(|(i, w)| Some((i, verdict(w)?))).collect();
             let decision = match said.as_slice() {
-                [] => continue,
-                [(0, Verdict::Supersede)] => Verdict::Supersede,
-                [(0, Verdict::Duplicate)] => Verdict::Duplicate,
-                _ => Verdict::Keep,
+                [] => None,
+                [(0, Verdict::Supersede)] => Some(Verdict::Supersede),
+                [(0, Verdict::Duplicate)] => Some(Verdict::Duplicate),
+                _ => Some(Verdict::Keep),
             };
             pairs.push((words[at].to_owned(), decision));
         }
@@ -358,6 +365,15 @@ mod tests {
         assert_eq!(parse_verdicts(r#"{"2": "SUPERSEDE"}"#, 3).unwrap_err().kind, "invented_ids");
         let invented = r#"{"decisions": [{"id": "f9", "decision": "SUPERSEDE"}, {"id": "x", "decision": "KEEP"}]}"#;
         assert_eq!(parse_verdicts(invented, 2).unwrap_err().kind, "invented_ids");
+        // A model counting from 0 gives its label a decision the judge does not know: the label
+        // still shows the miscount, and the SUPERSEDE after it meant the candidate before.
+        for miscounted in [
+            r#"{"f0": "UNRELATED", "f1": "SUPERSEDE"}"#,
+            r#"[{"id": "f0", "decision": "none"}, {"id": "f1", "decision": "SUPERSEDE"}]"#,
+            "f0: none\nf1: SUPERSEDE",
+        ] {
+            assert_eq!(parse_verdicts(miscounted, 2).unwrap_err().kind, "invented_ids", "{miscounted}");
+        }
     }
 
     #[test]
