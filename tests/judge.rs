@@ -1158,6 +1158,54 @@ async fn a_keyed_fact_committed_after_a_newer_one_was_judged_is_retired_by_it() 
     assert_eq!(f.row(paris).await.superseded_by, None);
 }
 
+/// A keyed fact's judgement retires the older facts of its key as they stand when it is applied:
+/// one whose writer began first and committed while the newer fact was being judged is retired
+/// too (the reopen covers a newer fact judged already; this one was not yet).
+#[tokio::test]
+async fn a_keyed_fact_committed_while_a_newer_one_was_being_judged_is_retired_by_it() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let keyed = |content: &str| json!({ "scope": "user", "content": content, "key": "home_city" });
+    let store = f.app.db.store();
+    let pending = |id: Uuid| {
+        let store = store.clone();
+        async move {
+            let job = JudgeJob { tenant_id: TenantId::parse("acme").expect("tenant"), item_id: id };
+            store.pending_facts(&[job]).await.expect("pending").pop().expect("a pending fact")
+        }
+    };
+    let (paris, _) = f.remember(&who, keyed("home is Paris")).await;
+    embed_like_the_provider(&store, MODEL, DIMS).await;
+    let paris_read = pending(paris).await;
+    // Tokyo's writer began before Paris's, and commits while Paris is being judged.
+    let (tokyo, _) = f.remember(&who, keyed("home is Tokyo")).await;
+    sqlx::query(
+        "UPDATE memory_items SET valid_from = (SELECT valid_from - interval '1 second' FROM memory_items WHERE id = $2)
+         WHERE id = $1",
+    )
+    .bind(tokyo)
+    .bind(paris)
+    .execute(&f.app.db.pool)
+    .await
+    .expect("an older validity");
+    embed_like_the_provider(&store, MODEL, DIMS).await;
+    let by_key = mnemo_store::Judgement {
+        unless_retired: mnemo_core::JudgeOutcome::NoCandidates,
+        retire: Vec::new(),
+        reason: "key_match",
+        model: None,
+        candidates: 0,
+        failure_may_pass: false,
+    };
+    // Tokyo is judged first: no older fact of its key, and Paris, not judged yet, is not reopened.
+    let tokyo_judged = store.apply_judgement(&pending(tokyo).await, &by_key).await.expect("tokyo");
+    assert_eq!(tokyo_judged, Some(mnemo_core::JudgeOutcome::NoCandidates));
+    let paris_judged = store.apply_judgement(&paris_read, &by_key).await.expect("paris");
+    assert_eq!(paris_judged, Some(mnemo_core::JudgeOutcome::Superseded));
+    assert_eq!(f.row(tokyo).await.superseded_by, Some(paris), "two live facts of one key");
+    assert_eq!(f.row(paris).await.superseded_by, None);
+}
+
 #[tokio::test]
 async fn a_users_agent_fact_replaces_only_what_that_user_wrote() {
     let f = Fixture::start().await;

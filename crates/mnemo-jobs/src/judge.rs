@@ -187,10 +187,9 @@ async fn judge_fact(
         metrics::counter!("mnemo_judge_deferred_total").increment(1);
         return Ok((None, None));
     }
-    let judgement = if let Some(key) = &fact.fact_key {
-        let candidates = store.same_key_facts(&fact, key).await?;
-        let retire = candidates.iter().map(|c| (c.id, Retire::KeyMatch)).collect();
-        judgement(JudgeOutcome::NoCandidates, retire, "key_match", None, candidates.len())
+    let judgement = if fact.fact_key.is_some() {
+        // The facts of its key are read, and retired, under the bucket's lock.
+        judgement(JudgeOutcome::NoCandidates, Vec::new(), "key_match", None, 0)
     } else {
         let candidates = store.judge_candidates(&fact, policy.threshold, policy.topk).await?;
         let total = candidates.len();

@@ -287,7 +287,9 @@ fn decisions_in_lines(content: &str) -> Option<Vec<(String, Option<Verdict>)>> {
             pairs.push((words[at].to_owned(), decision));
         }
     }
-    (!pairs.is_empty()).then_some(pairs)
+    // Labels without a decision are kept (one the model was not shown fails the answer), but
+    // text that decides nothing is no answer.
+    pairs.iter().any(|(_, decision)| decision.is_some()).then_some(pairs)
 }
 
 fn is_label(word: &str) -> bool {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use mnemo_core::{AuditEvent, FactScope, JudgeOutcome, TenantId};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::queue::{JudgeJob, push, push_after};
@@ -376,13 +376,17 @@ impl Store {
         Ok(())
     }
 
-    /// Live, older facts of the bucket with the pending fact's key, whatever their distance. The
-    /// scope is written as a literal here and in the reopen below, so that even a generic plan
-    /// reads the bucket through its class's index (migration 039), not every row of the agent.
-    #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
-    pub async fn same_key_facts(&self, fact: &PendingFact, key: &str) -> Result<Vec<Candidate>, StoreError> {
+    /// Live, older facts of the bucket with the pending fact's key, whatever their distance, read
+    /// under the bucket's lock by [`Store::apply_judgement`]. The scope is written as a literal
+    /// here and in the reopen below, so that even a generic plan reads the bucket through its
+    /// class's index (migration 039), not every row of the agent.
+    async fn same_key_facts(
+        tx: &mut Transaction<'_, Postgres>,
+        fact: &PendingFact,
+        key: &str,
+    ) -> Result<Vec<Uuid>, StoreError> {
         let sql = format!(
-            "SELECT o.id, o.content, NULL::float8 AS distance
+            "SELECT o.id
              FROM memory_items o
              WHERE o.tenant_id = $1 AND o.{column} = $2 AND o.scope = '{scope}' AND o.fact_key = $3
                AND o.{LIVE_FACT}
@@ -394,7 +398,7 @@ impl Store {
             column = fact.identity_column(),
             scope = fact.scope.as_str(),
         );
-        Ok(sqlx::query_as(AssertSqlSafe(sql))
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(fact.tenant_id.as_str())
             .bind(&fact.identity)
             .bind(key)
@@ -404,7 +408,7 @@ impl Store {
             .bind(&fact.allowed_roles)
             .bind(&fact.reader_agent)
             .bind(&fact.writer)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut **tx)
             .await?)
     }
 
@@ -444,10 +448,25 @@ impl Store {
             return Ok(None);
         }
 
+        // A keyed fact retires the older facts of its key as they stand under the lock: one
+        // whose writer began first but committed after this fact was read for judging is among
+        // them (the reopen below covers the other order). No model decides these.
+        let by_key: Vec<(Uuid, Retire)>;
+        let retire = match &fact.fact_key {
+            Some(key) => {
+                by_key = Self::same_key_facts(&mut tx, fact, key)
+                    .await?
+                    .into_iter()
+                    .map(|id| (id, Retire::KeyMatch))
+                    .collect();
+                &by_key
+            }
+            None => &judgement.retire,
+        };
         let mut outcome = judgement.unless_retired;
-        if !judgement.retire.is_empty() {
-            let ids: Vec<Uuid> = judgement.retire.iter().map(|(id, _)| *id).collect();
-            let reasons: Vec<&str> = judgement.retire.iter().map(|(_, why)| why.as_str()).collect();
+        if !retire.is_empty() {
+            let ids: Vec<Uuid> = retire.iter().map(|(id, _)| *id).collect();
+            let reasons: Vec<&str> = retire.iter().map(|(_, why)| why.as_str()).collect();
             let retired: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
                 "WITH retired AS (
                     UPDATE memory_items o
@@ -488,12 +507,8 @@ impl Store {
             // counts as ½, as in ranking), and the most durable layer (an episodic copy never
             // turns a semantic memory into one that fades): saying a thing again never makes it
             // matter less (seed 004 weighs importance and confidence when it deduplicates).
-            let copies: Vec<Uuid> = judgement
-                .retire
-                .iter()
-                .filter(|(id, why)| why.is_copy() && retired.contains(id))
-                .map(|(id, _)| *id)
-                .collect();
+            let copies: Vec<Uuid> =
+                retire.iter().filter(|(id, why)| why.is_copy() && retired.contains(id)).map(|(id, _)| *id).collect();
             if !copies.is_empty() {
                 sqlx::query(
                     "UPDATE memory_items n
