@@ -33,7 +33,8 @@ async fn write_messages(server: &ServerProcess, n: usize, text: impl Fn(usize) -
 }
 
 /// Two jobs naming one row in one batch (a recovered orphan and its re-queued copy): the row is
-/// read and saved once, and the batch goes through.
+/// read and saved once, and the batch goes through; a failure of one of them afterwards leaves
+/// the saved row alone.
 #[tokio::test]
 async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
     let app = mnemo_testkit::TestApp::spawn().await;
@@ -47,7 +48,7 @@ async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
         item_id: id,
         content_sha256: String::new(),
     };
-    let rows = store.rows_to_embed(&[row.clone(), row], MODEL, false).await.expect("read");
+    let rows = store.rows_to_embed(&[row.clone(), row.clone()], MODEL, false).await.expect("read");
     assert_eq!(rows.len(), 1);
     let vector = |x: f32| mnemo_store::NewVector {
         id,
@@ -58,6 +59,18 @@ async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
     };
     let saved = store.save_vectors(MODEL, vec![vector(0.1), vector(0.2)]).await.expect("saved");
     assert_eq!(saved, [id]);
+
+    // A job of the same row whose model call failed meanwhile (a second retry chain after a
+    // crash) records nothing on a row that has its current vector, and queues no retry; for
+    // another model, whose vector it lacks, the failure counts.
+    let failed = |retry_after| mnemo_store::EmbedFailure { job: &row, error: "gave up".to_owned(), retry_after };
+    store.record_embed_failures(MODEL, &[failed(None), failed(Some(Duration::from_secs(60)))]).await.expect("recorded");
+    let state = "SELECT count(*) FROM memory_items WHERE embed_attempts = 0 AND embed_error IS NULL";
+    assert_eq!(app.db.count(state).await, 1, "a row with its vector marked failed");
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE run_at > now()").await, 0);
+    store.record_embed_failures("another-model", &[failed(Some(Duration::from_secs(60)))]).await.expect("recorded");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE embed_attempts = 1").await, 1);
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE run_at > now()").await, 1);
 }
 
 /// A job queued again after a failure is a new apalis row (its attempts start at 0): it carries

@@ -160,7 +160,7 @@ async fn embed_batch(
         }
     }
 
-    let first_failed = record_failures(store, policy, jobs, failures).await?;
+    let first_failed = record_failures(store, policy, model, jobs, failures).await?;
     // Only once the retries are queued: a concurrent batch's answer that took the flag before
     // would bring nothing forward, and these retries would wait out their whole backoff. Only
     // when nothing was answered and a row failed at its first attempt: a row failing beside
@@ -183,6 +183,7 @@ type RowKey = (String, Uuid);
 async fn record_failures(
     store: &Store,
     policy: EmbedPolicy,
+    model: &str,
     jobs: &[EmbedRow],
     failures: Vec<(RowKey, EmbedError)>,
 ) -> Result<bool, StoreError> {
@@ -230,7 +231,7 @@ async fn record_failures(
             records.push(EmbedFailure { job, error: recorded, retry_after: None });
         }
     }
-    store.record_embed_failures(&records).await?;
+    store.record_embed_failures(model, &records).await?;
     Ok(first_failed)
 }
 

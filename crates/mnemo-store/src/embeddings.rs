@@ -254,32 +254,38 @@ impl Store {
         Ok(())
     }
 
-    /// Records a batch's failed attempts in one transaction, so a store error partway records
-    /// none and the job's retry records each once (not a second retry chain for those before).
-    /// A failure with `retry_after` queues its row's job again to run after that delay; one
-    /// without is final, and its `error` stays on the row.
+    /// Records a batch's failed attempts of `model` in one transaction, so a store error partway
+    /// records none and the job's retry records each once (not a second retry chain for those
+    /// before). A failure with `retry_after` queues its row's job again to run after that delay;
+    /// one without is final, and its `error` stays on the row. A row that has its current vector
+    /// of `model` by now (another job for it succeeded meanwhile) is left as it is.
     #[tracing::instrument(skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
-    pub async fn record_embed_failures(&self, failures: &[EmbedFailure<'_>]) -> Result<(), StoreError> {
+    pub async fn record_embed_failures(&self, model: &str, failures: &[EmbedFailure<'_>]) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         for failure in failures {
-            sqlx::query(
-                "UPDATE memory_items
+            let recorded = sqlx::query(
+                "UPDATE memory_items m
                  SET embed_attempts = embed_attempts + 1,
                      embed_failing_since = coalesce(embed_failing_since, now()),
                      embed_error = CASE WHEN $3 THEN NULL ELSE $4 END,
                      -- When the retry is due: the housekeeping grace counts from then, so a long
                      -- backoff is not cut short by a re-queue.
                      embed_enqueued_at = now() + make_interval(secs => $5)
-                 WHERE id = $1 AND tenant_id = $2",
+                 WHERE m.id = $1 AND m.tenant_id = $2
+                   AND NOT EXISTS (SELECT 1 FROM memory_embeddings e
+                                   WHERE e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = $6
+                                     AND e.content_sha256 = m.content_sha256)",
             )
             .bind(failure.job.item_id)
             .bind(failure.job.tenant_id.as_str())
             .bind(failure.retry_after.is_some())
             .bind(&failure.error)
             .bind(failure.retry_after.unwrap_or_default().as_secs_f64())
+            .bind(model)
             .execute(&mut *tx)
-            .await?;
-            if let Some(delay) = failure.retry_after {
+            .await?
+            .rows_affected();
+            if let Some(delay) = failure.retry_after.filter(|_| recorded > 0) {
                 push_after(&mut tx, &EmbedJob::of(failure.job), delay, 0).await?;
             }
         }
