@@ -526,6 +526,12 @@ async fn maintenance_archives_old_notes_and_prunes_idle_sessions_once_per_interv
     assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
     let archived = app.client.get(&archive_path, Some(&t)).await;
     assert_eq!(archived.body["content"], format!("# {old}\n- notes\n\n- more notes"));
+    // Text the archive holds only inside a note is a note of its own.
+    let fragment = app.client.put(&old_path, Some(&t), &json!({ "content": "more notes" })).await;
+    assert!(fragment.status < 300, "{:?}", fragment.body);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
+    let archived = app.client.get(&archive_path, Some(&t)).await;
+    assert_eq!(archived.body["content"], format!("# {old}\n- notes\n\n- more notes\n\nmore notes"));
     // The archived note leaves recall; the recent one stays.
     let live_notes = "SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note' AND deleted_at IS NULL";
     assert_eq!(app.db.count(&format!("{live_notes} AND metadata ->> 'path' LIKE '%{old}%'")).await, 0);

@@ -166,7 +166,7 @@ impl Store {
         // not put in its place; a note the archive holds already (restored from an earlier
         // version, say) is not added twice.
         let content = match existing.as_ref().filter(|c| !c.deleted && !c.file.content.trim().is_empty()) {
-            Some(archived) if archived.file.content.contains(note.file.content.trim()) => archived.file.content.clone(),
+            Some(archived) if holds_note(&archived.file.content, &note.file.content) => archived.file.content.clone(),
             Some(archived) => format!("{}\n\n{}", archived.file.content.trim_end(), note.file.content),
             None => note.file.content.clone(),
         };
@@ -194,4 +194,16 @@ impl Store {
             .await?;
         Ok(pruned as u64)
     }
+}
+
+/// Whether a day's archive holds `note` as one of the notes it was made of (or a run of them):
+/// whole, between the blank lines archiving puts between notes, not a fragment of a sentence,
+/// which would leave the note's words in no live file.
+fn holds_note(archive: &str, note: &str) -> bool {
+    let (archive, note) = (archive.trim(), note.trim());
+    note.is_empty()
+        || archive.match_indices(note).any(|(at, _)| {
+            let (before, after) = (&archive[..at], &archive[at + note.len()..]);
+            (before.is_empty() || before.ends_with("\n\n")) && (after.is_empty() || after.starts_with("\n\n"))
+        })
 }
