@@ -368,6 +368,7 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
             interval: Duration::from_secs(3600),
             note_retention_days: 0,
             session_retention_days: 0,
+            max_file_bytes: 256 * 1024,
         },
         ..mnemo_testkit::housekeeping_policy("m")
     };

@@ -10,6 +10,9 @@ use mnemo_testkit::{TestApp, WorkerProcess, principal, token, wait_until};
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
+/// The default `MNEMO_WORKSPACE_MAX_FILE_BYTES`, which an archive does not grow past.
+const MAX: usize = 256 * 1024;
+
 fn files(reply: &Value) -> Vec<(String, i64, bool)> {
     reply["files"]
         .as_array()
@@ -424,6 +427,7 @@ async fn a_failed_maintenance_run_is_run_again_at_the_next_tick() {
             interval: Duration::from_secs(6 * 3600),
             note_retention_days: 90,
             session_retention_days: 0,
+            max_file_bytes: MAX,
         },
         ..mnemo_testkit::housekeeping_policy("m")
     };
@@ -499,7 +503,7 @@ async fn maintenance_archives_old_notes_and_prunes_idle_sessions_once_per_interv
         .expect("an old claim");
     assert!(store.claim_maintenance(1, "w2", stale).await.expect("taken over"));
     assert!(!store.claim_maintenance(1, "w3", stale).await.expect("held again"));
-    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1).await.expect("archive"), 1);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1, MAX).await.expect("archive"), 1);
     let old_path = format!("/v1/workspace/files/memory/{}.md", old.format("%Y-%m-%d"));
     assert_eq!(app.client.get(&old_path, Some(&t)).await.status, 404);
     let archived =
@@ -510,28 +514,36 @@ async fn maintenance_archives_old_notes_and_prunes_idle_sessions_once_per_interv
     );
     let recent_path = format!("/v1/workspace/files/memory/{}.md", recent.format("%Y-%m-%d"));
     assert_eq!(app.client.get(&recent_path, Some(&t)).await.status, 200);
-    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("again"), 0);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000, MAX).await.expect("again"), 0);
     let by_maintenance = app.db.count("SELECT count(*) FROM workspace_file_versions WHERE actor = 'maintenance'").await;
     assert_eq!(by_maintenance, 2, "the archive copy and the note's delete");
     // The same day's note written again: archived beside the first, not in its place.
     let again = app.client.put(&old_path, Some(&t), &json!({ "content": "- more notes" })).await;
     assert_eq!(again.status, 201, "{:?}", again.body);
-    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000, MAX).await.expect("archive"), 1);
     let archive_path = format!("/v1/workspace/files/memory/archive/{}.md", old.format("%Y-%m-%d"));
     let archived = app.client.get(&archive_path, Some(&t)).await;
     assert_eq!(archived.body["content"], format!("# {old}\n- notes\n\n- more notes"));
     // Written again with what the archive holds already (a restore, say): not added twice.
     let same = app.client.put(&old_path, Some(&t), &json!({ "content": "- more notes\n" })).await;
     assert!(same.status < 300, "{:?}", same.body);
-    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000, MAX).await.expect("archive"), 1);
     let archived = app.client.get(&archive_path, Some(&t)).await;
     assert_eq!(archived.body["content"], format!("# {old}\n- notes\n\n- more notes"));
     // Text the archive holds only inside a note is a note of its own.
     let fragment = app.client.put(&old_path, Some(&t), &json!({ "content": "more notes" })).await;
     assert!(fragment.status < 300, "{:?}", fragment.body);
-    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000).await.expect("archive"), 1);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000, MAX).await.expect("archive"), 1);
     let archived = app.client.get(&archive_path, Some(&t)).await;
     assert_eq!(archived.body["content"], format!("# {old}\n- notes\n\n- more notes\n\nmore notes"));
+    // A note that would take the archive past the file limit stays, whole, where it is.
+    let long = "x".repeat(200);
+    assert!(app.client.put(&old_path, Some(&t), &json!({ "content": long })).await.status < 300);
+    let small = archived.body["content"].as_str().map_or(0, str::len) + 100;
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000, small).await.expect("archive"), 0);
+    assert_eq!(app.client.get(&old_path, Some(&t)).await.body["content"], long);
+    assert_eq!(app.client.get(&archive_path, Some(&t)).await.body["content"], archived.body["content"]);
+    assert_eq!(store.archive_daily_notes(today - chrono::Days::new(90), 1000, MAX).await.expect("archive"), 1);
     // The archived note leaves recall; the recent one stays.
     let live_notes = "SELECT count(*) FROM memory_items WHERE source_kind = 'workspace_note' AND deleted_at IS NULL";
     assert_eq!(app.db.count(&format!("{live_notes} AND metadata ->> 'path' LIKE '%{old}%'")).await, 0);

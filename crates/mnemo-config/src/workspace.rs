@@ -30,6 +30,9 @@ pub struct MaintenanceSettings {
     pub note_retention_days: u32,
     /// Session messages older than this many days are soft-deleted (0: never).
     pub session_retention_days: u32,
+    /// No archive grows past this (`MNEMO_WORKSPACE_MAX_FILE_BYTES`): a note that would take its
+    /// day's archive past it stays where it is.
+    pub max_file_bytes: usize,
 }
 
 /// Consolidation of daily notes into MEMORY.md.
@@ -203,6 +206,7 @@ impl WorkspaceSettings {
                 0..=MAX_RETENTION_DAYS,
                 "a whole number of days",
             ),
+            max_file_bytes,
         };
         let (kept, read) = (maintenance.note_retention_days, consolidation.day_range);
         if kept > 0 && kept < read {

@@ -166,7 +166,8 @@ async fn maintenance_run(
     let mut done = Maintained::default();
     if settings.note_retention_days > 0 {
         let before = Utc::now().date_naive() - chrono::Days::new(u64::from(settings.note_retention_days));
-        done.archived = steps.run("archive_daily_notes", store.archive_daily_notes(before, 1000).await);
+        done.archived =
+            steps.run("archive_daily_notes", store.archive_daily_notes(before, 1000, settings.max_file_bytes).await);
     }
     if settings.session_retention_days > 0 {
         done.pruned =

@@ -107,8 +107,14 @@ impl Store {
     }
 
     /// Moves at most `limit` daily notes of days before `before` to `memory/archive/`, one
-    /// transaction each: the archive copy (disabled) and the note's soft delete.
-    pub async fn archive_daily_notes(&self, before: NaiveDate, limit: i64) -> Result<u64, StoreError> {
+    /// transaction each: the archive copy (disabled) and the note's soft delete. A note that
+    /// would take its day's archive past `max_bytes` stays where it is.
+    pub async fn archive_daily_notes(
+        &self,
+        before: NaiveDate,
+        limit: i64,
+        max_bytes: usize,
+    ) -> Result<u64, StoreError> {
         if limit < 1 {
             return Ok(0);
         }
@@ -127,7 +133,7 @@ impl Store {
                 .await?;
             let last_page = (page.len() as i64) < limit;
             for row in page {
-                if self.archive_note(&row.0, &row.1, &row.2, &row.3).await? {
+                if self.archive_note(&row.0, &row.1, &row.2, &row.3, max_bytes).await? {
                     archived += 1;
                     if archived as i64 == limit {
                         return Ok(archived);
@@ -141,8 +147,15 @@ impl Store {
         }
     }
 
-    /// Archives one daily note; false when it is not one, or is gone already.
-    async fn archive_note(&self, tenant: &str, agent: &str, user: &str, path: &str) -> Result<bool, StoreError> {
+    /// Archives one daily note; false when it is not one, is gone already, or does not fit.
+    async fn archive_note(
+        &self,
+        tenant: &str,
+        agent: &str,
+        user: &str,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<bool, StoreError> {
         // A name of no real day (written before such names were refused) is passed over.
         let Ok(note) = WorkspacePath::parse(path) else { return Ok(false) };
         let Some(day) = note.note_day() else { return Ok(false) };
@@ -167,7 +180,15 @@ impl Store {
         // version, say) is not added twice.
         let content = match existing.as_ref().filter(|c| !c.deleted && !c.file.content.trim().is_empty()) {
             Some(archived) if holds_note(&archived.file.content, &note.file.content) => archived.file.content.clone(),
-            Some(archived) => format!("{}\n\n{}", archived.file.content.trim_end(), note.file.content),
+            Some(archived) => {
+                let added = format!("{}\n\n{}", archived.file.content.trim_end(), note.file.content);
+                // An archive no edit could then save: the note stays, whole, where it is.
+                if added.len() > max_bytes {
+                    tracing::debug!(tenant, "a daily note stays: its day's archive is full");
+                    return Ok(false);
+                }
+                added
+            }
             None => note.file.content.clone(),
         };
         let copy = NewState { content: &content, enabled: false, sort_order: DEFAULT_SORT_ORDER, deleted: false };

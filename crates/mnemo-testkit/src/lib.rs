@@ -151,6 +151,7 @@ pub fn housekeeping_policy(model: &str) -> mnemo_jobs::HousekeepingPolicy {
             interval: Duration::from_secs(6 * 3600),
             note_retention_days: 0,
             session_retention_days: 0,
+            max_file_bytes: 256 * 1024,
         },
         signals: mnemo_config::SignalSettings::default(),
     }
