@@ -353,12 +353,15 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
     let path = format!("/v1/workspace/files/memory/archive/{}.md", day(100));
     let reply = app.client.put(&path, Some(&archived), &json!({ "content": "- long ago" })).await;
     assert!(reply.status < 300, "{:?}", reply.body);
+    // Nor one whose notes are all older than the days a run reads (7).
+    let idle = token(&principal("acme", Some("eve"), Some("helper"), None));
+    note(&app, &idle, 9, "- nine days ago").await;
     let store = app.db.store();
     let schedule = mnemo_core::CronSchedule::parse("0 2 * * *").expect("valid");
     let fire = schedule.last_fire(chrono::Utc::now().naive_utc()).expect("a fire");
     let night_before = fire - chrono::Duration::days(1);
-    assert_eq!(store.schedule_consolidations("UTC", night_before).await.expect("schedule"), 3);
-    let again = store.schedule_consolidations("UTC", night_before).await.expect("again");
+    assert_eq!(store.schedule_consolidations("UTC", night_before, 7).await.expect("schedule"), 3);
+    let again = store.schedule_consolidations("UTC", night_before, 7).await.expect("again");
     assert_eq!(again, 0, "once per fire, across workers");
 
     // Housekeeping does it on its tick, for the last fire.
@@ -384,7 +387,7 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
     }
     let failed = mnemo_jobs::run_housekeeping(&store, "w", &policy).await;
     assert!(failed.is_err(), "the failed step is reported: {failed:?}");
-    assert_eq!(store.schedule_consolidations("UTC", fire).await.expect("same fire"), 0, "scheduled all the same");
+    assert_eq!(store.schedule_consolidations("UTC", fire, 7).await.expect("same fire"), 0, "scheduled all the same");
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 6);
 }
 
@@ -433,7 +436,7 @@ async fn a_tenants_time_zone_decides_the_day_of_its_notes_and_when_its_schedule_
     let mut queued = Vec::new();
     for (zone, now) in &clocks {
         let fire = schedule.last_fire(*now).expect("a fire");
-        queued.push(store.schedule_consolidations(zone, fire).await.expect("schedule"));
+        queued.push(store.schedule_consolidations(zone, fire, 7).await.expect("schedule"));
     }
     assert_eq!(queued, [1, 1, 1], "acme, globex, and initech under UTC");
     let fires: Vec<(String, chrono::DateTime<chrono::Utc>)> =
@@ -493,7 +496,7 @@ async fn the_nightly_schedule_and_a_users_erasure_never_interleave() {
     let fire = fire.expect("a fire");
     let scheduling = tokio::spawn({
         let store = store.clone();
-        async move { store.schedule_consolidations("UTC", fire).await }
+        async move { store.schedule_consolidations("UTC", fire, 7).await }
     });
     assert!(waiting().await && !scheduling.is_finished(), "the schedule did not wait for the erasure");
     erasure.commit().await.expect("commit");

@@ -23,6 +23,9 @@ pub struct HousekeepingPolicy {
     pub retention_interval: Duration,
     /// When every (agent, user) with daily notes is consolidated; `None` never.
     pub consolidate_cron: Option<CronSchedule>,
+    /// Days of notes a consolidation reads (`MNEMO_CONSOLIDATE_DAY_RANGE`): a pair whose notes
+    /// are all older is not queued.
+    pub consolidate_day_range: u32,
     /// Archiving old daily notes and pruning old session messages.
     pub maintenance: MaintenanceSettings,
     /// The decay half-life and floor, and the promotion threshold.
@@ -63,8 +66,7 @@ pub async fn run_housekeeping(
         removed_workers: steps.run("remove_stale_workers", store.remove_stale_workers(policy.dead_worker_after).await),
         retention_scheduled: steps
             .run("schedule_retention", store.schedule_retention(tick_number(policy.retention_interval)).await),
-        consolidations_scheduled: steps
-            .run("schedule_consolidations", schedule_consolidations(store, policy.consolidate_cron.as_ref()).await),
+        consolidations_scheduled: steps.run("schedule_consolidations", schedule_consolidations(store, policy).await),
     };
     steps.run("finish_housekeeping_tick", store.finish_housekeeping_tick(tick, done).await);
     steps.run("maintenance", maintain(store, worker, policy).await);
@@ -108,12 +110,12 @@ impl Steps {
 }
 
 /// Queues the consolidations whose schedule fired: in each tenant's own time zone.
-async fn schedule_consolidations(store: &Store, cron: Option<&CronSchedule>) -> Result<u64, JobError> {
-    let Some(cron) = cron else { return Ok(0) };
+async fn schedule_consolidations(store: &Store, policy: &HousekeepingPolicy) -> Result<u64, JobError> {
+    let Some(cron) = &policy.consolidate_cron else { return Ok(0) };
     let mut scheduled = 0;
     for (zone, now) in store.zone_clocks().await? {
         if let Some(fire) = cron.last_fire(now) {
-            scheduled += store.schedule_consolidations(&zone, fire).await?;
+            scheduled += store.schedule_consolidations(&zone, fire, policy.consolidate_day_range).await?;
         }
     }
     Ok(scheduled)

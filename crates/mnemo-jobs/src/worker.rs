@@ -340,6 +340,7 @@ pub async fn run_worker(
             dead_worker_after: settings.orphan_timeout * 3,
             retention_interval: settings.retention.interval,
             consolidate_cron: settings.workspace.consolidation.schedule.clone(),
+            consolidate_day_range: settings.workspace.consolidation.day_range,
             maintenance: settings.workspace.maintenance,
             signals: settings.signals,
         },

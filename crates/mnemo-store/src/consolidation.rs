@@ -65,6 +65,8 @@ WHERE ",
     live_daily_note!(),
     "
   AND tenant_id IN (SELECT t FROM zone_tenants)
+  -- A note of the days a run reads (from `$3`, the first): older ones alone leave it nothing to do.
+  AND path >= 'memory/' || to_char($3::date, 'YYYY-MM-DD')
 ON CONFLICT (tenant_id, agent_id, user_id) DO UPDATE SET last_scheduled_at = $1, last_requested_at = now()
 WHERE s.last_scheduled_at IS NULL OR s.last_scheduled_at < $1
 RETURNING tenant_id, agent_id, user_id"
@@ -224,10 +226,15 @@ impl Store {
         Ok(request)
     }
 
-    /// Queues a consolidation for every (agent, user) with daily notes, of the tenants in `zone`,
-    /// whose schedule fired at `local_fire` (wall-clock time in `zone`) and was not acted on yet;
-    /// how many.
-    pub async fn schedule_consolidations(&self, zone: &str, local_fire: NaiveDateTime) -> Result<u64, StoreError> {
+    /// Queues a consolidation for every (agent, user) with daily notes of the `day_range` days a
+    /// run reads, of the tenants in `zone`, whose schedule fired at `local_fire` (wall-clock time
+    /// in `zone`) and was not acted on yet; how many.
+    pub async fn schedule_consolidations(
+        &self,
+        zone: &str,
+        local_fire: NaiveDateTime,
+        day_range: u32,
+    ) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let fire: DateTime<Utc> = sqlx::query_scalar("SELECT $1::timestamp AT TIME ZONE $2")
             .bind(local_fire)
@@ -250,8 +257,10 @@ impl Store {
         sqlx::query("DELETE FROM consolidation_fires WHERE fire < now() - interval '400 days'")
             .execute(&mut *tx)
             .await?;
+        // The first day a run on the fire's day reads: that day and the `day_range - 1` before.
+        let first_day = local_fire.date() - chrono::Days::new(u64::from(day_range.saturating_sub(1)));
         let due: Vec<(String, String, String)> =
-            sqlx::query_as(SCHEDULE).bind(fire).bind(zone).fetch_all(&mut *tx).await?;
+            sqlx::query_as(SCHEDULE).bind(fire).bind(zone).bind(first_day).fetch_all(&mut *tx).await?;
         let jobs = due
             .iter()
             .map(|(tenant, agent, user)| {

@@ -147,6 +147,7 @@ pub fn housekeeping_policy(model: &str) -> mnemo_jobs::HousekeepingPolicy {
         dead_worker_after: Duration::from_secs(60),
         retention_interval: Duration::from_secs(3600),
         consolidate_cron: None,
+        consolidate_day_range: 7,
         maintenance: mnemo_config::MaintenanceSettings {
             interval: Duration::from_secs(6 * 3600),
             note_retention_days: 0,
