@@ -109,7 +109,11 @@ async fn the_watermark_and_day_range_decide_what_is_read_and_memory_changes_only
     let system = chat.requests()[0]["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
     assert!(told(&system).is_some_and(|n| (700..=800).contains(&n)), "about four characters a token: {system}");
 
-    // Nothing new since the watermark; then one changed note is read alone.
+    // Nothing new since the watermark, nor in a note enabled for prompts (its text unchanged);
+    // then one changed note is read alone.
+    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
+    let enable = format!("/v1/workspace/files/memory/{}.md", day(1));
+    assert_eq!(app.client.patch(&enable, Some(&t), &json!({ "enabled": true })).await.status, 200);
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::NothingNew);
     note(&app, &t, 0, "- booked Lisbon\n- packed").await;
     assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 });

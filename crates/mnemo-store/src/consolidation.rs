@@ -144,6 +144,11 @@ WHERE w.tenant_id = $1 AND w.agent_id = $2 AND w.user_id = $3 AND w.deleted_at I
     daily_note_path!(),
     " AND w.path >= $4
   AND w.version > COALESCE((s.consolidated ->> w.path)::int, 0)
+  -- Changed since it was read, but not its text (a PATCH of `enabled`, a restore of what was
+  -- read): shown again, the model would take what it merged for new.
+  AND NOT EXISTS (SELECT 1 FROM workspace_file_versions v
+                  WHERE v.tenant_id = w.tenant_id AND v.agent_id = w.agent_id AND v.user_id = w.user_id
+                    AND v.path = w.path AND v.version = (s.consolidated ->> w.path)::int AND v.content = w.content)
 ORDER BY w.path"
 );
 
