@@ -739,6 +739,38 @@ async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_f
     let recalled = app.client.post("/v1/recall", Some(&token(&ann)), &json!({"query": "glacier museum"})).await;
     let ids: Vec<&Value> = recalled.body["items"].as_array().expect("items").iter().map(|i| &i["id"]).collect();
     assert!(!ids.contains(&&json!(old.to_string())) && ids.contains(&&json!(born.to_string())), "{:?}", recalled.body);
+
+    // Said again by its user, a forgotten memory comes back unfaded, and stays through the next
+    // forgetting; so does a faded one said again while live.
+    let again = json!({"scope": "user", "content": "ann visited the glacier museum", "layer": "episodic",
+                       "event_time": "2020-01-01T00:00:00Z"});
+    assert_eq!(id_of(&fact(&app, &in_session("s3"), again).await), old);
+    let again = json!({"scope": "user", "content": "ann booked the glacier tour", "layer": "episodic",
+                       "event_time": "2999-01-01T00:00:00Z"});
+    assert_eq!(id_of(&fact(&app, &in_session("s4"), again).await), ahead);
+    let faded = |id: Uuid| format!("SELECT count(*) FROM memory_items WHERE id = '{id}' AND faded_at IS NOT NULL");
+    assert_eq!((app.db.count(&faded(old)).await, app.db.count(&faded(ahead)).await), (0, 0));
+    assert_eq!(store.forget_decayed(years_ago, weeks_ago, 100).await.expect("forget"), 0);
+    assert!(!deleted(old).await);
+}
+
+/// A fact deleted before its embed job ran (which passed it over) and said again by its user is
+/// embedded: its revival queues an embed job.
+#[tokio::test]
+async fn a_fact_deleted_before_it_was_embedded_and_said_again_is_embedded() {
+    let (app, _provider) = app().await;
+    let ann = principal("acme", Some("ann"), Some("helper"), None);
+    let body = json!({"scope": "user", "content": "Ann lives in Lyon"});
+    let id = id_of(&fact(&app, &ann, body.clone()).await);
+    assert_eq!(app.client.delete(&format!("/v1/memories/{id}"), Some(&token(&ann))).await.status, 200);
+    // Its job ran meanwhile, and found the row deleted.
+    sqlx::query("DELETE FROM apalis.jobs WHERE job_type = 'embed'").execute(&app.db.pool).await.expect("the job ran");
+    assert_eq!(id_of(&fact(&app, &ann, body).await), id);
+    let queued = format!(
+        "SELECT count(*) FROM apalis.jobs, jsonb_array_elements(convert_from(job, 'UTF8')::jsonb->'items') AS i
+         WHERE job_type = 'embed' AND i->>'item_id' = '{id}'"
+    );
+    assert_eq!(app.db.count(&queued).await, 1, "a live fact with no embed job");
 }
 
 /// Random budgets and limits over rows of every layer: the rendered pack never passes the max

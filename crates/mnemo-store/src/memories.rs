@@ -7,8 +7,9 @@ use mnemo_core::{
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::embeddings::embed_job;
 use crate::judge::push_judge_jobs;
-use crate::queue::{EmbedJob, JobArgs};
+use crate::queue::{EmbedJob, JobArgs, push};
 use crate::{HeldConnection, Store, StoreError};
 
 /// The row a write landed on, and whether this write created it.
@@ -113,8 +114,10 @@ struct KeyHolder {
 /// judgement is cleared so it is judged again (against the facts that are now older than it),
 /// and an audit row names the fact that had superseded it, if one had. A fact re-asserted with
 /// a key it does not hold takes the key and is judged again the same way, its validity
-/// restarting too: the caller said, now, what it replaces. Returns the revived rows, and whether
-/// each has a vector already (then its judge job is queued here; otherwise embedding queues it).
+/// restarting too: the caller said, now, what it replaces. Any fact re-asserted counts as
+/// accessed now (a fade is undone: forgetting would take it again otherwise). Returns the
+/// revived rows, whether each has a vector already (then its judge job is queued here;
+/// otherwise its embed job is, and embedding queues the judge's), and their content hashes.
 /// `$1` and `$2` are the rows' ids and tenants, `$3` the audit event, `$5` the keys written (null
 /// for none); `$4` whether the writer may bring the row back from a delete, and `$6` from a
 /// supersession, checked again here under the row's lock: a delete or a judgement that commits
@@ -123,13 +126,13 @@ struct KeyHolder {
 const REVIVE_FACTS: &str = "
 WITH old AS (
     SELECT m.tenant_id, m.id, m.superseded_by, m.deleted_at IS NOT NULL AS was_deleted,
-           m.anonymized_at IS NOT NULL AS gone, r.fact_key
+           m.anonymized_at IS NOT NULL AS gone, r.fact_key,
+           (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL
+            OR (r.fact_key IS NOT NULL AND m.fact_key IS DISTINCT FROM r.fact_key)) AS revive
     FROM unnest($1::uuid[], $2::text[], $4::bool[], $5::text[], $6::bool[])
          AS r(id, tenant_id, may_undelete, fact_key, may_revive)
     JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
     WHERE m.source_kind = 'fact'
-      AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL
-           OR (r.fact_key IS NOT NULL AND m.fact_key IS DISTINCT FROM r.fact_key))
       AND (m.deleted_at IS NULL OR r.may_undelete)
       AND (m.superseded_by IS NULL OR r.may_revive)
     ORDER BY m.tenant_id, m.id
@@ -140,15 +143,25 @@ WITH old AS (
     UPDATE memory_items m
     SET superseded_by = NULL, superseded_at = NULL, deleted_at = NULL, valid_from = now(), valid_to = NULL,
         fact_key = COALESCE(old.fact_key, m.fact_key), judge_at = NULL, judge_outcome = NULL,
-        judge_enqueued_at = CASE WHEN m.embedded_model IS NOT NULL THEN now() END
-    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id AND NOT old.gone
+        judge_enqueued_at = CASE WHEN m.embedded_model IS NOT NULL THEN now() END,
+        faded_at = NULL, last_accessed_at = now(),
+        -- Deleted before its embed job ran (which passed it over): embedded anew.
+        embed_enqueued_at = CASE WHEN m.embedded_model IS NULL THEN now() ELSE m.embed_enqueued_at END,
+        embed_error = CASE WHEN m.embedded_model IS NULL THEN NULL ELSE m.embed_error END,
+        embed_failing_since = CASE WHEN m.embedded_model IS NULL THEN NULL ELSE m.embed_failing_since END,
+        embed_attempts = CASE WHEN m.embedded_model IS NULL THEN 0 ELSE m.embed_attempts END
+    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id AND NOT old.gone AND old.revive
     RETURNING m.id, m.tenant_id, old.superseded_by AS successor, old.superseded_by IS NOT NULL OR old.was_deleted AS retired,
-              m.embedded_model IS NOT NULL AS embedded
+              m.embedded_model IS NOT NULL AS embedded, m.content_sha256
+), restated AS (
+    -- Said again while live: as good as recalled (its decay counts from now, a fade is undone).
+    UPDATE memory_items m SET faded_at = NULL, last_accessed_at = now()
+    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id AND NOT old.gone AND NOT old.revive
 ), audit AS (
     INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
     SELECT tenant_id, $3, id, successor, 'reasserted', 'api' FROM revived WHERE retired
 )
-SELECT id, tenant_id, embedded FROM revived";
+SELECT id, tenant_id, embedded, content_sha256 FROM revived";
 
 /// Of the facts a write found under its keys (`$1` ids, `$2` tenants), those anonymized since it
 /// read them (a retention sweep or an erasure committed first): the write answers none of them.
@@ -567,7 +580,7 @@ async fn settle(
     }
 
     if !reasserted_facts.is_empty() {
-        let revived: Vec<(Uuid, String, bool)> = sqlx::query_as(REVIVE_FACTS)
+        let revived: Vec<(Uuid, String, bool, Vec<u8>)> = sqlx::query_as(REVIVE_FACTS)
             .bind(&reasserted_facts)
             .bind(&reasserted_tenants)
             .bind(AuditEvent::Revive.as_str())
@@ -594,8 +607,11 @@ async fn settle(
                 }
             }
         }
-        let to_judge = revived.into_iter().filter(|(_, _, embedded)| *embedded).map(|(id, t, _)| (id, t)).collect();
-        push_judge_jobs(tx, to_judge).await?;
+        let (embedded, to_embed): (Vec<_>, Vec<_>) = revived.into_iter().partition(|(_, _, embedded, _)| *embedded);
+        push_judge_jobs(tx, embedded.into_iter().map(|(id, t, _, _)| (id, t)).collect()).await?;
+        let jobs =
+            to_embed.into_iter().map(|(id, t, _, sha)| embed_job((id, t, sha))).collect::<Result<Vec<_>, _>>()?;
+        push(tx, &jobs).await?;
     }
 
     let landed: Vec<(&NewMemory, Uuid)> = rows
