@@ -709,6 +709,11 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     let again = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
     assert_eq!(again["anonymized"].as_u64(), Some(0), "erasing twice finds nothing");
     assert!(again["already_erased_at"].is_string(), "{again}");
+    // A dry run, the operator's check, says what the run would.
+    let dry = ["erase", "--tenant", "acme", "--user", "erin", "--dry-run", "--json"];
+    assert!(f.runbook_json(&[], &dry).await["already_erased_at"].is_string());
+    let typo = f.runbook(&[], &["erase", "--tenant", "acme", "--user", "ernie", "--dry-run"]).await;
+    assert!(!typo.status.success() && String::from_utf8_lossy(&typo.stderr).contains("check the id"));
 
     // A user nothing carries and who was never erased (a mistyped id): refused, nothing audited,
     // unless forced.

@@ -154,7 +154,10 @@ fn print_sweep(report: &SweepReport, settings: &RetentionSettings) {
         );
     }
     match report.outcome {
-        SweepOutcome::DryRun if plan.due() == 0 => println!("dry run: nothing is due"),
+        SweepOutcome::DryRun if plan.due() == 0 && plan.workspace_versions == 0 => println!("dry run: nothing is due"),
+        SweepOutcome::DryRun if plan.due() == 0 => {
+            println!("dry run: nothing changed. No row is due; the workspace versions above would be redacted")
+        }
         SweepOutcome::DryRun => {
             println!("dry run: nothing changed. These rows would be anonymized:");
             for (id, reason) in &report.ids {
@@ -274,12 +277,14 @@ pub async fn erase(
     json: bool,
 ) -> anyhow::Result<()> {
     let (policy, _) = store.retention_policy(tenant, settings.defaults).await?;
-    if !dry_run && !force {
-        // An audit row would read as the erasure of someone whose id was mistyped.
+    // An audit row would read as the erasure of someone whose id was mistyped; a dry run, the
+    // operator's check, gives the answer the run would.
+    if !force {
         let plan = store.erasure_plan(tenant, user).await?;
         let hash = mnemo_jobs::user_sha256(user);
         if let Some(at) = store.unfinished_erasure(tenant, &hash).await? {
-            eprintln!("an erasure of user {user} began at {at} and did not finish: finishing it");
+            let finishing = if dry_run { "the run finishes it" } else { "finishing it" };
+            eprintln!("an erasure of user {user} began at {at} and did not finish: {finishing}");
         } else if plan.rows() == 0 && plan.workspace_files == 0 && plan.other_records == 0 {
             let Some(at) = store.last_erasure(tenant, &hash).await? else {
                 anyhow::bail!(
@@ -288,7 +293,7 @@ pub async fn erase(
                 );
             };
             if json {
-                println!("{}", json!({ "dry_run": false, "rows": 0, "anonymized": 0, "already_erased_at": at }));
+                println!("{}", json!({ "dry_run": dry_run, "rows": 0, "anonymized": 0, "already_erased_at": at }));
             } else {
                 println!("user {user} of tenant {tenant} was erased at {at}; nothing carries them since");
             }
