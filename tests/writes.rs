@@ -428,6 +428,33 @@ async fn a_batch_past_its_statement_timeout_fails_its_rows_together() {
     assert!(took < Duration::from_millis(4000), "four writes took {took:?}: one timeout per row");
 }
 
+/// A batch whose new rows were committed by their own statement, and whose restated fact then
+/// waited past the timeout (its row locked elsewhere): the new rows are answered as written, the
+/// restated one fails alone, and is written once the lock is let go.
+#[tokio::test]
+async fn rows_committed_before_a_batch_failed_are_answered_as_written() {
+    let app = TestApp::spawn_with(&[(mnemo_config::vars::STATEMENT_TIMEOUT_S, "1")]).await;
+    let token = token(&principal("acme", Some("u1"), None, None));
+    let fact = |content: &str| json!({ "scope": "user", "content": content });
+    let first = app.client.post("/v1/facts", Some(&token), &fact("Ann lives in Lyon")).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let mut holder = app.db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM memory_items WHERE id = $1::text::uuid FOR UPDATE")
+        .bind(first.body["id"].as_str())
+        .execute(&mut *holder)
+        .await
+        .expect("lock the fact");
+    let batch = json!({ "items": [fact("Ann swims"), fact("Ann lives in Lyon")] });
+    let reply = app.client.post("/v1/facts/batch", Some(&token), &batch).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(reply.body["results"][0]["was_new"], true, "{:?}", reply.body);
+    assert_eq!(reply.body["results"][1]["error"]["code"], "not_ready", "{:?}", reply.body);
+    holder.rollback().await.expect("let go");
+    let again = app.client.post("/v1/facts/batch", Some(&token), &batch).await;
+    let results = &again.body["results"];
+    assert_eq!((results[0]["was_new"].as_bool(), results[1]["id"].clone()), (Some(false), first.body["id"].clone()));
+}
+
 /// A statement that cannot finish (a lock held elsewhere) is cancelled by PostgreSQL after
 /// `MNEMO_STATEMENT_TIMEOUT_S`: the request gets 503 `not_ready` rather than holding its
 /// connection for as long as the lock is held, and writes go in again once it is let go.

@@ -221,7 +221,8 @@ impl Store {
     }
 
     /// [`Store::remember`] for many rows in one transaction: one result per row, in order. The
-    /// outer error means nothing was written; an inner one concerns that row alone.
+    /// outer error means nothing was written; an inner one concerns that row alone (a failure
+    /// after some rows were committed is each unwritten row's own).
     pub async fn remember_many(&self, batch: &[NewMemory]) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
         self.remember_many_on(&mut HeldConnection::default(), batch).await
     }
@@ -239,10 +240,31 @@ impl Store {
         while let Some((pending, rows)) = rounds.next() {
             let results = match self.held_connection(held, rows.iter().map(|m| m.tenant.as_str())).await {
                 Ok(conn) => insert_round(conn, &rows).await,
-                Err(e) => Err(e),
+                Err(error) => Err(RoundFailed { committed: Vec::new(), error }),
             };
-            let results = results.inspect_err(|_| held.release())?;
-            rounds.fill(pending, results);
+            match results {
+                Ok(results) => rounds.fill(pending, results),
+                Err(RoundFailed { committed, error }) => {
+                    held.release();
+                    rounds.fill(pending, committed);
+                    if rounds.results.iter().all(Option::is_none) {
+                        return Err(error);
+                    }
+                    // Rows are committed already: they are answered as written, and each of the
+                    // others fails as the batch would have (its client writes it again).
+                    let cause = error.to_string();
+                    let failed = || {
+                        if error.is_storage_full() {
+                            StoreError::StorageFull(cause.clone())
+                        } else if error.is_cancelled() {
+                            StoreError::Cancelled(cause.clone())
+                        } else {
+                            StoreError::Unavailable(cause.clone())
+                        }
+                    };
+                    return Ok(rounds.results.into_iter().map(|r| r.unwrap_or_else(|| Err(failed()))).collect());
+                }
+            }
         }
         Ok(rounds
             .results
@@ -356,6 +378,25 @@ impl<'a> Rounds<'a> {
     }
 }
 
+/// A round that failed: the answers of the rows it committed before it failed (its positions;
+/// `None` for the others, and no entry at all when it committed none), and the failure.
+struct RoundFailed {
+    committed: Vec<Option<Result<Remembered, StoreError>>>,
+    error: StoreError,
+}
+
+impl From<StoreError> for RoundFailed {
+    fn from(error: StoreError) -> Self {
+        Self { committed: Vec::new(), error }
+    }
+}
+
+impl From<sqlx::Error> for RoundFailed {
+    fn from(error: sqlx::Error) -> Self {
+        StoreError::from(error).into()
+    }
+}
+
 /// One round of [`Store::remember_many`] on `conn`, whose tenants are named. Rows that are a row
 /// each (no relations, sightings or full tool output) are written by one statement, atomic on
 /// its own, so without BEGIN and COMMIT: two round trips fewer per group commit, the most of a
@@ -363,18 +404,22 @@ impl<'a> Rounds<'a> {
 async fn insert_round(
     conn: &mut PgConnection,
     rows: &[&NewMemory],
-) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
+) -> Result<Vec<Option<Result<Remembered, StoreError>>>, RoundFailed> {
     let single = |m: &&NewMemory| m.typed.relations.is_empty() && m.seen_in.is_none() && m.tool_output.is_none();
     if !rows.is_empty() && rows.iter().all(single) {
         let (ids, inserted) = insert_items(&mut *conn, rows).await?;
         if inserted.len() == rows.len() {
-            return settle(conn, rows, &ids, &inserted).await;
+            return Ok(settle(conn, rows, &ids, &inserted).await?);
         }
-        // Keys that were taken may revive facts: that is several statements.
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let results = settle(&mut tx, rows, &ids, &inserted).await?;
-        tx.commit().await?;
-        return Ok(results);
+        // Keys that were taken may revive facts: that is several statements, after the new
+        // rows were committed, which stay answered as written whatever fails now.
+        let settled = async {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            let results = settle(&mut tx, rows, &ids, &inserted).await?;
+            tx.commit().await?;
+            Ok::<_, StoreError>(results)
+        };
+        return settled.await.map_err(|error| RoundFailed { committed: written(&ids, &inserted), error });
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let results = insert_in(&mut tx, rows).await?;
@@ -492,15 +537,19 @@ async fn insert_items(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<(Vec
 /// The results of rows after [`insert_items`]: rows whose keys were taken are matched to what
 /// holds them (and facts asserted again revived), and the new rows' relations, sightings and
 /// full tool outputs are written.
+/// The answers of the rows `inserted` (by position in `ids`); `None` for the others.
+fn written(ids: &[Uuid], inserted: &[Uuid]) -> Vec<Option<Result<Remembered, StoreError>>> {
+    let inserted: HashSet<&Uuid> = inserted.iter().collect();
+    ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect()
+}
+
 async fn settle(
     tx: &mut PgConnection,
     rows: &[&NewMemory],
     ids: &[Uuid],
     inserted: &[Uuid],
 ) -> Result<Vec<Option<Result<Remembered, StoreError>>>, StoreError> {
-    let inserted: HashSet<&Uuid> = inserted.iter().collect();
-    let mut results: Vec<Option<Result<Remembered, StoreError>>> =
-        ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect();
+    let mut results = written(ids, inserted);
 
     // Keys that were taken: by an earlier write, or by an identical row earlier in this batch.
     let (mut reasserted_facts, mut reasserted_tenants, mut may_undelete, mut reasserted_keys, mut may_revive) =
