@@ -666,7 +666,14 @@ async fn episodic_memories_seen_in_two_sessions_are_promoted_once_and_old_ones_f
     let once = id_of(&fact(&app, &in_session("s1"), episodic("Ann swims", 0.9)).await);
     fact(&app, &in_session("s1"), episodic("Ann swims", 0.9)).await;
 
-    assert_eq!(store.promote_episodic(0.75, 100).await.expect("promote"), 2);
+    // Seen in two sessions by different readers: each reader saw it once.
+    let shared = json!({"scope": "user", "content": "Ann flies kites", "layer": "episodic", "confidence": 0.9,
+                        "visibility": "agent"});
+    id_of(&fact(&app, &in_session("s1"), shared).await);
+    id_of(&fact(&app, &in_session("s2"), episodic("ann flies kites", 0.9)).await);
+
+    // One group a run: its rows are promoted together.
+    assert_eq!(store.promote_episodic(0.75, 1).await.expect("promote"), 2);
     assert_eq!(store.promote_episodic(0.75, 100).await.expect("again"), 0, "promotion is not idempotent");
     let layer = |id: Uuid| layer_of(&app, id);
     assert_eq!((layer(a).await, layer(b).await), ("semantic".into(), "semantic".into()));

@@ -30,23 +30,26 @@ SET last_accessed_at = greatest(m.last_accessed_at, $4),
 FROM locked WHERE m.tenant_id = $1 AND m.id = locked.id";
 
 /// Live episodic memories (not session rows) with confidence at least `$1`, whose fingerprint
-/// was seen in two or more sessions within their bucket (same tenant, scope and identities),
-/// become semantic, with an audit row each; at most `$2` per run.
+/// was seen in two or more sessions within their bucket (same tenant, scope, identities and
+/// readers: a sighting no reader of the row could see never changes it), become semantic, with
+/// an audit row each; at most `$2` groups per run, each whole (a group cut in two would leave
+/// its other rows a group of one session at the next run).
 const PROMOTE: &str = "
 WITH groups AS (
-    SELECT m.tenant_id, m.scope, m.user_id, m.agent_id, m.fingerprint
+    SELECT m.tenant_id, m.scope, m.user_id, m.agent_id, m.visibility, m.allowed_roles, m.fingerprint
     FROM memory_items m JOIN memory_sightings s ON s.tenant_id = m.tenant_id AND s.item_id = m.id
     WHERE m.layer = 'episodic' AND m.fingerprint IS NOT NULL AND m.scope <> 'session'
       AND m.deleted_at IS NULL AND m.anonymized_at IS NULL AND m.superseded_by IS NULL
-    GROUP BY 1, 2, 3, 4, 5
-    HAVING count(DISTINCT s.session_id) >= 2
+    GROUP BY 1, 2, 3, 4, 5, 6, 7
+    HAVING count(DISTINCT s.session_id) >= 2 AND bool_or(m.confidence >= $1)
+    LIMIT $2
 ), picked AS (
     SELECT m.tenant_id, m.id FROM memory_items m
     JOIN groups g ON g.tenant_id = m.tenant_id AND g.fingerprint = m.fingerprint AND g.scope = m.scope
                  AND g.user_id IS NOT DISTINCT FROM m.user_id AND g.agent_id IS NOT DISTINCT FROM m.agent_id
+                 AND g.visibility = m.visibility AND g.allowed_roles = m.allowed_roles
     WHERE m.layer = 'episodic' AND m.confidence >= $1
       AND m.deleted_at IS NULL AND m.anonymized_at IS NULL AND m.superseded_by IS NULL
-    LIMIT $2
     FOR UPDATE OF m SKIP LOCKED
 ), promoted AS (
     UPDATE memory_items m SET layer = 'semantic', faded_at = NULL
