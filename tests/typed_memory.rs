@@ -551,16 +551,22 @@ async fn recall_records_access_through_an_idempotent_job_and_never_writes_itself
         .expect("row");
     assert_eq!(count, 3);
 
-    // A job still waiting (every worker down for more than a day, say) keeps its batch known
-    // past the day: run again, it counts nothing twice. Once done, the batch is forgotten.
+    // A job still waiting (every worker down for more than a day, say; here queued again to run
+    // later, after a failure that came once its batch had committed) keeps its batch known past
+    // the day: run again, it counts nothing twice. Once done, the batch is forgotten.
     sqlx::query("UPDATE access_batches SET applied_at = now() - interval '2 days'")
         .execute(&app.db.pool)
         .await
         .expect("age");
-    sqlx::query("UPDATE apalis.jobs SET run_at = now() - interval '3 days' WHERE job_type = 'access'")
-        .execute(&app.db.pool)
-        .await
-        .expect("age");
+    sqlx::query(
+        "UPDATE apalis.jobs SET run_at = now() + interval '1 hour',
+             job = convert_to(jsonb_set(convert_from(job, 'UTF8')::jsonb, '{at}',
+                                        to_jsonb(now() - interval '3 days'))::text, 'UTF8')
+         WHERE job_type = 'access'",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("accessed three days ago, due in an hour");
     assert_eq!(store.prune_access_batches().await.expect("prune"), 0, "the batch of a job not done was forgotten");
     assert_eq!(store.apply_access(&jobs[0]).await.expect("again"), 0);
     sqlx::query("UPDATE apalis.jobs SET status = 'Done' WHERE job_type = 'access'")

@@ -161,12 +161,14 @@ impl Store {
         Ok(forgotten as u64)
     }
 
-    /// Forgets applied access batches older than a day, and older than every access job not
-    /// yet done: a job retried after a long outage (every worker down for a day) still finds its
-    /// batch applied, and counts nothing twice.
+    /// Forgets applied access batches older than a day, and applied before the accesses of
+    /// every access job not yet done were made: a job run again after a long outage (every
+    /// worker down for a day), or queued again after a failure that came after its batch
+    /// committed, still finds its batch applied, and counts nothing twice.
     pub async fn prune_access_batches(&self) -> Result<u64, StoreError> {
         let prune = "DELETE FROM access_batches WHERE applied_at < least(now() - interval '1 day', (
-                         SELECT min(run_at) FROM apalis.jobs WHERE job_type = $1
+                         SELECT min((convert_from(job, 'UTF8')::jsonb ->> 'at')::timestamptz)
+                         FROM apalis.jobs WHERE job_type = $1
                            AND (status IN ('Pending', 'Queued', 'Running') OR (status = 'Failed' AND attempts < max_attempts))))";
         Ok(sqlx::query(prune).bind(AccessJob::QUEUE.as_str()).execute(&self.pool).await?.rows_affected())
     }
