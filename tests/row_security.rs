@@ -221,7 +221,7 @@ fn message(tenant: &str, source_ref: &str) -> mnemo_core::NewMemory {
 async fn a_committer_keeping_its_connection_names_each_batch_s_tenants() {
     let db = mnemo_testkit::TestDb::new().await;
     let api = Store::connect(&db.app_url, 2).await.expect("connect as the API's role");
-    let commits = mnemo_store::GroupCommit::start(api, 1, 64);
+    let commits = mnemo_store::GroupCommit::start(api, 1, 64, std::time::Duration::from_secs(60));
 
     // One committer, so each write below reuses the connection the one before it named.
     for (n, tenant) in ["acme", "globex", "acme", "globex"].into_iter().enumerate() {

@@ -398,10 +398,106 @@ async fn writes_queued_behind_an_unreachable_database_fail_with_the_batch_ahead(
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(1))
         .connect_lazy_with(options);
-    let commits = mnemo_store::GroupCommit::start(mnemo_store::Store::new(pool), 1, 1);
+    let commits =
+        mnemo_store::GroupCommit::start(mnemo_store::Store::new(pool), 1, 1, std::time::Duration::from_secs(60));
     let (failures, took) = four_writes_at_once(&commits).await;
     assert!(failures.iter().all(mnemo_store::StoreError::is_unavailable), "{failures:?}");
     assert!(took < Duration::from_millis(1900), "four writes took {took:?}: more than one timeout");
+}
+
+/// A TCP proxy to the test database that can stop passing bytes on, as a network that drops a
+/// connection without a word does: the client's statement is never answered, and PostgreSQL's
+/// statement timeout cannot fire (the statement never reached it).
+struct Blackhole {
+    url: String,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Blackhole {
+    fn to(db_url: &str) -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+
+        let options: sqlx::postgres::PgConnectOptions = db_url.parse().expect("url");
+        let target = match options.get_socket() {
+            Some(dir) => format!("{}/.s.PGSQL.{}", dir.display(), options.get_port()),
+            None => format!("{}:{}", options.get_host(), options.get_port()),
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+        let (credentials, rest) = db_url.split_once('@').expect("credentials");
+        let database = rest.split_once('/').expect("database").1.split('?').next().expect("name");
+        let url = format!("{credentials}@{}/{database}", listener.local_addr().expect("address"));
+        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Bytes read while silent are held, not dropped: they go on once the network is back.
+        fn pass(quiet: std::sync::Arc<std::sync::atomic::AtomicBool>, mut from: impl Read, mut to: impl Write) {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = from.read(&mut buf) {
+                while quiet.load(Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+        let quiet = silent.clone();
+        std::thread::spawn(move || {
+            for inbound in listener.incoming().map_while(Result::ok) {
+                let (q1, q2) = (quiet.clone(), quiet.clone());
+                let back = inbound.try_clone().expect("clone");
+                if target.starts_with('/') {
+                    let outbound = std::os::unix::net::UnixStream::connect(&target).expect("database socket");
+                    let forth = outbound.try_clone().expect("clone");
+                    std::thread::spawn(move || pass(q1, inbound, forth));
+                    std::thread::spawn(move || pass(q2, outbound, back));
+                } else {
+                    let outbound = std::net::TcpStream::connect(&target).expect("database port");
+                    let forth = outbound.try_clone().expect("clone");
+                    std::thread::spawn(move || pass(q1, inbound, forth));
+                    std::thread::spawn(move || pass(q2, outbound, back));
+                }
+            }
+        });
+        Self { url, silent }
+    }
+
+    fn silence(&self, silent: bool) {
+        self.silent.store(silent, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A batch the database never answers (the network dropped the committer's connection without a
+/// word) fails after the committers' deadline, instead of holding every write for as long as the
+/// kernel takes to give up (about 15 minutes); the connection is closed, and writes go on once
+/// the network is back.
+#[tokio::test]
+async fn a_batch_the_database_never_answers_fails_at_the_deadline_and_writes_go_on() {
+    use std::time::Duration;
+
+    let db = mnemo_testkit::TestDb::new().await;
+    let network = Blackhole::to(&db.url);
+    let store = mnemo_store::Store::connect(&network.url, 2).await.expect("through the proxy");
+    let commits = mnemo_store::GroupCommit::start(store, 1, 8, Duration::from_secs(2));
+    let who = principal("acme", Some("u1"), None, Some("s1"));
+    let row = |n: usize| {
+        mnemo_core::NewMemory::chat_message(
+            &who,
+            mnemo_core::SourceRef::parse(&format!("m{n}")).expect("ref"),
+            mnemo_core::MemoryText::parse("hello").expect("text"),
+            None,
+            mnemo_core::Extras::default(),
+        )
+        .expect("row")
+    };
+    assert!(commits.remember(row(1)).await.is_ok_and(|w| w.was_new));
+    network.silence(true);
+    let started = std::time::Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(15), commits.remember(row(2))).await.expect("no answer");
+    assert!(lost.as_ref().is_err_and(mnemo_store::StoreError::is_unavailable), "{lost:?}");
+    assert!(started.elapsed() < Duration::from_secs(12), "answered after {:?}", started.elapsed());
+    network.silence(false);
+    let again = commits.remember(row(3)).await;
+    assert!(again.is_ok_and(|w| w.was_new), "writes go on once the network is back");
 }
 
 /// A batch whose statement runs past its timeout fails all its rows at once: written one by one,
@@ -419,7 +515,8 @@ async fn a_batch_past_its_statement_timeout_fails_its_rows_together() {
         .connect_with(options.options([("statement_timeout", "1000")]))
         .await
         .expect("pool");
-    let commits = mnemo_store::GroupCommit::start(mnemo_store::Store::new(pool), 1, 8);
+    let commits =
+        mnemo_store::GroupCommit::start(mnemo_store::Store::new(pool), 1, 8, std::time::Duration::from_secs(60));
     let mut holder = app.db.pool.begin().await.expect("begin");
     sqlx::query("LOCK TABLE memory_items IN ACCESS EXCLUSIVE MODE").execute(&mut *holder).await.expect("lock");
     let (failures, took) = four_writes_at_once(&commits).await;

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, OriginalUri, Request, State};
@@ -71,7 +71,7 @@ pub struct AppParts {
     /// The per-tenant request rate limit, when one is set.
     pub rate_limit: Option<Arc<limit::RateLimiter>>,
     /// The last readiness answer and when it was found (see `routes::readyz`).
-    pub readiness: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
+    pub readiness: tokio::sync::Mutex<Option<(std::time::Instant, Result<&'static str, String>)>>,
 }
 
 impl AppState {
@@ -95,7 +95,13 @@ impl AppState {
                 .map_err(|e| format!("{}: {e}", mnemo_config::vars::READ_DATABASE_URL))?;
         }
         Ok(Self(Arc::new(AppParts {
-            writes: GroupCommit::start(store.clone(), settings.write_committers, settings.write_max_batch),
+            // A batch past its statement timeout (and a few seconds for the network) was lost.
+            writes: GroupCommit::start(
+                store.clone(),
+                settings.write_committers,
+                settings.write_max_batch,
+                settings.statement_timeout + Duration::from_secs(5),
+            ),
             recall: Arc::new(
                 Recall::new(store.clone(), embedder, reranker, settings.recall.clone())
                     .reading_from(reads.clone())

@@ -332,9 +332,9 @@ pub fn document() -> Value {
             .answer(200, answer(json!({ "prompt": { "type": "string" }, "files": { "type": "string" }, "memory": { "type": "string" }, "tokens": { "type": "integer" } })))
             .errors(&[400, 507])]),
         ("/healthz", vec![Op::new("get", "healthz", "The process is up").public().answer(200, answer(json!({ "status": { "type": "string" } })))]),
-        ("/readyz", vec![Op::new("get", "readyz", "The database answers and its schema is current")
+        ("/readyz", vec![Op::new("get", "readyz", "The database answers and its schema is this build's, or a newer build's")
             .public()
-            .answer(200, answer(json!({ "status": { "type": "string" } })))
+            .answer(200, answer(json!({ "status": { "type": "string" }, "schema": { "type": "string", "enum": ["current", "newer"] } })))
             .errors(&[503])]),
         ("/metrics", vec![Op::new("get", "metrics", "Prometheus metrics").public().answer(200, json!({ "type": "string" }))]),
         ("/openapi.json", vec![Op::new("get", "openapi", "This document").public().answer(200, json!({ "type": "object" }))]),

@@ -552,12 +552,14 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Va
         }
     };
     drop(last);
-    answer.map_err(ApiError::NotReady)?;
-    Ok(Json(json!({ "status": "ready" })))
+    let schema = answer.map_err(ApiError::NotReady)?;
+    Ok(Json(json!({ "status": "ready", "schema": schema })))
 }
 
-/// Why the API is not ready, if it is not.
-async fn readiness(store: &Store) -> Result<(), String> {
+/// Whether the schema is this build's (`current`) or a newer build's (`newer`), or why the API
+/// is not ready. A newer schema is the middle of an upgrade (migrate, then deploy): this build
+/// stays ready on it, or no server would be until the new ones start.
+async fn readiness(store: &Store) -> Result<&'static str, String> {
     store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness: database unreachable");
         "database unreachable".to_owned()
@@ -570,9 +572,11 @@ async fn readiness(store: &Store) -> Result<(), String> {
         return Err(format!("{} migrations pending: run `mnemo-runbook migrate`", schema.pending.len()));
     }
     if !schema.unknown.is_empty() {
-        return Err("the database was migrated by a newer mnemo".into());
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| tracing::warn!("the database was migrated by a newer mnemo: deploy it"));
+        return Ok("newer");
     }
-    Ok(())
+    Ok("current")
 }
 
 /// `GET /metrics`: Prometheus text.

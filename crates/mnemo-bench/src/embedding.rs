@@ -333,7 +333,7 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         let total = (rate * args.seconds as f64).round() as usize;
         let mut timer = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let writes = mnemo_store::GroupCommit::start(store.clone(), 2, 64);
+        let writes = mnemo_store::GroupCommit::start(store.clone(), 2, 64, std::time::Duration::from_secs(35));
         let mut pending = Vec::with_capacity(total);
         for (i, text) in cycle(&short, total).iter().enumerate() {
             timer.tick().await;

@@ -76,14 +76,17 @@ impl std::ops::Sub for CommitStats {
 }
 
 impl GroupCommit {
-    /// Starts `committers` tasks, each writing up to `max_batch` rows per transaction. They stop
-    /// when every handle is dropped.
-    pub fn start(store: Store, committers: usize, max_batch: usize) -> Self {
+    /// Starts `committers` tasks, each writing up to `max_batch` rows per transaction, and
+    /// giving up on a batch the database has not answered within `answer_within` (a connection
+    /// a network dropped without a word: PostgreSQL's statement timeout cannot fire then). They
+    /// stop when every handle is dropped.
+    pub fn start(store: Store, committers: usize, max_batch: usize, answer_within: Duration) -> Self {
         let (sender, receiver) = mpsc::channel(committers * max_batch * 4);
         let receiver = Arc::new(Mutex::new(receiver));
         let totals = Arc::new(Totals::default());
         for _ in 0..committers.max(1) {
-            tokio::spawn(commit_loop(store.clone(), receiver.clone(), max_batch.max(1), totals.clone()));
+            let loop_ = commit_loop(store.clone(), receiver.clone(), max_batch.max(1), answer_within, totals.clone());
+            tokio::spawn(loop_);
         }
         Self { sender, totals }
     }
@@ -112,6 +115,7 @@ async fn commit_loop(
     store: Store,
     receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
     max_batch: usize,
+    answer_within: Duration,
     totals: Arc<Totals>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
@@ -136,12 +140,12 @@ async fn commit_loop(
         }
         metrics::histogram!("mnemo_write_batch_rows").record(rows.len() as f64);
         let reused = held.is_held();
-        let mut written = store.remember_many_on(&mut held, &rows).instrument(span.clone()).await;
+        let mut written = write(&store, &mut held, &rows, answer_within).instrument(span.clone()).await;
         // A kept connection the database dropped (a restart) fails at once, where the pool
         // would have pinged it and connected again: the batch is written once more on a fresh
         // one, which source_refs make safe.
         if reused && written.as_ref().is_err_and(StoreError::is_unavailable) {
-            written = store.remember_many_on(&mut held, &rows).instrument(span).await;
+            written = write(&store, &mut held, &rows, answer_within).instrument(span).await;
         }
         totals.transactions.fetch_add(1, Ordering::Relaxed);
         totals.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
@@ -200,6 +204,25 @@ async fn commit_loop(
                     let _ = reply.send(Err(e));
                 }
             }
+        }
+    }
+}
+
+/// One batch on the committer's connection, given up after `answer_within`: the connection is
+/// then closed (its state is unknown), and the rows fail as with the database out of reach. A
+/// batch that committed unseen is answered `was_new: false` when its clients write it again.
+async fn write(
+    store: &Store,
+    held: &mut HeldConnection,
+    rows: &[NewMemory],
+    answer_within: Duration,
+) -> Result<Vec<Result<Remembered, StoreError>>, StoreError> {
+    match tokio::time::timeout(answer_within, store.remember_many_on(held, rows)).await {
+        Ok(written) => written,
+        Err(_) => {
+            held.close();
+            let waited = answer_within.as_secs_f64();
+            Err(StoreError::Unavailable(format!("no answer from the database within {waited:.0} s")))
         }
     }
 }

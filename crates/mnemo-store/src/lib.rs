@@ -173,10 +173,16 @@ impl Store {
     ) -> Result<&'h mut sqlx::PgConnection, StoreError> {
         let tenants = tenant_set(tenants);
         // Given back now and then, as the pool retires its own connections (sqlx's default
-        // max_lifetime), so a server-side backend does not live as long as the server.
-        if held.conn.as_ref().is_some_and(|(_, taken)| taken.elapsed() > HELD_FOR) {
+        // max_lifetime), so a server-side backend does not live as long as the server; and after
+        // a quiet spell, so the pool pings it before it is used again (a firewall may have
+        // dropped an idle connection without a word).
+        let now = std::time::Instant::now();
+        if held.conn.as_ref().is_some_and(|(_, taken)| taken.elapsed() > HELD_FOR)
+            || held.used.is_some_and(|used| now - used > HELD_IDLE)
+        {
             held.release();
         }
+        held.used = Some(now);
         let (conn, _) = match held.conn.take() {
             Some(kept) => held.conn.insert(kept),
             // Nothing is named on a connection not yet held: `release` forgets both together.
@@ -194,8 +200,9 @@ impl Store {
     }
 }
 
-/// How long a task keeps one connection ([`Store::held_connection`]).
+/// How long a task keeps one connection ([`Store::held_connection`]), and how long unused.
 const HELD_FOR: Duration = Duration::from_secs(30 * 60);
+const HELD_IDLE: Duration = Duration::from_secs(60);
 
 /// A connection kept by one task between uses, with the tenants last named on it
 /// ([`Store::held_connection`]). Dropping it, or [`HeldConnection::release`], returns it to the pool.
@@ -204,12 +211,23 @@ pub(crate) struct HeldConnection {
     /// The connection, and when it was taken from the pool.
     conn: Option<(sqlx::pool::PoolConnection<sqlx::Postgres>, std::time::Instant)>,
     named: Vec<String>,
+    /// When it was last used.
+    used: Option<std::time::Instant>,
 }
 
 impl HeldConnection {
     /// Gives the connection back, as after an error that may have left it broken or mid-way.
     pub(crate) fn release(&mut self) {
         self.conn = None;
+        self.named.clear();
+    }
+
+    /// Closes the connection rather than giving it back: a statement on it was abandoned, and
+    /// neither its transaction nor its socket can be trusted.
+    pub(crate) fn close(&mut self) {
+        if let Some((conn, _)) = self.conn.take() {
+            drop(conn.detach());
+        }
         self.named.clear();
     }
 
