@@ -41,7 +41,9 @@ impl JudgeSettings {
         let threshold = problems.parsed(env, vars::JUDGE_THRESHOLD, 0.7f64, "a number");
         let threshold = if threshold.is_nan() { 0.7 } else { threshold.clamp(0.0, 1.0) };
         let batch_size = Self::read_batch_size(env, problems);
-        let max_wait = Duration::from_millis(problems.parsed(env, vars::JUDGE_MAX_WAIT_MS, 50u64, "milliseconds"));
+        // Well inside a job's time: a lone fact's batch waits this long before it is judged.
+        let max_wait =
+            Duration::from_millis(problems.bounded(env, vars::JUDGE_MAX_WAIT_MS, 50u64, 0..=10_000, "milliseconds"));
         let grace =
             Duration::from_secs(problems.bounded(env, vars::JUDGE_GRACE_S, 120u64, 1..=86_400, "a number of seconds"));
         Self { model, topk, threshold, batch_size, max_wait, grace }

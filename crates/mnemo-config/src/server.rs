@@ -150,7 +150,13 @@ impl ServerSettings {
         if write_committers == 0 || write_max_batch == 0 {
             problems.0.push(format!("{} and {} must be at least 1", vars::WRITE_COMMITTERS, vars::WRITE_MAX_BATCH));
         }
-        if write_committers as u64 >= u64::from(database.max_connections) {
+        if database.max_connections < 2 {
+            problems.0.push(format!(
+                "{}={} leaves no database connection for reads beside a write committer: at least 2",
+                vars::DB_MAX_CONNECTIONS,
+                database.max_connections
+            ));
+        } else if write_committers as u64 >= u64::from(database.max_connections) {
             problems.0.push(format!(
                 "{}={write_committers} leaves no database connection for reads: keep it below {}={}",
                 vars::WRITE_COMMITTERS,
@@ -220,6 +226,20 @@ mod tests {
         for name in [vars::DATABASE_URL, vars::LISTEN, vars::DB_MAX_CONNECTIONS, vars::JWT_SECRET] {
             assert!(text.contains(name), "{name} missing from: {text}");
         }
+    }
+
+    #[test]
+    fn one_connection_is_refused_for_what_it_is() {
+        let env = Env::from_pairs([
+            (vars::DATABASE_URL, "postgres://x"),
+            (vars::JWT_SECRET, "0123456789abcdef0123456789abcdef"),
+            (vars::DB_MAX_CONNECTIONS, "1"),
+        ]);
+        let err = ServerSettings::from_env(&env).unwrap_err();
+        assert_eq!(
+            err.0,
+            ["MNEMO_DB_MAX_CONNECTIONS=1 leaves no database connection for reads beside a write committer: at least 2"]
+        );
     }
 
     #[test]

@@ -233,6 +233,15 @@ mod tests {
         assert_eq!(forget("0.02").expect("below the fade floor").signals.decay_delete_floor, 0.02);
         assert!(forget("0.2").unwrap_err().to_string().contains("MNEMO_DECAY_DELETE_FLOOR=0.2 must be below"));
         assert!(forget("0.05").is_err(), "not the fade floor itself: a memory is faded first");
+        // Waits the database adds to times, or that could outlast a job.
+        for (name, value) in [
+            (vars::JUDGE_MAX_WAIT_MS, "200000"),
+            (vars::EXTRACT_COOLDOWN_S, "99999999999"),
+            (vars::CONSOLIDATE_THROTTLE_S, "99999999999"),
+        ] {
+            let err = WorkerSettings::from_env(&Env::from_pairs([db, (name, value)])).unwrap_err();
+            assert!(err.to_string().contains(&format!("{name}={value} is out of range")), "{err}");
+        }
         let huge = Env::from_pairs([(vars::DATABASE_URL, "postgres://x"), (vars::EMBED_BATCH_SIZE, "100000")]);
         assert!(WorkerSettings::from_env(&huge).is_err());
         // A model call that could outlast most of its job is refused.

@@ -65,6 +65,10 @@ pub const MAX_EXTRACT_MIN_MESSAGES: usize = 1000;
 /// The longest retention of daily notes and session messages, in days (0 keeps them for ever).
 const MAX_RETENTION_DAYS: u32 = 36_500;
 
+/// The longest cooldown or throttle, in seconds (30 days): the database adds them to times, and
+/// a throttle doubles after failed runs.
+const MAX_WAIT_S: u64 = 30 * 86_400;
+
 /// Extraction after a conversation.
 #[derive(Debug, Clone)]
 pub struct ExtractionSettings {
@@ -142,10 +146,11 @@ impl WorkspaceSettings {
                 ),
                 min_last_user_chars: problems.parsed(env, vars::EXTRACT_MIN_USER_CHARS, 10usize, "a whole number"),
             },
-            cooldown: Duration::from_secs(problems.parsed(
+            cooldown: Duration::from_secs(problems.bounded(
                 env,
                 vars::EXTRACT_COOLDOWN_S,
                 300u64,
+                0..=MAX_WAIT_S,
                 "a number of seconds",
             )),
             max_attempts: problems.bounded(env, vars::EXTRACT_MAX_ATTEMPTS, 3i32, 1..=100, "a whole number"),
@@ -164,10 +169,11 @@ impl WorkspaceSettings {
                 "a whole number",
             ),
             max_file_bytes,
-            throttle: Duration::from_secs(problems.parsed(
+            throttle: Duration::from_secs(problems.bounded(
                 env,
                 vars::CONSOLIDATE_THROTTLE_S,
                 1800u64,
+                0..=MAX_WAIT_S,
                 "a number of seconds",
             )),
             schedule: match env.get(vars::CONSOLIDATE_CRON).map(str::trim) {
