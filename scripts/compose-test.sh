@@ -92,6 +92,14 @@ ports=$(for c in $(dc ps -q); do "${docker[@]}" port "$c"; done)
 if [ "$ports" = "8080/tcp -> 127.0.0.1:$MNEMO_API_PORT" ]; then pass "only the API is published, on 127.0.0.1 ($ports)"
 else fail "published ports: $ports"; fi
 [ "$(dc ps -q worker | wc -l)" = 2 ] && pass "two workers running" || fail "two workers running"
+users=$(for c in $server $(dc ps -q worker); do "${docker[@]}" exec "$c" id -u; done | sort -u)
+[ "$users" = 10001 ] && pass "the server and workers run as uid 10001, not root" || fail "users: $users"
+for _ in $(seq 30); do
+  health=$("${docker[@]}" inspect -f '{{.State.Health.Status}}' "$server")
+  [ "$health" = healthy ] && break
+  sleep 1
+done
+[ "$health" = healthy ] && pass "the server's healthcheck reads /readyz" || fail "server health: $health"
 
 token=$(runbook token --tenant "$tenant" --user alice --agent helper --session s1)
 i=0

@@ -79,6 +79,19 @@ impl Fixture {
         .expect("row")
     }
 
+    /// Dates `fact`'s validity a second before `other`'s, as for a writer that began first.
+    async fn valid_before(&self, fact: Uuid, other: Uuid) {
+        sqlx::query(
+            "UPDATE memory_items SET valid_from = (SELECT valid_from - interval '1 second' FROM memory_items WHERE id = $2)
+             WHERE id = $1",
+        )
+        .bind(fact)
+        .bind(other)
+        .execute(&self.app.db.pool)
+        .await
+        .expect("an older validity");
+    }
+
     /// (event, item, related, reason) of every audit row, oldest first.
     async fn audit(&self) -> Vec<(String, Option<Uuid>, Option<Uuid>, Option<String>)> {
         sqlx::query_as("SELECT event, item_id, related_item_id, reason FROM audit_log ORDER BY id")
@@ -1143,15 +1156,7 @@ async fn a_keyed_fact_committed_after_a_newer_one_was_judged_is_retired_by_it() 
     // Tokyo's writer began before Paris's and committed after Paris was judged: its validity is
     // the older one.
     let (tokyo, _) = f.remember(&who, keyed("home is Tokyo")).await;
-    sqlx::query(
-        "UPDATE memory_items SET valid_from = (SELECT valid_from - interval '1 second' FROM memory_items WHERE id = $2)
-         WHERE id = $1",
-    )
-    .bind(tokyo)
-    .bind(paris)
-    .execute(&f.app.db.pool)
-    .await
-    .expect("an older validity");
+    f.valid_before(tokyo, paris).await;
     f.settle(None).await;
     f.settle(None).await;
     assert_eq!(f.row(tokyo).await.superseded_by, Some(paris), "two live facts of one key");
@@ -1179,15 +1184,7 @@ async fn a_keyed_fact_committed_while_a_newer_one_was_being_judged_is_retired_by
     let paris_read = pending(paris).await;
     // Tokyo's writer began before Paris's, and commits while Paris is being judged.
     let (tokyo, _) = f.remember(&who, keyed("home is Tokyo")).await;
-    sqlx::query(
-        "UPDATE memory_items SET valid_from = (SELECT valid_from - interval '1 second' FROM memory_items WHERE id = $2)
-         WHERE id = $1",
-    )
-    .bind(tokyo)
-    .bind(paris)
-    .execute(&f.app.db.pool)
-    .await
-    .expect("an older validity");
+    f.valid_before(tokyo, paris).await;
     embed_like_the_provider(&store, MODEL, DIMS).await;
     let by_key = mnemo_store::Judgement {
         unless_retired: mnemo_core::JudgeOutcome::NoCandidates,

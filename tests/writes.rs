@@ -525,9 +525,9 @@ async fn a_batch_past_its_statement_timeout_fails_its_rows_together() {
     assert!(took < Duration::from_millis(4000), "four writes took {took:?}: one timeout per row");
 }
 
-/// A batch whose new rows were committed by their own statement, and whose restated fact then
-/// waited past the timeout (its row locked elsewhere): the new rows are answered as written, the
-/// restated one fails alone, and is written once the lock is let go.
+/// A batch whose new rows were committed by their own statement, and whose fact said again
+/// (deleted, so revived) then waited past the timeout (its row locked elsewhere): the new rows
+/// are answered as written, the revived one fails alone, and is written once the lock is let go.
 #[tokio::test]
 async fn rows_committed_before_a_batch_failed_are_answered_as_written() {
     let app = TestApp::spawn_with(&[(mnemo_config::vars::STATEMENT_TIMEOUT_S, "1")]).await;
@@ -535,6 +535,8 @@ async fn rows_committed_before_a_batch_failed_are_answered_as_written() {
     let fact = |content: &str| json!({ "scope": "user", "content": content });
     let first = app.client.post("/v1/facts", Some(&token), &fact("Ann lives in Lyon")).await;
     assert_eq!(first.status, 201, "{:?}", first.body);
+    let forget = format!("/v1/memories/{}", first.body["id"].as_str().unwrap_or_default());
+    assert_eq!(app.client.delete(&forget, Some(&token)).await.status, 200);
     let mut holder = app.db.pool.begin().await.expect("begin");
     sqlx::query("SELECT 1 FROM memory_items WHERE id = $1::text::uuid FOR UPDATE")
         .bind(first.body["id"].as_str())

@@ -95,12 +95,13 @@ impl AppState {
                 .map_err(|e| format!("{}: {e}", mnemo_config::vars::READ_DATABASE_URL))?;
         }
         Ok(Self(Arc::new(AppParts {
-            // A batch past its statement timeout (and a few seconds for the network) was lost.
+            // A batch runs a few statements, each within the statement timeout; one unanswered
+            // past two of them (and a few seconds for the network) was lost on the way.
             writes: GroupCommit::start(
                 store.clone(),
                 settings.write_committers,
                 settings.write_max_batch,
-                settings.statement_timeout + Duration::from_secs(5),
+                settings.statement_timeout * 2 + Duration::from_secs(5),
             ),
             recall: Arc::new(
                 Recall::new(store.clone(), embedder, reranker, settings.recall.clone())

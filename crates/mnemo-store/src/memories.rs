@@ -124,21 +124,32 @@ struct KeyHolder {
 /// after the writer read the row live is not undone, nor is a row anonymized meanwhile touched
 /// ([`GONE_FACTS`] finds those).
 const REVIVE_FACTS: &str = "
-WITH old AS (
-    SELECT m.tenant_id, m.id, m.superseded_by, m.deleted_at IS NOT NULL AS was_deleted,
-           m.anonymized_at IS NOT NULL AS gone, r.fact_key,
-           (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL
-            OR (r.fact_key IS NOT NULL AND m.fact_key IS DISTINCT FROM r.fact_key)) AS revive
+WITH asked AS (
+    SELECT r.*, m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL
+                OR (r.fact_key IS NOT NULL AND m.fact_key IS DISTINCT FROM r.fact_key) AS revive
     FROM unnest($1::uuid[], $2::text[], $4::bool[], $5::text[], $6::bool[])
          AS r(id, tenant_id, may_undelete, fact_key, may_revive)
     JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
     WHERE m.source_kind = 'fact'
+), old AS (
+    SELECT m.tenant_id, m.id, m.superseded_by, m.deleted_at IS NOT NULL AS was_deleted,
+           m.anonymized_at IS NOT NULL AS gone, r.fact_key
+    FROM asked r JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
+    WHERE r.revive
+      AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL
+           OR (r.fact_key IS NOT NULL AND m.fact_key IS DISTINCT FROM r.fact_key))
       AND (m.deleted_at IS NULL OR r.may_undelete)
       AND (m.superseded_by IS NULL OR r.may_revive)
     ORDER BY m.tenant_id, m.id
     -- Not FOR UPDATE: a relation's foreign key check takes KEY SHARE on its target, which FOR
     -- UPDATE blocks (two writes reviving each other's targets would deadlock).
     FOR NO KEY UPDATE OF m
+), live AS (
+    -- A fact said again while live is only refreshed: one locked elsewhere (a judgement, an
+    -- embedding) is passed over rather than waited for, whatever order that writer locks in.
+    SELECT m.tenant_id, m.id FROM asked r JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
+    WHERE NOT r.revive AND m.anonymized_at IS NULL
+    FOR NO KEY UPDATE OF m SKIP LOCKED
 ), revived AS (
     UPDATE memory_items m
     SET superseded_by = NULL, superseded_at = NULL, deleted_at = NULL, valid_from = now(), valid_to = NULL,
@@ -146,22 +157,22 @@ WITH old AS (
         judge_enqueued_at = CASE WHEN m.embedded_model IS NOT NULL THEN now() END,
         faded_at = NULL, last_accessed_at = now(),
         -- Deleted before its embed job ran (which passed it over): embedded anew.
-        embed_enqueued_at = CASE WHEN m.embedded_model IS NULL THEN now() ELSE m.embed_enqueued_at END,
-        embed_error = CASE WHEN m.embedded_model IS NULL THEN NULL ELSE m.embed_error END,
-        embed_failing_since = CASE WHEN m.embedded_model IS NULL THEN NULL ELSE m.embed_failing_since END,
-        embed_attempts = CASE WHEN m.embedded_model IS NULL THEN 0 ELSE m.embed_attempts END
-    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id AND NOT old.gone AND old.revive
+        embed_enqueued_at = CASE WHEN old.was_deleted AND m.embedded_model IS NULL THEN now() ELSE m.embed_enqueued_at END,
+        embed_error = CASE WHEN old.was_deleted AND m.embedded_model IS NULL THEN NULL ELSE m.embed_error END,
+        embed_failing_since = CASE WHEN old.was_deleted AND m.embedded_model IS NULL THEN NULL ELSE m.embed_failing_since END,
+        embed_attempts = CASE WHEN old.was_deleted AND m.embedded_model IS NULL THEN 0 ELSE m.embed_attempts END
+    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id AND NOT old.gone
     RETURNING m.id, m.tenant_id, old.superseded_by AS successor, old.superseded_by IS NOT NULL OR old.was_deleted AS retired,
-              m.embedded_model IS NOT NULL AS embedded, m.content_sha256
+              m.embedded_model IS NOT NULL AS embedded, old.was_deleted, m.content_sha256
 ), restated AS (
     -- Said again while live: as good as recalled (its decay counts from now, a fade is undone).
     UPDATE memory_items m SET faded_at = NULL, last_accessed_at = now()
-    FROM old WHERE m.tenant_id = old.tenant_id AND m.id = old.id AND NOT old.gone AND NOT old.revive
+    FROM live WHERE m.tenant_id = live.tenant_id AND m.id = live.id
 ), audit AS (
     INSERT INTO audit_log (tenant_id, event, item_id, related_item_id, reason, actor)
     SELECT tenant_id, $3, id, successor, 'reasserted', 'api' FROM revived WHERE retired
 )
-SELECT id, tenant_id, embedded, content_sha256 FROM revived";
+SELECT id, tenant_id, embedded, was_deleted, content_sha256 FROM revived";
 
 /// Of the facts a write found under its keys (`$1` ids, `$2` tenants), those anonymized since it
 /// read them (a retention sweep or an erasure committed first): the write answers none of them.
@@ -250,8 +261,14 @@ impl Store {
                     if rounds.results.iter().all(Option::is_none) {
                         return Err(error);
                     }
-                    // Rows are committed already: they are answered as written, and each of the
-                    // others fails as the batch would have (its client writes it again).
+                    // Rows are committed already: they are answered as written. The others are
+                    // written by the next round, on another connection, unless the database is
+                    // out of reach, out of space or past its timeout: then each fails as the
+                    // batch would have (its client writes it again).
+                    if !(error.is_unavailable() || error.is_storage_full() || error.is_cancelled()) {
+                        tracing::warn!(error = %error, "a round of writes failed after some of its rows were committed");
+                        continue;
+                    }
                     let cause = error.to_string();
                     let failed = || {
                         if error.is_storage_full() {
@@ -629,7 +646,7 @@ async fn settle(
     }
 
     if !reasserted_facts.is_empty() {
-        let revived: Vec<(Uuid, String, bool, Vec<u8>)> = sqlx::query_as(REVIVE_FACTS)
+        let revived: Vec<(Uuid, String, bool, bool, Vec<u8>)> = sqlx::query_as(REVIVE_FACTS)
             .bind(&reasserted_facts)
             .bind(&reasserted_tenants)
             .bind(AuditEvent::Revive.as_str())
@@ -656,10 +673,14 @@ async fn settle(
                 }
             }
         }
-        let (embedded, to_embed): (Vec<_>, Vec<_>) = revived.into_iter().partition(|(_, _, embedded, _)| *embedded);
-        push_judge_jobs(tx, embedded.into_iter().map(|(id, t, _, _)| (id, t)).collect()).await?;
-        let jobs =
-            to_embed.into_iter().map(|(id, t, _, sha)| embed_job((id, t, sha))).collect::<Result<Vec<_>, _>>()?;
+        let (embedded, unembedded): (Vec<_>, Vec<_>) = revived.into_iter().partition(|(_, _, embedded, ..)| *embedded);
+        push_judge_jobs(tx, embedded.into_iter().map(|(id, t, ..)| (id, t)).collect()).await?;
+        // A deleted row's embed job passed it over; any other has a job of its own still.
+        let jobs = unembedded
+            .into_iter()
+            .filter(|(_, _, _, was_deleted, _)| *was_deleted)
+            .map(|(id, t, _, _, sha)| embed_job((id, t, sha)))
+            .collect::<Result<Vec<_>, _>>()?;
         push(tx, &jobs).await?;
     }
 
