@@ -630,27 +630,6 @@ async fn memory_edited_during_the_model_call_is_kept_and_the_notes_are_read_agai
     assert!(last.to_string().contains("written by hand"), "the model saw the edit");
 }
 
-/// A MEMORY.md its user deleted is not written again: no model is asked, and the notes wait for
-/// a MEMORY.md the user writes again.
-#[tokio::test]
-async fn a_memory_its_user_deleted_stays_deleted() {
-    let chat = ScriptedChat::start().await;
-    let app = TestApp::spawn().await;
-    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
-    note(&app, &t, 0, "- a note").await;
-    assert_eq!(app.client.delete("/v1/workspace/files/MEMORY.md", Some(&t)).await.status, 200);
-    let runner = runner(&app, &chat, &[]);
-    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Disabled);
-    assert!(chat.requests().is_empty(), "no model was asked");
-    assert_eq!(app.client.get("/v1/workspace/files/MEMORY.md", Some(&t)).await.status, 404, "still deleted");
-    let reason = "SELECT count(*) FROM consolidation_state WHERE last_reason = 'memory_deleted'";
-    assert_eq!(app.db.count(reason).await, 1);
-
-    let written = json!({ "content": "# MEMORY.md\n" });
-    assert!(app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &written).await.status < 300);
-    assert_eq!(runner.run(&job()).await.expect("run"), ConsolidateReport::Updated { notes: 1 }, "the note waited");
-}
-
 #[tokio::test]
 async fn a_note_committed_after_a_run_read_the_others_is_consolidated_by_the_next_run() {
     let chat = ScriptedChat::start().await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::NaiveDate;
 use mnemo_config::ConsolidationSettings;
 use mnemo_core::{
-    Consolidation, ConsolidationInput, Consolidator, FileKey, ModelFailure, TokenCounter, Workspace, WorkspacePath,
+    Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath,
 };
 use mnemo_store::queue::ConsolidateJob;
 use mnemo_store::{ChangedNote, ConsolidationClaim, Replacement, Store, StoreError};
@@ -144,11 +144,11 @@ impl ConsolidateRunner {
             .max(1);
         let more = fit < notes.len();
         notes.truncate(fit);
-        let (memory, memory_version) = self
-            .store
-            .read_file(&memory_key(workspace)?)
-            .await?
-            .map_or((String::new(), None), |f| (f.content, Some(f.version)));
+        let memory_key = workspace
+            .file(WorkspacePath::parse("MEMORY.md").expect("a valid path"))
+            .map_err(|e| JobError::Setup(e.to_string()))?;
+        let (memory, memory_version) =
+            self.store.read_file(&memory_key).await?.map_or((String::new(), None), |f| (f.content, Some(f.version)));
         let notes_shown: Vec<(NaiveDate, String)> = notes.iter().map(|n| (n.day, newest_part(&n.content))).collect();
         // Checked in tokens, told in characters: as many as the budget's tokens hold in this
         // text (about 4 in English, 1 to 2 in Chinese or Japanese, under 1 in some scripts),
@@ -181,12 +181,6 @@ impl ConsolidateRunner {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "nothing_new", "").await?;
             return Ok((ConsolidateReport::NothingNew, false));
         };
-        // A MEMORY.md its user deleted is not written again by a model: no model is asked, and
-        // the notes wait, unread, for a MEMORY.md the user writes again.
-        if memory_version.is_none() && self.store.was_deleted(&memory_key(&workspace)?).await? {
-            self.store.finish_consolidation(&workspace, &self.worker, None, None, "disabled", "memory_deleted").await?;
-            return Ok((ConsolidateReport::Disabled, false));
-        }
         let Some(consolidator) = &self.consolidator else {
             self.store.finish_consolidation(&workspace, &self.worker, None, None, "disabled", "no_model").await?;
             return Ok((ConsolidateReport::Disabled, false));
@@ -244,11 +238,6 @@ impl ConsolidateRunner {
         tracing::info!(tenant = %job.tenant_id, notes, ?report, "consolidation finished");
         Ok((report, more))
     }
-}
-
-/// The user's MEMORY.md.
-fn memory_key(workspace: &Workspace) -> Result<FileKey, JobError> {
-    workspace.file(WorkspacePath::parse("MEMORY.md").expect("a valid path")).map_err(|e| JobError::Setup(e.to_string()))
 }
 
 /// A note as a run shows it: whole, or its last [`MAX_NOTES_CHARS`] characters after a marker.

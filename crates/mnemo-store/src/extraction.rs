@@ -547,7 +547,7 @@ impl Store {
 
     /// Applies an extraction in one transaction: today's note gets the entry (unless the note is
     /// full: the conversations' reason is then `daily_note_full`), PROFILE.md and MEMORY.md are
-    /// replaced when given (unless changed since the model read them, or deleted: `file_changed`), the facts are written as `POST /v1/facts` writes them (embedded, then
+    /// replaced when given (unless changed since the model read them: `file_changed`), the facts are written as `POST /v1/facts` writes them (embedded, then
     /// judged), the conversations are done and the cooldown starts, and a consolidation is asked
     /// for when today's note changed. True when today's note changed.
     pub async fn apply_extraction(
@@ -586,8 +586,7 @@ impl Store {
             if let Some(replacement) = replacement
                 && !replace_core_file(&mut tx, workspace, name, replacement, ACTOR).await?
             {
-                // Changed during the model call (the edit stays; the next extraction sees it), or
-                // deleted by its user (it stays deleted).
+                // Changed during the model call: the edit stays; the next extraction sees it.
                 reason = "file_changed";
             }
         }

@@ -305,13 +305,6 @@ impl Store {
         Ok(current(&mut conn, key).await?.filter(|c| !c.deleted).map(|c| c.file))
     }
 
-    /// Whether the file was deleted (and not written since): not the same as never written, for
-    /// a core file a background job must not bring back.
-    pub async fn was_deleted(&self, key: &FileKey) -> Result<bool, StoreError> {
-        let mut conn = self.tenant_connection([key.tenant.as_str()]).await?;
-        Ok(current(&mut conn, key).await?.is_some_and(|c| c.deleted))
-    }
-
     /// Replaces the file's content, creating it (disabled, unless it is a core file) if needed.
     /// With `expected_version`, only while the live file is at that version (0: while there is
     /// none), so that a writer who read the file overwrites no change made since
@@ -547,9 +540,8 @@ pub struct Replacement {
 /// `actor`, if the file still holds what the replacement was made from: the version read, or a
 /// later one with the same content (a patch of `enabled` or `sort_order`, which the replacement
 /// keeps), or, when there was no live file, one just made from its template; false, writing
-/// nothing, when it does not (an edit made during the model call is never overwritten), or when
-/// the file is deleted: a user's delete, before the model call or during it, is never undone by a
-/// model. A file never written is created enabled at its core sort order.
+/// nothing, when it does not (an edit made during the model call is never overwritten, and a file
+/// deleted meanwhile stays deleted). A missing file is created enabled at its core sort order.
 pub(crate) async fn replace_core_file(
     tx: &mut Transaction<'_, Postgres>,
     workspace: &Workspace,
@@ -561,10 +553,7 @@ pub(crate) async fn replace_core_file(
     let key = key_in(workspace, path.clone())?;
     lock(tx, &key).await?;
     let now = current(tx, &key).await?;
-    if now.as_ref().is_some_and(|c| c.deleted) {
-        return Ok(false);
-    }
-    let live = now.as_ref();
+    let live = now.as_ref().filter(|c| !c.deleted);
     if live.map(|c| c.file.version) != replacement.read_version {
         let Some(live) = live else { return Ok(false) };
         let unchanged = match replacement.read_version {
@@ -600,11 +589,11 @@ pub(crate) async fn replace_core_file(
     let content = replacement.content.as_str();
     let state = NewState {
         content,
-        enabled: live.is_none_or(|c| c.file.enabled),
-        sort_order: live.map_or(path.core_sort_order().unwrap_or(0), |c| c.file.sort_order),
+        enabled: now.as_ref().is_none_or(|c| c.file.enabled),
+        sort_order: now.as_ref().map_or(path.core_sort_order().unwrap_or(0), |c| c.file.sort_order),
         deleted: false,
     };
-    let version = live.map_or(1, |c| c.file.version + 1);
+    let version = now.as_ref().map_or(1, |c| c.file.version + 1);
     apply(tx, &key, &state, version, "overwritten", actor).await?;
     Ok(true)
 }
