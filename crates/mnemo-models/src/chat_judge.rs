@@ -243,8 +243,8 @@ fn decisions_in(value: &Value) -> Option<Vec<(String, Option<Verdict>)>> {
     let entry = |item: &Value| {
         let id = item.get("id").or_else(|| item.get("candidate"))?;
         let id = id.as_str().map(str::to_owned).or_else(|| id.as_u64().map(|n| n.to_string()))?;
-        let decision = item.get("decision").or_else(|| item.get("verdict"))?;
-        Some((id, decision.as_str().and_then(verdict)))
+        let decision = item.get("decision").or_else(|| item.get("verdict"));
+        Some((id, decision.and_then(Value::as_str).and_then(verdict)))
     };
     match value {
         Value::Array(items) => Some(items.iter().filter_map(entry).collect()),
@@ -373,6 +373,7 @@ mod tests {
             r#"{"f0": "UNRELATED", "f1": "SUPERSEDE"}"#,
             r#"[{"id": "f0", "decision": "none"}, {"id": "f1", "decision": "SUPERSEDE"}]"#,
             "f0: none\nf1: SUPERSEDE",
+            r#"[{"id": "f0"}, {"id": "f1", "decision": "SUPERSEDE"}]"#,
         ] {
             assert_eq!(parse_verdicts(miscounted, 2).unwrap_err().kind, "invented_ids", "{miscounted}");
         }

@@ -551,15 +551,15 @@ async fn insert_items(tx: &mut PgConnection, rows: &[&NewMemory]) -> Result<(Vec
     Ok((ids, inserted))
 }
 
-/// The results of rows after [`insert_items`]: rows whose keys were taken are matched to what
-/// holds them (and facts asserted again revived), and the new rows' relations, sightings and
-/// full tool outputs are written.
 /// The answers of the rows `inserted` (by position in `ids`); `None` for the others.
 fn written(ids: &[Uuid], inserted: &[Uuid]) -> Vec<Option<Result<Remembered, StoreError>>> {
     let inserted: HashSet<&Uuid> = inserted.iter().collect();
     ids.iter().map(|id| inserted.contains(id).then_some(Ok(Remembered { id: *id, was_new: true }))).collect()
 }
 
+/// The results of rows after [`insert_items`]: rows whose keys were taken are matched to what
+/// holds them (and facts asserted again revived), and the new rows' relations, sightings and
+/// full tool outputs are written.
 async fn settle(
     tx: &mut PgConnection,
     rows: &[&NewMemory],

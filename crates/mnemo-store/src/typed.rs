@@ -33,7 +33,8 @@ FROM locked WHERE m.tenant_id = $1 AND m.id = locked.id";
 /// was seen in two or more sessions within their bucket (same tenant, scope, identities and
 /// readers: a sighting no reader of the row could see never changes it), become semantic, with
 /// an audit row each; at most `$2` groups per run, each whole (a group cut in two would leave
-/// its other rows a group of one session at the next run).
+/// its other rows a group of one session at the next run), but for a row another writer holds
+/// at that moment, which is passed over (SKIP LOCKED) and waits for a sighting of its own.
 const PROMOTE: &str = "
 WITH groups AS (
     SELECT m.tenant_id, m.scope, m.user_id, m.agent_id, m.visibility, m.allowed_roles, m.fingerprint
