@@ -384,7 +384,7 @@ async fn a_long_question_searches_by_its_rarest_words() {
     f.write(&me, "chat_message", "rare", "the zebrafinch nests in the reeds").await;
     f.embed_all().await;
     let question = format!("{} zebrafinch", common.join(" "));
-    let query = mnemo_recall::Query { text: &question, scope: RecallScope::Session, kinds: &[] };
+    let query = mnemo_recall::Query { text: &question, scope: RecallScope::Session, kinds: &[], shown: usize::MAX };
     let options = RecallOptions { halves: mnemo_recall::Halves::KeywordOnly, ..Default::default() };
     let ranked = f.recall_api().ranked(&me, &query, 10, &options).await.expect("recall");
     let refs: Vec<String> = ranked.items.into_iter().map(|i| i.source_ref).collect();
@@ -745,7 +745,7 @@ async fn a_question_that_names_a_day_finds_what_was_written_that_day() {
     let query_vector = random_unit(&mut rng);
     let recall = f.recall_api();
     let ask = async |question: &str, scope: RecallScope, as_of: chrono::DateTime<chrono::Utc>| -> Vec<String> {
-        let query = mnemo_recall::Query { text: question, scope, kinds: &[] };
+        let query = mnemo_recall::Query { text: question, scope, kinds: &[], shown: usize::MAX };
         let options =
             RecallOptions { query_vector: Some(query_vector.clone()), as_of: Some(as_of), ..Default::default() };
         let ranked = recall.ranked(&acme, &query, 20, &options).await.expect("recall");
@@ -820,7 +820,7 @@ async fn a_question_that_names_a_participant_ranks_within_their_messages() {
     let recall = f.recall_api();
     let vector = unit_bag_of_words("the sunrise painting", DIMS);
     let ask = async |question: &str| -> Vec<String> {
-        let query = mnemo_recall::Query { text: question, scope: RecallScope::Session, kinds: &[] };
+        let query = mnemo_recall::Query { text: question, scope: RecallScope::Session, kinds: &[], shown: usize::MAX };
         let options = RecallOptions {
             query_vector: Some(vector.clone()),
             halves: mnemo_recall::Halves::VectorOnly,
@@ -867,8 +867,8 @@ async fn of_two_disagreeing_statements_from_one_source_the_newer_comes_first() {
     f.embed_all().await;
 
     let recall = f.recall_api();
-    let ask = async |like: &str| -> Vec<String> {
-        let query = mnemo_recall::Query { text: "what is it?", scope: RecallScope::Session, kinds: &[] };
+    let ask_showing = async |like: &str, shown: usize| -> Vec<String> {
+        let query = mnemo_recall::Query { text: "what is it?", scope: RecallScope::Session, kinds: &[], shown };
         let options = RecallOptions {
             query_vector: Some(unit_bag_of_words(like, DIMS)),
             halves: mnemo_recall::Halves::VectorOnly,
@@ -879,9 +879,13 @@ async fn of_two_disagreeing_statements_from_one_source_the_newer_comes_first() {
         assert!(scores.is_sorted_by(|a, b| a >= b), "scores follow the order: {scores:?}");
         ranked.items.into_iter().map(|i| i.source_ref).collect()
     };
+    let ask = async |like: &str| ask_showing(like, usize::MAX).await;
 
     let library = ask("my library has 45 sources").await;
     assert_eq!(library[..3], ["ann-52", "ann-45", "bob-60"], "{library:?}");
+    // Only among the rows shown: a caller showing one (a recall of 1 that read more for a
+    // reranker) gets the row fusion chose, not the newer statement from below it.
+    assert_eq!(ask_showing("my library has 45 sources", 1).await[0], "ann-45");
     let sunrise = ask("I painted a lake sunrise").await;
     assert_eq!(sunrise[..2], ["ann-painted", "ann-recalled"], "{sunrise:?}");
 }

@@ -490,7 +490,7 @@ async fn signals_move_ranking_within_their_bound() {
     for _ in 0..30 {
         let text: Vec<&str> = (0..2).map(|_| *words.choose(&mut rng).expect("word")).collect();
         let text = text.join(" ");
-        let query = Query { text: &text, scope: RecallScope::Any, kinds: &[] };
+        let query = Query { text: &text, scope: RecallScope::Any, kinds: &[], shown: usize::MAX };
         let options = RecallOptions { query_vector: Some(unit_bag_of_words(&text, DIMS)), ..RecallOptions::default() };
         let fused: HashMap<Uuid, f64> =
             off.ranked(&ann, &query, 200, &options).await.expect("off").items.iter().map(|i| (i.id, i.score)).collect();

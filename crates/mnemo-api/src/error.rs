@@ -183,7 +183,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "not_ready",
         503,
-        "the database is unreachable, its schema is not current, or a statement ran past MNEMO_STATEMENT_TIMEOUT_S",
+        "the database is unreachable, its schema is older than this build's, or a statement ran past MNEMO_STATEMENT_TIMEOUT_S",
     ),
     (
         "storage_full",

@@ -78,6 +78,10 @@ pub struct Query<'a> {
     pub scope: RecallScope,
     /// Empty means every kind.
     pub kinds: &'a [SourceKind],
+    /// How many of the first rows the caller shows as ranked: a newer statement moves up only
+    /// among them, so what is shown is what fusion chose (a recall of 5 that asked for 20 for a
+    /// reranker that then failed shows the same 5 rows as one without a reranker).
+    pub shown: usize,
 }
 
 /// Rows in final order, and whether the vector half may be incomplete.
@@ -203,7 +207,8 @@ impl Recall {
         let started = Instant::now();
         let use_reranker = request.enable_rerank.then_some(self.reranker.as_ref()).flatten();
         let wanted = if use_reranker.is_some() { MAX_TOP_K.max(request.top_k) } else { request.top_k };
-        let query = Query { text: &request.query, scope: request.scope, kinds: &request.source_kinds };
+        let query =
+            Query { text: &request.query, scope: request.scope, kinds: &request.source_kinds, shown: request.top_k };
         let Ranked { mut items, degraded } = self.ranked(principal, &query, wanted, &options).await?;
 
         let rerank_used = match use_reranker {
@@ -362,7 +367,8 @@ impl Recall {
         // Stable: equal scores keep fused order.
         items.sort_by(|a, b| b.score.total_cmp(&a.score));
         items.truncate(limit);
-        restated::newer_first(search, &principal.tenant, &mut items, &sources).await?;
+        let shown = items.len().min(query.shown);
+        restated::newer_first(search, &principal.tenant, &mut items[..shown], &sources).await?;
         Ok(Ranked { items, degraded })
     }
 

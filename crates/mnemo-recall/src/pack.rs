@@ -168,7 +168,8 @@ pub async fn build_pack(
     options: &RecallOptions,
 ) -> Result<MemoryPack, RecallError> {
     let wanted: usize = PackLayer::ALL.iter().map(|&l| request.top_k.get(l)).sum();
-    let query = Query { text: &request.query, scope: RecallScope::Any, kinds: &[] };
+    // Every layer picks from the whole list.
+    let query = Query { text: &request.query, scope: RecallScope::Any, kinds: &[], shown: usize::MAX };
     // Enough candidates that a layer's top k is rarely short because other layers ranked above.
     let ranked = recall.ranked(principal, &query, (4 * wanted).clamp(20, 200), options).await?;
 
