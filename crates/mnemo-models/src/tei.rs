@@ -80,9 +80,11 @@ fn scores(body: &Value, expected: usize) -> Result<Vec<f32>, String> {
     let mut scores = vec![None; expected];
     for item in items {
         let index = item["index"].as_u64().ok_or("an item has no numeric index")? as usize;
-        let score = item["score"].as_f64().filter(|s| s.is_finite()).ok_or("an item has no finite score")?;
+        // Finite as the f32 it is kept as: 1e39 is a finite f64 and an infinite f32.
+        let score =
+            item["score"].as_f64().map(|s| s as f32).filter(|s| s.is_finite()).ok_or("an item has no finite score")?;
         let slot = scores.get_mut(index).ok_or_else(|| format!("index {index} is out of range"))?;
-        if slot.replace(score as f32).is_some() {
+        if slot.replace(score).is_some() {
             return Err(format!("index {index} appears twice"));
         }
     }
@@ -98,6 +100,7 @@ mod tests {
         let good = json!([{"index": 1, "score": 0.9}, {"index": 0, "score": 0.1}]);
         assert_eq!(scores(&good, 2), Ok(vec![0.1, 0.9]));
         assert!(scores(&json!({"error": "x"}), 2).is_err());
+        assert!(scores(&json!([{"index": 0, "score": 1e39}]), 1).is_err(), "infinite as an f32");
         assert!(scores(&json!([{"index": 0, "score": 0.9}]), 2).is_err());
         assert!(scores(&json!([{"index": 0, "score": 0.9}, {"index": 0, "score": 0.1}]), 2).is_err());
         assert!(scores(&json!([{"index": 0, "score": 0.9}, {"index": 5, "score": 0.1}]), 2).is_err());
