@@ -16,6 +16,9 @@ pub type Period = (NaiveDate, NaiveDate);
 
 const MONTH: &str = r"(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sept|sep|oct|nov|dec)\.?";
 const DAY: &str = r"([0-9]{1,2})(?:st|nd|rd|th)?";
+/// A year a question may name: four digits of this century or the last ("a budget of 4096
+/// tokens" names none).
+const YEAR: &str = r"((?:19|20)[0-9]{2})";
 
 /// The forms read, written dates first. The whole question is searched for each in turn.
 #[derive(Clone, Copy)]
@@ -26,6 +29,7 @@ enum Form {
     MonthYear,
     MonthDay,
     DayMonth,
+    MonthLastYear,
     Weekday,
     DaysAgo,
     LastMonthNamed,
@@ -38,17 +42,18 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
     let forms = [
         // A time may follow the day ("2023-10-13T10:00", lowercased).
         (Form::IsoDay, r"\b([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})(?:t|\b)".to_owned()),
-        (Form::MonthDayYear, format!(r"\b{MONTH}\s+{DAY},?\s+([0-9]{{4}})\b")),
-        (Form::DayMonthYear, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH},?\s+([0-9]{{4}})\b")),
-        (Form::MonthYear, format!(r"\b{MONTH},?\s+(?:of\s+)?([0-9]{{4}})\b")),
+        (Form::MonthDayYear, format!(r"\b{MONTH}\s+{DAY},?\s+(?:of\s+)?{YEAR}\b")),
+        (Form::DayMonthYear, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH},?\s+(?:of\s+)?{YEAR}\b")),
+        (Form::MonthYear, format!(r"\b{MONTH},?\s+(?:of\s+)?{YEAR}\b")),
         (Form::MonthDay, format!(r"\b{MONTH}\s+{DAY}\b")),
         (Form::DayMonth, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH}\b")),
+        (Form::MonthLastYear, format!(r"\b{MONTH},?\s+(?:of\s+)?last\s+year\b")),
         (Form::Weekday, r"\b(on|last)\s+(monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b".to_owned()),
         (Form::DaysAgo, r"\b([0-9]{1,3})\s+days?\s+ago\b".to_owned()),
         (Form::LastMonthNamed, format!(r"\blast\s+{MONTH}\b")),
         // A month alone only after a preposition: "may" is also a verb.
         (Form::MonthNamed, format!(r"\b(?:in|during|of)\s+{MONTH}\b")),
-        (Form::Year, r"\b(?:in|during|of)\s+([0-9]{4})\b".to_owned()),
+        (Form::Year, format!(r"\b(?:in|during|of)\s+{YEAR}\b")),
         (Form::Relative, r"\b(today|yesterday|last\s+week|last\s+month|last\s+year)\b".to_owned()),
     ];
     forms.into_iter().map(|(form, pattern)| (form, Regex::new(&pattern).expect("period pattern"))).collect()
@@ -66,11 +71,18 @@ pub fn names_a_period(question: &str) -> bool {
 /// nothing, not the month around it.
 pub fn named_period(question: &str, today: NaiveDate) -> Option<Period> {
     let question = question.to_lowercase();
-    FORMS.iter().find_map(|(form, regex)| regex.captures(&question).map(|c| read(*form, &c, today)))?
+    // A year named apart from the month or day ("in 2022, what did we say on March 3?") is
+    // theirs, rather than the latest such day.
+    let year = FORMS
+        .iter()
+        .find(|(form, _)| matches!(form, Form::Year))
+        .and_then(|(_, regex)| regex.captures(&question)?.get(1)?.as_str().parse::<i32>().ok());
+    FORMS.iter().find_map(|(form, regex)| regex.captures(&question).map(|c| read(*form, &c, today, year)))?
 }
 
-/// The period one form's match names; `None` when no such day exists.
-fn read(form: Form, c: &Captures, today: NaiveDate) -> Option<Period> {
+/// The period one form's match names (with `named_year` when the question names one elsewhere);
+/// `None` when no such day exists.
+fn read(form: Form, c: &Captures, today: NaiveDate, named_year: Option<i32>) -> Option<Period> {
     let number = |i: usize| c.get(i)?.as_str().parse::<u32>().ok();
     let year = |i: usize| number(i).and_then(|y| i32::try_from(y).ok());
     let month = |i: usize| month_number(c.get(i)?.as_str());
@@ -79,8 +91,9 @@ fn read(form: Form, c: &Captures, today: NaiveDate) -> Option<Period> {
         Form::MonthDayYear => day(NaiveDate::from_ymd_opt(year(3)?, month(1)?, number(2)?)?),
         Form::DayMonthYear => day(NaiveDate::from_ymd_opt(year(3)?, month(2)?, number(1)?)?),
         Form::MonthYear => whole_month(year(2)?, month(1)?),
-        Form::MonthDay => day(latest_day(today, month(1)?, number(2)?)?),
-        Form::DayMonth => day(latest_day(today, month(2)?, number(1)?)?),
+        Form::MonthDay => day(named_or_latest(today, named_year, month(1)?, number(2)?)?),
+        Form::DayMonth => day(named_or_latest(today, named_year, month(2)?, number(1)?)?),
+        Form::MonthLastYear => whole_month(today.year() - 1, month(1)?),
         Form::Weekday => {
             let wanted: Weekday = c.get(2)?.as_str().parse().ok()?;
             let mut back = (7 + today.weekday().num_days_from_monday() - wanted.num_days_from_monday()) % 7;
@@ -97,7 +110,8 @@ fn read(form: Form, c: &Captures, today: NaiveDate) -> Option<Period> {
         }
         Form::MonthNamed => {
             let m = month(1)?;
-            whole_month(if m <= today.month() { today.year() } else { today.year() - 1 }, m)
+            let latest = if m <= today.month() { today.year() } else { today.year() - 1 };
+            whole_month(named_year.unwrap_or(latest), m)
         }
         Form::Year => {
             let y = year(1)?;
@@ -124,6 +138,14 @@ fn day(date: NaiveDate) -> Option<Period> {
 fn whole_month(year: i32, month: u32) -> Option<Period> {
     let first = NaiveDate::from_ymd_opt(year, month, 1)?;
     span(first, first.checked_add_months(Months::new(1))?)
+}
+
+/// `month`/`day` of `year` when the question names one, else the latest on or before `today`.
+fn named_or_latest(today: NaiveDate, year: Option<i32>, month: u32, day: u32) -> Option<NaiveDate> {
+    match year {
+        Some(year) => NaiveDate::from_ymd_opt(year, month, day),
+        None => latest_day(today, month, day),
+    }
 }
 
 /// The last `month`/`day` on or before `today` ("on May 8" asked in March means last year's).
@@ -208,6 +230,12 @@ mod tests {
             ("What did we say last Saturday?", (at(2023, 10, 14), at(2023, 10, 15))),
             ("What did I log 3 days ago?", (at(2023, 10, 17), at(2023, 10, 18))),
             ("and 1 day ago?", (at(2023, 10, 19), at(2023, 10, 20))),
+            // A year named with "of", apart from its day or month, or as last year.
+            ("What happened on March 3rd of 2022?", (at(2022, 3, 3), at(2022, 3, 4))),
+            ("In 2022, what did we say on March 3?", (at(2022, 3, 3), at(2022, 3, 4))),
+            ("In 2021, where did we go in December?", (at(2021, 12, 1), at(2022, 1, 1))),
+            ("What did we do in May of last year?", (at(2022, 5, 1), at(2022, 6, 1))),
+            ("and in November last year?", (at(2022, 11, 1), at(2022, 12, 1))),
         ];
         for (question, period) in cases {
             assert_eq!(named(question), Some(period), "{question}");
@@ -221,6 +249,7 @@ mod tests {
             "What did Caroline research?",
             "I think this may go later",
             "Set the limit to 2000 words",
+            "Keep it to a budget of 4096 tokens",
             "Which march did Caroline join?",
         ]
         .into_iter()
