@@ -470,6 +470,12 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     let mut size = lines.clone();
     size[file] = set_field(&size[file], "size_bytes", json!(1));
     refused(&target, "size", size, &[], &cannot(file, "workspace_files")).await;
+    // A fixed offset PostgreSQL would read with its sign inverted, moving every day of the tenant's.
+    let config = lines.iter().position(|l| l.contains("\"table\":\"tenant_config\"")).expect("the settings' line");
+    let mut offset = lines.clone();
+    offset[config] = set_field(&offset[config], "settings", json!({ "time_zone": "UTC+3" }));
+    let expected = format!("{}: time_zone \"UTC+3\" is not a region's zone", cannot(config, "tenant_config"));
+    refused(&target, "offset zone", offset, &[], &expected).await;
 
     let mut newer = lines.clone();
     let mut header: serde_json::Value = serde_json::from_str(&lines[0]).expect("header");

@@ -717,6 +717,15 @@ fn check_row(tenant: &TenantId, line: i64, table: &'static str, row: &Value) -> 
                 return Err(bad("size_bytes is not the length of its content".to_owned()));
             }
         }
+        // A zone the runbook would refuse (a fixed offset PostgreSQL reads with its sign
+        // inverted) would move every day of the tenant's.
+        "tenant_config" => {
+            if let Some(zone) = row["settings"].get("time_zone") {
+                if !zone.as_str().is_some_and(crate::time_zone::is_region_zone) {
+                    return Err(bad(format!("time_zone {zone} is not a region's zone, such as Europe/Paris")));
+                }
+            }
+        }
         // Progress is an (agent, user)'s, and an extraction's a session's too: ids a job could
         // not parse would stop it.
         "memory_extractions" | "consolidation_state" => {
