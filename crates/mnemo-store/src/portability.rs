@@ -720,10 +720,9 @@ fn check_row(tenant: &TenantId, line: i64, table: &'static str, row: &Value) -> 
         // A zone the runbook would refuse (a fixed offset PostgreSQL reads with its sign
         // inverted) would move every day of the tenant's.
         "tenant_config" => {
-            if let Some(zone) = row["settings"].get("time_zone") {
-                if !zone.as_str().is_some_and(crate::time_zone::is_region_zone) {
-                    return Err(bad(format!("time_zone {zone} is not a region's zone, such as Europe/Paris")));
-                }
+            let zone = &row["settings"]["time_zone"];
+            if !zone.is_null() && !zone.as_str().is_some_and(crate::time_zone::is_region_zone) {
+                return Err(bad(format!("time_zone {zone} is not a region's zone, such as Europe/Paris")));
             }
         }
         // Progress is an (agent, user)'s, and an extraction's a session's too: ids a job could
