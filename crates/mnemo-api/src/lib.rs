@@ -344,7 +344,12 @@ pub async fn run(
         .await
         .map_err(|source| ServeError::Bind { addr: settings.listen, source })?;
     tracing::info!(addr = %listener.local_addr()?, "mnemo-server listening");
+    let recall = state.recall.clone();
     serve(listener, app(state), ConnectionLimits::of(&settings), shutdown).await?;
+    // The last second's accesses, gathered but not queued yet, would go with the process.
+    if tokio::time::timeout(Duration::from_secs(5), recall.flush_access()).await.is_err() {
+        tracing::warn!("the last accesses recall gathered could not be queued in time");
+    }
     tracing::info!("mnemo-server stopped");
     Ok(())
 }

@@ -372,6 +372,13 @@ impl Recall {
         Ok(Ranked { items, degraded })
     }
 
+    /// Queues the accesses gathered so far (a server stopping: they would be lost with it).
+    pub async fn flush_access(&self) {
+        if let Some(tracker) = &self.access {
+            tracker.flush().await;
+        }
+    }
+
     /// Hands the rows a recall or a pack returned to the access tracker, if there is one; never
     /// waits.
     pub fn track_access(&self, principal: &Principal, ids: Vec<Uuid>) {

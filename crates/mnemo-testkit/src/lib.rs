@@ -386,6 +386,18 @@ impl ServerProcess {
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub async fn terminate(mut self) -> anyhow::Result<std::process::ExitStatus> {
+        terminate(&mut self.child).await
+    }
+}
+
+/// Sends `child` SIGTERM and waits up to a minute for it to exit.
+async fn terminate(child: &mut tokio::process::Child) -> anyhow::Result<std::process::ExitStatus> {
+    let pid = child.id().context("the process is gone already")?;
+    std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status()?;
+    Ok(tokio::time::timeout(Duration::from_secs(60), child.wait()).await??)
 }
 
 /// Waits up to 60 s for a freshly started `what` to answer at `url`; fails at once if it exits.
@@ -463,9 +475,7 @@ impl WorkerProcess {
 
     /// SIGTERM, then waits for a clean exit.
     pub async fn terminate(mut self) -> anyhow::Result<std::process::ExitStatus> {
-        let pid = self.child.id().context("worker already gone")?;
-        std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status()?;
-        Ok(tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await??)
+        terminate(&mut self.child).await
     }
 }
 
