@@ -27,6 +27,8 @@ enum Form {
     MonthDayYear,
     DayMonthYear,
     MonthYear,
+    MonthDayLastYear,
+    DayMonthLastYear,
     MonthDay,
     DayMonth,
     MonthLastYear,
@@ -45,9 +47,12 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
         (Form::MonthDayYear, format!(r"\b{MONTH}\s+{DAY},?\s+(?:of\s+)?{YEAR}\b")),
         (Form::DayMonthYear, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH},?\s+(?:of\s+)?{YEAR}\b")),
         (Form::MonthYear, format!(r"\b{MONTH},?\s+(?:of\s+)?{YEAR}\b")),
+        (Form::MonthDayLastYear, format!(r"\b{MONTH}\s+{DAY},?\s+(?:of\s+)?last\s+year\b")),
+        (Form::DayMonthLastYear, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH},?\s+(?:of\s+)?last\s+year\b")),
         (Form::MonthDay, format!(r"\b{MONTH}\s+{DAY}\b")),
         (Form::DayMonth, format!(r"\b{DAY}\s+(?:of\s+)?{MONTH}\b")),
-        (Form::MonthLastYear, format!(r"\b{MONTH},?\s+(?:of\s+)?last\s+year\b")),
+        // After a preposition, as a month alone: "what may last year's notes say" names none.
+        (Form::MonthLastYear, format!(r"\b(?:in|during|of)\s+{MONTH},?\s+(?:of\s+)?last\s+year\b")),
         (Form::Weekday, r"\b(on|last)\s+(monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b".to_owned()),
         (Form::DaysAgo, r"\b([0-9]{1,3})\s+days?\s+ago\b".to_owned()),
         (Form::LastMonthNamed, format!(r"\blast\s+{MONTH}\b")),
@@ -71,18 +76,11 @@ pub fn names_a_period(question: &str) -> bool {
 /// nothing, not the month around it.
 pub fn named_period(question: &str, today: NaiveDate) -> Option<Period> {
     let question = question.to_lowercase();
-    // A year named apart from the month or day ("in 2022, what did we say on March 3?") is
-    // theirs, rather than the latest such day.
-    let year = FORMS
-        .iter()
-        .find(|(form, _)| matches!(form, Form::Year))
-        .and_then(|(_, regex)| regex.captures(&question)?.get(1)?.as_str().parse::<i32>().ok());
-    FORMS.iter().find_map(|(form, regex)| regex.captures(&question).map(|c| read(*form, &c, today, year)))?
+    FORMS.iter().find_map(|(form, regex)| regex.captures(&question).map(|c| read(*form, &c, today)))?
 }
 
-/// The period one form's match names (with `named_year` when the question names one elsewhere);
-/// `None` when no such day exists.
-fn read(form: Form, c: &Captures, today: NaiveDate, named_year: Option<i32>) -> Option<Period> {
+/// The period one form's match names; `None` when no such day exists.
+fn read(form: Form, c: &Captures, today: NaiveDate) -> Option<Period> {
     let number = |i: usize| c.get(i)?.as_str().parse::<u32>().ok();
     let year = |i: usize| number(i).and_then(|y| i32::try_from(y).ok());
     let month = |i: usize| month_number(c.get(i)?.as_str());
@@ -91,8 +89,10 @@ fn read(form: Form, c: &Captures, today: NaiveDate, named_year: Option<i32>) -> 
         Form::MonthDayYear => day(NaiveDate::from_ymd_opt(year(3)?, month(1)?, number(2)?)?),
         Form::DayMonthYear => day(NaiveDate::from_ymd_opt(year(3)?, month(2)?, number(1)?)?),
         Form::MonthYear => whole_month(year(2)?, month(1)?),
-        Form::MonthDay => day(named_or_latest(today, named_year, month(1)?, number(2)?)?),
-        Form::DayMonth => day(named_or_latest(today, named_year, month(2)?, number(1)?)?),
+        Form::MonthDayLastYear => day(NaiveDate::from_ymd_opt(today.year() - 1, month(1)?, number(2)?)?),
+        Form::DayMonthLastYear => day(NaiveDate::from_ymd_opt(today.year() - 1, month(2)?, number(1)?)?),
+        Form::MonthDay => day(latest_day(today, month(1)?, number(2)?)?),
+        Form::DayMonth => day(latest_day(today, month(2)?, number(1)?)?),
         Form::MonthLastYear => whole_month(today.year() - 1, month(1)?),
         Form::Weekday => {
             let wanted: Weekday = c.get(2)?.as_str().parse().ok()?;
@@ -110,8 +110,7 @@ fn read(form: Form, c: &Captures, today: NaiveDate, named_year: Option<i32>) -> 
         }
         Form::MonthNamed => {
             let m = month(1)?;
-            let latest = if m <= today.month() { today.year() } else { today.year() - 1 };
-            whole_month(named_year.unwrap_or(latest), m)
+            whole_month(if m <= today.month() { today.year() } else { today.year() - 1 }, m)
         }
         Form::Year => {
             let y = year(1)?;
@@ -138,14 +137,6 @@ fn day(date: NaiveDate) -> Option<Period> {
 fn whole_month(year: i32, month: u32) -> Option<Period> {
     let first = NaiveDate::from_ymd_opt(year, month, 1)?;
     span(first, first.checked_add_months(Months::new(1))?)
-}
-
-/// `month`/`day` of `year` when the question names one, else the latest on or before `today`.
-fn named_or_latest(today: NaiveDate, year: Option<i32>, month: u32, day: u32) -> Option<NaiveDate> {
-    match year {
-        Some(year) => NaiveDate::from_ymd_opt(year, month, day),
-        None => latest_day(today, month, day),
-    }
 }
 
 /// The last `month`/`day` on or before `today` ("on May 8" asked in March means last year's).
@@ -230,12 +221,14 @@ mod tests {
             ("What did we say last Saturday?", (at(2023, 10, 14), at(2023, 10, 15))),
             ("What did I log 3 days ago?", (at(2023, 10, 17), at(2023, 10, 18))),
             ("and 1 day ago?", (at(2023, 10, 19), at(2023, 10, 20))),
-            // A year named with "of", apart from its day or month, or as last year.
+            // A year named with "of", or as last year; a number elsewhere is no year of the day's.
             ("What happened on March 3rd of 2022?", (at(2022, 3, 3), at(2022, 3, 4))),
-            ("In 2022, what did we say on March 3?", (at(2022, 3, 3), at(2022, 3, 4))),
-            ("In 2021, where did we go in December?", (at(2021, 12, 1), at(2022, 1, 1))),
             ("What did we do in May of last year?", (at(2022, 5, 1), at(2022, 6, 1))),
             ("and in November last year?", (at(2022, 11, 1), at(2022, 12, 1))),
+            ("What did we do on May 5 of last year?", (at(2022, 5, 5), at(2022, 5, 6))),
+            ("and on the 5th of May last year?", (at(2022, 5, 5), at(2022, 5, 6))),
+            ("What did we decide on May 8? Summarise it in 2000 words.", (at(2023, 5, 8), at(2023, 5, 9))),
+            ("What may last year's notes say about the budget?", (at(2022, 1, 1), at(2023, 1, 1))),
         ];
         for (question, period) in cases {
             assert_eq!(named(question), Some(period), "{question}");

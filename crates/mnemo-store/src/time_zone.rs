@@ -20,8 +20,9 @@ SELECT zone, now() AT TIME ZONE zone FROM (
 ) zones ORDER BY zone";
 
 /// Whether `name` has the shape of a region's zone (`Europe/Paris`, or `UTC`), not an abbreviation
-/// or a fixed offset (`PST`, `+05`, `UTC+3`, which PostgreSQL reads as POSIX, sign inverted, or
-/// `Etc/GMT+5`): those ignore daylight saving time. Whether PostgreSQL knows it is its own check.
+/// or a fixed offset (`PST`, `+05`, `Etc/GMT+5`), which ignore daylight saving time, nor a name
+/// PostgreSQL would read as a POSIX rule, sign inverted (`UTC+3`, `Asia/Tokyo+9`): no region's
+/// name holds a digit or a `+`. Whether PostgreSQL knows the name is its own check.
 pub(crate) fn is_region_zone(name: &str) -> bool {
     let mut parts = name.split('/');
     let region = parts.next().unwrap_or_default();
@@ -32,9 +33,9 @@ pub(crate) fn is_region_zone(name: &str) -> bool {
     name == "UTC"
         || (!places.is_empty()
             && region != "Etc"
+            && !name.contains(|c: char| c.is_ascii_digit() || c == '+')
             && word(region, &[])
-            && !region.chars().any(|c| c.is_ascii_digit())
-            && places.iter().all(|p| word(p, &['+', '-'])))
+            && places.iter().all(|p| word(p, &['-'])))
 }
 
 impl Store {
@@ -88,7 +89,20 @@ mod tests {
         for zone in ["UTC", "Europe/Paris", "America/Argentina/Buenos_Aires", "America/Port-au-Prince"] {
             assert!(is_region_zone(zone), "{zone}");
         }
-        for zone in ["", "PST", "+05", "UTC+3", "Etc/GMT+5", "EST5EDT", "Europe/", "/Paris", "Europe/Pa ris"] {
+        for zone in [
+            "",
+            "PST",
+            "+05",
+            "UTC+3",
+            "Etc/GMT+5",
+            "posix/Etc/GMT+5",
+            "Asia/Tokyo+9",
+            "Europe/Paris-1",
+            "EST5EDT",
+            "Europe/",
+            "/Paris",
+            "Europe/Pa ris",
+        ] {
             assert!(!is_region_zone(zone), "{zone}");
         }
     }
