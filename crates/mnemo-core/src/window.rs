@@ -54,6 +54,10 @@ pub const USER_SYSTEM_PREFIX: &str =
 /// OpenAI format spends about 3–4 per message, so counting 4 keeps the sum an upper bound.
 pub const MESSAGE_OVERHEAD_TOKENS: u32 = 4;
 
+/// What a request costs once, beyond its messages: the tokens that open the reply (OpenAI counts 3
+/// per message and 3 for the reply; 4 per message is an upper bound only from the third message on).
+const REPLY_PRIMING_TOKENS: u64 = 3;
+
 /// What a tool call costs beyond its arguments, id and name: its own framing inside the
 /// assistant message's `tool_calls`.
 const CALL_OVERHEAD_TOKENS: u32 = 4;
@@ -274,7 +278,7 @@ fn place_fixed(input: &WindowInput<'_>, counter: &dyn TokenCounter) -> Result<Fi
     let cost = |text: &str| u64::from(counter.count(text)) + u64::from(MESSAGE_OVERHEAD_TOKENS);
     let system = input.system_prompt.filter(|t| !t.trim().is_empty());
     let current_cost = input.current.map_or(0, |m| cost(&m.content));
-    let needed = system.map_or(0, cost) + current_cost;
+    let needed = REPLY_PRIMING_TOKENS + system.map_or(0, cost) + current_cost;
     if needed > u64::from(input.budget) {
         return Err(WindowError::BudgetTooSmall { budget: input.budget, needed });
     }
@@ -867,6 +871,17 @@ mod tests {
         assert!(window.messages[2].content.starts_with(MEMORY_PREFIX));
         assert!(window.messages[2].content.contains("characters cut to fit"));
         assert!(window.total_tokens() <= 150);
+    }
+
+    /// A provider counts 3 per message and 3 for the reply: with one or two messages, 4 a message
+    /// is under that, so the reply's 3 are set aside once.
+    #[test]
+    fn the_reply_s_opening_tokens_are_set_aside() {
+        // 56 quarters of content, 60 with the message's 4, which a provider counts 56 + 3 + 3 = 62.
+        let current = message(Role::User, &"q".repeat(4 * 56));
+        let alone = |budget| WindowInput { system_prompt: None, current: Some(&current), ..input(&[], budget) };
+        assert!(matches!(assemble(&alone(60), &Quarters), Err(WindowError::BudgetTooSmall { needed: 63, .. })));
+        assert!(assemble(&alone(63), &Quarters).is_ok());
     }
 
     #[test]
