@@ -211,8 +211,15 @@ async fn run<J: JobArgs>(
     JobTimeout(timeout): JobTimeout,
     work: impl Future<Output = Result<(), JobError>>,
 ) -> Result<(), BoxDynError> {
-    let result = tokio::time::timeout(timeout, work).await.unwrap_or(Err(JobError::TimedOut(timeout)));
+    let result = tokio::time::timeout(timeout, caught(work)).await.unwrap_or(Err(JobError::TimedOut(timeout)));
     finish(store, job, result, failures_before(meta) + attempt.current()).await
+}
+
+/// `work`, with a panic in it taken for the job's own failure (a bug, given up with its log
+/// line): left to apalis, the job ran again at once, 25 times, with no backoff and no word.
+async fn caught(work: impl Future<Output = Result<(), JobError>>) -> Result<(), JobError> {
+    use futures_util::FutureExt;
+    std::panic::AssertUnwindSafe(work).catch_unwind().await.unwrap_or(Err(JobError::Panicked { alone: true }))
 }
 
 /// Carries out a handler's next step for its job, whose run this is the `failures`-th failure
@@ -577,5 +584,18 @@ mod tests {
         let later = now + RESTART_STREAK.as_millis() as u64 + 2000 + 1;
         assert_eq!(pacer.pause(at(later)), Duration::ZERO);
         assert_eq!(pacer.pause(at(later + 1)), MIN_RESTART_PAUSE);
+    }
+
+    #[tokio::test]
+    async fn a_job_that_panics_is_its_own_failure_not_a_crash() {
+        let panics = async {
+            if rand::random::<u8>() < 255 {
+                panic!("a bug");
+            }
+            Ok(())
+        };
+        assert!(matches!(caught(panics).await, Err(JobError::Panicked { alone: true })));
+        assert!(matches!(caught(async { Ok(()) }).await, Ok(())));
+        assert!(matches!(Next::after(Err(JobError::Panicked { alone: true }), 1), Next::GiveUp(_)));
     }
 }
