@@ -978,18 +978,7 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
     // its summary before recording.
     let messages = store.session_messages(&tenant, &session, None, 100).await.expect("messages");
     let last = messages.last().expect("a message");
-    let summary_of = |text: &str| {
-        NewMemory::session_summary(
-            tenant.clone(),
-            session.clone(),
-            None,
-            None,
-            summary_source_ref(&session, None, last.id, text),
-            MemoryText::parse(text).expect("text"),
-            last.event_time,
-        )
-    };
-    let written = store.remember(&summary_of("the stale plan's summary")).await.expect("summary");
+    let written = summary_through(&app, last, "the stale plan's summary").await;
     let stale = mnemo_store::NewCompaction {
         from: None,
         through: last.cursor(),
@@ -1024,7 +1013,7 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
     let audited =
         format!("SELECT count(*) FROM audit_log WHERE item_id = '{}' AND reason = 'compaction_overtaken'", written.id);
     assert_eq!(app.db.count(&audited).await, 1);
-    let next = store.remember(&summary_of("the next compaction's summary")).await.expect("summary");
+    let next = summary_through(&app, last, "the next compaction's summary").await;
     assert!(next.was_new && next.id != written.id);
 
     // That one's job crashed before recording: the next compaction that records anonymizes it.
@@ -1187,8 +1176,8 @@ const QUOTES_QUESTION_0: &str =
     "SESSION INTENT: trip\nSUMMARY: question 0 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
 
 /// Writes the summary of session s1 through `last` a job's try would write (planned from the
-/// session's start): its id.
-async fn summary_through(app: &TestApp, last: &mnemo_store::SessionMessage, text: &str) -> uuid::Uuid {
+/// session's start): the write's answer.
+async fn summary_through(app: &TestApp, last: &mnemo_store::SessionMessage, text: &str) -> mnemo_store::Remembered {
     let session = SessionId::parse("s1").expect("session");
     let summary = NewMemory::session_summary(
         TenantId::parse("acme").expect("tenant"),
@@ -1199,7 +1188,7 @@ async fn summary_through(app: &TestApp, last: &mnemo_store::SessionMessage, text
         MemoryText::parse(text).expect("text"),
         last.event_time,
     );
-    app.db.store().remember(&summary).await.expect("a try's summary").id
+    app.db.store().remember(&summary).await.expect("a try's summary")
 }
 
 /// A job that wrote its summary and crashed before recording it, retried after a message it
@@ -1216,7 +1205,7 @@ async fn a_retried_job_never_takes_over_the_summary_of_an_earlier_try() {
     let compactor = compactor(&app, &settings(llm_env(&chat)));
     let plan = compactor.plan(&tenant, &session, None, None).await.expect("plan");
     let (first, last) = (&plan.messages[0], &plan.messages[plan.cut - 1]);
-    let orphan = summary_through(&app, last, QUOTES_QUESTION_0).await;
+    let orphan = summary_through(&app, last, QUOTES_QUESTION_0).await.id;
     let deleted = app.client.delete(&format!("/v1/memories/{}", first.id), Some(&t)).await;
     assert_eq!(deleted.status, 200, "{:?}", deleted.body);
 
@@ -1243,7 +1232,7 @@ async fn a_job_that_finds_nothing_to_compact_drops_the_summary_an_earlier_try_le
     let compactor = compactor(&app, &settings(llm_env(&chat)));
     let plan = compactor.plan(&tenant, &session, None, None).await.expect("plan");
     assert_eq!(plan.cut, 2, "the first turn is compacted");
-    let orphan = summary_through(&app, &plan.messages[1], QUOTES_QUESTION_0).await;
+    let orphan = summary_through(&app, &plan.messages[1], QUOTES_QUESTION_0).await.id;
     for message in &plan.messages[..2] {
         let deleted = app.client.delete(&format!("/v1/memories/{}", message.id), Some(&t)).await;
         assert_eq!(deleted.status, 200, "{:?}", deleted.body);
@@ -1263,7 +1252,7 @@ async fn a_job_that_finds_nothing_to_compact_drops_the_summary_an_earlier_try_le
     assert_eq!(plan.cut, 2);
     let written =
         "SESSION INTENT: trip\nSUMMARY: question 1 about the trip to Lisbon\nARTIFACTS: none\nNEXT STEPS: none";
-    let written = summary_through(&app, &plan.messages[1], written).await;
+    let written = summary_through(&app, &plan.messages[1], written).await.id;
     app.db.store().nothing_to_compact(&tenant, &session).await.expect("nothing to compact");
     let record = mnemo_store::NewCompaction {
         from: None,
