@@ -83,6 +83,22 @@ impl StoreError {
             || matches!(self.sqlx(), Some(sqlx::Error::Database(e)) if e.code().as_deref() == Some("53100"))
     }
 
+    /// The same failure for each write of a commit many shared, when it is the database's and not
+    /// any one row's: out of disk space, out of reach, or a statement past its timeout. `None`
+    /// otherwise (a row may be to blame: its writes are tried again apart).
+    pub fn for_each_write(&self) -> Option<Self> {
+        let cause = || self.to_string();
+        if self.is_storage_full() {
+            Some(Self::StorageFull(cause()))
+        } else if self.is_unavailable() {
+            Some(Self::Unavailable(cause()))
+        } else if self.is_cancelled() {
+            Some(Self::Cancelled(cause()))
+        } else {
+            None
+        }
+    }
+
     /// Whether the same statement over the same rows would be refused the same way again: the
     /// database refused what it says (a value, a constraint, a missing column or privilege:
     /// SQLSTATE classes 22, 23, 42 and 0A), or a value does not encode or decode. Not a lost

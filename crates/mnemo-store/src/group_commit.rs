@@ -157,38 +157,28 @@ async fn commit_loop(
                     let _ = reply.send(result);
                 }
             }
-            // The database out of reach, or out of disk space, fails every row alike, at once:
+            // The database out of reach or out of disk space fails every row alike, at once:
             // writing them one by one would make the last wait for one failure per row before it.
-            Err(e) if e.is_storage_full() => {
-                let cause = e.to_string();
+            // So does a statement past its timeout, most often the database too busy or a table
+            // lock held elsewhere: written one by one, each row would wait out a timeout of its
+            // own, with every write queued behind this committer. When one row alone waited (its
+            // key held by a long transaction), the others fail with it: their clients write them
+            // again (a write is idempotent), which is cheaper than a committer held for minutes.
+            Err(e) if e.for_each_write().is_some() => {
+                let failed = || e.for_each_write().expect("the database's failure");
                 for reply in replies {
-                    let _ = reply.send(Err(StoreError::StorageFull(cause.clone())));
-                }
-            }
-            Err(e) if e.is_unavailable() => {
-                let cause = e.to_string();
-                for reply in replies {
-                    let _ = reply.send(Err(StoreError::Unavailable(cause.clone())));
+                    let _ = reply.send(Err(failed()));
                 }
                 // The rows queued while this batch waited out its timeout would each wait out one
                 // of their own against the same database: they fail now with this batch, so no
                 // write waits more than one timeout. (A committer holding the queue is taking a
                 // batch of its own, which it tries.)
-                if let Ok(mut receiver) = receiver.try_lock() {
+                if e.is_unavailable()
+                    && let Ok(mut receiver) = receiver.try_lock()
+                {
                     while let Ok((_, reply, _, _)) = receiver.try_recv() {
-                        let _ = reply.send(Err(StoreError::Unavailable(cause.clone())));
+                        let _ = reply.send(Err(failed()));
                     }
-                }
-            }
-            // A statement past its timeout is most often the database too busy or a table lock
-            // held elsewhere: written one by one, each row would wait out a timeout of its own,
-            // with every write queued behind this committer. When one row alone waited (its key
-            // held by a long transaction), the others fail with it: their clients write them
-            // again (a write is idempotent), which is cheaper than a committer held for minutes.
-            Err(e) if e.is_cancelled() => {
-                let cause = e.to_string();
-                for reply in replies {
-                    let _ = reply.send(Err(StoreError::Cancelled(cause.clone())));
                 }
             }
             // One row can fail a whole batch (a constraint, a deadlock); then each row is written

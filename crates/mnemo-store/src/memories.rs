@@ -135,6 +135,7 @@ WITH asked AS (
     SELECT m.tenant_id, m.id, m.superseded_by, m.deleted_at IS NOT NULL AS was_deleted,
            m.anonymized_at IS NOT NULL AS gone, r.fact_key
     FROM asked r JOIN memory_items m ON m.tenant_id = r.tenant_id AND m.id = r.id
+    -- Checked again here, on the row as locked: a delete or a judgement may have committed since.
     WHERE r.revive
       AND (m.superseded_by IS NOT NULL OR m.deleted_at IS NOT NULL
            OR (r.fact_key IS NOT NULL AND m.fact_key IS DISTINCT FROM r.fact_key))
@@ -265,20 +266,11 @@ impl Store {
                     // written by the next round, on another connection, unless the database is
                     // out of reach, out of space or past its timeout: then each fails as the
                     // batch would have (its client writes it again).
-                    if !(error.is_unavailable() || error.is_storage_full() || error.is_cancelled()) {
+                    if error.for_each_write().is_none() {
                         tracing::warn!(error = %error, "a round of writes failed after some of its rows were committed");
                         continue;
                     }
-                    let cause = error.to_string();
-                    let failed = || {
-                        if error.is_storage_full() {
-                            StoreError::StorageFull(cause.clone())
-                        } else if error.is_cancelled() {
-                            StoreError::Cancelled(cause.clone())
-                        } else {
-                            StoreError::Unavailable(cause.clone())
-                        }
-                    };
+                    let failed = || error.for_each_write().expect("the database's failure");
                     return Ok(rounds.results.into_iter().map(|r| r.unwrap_or_else(|| Err(failed()))).collect());
                 }
             }
