@@ -380,12 +380,17 @@ async fn the_schedule_queues_each_pair_with_notes_once_per_fire() {
         ..mnemo_testkit::housekeeping_policy("m")
     };
     // A step failing at every tick (here pruning, made to fail) does not keep the tick's later
-    // steps from running; the failure is the tick's result.
+    // steps from running, nor a zone whose schedule fails (Asia/Tokyo, made to fail) the zones
+    // after it; the failure is the tick's result.
+    assert!(store.set_time_zone(&TenantId::parse("globex").expect("tenant"), "Asia/Tokyo").await.expect("zone"));
+    note(&app, &token(&principal("globex", Some("ann"), Some("helper"), None)), 0, "- a note").await;
     for statement in [
-        "CREATE FUNCTION refuse_pruning() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
          RAISE EXCEPTION 'refused'; END $$",
         "CREATE TRIGGER refuse_pruning BEFORE DELETE ON judge_batches \
-         FOR EACH STATEMENT EXECUTE FUNCTION refuse_pruning()",
+         FOR EACH STATEMENT EXECUTE FUNCTION refuse()",
+        "CREATE TRIGGER refuse_tokyo BEFORE INSERT ON consolidation_fires \
+         FOR EACH ROW WHEN (NEW.zone = 'Asia/Tokyo') EXECUTE FUNCTION refuse()",
     ] {
         sqlx::query(statement).execute(&app.db.pool).await.expect(statement);
     }

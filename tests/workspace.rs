@@ -484,6 +484,15 @@ async fn maintenance_archives_old_notes_and_prunes_idle_sessions_once_per_interv
     .execute(&app.db.pool)
     .await
     .expect("a note of no real day");
+    // Nor do ids that do not parse (an agent's with a control character) stop the others.
+    sqlx::query(
+        "INSERT INTO workspace_files SELECT (jsonb_populate_record(NULL::workspace_files,
+             to_jsonb(w) || jsonb_build_object('agent_id', E'a\\x07agent'))).* FROM workspace_files w WHERE w.path = $1",
+    )
+    .bind(format!("memory/{}.md", old.format("%Y-%m-%d")))
+    .execute(&app.db.pool)
+    .await
+    .expect("a note whose agent's id does not parse");
     // Such a name is refused for a new file; the stored one still reads.
     let bad = app.client.put("/v1/workspace/files/memory/2021-02-30.md", Some(&t), &json!({ "content": "x" })).await;
     assert_eq!((bad.status, bad.code()), (400, "invalid_path"));

@@ -109,15 +109,22 @@ impl Steps {
     }
 }
 
-/// Queues the consolidations whose schedule fired: in each tenant's own time zone.
+/// Queues the consolidations whose schedule fired: in each tenant's own time zone. A zone whose
+/// scheduling fails is logged and the zones after it are still scheduled; the first failure is
+/// the step's.
 async fn schedule_consolidations(store: &Store, policy: &HousekeepingPolicy) -> Result<u64, JobError> {
     let Some(cron) = &policy.consolidate_cron else { return Ok(0) };
+    let mut zones = Steps::default();
     let mut scheduled = 0;
     for (zone, now) in store.zone_clocks().await? {
         if let Some(fire) = cron.last_fire(now) {
-            scheduled += store.schedule_consolidations(&zone, fire, policy.consolidate_day_range).await?;
+            scheduled += zones.run(
+                "schedule_consolidations",
+                store.schedule_consolidations(&zone, fire, policy.consolidate_day_range).await,
+            );
         }
     }
+    zones.finish()?;
     Ok(scheduled)
 }
 

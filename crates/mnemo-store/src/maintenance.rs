@@ -161,15 +161,19 @@ impl Store {
         let Some(day) = note.note_day() else { return Ok(false) };
         let archive = WorkspacePath::parse(&format!("memory/archive/{}.md", day.format("%Y-%m-%d")))
             .map_err(StoreError::Stored)?;
-        let key = |path: WorkspacePath| -> Result<FileKey, StoreError> {
-            Ok(FileKey {
-                tenant: TenantId::parse(tenant).map_err(StoreError::Stored)?,
-                agent: AgentId::parse(agent).map_err(StoreError::Stored)?,
-                user: Some(UserId::parse(user).map_err(StoreError::Stored)?),
+        let key = |path: WorkspacePath| -> Option<FileKey> {
+            Some(FileKey {
+                tenant: TenantId::parse(tenant).ok()?,
+                agent: AgentId::parse(agent).ok()?,
+                user: Some(UserId::parse(user).ok()?),
                 path,
             })
         };
-        let (from, to) = (key(note)?, key(archive)?);
+        // Nor are ids that no longer parse: one such note must not stop every note's archiving.
+        let (Some(from), Some(to)) = (key(note), key(archive)) else {
+            tracing::warn!("a daily note is passed over: its ids do not parse");
+            return Ok(false);
+        };
         let mut tx = self.pool.begin().await?;
         lock(&mut tx, &from).await?;
         lock(&mut tx, &to).await?;
