@@ -136,6 +136,14 @@ async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
     assert_eq!(audit, 4 + 7, "four core files and seven changes");
     let leaked = app.db.count("SELECT count(*) FROM audit_log WHERE details::text LIKE '%booked%'").await;
     assert_eq!(leaked, 0);
+
+    // Places that overlap are two places: "x\nx\n" is in "x\nx\nx\n" at its first and second line.
+    let lines = "/v1/workspace/files/memory/lines.md";
+    assert_eq!(app.client.put(lines, Some(&t), &json!({ "content": "x\nx\nx\n" })).await.status, 201);
+    let overlapping = json!({ "old_text": "x\nx\n", "new_text": "y\n" });
+    let reply = app.client.post(&format!("{lines}/edit"), Some(&t), &overlapping).await;
+    assert_eq!((reply.status, reply.code()), (409, "edit_text_ambiguous"), "{:?}", reply.body);
+    assert_eq!(app.client.get(lines, Some(&t)).await.body["content"], "x\nx\nx\n");
 }
 
 #[tokio::test]

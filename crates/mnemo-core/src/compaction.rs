@@ -182,7 +182,9 @@ fn is_markup_before(text: &str, at: usize) -> bool {
 /// too: a job retried after a crash writes the summary its model wrote now, from the messages
 /// as they are now, and never takes over the row of an earlier try, which may quote a message
 /// deleted since (that row, held by no compaction, is dropped when one is recorded). The same
-/// text twice lands on one row.
+/// text twice lands on one row. The session id is written with `%` and `|` escaped (`%25`,
+/// `%7C`), one way only: an id holding the anonymized marker (`a|anonymized|b`) would make a ref
+/// that no write accepts.
 pub fn summary_source_ref(
     session: &SessionId,
     from: Option<uuid::Uuid>,
@@ -193,6 +195,7 @@ pub fn summary_source_ref(
     let from = from.map_or_else(|| "start".to_owned(), |id| id.simple().to_string());
     let digest = sha2::Sha256::digest(text.as_bytes());
     let text: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let session = session.as_str().replace('%', "%25").replace('|', "%7C");
     crate::SourceRef::parse(&format!("session-summary:{session}:{from}:{}:{text}", through.simple()))
         .expect("a session id, two uuids and a digest make a valid source_ref")
 }
@@ -227,6 +230,18 @@ mod tests {
             tool_name: call.map(|_| "search".to_owned()),
             name_tokens: 0,
         }
+    }
+
+    #[test]
+    fn any_session_id_makes_a_summary_ref_and_no_two_the_same() {
+        let through = uuid::Uuid::now_v7();
+        let session = |id: &str| SessionId::parse(id).expect("session");
+        let refs: Vec<String> = ["a|anonymized|b", "a|anonymized", "a%7Canonymized%7Cb", "a%b"]
+            .into_iter()
+            .map(|id| summary_source_ref(&session(id), None, through, "text").as_str().to_owned())
+            .collect();
+        assert!(refs[0].starts_with("session-summary:a%7Canonymized%7Cb:start:"), "{}", refs[0]);
+        assert_eq!(refs.iter().collect::<std::collections::HashSet<_>>().len(), refs.len(), "{refs:?}");
     }
 
     #[test]

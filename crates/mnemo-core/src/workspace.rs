@@ -26,12 +26,17 @@ pub struct WorkspacePath(String);
 /// Who the file at `path` belongs to. Case variants (`profile.md`, `Memory/…`) are a user's
 /// too, so they never become shared.
 fn owner_of(path: &str) -> FileOwner {
-    let lower = path.to_lowercase();
-    if lower == "profile.md" || lower == "memory.md" || lower.starts_with("memory/") {
+    if path.eq_ignore_ascii_case("profile.md") || path.eq_ignore_ascii_case("memory.md") || is_under_memory(path) {
         FileOwner::User
     } else {
         FileOwner::Agent
     }
+}
+
+/// Whether `path` is under `memory/`, in any case (`Memory/x.md` too): a user's file there goes
+/// into no prompt as a file, and a new one named for a day must be a daily note of a real day.
+pub fn is_under_memory(path: &str) -> bool {
+    path.get(..7).is_some_and(|prefix| prefix.eq_ignore_ascii_case("memory/"))
 }
 
 /// Who a workspace file belongs to.
@@ -86,10 +91,10 @@ impl WorkspacePath {
     /// (its day decides when it is archived). Files stored before this rule keep their names, and
     /// can still be read and deleted.
     pub fn check_new_name(&self) -> Result<(), InvalidInput> {
-        let dated = self.0.strip_prefix("memory/").and_then(|r| r.strip_suffix(".md")).is_some_and(is_dated);
+        let dated = is_under_memory(&self.0) && self.0[7..].strip_suffix(".md").is_some_and(is_dated);
         if dated && self.note_day().is_none() {
             return Err(InvalidInput::BadPath {
-                reason: "a daily note's name must be a real day (memory/YYYY-MM-DD.md)",
+                reason: "a daily note's name must be memory/YYYY-MM-DD.md, in lowercase, of a real day",
             });
         }
         Ok(())
@@ -289,7 +294,7 @@ pub fn render_prompt(
         files.iter().cloned().partition(|f| owner_of(f.path) == FileOwner::Agent);
     // MEMORY.md and the daily notes are the `# Memory` sections, not blocks.
     let profile: Vec<PromptFile<'_>> =
-        user.into_iter().filter(|f| f.path != "MEMORY.md" && !f.path.starts_with("memory/")).collect();
+        user.into_iter().filter(|f| f.path != "MEMORY.md" && !is_under_memory(f.path)).collect();
     let mut sections: Vec<String> = Vec::new();
     let mut part = |title: &str, text: &str| {
         if !text.trim().is_empty() {
@@ -385,6 +390,8 @@ mod tests {
         // A new file named as a daily note must name a real day; a stored one still reads.
         for (raw, new_ok) in
             [("memory/2024-02-29.md", true), ("memory/2020-99-99.md", false), ("memory/2023-02-29.md", false)]
+                .into_iter()
+                .chain([("Memory/2024-02-29.md", false), ("MEMORY/2026-13-45.md", false), ("Memory/prefs.md", true)])
         {
             let path = WorkspacePath::parse(raw).expect("a stored name");
             assert_eq!(path.check_new_name().is_ok(), new_ok, "{raw}");
@@ -461,6 +468,7 @@ mod tests {
             PromptFile { path: "PROFILE.md", content: "Name: Ann" },
             PromptFile { path: "MEMORY.md", content: "Ann takes trains." },
             PromptFile { path: "memory/2026-04-01.md", content: "ignored as a file" },
+            PromptFile { path: "Memory/prefs.md", content: "ignored in any case" },
             PromptFile { path: "tools.md", content: "Use the map." },
         ];
         let day = |d| NaiveDate::from_ymd_opt(2026, 4, d).expect("date");

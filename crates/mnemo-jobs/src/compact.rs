@@ -284,7 +284,8 @@ impl Compactor {
         for chunk in chunks {
             let summary = done.last().map(|(_, text)| text.as_str()).or(previous);
             let answer = model.summarize(summary, &chunk, max).await.and_then(|text| {
-                // A server may ignore max_tokens; twice them leaves room for another tokenizer's count.
+                // The request's max_tokens are twice `max` (chat_summary), and a server may ignore
+                // them: twice is the bound, with room for another tokenizer's count.
                 let tokens = self.counter.count(&text);
                 if tokens > max.saturating_mul(2) {
                     return Err(ModelFailure::new(

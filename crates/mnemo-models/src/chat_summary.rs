@@ -34,7 +34,10 @@ impl OpenAiSummarizer {
                 {"role": "user", "content": user_prompt(previous, messages)},
             ],
         });
-        let answer = self.chat.complete(request, max_tokens).await?;
+        // Cut off only past the compaction's own bound (twice what the prompt asks for): a
+        // running summary is rewritten near its size each time, and a model a little over its
+        // instruction would otherwise end at `finish_reason: length`, a failure that truncates.
+        let answer = self.chat.complete(request, max_tokens.saturating_mul(2)).await?;
         check_summary(crate::openai::finished_text(&answer)?)
     }
 }

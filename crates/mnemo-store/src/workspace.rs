@@ -136,12 +136,13 @@ ORDER BY sort_order, path
 LIMIT $7";
 
 /// The enabled files a prompt renders as blocks: the agent's and the user's but those under
-/// `memory/` (a prompt takes daily notes by day, below, not every file a user enabled there).
+/// `memory/`, in any case (a prompt takes daily notes by day, below, not every file a user enabled
+/// there; `is_under_memory`).
 const ENABLED: &str = "
 SELECT path, content, size_bytes, enabled, sort_order, version, created_at, updated_at
 FROM workspace_files
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id IN ('', $3) AND deleted_at IS NULL AND enabled
-  AND NOT (user_id <> '' AND starts_with(path, 'memory/'))
+  AND NOT (user_id <> '' AND lower(left(path, 7)) = 'memory/')
 ORDER BY sort_order, path";
 
 /// The user's live daily notes (`memory/YYYY-MM-DD.md`) from the day in `$4` through the day in `$5`.
@@ -191,6 +192,20 @@ pub(crate) struct NewState<'a> {
     pub enabled: bool,
     pub sort_order: i32,
     pub deleted: bool,
+}
+
+/// How many places `old` starts at in `text`, overlapping ones too; none for an empty `old`.
+fn places(text: &str, old: &str) -> usize {
+    if old.is_empty() {
+        return 0;
+    }
+    let mut from = 0;
+    std::iter::from_fn(|| {
+        let at = from + text[from..].find(old)?;
+        from = at + text[at..].chars().next().map_or(1, char::len_utf8);
+        Some(())
+    })
+    .count()
 }
 
 fn user_column(key: &FileKey) -> &str {
@@ -362,7 +377,9 @@ impl Store {
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         lock(&mut tx, key).await?;
         let Some(c) = current(&mut tx, key).await?.filter(|c| !c.deleted) else { return Ok(Edited::NoSuchFile) };
-        let count = c.file.content.matches(old).count();
+        // Without `replace_all` an edit names one place: two that overlap ("x\nx\n" in
+        // "x\nx\nx\n") are two places, though `matches` finds one.
+        let count = if replace_all { c.file.content.matches(old).count() } else { places(&c.file.content, old) };
         let edited = match count {
             0 => Edited::TextNotFound,
             n if n > 1 && !replace_all => Edited::Ambiguous { count: n },
