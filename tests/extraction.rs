@@ -1272,6 +1272,31 @@ async fn a_profile_made_from_its_template_during_the_model_call_still_takes_the_
     assert_eq!(done_reason(&app).await, "file_changed");
 }
 
+/// A busy day's note is shown by its newest part, so the prompt does not grow with the day; the
+/// note itself keeps everything, and the entry is added at its end.
+#[tokio::test]
+async fn a_long_note_of_today_is_shown_by_its_newest_part() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let long = format!("# today\n\n- oldest entry\n{}- newest entry\n", "- an entry of the day\n".repeat(1000));
+    let put = app.client.put(&today_note(), Some(&t), &json!({ "content": long })).await;
+    assert!(put.status < 300, "{:?}", put.body);
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    let runner = runner(&app, Some(&chat), &[]);
+    assert!(matches!(runner.run(&job()).await.expect("run"), ExtractReport::Applied { .. }));
+    let prompt = chat.requests()[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
+    let shown = prompt.split_once("TODAY'S NOTES:\n").and_then(|(_, rest)| rest.split_once("\n\nCONVERSATION:"));
+    let shown = shown.map(|(note, _)| note).expect("the note's section");
+    assert!(shown.chars().count() < mnemo_jobs::TODAY_NOTE_CHARS + 100, "{} characters", shown.chars().count());
+    assert!(shown.starts_with("…[") && shown.ends_with("- newest entry"), "{shown}");
+    assert!(!shown.contains("oldest entry"));
+    let note = app.client.get(&today_note(), Some(&t)).await;
+    let content = note.body["content"].as_str().unwrap_or_default();
+    assert!(content.starts_with(&long) && content.len() > long.len(), "kept whole, the entry added");
+}
+
 #[tokio::test]
 async fn an_entry_that_would_overfill_todays_note_is_left_out_and_the_rest_applies() {
     let chat = ScriptedChat::start().await;

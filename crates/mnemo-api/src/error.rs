@@ -173,7 +173,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "a workspace edit's old_text is in the file more than once and replace_all is not set",
     ),
     ("payload_too_large", 413, "the request body is over the server's limit"),
-    ("unsupported_media_type", 415, "Content-Type is not application/json"),
+    (
+        "unsupported_media_type",
+        415,
+        "Content-Type is given and is not application/json or a +json type (a body without one is read as JSON)",
+    ),
     (
         "rate_limited",
         429,

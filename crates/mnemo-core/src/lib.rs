@@ -62,5 +62,5 @@ pub use window::{
 };
 pub use workspace::{
     CORE_FILES, FileKey, FileOwner, MAX_PATH_BYTES, MAX_PATH_DEPTH, MemoryNotes, NOTE_CHUNK_BYTES, PromptFile,
-    Workspace, WorkspacePath, WorkspacePrompt, note_chunks, render_files, render_prompt,
+    Workspace, WorkspacePath, WorkspacePrompt, newest_part, note_chunks, render_files, render_prompt,
 };

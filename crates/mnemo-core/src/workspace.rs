@@ -39,6 +39,17 @@ pub fn is_under_memory(path: &str) -> bool {
     path.get(..7).is_some_and(|prefix| prefix.eq_ignore_ascii_case("memory/"))
 }
 
+/// A note as a model is shown it: whole, or its last `max_chars` characters after a marker saying
+/// how many came before (a note is added to at its end, so its newest part is the tail).
+pub fn newest_part(note: &str, max_chars: usize) -> String {
+    let total = note.chars().count();
+    if total <= max_chars {
+        return note.to_owned();
+    }
+    let tail: String = note.chars().skip(total - max_chars).collect();
+    format!("…[{} earlier characters of this note left out]…\n{tail}", total - max_chars)
+}
+
 /// Who a workspace file belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileOwner {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::NaiveDate;
 use mnemo_config::ConsolidationSettings;
 use mnemo_core::{
-    Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath,
+    Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath, newest_part,
 };
 use mnemo_store::queue::ConsolidateJob;
 use mnemo_store::{ChangedNote, ConsolidationClaim, Replacement, Store, StoreError};
@@ -149,7 +149,8 @@ impl ConsolidateRunner {
             .map_err(|e| JobError::Setup(e.to_string()))?;
         let (memory, memory_version) =
             self.store.read_file(&memory_key).await?.map_or((String::new(), None), |f| (f.content, Some(f.version)));
-        let notes_shown: Vec<(NaiveDate, String)> = notes.iter().map(|n| (n.day, newest_part(&n.content))).collect();
+        let notes_shown: Vec<(NaiveDate, String)> =
+            notes.iter().map(|n| (n.day, newest_part(&n.content, MAX_NOTES_CHARS))).collect();
         // Checked in tokens, told in characters: as many as the budget's tokens hold in this
         // text (about 4 in English, 1 to 2 in Chinese or Japanese, under 1 in some scripts),
         // never more than 4.
@@ -238,16 +239,6 @@ impl ConsolidateRunner {
         tracing::info!(tenant = %job.tenant_id, notes, ?report, "consolidation finished");
         Ok((report, more))
     }
-}
-
-/// A note as a run shows it: whole, or its last [`MAX_NOTES_CHARS`] characters after a marker.
-fn newest_part(note: &str) -> String {
-    let total = note.chars().count();
-    if total <= MAX_NOTES_CHARS {
-        return note.to_owned();
-    }
-    let tail: String = note.chars().skip(total - MAX_NOTES_CHARS).collect();
-    format!("…[{} earlier characters of this note left out]…\n{tail}", total - MAX_NOTES_CHARS)
 }
 
 /// What a run reads: the model's input, the notes at the versions read (recorded as consolidated

@@ -21,12 +21,18 @@ use std::time::Duration;
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
     ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, TRANSCRIPT_MESSAGES,
-    TriggerSource, Workspace, WorkspacePath, extraction_transcript,
+    TriggerSource, Workspace, WorkspacePath, extraction_transcript, newest_part,
 };
 use mnemo_store::queue::ExtractJob;
 use mnemo_store::{Claim, ExtractionChanges, MessageCursor, PendingExtraction, Replacement, SessionMessage, Store};
 
 use crate::{JobError, UndoIfDropped, backoff};
+
+/// The most characters of today's note the model is shown (about 4,000 tokens): its newest part.
+/// The note is context (entries are added to it, never rewritten), and it grows all day; shown
+/// whole, a busy day's note would outgrow a model's context and fail every extraction until the
+/// next day.
+pub const TODAY_NOTE_CHARS: usize = 16_000;
 
 /// The most conversations one run takes (of few messages each); later ones wait for the next run.
 pub const MAX_CONVERSATIONS_PER_RUN: usize = TRANSCRIPT_MESSAGES / 2;
@@ -374,7 +380,7 @@ impl ExtractRunner {
             profile,
             memory,
             memory_rewritable: self.settings.update_memory,
-            today_note: read(WorkspacePath::daily_note(today)).await?.0,
+            today_note: newest_part(&read(WorkspacePath::daily_note(today)).await?.0, TODAY_NOTE_CHARS),
             today,
         };
         Ok((input, ReadVersions { profile: profile_version, memory: memory_version }))

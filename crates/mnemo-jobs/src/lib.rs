@@ -19,7 +19,7 @@ mod worker;
 pub use compact::{CompactPlan, CompactPolicy, CompactReport, Compactor, SUMMARY_RETRIES};
 pub use consolidate::{ConsolidateReport, ConsolidateRunner, MAX_NOTES_CHARS};
 pub use embed::{EmbedDispatcher, EmbedPolicy};
-pub use extract::{ExtractReport, ExtractRunner, MAX_CONVERSATIONS_PER_RUN, Proposal, Shown};
+pub use extract::{ExtractReport, ExtractRunner, MAX_CONVERSATIONS_PER_RUN, Proposal, Shown, TODAY_NOTE_CHARS};
 pub use housekeeping::{HousekeepingPolicy, run_housekeeping};
 pub use judge::{BatchReport, JudgeDispatcher, JudgePolicy, judge_batch, judge_pending};
 pub use retention::{
