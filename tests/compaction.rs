@@ -999,7 +999,10 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
     assert!(
         store.request_compaction(&tenant, &session, CompactionTrigger::Operator, None, None).await.expect("request")
     );
-    assert_eq!(store.record_compaction(&tenant, &session, &stale).await.expect("record"), Recording::Overtaken);
+    assert_eq!(
+        store.record_compaction(&tenant, &session, &stale, &job("acme", "s1")).await.expect("record"),
+        Recording::Overtaken
+    );
     assert_eq!(
         app.db.count("SELECT count(*) FROM session_compaction_requests").await,
         1,
@@ -1050,7 +1053,10 @@ async fn a_compaction_planned_before_another_was_recorded_is_not_recorded() {
         outcome: CompactionOutcome::Truncated,
         ..stale
     };
-    assert_eq!(store.record_compaction(&tenant, &session, &from_first).await.expect("record"), Recording::Overtaken);
+    assert_eq!(
+        store.record_compaction(&tenant, &session, &from_first, &job("acme", "s1")).await.expect("record"),
+        Recording::Overtaken
+    );
 }
 
 fn live(id: uuid::Uuid) -> String {
@@ -1270,9 +1276,16 @@ async fn a_job_that_finds_nothing_to_compact_drops_the_summary_an_earlier_try_le
         trigger: CompactionTrigger::Messages,
         extract_for: Vec::new(),
     };
-    let recorded = app.db.store().record_compaction(&tenant, &session, &record).await.expect("record");
+    let recorded =
+        app.db.store().record_compaction(&tenant, &session, &record, &job("acme", "s1")).await.expect("record");
     assert_eq!(recorded, Recording::MessagesChanged);
     assert!(app.db.store().session_compactions(&tenant, &session).await.expect("compactions").is_empty());
+    // Planned again in the same transaction: the request is kept, with a job waiting for it, so
+    // a context call waiting for the compaction never sees the session without one.
+    let state = app.db.store().session_state(&tenant, &session).await.expect("state");
+    assert!(state.pending.is_some(), "the request is kept");
+    let waiting = "SELECT count(*) FROM apalis.jobs WHERE job_type = 'compact' AND status IN ('Pending', 'Queued')";
+    assert!(app.db.count(waiting).await >= 1);
 }
 
 /// A session whose agent replies with a service token (its replies carry no user): the summary

@@ -108,6 +108,17 @@ fn runner(app: &TestApp, chat: Option<&ScriptedChat>, extra: &[(&'static str, &s
     }
 }
 
+fn compact_job() -> mnemo_store::queue::CompactJob {
+    mnemo_store::queue::CompactJob {
+        tenant_id: TenantId::parse("acme").expect("tenant"),
+        session_id: SessionId::parse("s1").expect("session"),
+        trigger: mnemo_core::CompactionTrigger::Messages,
+        keep: None,
+        keep_at_most: None,
+        summary_failures: 0,
+    }
+}
+
 fn today_note() -> String {
     format!("/v1/workspace/files/memory/{}.md", chrono::Utc::now().date_naive().format("%Y-%m-%d"))
 }
@@ -755,7 +766,7 @@ async fn what_an_earlier_extraction_read_is_not_read_again() {
     let (tenant, session) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
     let store = app.db.store();
     let record = compaction_of_the_first_three(&store).await;
-    let recorded = store.record_compaction(&tenant, &session, &record).await.expect("record");
+    let recorded = store.record_compaction(&tenant, &session, &record, &compact_job()).await.expect("record");
     assert_eq!(recorded, mnemo_store::Recording::Recorded);
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE trigger_source = 'compaction'").await, 0);
 }
@@ -784,7 +795,7 @@ async fn a_compaction_recorded_during_a_later_extraction_is_not_read_again() {
             }
         };
         tokio::time::timeout(Duration::from_secs(30), in_call).await.expect("the run asks the model");
-        store.record_compaction(&tenant, &session, &record).await.expect("record")
+        store.record_compaction(&tenant, &session, &record, &compact_job()).await.expect("record")
     };
     let first = job();
     let (report, recorded) = tokio::join!(runner.run(&first), compacted);

@@ -243,7 +243,7 @@ impl Compactor {
             trigger: job.trigger,
             extract_for: self.extraction.map_or_else(Vec::new, |gates| extract_for(tenant, &stored[..cut], gates)),
         };
-        match self.store.record_compaction(tenant, session, &record).await? {
+        match self.store.record_compaction(tenant, session, &record, job).await? {
             Recording::Recorded => {}
             Recording::Overtaken => {
                 tracing::info!(tenant = %tenant, trigger = job.trigger.as_str(), "session compaction overtaken by another");
@@ -252,7 +252,6 @@ impl Compactor {
             Recording::MessagesChanged => {
                 tracing::info!(tenant = %tenant, trigger = job.trigger.as_str(),
                     "the session's messages changed during its compaction; it is planned again");
-                self.store.request_compaction(tenant, session, job.trigger, job.keep, job.keep_at_most).await?;
                 return Ok(CompactReport::MessagesChanged);
             }
         }

@@ -565,21 +565,7 @@ impl Store {
     /// operator ran by hand during an outage): that one will try.
     pub async fn retry_compaction(&self, job: &CompactJob, delay: Duration) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(RENEW_REQUEST)
-            .bind(job.tenant_id.as_str())
-            .bind(job.session_id.as_str())
-            .bind(job.trigger.as_str())
-            .execute(&mut *tx)
-            .await?;
-        let waiting: bool = sqlx::query_scalar(COMPACT_JOB_WAITS)
-            .bind(job.tenant_id.as_str())
-            .bind(job.session_id.as_str())
-            .bind(Queue::Compact.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
-        if !waiting {
-            push_after(&mut tx, job, delay, 0).await?;
-        }
+        retry_compaction_in(&mut tx, job, delay).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -589,13 +575,16 @@ impl Store {
     /// Not when another compaction was recorded since this one's plan started (the two ran side
     /// by side, and the next job plans again from the one recorded), nor when the messages it
     /// covers changed since (one was deleted or its user erased): then the summary it wrote is
-    /// deleted and anonymized. Once recorded, the summaries no compaction holds (written by jobs
-    /// that crashed before recording, or that this one overtakes) are too.
+    /// deleted and anonymized, and `job` is queued again in the same transaction, its request
+    /// kept, so a context call waiting for the compaction never sees the session without one.
+    /// Once recorded, the summaries no compaction holds (written by jobs that crashed before
+    /// recording, or that this one overtakes) are too.
     pub async fn record_compaction(
         &self,
         tenant: &TenantId,
         session: &SessionId,
         compaction: &NewCompaction,
+        job: &CompactJob,
     ) -> Result<Recording, StoreError> {
         let mut tx = self.pool.begin().await?;
         lock_session_summaries(&mut tx, tenant, session).await?;
@@ -651,10 +640,17 @@ impl Store {
                     .await?;
             }
         }
-        // An overtaken job's request was cleared by the job that overtook it: a request there now
-        // is a later one (that job's follow-up), which must stay.
-        if recording != Recording::Overtaken {
-            sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+        match recording {
+            Recording::Recorded => {
+                sqlx::query(CLEAR_REQUEST).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
+            }
+            Recording::MessagesChanged => {
+                retry_compaction_in(&mut tx, &CompactJob { summary_failures: 0, ..job.clone() }, Duration::ZERO)
+                    .await?;
+            }
+            // Its request was cleared by the job that overtook it: a request there now is a later
+            // one (that job's follow-up), which must stay.
+            Recording::Overtaken => {}
         }
         tx.commit().await?;
         Ok(recording)
@@ -697,6 +693,27 @@ async fn lock_session_summaries(
 ) -> Result<(), StoreError> {
     sqlx::query(LOCK_SESSION).bind(tenant.as_str()).bind(session.as_str()).execute(&mut *tx).await?;
     lock_text_counts(tx, &[tenant.as_str().to_owned()]).await
+}
+
+/// Renews the session's compaction request and queues `job` after `delay`, unless a job for the
+/// session waits already (a duplicate, or one an operator ran by hand during an outage).
+async fn retry_compaction_in(tx: &mut sqlx::PgConnection, job: &CompactJob, delay: Duration) -> Result<(), StoreError> {
+    sqlx::query(RENEW_REQUEST)
+        .bind(job.tenant_id.as_str())
+        .bind(job.session_id.as_str())
+        .bind(job.trigger.as_str())
+        .execute(&mut *tx)
+        .await?;
+    let waiting: bool = sqlx::query_scalar(COMPACT_JOB_WAITS)
+        .bind(job.tenant_id.as_str())
+        .bind(job.session_id.as_str())
+        .bind(Queue::Compact.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+    if !waiting {
+        push_after(tx, job, delay, 0).await?;
+    }
+    Ok(())
 }
 
 /// Deletes and anonymizes the session's summaries no record holds (only `only` when given, never
