@@ -170,7 +170,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "edit_text_ambiguous",
         409,
-        "a workspace edit's old_text is in the file more than once and replace_all is not set",
+        "a workspace edit's old_text is in the file more than once (places that overlap count) and replace_all is not set",
     ),
     ("payload_too_large", 413, "the request body is over the server's limit"),
     (
