@@ -787,4 +787,19 @@ async fn housekeeping_queues_again_only_rows_whose_job_is_gone() {
     let requeued = store.requeue_unembedded("scripted-embedder", Duration::from_secs(1), 100).await.expect("requeue");
     assert_eq!(requeued, 5);
     assert!(jobs().await >= 1);
+
+    // Jobs queued again after a failure, waiting out a backoff longer than the grace, are not
+    // lost: their rows are not queued a second time.
+    let queued: Vec<Vec<u8>> = sqlx::query_scalar("SELECT job FROM apalis.jobs WHERE job_type = 'embed'")
+        .fetch_all(&db.pool)
+        .await
+        .expect("jobs");
+    sqlx::query("DELETE FROM apalis.jobs").execute(&db.pool).await.expect("purge");
+    for job in &queued {
+        let job: mnemo_store::queue::EmbedJob = serde_json::from_slice(job).expect("an embed job");
+        store.retry_failed(&job, Duration::from_secs(300), 1).await.expect("retry");
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let requeued = store.requeue_unembedded("scripted-embedder", Duration::from_secs(1), 100).await.expect("requeue");
+    assert_eq!(requeued, 0, "rows whose retry waits are not queued again");
 }

@@ -26,6 +26,14 @@ pub trait JobArgs: Serialize + for<'de> Deserialize<'de> + Send + Sync + Unpin +
     fn user_work(&self) -> Option<([&str; 3], &'static str)> {
         None
     }
+
+    /// For a job about memory rows that housekeeping queues again when their job looks lost
+    /// (embed, judge): a statement marking the rows (tenant `$1`, ids `$2`) queued until `$3`
+    /// seconds from now, the tenant and the ids. A retry runs it as it queues the job, so a
+    /// retry waiting out its backoff is not taken for lost and queued a second time.
+    fn rows_waiting(&self) -> Option<(&'static str, &str, Vec<Uuid>)> {
+        None
+    }
 }
 
 /// Embed memory rows of one tenant. A write queues one job for the rows of a tenant that one
@@ -196,10 +204,22 @@ impl JobArgs for ExtractJob {
 
 impl JobArgs for EmbedJob {
     const QUEUE: Queue = Queue::Embed;
+
+    fn rows_waiting(&self) -> Option<(&'static str, &str, Vec<Uuid>)> {
+        let statement = "UPDATE memory_items SET embed_enqueued_at = now() + make_interval(secs => $3)
+                         WHERE tenant_id = $1 AND id = ANY($2) AND embed_enqueued_at < now() + make_interval(secs => $3)";
+        Some((statement, self.tenant_id.as_str(), self.items.iter().map(|i| i.item_id).collect()))
+    }
 }
 
 impl JobArgs for JudgeJob {
     const QUEUE: Queue = Queue::Judge;
+
+    fn rows_waiting(&self) -> Option<(&'static str, &str, Vec<Uuid>)> {
+        let statement = "UPDATE memory_items SET judge_enqueued_at = now() + make_interval(secs => $3)
+                         WHERE tenant_id = $1 AND id = ANY($2) AND judge_enqueued_at < now() + make_interval(secs => $3)";
+        Some((statement, self.tenant_id.as_str(), vec![self.item_id]))
+    }
 }
 
 impl JobArgs for RetentionJob {
@@ -336,7 +356,12 @@ impl crate::Store {
     /// Queues `job` again (see [`JobArgs::user_work`] for a job naming a user); whether it did.
     async fn retry<J: JobArgs>(&self, job: &J, delay: Duration, failures: usize) -> Result<bool, StoreError> {
         let Some(([tenant, agent, user], work_query)) = job.user_work() else {
-            push_after(&mut *self.pool.acquire().await?, job, delay, failures).await?;
+            let mut tx = self.pool.begin().await?;
+            if let Some((statement, tenant, ids)) = job.rows_waiting() {
+                sqlx::query(statement).bind(tenant).bind(ids).bind(delay.as_secs_f64()).execute(&mut *tx).await?;
+            }
+            push_after(&mut tx, job, delay, failures).await?;
+            tx.commit().await?;
             return Ok(true);
         };
         let mut tx = self.pool.begin().await?;
