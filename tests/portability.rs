@@ -731,6 +731,56 @@ async fn an_export_made_before_an_erasure_does_not_bring_the_users_files_back() 
     let _ = std::fs::remove_file(&before);
 }
 
+/// A tenant moved (full export, then a last export `--since`) whose user was erased at the new
+/// place in between: what the user wrote at the old place before the erasure comes in
+/// anonymized, and their file, changed at the old place after it, stays gone with every version
+/// (its later version alone used to be kept, and the import refused for it).
+#[tokio::test]
+async fn a_last_export_since_brings_back_nothing_of_a_user_erased_at_the_new_place() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let note = "/v1/workspace/files/memory/notes.md";
+    assert!(app.client.put(note, Some(&t), &json!({ "content": "# Notes\n\nv1\n" })).await.status < 300);
+    let said = json!({ "source_kind": "chat_message", "source_ref": "m1", "content": "my first plan" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    let full = temp("moved-full.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&full)).await.ok);
+    let new_place = TestDb::new().await;
+    let run = runbook(&new_place.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    let since: String =
+        sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("now");
+
+    // At the old place, before the erasure at the new one: another message.
+    let said = json!({ "source_kind": "chat_message", "source_ref": "m2", "content": "my second plan" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    let erased = runbook(&new_place.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await;
+    assert!(erased.ok, "{}", erased.stderr);
+    // After it: the file changed.
+    assert!(app.client.put(note, Some(&t), &json!({ "content": "# Notes\n\nv2\n" })).await.status < 300);
+
+    let last = temp("moved-since.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--since", &since], Some(&last)).await.ok);
+    let run = runbook(&new_place.url, &["import", "--tenant", "acme", last.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("1 memories of users erased here after they were written anonymized"),
+        "{}",
+        run.stdout
+    );
+    let plans = "SELECT count(*) FROM memory_items WHERE content LIKE 'my % plan' OR user_id = 'u1'";
+    assert_eq!(new_place.count(plans).await, 0, "the user's words came back");
+    assert_eq!(new_place.count("SELECT count(*) FROM workspace_files WHERE user_id = 'u1'").await, 0);
+    assert_eq!(new_place.count("SELECT count(*) FROM workspace_file_versions WHERE user_id = 'u1'").await, 0);
+    let audited =
+        "SELECT count(*) FROM audit_log WHERE reason = 'erasure' AND actor = 'import' AND item_id IS NOT NULL";
+    assert_eq!(new_place.count(audited).await, 1);
+    let _ = (std::fs::remove_file(&full), std::fs::remove_file(&last));
+}
+
 /// A copy kept up to date by exports `--since` drops an erased user's files and sightings: the
 /// source deletes them outright, so the export carries the erasure itself.
 #[tokio::test]

@@ -270,6 +270,9 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
             report.erasures, report.erased_here
         );
     }
+    if report.erased_anonymized > 0 {
+        println!("{} memories of users erased here after they were written anonymized", report.erased_anonymized);
+    }
     if report.erased_left_out > 0 {
         println!("{} workspace files, versions and sightings of users erased since left out", report.erased_left_out);
     }

@@ -145,6 +145,9 @@ pub struct ImportReport {
     pub erasures: u64,
     /// Stored workspace files, versions and sightings of users the file says were erased since.
     pub erased_here: u64,
+    /// Memories new here of users erased here after they were written, anonymized as the
+    /// erasure would have.
+    pub erased_anonymized: u64,
 }
 
 /// An import under way: rows staged in its transaction until [`Import::finish`].
@@ -431,6 +434,16 @@ impl Import {
                        WHEN 'memory_sightings' THEN (l.row->>'seen_at')::timestamptz
                        WHEN 'consolidation_state' THEN (SELECT {CONSOLIDATION_CHANGED}
                                                         FROM jsonb_populate_record(NULL::consolidation_state, l.row))
+                       -- A file written before the erasure goes with every version, later ones
+                       -- too, as the erasure took them (by the file's time, staged or stored).
+                       WHEN 'workspace_file_versions' THEN COALESCE(
+                           (SELECT (f.row->>'created_at')::timestamptz FROM import_rows f
+                            WHERE f.tbl = 'workspace_files' AND f.row->>'agent_id' = l.row->>'agent_id'
+                              AND f.row->>'user_id' = l.row->>'user_id' AND f.row->>'path' = l.row->>'path'),
+                           (SELECT s.created_at FROM workspace_files s
+                            WHERE s.tenant_id = $1 AND s.agent_id = l.row->>'agent_id'
+                              AND s.user_id = l.row->>'user_id' AND s.path = l.row->>'path'),
+                           (l.row->>'created_at')::timestamptz)
                        ELSE (l.row->>'created_at')::timestamptz
                    END <= a.created_at",
                 erase = mnemo_core::AuditEvent::Erase,
@@ -633,6 +646,27 @@ impl Import {
         .execute(&mut *self.tx)
         .await?
         .rows_affected();
+        // Memories new here of a user erased here before they were written (a move's last export
+        // `--since` carrying what the user wrote at the source meanwhile): anonymized as the
+        // erasure would have, with an audit row each. Those stored here the erasure took.
+        if self.own_erasures {
+            let picked: Vec<(uuid::Uuid, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT m.id, 'erasure' FROM import_rows l
+                 JOIN memory_items m ON m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
+                 WHERE l.tbl = 'memory_items' AND m.anonymized_at IS NULL AND m.user_id IS NOT NULL
+                   AND EXISTS (SELECT 1 FROM audit_log a
+                               WHERE a.tenant_id = $1 AND a.event = '{erase}'
+                                 AND a.details->>'user_sha256' = {user_hash} AND m.created_at <= a.created_at)
+                 ORDER BY m.id FOR UPDATE OF m",
+                erase = mnemo_core::AuditEvent::Erase,
+                user_hash = user_sha256_sql("m.user_id"),
+            )))
+            .bind(tenant)
+            .fetch_all(&mut *self.tx)
+            .await?;
+            report.erased_anonymized =
+                crate::retention::anonymize(&mut self.tx, &self.tenant, picked, "import").await?.len() as u64;
+        }
         // Rows imported with their vectors have their full text already: the embed worker never
         // counts their lexemes (migration 032).
         sqlx::query("SELECT mnemo_count_tenant_text($1)").bind(tenant).execute(&mut *self.tx).await?;

@@ -328,7 +328,7 @@ pub(crate) async fn drop_vectors_made_with(
 /// locked, with `actor` on their audit rows, and embeds again the rows whose vectors held their
 /// words. The caller holds the tenant's text-count lock, taken before any row lock (embedding
 /// takes it first too). Returns (id, source_kind, reason) of each row anonymized.
-async fn anonymize(
+pub(crate) async fn anonymize(
     tx: &mut sqlx::PgConnection,
     tenant: &TenantId,
     picked: Vec<(Uuid, String)>,
