@@ -507,6 +507,27 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     cut.pop();
     refused(&target, "no end line", cut, &[], "without its end line").await;
 
+    // Two vectors of one model, of two lengths.
+    let mut vectors = lines.clone();
+    vectors.pop();
+    let items: Vec<serde_json::Value> = lines
+        .iter()
+        .filter(|l| l.contains("\"table\":\"memory_items\""))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["row"].clone())
+        .collect();
+    for (item, dims) in items.iter().zip([4, 3]) {
+        let embedding = format!("[{}]", vec!["0.5"; dims].join(","));
+        let row = json!({"tenant_id": "acme", "item_id": item["id"], "model": "m", "embedding": embedding,
+                         "content_sha256": item["content_sha256"]});
+        vectors.push(json!({"table": "memory_embeddings", "row": row}).to_string());
+    }
+    vectors.push(json!({"end": {"rows": rows + 2}}).to_string());
+    let expected = format!(
+        "line {}: a memory_embeddings row this mnemo cannot store: a vector of 3 dimensions for model m, whose vectors have 4",
+        vectors.len() - 1
+    );
+    refused(&target, "vector lengths", vectors, &[], &expected).await;
+
     // The bytes cut in the middle of the compressed stream.
     let bytes = std::fs::read(&good).expect("export");
     let truncated = temp("truncated.jsonl.gz");

@@ -418,6 +418,29 @@ impl Import {
         .execute(&mut *self.tx)
         .await?;
         let columns = check_rows(&mut self.tx, tenant).await?;
+        // A model's vectors have one length: the first the file gives, or the tenant's stored
+        // ones. The column takes any length, and only the model's HNSW index, once built, would
+        // refuse another; a vector in before it would stop the index from ever being built.
+        let odd: Option<(i64, String, i32, i32)> = sqlx::query_as(
+            "WITH staged AS (
+                 SELECT l.line, l.row->>'model' AS model, vector_dims((l.row->>'embedding')::vector) AS dims
+                 FROM import_rows l WHERE l.tbl = 'memory_embeddings'
+             ), expected AS (
+                 SELECT DISTINCT ON (s.model) s.model,
+                        COALESCE((SELECT vector_dims(e.embedding) FROM memory_embeddings e
+                                  WHERE e.tenant_id = $1 AND e.model = s.model LIMIT 1), s.dims) AS dims
+                 FROM staged s ORDER BY s.model, s.line
+             )
+             SELECT s.line, s.model, s.dims, x.dims FROM staged s JOIN expected x USING (model)
+             WHERE s.dims <> x.dims ORDER BY s.line LIMIT 1",
+        )
+        .bind(tenant)
+        .fetch_optional(&mut *self.tx)
+        .await?;
+        if let Some((line, model, dims, expected)) = odd {
+            let problem = format!("a vector of {dims} dimensions for model {model}, whose vectors have {expected}");
+            return Err(ImportError::BadRow { line, table: "memory_embeddings", problem });
+        }
         // An erasure deletes a user's files, sightings and progress outright; a copy made before
         // it must not bring them back (their memories come back anonymized already: an
         // anonymized row is never replaced).
