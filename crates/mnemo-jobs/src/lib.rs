@@ -98,6 +98,9 @@ impl Next {
             Err(JobError::Store(e)) if e.is_permanent() && attempt >= REFUSED_ATTEMPTS => {
                 Self::GiveUp(JobError::Store(e))
             }
+            // A batch that panics every time with this job in it (an embed job's rows are
+            // submitted together, so they are one batch's) is this job's bug as much as alone.
+            Err(e @ JobError::Panicked { alone: false }) if attempt >= REFUSED_ATTEMPTS => Self::GiveUp(e),
             Err(
                 e @ (JobError::Store(_)
                 | JobError::ShuttingDown
@@ -111,7 +114,8 @@ impl Next {
     }
 }
 
-/// How many times a job is run whose statement the database refuses for what it says.
+/// How many times a job is run whose statement the database refuses for what it says, or whose
+/// batch panics.
 pub const REFUSED_ATTEMPTS: usize = 5;
 
 /// Exponential backoff with full jitter: attempt 1 waits 0.5–1.5 s, doubling each attempt, at

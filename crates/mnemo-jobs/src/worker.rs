@@ -597,5 +597,9 @@ mod tests {
         assert!(matches!(caught(panics).await, Err(JobError::Panicked { alone: true })));
         assert!(matches!(caught(async { Ok(()) }).await, Ok(())));
         assert!(matches!(Next::after(Err(JobError::Panicked { alone: true }), 1), Next::GiveUp(_)));
+        // In a batch with others: run again, but not for ever.
+        let in_batch = |attempt| Next::after(Err(JobError::Panicked { alone: false }), attempt);
+        assert!(matches!(in_batch(crate::REFUSED_ATTEMPTS - 1), Next::RetryAfter(..)));
+        assert!(matches!(in_batch(crate::REFUSED_ATTEMPTS), Next::GiveUp(_)));
     }
 }
