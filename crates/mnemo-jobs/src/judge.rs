@@ -226,12 +226,13 @@ async fn judge_fact(
                     }
                     // A failing model retires nothing, the copies included.
                     Ok(verdicts) => {
-                        fail_open(&fact, "wrong_count", &format!("{} verdicts for {}", verdicts.len(), others.len()));
+                        let detail = format!("{} verdicts for {}", verdicts.len(), others.len());
+                        tracing::debug!(item = %fact.id, detail, "judge failure detail");
                         judgement(JudgeOutcome::FailOpen, Vec::new(), "wrong_count", model, total)
                     }
                     // One that may pass (the endpoint down or slow) is asked again later.
                     Err(e) => {
-                        fail_open(&fact, e.kind, &e.detail);
+                        tracing::debug!(item = %fact.id, detail = e.detail, "judge failure detail");
                         Judgement {
                             failure_may_pass: e.may_pass(),
                             ..judgement(JudgeOutcome::FailOpen, Vec::new(), e.kind, model, total)
@@ -244,6 +245,11 @@ async fn judge_fact(
     let applied = store.apply_judgement(&fact, &judgement).await?;
     if let Some(outcome) = applied {
         metrics::counter!("mnemo_judge_rows_total", "outcome" => outcome.as_str()).increment(1);
+    }
+    // Once recorded: a fact judged meanwhile, or a batch retried after a database error, would
+    // otherwise count one failure the database does not hold, or one twice.
+    if applied == Some(JudgeOutcome::FailOpen) {
+        fail_open(&fact, judgement.reason);
     }
     Ok((applied, model_time))
 }
@@ -258,12 +264,11 @@ fn judgement(
     Judgement { unless_retired, retire, reason, model, candidates, failure_may_pass: false }
 }
 
-/// A judge failure: counted and logged by kind and ids; the detail (which could echo a prompt)
-/// only at debug.
-fn fail_open(fact: &PendingFact, kind: &'static str, detail: &str) {
+/// A judge failure recorded: counted and logged by kind and ids (its detail, which could echo a
+/// prompt, went to debug where it happened).
+fn fail_open(fact: &PendingFact, kind: &'static str) {
     metrics::counter!("mnemo_judge_fail_open_total", "reason" => kind).increment(1);
     tracing::warn!(item = %fact.id, tenant = %fact.tenant_id, reason = kind, "judge failed; nothing retired (fail-open)");
-    tracing::debug!(item = %fact.id, detail, "judge failure detail");
 }
 
 #[cfg(test)]
