@@ -724,6 +724,18 @@ async fn status_reports_queues_backlog_and_workers() {
     assert_eq!(report["workers"]["alive"], 0);
     let text = runbook(&["status"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("3 rows pending"));
+    // A row whose vector was dropped (it held an anonymized turn's words) keeps its model: its
+    // embedding given up counts as failed all the same.
+    sqlx::query(
+        "UPDATE memory_items SET embedded_model = 'all-MiniLM-L6-v2', embed_error = 'given up'
+         WHERE id = (SELECT id FROM memory_items ORDER BY id LIMIT 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a re-embedding given up");
+    let output = runbook(&["status", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!((&report["embeddings"]["pending"], &report["embeddings"]["failed"]), (&json!(2), &json!(1)), "{report}");
 }
 
 #[tokio::test]

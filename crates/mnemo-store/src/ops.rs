@@ -222,7 +222,8 @@ impl Store {
         Ok(Delivery { missing, unembedded, failed, vectors })
     }
 
-    /// Rows without a vector of `model`: waiting, how long the oldest has waited, and given up.
+    /// Rows without a vector of `model`: waiting, how long the oldest has waited, and given up
+    /// (any row whose embedding failed for good).
     /// Every worker reads it every 5 s, so both halves go through partial indexes that hold
     /// (nearly) nothing in steady state, each by three ranges of the model (a btree cannot serve
     /// `<>`): migration 8's for the rows waiting, migration 42's for those given up.
@@ -233,9 +234,10 @@ impl Store {
                    FROM memory_items
                    WHERE embed_error IS NULL AND deleted_at IS NULL AND anonymized_at IS NULL
                      AND (embedded_model IS NULL OR embedded_model < $1 OR embedded_model > $1)) w,
+                  -- Whatever model a row names: one whose vector was dropped (it held the words
+                  -- of a turn anonymized since) keeps its model, and its re-embedding may fail.
                   (SELECT count(*) AS n FROM memory_items
-                   WHERE embed_error IS NOT NULL AND deleted_at IS NULL AND anonymized_at IS NULL
-                     AND (embedded_model IS NULL OR embedded_model < $1 OR embedded_model > $1)) f",
+                   WHERE embed_error IS NOT NULL AND deleted_at IS NULL AND anonymized_at IS NULL) f",
         )
         .bind(model)
         .fetch_one(&self.pool)
