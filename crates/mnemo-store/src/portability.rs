@@ -246,8 +246,11 @@ impl Store {
     pub async fn begin_export(&self) -> Result<Export, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
-        // The first query takes the snapshot; `now()` is the transaction's start, just before it.
-        let started_at = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        // The first query takes the snapshot, and the clock it reads runs after that: every
+        // change and erasure the snapshot holds is stamped no later. (`now()`, the transaction's
+        // start, came before an erasure committed between it and this query, and the import
+        // refused the file for an erasure dated after its export.)
+        let started_at = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(&mut *tx).await?;
         let schema = schema_version(&mut tx).await?;
         Ok(Export { tx, started_at, schema })
     }
