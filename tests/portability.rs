@@ -135,6 +135,10 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
     let target = TestDb::new().await;
     let run = runbook(&target.url, &["import", "--tenant", "acme", first.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);
+    // Each step of the writing is shown as it begins (a large tenant's take minutes).
+    for step in ["checking references (", "writing memory_items (", "writing workspace_files (", "committing ("] {
+        assert!(run.stderr.contains(step), "{step:?} in {}", run.stderr);
+    }
     let again = runbook(&target.url, &["import", "--tenant", "acme", first.to_str().expect("path")], None).await;
     assert!(again.ok, "{}", again.stderr);
     let tables: Vec<&str> = again.stdout.lines().filter(|l| l.contains(" written ")).collect();

@@ -245,8 +245,8 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
         bail!("line {}: lines after the end line", line_no + 1);
     }
     import.stage(&batch).await?;
-    eprintln!("read {rows} rows; checking references and writing");
-    let report = import.finish().await?;
+    eprintln!("read {rows} rows");
+    let report = import.finish(|step| eprintln!("{step} ({:.0} s)", started.elapsed().as_secs_f64())).await?;
     let seconds = started.elapsed().as_secs_f64();
     for (table, in_file, written, overwritten) in &report.tables {
         println!(

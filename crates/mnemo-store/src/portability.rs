@@ -401,8 +401,9 @@ impl Import {
 
     /// Checks every reference, then writes every staged row that is not there already, overwrites
     /// rows changed in place whose stored copy is older, and commits. Items that came without a vector of their model are left for the workers to
-    /// embed. On any error nothing is written.
-    pub async fn finish(mut self) -> Result<ImportReport, ImportError> {
+    /// embed. On any error nothing is written. `progress` is told each step as it begins (a large
+    /// tenant's can take minutes each).
+    pub async fn finish(mut self, mut progress: impl FnMut(&str)) -> Result<ImportReport, ImportError> {
         let (erasures, erased_here) = self.apply_erasures().await?;
         let tenant = self.tenant.as_str();
         sqlx::query("CREATE INDEX ON import_rows (tbl, (row->>'id'))").execute(&mut *self.tx).await?;
@@ -420,6 +421,7 @@ impl Import {
         )
         .execute(&mut *self.tx)
         .await?;
+        progress("checking every row against its table");
         let columns = check_rows(&mut self.tx, tenant).await?;
         // A model's vectors have one length: the first the file gives, or the tenant's stored
         // ones. The column takes any length, and only the model's HNSW index, once built, would
@@ -480,6 +482,7 @@ impl Import {
             .await?
             .rows_affected()
         };
+        progress("checking references");
         sqlx::query("ANALYZE import_rows").execute(&mut *self.tx).await?;
         for (table, field, target, keys) in REFERENCES {
             // The referencing row's value of each key: `field` stands for the target's `id`.
@@ -558,6 +561,7 @@ impl Import {
         .execute(&mut *self.tx)
         .await?;
         for (table, columns) in &columns {
+            progress(&format!("writing {table}"));
             let list = columns.join(", ");
             let staged: i64 = sqlx::query_scalar("SELECT count(*) FROM import_rows WHERE tbl = $1")
                 .bind(table)
@@ -695,6 +699,7 @@ impl Import {
         }
         // Rows imported with their vectors have their full text already: the embed worker never
         // counts their lexemes (migration 032).
+        progress("counting the tenant's words");
         sqlx::query("SELECT mnemo_count_tenant_text($1)").bind(tenant).execute(&mut *self.tx).await?;
         // Each file the import touched is at its newest version, with that version's text: a
         // file kept (newer here) whose history the file ran ahead of, or a file replaced by an
@@ -730,6 +735,7 @@ impl Import {
             .bind(None::<&str>)
             .execute(&mut *self.tx)
             .await?;
+        progress("committing");
         self.tx.commit().await?;
         Ok(report)
     }
