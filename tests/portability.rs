@@ -480,6 +480,11 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     offset[config] = set_field(&offset[config], "settings", json!({ "time_zone": "UTC+3" }));
     let expected = format!("{}: time_zone \"UTC+3\" is not a region's zone", cannot(config, "tenant_config"));
     refused(&target, "offset zone", offset, &[], &expected).await;
+    // A region's name this PostgreSQL does not know (it would read as UTC).
+    let mut unknown = lines.clone();
+    unknown[config] = set_field(&unknown[config], "settings", json!({ "time_zone": "Mars/Olympus_Mons" }));
+    let expected = format!("{}: time_zone \"Mars/Olympus_Mons\" is not one", cannot(config, "tenant_config"));
+    refused(&target, "unknown zone", unknown, &[], &expected).await;
 
     let mut newer = lines.clone();
     let mut header: serde_json::Value = serde_json::from_str(&lines[0]).expect("header");

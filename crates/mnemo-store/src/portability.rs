@@ -423,6 +423,20 @@ impl Import {
         .await?;
         progress("checking every row against its table");
         let columns = check_rows(&mut self.tx, tenant).await?;
+        // A zone of a region's shape (`check_row`) that this PostgreSQL does not know would read
+        // as UTC; the runbook's `memory time-zone --set` refuses it too.
+        let zone: Option<(i64, String)> = sqlx::query_as(
+            "SELECT l.line, l.row->'settings'->>'time_zone' FROM import_rows l
+             WHERE l.tbl = 'tenant_config' AND l.row->'settings'->>'time_zone' IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = l.row->'settings'->>'time_zone')
+             ORDER BY l.line LIMIT 1",
+        )
+        .fetch_optional(&mut *self.tx)
+        .await?;
+        if let Some((line, zone)) = zone {
+            let problem = format!("time_zone {zone:?} is not one this PostgreSQL knows");
+            return Err(ImportError::BadRow { line, table: "tenant_config", problem });
+        }
         // A model's vectors have one length: the first the file gives, or the tenant's stored
         // ones. The column takes any length, and only the model's HNSW index, once built, would
         // refuse another; a vector in before it would stop the index from ever being built.
