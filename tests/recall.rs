@@ -373,6 +373,39 @@ async fn a_failing_extra_list_leaves_the_recall_degraded_not_failed() {
     assert_eq!(refs(&answer), ["m1"]);
 }
 
+/// A half whose statement fails (a timeout, a replica's connection lost; here a table it reads
+/// is gone) leaves the answer to the other half, `degraded`; both failing fail the recall.
+#[tokio::test]
+async fn a_failing_half_leaves_the_recall_to_the_other() {
+    let f = Fixture::start(&[]).await;
+    let me = principal("acme", None, None, Some("s1"));
+    f.write(&me, "chat_message", "m1", "the deploy key rotated on Tuesday").await;
+    f.embed_all().await;
+    let question = json!({ "query": "when did the deploy key rotate?", "scope": "session" });
+    assert_eq!(f.recall(&me, question.clone()).await["degraded"], false);
+    let exec = |sql: &'static str| {
+        let pool = f.app.db.pool.clone();
+        async move { sqlx::query(sql).execute(&pool).await.expect(sql) }
+    };
+    for (away, back) in [
+        // The keyword half's counts, then the vector half's vectors.
+        ("ALTER TABLE tenant_text RENAME TO tenant_text_away", "ALTER TABLE tenant_text_away RENAME TO tenant_text"),
+        (
+            "ALTER TABLE memory_embeddings RENAME TO memory_embeddings_away",
+            "ALTER TABLE memory_embeddings_away RENAME TO memory_embeddings",
+        ),
+    ] {
+        exec(away).await;
+        let answer = f.recall(&me, question.clone()).await;
+        assert_eq!((refs(&answer), &answer["degraded"]), (vec!["m1".to_owned()], &json!(true)), "{away}: {answer}");
+        exec(back).await;
+    }
+    exec("ALTER TABLE tenant_text RENAME TO tenant_text_away").await;
+    exec("ALTER TABLE memory_embeddings RENAME TO memory_embeddings_away").await;
+    let failed = f.app.client.post("/v1/recall", Some(&token(&me)), &question).await;
+    assert!(failed.status >= 500, "{:?}", failed.body);
+}
+
 #[tokio::test]
 async fn a_long_question_searches_by_its_rarest_words() {
     let f = Fixture::start(&[]).await;

@@ -40,8 +40,10 @@ impl AccessTracker {
     }
 
     pub(crate) fn record(&self, tenant: &TenantId, items: Vec<Uuid>) {
+        // Counted in rows, as a batch that cannot be queued is (runbook: the accesses lost).
+        let rows = items.len() as u64;
         if self.sender.try_send(Gathered::Rows(tenant.clone(), items)).is_err() {
-            metrics::counter!("mnemo_recall_access_dropped_total").increment(1);
+            metrics::counter!("mnemo_recall_access_dropped_total").increment(rows);
         }
     }
 

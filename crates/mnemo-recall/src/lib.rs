@@ -84,7 +84,7 @@ pub struct Query<'a> {
     pub shown: usize,
 }
 
-/// Rows in final order, and whether the vector half may be incomplete.
+/// Rows in final order, and whether they may be incomplete (see [`Recalled::degraded`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ranked {
     pub items: Vec<RecalledItem>,
@@ -96,8 +96,10 @@ pub struct Ranked {
 pub struct Recalled {
     pub items: Vec<RecalledItem>,
     /// Rows in the searched classes still wait for vectors, or the query could not be embedded:
-    /// the vector half may be incomplete; the full-text half is complete. Or the replica searched
-    /// had not yet replayed every acknowledged write: both halves may miss the newest rows.
+    /// the vector half may be incomplete; the full-text half is complete. Or one half's
+    /// statement failed, and the other answered alone; or an extra list (a named period's, a
+    /// participant's) could not be ranked. Or the replica searched had not yet replayed every
+    /// acknowledged write: both halves may miss the newest rows.
     pub degraded: bool,
     pub rerank_used: bool,
 }
@@ -294,20 +296,34 @@ impl Recall {
             let (nearest, within, by_participant) = tokio::join!(nearest, within, by_participant);
             let (within, period_failed) = extra_list(within, "period");
             let (by_participant, participant_failed) = extra_list(by_participant, "participant");
-            Ok(Some((nearest?, within, by_participant, period_failed || participant_failed)))
+            Ok::<_, StoreError>(Some((nearest?, within, by_participant, period_failed || participant_failed)))
         };
         // Whether rows may be missing only qualifies the answer: a failed check says so, and
         // does not fail the recall.
         let pending = async {
-            Ok(search.pending_embeddings(&scope).await.unwrap_or_else(|error| {
+            search.pending_embeddings(&scope).await.unwrap_or_else(|error| {
                 tracing::warn!(%error, "recall could not check for rows waiting for a vector; answering degraded");
                 true
-            }))
+            })
         };
-        let (keyword, vector, pending) = tokio::try_join!(keyword, vector, pending)?;
+        let (keyword, vector, pending) = tokio::join!(keyword, vector, pending);
+        // One half failing (a statement past its timeout, a replica's connection lost) leaves
+        // the answer to the other, `degraded`; only both failing fail the recall.
+        let (keyword, vector, half_failed) = match (keyword, vector) {
+            (Ok(keyword), Ok(vector)) => (keyword, vector, false),
+            (Err(error), Ok(vector)) => {
+                tracing::warn!(%error, "recall's keyword half failed; answering from the vector half");
+                (Default::default(), vector, true)
+            }
+            (Ok(keyword), Err(error)) => {
+                tracing::warn!(%error, "recall's vector half failed; answering from the keyword half");
+                (keyword, Some(Default::default()), true)
+            }
+            (Err(error), Err(_)) => return Err(error.into()),
+        };
         let no_vector = vector.is_none();
         let (mut nearest, within, by_participant, extra_failed) = vector.unwrap_or_default();
-        let degraded = pending || no_vector || lagging || extra_failed;
+        let degraded = pending || no_vector || lagging || extra_failed || half_failed;
         // The participant the question names: the session's vector list becomes their messages,
         // after the session's nearest message whoever wrote it (a question can name the wrong one).
         for (class, ids) in by_participant.into_iter().filter(|(_, ids)| !ids.is_empty()) {
@@ -368,7 +384,10 @@ impl Recall {
         items.sort_by(|a, b| b.score.total_cmp(&a.score));
         items.truncate(limit);
         let shown = items.len().min(query.shown);
-        restated::newer_first(search, &principal.tenant, &mut items[..shown], &sources).await?;
+        // Only an order within the first rows: when it cannot be read, the fused order stands.
+        if let Err(error) = restated::newer_first(search, &principal.tenant, &mut items[..shown], &sources).await {
+            tracing::warn!(%error, "recall could not put newer statements first; answering in fused order");
+        }
         Ok(Ranked { items, degraded })
     }
 

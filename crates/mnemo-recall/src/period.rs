@@ -19,6 +19,8 @@ const DAY: &str = r"([0-9]{1,2})(?:st|nd|rd|th)?";
 /// A year a question may name: four digits of this century or the last ("a budget of 4096
 /// tokens" names none).
 const YEAR: &str = r"((?:19|20)[0-9]{2})";
+/// What a number a question gives can count: "in 2000 words" names no year.
+const UNIT: &str = r"words?|tokens?|characters?|chars?|letters?|lines?|pages?|items?|bytes?|rows?|messages?|people|users?|points?|steps?|times|dollars?|euros?";
 
 /// The forms read, written dates first. The whole question is searched for each in turn.
 #[derive(Clone, Copy)]
@@ -57,8 +59,9 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
         (Form::DaysAgo, r"\b([0-9]{1,3})\s+days?\s+ago\b".to_owned()),
         (Form::LastMonthNamed, format!(r"\blast\s+{MONTH}\b")),
         // A month alone only after a preposition: "may" is also a verb.
-        (Form::MonthNamed, format!(r"\b(?:in|during|of)\s+{MONTH}\b")),
-        (Form::Year, format!(r"\b(?:in|during|of)\s+{YEAR}\b")),
+        // Not a name's possessive: "one of May's friends".
+        (Form::MonthNamed, format!(r"\b(?:in|during|of)\s+{MONTH}\b(['’]s)?")),
+        (Form::Year, format!(r"\b(?:in|during|of)\s+{YEAR}\b(?:\s+({UNIT})\b)?")),
         (Form::Relative, r"\b(today|yesterday|last\s+week|last\s+month|last\s+year)\b".to_owned()),
     ];
     forms.into_iter().map(|(form, pattern)| (form, Regex::new(&pattern).expect("period pattern"))).collect()
@@ -68,7 +71,7 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
 /// day it is asked on. Most questions name none, and need not look up the tenant's day.
 pub fn names_a_period(question: &str) -> bool {
     let question = question.to_lowercase();
-    FORMS.iter().any(|(_, regex)| regex.is_match(&question))
+    FORMS.iter().any(|(form, regex)| regex.captures_iter(&question).any(|c| !names_something_else(*form, &c)))
 }
 
 /// The period `question` names, read as if asked on `today`; `None` when it names none. The
@@ -76,7 +79,18 @@ pub fn names_a_period(question: &str) -> bool {
 /// nothing, not the month around it.
 pub fn named_period(question: &str, today: NaiveDate) -> Option<Period> {
     let question = question.to_lowercase();
-    FORMS.iter().find_map(|(form, regex)| regex.captures(&question).map(|c| read(*form, &c, today)))?
+    FORMS
+        .iter()
+        .find_map(|(form, regex)| {
+            regex.captures_iter(&question).find(|c| !names_something_else(*form, c)).map(|c| read(*form, &c, today))
+        })
+        .flatten()
+}
+
+/// Whether a match is no period at all: a year followed by what it counts ("in 2000 words"), a
+/// month followed by a possessive (a person named May). The form's next match may be one.
+fn names_something_else(form: Form, c: &Captures) -> bool {
+    matches!(form, Form::Year | Form::MonthNamed) && c.get(2).is_some()
 }
 
 /// The period one form's match names; `None` when no such day exists.
@@ -208,6 +222,10 @@ mod tests {
             ("What did I buy last October?", (at(2022, 10, 1), at(2022, 11, 1))),
             ("How often did Melanie go to the beach in 2022?", (at(2022, 1, 1), at(2023, 1, 1))),
             ("What did we talk about yesterday?", (at(2023, 10, 19), at(2023, 10, 20))),
+            // A number counted is passed over, for a later year or another form.
+            ("In 2000 words, what did we say in 2022?", (at(2022, 1, 1), at(2023, 1, 1))),
+            ("What did we write yesterday, in 2000 words?", (at(2023, 10, 19), at(2023, 10, 20))),
+            ("What did one of May's friends say in May?", (at(2023, 5, 1), at(2023, 6, 1))),
             ("anything today?", (at(2023, 10, 20), at(2023, 10, 21))),
             ("What changed last week?", (at(2023, 10, 13), at(2023, 10, 20))),
             ("What changed last month?", (at(2023, 9, 1), at(2023, 10, 1))),
@@ -243,6 +261,10 @@ mod tests {
             "I think this may go later",
             "Set the limit to 2000 words",
             "Keep it to a budget of 4096 tokens",
+            "Summarise our plan in 2000 words",
+            "What fits in a context of 2048 tokens?",
+            "What did one of May's friends say?",
+            "What did one of May’s friends say?",
             "Which march did Caroline join?",
         ]
         .into_iter()

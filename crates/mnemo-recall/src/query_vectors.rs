@@ -146,9 +146,20 @@ async fn embed_batches(embedder: Arc<dyn Embedder>, max_batch: usize, mut queue:
             Err(e) => Err(e),
         };
         match result {
-            Ok(vectors) => batch.into_iter().zip(vectors).for_each(|((_, reply, _), v)| drop(reply.send(Ok(v)))),
+            Ok(vectors) => batch.into_iter().zip(vectors).for_each(|((_, reply, _), v)| drop(reply.send(usable(v)))),
             Err(e) => batch.into_iter().for_each(|(_, reply, _)| drop(reply.send(Err(e.clone())))),
         }
+    }
+}
+
+/// A vector the search can rank by: one pgvector would refuse (a component past f32's range) or
+/// that points nowhere (all zeros: every cosine distance NaN) is the model's failure, and that
+/// recall answers from full text, `degraded`.
+fn usable(vector: Vec<f32>) -> Result<Vec<f32>, EmbedError> {
+    if vector.iter().all(|x| x.is_finite()) && vector.iter().any(|x| *x != 0.0) {
+        Ok(vector)
+    } else {
+        Err(EmbedError::permanent("bad_vector", "a query vector with a component that is not finite, or all zeros"))
     }
 }
 
@@ -202,6 +213,46 @@ mod tests {
             vectors.vector(who, "is Initech being acquired?").await.expect("vector");
         }
         assert_eq!(embedder.0.load(Ordering::SeqCst), 7, "once per tenant, user, agent and session");
+    }
+
+    /// Answers the text as a one-component vector: "inf", "zero" or 1.
+    #[derive(Debug, Default)]
+    struct Odd;
+
+    impl Embedder for Odd {
+        fn model(&self) -> &str {
+            "odd"
+        }
+
+        fn dimensions(&self) -> usize {
+            1
+        }
+
+        fn embed<'a>(&'a self, texts: &'a [String]) -> mnemo_core::EmbedFuture<'a> {
+            let value = |t: &str| match t {
+                "inf" => f32::INFINITY,
+                "zero" => 0.0,
+                _ => 1.0,
+            };
+            Box::pin(async move { Ok(texts.iter().map(|t| vec![value(t)]).collect()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vector_the_search_cannot_rank_by_is_the_models_failure() {
+        let vectors = QueryVectors::new(Arc::new(Odd), 32, 16, Duration::from_secs(60));
+        let ann = Principal {
+            tenant: mnemo_core::TenantId::parse("acme").expect("tenant"),
+            user: None,
+            agent: None,
+            session: None,
+            roles: Vec::new(),
+        };
+        for text in ["inf", "zero"] {
+            let failed = vectors.vector(&ann, text).await.expect_err(text);
+            assert_eq!(failed.kind, "bad_vector", "{text}");
+        }
+        assert_eq!(vectors.vector(&ann, "fine").await.expect("a vector"), [1.0]);
     }
 
     /// A vector older than the cache's time to live is embedded again, and the old one is gone.
