@@ -566,8 +566,19 @@ async fn maintenance_archives_old_notes_and_prunes_idle_sessions_once_per_interv
     assert_eq!(app.db.count(&format!("{live_notes} AND metadata ->> 'path' LIKE '%{old}%'")).await, 0);
     assert_eq!(app.db.count(&format!("{live_notes} AND metadata ->> 'path' LIKE '%{recent}%'")).await, 1);
 
+    // A session written today with its real, old dates (a backfill) is not pruned at once: a row
+    // is old by both its date and its write. s0's and s1's old rows are aged as if written then.
+    let s2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    let backfilled = json!({ "source_kind": "chat_message", "source_ref": "backfilled", "content": "hello", "event_time": long_ago });
+    assert_eq!(app.client.post("/v1/memories", Some(&s2), &backfilled).await.status, 201);
+    sqlx::query("UPDATE memory_items SET created_at = event_time WHERE source_ref IN ('old', 'idle')")
+        .execute(&app.db.pool)
+        .await
+        .expect("aged");
     assert_eq!(store.prune_old_sessions(180, 10_000).await.expect("prune"), 1);
     assert_eq!(store.prune_old_sessions(180, 10_000).await.expect("again"), 0);
+    let listed = app.client.get("/v1/sessions/s2/messages", Some(&s2)).await;
+    assert_eq!(listed.body["messages"].as_array().map(Vec::len), Some(1), "the backfilled session is kept");
     let listed = app.client.get("/v1/sessions/s0/messages", Some(&s0)).await;
     assert_eq!(listed.body["messages"].as_array().map(Vec::len), Some(0), "the idle session is pruned");
     let listed = app.client.get("/v1/sessions/s1/messages", Some(&t)).await;

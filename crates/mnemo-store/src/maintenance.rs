@@ -40,12 +40,14 @@ LIMIT $2";
 /// days, with an audit row each. A session still in use keeps its old messages and the summary
 /// that stands for them: its window starts after what was compacted, and the agent would forget
 /// the start of a live conversation. Idle: no live message of the session is newer (read
-/// through the session's index of messages).
+/// through the session's index of messages). Old: by its date and by its write, so that a
+/// conversation written today with its real, old dates (a backfill) is not pruned at once.
 const PRUNE_SESSIONS: &str = "
 WITH old AS (
     SELECT m.tenant_id, m.id FROM memory_items m
     WHERE m.scope = 'session' AND m.source_kind IN ('chat_message', 'tool_output', 'session_summary')
-      AND m.deleted_at IS NULL AND m.anonymized_at IS NULL AND m.event_time < now() - make_interval(days => $1)
+      AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+      AND m.event_time < now() - make_interval(days => $1) AND m.created_at < now() - make_interval(days => $1)
       AND NOT EXISTS (
           SELECT 1 FROM memory_items n
           WHERE n.tenant_id = m.tenant_id AND n.session_id = m.session_id AND n.scope = 'session'
