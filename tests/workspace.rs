@@ -128,8 +128,11 @@ async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
     let versions: Vec<(i32, bool)> = history.iter().map(|v| (v.version, v.deleted)).collect();
     assert_eq!(versions, [(1, false), (2, false), (3, false), (4, false), (5, false), (6, true)]);
     assert!(history.iter().all(|v| v.actor == "api"));
-    let restored = app.db.store().restore_file(&key, 2, "runbook").await.expect("restore");
-    assert_eq!(restored, Some(7));
+    // Not over the limit a file holds now (it may have been lowered since).
+    let over = app.db.store().restore_file(&key, 2, 10, "runbook").await.expect("restore");
+    assert_eq!(over, mnemo_store::Restored::TooLarge { bytes: 41 });
+    let restored = app.db.store().restore_file(&key, 2, MAX, "runbook").await.expect("restore");
+    assert_eq!(restored, mnemo_store::Restored::As(7));
     let read = app.client.get(note, Some(&t)).await;
     assert_eq!(read.body["content"], "# 2026-04-01\n- booked the train\n- packed\n");
     let audit = app.db.count("SELECT count(*) FROM audit_log WHERE event = 'workspace.change'").await;
@@ -798,7 +801,7 @@ async fn memory_and_daily_notes_are_recalled_in_the_users_class_and_reindexed_wh
         user: Some(UserId::parse("ann").expect("id")),
         path: WorkspacePath::parse(&note_path).expect("path"),
     };
-    store.restore_file(&key, 1, "runbook").await.expect("restore");
+    store.restore_file(&key, 1, MAX, "runbook").await.expect("restore");
     assert_eq!(pieces(&app, &note_path).await.len(), 1);
 
     // Files written before recall indexed them (no pieces) are indexed by the runbook's

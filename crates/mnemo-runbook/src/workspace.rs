@@ -81,7 +81,9 @@ pub enum WorkspaceCommand {
     },
 }
 
-pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()> {
+/// `max_file_bytes`: the most a file may hold (`MNEMO_WORKSPACE_MAX_FILE_BYTES`), which a restore
+/// keeps to.
+pub async fn run(store: &Store, command: WorkspaceCommand, max_file_bytes: usize) -> anyhow::Result<()> {
     match command {
         WorkspaceCommand::Reindex { tenant, json } => {
             let mut progress = |done: u64, found: u64| {
@@ -162,8 +164,13 @@ pub async fn run(store: &Store, command: WorkspaceCommand) -> anyhow::Result<()>
             }
         }
         WorkspaceCommand::Restore { owner, path, version, json } => {
-            let Some(new) = store.restore_file(&owner.file(&path)?, version, "runbook").await? else {
-                bail!("no version {version} of {path}");
+            let new = match store.restore_file(&owner.file(&path)?, version, max_file_bytes, "runbook").await? {
+                mnemo_store::Restored::As(new) => new,
+                mnemo_store::Restored::NoSuchVersion => bail!("no version {version} of {path}"),
+                mnemo_store::Restored::TooLarge { bytes } => bail!(
+                    "version {version} of {path} is {bytes} bytes, over the {max_file_bytes} a file may hold \
+                     (MNEMO_WORKSPACE_MAX_FILE_BYTES)"
+                ),
             };
             if json {
                 println!("{}", json!({ "path": path, "restored": version, "version": new }));

@@ -64,7 +64,7 @@ pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, File
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};
 pub use search::{CommonLexemes, Ranked, RecalledRow, Search, SearchScope};
 pub use sqlx::PgPool;
-pub use workspace::{DEFAULT_SORT_ORDER, Edited, FileMeta, FileVersion, Replacement, WorkspaceFile, Written};
+pub use workspace::{DEFAULT_SORT_ORDER, Edited, FileMeta, FileVersion, Replacement, Restored, WorkspaceFile, Written};
 
 /// The database behind mnemo. Cheap to clone: it is a handle to connection pools.
 #[derive(Debug, Clone)]

@@ -184,19 +184,19 @@ impl Store {
         // A note of a day archived before (written again since) is added to that day's archive,
         // not put in its place; a note the archive holds already (restored from an earlier
         // version, say) is not added twice.
-        let content = match existing.as_ref().filter(|c| !c.deleted && !c.file.content.trim().is_empty()) {
-            Some(archived) if holds_note(&archived.file.content, &note.file.content) => archived.file.content.clone(),
-            Some(archived) => {
-                let added = format!("{}\n\n{}", archived.file.content.trim_end(), note.file.content);
-                // An archive no edit could then save: the note stays, whole, where it is.
-                if added.len() > max_bytes {
-                    tracing::debug!(tenant, "a daily note stays: its day's archive is full");
-                    return Ok(false);
-                }
-                added
-            }
+        let archived = existing.as_ref().filter(|c| !c.deleted && !c.file.content.trim().is_empty());
+        let held = archived.is_some_and(|a| holds_note(&a.file.content, &note.file.content));
+        let content = match archived {
+            Some(archived) if held => archived.file.content.clone(),
+            Some(archived) => format!("{}\n\n{}", archived.file.content.trim_end(), note.file.content),
             None => note.file.content.clone(),
         };
+        // An archive no edit could then save (full, or the limit lowered since the note was
+        // written): the note stays, whole, where it is.
+        if !held && content.len() > max_bytes {
+            tracing::debug!(tenant, "a daily note stays: its day's archive would be over the file limit");
+            return Ok(false);
+        }
         let copy = NewState { content: &content, enabled: false, sort_order: DEFAULT_SORT_ORDER, deleted: false };
         apply(&mut tx, &to, &copy, existing.map_or(1, |c| c.file.version + 1), "archived", ACTOR).await?;
         let gone = NewState {

@@ -67,6 +67,18 @@ pub enum Written {
     Overwritten { version: i32 },
 }
 
+/// How a restore ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restored {
+    /// The version's content is current again, as this new version.
+    As(i32),
+    NoSuchVersion,
+    /// The version is this many bytes, over the limit a file holds now.
+    TooLarge {
+        bytes: usize,
+    },
+}
+
 /// How a find-and-replace ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Edited {
@@ -515,18 +527,29 @@ impl Store {
         }
     }
 
-    /// Makes version `version`'s content current again, as a new version (undeleting the file);
-    /// `None` when there is no such version.
-    pub async fn restore_file(&self, key: &FileKey, version: i32, actor: &str) -> Result<Option<i32>, StoreError> {
+    /// Makes version `version`'s content current again, as a new version (undeleting the file),
+    /// unless it is over `max_bytes` (the limit may have been lowered since it was written).
+    pub async fn restore_file(
+        &self,
+        key: &FileKey,
+        version: i32,
+        max_bytes: usize,
+        actor: &str,
+    ) -> Result<Restored, StoreError> {
         let mut tx = self.pool.begin().await?;
         lock(&mut tx, key).await?;
         let content = self.file_version_content(key, version).await?;
-        let (Some(content), Some(c)) = (content, current(&mut tx, key).await?) else { return Ok(None) };
+        let (Some(content), Some(c)) = (content, current(&mut tx, key).await?) else {
+            return Ok(Restored::NoSuchVersion);
+        };
+        if content.len() > max_bytes {
+            return Ok(Restored::TooLarge { bytes: content.len() });
+        }
         let state =
             NewState { content: &content, enabled: c.file.enabled, sort_order: c.file.sort_order, deleted: false };
         apply(&mut tx, key, &state, c.file.version + 1, "restored", actor).await?;
         tx.commit().await?;
-        Ok(Some(c.file.version + 1))
+        Ok(Restored::As(c.file.version + 1))
     }
 }
 
