@@ -146,13 +146,13 @@ async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> R
         Err(e) => {
             // Each step is bounded and may run again: the next housekeeping tick does, rather
             // than the next maintenance interval hours later.
-            if let Err(release) = store.release_maintenance(tick).await {
+            if let Err(release) = store.release_maintenance(tick, worker).await {
                 tracing::warn!(tick, error = %release, "cannot give the failed maintenance run's claim back");
             }
             return Err(e);
         }
     };
-    store.finish_maintenance(tick, done).await?;
+    store.finish_maintenance(tick, worker, done).await?;
     tracing::info!(
         tick,
         archived = done.archived,

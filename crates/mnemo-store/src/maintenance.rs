@@ -21,10 +21,11 @@ INSERT INTO maintenance_runs (tick, worker) VALUES ($1, $2)
 ON CONFLICT (tick) DO UPDATE SET worker = $2, started_at = now()
 WHERE maintenance_runs.finished_at IS NULL AND maintenance_runs.started_at < now() - make_interval(secs => $3)";
 
+/// Finishes run `$1` if worker `$7` still holds it (not taken over after it went silent).
 const FINISH: &str =
     "UPDATE maintenance_runs SET archived = $2, pruned = $3, promoted = $4, faded = $5, forgotten = $6,
                                 finished_at = now()
-     WHERE tick = $1";
+     WHERE tick = $1 AND worker = $7 AND finished_at IS NULL";
 
 /// Live daily notes of days before `$1` (a path bound), at most `$2`, in key order after the
 /// key `($3, $4, $5, $6)`: a page at a time, so a row passed over never holds up the rest.
@@ -86,16 +87,19 @@ impl Store {
         Ok(claimed.rows_affected() == 1)
     }
 
-    /// Gives up claim `tick` when its run failed, so the next caller runs it again.
-    pub async fn release_maintenance(&self, tick: i64) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM maintenance_runs WHERE tick = $1 AND finished_at IS NULL")
+    /// Gives up `worker`'s claim of `tick` when its run failed, so the next caller runs it
+    /// again; not a claim another worker took over meanwhile.
+    pub async fn release_maintenance(&self, tick: i64, worker: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM maintenance_runs WHERE tick = $1 AND worker = $2 AND finished_at IS NULL")
             .bind(tick)
+            .bind(worker)
             .execute(&self.pool)
             .await?;
         Ok(())
     }
 
-    pub async fn finish_maintenance(&self, tick: i64, done: Maintained) -> Result<(), StoreError> {
+    /// Records `worker`'s run of `tick` as finished with what it did, if it still holds it.
+    pub async fn finish_maintenance(&self, tick: i64, worker: &str, done: Maintained) -> Result<(), StoreError> {
         sqlx::query(FINISH)
             .bind(tick)
             .bind(done.archived as i64)
@@ -103,6 +107,7 @@ impl Store {
             .bind(done.promoted as i64)
             .bind(done.faded as i64)
             .bind(done.forgotten as i64)
+            .bind(worker)
             .execute(&self.pool)
             .await?;
         Ok(())
