@@ -404,6 +404,12 @@ async fn a_failing_half_leaves_the_recall_to_the_other() {
     exec("ALTER TABLE memory_embeddings RENAME TO memory_embeddings_away").await;
     let failed = f.app.client.post("/v1/recall", Some(&token(&me)), &question).await;
     assert!(failed.status >= 500, "{:?}", failed.body);
+    // Nor is a failed keyword half beside a question that could not be embedded an empty answer.
+    exec("ALTER TABLE memory_embeddings_away RENAME TO memory_embeddings").await;
+    f.provider.then([Answer::Status(500)]);
+    let unembedded = json!({ "query": "who rotated the deploy key?", "scope": "session" });
+    let failed = f.app.client.post("/v1/recall", Some(&token(&me)), &unembedded).await;
+    assert!(failed.status >= 500, "{:?}", failed.body);
 }
 
 #[tokio::test]

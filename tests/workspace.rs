@@ -525,7 +525,7 @@ async fn maintenance_archives_old_notes_and_prunes_idle_sessions_once_per_interv
     assert!(!store.claim_maintenance(1, "w3", stale).await.expect("held again"));
     // The silent holder coming back neither gives up nor finishes the run it no longer holds.
     store.release_maintenance(1, "w1").await.expect("release");
-    store.finish_maintenance(1, "w1", Default::default()).await.expect("finish");
+    assert!(!store.finish_maintenance(1, "w1", Default::default()).await.expect("finish"), "not w1's run");
     assert!(!store.claim_maintenance(1, "w3", stale).await.expect("still held"), "w2's claim was given up by w1");
     let finished = app.db.count("SELECT count(*) FROM maintenance_runs WHERE finished_at IS NOT NULL").await;
     assert_eq!(finished, 0, "w1 finished w2's run");

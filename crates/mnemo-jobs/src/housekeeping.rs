@@ -152,7 +152,10 @@ async fn maintain(store: &Store, worker: &str, policy: &HousekeepingPolicy) -> R
             return Err(e);
         }
     };
-    store.finish_maintenance(tick, worker, done).await?;
+    if !store.finish_maintenance(tick, worker, done).await? {
+        tracing::warn!(tick, "maintenance ran past its claim, which another worker took over");
+        return Ok(());
+    }
     tracing::info!(
         tick,
         archived = done.archived,

@@ -309,17 +309,23 @@ impl Recall {
         let (keyword, vector, pending) = tokio::join!(keyword, vector, pending);
         // One half failing (a statement past its timeout, a replica's connection lost) leaves
         // the answer to the other, `degraded`; only both failing fail the recall.
+        // A half not asked for (`halves`), or a vector half without a query vector, answers
+        // nothing: the other failing fails the recall.
         let (keyword, vector, half_failed) = match (keyword, vector) {
             (Ok(keyword), Ok(vector)) => (keyword, vector, false),
-            (Err(error), Ok(vector)) => {
+            (Err(error), Ok(Some(vector))) if options.halves != Halves::KeywordOnly => {
                 tracing::warn!(%error, "recall's keyword half failed; answering from the vector half");
-                (Default::default(), vector, true)
+                (Default::default(), Some(vector), true)
             }
-            (Ok(keyword), Err(error)) => {
+            (Ok(keyword), Err(error)) if options.halves != Halves::VectorOnly => {
                 tracing::warn!(%error, "recall's vector half failed; answering from the keyword half");
                 (keyword, Some(Default::default()), true)
             }
-            (Err(error), Err(_)) => return Err(error.into()),
+            (Err(error), Err(other)) => {
+                tracing::warn!(error = %other, "recall's vector half failed too");
+                return Err(error.into());
+            }
+            (Err(error), Ok(_)) | (Ok(_), Err(error)) => return Err(error.into()),
         };
         let no_vector = vector.is_none();
         let (mut nearest, within, by_participant, extra_failed) = vector.unwrap_or_default();

@@ -59,8 +59,8 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
         (Form::DaysAgo, r"\b([0-9]{1,3})\s+days?\s+ago\b".to_owned()),
         (Form::LastMonthNamed, format!(r"\blast\s+{MONTH}\b")),
         // A month alone only after a preposition: "may" is also a verb.
-        // Not a name's possessive: "one of May's friends".
-        (Form::MonthNamed, format!(r"\b(?:in|during|of)\s+{MONTH}\b(['’]s)?")),
+        // Not a name's possessive after "of" ("one of May's friends"); "in May's first week" is May.
+        (Form::MonthNamed, format!(r"\b(?:in|during|(of))\s+{MONTH}\b(['’]s)?")),
         (Form::Year, format!(r"\b(?:in|during|of)\s+{YEAR}\b(?:\s+({UNIT})\b)?")),
         (Form::Relative, r"\b(today|yesterday|last\s+week|last\s+month|last\s+year)\b".to_owned()),
     ];
@@ -88,9 +88,13 @@ pub fn named_period(question: &str, today: NaiveDate) -> Option<Period> {
 }
 
 /// Whether a match is no period at all: a year followed by what it counts ("in 2000 words"), a
-/// month followed by a possessive (a person named May). The form's next match may be one.
+/// month's possessive after "of" (a person named May). The form's next match may be one.
 fn names_something_else(form: Form, c: &Captures) -> bool {
-    matches!(form, Form::Year | Form::MonthNamed) && c.get(2).is_some()
+    match form {
+        Form::Year => c.get(2).is_some(),
+        Form::MonthNamed => c.get(1).is_some() && c.get(3).is_some(),
+        _ => false,
+    }
 }
 
 /// The period one form's match names; `None` when no such day exists.
@@ -123,7 +127,7 @@ fn read(form: Form, c: &Captures, today: NaiveDate) -> Option<Period> {
             whole_month(if m < today.month() { today.year() } else { today.year() - 1 }, m)
         }
         Form::MonthNamed => {
-            let m = month(1)?;
+            let m = month(2)?;
             whole_month(if m <= today.month() { today.year() } else { today.year() - 1 }, m)
         }
         Form::Year => {
@@ -226,6 +230,7 @@ mod tests {
             ("In 2000 words, what did we say in 2022?", (at(2022, 1, 1), at(2023, 1, 1))),
             ("What did we write yesterday, in 2000 words?", (at(2023, 10, 19), at(2023, 10, 20))),
             ("What did one of May's friends say in May?", (at(2023, 5, 1), at(2023, 6, 1))),
+            ("What did I do in May's first week?", (at(2023, 5, 1), at(2023, 6, 1))),
             ("anything today?", (at(2023, 10, 20), at(2023, 10, 21))),
             ("What changed last week?", (at(2023, 10, 13), at(2023, 10, 20))),
             ("What changed last month?", (at(2023, 9, 1), at(2023, 10, 1))),

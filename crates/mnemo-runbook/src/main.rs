@@ -284,10 +284,7 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Workspace { command } => {
-            let max_file_bytes = WorkspaceSettings::from_env(&env)?.max_file_bytes;
-            workspace::run(&connect(&env).await?, command, max_file_bytes).await
-        }
+        Command::Workspace { command } => workspace::run(&connect(&env).await?, command, &env).await,
         Command::Memory { command } => memory::run(&connect(&env).await?, &env, command).await,
         Command::Session { command } => {
             // Only a compaction asks for extractions: `show` needs no workspace settings.

@@ -179,8 +179,14 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
             Some(at.as_str().and_then(|t| parse_time(t).ok()).context("line 1: exported_at is not an RFC 3339 time")?)
         }
     };
-    // `skip`: the file's user ids name other people than the target's, whose erasures are not theirs.
-    let own_erasures = args.erasures.as_deref() != Some("skip");
+    // `skip`: the file's user ids name other people than the target's, whose erasures are not
+    // theirs. Memories are anonymized for an erasure only when the ids surely name the same
+    // people (the tenant's own file, or `apply`): that cannot be undone.
+    let own_erasures = match (args.erasures.as_deref(), args.retarget) {
+        (Some("skip"), _) => mnemo_store::OwnErasures::Ignore,
+        (Some("apply"), _) | (None, false) => mnemo_store::OwnErasures::Anonymize,
+        _ => mnemo_store::OwnErasures::LeaveOutFiles,
+    };
     let mut import = store.begin_import(&args.tenant, args.retarget && args.with_settings, own_erasures).await?;
     let mut batch: Vec<(i64, &'static str, Value)> = Vec::with_capacity(STAGE_BATCH);
     let (mut rows, mut batch_bytes) = (0u64, 0usize);

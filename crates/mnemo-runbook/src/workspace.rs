@@ -3,6 +3,7 @@
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use mnemo_config::{Env, WorkspaceSettings};
 use mnemo_core::{AgentId, FileKey, TenantId, UserId, Workspace, WorkspacePath};
 use mnemo_store::Store;
 use serde_json::{Value, json};
@@ -81,9 +82,8 @@ pub enum WorkspaceCommand {
     },
 }
 
-/// `max_file_bytes`: the most a file may hold (`MNEMO_WORKSPACE_MAX_FILE_BYTES`), which a restore
-/// keeps to.
-pub async fn run(store: &Store, command: WorkspaceCommand, max_file_bytes: usize) -> anyhow::Result<()> {
+/// `env` is read by a restore alone, for the most a file may hold (`MNEMO_WORKSPACE_MAX_FILE_BYTES`).
+pub async fn run(store: &Store, command: WorkspaceCommand, env: &Env) -> anyhow::Result<()> {
     match command {
         WorkspaceCommand::Reindex { tenant, json } => {
             let mut progress = |done: u64, found: u64| {
@@ -164,6 +164,7 @@ pub async fn run(store: &Store, command: WorkspaceCommand, max_file_bytes: usize
             }
         }
         WorkspaceCommand::Restore { owner, path, version, json } => {
+            let max_file_bytes = WorkspaceSettings::from_env(env)?.max_file_bytes;
             let new = match store.restore_file(&owner.file(&path)?, version, max_file_bytes, "runbook").await? {
                 mnemo_store::Restored::As(new) => new,
                 mnemo_store::Restored::NoSuchVersion => bail!("no version {version} of {path}"),

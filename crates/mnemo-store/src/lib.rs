@@ -58,7 +58,7 @@ pub use judge::{
 pub use maintenance::Maintained;
 pub use memories::{Remembered, ToolOutputWindow};
 pub use ops::{Delivery, EmbedBacklog, Housekeeping, QueueStatus, WorkerStatus};
-pub use portability::{ERASURES, EXPORT_TABLES, Export, Import, ImportError, ImportReport};
+pub use portability::{ERASURES, EXPORT_TABLES, Export, Import, ImportError, ImportReport, OwnErasures};
 pub use replica::{ReadFrom, Reads};
 pub use retention::{AuditEntry, AuditFilter, Cutoffs, Deleted, ErasurePlan, FileCursor, SweepPlan};
 pub use schema::{MIGRATOR, Migrations, SchemaStatus};

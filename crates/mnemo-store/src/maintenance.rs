@@ -98,9 +98,10 @@ impl Store {
         Ok(())
     }
 
-    /// Records `worker`'s run of `tick` as finished with what it did, if it still holds it.
-    pub async fn finish_maintenance(&self, tick: i64, worker: &str, done: Maintained) -> Result<(), StoreError> {
-        sqlx::query(FINISH)
+    /// Records `worker`'s run of `tick` as finished with what it did, if it still holds it;
+    /// whether it did.
+    pub async fn finish_maintenance(&self, tick: i64, worker: &str, done: Maintained) -> Result<bool, StoreError> {
+        let finished = sqlx::query(FINISH)
             .bind(tick)
             .bind(done.archived as i64)
             .bind(done.pruned as i64)
@@ -110,7 +111,7 @@ impl Store {
             .bind(worker)
             .execute(&self.pool)
             .await?;
-        Ok(())
+        Ok(finished.rows_affected() == 1)
     }
 
     /// Moves at most `limit` daily notes of days before `before` to `memory/archive/`, one

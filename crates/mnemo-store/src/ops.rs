@@ -225,8 +225,8 @@ impl Store {
     /// Rows without a vector of `model`: waiting, how long the oldest has waited, and given up
     /// (any row whose embedding failed for good).
     /// Every worker reads it every 5 s, so both halves go through partial indexes that hold
-    /// (nearly) nothing in steady state, each by three ranges of the model (a btree cannot serve
-    /// `<>`): migration 8's for the rows waiting, migration 42's for those given up.
+    /// (nearly) nothing in steady state: migration 8's for the rows waiting (by three ranges of
+    /// the model: a btree cannot serve `<>`), migration 42's for those given up.
     pub async fn embed_backlog(&self, model: &str) -> Result<EmbedBacklog, StoreError> {
         let (pending, oldest_pending_seconds, failed): (i64, Option<f64>, i64) = sqlx::query_as(
             "SELECT w.n, w.oldest, f.n

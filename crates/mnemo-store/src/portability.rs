@@ -159,9 +159,20 @@ pub struct Import {
     erasures: Vec<(String, chrono::DateTime<chrono::Utc>)>,
     /// The file's tenant settings replace the stored ones, however recently those changed.
     replace_settings: bool,
-    /// The tenant's own erasures leave out the file's files, sightings and progress of the users
-    /// they name: not when the file's user ids name other people (`--erasures skip`).
-    own_erasures: bool,
+    /// What the tenant's own erasures do to the file's rows of the user ids they name.
+    own_erasures: OwnErasures,
+}
+
+/// What a tenant's own erasures do to an imported file's rows of the same user ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnErasures {
+    /// Nothing: the file's ids name other people (`--erasures skip`).
+    Ignore,
+    /// The users' files, sightings and progress from before the erasure are left out.
+    LeaveOutFiles,
+    /// That, and their memories new here from before the erasure come in anonymized: the ids
+    /// surely name the erased people (the tenant's own file, or `--erasures apply`).
+    Anonymize,
 }
 
 /// The name an export gives its erasure lines in place of a table.
@@ -269,7 +280,7 @@ impl Store {
         &self,
         tenant: &TenantId,
         replace_settings: bool,
-        own_erasures: bool,
+        own_erasures: OwnErasures,
     ) -> Result<Import, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SET CONSTRAINTS memory_items_superseded_by_fkey DEFERRED").execute(&mut *tx).await?;
@@ -463,7 +474,7 @@ impl Import {
         // An erasure deletes a user's files, sightings and progress outright; a copy made before
         // it must not bring them back (their memories come back anonymized already: an
         // anonymized row is never replaced).
-        let erased_left_out = if !self.own_erasures {
+        let erased_left_out = if self.own_erasures == OwnErasures::Ignore {
             0
         } else {
             sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -693,7 +704,7 @@ impl Import {
         // Memories new here of a user erased here before they were written (a move's last export
         // `--since` carrying what the user wrote at the source meanwhile): anonymized as the
         // erasure would have, with an audit row each. Those stored here the erasure took.
-        if self.own_erasures {
+        if self.own_erasures == OwnErasures::Anonymize {
             let picked: Vec<(uuid::Uuid, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT m.id, 'erasure' FROM import_rows l
                  JOIN memory_items m ON m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid

@@ -30,7 +30,8 @@ pub trait JobArgs: Serialize + for<'de> Deserialize<'de> + Send + Sync + Unpin +
     /// For a job about memory rows that housekeeping queues again when their job looks lost
     /// (embed, judge): a statement marking the rows (tenant `$1`, ids `$2`) queued until `$3`
     /// seconds from now, the tenant and the ids. A retry runs it as it queues the job, so a
-    /// retry waiting out its backoff is not taken for lost and queued a second time.
+    /// retry waiting out its backoff is not taken for lost and queued a second time. Rows in
+    /// id order, and one another writer holds is passed over: a mark is worth no lock wait.
     fn rows_waiting(&self) -> Option<(&'static str, &str, Vec<Uuid>)> {
         None
     }
@@ -206,8 +207,12 @@ impl JobArgs for EmbedJob {
     const QUEUE: Queue = Queue::Embed;
 
     fn rows_waiting(&self) -> Option<(&'static str, &str, Vec<Uuid>)> {
-        let statement = "UPDATE memory_items SET embed_enqueued_at = now() + make_interval(secs => $3)
-                         WHERE tenant_id = $1 AND id = ANY($2) AND embed_enqueued_at < now() + make_interval(secs => $3)";
+        let statement = "WITH due AS (SELECT now() + make_interval(secs => $3) AS at), rows AS (
+                             SELECT id FROM memory_items, due
+                             WHERE tenant_id = $1 AND id = ANY($2) AND COALESCE(embed_enqueued_at, '-infinity') < due.at
+                             ORDER BY id FOR UPDATE OF memory_items SKIP LOCKED)
+                         UPDATE memory_items m SET embed_enqueued_at = due.at FROM rows, due
+                         WHERE m.tenant_id = $1 AND m.id = rows.id";
         Some((statement, self.tenant_id.as_str(), self.items.iter().map(|i| i.item_id).collect()))
     }
 }
@@ -216,8 +221,12 @@ impl JobArgs for JudgeJob {
     const QUEUE: Queue = Queue::Judge;
 
     fn rows_waiting(&self) -> Option<(&'static str, &str, Vec<Uuid>)> {
-        let statement = "UPDATE memory_items SET judge_enqueued_at = now() + make_interval(secs => $3)
-                         WHERE tenant_id = $1 AND id = ANY($2) AND judge_enqueued_at < now() + make_interval(secs => $3)";
+        let statement = "WITH due AS (SELECT now() + make_interval(secs => $3) AS at), rows AS (
+                             SELECT id FROM memory_items, due
+                             WHERE tenant_id = $1 AND id = ANY($2) AND COALESCE(judge_enqueued_at, '-infinity') < due.at
+                             ORDER BY id FOR UPDATE OF memory_items SKIP LOCKED)
+                         UPDATE memory_items m SET judge_enqueued_at = due.at FROM rows, due
+                         WHERE m.tenant_id = $1 AND m.id = rows.id";
         Some((statement, self.tenant_id.as_str(), vec![self.item_id]))
     }
 }

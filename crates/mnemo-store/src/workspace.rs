@@ -206,7 +206,9 @@ pub(crate) struct NewState<'a> {
     pub deleted: bool,
 }
 
-/// How many places `old` starts at in `text`, overlapping ones too; none for an empty `old`.
+/// How many places `old` starts at in `text`, overlapping ones too, counted up to 2 (one place
+/// or more: finding every overlap of a long repeated text would take time quadratic in it); none
+/// for an empty `old`.
 fn places(text: &str, old: &str) -> usize {
     if old.is_empty() {
         return 0;
@@ -217,6 +219,7 @@ fn places(text: &str, old: &str) -> usize {
         from = at + text[at..].chars().next().map_or(1, char::len_utf8);
         Some(())
     })
+    .take(2)
     .count()
 }
 
@@ -391,7 +394,10 @@ impl Store {
         let Some(c) = current(&mut tx, key).await?.filter(|c| !c.deleted) else { return Ok(Edited::NoSuchFile) };
         // Without `replace_all` an edit names one place: two that overlap ("x\nx\n" in
         // "x\nx\nx\n") are two places, though `matches` finds one.
-        let count = if replace_all { c.file.content.matches(old).count() } else { places(&c.file.content, old) };
+        let count = match c.file.content.matches(old).count() {
+            1 if !replace_all => places(&c.file.content, old),
+            n => n,
+        };
         let edited = match count {
             0 => Edited::TextNotFound,
             n if n > 1 && !replace_all => Edited::Ambiguous { count: n },
