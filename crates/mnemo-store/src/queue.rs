@@ -203,17 +203,29 @@ impl JobArgs for ExtractJob {
     }
 }
 
+/// [`JobArgs::rows_waiting`]'s statement over the queue-time `column` of `memory_items`.
+macro_rules! queued_until {
+    ($column:literal) => {
+        concat!(
+            "WITH due AS (SELECT now() + make_interval(secs => $3) AS at), rows AS (
+                 SELECT id FROM memory_items, due
+                 WHERE tenant_id = $1 AND id = ANY($2) AND COALESCE(",
+            $column,
+            ", '-infinity') < due.at
+                 ORDER BY id FOR UPDATE OF memory_items SKIP LOCKED)
+             UPDATE memory_items m SET ",
+            $column,
+            " = due.at FROM rows, due WHERE m.tenant_id = $1 AND m.id = rows.id"
+        )
+    };
+}
+
 impl JobArgs for EmbedJob {
     const QUEUE: Queue = Queue::Embed;
 
     fn rows_waiting(&self) -> Option<(&'static str, &str, Vec<Uuid>)> {
-        let statement = "WITH due AS (SELECT now() + make_interval(secs => $3) AS at), rows AS (
-                             SELECT id FROM memory_items, due
-                             WHERE tenant_id = $1 AND id = ANY($2) AND COALESCE(embed_enqueued_at, '-infinity') < due.at
-                             ORDER BY id FOR UPDATE OF memory_items SKIP LOCKED)
-                         UPDATE memory_items m SET embed_enqueued_at = due.at FROM rows, due
-                         WHERE m.tenant_id = $1 AND m.id = rows.id";
-        Some((statement, self.tenant_id.as_str(), self.items.iter().map(|i| i.item_id).collect()))
+        let ids = self.items.iter().map(|i| i.item_id).collect();
+        Some((queued_until!("embed_enqueued_at"), self.tenant_id.as_str(), ids))
     }
 }
 
@@ -221,13 +233,7 @@ impl JobArgs for JudgeJob {
     const QUEUE: Queue = Queue::Judge;
 
     fn rows_waiting(&self) -> Option<(&'static str, &str, Vec<Uuid>)> {
-        let statement = "WITH due AS (SELECT now() + make_interval(secs => $3) AS at), rows AS (
-                             SELECT id FROM memory_items, due
-                             WHERE tenant_id = $1 AND id = ANY($2) AND COALESCE(judge_enqueued_at, '-infinity') < due.at
-                             ORDER BY id FOR UPDATE OF memory_items SKIP LOCKED)
-                         UPDATE memory_items m SET judge_enqueued_at = due.at FROM rows, due
-                         WHERE m.tenant_id = $1 AND m.id = rows.id";
-        Some((statement, self.tenant_id.as_str(), vec![self.item_id]))
+        Some((queued_until!("judge_enqueued_at"), self.tenant_id.as_str(), vec![self.item_id]))
     }
 }
 
