@@ -535,7 +535,16 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
         "line {}: a memory_embeddings row this mnemo cannot store: a vector of 3 dimensions for model m, whose vectors have 4",
         vectors.len() - 1
     );
-    refused(&target, "vector lengths", vectors, &[], &expected).await;
+    refused(&target, "vector lengths", vectors.clone(), &[], &expected).await;
+    // All of one length, but not that of the model's index (built for another tenant's vectors).
+    assert!(target.store().ensure_vector_index("m", 4).await.expect("index"));
+    let three: Vec<String> = vectors.iter().map(|l| l.replace("[0.5,0.5,0.5,0.5]", "[0.5,0.5,0.5]")).collect();
+    let first = three.iter().position(|l| l.contains("\"table\":\"memory_embeddings\"")).expect("a vector line");
+    let expected = format!(
+        "line {}: a memory_embeddings row this mnemo cannot store: a vector of 3 dimensions for model m, whose vectors have 4",
+        first + 1
+    );
+    refused(&target, "index length", three, &[], &expected).await;
 
     // The bytes cut in the middle of the compressed stream.
     let bytes = std::fs::read(&good).expect("export");

@@ -448,17 +448,24 @@ impl Import {
             let problem = format!("time_zone {zone:?} is not one this PostgreSQL knows");
             return Err(ImportError::BadRow { line, table: "tenant_config", problem });
         }
-        // A model's vectors have one length: the first the file gives, or the tenant's stored
-        // ones. The column takes any length, and only the model's HNSW index, once built, would
-        // refuse another; a vector in before it would stop the index from ever being built.
+        // A model's vectors have one length: that of its HNSW index (`vector_index_name`, across
+        // tenants), or the tenant's stored vectors', or the first the file gives. The column
+        // takes any length, and only the index, once built, refuses another (with no line to
+        // name); a vector in before it would stop the index from ever being built.
         let odd: Option<(i64, String, i32, i32)> = sqlx::query_as(
             "WITH staged AS (
                  SELECT l.line, l.row->>'model' AS model, vector_dims((l.row->>'embedding')::vector) AS dims
                  FROM import_rows l WHERE l.tbl = 'memory_embeddings'
              ), expected AS (
                  SELECT DISTINCT ON (s.model) s.model,
-                        COALESCE((SELECT vector_dims(e.embedding) FROM memory_embeddings e
-                                  WHERE e.tenant_id = $1 AND e.model = s.model LIMIT 1), s.dims) AS dims
+                        COALESCE((SELECT split_part(c.relname, '_', 5)::int FROM pg_class c
+                                  WHERE c.relkind IN ('i', 'I')
+                                    AND starts_with(c.relname::text, 'memory_embeddings_hnsw_'
+                                        || left(encode(sha256(convert_to(s.model, 'UTF8')), 'hex'), 12) || '_')
+                                  LIMIT 1),
+                                 (SELECT vector_dims(e.embedding) FROM memory_embeddings e
+                                  WHERE e.tenant_id = $1 AND e.model = s.model LIMIT 1),
+                                 s.dims) AS dims
                  FROM staged s ORDER BY s.model, s.line
              )
              SELECT s.line, s.model, s.dims, x.dims FROM staged s JOIN expected x USING (model)
