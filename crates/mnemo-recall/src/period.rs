@@ -70,8 +70,7 @@ static FORMS: LazyLock<Vec<(Form, Regex)>> = LazyLock::new(|| {
 /// Whether `question` holds any form of a period; [`named_period`] says which period, given the
 /// day it is asked on. Most questions name none, and need not look up the tenant's day.
 pub fn names_a_period(question: &str) -> bool {
-    let question = question.to_lowercase();
-    FORMS.iter().any(|(form, regex)| regex.captures_iter(&question).any(|c| !names_something_else(*form, &c)))
+    first_match(&question.to_lowercase()).is_some()
 }
 
 /// The period `question` names, read as if asked on `today`; `None` when it names none. The
@@ -79,12 +78,15 @@ pub fn names_a_period(question: &str) -> bool {
 /// nothing, not the month around it.
 pub fn named_period(question: &str, today: NaiveDate) -> Option<Period> {
     let question = question.to_lowercase();
-    FORMS
-        .iter()
-        .find_map(|(form, regex)| {
-            regex.captures_iter(&question).find(|c| !names_something_else(*form, c)).map(|c| read(*form, &c, today))
-        })
-        .flatten()
+    let (form, c) = first_match(&question)?;
+    read(form, &c, today)
+}
+
+/// The first match of the first form the lowercased `question` holds that is a period.
+fn first_match(question: &str) -> Option<(Form, Captures<'_>)> {
+    FORMS.iter().find_map(|(form, regex)| {
+        regex.captures_iter(question).find(|c| !names_something_else(*form, c)).map(|c| (*form, c))
+    })
 }
 
 /// Whether a match is no period at all: a year followed by what it counts ("in 2000 words"), a
