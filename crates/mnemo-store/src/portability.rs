@@ -448,20 +448,26 @@ impl Import {
             let problem = format!("time_zone {zone:?} is not one this PostgreSQL knows");
             return Err(ImportError::BadRow { line, table: "tenant_config", problem });
         }
-        // A model's vectors have one length: that of its HNSW index (`vector_index_name`, across
-        // tenants), or the tenant's stored vectors', or the first the file gives. The column
-        // takes any length, and only the index, once built, refuses another (with no line to
-        // name); a vector in before it would stop the index from ever being built.
+        // A model's vectors have one length: that of its HNSW index (across tenants), or the
+        // tenant's stored vectors', or the first the file gives. The column takes any length, and
+        // only the index, once built, refuses another (with no line to name); a vector in before
+        // it would stop the index from ever being built.
+        let models: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT row->>'model' FROM import_rows WHERE tbl = 'memory_embeddings' AND row->>'model' IS NOT NULL",
+        )
+        .fetch_all(&mut *self.tx)
+        .await?;
+        let prefixes: Vec<String> = models.iter().map(|m| crate::search::vector_index_prefix(m)).collect();
         let odd: Option<(i64, String, i32, i32)> = sqlx::query_as(
             "WITH staged AS (
                  SELECT l.line, l.row->>'model' AS model, vector_dims((l.row->>'embedding')::vector) AS dims
                  FROM import_rows l WHERE l.tbl = 'memory_embeddings'
              ), expected AS (
                  SELECT DISTINCT ON (s.model) s.model,
-                        COALESCE((SELECT split_part(c.relname, '_', 5)::int FROM pg_class c
-                                  WHERE c.relkind IN ('i', 'I')
-                                    AND starts_with(c.relname::text, 'memory_embeddings_hnsw_'
-                                        || left(encode(sha256(convert_to(s.model, 'UTF8')), 'hex'), 12) || '_')
+                        COALESCE((SELECT split_part(substr(c.relname, length(p.prefix) + 1), '_', 1)::int
+                                  FROM unnest($2::text[], $3::text[]) AS p(model, prefix)
+                                  JOIN pg_class c ON c.relkind IN ('i', 'I') AND starts_with(c.relname::text, p.prefix)
+                                  WHERE p.model = s.model
                                   LIMIT 1),
                                  (SELECT vector_dims(e.embedding) FROM memory_embeddings e
                                   WHERE e.tenant_id = $1 AND e.model = s.model LIMIT 1),
@@ -472,6 +478,8 @@ impl Import {
              WHERE s.dims <> x.dims ORDER BY s.line LIMIT 1",
         )
         .bind(tenant)
+        .bind(&models)
+        .bind(&prefixes)
         .fetch_optional(&mut *self.tx)
         .await?;
         if let Some((line, model, dims, expected)) = odd {

@@ -571,8 +571,14 @@ fn sql_literal(text: &str) -> String {
 
 /// One index per (model, dimensions); model names may hold any character, so the name hashes it.
 pub(crate) fn vector_index_name(model: &str, dimensions: usize) -> String {
+    format!("{}{dimensions}", vector_index_prefix(model))
+}
+
+/// What every index of `model`'s vectors is named by, whatever their dimensions (its partitions'
+/// indexes add `_p{n}` after them).
+pub(crate) fn vector_index_prefix(model: &str) -> String {
     let digest = hex::encode(Sha256::digest(model.as_bytes()));
-    format!("memory_embeddings_hnsw_{}_{dimensions}", &digest[..12])
+    format!("memory_embeddings_hnsw_{}_", &digest[..12])
 }
 
 /// Binds `$1`–`$10`, which every search statement shares.
