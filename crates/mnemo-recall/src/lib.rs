@@ -308,9 +308,8 @@ impl Recall {
         };
         let (keyword, vector, pending) = tokio::join!(keyword, vector, pending);
         // One half failing (a statement past its timeout, a replica's connection lost) leaves
-        // the answer to the other, `degraded`; only both failing fail the recall.
-        // A half not asked for (`halves`), or a vector half without a query vector, answers
-        // nothing: the other failing fails the recall.
+        // the answer to the other, `degraded`. A half not asked for (`halves`), or a vector half
+        // without a query vector, answers nothing: the other failing fails the recall.
         let (keyword, vector, half_failed) = match (keyword, vector) {
             (Ok(keyword), Ok(vector)) => (keyword, vector, false),
             (Err(error), Ok(Some(vector))) if options.halves != Halves::KeywordOnly => {
