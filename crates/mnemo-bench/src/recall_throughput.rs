@@ -4,6 +4,9 @@
 //! recent-query cache: the figures are for distinct questions. The session holds 2,000 LoCoMo
 //! turns, embedded by an in-process worker, then vacuumed and analyzed before the clients start.
 //! With `MNEMO_READ_DATABASE_URL` set, the API reads from that replica (of the bench's database).
+//! Before the levels, a warm-up at the largest level's clients (questions no level asks, not
+//! counted): a fresh server's pool opens its connections then, and PostgreSQL plans each
+//! statement afresh for its first executions on a connection, which a running server has done.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +35,9 @@ pub struct Args {
     /// Requests per level, each a question no earlier request asked.
     #[arg(long, default_value_t = 300)]
     requests: usize,
+    /// Warm-up requests before the levels, not counted (0: none).
+    #[arg(long, default_value_t = 90)]
+    warmup: usize,
     #[arg(long)]
     json: bool,
 }
@@ -42,7 +48,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let turns: Vec<String> = samples.iter().flat_map(|s| s.turns()).map(|t| t.line()).take(args.turns).collect();
     let mut questions: Vec<String> = samples.iter().flat_map(|s| &s.qa).filter_map(|qa| qa.question.clone()).collect();
     questions.dedup();
-    let needed = args.requests * args.clients.len();
+    let needed = args.requests * args.clients.len() + args.warmup;
     anyhow::ensure!(questions.len() >= needed, "{needed} distinct questions needed, the file has {}", questions.len());
 
     let api = LocalApi::start(&env).await?;
@@ -77,45 +83,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     drop(model);
 
     let url = format!("{}/recall", api.base);
+    if args.warmup > 0 {
+        let clients = args.clients.iter().copied().max().unwrap_or(1);
+        let (_, seconds, _) = level(&api, &url, &token, &questions[questions.len() - args.warmup..], clients).await?;
+        eprintln!(
+            "warm-up, not counted: {} recalls from {clients} clients, {:.1}/s",
+            args.warmup,
+            args.warmup as f64 / seconds
+        );
+    }
     let mut results = Vec::new();
-    for (level, &clients) in args.clients.iter().enumerate() {
-        let asked: Arc<Vec<String>> = Arc::new(questions[level * args.requests..][..args.requests].to_vec());
-        let next = Arc::new(AtomicUsize::new(0));
-        let started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..clients {
-            let (asked, next, http, url, token) =
-                (asked.clone(), next.clone(), api.http.clone(), url.clone(), token.clone());
-            tasks.spawn(async move {
-                let (mut latencies, mut degraded) = (Vec::new(), 0u64);
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(question) = asked.get(i) else { return Ok::<_, anyhow::Error>((latencies, degraded)) };
-                    let t = Instant::now();
-                    let response = http
-                        .post(&url)
-                        .bearer_auth(&token)
-                        .json(&json!({ "query": question, "top_k": 10 }))
-                        .send()
-                        .await?;
-                    anyhow::ensure!(response.status().as_u16() == 200, "recall answered {}", response.status());
-                    let body: Value = response.json().await?;
-                    // Every row is embedded: only a replica behind the primary makes a recall degraded.
-                    degraded += u64::from(body["degraded"] == true);
-                    latencies.push(t.elapsed().as_micros() as u64);
-                }
-            });
-        }
-        let mut histogram = Histogram::<u64>::new(3)?;
-        let mut degraded = 0;
-        while let Some(done) = tasks.join_next().await {
-            let (latencies, degraded_here) = done??;
-            for latency in latencies {
-                histogram.record(latency)?;
-            }
-            degraded += degraded_here;
-        }
-        let seconds = started.elapsed().as_secs_f64();
+    for (at, &clients) in args.clients.iter().enumerate() {
+        let asked = &questions[at * args.requests..][..args.requests];
+        let (histogram, seconds, degraded) = level(&api, &url, &token, asked, clients).await?;
         let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
         results.push(json!({ "clients": clients, "requests": args.requests, "seconds": seconds,
                              "recalls_per_s": args.requests as f64 / seconds,
@@ -156,4 +136,48 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `asked` from `clients` at once, each asking the next question not yet asked: the latencies
+/// (µs), the seconds the level took, and how many answers were degraded.
+async fn level(
+    api: &LocalApi,
+    url: &str,
+    token: &str,
+    asked: &[String],
+    clients: usize,
+) -> anyhow::Result<(Histogram<u64>, f64, u64)> {
+    let asked: Arc<Vec<String>> = Arc::new(asked.to_vec());
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let (asked, next, http, url, token) =
+            (asked.clone(), next.clone(), api.http.clone(), url.to_owned(), token.to_owned());
+        tasks.spawn(async move {
+            let (mut latencies, mut degraded) = (Vec::new(), 0u64);
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(question) = asked.get(i) else { return Ok::<_, anyhow::Error>((latencies, degraded)) };
+                let t = Instant::now();
+                let response =
+                    http.post(&url).bearer_auth(&token).json(&json!({ "query": question, "top_k": 10 })).send().await?;
+                anyhow::ensure!(response.status().as_u16() == 200, "recall answered {}", response.status());
+                let body: Value = response.json().await?;
+                // Every row is embedded: only a replica behind the primary makes a recall degraded.
+                degraded += u64::from(body["degraded"] == true);
+                latencies.push(t.elapsed().as_micros() as u64);
+            }
+        });
+    }
+    let mut histogram = Histogram::<u64>::new(3)?;
+    let mut degraded = 0;
+    while let Some(done) = tasks.join_next().await {
+        let (latencies, degraded_here) = done??;
+        for latency in latencies {
+            histogram.record(latency)?;
+        }
+        degraded += degraded_here;
+    }
+    Ok((histogram, started.elapsed().as_secs_f64(), degraded))
 }
