@@ -837,6 +837,12 @@ async fn overflow_keeps_the_summary_and_the_last_turns_and_schedules_compaction(
         ]
     );
     assert_eq!(chat.requests().len(), 1, "overflow recovery never calls a model");
+    // A window that fit by our count, refused by a model that counts more: the retry leaves a
+    // quarter of the budget unused.
+    let fitted = overflow["diagnostics"]["tokens"]["total"].as_u64().expect("total");
+    let again = context(&app, &t, "s1", json!({ "overflow": true, "max_input_tokens": fitted })).await;
+    assert_eq!(again["diagnostics"]["budget"].as_u64(), Some(fitted - fitted / 4), "{again}");
+    assert!(again["diagnostics"]["tokens"]["total"].as_u64().expect("total") <= fitted - fitted / 4, "{again}");
     let trigger: String = sqlx::query_scalar("SELECT trigger FROM session_compaction_requests")
         .fetch_one(&app.db.pool)
         .await

@@ -939,6 +939,47 @@ async fn packs_keep_their_budgets_and_layer_limits() {
 /// A tool output is read as its session's messages are: by a token bound to that session, the
 /// user whose row it is (without a session), or a service token without a session.
 #[tokio::test]
+async fn a_context_pack_leaves_out_the_notes_its_memory_part_places() {
+    let (app, _provider) = app().await;
+    let ann = principal("acme", Some("ann"), Some("helper"), Some("s1"));
+    let today = chrono::Utc::now().date_naive(); // the tenant's zone is UTC
+    let old_day = today - chrono::Days::new(30);
+    for (path, content) in [
+        ("MEMORY.md".to_owned(), "Ann keeps her kayak Bluebell in the boathouse."),
+        (format!("memory/{today}.md"), "Ann paddled her kayak Daffodil upstream today."),
+        (format!("memory/{old_day}.md"), "Ann sold her old kayak Marigold last month."),
+    ] {
+        let put = app
+            .client
+            .put(&format!("/v1/workspace/files/{path}"), Some(&token(&ann)), &json!({"content": content}))
+            .await;
+        assert!(matches!(put.status, 200 | 201), "{path}: {:?}", put.body);
+    }
+    embed_like_the_provider(&app.db.store(), MODEL, DIMS).await;
+    let window = || async {
+        let body = json!({"current_message": "Bluebell, Daffodil or Marigold: which kayak?", "memory_pack": true});
+        let reply = app.client.post("/v1/sessions/s1/context", Some(&token(&ann)), &body).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        reply.body["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .collect::<String>()
+    };
+    // The memory part places MEMORY.md and today's note; the pack brings the older note alone.
+    let text = window().await;
+    for (name, times) in [("Bluebell", 1), ("Daffodil", 1), ("Marigold", 1)] {
+        assert_eq!(text.matches(&format!("kayak {name}")).count(), times, "{name}: {text}");
+    }
+    // MEMORY.md disabled is in no prompt, the pack's included.
+    let patch = app.client.patch("/v1/workspace/files/MEMORY.md", Some(&token(&ann)), &json!({"enabled": false})).await;
+    assert_eq!(patch.status, 200, "{:?}", patch.body);
+    let text = window().await;
+    assert!(!text.contains("kayak Bluebell") && text.contains("kayak Marigold"), "{text}");
+}
+
+#[tokio::test]
 async fn tool_outputs_follow_the_session_rules() {
     let (app, _provider) = app().await;
     let writer = principal("acme", Some("ann"), None, Some("s1"));

@@ -1,6 +1,7 @@
 //! A session's conversation over HTTP: its messages in order (`GET /v1/sessions/{sid}/messages`)
 //! and the context window for the next model call (`POST /v1/sessions/{sid}/context`), which
-//! always fits the caller's budget and never waits for a model.
+//! always fits the caller's budget and never waits for a chat model (a memory pack's query is
+//! embedded as recall's is, within recall's wait).
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -153,7 +154,20 @@ pub async fn context(
         tool_name: None,
         name_tokens: 0,
     });
-    let budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
+    let mut budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
+    if asked.overflow {
+        // The model refused a window that fit by our count: it counts more than we do. A quarter
+        // of the budget is left unused (at most what the system prompt and current message leave),
+        // so the retry is not the same window again.
+        let own = WindowInput {
+            system_prompt: asked.system_prompt.as_deref(),
+            current: current.as_ref(),
+            budget,
+            ..Default::default()
+        };
+        let room = history_room(&own, tokenizer).map_err(budget_too_small)?;
+        budget -= u32::try_from(room.min(u64::from(budget / 4))).unwrap_or(0);
+    }
     let pack_left_out = match &asked.memory_pack {
         None => None,
         Some(AskedPack::NoQuery) => Some("no_query"),
@@ -183,8 +197,8 @@ pub async fn context(
         }
         Err(_) => None,
     };
-    let files = workspace.as_ref().map(|w| w.files.as_str());
-    let notes = workspace.as_ref().map_or("", |w| w.memory.as_str());
+    let files = workspace.as_ref().map(|(w, _)| w.files.as_str());
+    let notes = workspace.as_ref().map_or("", |(w, _)| w.memory.as_str());
     // The memory pack joins the notes: both are what the agent remembers, placed as reference
     // before the conversation, in what the workspace leaves (none when too little is left).
     let placed = [files.unwrap_or(""), notes].iter().map(|text| u64::from(tokenizer.count(text)) + 2).sum::<u64>();
@@ -194,6 +208,8 @@ pub async fn context(
             pack_request.max_budget_tokens =
                 pack_request.max_budget_tokens.min(u32::try_from(room).unwrap_or(u32::MAX));
             pack_request.soft_budget_tokens = pack_request.soft_budget_tokens.min(pack_request.max_budget_tokens);
+            // MEMORY.md and the recent notes are the memory part's (or, disabled, kept out).
+            pack_request.placed_notes = workspace.as_ref().map(|(_, placed)| *placed);
             // The working layer is the path's session: a service token is bound to none.
             let reader = Principal { session: Some(session.clone()), ..principal.clone() };
             Some(build_pack(&state.recall, tokenizer, &reader, &pack_request, &RecallOptions::default()).await?)

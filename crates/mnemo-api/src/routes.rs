@@ -429,7 +429,7 @@ pub fn pack_request(body: &mut JsonObject, query: String) -> Result<PackRequest,
         }
         layers.finish()?;
     }
-    Ok(PackRequest { query, soft_budget_tokens: soft, max_budget_tokens: max, top_k })
+    Ok(PackRequest { query, soft_budget_tokens: soft, max_budget_tokens: max, top_k, placed_notes: None })
 }
 
 pub fn pack_json(pack: &MemoryPack, request: &PackRequest) -> serde_json::Value {

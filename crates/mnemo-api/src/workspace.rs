@@ -9,6 +9,7 @@ use mnemo_core::{
     FileKey, InvalidInput, MemoryNotes, PromptFile, ScopeError, Workspace, WorkspacePath, WorkspacePrompt,
     render_prompt,
 };
+use mnemo_recall::PlacedNotes;
 use mnemo_store::{ConsolidationRequest, Edited, FileMeta, WorkspaceFile, Written};
 use serde_json::{Value, json};
 
@@ -298,7 +299,7 @@ pub async fn prompt(
         }
     }
     let workspace = workspace(&state, &principal, None).await?;
-    let parts = workspace_prompt(&state, &workspace, budget).await?;
+    let (parts, _) = workspace_prompt(&state, &workspace, budget).await?;
     let prompt = parts.joined();
     let tokens = state.tokenizer.count(&prompt);
     Ok(Json(json!({ "prompt": prompt, "files": parts.files, "memory": parts.memory, "tokens": tokens })))
@@ -307,12 +308,13 @@ pub async fn prompt(
 /// The workspace's part of a prompt within `budget` tokens: the enabled files, then the memory
 /// sections (MEMORY.md if enabled, today's note and the notes of the days before it, by the
 /// tenant's time zone). What `/prompt` answers, and what a context window places after the
-/// system prompt (the files as system content, the memory as a marked user message).
+/// system prompt (the files as system content, the memory as a marked user message). With the
+/// notes the memory part places by rule, whether or not they fit.
 pub async fn workspace_prompt(
     state: &AppState,
     workspace: &Workspace,
     budget: u64,
-) -> Result<WorkspacePrompt, ApiError> {
+) -> Result<(WorkspacePrompt, PlacedNotes), ApiError> {
     let (_, today) = state.store.tenant_today(&workspace.tenant).await?;
     let since = today - chrono::Days::new(u64::from(state.workspace.recent_days));
     let files = state.store.enabled_files(workspace).await?;
@@ -324,7 +326,7 @@ pub async fn workspace_prompt(
     };
     let files: Vec<PromptFile<'_>> =
         files.iter().map(|f| PromptFile { path: f.path.as_str(), content: &f.content }).collect();
-    Ok(render_prompt(&files, &memory, budget, state.tokenizer.as_ref()))
+    Ok((render_prompt(&files, &memory, budget, state.tokenizer.as_ref()), PlacedNotes { since, until: today }))
 }
 
 /// `%XX` escapes and `+` decoded; `None` for invalid escapes or UTF-8.

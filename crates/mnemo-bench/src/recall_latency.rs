@@ -175,6 +175,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             soft_budget_tokens: PackRequest::DEFAULT_SOFT_BUDGET,
             max_budget_tokens: PackRequest::DEFAULT_MAX_BUDGET,
             top_k: PackTopK::default(),
+            placed_notes: None,
         };
         let options = RecallOptions { query_vector: Some(v.clone()), ..RecallOptions::default() };
         let t = Instant::now();

@@ -11,7 +11,8 @@ pub enum TokenizerName {
     O200kBase,
     /// tiktoken's `cl100k_base` (GPT-4, GPT-3.5).
     Cl100kBase,
-    /// The seeds' estimate, characters / 3.5, for models no BPE here matches.
+    /// An estimate by characters (the seeds' 3.5 a token, for ASCII), for models no BPE here
+    /// matches.
     CharEstimate,
 }
 

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::text::{cut_note, elided_output_key};
 use crate::window::{Role, WindowMessage, turn_start, units};
 use crate::{InvalidInput, ModelFailure, SessionId};
 
@@ -89,7 +90,7 @@ pub fn units_within(history: &[WindowMessage], max_tokens: u64) -> usize {
 }
 
 /// `text` cut to its first and last characters around a marker when it is longer than
-/// `max_chars` characters.
+/// `max_chars` characters; the marker names an elided tool output's key the cut took out.
 pub fn preview(text: &str, max_chars: usize) -> String {
     let total = text.chars().count();
     if total <= max_chars {
@@ -97,7 +98,8 @@ pub fn preview(text: &str, max_chars: usize) -> String {
     }
     let head: String = text.chars().take(max_chars.div_ceil(2)).collect();
     let tail: String = text.chars().skip(total - max_chars / 2).collect();
-    format!("{head}\n…[{} characters omitted]…\n{tail}", total - max_chars)
+    let key = elided_output_key(text).filter(|k| !head.contains(k.as_str()) && !tail.contains(k.as_str()));
+    format!("{head}{}{tail}", cut_note(total - max_chars, "omitted", key.as_ref()))
 }
 
 /// The messages a summarizer reads: tool traffic previewed (a tool call's arguments are its
@@ -294,6 +296,18 @@ mod tests {
         assert_eq!(lines[1].render().split(']').next(), Some("[assistant calls search"));
         assert_eq!(lines[2].render().split(']').next(), Some("[tool search result"));
         assert_eq!(preview("short", 10), "short");
+    }
+
+    #[test]
+    fn a_preview_names_the_elided_output_its_cut_took_out() {
+        let key = "tout_0123456789abcdef0123456789abcdef";
+        let marker = format!("\n\n[… 90000 bytes elided; the full output is tool output {key} …]\n\n");
+        let stored = format!("{}{marker}{}", "h".repeat(10_000), "t".repeat(5_000));
+        let cut = preview(&stored, TOOL_PREVIEW_CHARS);
+        assert!(cut.contains(key), "{cut}");
+        // Named once: a key the head or tail still shows is not repeated.
+        let near_the_end = format!("{}{marker}{}", "h".repeat(10_000), "t".repeat(20));
+        assert_eq!(preview(&near_the_end, TOOL_PREVIEW_CHARS).matches(key).count(), 1);
     }
 
     #[test]

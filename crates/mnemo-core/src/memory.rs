@@ -3,7 +3,8 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     AgentId, FactScope, FileKey, InvalidInput, MemoryText, Origin, Principal, Role, Scope, SessionId, SourceKind,
-    SourceRef, TenantId, ToolOutputKey, ToolOutputText, Typed, TypedInput, UserId, Visibility, fact_source_ref,
+    SourceRef, TenantId, ToolOutputKey, ToolOutputText, Typed, TypedInput, UserId, Visibility, WorkspacePath,
+    fact_source_ref,
 };
 
 /// Caller-supplied metadata: a JSON object of at most 16 KiB with no NUL anywhere (PostgreSQL's
@@ -306,6 +307,12 @@ impl NewMemory {
             typed: Typed::defaults(SourceKind::SessionSummary, Scope::Session, Origin::Consolidation, None),
             seen_in: None,
         }
+    }
+
+    /// The file a [`NewMemory::workspace_note`] piece's source_ref names.
+    pub fn workspace_note_path(source_ref: &str) -> Option<WorkspacePath> {
+        let rest = source_ref.strip_prefix("workspace:")?.split_once(':')?.1;
+        WorkspacePath::parse(&rest[..rest.rfind("@v")?]).ok()
     }
 
     /// A piece of a user's recallable workspace file (`MEMORY.md`, a daily note) as of `version`,

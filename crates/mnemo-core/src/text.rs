@@ -72,14 +72,34 @@ impl ToolOutputText {
 /// Two thirds head, one third tail: the start of an output says what it is, the end how it
 /// finished. Cuts fall on character boundaries.
 fn elide(full: &str, key: &ToolOutputKey) -> String {
-    let marker = format!("\n\n[… {} bytes elided; the full output is tool output {key} …]\n\n", full.len());
+    let marker = format!("\n\n[… {} bytes elided; {FULL_OUTPUT_IS}{key} …]\n\n", full.len());
     // Leave room for the marker even if the elided count is written with more digits.
     let budget = MAX_CONTENT_BYTES - marker.len() - 8;
     let head_end = full.floor_char_boundary(budget * 2 / 3);
     let tail_start = full.ceil_char_boundary(full.len() - (budget - head_end));
     let elided = tail_start - head_end;
-    let marker = format!("\n\n[… {elided} bytes elided; the full output is tool output {key} …]\n\n");
+    let marker = format!("\n\n[… {elided} bytes elided; {FULL_OUTPUT_IS}{key} …]\n\n");
     format!("{}{marker}{}", &full[..head_end], &full[tail_start..])
+}
+
+/// What an elided tool output's marker says before its key.
+const FULL_OUTPUT_IS: &str = "the full output is tool output ";
+
+/// The key an elided tool output's preview names, if `text` holds one: a cut that takes the
+/// preview's middle out must name it again, or the payload is out of the reader's reach.
+pub fn elided_output_key(text: &str) -> Option<ToolOutputKey> {
+    let at = text.find(FULL_OUTPUT_IS)? + FULL_OUTPUT_IS.len();
+    let end = at + ToolOutputKey::PREFIX.len() + ToolOutputKey::HEX_DIGITS;
+    ToolOutputKey::parse(text.get(at..end)?)
+}
+
+/// Where a cut took `removed` characters out of a text, naming `key` when the cut took the
+/// text's own mention of it (see [`elided_output_key`]).
+pub fn cut_note(removed: usize, why: &str, key: Option<&ToolOutputKey>) -> String {
+    match key {
+        Some(key) => format!("\n…[{removed} characters {why}; {FULL_OUTPUT_IS}{key}]…\n"),
+        None => format!("\n…[{removed} characters {why}]…\n"),
+    }
 }
 
 /// `tout_` and 32 hex digits, derived from the tenant and the tool call, so a retried write

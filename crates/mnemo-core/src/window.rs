@@ -22,6 +22,7 @@
 //! the memory take what those leave, cut (the memory first) or left out.
 
 use crate::InvalidInput;
+use crate::text::{cut_note, elided_output_key};
 
 string_enum!(
     /// Who said a message, as the OpenAI chat format names it.
@@ -264,11 +265,6 @@ pub enum WindowError {
 
 /// The fewest tokens of workspace files or memory worth placing.
 pub const MIN_PART_TOKENS: u64 = 16;
-
-/// The marker a cut message carries where its middle was.
-fn cut_marker(removed_chars: usize) -> String {
-    format!("\n…[{removed_chars} characters cut to fit the context window]…\n")
-}
 
 /// The parts placed before the history (system prompt, workspace files, memory), with their
 /// costs, and the room they leave for the summary, the history and the current message's
@@ -593,29 +589,40 @@ pub fn tail_suffices(newest_first: &[WindowMessage], room: u64, keep_turns: Opti
         || (oldest.starts_turn() && keep_turns.is_some_and(|n| turns >= n.max(1)))
 }
 
-/// `text` cut in the middle to at most `max_tokens`, its head and tail kept around a marker.
-/// Cut by characters, then checked with the counter and shortened until it fits.
+/// `text` cut in the middle to at most `max_tokens`, its head and tail kept around a marker
+/// (which names an elided tool output's key when the cut took the preview's own mention of it).
+/// Cut by characters in proportion to the room the marker leaves, then checked with the counter
+/// and shortened in proportion to the excess until it fits.
 pub fn cut_to(text: &str, max_tokens: u64, counter: &dyn TokenCounter) -> String {
-    if u64::from(counter.count(text)) <= max_tokens {
+    let total = u64::from(counter.count(text));
+    if total <= max_tokens {
         return text.to_owned();
     }
     let chars: Vec<char> = text.chars().collect();
-    let total = u64::from(counter.count(text)).max(1);
-    let mut keep = ((chars.len() as u64 * max_tokens) / total) as usize;
+    let key = elided_output_key(text);
+    let count = |s: &str| u64::from(counter.count(s));
+    let marker_cost = count(&cut_note(chars.len(), CUT_TO_FIT, key.as_ref()));
+    let room = |max: u64| max.saturating_sub(marker_cost);
+    let mut keep = usize::try_from(chars.len() as u64 * room(max_tokens) / room(total).max(1)).unwrap_or(0);
     loop {
-        let candidate = if keep == 0 {
-            String::new()
-        } else {
-            let head: String = chars[..keep.div_ceil(2)].iter().collect();
-            let tail: String = chars[chars.len() - keep / 2..].iter().collect();
-            format!("{head}{}{tail}", cut_marker(chars.len() - keep))
-        };
-        if keep == 0 || u64::from(counter.count(&candidate)) <= max_tokens {
+        if keep == 0 {
+            return String::new();
+        }
+        let head: String = chars[..keep.div_ceil(2)].iter().collect();
+        let tail: String = chars[chars.len() - keep / 2..].iter().collect();
+        let cut_key = key.as_ref().filter(|k| !head.contains(k.as_str()) && !tail.contains(k.as_str()));
+        let candidate = format!("{head}{}{tail}", cut_note(chars.len() - keep, CUT_TO_FIT, cut_key));
+        let cost = count(&candidate);
+        if cost <= max_tokens {
             return candidate;
         }
-        keep = keep * 3 / 4;
+        let scaled = keep as u64 * room(max_tokens) / room(cost).max(1);
+        keep = usize::try_from(scaled).unwrap_or(0).min(keep - 1);
     }
 }
+
+/// Why a message's middle is missing, as its marker says.
+const CUT_TO_FIT: &str = "cut to fit the context window";
 
 #[cfg(test)]
 mod tests {
@@ -823,6 +830,27 @@ mod tests {
         assert!(kept.content.starts_with("HEAD") && kept.content.ends_with("TAIL"), "{}", kept.content);
         assert!(kept.content.contains("characters cut to fit"));
         assert!(window.total_tokens() <= 200);
+    }
+
+    #[test]
+    fn a_cut_keeps_what_fits() {
+        for (length, max) in [(4_000, 200), (40_000, 1_000), (1_000, 60)] {
+            let cut = cut_to(&"x".repeat(length), max, &Quarters);
+            let cost = u64::from(Quarters.count(&cut));
+            assert!(cost <= max && cost * 20 >= max * 19, "{length} characters into {max} tokens: {cost}");
+        }
+        assert_eq!(cut_to(&"x".repeat(1_000), 5, &Quarters), "", "no room for the marker");
+    }
+
+    #[test]
+    fn a_cut_through_an_elided_outputs_marker_names_its_key() {
+        let key = "tout_0123456789abcdef0123456789abcdef";
+        let marker = format!("\n\n[… 90000 bytes elided; the full output is tool output {key} …]\n\n");
+        let stored = format!("{}{marker}{}", "h".repeat(10_000), "t".repeat(5_000));
+        let cut = cut_to(&stored, 500, &Quarters);
+        assert!(u64::from(Quarters.count(&cut)) <= 500);
+        assert!(cut.contains(key), "{cut}");
+        assert_eq!(cut_to(&"x".repeat(4_000), 200, &Quarters).matches("tool output").count(), 0);
     }
 
     #[test]

@@ -77,17 +77,33 @@ const REMEMBERED: usize = 64;
 /// wait as long (docs/benchmarks.md, "Short writes beside context calls with a long prompt").
 const LONG_TEXT_BYTES: usize = 256 * 1024;
 
+/// The name `MNEMO_TOKENIZER=chars` counts under, in stored counts.
+const CHAR_ESTIMATE: &str = "chars-2";
+
+/// 3.5 ASCII characters a token (English prose runs 4 and more), and a token for every two
+/// bytes of any other character: a BPE spends one on most characters of Chinese or Japanese,
+/// two or three on an emoji, and counting more than it does is only room left unused.
+fn char_estimate(text: &str) -> u32 {
+    let ascii = text.bytes().filter(u8::is_ascii).count();
+    let other: usize = text.chars().filter(|c| !c.is_ascii()).map(|c| c.len_utf8().div_ceil(2)).sum();
+    u32::try_from((ascii * 2).div_ceil(7) + other).unwrap_or(u32::MAX)
+}
+
 impl TokenCounter for Tokenizer {
     fn count(&self, text: &str) -> u32 {
         match self.bpe {
             Some(bpe) => counting(text.len(), || count_by(bpe, text)),
-            // 3.5 characters a token: ceil(chars × 2 / 7).
-            None => u32::try_from((text.chars().count() * 2).div_ceil(7)).unwrap_or(u32::MAX),
+            None => char_estimate(text),
         }
     }
 
     fn name(&self) -> &str {
-        self.name.as_str()
+        match self.bpe {
+            Some(_) => self.name.as_str(),
+            // Not "chars": counts stored by the estimate that took 3.5 of any characters for a
+            // token (far under for Chinese or Japanese) are made again.
+            None => CHAR_ESTIMATE,
+        }
     }
 
     fn count_for(&self, tenant: &str, text: &str) -> u32 {
@@ -127,6 +143,21 @@ mod tests {
         assert_eq!(Tokenizer::new(TokenizerName::O200kBase).count(""), 0);
         assert_eq!(Tokenizer::new(TokenizerName::CharEstimate).count("abcdefg"), 2);
         assert_eq!(Tokenizer::new(TokenizerName::CharEstimate).count("abcdefgh"), 3);
+        // Not under a real tokenizer's count for text of other scripts.
+        let (estimate, o200k) = (Tokenizer::new(TokenizerName::CharEstimate), Tokenizer::new(TokenizerName::O200kBase));
+        for text in [
+            "东京今天的天气阳光明媚",
+            "今日は東京で会議があります。",
+            "Привет, как дела у тебя сегодня?",
+            "Ann: 東京 🌸🌸",
+        ] {
+            assert!(
+                estimate.count(text) >= o200k.count(text),
+                "{text}: {} < {}",
+                estimate.count(text),
+                o200k.count(text)
+            );
+        }
     }
 
     #[test]

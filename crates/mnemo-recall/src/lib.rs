@@ -33,7 +33,7 @@ mod restated;
 
 use access::AccessTracker;
 pub use fusion::{CLASS_RRF_K, LIST_RRF_K, fuse};
-pub use pack::{LayerUsage, MemoryPack, PackItem, PackLayer, PackRequest, PackTopK, build_pack};
+pub use pack::{LayerUsage, MemoryPack, PackItem, PackLayer, PackRequest, PackTopK, PlacedNotes, build_pack};
 use participant::named_participants;
 use period::{named_period, names_a_period};
 use query_vectors::QueryVectors;

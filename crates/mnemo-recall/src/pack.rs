@@ -8,7 +8,8 @@
 //! never passes the max budget, and passes the soft one only by those items. Working memory is the caller's own session; the other layers are long-term rows
 //! by their `layer`. Faded rows (decay below the floor) are not packed.
 
-use mnemo_core::{Principal, RecallScope, Scope, TokenCounter};
+use chrono::NaiveDate;
+use mnemo_core::{NewMemory, Principal, RecallScope, Scope, SourceKind, TokenCounter};
 use uuid::Uuid;
 
 use crate::{Query, Recall, RecallError, RecallOptions, RecalledItem};
@@ -96,6 +97,27 @@ pub struct PackRequest {
     pub soft_budget_tokens: u32,
     pub max_budget_tokens: u32,
     pub top_k: PackTopK,
+    /// In a context window, the notes its memory part already places: not packed again.
+    pub placed_notes: Option<PlacedNotes>,
+}
+
+/// The user's workspace notes a context window's memory part places by rule: `MEMORY.md` (or
+/// keeps out of every prompt, when disabled) and the daily notes from `since` through `until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacedNotes {
+    pub since: NaiveDate,
+    pub until: NaiveDate,
+}
+
+impl PlacedNotes {
+    /// Whether `item` is a recall piece of one of these notes.
+    fn hold(&self, item: &RecalledItem) -> bool {
+        item.source_kind == SourceKind::WorkspaceNote
+            && NewMemory::workspace_note_path(&item.source_ref).is_some_and(|path| {
+                path.as_str() == "MEMORY.md"
+                    || path.note_day().is_some_and(|day| (self.since..=self.until).contains(&day))
+            })
+    }
 }
 
 impl PackRequest {
@@ -185,7 +207,8 @@ pub async fn build_pack(
         })
         .collect();
     let mut candidates: Vec<PackItem> = Vec::new();
-    for item in ranked.items.into_iter().filter(|i| !i.faded) {
+    let placed = |i: &RecalledItem| request.placed_notes.is_some_and(|notes| notes.hold(i));
+    for item in ranked.items.into_iter().filter(|i| !i.faded && !placed(i)) {
         let layer = PackLayer::of(&item);
         let usage = &mut layers[layer.index()];
         if usage.candidates >= request.top_k.get(layer) {
