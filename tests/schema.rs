@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use mnemo_store::MIGRATOR;
-use mnemo_testkit::{Client, TestApp, TestDb, wait_until};
+use mnemo_testkit::{Client, TestApp, TestDb, WorkerProcess, wait_until};
 
 #[tokio::test]
 async fn migrations_are_current_and_re_runnable() {
@@ -40,6 +40,41 @@ async fn the_runbook_refuses_to_migrate_a_database_a_newer_build_migrated() {
     let newer = migrate();
     let stderr = String::from_utf8_lossy(&newer.stderr);
     assert!(!newer.status.success() && stderr.contains("migrated by a newer mnemo"), "{stderr}");
+}
+
+/// Migrate, then deploy: a worker of the older build that starts in between (restarted by a
+/// drain or a crash) runs, as the older server stays ready; one on a database not yet migrated
+/// stops, saying so.
+#[tokio::test]
+async fn a_worker_starts_on_a_schema_a_newer_build_migrated_but_not_on_an_older_one() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (29991231000000, 'from a newer build', true, '\\x00', 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a newer build's migration");
+    let mut worker = WorkerProcess::start(&db.url, &[] as &[(&str, &str)]).await.expect("the worker starts");
+    assert!(worker.try_wait().expect("status").is_none());
+    worker.terminate().await.expect("a clean stop");
+
+    let last: i64 = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE version < 29991231000000")
+        .fetch_one(&db.pool)
+        .await
+        .expect("the last migration");
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version >= $1").bind(last).execute(&db.pool).await.expect("older");
+    let mut worker = std::process::Command::new(mnemo_testkit::binary("mnemo-worker").expect("worker"));
+    worker
+        .env_clear()
+        .env(mnemo_config::vars::DATABASE_URL, &db.url)
+        .env(mnemo_config::vars::WORKER_LISTEN, "127.0.0.1:0");
+    if let Ok(dir) = std::env::var(mnemo_config::vars::LOCAL_MODEL_DIR) {
+        worker.env(mnemo_config::vars::LOCAL_MODEL_DIR, dir);
+    }
+    let refused = worker.output().expect("the worker runs");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("mnemo-runbook migrate"), "{stderr}");
 }
 
 #[tokio::test]

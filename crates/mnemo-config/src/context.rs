@@ -95,10 +95,17 @@ impl ContextSettings {
         if !(0.0..=1.0).contains(&trigger_ratio) {
             problems.0.push(format!("{}={trigger_ratio} must be between 0 and 1", vars::COMPACT_TRIGGER_RATIO));
         }
-        let trigger_messages =
-            problems.parsed(env, vars::COMPACT_TRIGGER_MESSAGES, defaults.trigger_messages, "a whole number");
-        let keep_pairs = problems.parsed(env, vars::COMPACT_KEEP_PAIRS, defaults.keep_pairs, "a whole number");
-        let keep_tokens = match problems.parsed(env, vars::COMPACT_KEEP_TOKENS, 0u64, "a whole number") {
+        let trigger_messages = problems.bounded(
+            env,
+            vars::COMPACT_TRIGGER_MESSAGES,
+            defaults.trigger_messages,
+            0..=1_000_000,
+            "a whole number",
+        );
+        let keep_pairs =
+            problems.bounded(env, vars::COMPACT_KEEP_PAIRS, defaults.keep_pairs, 0..=10_000, "a whole number");
+        let keep_tokens = match problems.bounded(env, vars::COMPACT_KEEP_TOKENS, 0u64, 0..=10_000_000, "a whole number")
+        {
             0 => None,
             n => Some(n),
         };

@@ -35,6 +35,9 @@ pub struct EmbedSettings {
 /// The models the local provider runs, with their dimensions; the first is the default.
 /// all-mpnet-base-v2 ranks better and costs 4.4 to 6.2 times as much per text
 /// (docs/benchmarks.md, "A stronger local model").
+/// The most dimensions pgvector's HNSW index takes for a `vector`.
+const MAX_INDEXED_DIMENSIONS: usize = 2000;
+
 pub const LOCAL_EMBED_MODELS: [(&str, usize); 2] = [("all-MiniLM-L6-v2", 384), ("all-mpnet-base-v2", 768)];
 
 impl EmbedSettings {
@@ -78,6 +81,14 @@ impl EmbedSettings {
                 let dimensions = problems.parsed(env, vars::EMBED_DIMENSIONS, 0usize, "a whole number");
                 if dimensions == 0 {
                     problems.0.push(format!("the openai provider needs {} (e.g. 1536)", vars::EMBED_DIMENSIONS));
+                } else if dimensions > MAX_INDEXED_DIMENSIONS {
+                    // Every search would scan every vector: pgvector's HNSW index takes no more.
+                    problems.0.push(format!(
+                        "{}={dimensions}: pgvector indexes vectors of at most {MAX_INDEXED_DIMENSIONS} dimensions; \
+                         ask the model for shorter ones ({}=true, for text-embedding-3 models)",
+                        vars::EMBED_DIMENSIONS,
+                        vars::EMBED_SEND_DIMENSIONS
+                    ));
                 }
                 let send_dimensions = problems.parsed(env, vars::EMBED_SEND_DIMENSIONS, false, "true or false");
                 let timeout_ms = problems.milliseconds(env, vars::EMBED_TIMEOUT_MS, 10_000);
@@ -129,6 +140,21 @@ mod tests {
         assert_eq!(mpnet, ("all-mpnet-base-v2".into(), "models/all-mpnet-base-v2".into(), 768));
         let elsewhere = local(&[(vars::EMBED_MODEL, "all-mpnet-base-v2"), (vars::LOCAL_MODEL_DIR, "/srv/mpnet")]);
         assert_eq!(elsewhere.unwrap().1, PathBuf::from("/srv/mpnet"));
+    }
+
+    #[test]
+    fn vectors_too_long_to_index_are_refused() {
+        let openai = |dimensions: &str| {
+            EmbedSettings::from_env(&Env::from_pairs([
+                (vars::EMBED_PROVIDER, "openai"),
+                (vars::EMBED_API_KEY, "k"),
+                (vars::EMBED_MODEL, "text-embedding-3-large"),
+                (vars::EMBED_DIMENSIONS, dimensions),
+            ]))
+        };
+        assert!(openai("2000").is_ok());
+        let err = openai("3072").unwrap_err().to_string();
+        assert!(err.contains("MNEMO_EMBED_DIMENSIONS=3072") && err.contains(vars::EMBED_SEND_DIMENSIONS), "{err}");
     }
 
     #[test]

@@ -146,9 +146,9 @@ impl ServerSettings {
             default_committers(cores, database.max_connections),
             "a whole number",
         );
-        let write_max_batch = problems.parsed(env, vars::WRITE_MAX_BATCH, 64usize, "a whole number");
-        if write_committers == 0 || write_max_batch == 0 {
-            problems.0.push(format!("{} and {} must be at least 1", vars::WRITE_COMMITTERS, vars::WRITE_MAX_BATCH));
+        let write_max_batch = problems.bounded(env, vars::WRITE_MAX_BATCH, 64usize, 1..=10_000, "a whole number");
+        if write_committers == 0 {
+            problems.0.push(format!("{} must be at least 1", vars::WRITE_COMMITTERS));
         }
         if database.max_connections < 2 {
             problems.0.push(format!(
@@ -225,6 +225,22 @@ mod tests {
         assert_eq!(err.0.len(), 4, "{text}");
         for name in [vars::DATABASE_URL, vars::LISTEN, vars::DB_MAX_CONNECTIONS, vars::JWT_SECRET] {
             assert!(text.contains(name), "{name} missing from: {text}");
+        }
+    }
+
+    #[test]
+    fn counts_past_any_use_are_refused_by_name() {
+        let env = Env::from_pairs([
+            (vars::DATABASE_URL, "postgres://x"),
+            (vars::JWT_SECRET, "0123456789abcdef0123456789abcdef"),
+            (vars::WRITE_MAX_BATCH, "100000000"),
+            (vars::COMPACT_TRIGGER_MESSAGES, "18446744073709551615"),
+            (vars::COMPACT_KEEP_PAIRS, "99999999"),
+        ]);
+        let err = ServerSettings::from_env(&env).unwrap_err();
+        assert_eq!(err.0.len(), 3, "{err}");
+        for name in [vars::WRITE_MAX_BATCH, vars::COMPACT_TRIGGER_MESSAGES, vars::COMPACT_KEEP_PAIRS] {
+            assert!(err.to_string().contains(&format!("{name}=")), "{name}: {err}");
         }
     }
 

@@ -54,6 +54,12 @@ impl LogSettings {
         };
         if let Err(e) = EnvFilter::try_new(&filter) {
             problems.0.push(format!("{}={filter:?} is not a tracing filter: {e}", vars::LOG));
+        } else if let Some(word) = env.get(vars::LOG).and_then(lone_target) {
+            problems.0.push(format!(
+                "{}: {word:?} is a target, not a level: alone it logs that target and nothing else \
+                 (levels: error, warn, info, debug, trace, off; a target beside one: warn,{word})",
+                vars::LOG
+            ));
         }
         let format = match env.get(vars::LOG_FORMAT) {
             None | Some("text") => LogFormat::Text,
@@ -65,6 +71,18 @@ impl LogSettings {
         };
         Self { filter, format, traces: TraceExport::read(env, problems) }
     }
+}
+
+/// The bare word of a filter that names targets only (`warning`, `verbose`, `mnemo_api`): a
+/// filter with no level for the rest logs nothing else, which a misspelt level does silently.
+fn lone_target(filter: &str) -> Option<&str> {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    let directives: Vec<&str> = filter.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+    let is_level = |d: &str| LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d)) || d.parse::<u8>().is_ok();
+    if directives.iter().any(|d| is_level(d)) {
+        return None;
+    }
+    directives.into_iter().find(|d| !d.contains(['=', '[']))
 }
 
 impl TraceExport {
@@ -267,6 +285,22 @@ mod tests {
         let mut problems = Problems::default();
         let export = TraceExport::read(&Env::from_pairs(pairs.iter().copied()), &mut problems);
         (export, problems.0)
+    }
+
+    #[test]
+    fn a_log_filter_without_a_level_is_refused() {
+        let problems = |filter: &str| {
+            let mut problems = Problems::default();
+            LogSettings::read(&Env::from_pairs([(vars::LOG, filter)]), &mut problems);
+            problems.0
+        };
+        for fine in ["warn", "INFO", "info,mnemo_api=debug", "warn,mnemo_jobs", "mnemo_api=debug", "debug,sqlx=warn"] {
+            assert_eq!(problems(fine), Vec::<String>::new(), "{fine}");
+        }
+        for silent in ["warning", "verbose", "mnemo_api"] {
+            let found = problems(silent);
+            assert!(found.len() == 1 && found[0].contains("not a level"), "{silent}: {found:?}");
+        }
     }
 
     #[test]

@@ -308,11 +308,19 @@ pub async fn run_worker(
 ) -> Result<(), JobError> {
     let Models { embedder, judge, summarizer, extractor, consolidator, counter } = models;
     // Handlers wait on the dispatcher without holding a connection: a small pool serves the
-    // backend's fetches, acks and heartbeats, the batches, housekeeping and the gauges.
-    let store = Store::connect(settings.database.url.expose(), settings.database.max_connections.max(8)).await?;
+    // backend's fetches, acks and heartbeats, the batches, housekeeping and the gauges. Each
+    // queue's listener (NOTIFY) holds one of its connections for good: 8 more than those.
+    let listeners = u32::try_from(settings.queues.len()).unwrap_or(u32::MAX);
+    let connections = settings.database.max_connections.max(listeners.saturating_add(8));
+    let store = Store::connect(settings.database.url.expose(), connections).await?;
     let schema = MIGRATOR.status(store.pool()).await?;
-    if !schema.is_current() {
+    if !schema.pending.is_empty() {
         return Err(JobError::Setup("the database schema is not current: run `mnemo-runbook migrate` first".into()));
+    }
+    // Migrate, then deploy: the workers already running keep running on the newer schema, as the
+    // server keeps serving, and one restarting meanwhile (a drain, a crash) must start as well.
+    if !schema.unknown.is_empty() {
+        tracing::warn!("the database was migrated by a newer mnemo: deploy it");
     }
     // Batches and housekeeping cross tenants: row-level security would hide their rows.
     if store.walled() {
@@ -355,7 +363,9 @@ pub async fn run_worker(
 
     // The backend's heartbeat also drives orphan recovery: a worker silent for
     // heartbeat × missed_heartbeats is dead, and its Running jobs go back to Pending.
-    let heartbeat = (settings.orphan_timeout / 10).max(Duration::from_secs(1));
+    // Also how often a queue is polled for what no notice announces (a delayed retry coming
+    // due): every 1 to 5 s, whatever the timeout.
+    let heartbeat = (settings.orphan_timeout / 10).clamp(Duration::from_secs(1), Duration::from_secs(5));
     // Whole beats of the heartbeat as it is (not its whole seconds): 19 s must not become 36.
     let missed = (settings.orphan_timeout.as_secs_f64() / heartbeat.as_secs_f64()).ceil().max(2.0) as u32;
     // A queue worker whose backend failed (PostgreSQL restarted under it) starts again instead of
