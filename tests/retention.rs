@@ -468,6 +468,30 @@ async fn the_safety_floor_refuses_changes_nothing_and_an_operator_can_allow_one_
     bulk_rows(&f, "initech", 200, 150).await;
     let unasked = f.runbook_json(&[], &["anonymize", "--tenant", "initech", "--json"]).await;
     assert_eq!(unasked["anonymized_total"].as_u64(), Some(150));
+
+    // Under the floor too, a sweep does what its plan counted: rows that turn due while it runs
+    // (an import or a bulk delete committing) wait for the next sweep, whose plan the floor checks.
+    bulk_rows(&f, "globex", 1000, 100).await;
+    f.exec(
+        "CREATE FUNCTION all_due() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN UPDATE memory_items SET deleted_at = now() - interval '40 days'
+               WHERE tenant_id = 'globex' AND deleted_at IS NULL;
+               RETURN NEW; END $$;
+         CREATE TRIGGER all_due AFTER INSERT ON audit_log
+         FOR EACH ROW WHEN (NEW.event = 'memory.anonymize' AND NEW.tenant_id = 'globex') EXECUTE FUNCTION all_due();",
+    )
+    .await;
+    let batches = [(vars::ANONYMIZE_BATCH_SIZE, "10")];
+    let planned = f.runbook_json(&batches, &["anonymize", "--tenant", "globex", "--json"]).await;
+    assert_eq!(planned["anonymized_total"].as_u64(), Some(100));
+    let anonymized = "SELECT count(*) FROM memory_items WHERE tenant_id = 'globex' AND anonymized_at IS NOT NULL";
+    assert_eq!(f.db().count(anonymized).await, 100);
+    // An operator's N bounds a sweep under the floor as well.
+    f.exec("DROP TRIGGER all_due ON audit_log").await;
+    f.exec("UPDATE memory_items SET deleted_at = now() - interval '40 days' WHERE tenant_id = 'initech' AND anonymized_at IS NULL").await;
+    let bounded =
+        f.runbook_json(&[], &["anonymize", "--tenant", "initech", "--allow-large-sweep", "20", "--json"]).await;
+    assert_eq!(bounded["anonymized_total"].as_u64(), Some(20), "{bounded}");
 }
 
 #[tokio::test]

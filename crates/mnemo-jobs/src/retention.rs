@@ -163,12 +163,14 @@ pub async fn sweep_tenant(
             store.audit(tenant, AuditEvent::AnonymizeAllowed, "operator", &options.actor, floor).await?;
         }
         report.outcome = SweepOutcome::Done;
-        // The operator let at most N rows past the floor: a row that turns out due only now (its
-        // transaction committed after the plan) does not take the sweep past N.
-        let cap = if over_floor { options.allow_large } else { None };
+        // At most what the plan counted (and the operator's N, when given): a row that turns out
+        // due only now (its transaction committed after the plan: an import, a bulk delete)
+        // waits for the next sweep, whose plan the floor checks.
+        let bounded = |planned: u64| options.allow_large.map_or(planned, |n| n.min(planned));
+        let (row_cap, version_cap) = (bounded(due), bounded(report.plan.workspace_versions));
         let (mut done, mut after) = (0, Uuid::nil());
         loop {
-            let limit = cap.map_or(u64::from(policy.batch_size), |n| u64::from(policy.batch_size).min(n - done));
+            let limit = u64::from(policy.batch_size).min(row_cap - done);
             if limit == 0 {
                 break;
             }
@@ -186,10 +188,10 @@ pub async fn sweep_tenant(
                 break;
             }
         }
-        // Then the workspace files' replaced and deleted texts, one file per transaction; past
-        // the floor, no more than the operator allowed (a file's versions go together).
-        let (cutoff, mut after) = (plan.cutoffs.deleted_before, FileCursor::default());
-        while report.outcome == SweepOutcome::Done && cap.is_none_or(|n| report.redacted_versions < n) {
+        // Then the workspace files' replaced and deleted texts, one file per transaction, within
+        // their own cap (a file's versions go together).
+        let (cutoff, mut after) = (report.plan.cutoffs.deleted_before, FileCursor::default());
+        while report.outcome == SweepOutcome::Done && report.redacted_versions < version_cap {
             let Some((file, n)) = store.redact_due_versions(tenant, cutoff, &after, &options.actor).await? else {
                 break;
             };

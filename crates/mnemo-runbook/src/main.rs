@@ -164,7 +164,8 @@ enum Command {
         /// Report what would be anonymized (counts by reason, ids) and change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Allow this one sweep past the safety floor, if it anonymizes at most N rows. Audited.
+        /// Allow this one sweep past the safety floor, if it anonymizes at most N rows (under the
+        /// floor, it anonymizes at most N). Audited.
         #[arg(long, value_name = "N")]
         allow_large_sweep: Option<u64>,
         #[arg(long)]
