@@ -1015,6 +1015,14 @@ async fn judge_clear_reopens_fail_open_facts_and_they_are_judged_again() {
         said.contains("1 superseded without their audit row") && said.contains("1 retired by an older fact"),
         "{said}"
     );
+    // A misspelt tenant has nothing to check: that is not a pass.
+    let misspelt = std::process::Command::new(binary("mnemo-runbook").expect("runbook"))
+        .args(["judge", "check", "--tenant", "acmee"])
+        .env(vars::DATABASE_URL, &f.app.db.url)
+        .output()
+        .expect("runbook");
+    let said = String::from_utf8_lossy(&misspelt.stderr);
+    assert!(!misspelt.status.success() && said.contains("is its name right?"), "{said}");
 
     let tune = runbook(&f, &["judge", "tune", "--workers", "1", "--json"]);
     assert!(tune["recommended_batch_size"].as_u64().is_some_and(|b| b >= 1), "{tune}");

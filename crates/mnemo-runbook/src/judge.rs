@@ -143,6 +143,9 @@ pub async fn run(store: &Store, command: JudgeCommand, env: &Env) -> anyhow::Res
                 _ if !ids.is_empty() => ClearSelection::Ids(ids),
                 _ => bail!("give --ids, or --outcome with --since"),
             };
+            if let Some(tenant) = &tenant {
+                crate::retention::warn_if_it_holds_nothing(store, tenant).await?;
+            }
             let verb = if dry_run { "would clear" } else { "cleared" };
             let (mut ids, mut so_far) = (Vec::new(), 0);
             let mut progress = |rows: &[(Uuid, String)]| {
@@ -169,6 +172,10 @@ pub async fn run(store: &Store, command: JudgeCommand, env: &Env) -> anyhow::Res
             Ok(())
         }
         JudgeCommand::Check { tenant, json } => {
+            // A misspelt name would check nothing and pass.
+            if !store.tenant_holds_data(&tenant).await? {
+                bail!("tenant {tenant} holds no memory and no workspace file: nothing to check; is its name right?");
+            }
             let check = store.supersede_integrity(&tenant).await?;
             if json {
                 println!("{}", serde_json::to_value(check)?);
@@ -400,6 +407,9 @@ pub async fn facts(
     json: bool,
 ) -> anyhow::Result<()> {
     let rows = store.facts(tenant, scope, identity, as_of, include_superseded).await.context("cannot read facts")?;
+    if rows.is_empty() {
+        crate::retention::warn_if_it_holds_nothing(store, tenant).await?;
+    }
     let successors: HashMap<Uuid, Uuid> = rows.iter().filter_map(|r| Some((r.id, r.superseded_by?))).collect();
     let chain = |r: &FactRecord| {
         let mut chain = Vec::new();

@@ -68,6 +68,7 @@ pub async fn anonymize(
     allow_large: Option<u64>,
     json: bool,
 ) -> anyhow::Result<()> {
+    warn_if_it_holds_nothing(store, tenant).await?;
     let mut options = SweepOptions::new(settings, "runbook");
     options.dry_run = dry_run;
     options.allow_large = allow_large;
