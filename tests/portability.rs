@@ -133,6 +133,13 @@ async fn a_round_trip_gives_the_same_content_and_a_second_import_changes_nothing
     }
 
     let target = TestDb::new().await;
+    // A dry run checks the whole file and reports what it would write, and writes nothing.
+    let dry_args = ["import", "--dry-run", "--tenant", "acme", first.to_str().expect("path")];
+    let dry = runbook(&target.url, &dry_args, None).await;
+    assert!(dry.ok && dry.stdout.contains("nothing was written"), "{}", dry.stderr);
+    assert!(dry.stdout.lines().any(|l| l.starts_with("memory_items") && !l.contains(" 0 written")), "{}", dry.stdout);
+    assert_eq!(target.count("SELECT count(*) FROM memory_items").await, 0);
+    assert_eq!(target.count("SELECT count(*) FROM workspace_files").await, 0);
     let run = runbook(&target.url, &["import", "--tenant", "acme", first.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);
     // Each step of the writing is shown as it begins (a large tenant's take minutes).

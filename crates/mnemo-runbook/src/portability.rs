@@ -59,6 +59,10 @@ pub struct ImportArgs {
     /// erased user's.
     #[arg(long, requires = "retarget", value_parser = ["apply", "skip"])]
     erasures: Option<String>,
+    /// Check the whole file and report what the import would write, update and delete, then
+    /// roll back: nothing is written.
+    #[arg(long)]
+    dry_run: bool,
     file: PathBuf,
 }
 
@@ -252,8 +256,12 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     }
     import.stage(&batch).await?;
     eprintln!("read {rows} rows");
-    let report = import.finish(|step| eprintln!("{step} ({:.0} s)", started.elapsed().as_secs_f64())).await?;
+    let report =
+        import.finish(args.dry_run, |step| eprintln!("{step} ({:.0} s)", started.elapsed().as_secs_f64())).await?;
     let seconds = started.elapsed().as_secs_f64();
+    if args.dry_run {
+        println!("dry run: what the import would do; nothing was written");
+    }
     for (table, in_file, written, overwritten) in &report.tables {
         println!(
             "{table:<24} {in_file:>9} in the file {written:>9} written {overwritten:>9} updated {:>9} already there",
@@ -282,7 +290,8 @@ pub async fn import(store: &Store, args: ImportArgs) -> anyhow::Result<()> {
     if report.erased_left_out > 0 {
         println!("{} workspace files, versions and sightings of users erased since left out", report.erased_left_out);
     }
-    eprintln!("imported {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));
+    let verb = if args.dry_run { "checked (dry run, nothing written)" } else { "imported" };
+    eprintln!("{verb} {rows} rows in {seconds:.1} s ({:.0} rows/s)", rows as f64 / seconds.max(1e-9));
     Ok(())
 }
 

@@ -413,8 +413,9 @@ impl Import {
     /// Checks every reference, then writes every staged row that is not there already, overwrites
     /// rows changed in place whose stored copy is older, and commits. Items that came without a vector of their model are left for the workers to
     /// embed. On any error nothing is written. `progress` is told each step as it begins (a large
-    /// tenant's can take minutes each).
-    pub async fn finish(mut self, mut progress: impl FnMut(&str)) -> Result<ImportReport, ImportError> {
+    /// tenant's can take minutes each). A `dry_run` does all of it, checks the references whose
+    /// check waits for the commit, and rolls back: the report says what the import would do.
+    pub async fn finish(mut self, dry_run: bool, mut progress: impl FnMut(&str)) -> Result<ImportReport, ImportError> {
         let (erasures, erased_here) = self.apply_erasures().await?;
         let tenant = self.tenant.as_str();
         sqlx::query("CREATE INDEX ON import_rows (tbl, (row->>'id'))").execute(&mut *self.tx).await?;
@@ -775,8 +776,14 @@ impl Import {
             .bind(None::<&str>)
             .execute(&mut *self.tx)
             .await?;
-        progress("committing");
-        self.tx.commit().await?;
+        if dry_run {
+            progress("checking, then rolling back (dry run)");
+            sqlx::query("SET CONSTRAINTS ALL IMMEDIATE").execute(&mut *self.tx).await?;
+            self.tx.rollback().await?;
+        } else {
+            progress("committing");
+            self.tx.commit().await?;
+        }
         Ok(report)
     }
 }
