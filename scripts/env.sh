@@ -7,6 +7,9 @@ mnemo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 : "${MNEMO_PG_USER:=mnemo}"
 : "${MNEMO_PG_PASSWORD:=mnemo}"
 : "${MNEMO_PG_DB:=mnemo}"
+# Whether the caller named the databases: scripts that run the API beside a worker need both.
+mnemo_database_given=${MNEMO_DATABASE_URL:+yes}
+mnemo_app_database_given=${MNEMO_APP_DATABASE_URL:+yes}
 # A Unix socket: sqlx 0.9 no longer sets TCP_NODELAY, which costs ~40 ms per round trip over TCP.
 : "${MNEMO_DATABASE_URL:=postgres://${MNEMO_PG_USER}:${MNEMO_PG_PASSWORD}@localhost:${MNEMO_PG_PORT}/${MNEMO_PG_DB}?host=${MNEMO_PG_SOCKET_DIR}}"
 export MNEMO_DATABASE_URL

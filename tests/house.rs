@@ -281,6 +281,37 @@ fn only_the_models_crate_has_an_http_client() {
     assert_none("an HTTP client outside mnemo-models", findings);
 }
 
+/// Every setting reaches the containers `docker-compose.yml` runs when the shell or `.env` sets
+/// it, but for the host's paths and addresses, which the image or the file sets itself.
+#[test]
+fn compose_passes_every_setting_through() {
+    const THE_FILES_OWN: &[&str] = &[
+        "MNEMO_DATABASE_URL",
+        "DATABASE_URL",
+        "MNEMO_JWT_SECRET",
+        "MNEMO_RERANKER_URL",
+        "MNEMO_LISTEN",
+        "MNEMO_WORKER_LISTEN",
+        "MNEMO_LOCAL_MODEL_DIR",
+        "MNEMO_CONFIG_FILE",
+        "MNEMO_JWT_PUBLIC_KEY_FILE",
+        "MNEMO_WORKSPACE_TEMPLATES_DIR",
+    ];
+    let root = workspace_root();
+    let vars = std::fs::read_to_string(root.join("crates/mnemo-config/src/vars.rs")).expect("vars.rs");
+    let compose = std::fs::read_to_string(root.join("docker-compose.yml")).expect("docker-compose.yml");
+    let passed: Vec<&str> = compose.lines().filter_map(|l| l.trim().strip_suffix(':')).collect();
+    let names: Vec<&str> =
+        vars.lines().filter_map(|l| l.split('"').nth(1).filter(|_| l.starts_with("pub const "))).collect();
+    assert!(names.len() > 100, "{} settings read from vars.rs", names.len());
+    let findings = names
+        .into_iter()
+        .filter(|name| !THE_FILES_OWN.contains(name) && !passed.contains(name))
+        .map(|name| format!("{name} does not reach the containers"))
+        .collect();
+    assert_none("a setting docker-compose.yml leaves behind", findings);
+}
+
 /// The lexer the rules rely on: comments are dropped, strings of every form are found with the
 /// line they start on, and char literals and lifetimes do not open strings.
 #[test]
