@@ -208,6 +208,72 @@ async fn the_worker_writes_todays_note_the_profile_and_facts_that_are_embedded_j
     assert_eq!(actors, 2, "today's note and the profile");
 }
 
+/// A model's reading of a conversation, applied after the user stated something newer, is no
+/// newer than the conversation: it retires nothing the user stated since, its key retires no
+/// fact a user or an application stated, and repeating what a newer fact replaced brings
+/// nothing back.
+#[tokio::test]
+async fn an_extracted_fact_never_overrides_what_its_user_stated_since() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let ann = principal("acme", Some("ann"), Some("helper"), Some("s1"));
+    let t = token(&ann);
+    conversation(&app, &t, "home_city: Ann lives in Paris").await;
+    // Then the application, told Ann moved, states it with the same key.
+    let stated = json!({ "scope": "user", "content": "Ann lives in Lyon", "key": "home_city" });
+    let lyon = app.client.post("/v1/facts", Some(&t), &stated).await;
+    assert_eq!(lyon.status, 201, "{:?}", lyon.body);
+    let lyon = lyon.body["id"].as_str().expect("id").to_owned();
+    assert_eq!(complete(&app, &t, "s1", "web").await["queued"], true);
+    let env = [
+        &llm_env(&chat)[..],
+        &[(vars::WORKER_QUEUES, "extract,embed,judge".to_owned()), (vars::EXTRACT_COOLDOWN_S, "0".to_owned())],
+    ]
+    .concat();
+    let _worker = WorkerProcess::start(&app.db.url, &env).await.expect("worker");
+    // Both written, and no live fact waits for the judge (one retired first is never judged).
+    let db = &app.db;
+    let settled = |facts| async move {
+        let pending = "SELECT count(*) FROM memory_items
+                       WHERE source_kind = 'fact' AND judge_at IS NULL AND superseded_by IS NULL";
+        db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await == facts
+            && db.count(pending).await == 0
+    };
+    assert!(wait_until(Duration::from_secs(30), || settled(2)).await, "the facts were not judged");
+    let live =
+        "SELECT content FROM memory_items WHERE source_kind = 'fact' AND superseded_by IS NULL AND deleted_at IS NULL";
+    let live = || async { sqlx::query_scalar::<_, String>(live).fetch_all(&app.db.pool).await.expect("live facts") };
+    assert_eq!(live().await, ["Ann lives in Lyon"]);
+    assert_eq!(
+        app.db.count(&format!("SELECT count(*) FROM memory_items WHERE id = '{lyon}' AND superseded_by IS NULL")).await,
+        1
+    );
+
+    // The model reads the old claim again in a later conversation: Paris stays replaced.
+    let t2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    conversation(&app, &t2, "home_city: Ann lives in Paris").await;
+    assert_eq!(complete(&app, &t2, "s2", "web").await["queued"], true);
+    let done = |n| async move {
+        let finished = "SELECT count(*) FROM memory_extractions WHERE status = 'done'";
+        wait_until(Duration::from_secs(30), || async { db.count(finished).await == n }).await
+    };
+    assert!(done(2).await, "the second extraction did not finish");
+    assert!(wait_until(Duration::from_secs(30), || settled(2)).await, "the facts were not judged again");
+    assert_eq!(live().await, ["Ann lives in Lyon"]);
+
+    // A key the model guesses wrong retires no fact the application stated with that key.
+    let stated = json!({ "scope": "user", "content": "Ann's family name is Moreau", "key": "name" });
+    assert_eq!(app.client.post("/v1/facts", Some(&t), &stated).await.status, 201);
+    let t3 = token(&principal("acme", Some("ann"), Some("helper"), Some("s3")));
+    conversation(&app, &t3, "name: Ann's sister is Eve").await;
+    assert_eq!(complete(&app, &t3, "s3", "web").await["queued"], true);
+    assert!(done(3).await, "the third extraction did not finish");
+    assert!(wait_until(Duration::from_secs(30), || settled(4)).await, "the facts were not judged at last");
+    let mut now_live = live().await;
+    now_live.sort();
+    assert_eq!(now_live, ["Ann lives in Lyon", "Ann's family name is Moreau", "Ann's sister is Eve"]);
+}
+
 #[tokio::test]
 async fn one_run_at_a_time_with_a_cooldown_and_conversations_that_wait_are_coalesced() {
     let chat = ScriptedChat::start().await;

@@ -247,7 +247,11 @@ impl ExtractRunner {
             session: None,
             roles: Vec::new(),
         };
-        let newest_session = pending.iter().max_by_key(|p| p.through_time).map(|p| p.session_id.clone());
+        let newest = pending.iter().max_by_key(|p| p.through_time);
+        let newest_session = newest.map(|p| p.session_id.clone());
+        // When it was said: a fact read from a conversation is no newer than its last message
+        // (the store dates its validity so), whenever the extraction runs.
+        let said = Extras { event_time: newest.map(|p| p.through_time), ..Extras::default() };
         // Only facts about this user: one user's conversation must not teach the agent facts
         // recalled for every other user (nor can a prompt injected into it).
         let facts: Vec<NewMemory> = extraction
@@ -255,8 +259,7 @@ impl ExtractRunner {
             .iter()
             .filter(|f| f.scope == FactScope::User)
             .filter_map(|f| {
-                let fact =
-                    NewMemory::fact(&principal, f.scope, f.content.clone(), f.key.clone(), Extras::default()).ok()?;
+                let fact = NewMemory::fact(&principal, f.scope, f.content.clone(), f.key.clone(), said.clone()).ok()?;
                 let mut fact = fact.with_typed(f.typed.clone(), Origin::Extraction).ok()?;
                 // The conversation it was stated in (the newest, when one extraction reads several):
                 // promotion counts the sessions a memory was seen in.

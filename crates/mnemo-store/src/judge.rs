@@ -45,6 +45,9 @@ pub struct PendingFact {
     /// must not rewrite what the agent's other users recall). `None`: a user's own fact (its
     /// bucket is that user's), or one written by a service token, which replaces any.
     pub writer: Option<String>,
+    /// Proposed by a model reading a conversation (extraction): its key retires only facts
+    /// such proposals made, never what a user or an application stated.
+    pub extracted: bool,
 }
 
 impl PendingFact {
@@ -246,7 +249,8 @@ const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     m.content, m.fact_key, COALESCE(m.valid_from, m.created_at) AS valid_from, m.embedded_model,
     m.visibility, m.allowed_roles,
     CASE WHEN m.scope = 'user' AND m.visibility = 'agent' THEN m.agent_id END AS reader_agent,
-    CASE WHEN m.scope = 'agent' THEN m.user_id END AS writer";
+    CASE WHEN m.scope = 'agent' THEN m.user_id END AS writer,
+    m.origin IS NOT DISTINCT FROM 'extraction' AS extracted";
 
 /// The advisory lock of a bucket: judgements in one bucket apply one at a time.
 const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(
@@ -393,6 +397,7 @@ impl Store {
                AND (COALESCE(o.valid_from, o.created_at), o.id) < ($4, $5)
                AND o.visibility = $6 AND o.allowed_roles = $7 AND ($8::text IS NULL OR o.agent_id = $8)
                AND ($9::text IS NULL OR o.user_id = $9)
+               AND (NOT $10 OR o.origin IS NOT DISTINCT FROM 'extraction')
              ORDER BY o.valid_from, o.id
              LIMIT 1000",
             column = fact.identity_column(),
@@ -408,6 +413,7 @@ impl Store {
             .bind(&fact.allowed_roles)
             .bind(&fact.reader_agent)
             .bind(&fact.writer)
+            .bind(fact.extracted)
             .fetch_all(&mut **tx)
             .await?)
     }

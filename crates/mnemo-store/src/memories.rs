@@ -47,7 +47,12 @@ INSERT INTO memory_items (
 )
 SELECT id, tenant_id, scope, session_id, user_id, agent_id, source_kind, source_ref,
        content, content_sha256, tool_output_key, metadata, COALESCE(event_time, now()), fact_key,
-       CASE WHEN source_kind = 'fact' THEN now() END,
+       -- A fact is valid from its write, but a model's reading of a conversation (extraction,
+       -- applied minutes or hours later) from when it was said: it is no newer than what was
+       -- stated after it.
+       CASE WHEN source_kind = 'fact' THEN
+           CASE WHEN origin = 'extraction' THEN LEAST(COALESCE(event_time, now()), now()) ELSE now() END
+       END,
        role, tool_call_id, tool_name, token_count, token_counter,
        layer, category, importance, confidence, string_to_array(tags, ','), origin, visibility,
        string_to_array(allowed_roles, ','), fingerprint
@@ -626,10 +631,13 @@ async fn settle(
                         reasserted_facts.push(id);
                         reasserted_tenants.push(rows[i].tenant.as_str());
                         may_undelete.push(may_undelete_it);
-                        may_revive.push(writer);
-                        // Only its writer re-keys a fact: another user of an agent would retire
-                        // the writer's facts of that key through it.
-                        reasserted_keys.push(rows[i].fact_key.as_ref().filter(|_| writer).map(|k| k.as_str()));
+                        // Only its writer brings a superseded fact back or re-keys one, and never
+                        // through a model (extraction): another user of an agent would retire the
+                        // writer's facts of that key through it, and a model repeating what a
+                        // newer fact replaced would undo that.
+                        let by_its_writer = writer && typed.origin != Origin::Extraction;
+                        may_revive.push(by_its_writer);
+                        reasserted_keys.push(rows[i].fact_key.as_ref().filter(|_| by_its_writer).map(|k| k.as_str()));
                     }
                     Ok(Remembered { id, was_new: false })
                 });
