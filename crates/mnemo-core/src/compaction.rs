@@ -186,7 +186,8 @@ fn is_markup_before(text: &str, at: usize) -> bool {
 /// deleted since (that row, held by no compaction, is dropped when one is recorded). The same
 /// text twice lands on one row. The session id is written with `%` and `|` escaped (`%25`,
 /// `%7C`), one way only: an id holding the anonymized marker (`a|anonymized|b`) would make a ref
-/// that no write accepts.
+/// that no write accepts. An id that escaped would not fit a ref (a long one, thick with `%` or
+/// `|`) is named by its digest, `%h` and 64 hex digits, which no escaped id can be.
 pub fn summary_source_ref(
     session: &SessionId,
     from: Option<uuid::Uuid>,
@@ -197,7 +198,11 @@ pub fn summary_source_ref(
     let from = from.map_or_else(|| "start".to_owned(), |id| id.simple().to_string());
     let digest = sha2::Sha256::digest(text.as_bytes());
     let text: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let session = session.as_str().replace('%', "%25").replace('|', "%7C");
+    let mut session = session.as_str().replace('%', "%25").replace('|', "%7C");
+    // What the ref holds beside the session: its prefix, two ids, a digest and four colons.
+    if session.len() > crate::source_ref::MAX_SOURCE_REF_BYTES - 99 {
+        session = format!("%h{}", hex::encode(sha2::Sha256::digest(session.as_bytes())));
+    }
     crate::SourceRef::parse(&format!("session-summary:{session}:{from}:{}:{text}", through.simple()))
         .expect("a session id, two uuids and a digest make a valid source_ref")
 }
@@ -238,11 +243,16 @@ mod tests {
     fn any_session_id_makes_a_summary_ref_and_no_two_the_same() {
         let through = uuid::Uuid::now_v7();
         let session = |id: &str| SessionId::parse(id).expect("session");
-        let refs: Vec<String> = ["a|anonymized|b", "a|anonymized", "a%7Canonymized%7Cb", "a%b"]
+        // The longest ids, thick with the escaped characters, from a compaction continuing another.
+        let (pipes, percents) = ("|".repeat(256), "%".repeat(256));
+        let mixed = format!("{}東京", "%|".repeat(125));
+        let ids = ["a|anonymized|b", "a|anonymized", "a%7Canonymized%7Cb", "a%b", &pipes, &percents, &mixed];
+        let refs: Vec<String> = ids
             .into_iter()
-            .map(|id| summary_source_ref(&session(id), None, through, "text").as_str().to_owned())
+            .map(|id| summary_source_ref(&session(id), Some(through), through, "text").as_str().to_owned())
             .collect();
-        assert!(refs[0].starts_with("session-summary:a%7Canonymized%7Cb:start:"), "{}", refs[0]);
+        let first = summary_source_ref(&session("a|anonymized|b"), None, through, "text");
+        assert!(first.as_str().starts_with("session-summary:a%7Canonymized%7Cb:start:"), "{first:?}");
         assert_eq!(refs.iter().collect::<std::collections::HashSet<_>>().len(), refs.len(), "{refs:?}");
     }
 

@@ -2,7 +2,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{FactScope, InvalidInput, MemoryText};
 
-const MAX_SOURCE_REF_BYTES: usize = 512;
+pub(crate) const MAX_SOURCE_REF_BYTES: usize = 512;
 
 /// The ending of an anonymized row's source_ref (retention's statements write it).
 pub const ANONYMIZED_SUFFIX: &str = "|anonymized";
