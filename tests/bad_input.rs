@@ -454,6 +454,51 @@ async fn bodies_are_held_to_what_their_route_carries() {
         assert_eq!(answer["error"]["code"], "malformed_json", "{answer}");
     }
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE source_kind = 'fact'").await, 0);
+
+    // A GET or DELETE reads no body: fields in one are refused before anything is deleted.
+    let written = app
+        .client
+        .post(
+            "/v1/memories",
+            Some(&t),
+            &json!({"source_kind": "chat_message", "source_ref": "m3", "content": "keep me"}),
+        )
+        .await;
+    let id = written.body["id"].as_str().expect("id").to_owned();
+    let put = app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &json!({"content": "kept"})).await;
+    assert!(matches!(put.status, 200 | 201), "{:?}", put.body);
+    let with_body = |method: reqwest::Method, path: String, body: &'static str| {
+        let request = reqwest::Client::new().request(method, format!("{}{path}", app.client.base));
+        request.bearer_auth(&t).header("content-type", "application/json").body(body).send()
+    };
+    for (method, path, body, code) in [
+        (reqwest::Method::DELETE, format!("/v1/memories/{id}"), r#"{"expected_version": 3}"#, "unknown_field"),
+        (
+            reqwest::Method::DELETE,
+            "/v1/workspace/files/MEMORY.md".to_owned(),
+            r#"{"tenant_id": "other"}"#,
+            "tenant_in_body",
+        ),
+        (reqwest::Method::GET, "/v1/workspace/files/MEMORY.md".to_owned(), r#"{"version": 1}"#, "unknown_field"),
+        (reqwest::Method::DELETE, format!("/v1/memories/{id}"), "not json", "malformed_json"),
+    ] {
+        let reply = with_body(method, path.clone(), body).await.expect("an answer");
+        assert_eq!(reply.status().as_u16(), 400, "{path} {body}");
+        let answer: Value = reply.json().await.expect("json");
+        assert_eq!(answer["error"]["code"], code, "{path} {body}: {answer}");
+    }
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM memory_items WHERE content = 'keep me' AND deleted_at IS NULL").await,
+        1
+    );
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM workspace_files WHERE path = 'MEMORY.md' AND deleted_at IS NULL").await,
+        1
+    );
+    // An empty object is no field.
+    let reply =
+        with_body(reqwest::Method::GET, "/v1/workspace/files/MEMORY.md".to_owned(), "{}").await.expect("answer");
+    assert_eq!(reply.status().as_u16(), 200);
 }
 
 /// A refused fact with a bad key, and routes or methods that do not exist, answer in JSON too.

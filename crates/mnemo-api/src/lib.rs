@@ -167,7 +167,8 @@ pub fn app(state: AppState) -> Router {
         .route("/tool-outputs/{key}", get(routes::tool_output))
         .route("/sessions/{sid}/messages", get(conversation::messages))
         .route("/workspace/files", get(workspace::list))
-        .route("/workspace/prompt", get(workspace::prompt));
+        .route("/workspace/prompt", get(workspace::prompt))
+        .route_layer(middleware::from_fn_with_state(state.clone(), refuse_body));
     let api = Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(routes::healthz))
@@ -202,6 +203,30 @@ async fn refuse_query(State(state): State<AppState>, request: Request, next: Nex
         return Err(ApiError::unknown_field(&name));
     }
     Ok(next.run(request).await)
+}
+
+/// A GET or DELETE reads no body: one with fields is refused as a PUT's unknown field is, before
+/// anything is read or deleted (`DELETE …` with `{"expected_version": 3}` would otherwise delete
+/// whatever version is there). An empty body or `{}` passes.
+async fn refuse_body(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
+    if !matches!(*request.method(), axum::http::Method::GET | axum::http::Method::DELETE) {
+        return Ok(next.run(request).await);
+    }
+    let (mut parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, SMALL_BODY_BYTES).await.map_err(|e| {
+        if body::caused_by::<http_body_util::LengthLimitError>(&e) {
+            ApiError::PayloadTooLarge
+        } else if body::caused_by::<serve::BodyTimedOut>(&e) {
+            ApiError::RequestTimeout
+        } else {
+            ApiError::MalformedJson(e.to_string())
+        }
+    })?;
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        auth::Verified::from_request_parts(&mut parts, &state).await?;
+        body::JsonObject::parse(&bytes)?.finish()?;
+    }
+    Ok(next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await)
 }
 
 /// Lets an MCP request through only with a valid token, and charges one request of the tenant's

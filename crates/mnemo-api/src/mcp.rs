@@ -176,8 +176,9 @@ static TOOLS: &[ToolSpec] = &[
     },
     ToolSpec {
         name: "write_file",
-        description: "Replace a workspace file's whole content (creating it if needed). Every write is a new \
-            version. Pass the version you read as expected_version, so that a change made since (by another \
+        description: "Replace a workspace file's whole content (creating it if needed). With a user, you write \
+            only their PROFILE.md, MEMORY.md and files under memory/; the agent's own files are read-only \
+            (agent_file_read_only). Every write is a new version. Pass the version you read as expected_version, so that a change made since (by another \
             session, or mnemo's own consolidation) is not overwritten. To change part of a file, use edit_file.",
         method: Method::PUT,
         path: "/v1/workspace/files/{path}",
@@ -192,7 +193,8 @@ static TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "edit_file",
         description: "Replace exact text in a workspace file: old_text must appear exactly once (or set \
-            replace_all). Read the file first and copy old_text from it.",
+            replace_all). Read the file first and copy old_text from it. With a user, only their PROFILE.md, \
+            MEMORY.md and files under memory/ can be edited.",
         method: Method::POST,
         path: "/v1/workspace/files/{path}/edit",
         read_only: false,
