@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 check_toolchain
 # Both or neither: the API would otherwise serve the local database while the worker and the
 # migrations use the one given.
-if [ -n "$mnemo_database_given" ] && [ -z "$mnemo_app_database_given" ]; then
-  die "MNEMO_DATABASE_URL is set: set MNEMO_APP_DATABASE_URL too, to the same database as role $MNEMO_PG_APP_USER (the API's own role, which row-level security holds; this script grants it)"
+if [ "$mnemo_database_given" != "$mnemo_app_database_given" ]; then
+  die "set both MNEMO_DATABASE_URL (the tables' owner: migrations, the worker) and MNEMO_APP_DATABASE_URL (role $MNEMO_PG_APP_USER on the same database: the API, which row-level security holds; this script grants it), or neither"
 fi
 bash scripts/setup-postgres.sh
 [ "${MNEMO_EMBED_PROVIDER:-local}" != local ] || bash scripts/fetch-model.sh

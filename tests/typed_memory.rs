@@ -936,8 +936,6 @@ async fn packs_keep_their_budgets_and_layer_limits() {
     }
 }
 
-/// A tool output is read as its session's messages are: by a token bound to that session, the
-/// user whose row it is (without a session), or a service token without a session.
 #[tokio::test]
 async fn a_context_pack_leaves_out_the_notes_its_memory_part_places() {
     let (app, _provider) = app().await;
@@ -977,8 +975,21 @@ async fn a_context_pack_leaves_out_the_notes_its_memory_part_places() {
     assert_eq!(patch.status, 200, "{:?}", patch.body);
     let text = window().await;
     assert!(!text.contains("kayak Bluebell") && text.contains("kayak Marigold"), "{text}");
+    // A MEMORY.md too long for the memory part is cut there: the pack may bring what the cut took.
+    let patch = app.client.patch("/v1/workspace/files/MEMORY.md", Some(&token(&ann)), &json!({"enabled": true})).await;
+    assert_eq!(patch.status, 200, "{:?}", patch.body);
+    let filler = "a long paragraph about the weather and the garden. ".repeat(400);
+    let long = format!("{filler}\n\nAnn keeps her kayak Bluebell in the boathouse.\n\n{filler}");
+    let put = app.client.put("/v1/workspace/files/MEMORY.md", Some(&token(&ann)), &json!({"content": long})).await;
+    assert_eq!(put.status, 200, "{:?}", put.body);
+    embed_like_the_provider(&app.db.store(), MODEL, DIMS).await;
+    let text = window().await;
+    assert!(text.contains("characters cut to fit"), "the memory part is cut");
+    assert_eq!(text.matches("kayak Bluebell").count(), 1, "{text}");
 }
 
+/// A tool output is read as its session's messages are: by a token bound to that session, the
+/// user whose row it is (without a session), or a service token without a session.
 #[tokio::test]
 async fn tool_outputs_follow_the_session_rules() {
     let (app, _provider) = app().await;

@@ -309,7 +309,7 @@ pub async fn prompt(
 /// sections (MEMORY.md if enabled, today's note and the notes of the days before it, by the
 /// tenant's time zone). What `/prompt` answers, and what a context window places after the
 /// system prompt (the files as system content, the memory as a marked user message). With the
-/// notes the memory part places by rule, whether or not they fit.
+/// notes the memory part places by rule, and whether they fit uncut.
 pub async fn workspace_prompt(
     state: &AppState,
     workspace: &Workspace,
@@ -326,7 +326,10 @@ pub async fn workspace_prompt(
     };
     let files: Vec<PromptFile<'_>> =
         files.iter().map(|f| PromptFile { path: f.path.as_str(), content: &f.content }).collect();
-    Ok((render_prompt(&files, &memory, budget, state.tokenizer.as_ref()), PlacedNotes { since, until: today }))
+    let memory_md_disabled = memory.long_term.is_none();
+    let prompt = render_prompt(&files, &memory, budget, state.tokenizer.as_ref());
+    let placed = PlacedNotes { since, until: today, whole: prompt.notes_whole, memory_md_disabled };
+    Ok((prompt, placed))
 }
 
 /// `%XX` escapes and `+` decoded; `None` for invalid escapes or UTF-8.

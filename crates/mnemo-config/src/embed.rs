@@ -32,12 +32,12 @@ pub struct EmbedSettings {
     pub model: String,
 }
 
-/// The models the local provider runs, with their dimensions; the first is the default.
-/// all-mpnet-base-v2 ranks better and costs 4.4 to 6.2 times as much per text
-/// (docs/benchmarks.md, "A stronger local model").
 /// The most dimensions pgvector's HNSW index takes for a `vector`.
 const MAX_INDEXED_DIMENSIONS: usize = 2000;
 
+/// The models the local provider runs, with their dimensions; the first is the default.
+/// all-mpnet-base-v2 ranks better and costs 4.4 to 6.2 times as much per text
+/// (docs/benchmarks.md, "A stronger local model").
 pub const LOCAL_EMBED_MODELS: [(&str, usize); 2] = [("all-MiniLM-L6-v2", 384), ("all-mpnet-base-v2", 768)];
 
 impl EmbedSettings {

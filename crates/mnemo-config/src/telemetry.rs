@@ -76,9 +76,8 @@ impl LogSettings {
 /// The bare word of a filter that names targets only (`warning`, `verbose`, `mnemo_api`): a
 /// filter with no level for the rest logs nothing else, which a misspelt level does silently.
 fn lone_target(filter: &str) -> Option<&str> {
-    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
     let directives: Vec<&str> = filter.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
-    let is_level = |d: &str| LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d)) || d.parse::<u8>().is_ok();
+    let is_level = |d: &str| d.parse::<tracing_subscriber::filter::LevelFilter>().is_ok();
     if directives.iter().any(|d| is_level(d)) {
         return None;
     }
@@ -297,7 +296,7 @@ mod tests {
         for fine in ["warn", "INFO", "info,mnemo_api=debug", "warn,mnemo_jobs", "mnemo_api=debug", "debug,sqlx=warn"] {
             assert_eq!(problems(fine), Vec::<String>::new(), "{fine}");
         }
-        for silent in ["warning", "verbose", "mnemo_api"] {
+        for silent in ["warning", "verbose", "mnemo_api", "7"] {
             let found = problems(silent);
             assert!(found.len() == 1 && found[0].contains("not a level"), "{silent}: {found:?}");
         }

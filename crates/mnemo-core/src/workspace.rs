@@ -279,6 +279,8 @@ pub struct WorkspacePrompt {
     pub files: String,
     /// The user's enabled PROFILE.md as a block, then `# Memory` with its sections; or empty.
     pub memory: String,
+    /// `# Memory`'s sections (MEMORY.md, the daily notes) are all in `memory`, uncut.
+    pub notes_whole: bool,
 }
 
 impl WorkspacePrompt {
@@ -325,13 +327,11 @@ pub fn render_prompt(
     let left = budget.saturating_sub(u64::from(counter.count(&files)) + 2);
     let profile = render_files(&profile, left, counter);
     let left = left.saturating_sub(u64::from(counter.count(&profile)) + 2);
-    let notes = if sections.is_empty() || left < 16 {
-        String::new()
-    } else {
-        cut_to(&format!("# Memory\n\n{}", sections.join("\n\n")), left, counter)
-    };
+    let whole = format!("# Memory\n\n{}", sections.join("\n\n"));
+    let notes = if sections.is_empty() || left < 16 { String::new() } else { cut_to(&whole, left, counter) };
+    let notes_whole = sections.is_empty() || notes == whole;
     let memory = [profile, notes].into_iter().filter(|part| !part.is_empty()).collect::<Vec<_>>().join("\n\n");
-    WorkspacePrompt { files, memory }
+    WorkspacePrompt { files, memory, notes_whole }
 }
 
 /// Whether `name` is shaped `YYYY-MM-DD`, digits where digits go (a real day or not).

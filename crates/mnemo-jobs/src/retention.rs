@@ -163,9 +163,9 @@ pub async fn sweep_tenant(
             store.audit(tenant, AuditEvent::AnonymizeAllowed, "operator", &options.actor, floor).await?;
         }
         report.outcome = SweepOutcome::Done;
-        // At most what the plan counted (and the operator's N, when given): a row that turns out
-        // due only now (its transaction committed after the plan: an import, a bulk delete)
-        // waits for the next sweep, whose plan the floor checks.
+        // At most as many as the plan counted (and the operator's N, when given), the number the
+        // floor checked: rows that turn due only now (an import committed after the plan) leave
+        // as many for the next sweep, whose plan the floor checks.
         let bounded = |planned: u64| options.allow_large.map_or(planned, |n| n.min(planned));
         let (row_cap, version_cap) = (bounded(due), bounded(report.plan.workspace_versions));
         let (mut done, mut after) = (0, Uuid::nil());

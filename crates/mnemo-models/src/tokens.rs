@@ -1,6 +1,6 @@
 //! Token counting for context windows: a real BPE (tiktoken's `o200k_base` or `cl100k_base`,
 //! whose tables ship inside the `tiktoken-rs` crate, so nothing is fetched at run time), or the
-//! seeds' character estimate (`characters / 3.5`, rounded up) where no tokenizer fits the model.
+//! estimate by characters where no tokenizer fits the model (see [`char_estimate`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -85,8 +85,7 @@ const CHAR_ESTIMATE: &str = "chars-2";
 /// two or three on an emoji, and counting more than it does is only room left unused.
 fn char_estimate(text: &str) -> u32 {
     let ascii = text.bytes().filter(u8::is_ascii).count();
-    let other: usize = text.chars().filter(|c| !c.is_ascii()).map(|c| c.len_utf8().div_ceil(2)).sum();
-    u32::try_from((ascii * 2).div_ceil(7) + other).unwrap_or(u32::MAX)
+    u32::try_from((ascii * 2).div_ceil(7) + (text.len() - ascii).div_ceil(2)).unwrap_or(u32::MAX)
 }
 
 impl TokenCounter for Tokenizer {

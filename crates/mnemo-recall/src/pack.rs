@@ -101,21 +101,26 @@ pub struct PackRequest {
     pub placed_notes: Option<PlacedNotes>,
 }
 
-/// The user's workspace notes a context window's memory part places by rule: `MEMORY.md` (or
-/// keeps out of every prompt, when disabled) and the daily notes from `since` through `until`.
+/// The user's workspace notes a context window's memory part places by rule: `MEMORY.md` (kept
+/// out of every prompt when disabled) and the daily notes from `since` through `until`, `whole`
+/// when none of them was cut to fit (then the pack would only repeat them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlacedNotes {
     pub since: NaiveDate,
     pub until: NaiveDate,
+    pub whole: bool,
+    pub memory_md_disabled: bool,
 }
 
 impl PlacedNotes {
-    /// Whether `item` is a recall piece of one of these notes.
+    /// Whether `item` is a recall piece the pack leaves out: of a note placed whole, or of a
+    /// disabled `MEMORY.md`.
     fn hold(&self, item: &RecalledItem) -> bool {
         item.source_kind == SourceKind::WorkspaceNote
-            && NewMemory::workspace_note_path(&item.source_ref).is_some_and(|path| {
-                path.as_str() == "MEMORY.md"
-                    || path.note_day().is_some_and(|day| (self.since..=self.until).contains(&day))
+            && NewMemory::workspace_note_path(&item.source_ref).is_some_and(|path| match path.note_day() {
+                _ if path.as_str() == "MEMORY.md" => self.whole || self.memory_md_disabled,
+                Some(day) => self.whole && (self.since..=self.until).contains(&day),
+                None => false,
             })
     }
 }

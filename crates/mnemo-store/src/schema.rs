@@ -20,7 +20,7 @@ pub struct SchemaStatus {
     /// Versions this build knows that the database has not applied (mnemo's, then apalis').
     pub pending: Vec<i64>,
     /// Versions the database has applied that this build does not know: a newer build migrated
-    /// it, and this one should not serve.
+    /// it (migrate, then deploy): this one keeps serving and working, and `migrate` refuses.
     pub unknown: Vec<i64>,
 }
 
