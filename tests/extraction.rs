@@ -227,7 +227,13 @@ async fn an_extracted_fact_never_overrides_what_its_user_stated_since() {
     assert_eq!(complete(&app, &t, "s1", "web").await["queued"], true);
     let env = [
         &llm_env(&chat)[..],
-        &[(vars::WORKER_QUEUES, "extract,embed,judge".to_owned()), (vars::EXTRACT_COOLDOWN_S, "0".to_owned())],
+        &[
+            (vars::WORKER_QUEUES, "extract,embed,judge".to_owned()),
+            (vars::EXTRACT_COOLDOWN_S, "0".to_owned()),
+            (vars::JUDGE_MODEL, "scripted-judge".to_owned()),
+            (vars::JUDGE_BASE_URL, chat.base_url.clone()),
+            (vars::JUDGE_API_KEY, "test".to_owned()),
+        ],
     ]
     .concat();
     let _worker = WorkerProcess::start(&app.db.url, &env).await.expect("worker");
@@ -272,6 +278,24 @@ async fn an_extracted_fact_never_overrides_what_its_user_stated_since() {
     let mut now_live = live().await;
     now_live.sort();
     assert_eq!(now_live, ["Ann lives in Lyon", "Ann's family name is Moreau", "Ann's sister is Eve"]);
+
+    // Without keys: what the application stated after the conversation is judged again once the
+    // conversation's fact arrives, and replaces it (the scripted judge: same first three words).
+    let t4 = token(&principal("acme", Some("ann"), Some("helper"), Some("s4")));
+    conversation(&app, &t4, ": Ann works as a baker").await;
+    let stated = json!({ "scope": "user", "content": "Ann works as a pilot" });
+    assert_eq!(app.client.post("/v1/facts", Some(&t), &stated).await.status, 201);
+    // Judged before the conversation's fact exists: nothing older to replace.
+    assert!(wait_until(Duration::from_secs(30), || settled(5)).await, "the pilot was not judged");
+    assert_eq!(complete(&app, &t4, "s4", "web").await["queued"], true);
+    assert!(done(4).await, "the fourth extraction did not finish");
+    assert!(wait_until(Duration::from_secs(30), || settled(6)).await, "the facts were not judged at last");
+    let mut now_live = live().await;
+    now_live.sort();
+    assert_eq!(
+        now_live,
+        ["Ann lives in Lyon", "Ann works as a pilot", "Ann's family name is Moreau", "Ann's sister is Eve"]
+    );
 }
 
 #[tokio::test]

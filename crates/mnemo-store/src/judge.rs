@@ -252,6 +252,9 @@ const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     CASE WHEN m.scope = 'agent' THEN m.user_id END AS writer,
     m.origin IS NOT DISTINCT FROM 'extraction' AS extracted";
 
+/// The most newer facts one judgement sends to be judged again (each may cost a model call).
+const REOPEN_AT_MOST: i64 = 50;
+
 /// The advisory lock of a bucket: judgements in one bucket apply one at a time.
 const LOCK_BUCKET: &str = "SELECT pg_advisory_xact_lock(
     hashtextextended($1 || chr(31) || $2 || chr(31) || $3 || chr(31) || COALESCE($4, ''), 0))";
@@ -576,19 +579,33 @@ impl Store {
         .bind(outcome == JudgeOutcome::FailOpen && judgement.failure_may_pass)
         .execute(&mut *tx)
         .await?;
-        if let Some(key) = &fact.fact_key {
-            // A fact's validity starts when its writer's transaction began, so a newer fact of
-            // this key may have been judged while this one was not yet committed, and never saw
-            // it. Judged again, it retires this one: one fact per key stays live.
+        // A fact's validity starts when its writer's transaction began, so a newer fact of its
+        // key may have been judged while it was not yet committed, and never saw it; and an
+        // extracted fact is valid from when it was said, often before facts already judged.
+        // Judged again, those see it among their older facts, and one that replaces it retires
+        // it: one fact per key stays live, and a later statement wins over an earlier one read
+        // late. The same key's for a keyed fact; every newer one of the bucket for an extracted
+        // fact (the nearest first, a bounded number).
+        let reopen = match (&fact.fact_key, fact.extracted) {
+            (_, true) => Some(None),
+            (Some(key), false) => Some(Some(key)),
+            (None, false) => None,
+        };
+        if let Some(key) = reopen {
             let reopened: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
-                "UPDATE memory_items n SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
-                 WHERE n.tenant_id = $1 AND n.{column} = $2 AND n.scope = '{scope}' AND n.fact_key = $3
-                   AND n.{LIVE_FACT} AND n.judge_at IS NOT NULL
-                   AND (COALESCE(n.valid_from, n.created_at), n.id) > ($4, $5)
-                   AND n.visibility = $6 AND n.allowed_roles = $7 AND ($8::text IS NULL OR n.agent_id = $8)
-                   -- Only one that may retire it: an agent's fact, by its writer or a service token.
-                   AND (n.scope <> 'agent' OR n.user_id IS NULL OR n.user_id IS NOT DISTINCT FROM $9)
-                 RETURNING n.id, n.tenant_id",
+                "UPDATE memory_items r SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
+                 WHERE r.tenant_id = $1 AND r.id IN (
+                   SELECT n.id FROM memory_items n
+                   WHERE n.tenant_id = $1 AND n.{column} = $2 AND n.scope = '{scope}'
+                     AND ($3::text IS NULL OR n.fact_key = $3)
+                     AND n.{LIVE_FACT} AND n.judge_at IS NOT NULL
+                     AND (COALESCE(n.valid_from, n.created_at), n.id) > ($4, $5)
+                     AND n.visibility = $6 AND n.allowed_roles = $7 AND ($8::text IS NULL OR n.agent_id = $8)
+                     -- Only one that may retire it: an agent's fact, by its writer or a service token.
+                     AND (n.scope <> 'agent' OR n.user_id IS NULL OR n.user_id IS NOT DISTINCT FROM $9)
+                   ORDER BY COALESCE(n.valid_from, n.created_at), n.id
+                   LIMIT {REOPEN_AT_MOST})
+                 RETURNING r.id, r.tenant_id",
                 column = fact.identity_column(),
                 scope = fact.scope.as_str(),
             )))
