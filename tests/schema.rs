@@ -6,6 +6,17 @@ use std::time::Duration;
 use mnemo_store::MIGRATOR;
 use mnemo_testkit::{Client, TestApp, TestDb, WorkerProcess, wait_until};
 
+/// A migration this build does not know, as a newer build's `migrate` leaves one.
+async fn migrated_by_a_newer_build(pool: &sqlx::PgPool) {
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (29991231000000, 'from a newer build', true, '\\x00', 0)",
+    )
+    .execute(pool)
+    .await
+    .expect("a newer build's migration");
+}
+
 #[tokio::test]
 async fn migrations_are_current_and_re_runnable() {
     let db = TestDb::new().await;
@@ -30,13 +41,7 @@ async fn the_runbook_refuses_to_migrate_a_database_a_newer_build_migrated() {
     let current = migrate();
     assert!(current.status.success(), "{}", String::from_utf8_lossy(&current.stderr));
     assert!(String::from_utf8_lossy(&current.stdout).contains("(0 migrations applied now)"));
-    sqlx::query(
-        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
-         VALUES (29991231000000, 'from a newer build', true, '\\x00', 0)",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("a newer build's migration");
+    migrated_by_a_newer_build(&db.pool).await;
     let newer = migrate();
     let stderr = String::from_utf8_lossy(&newer.stderr);
     assert!(!newer.status.success() && stderr.contains("migrated by a newer mnemo"), "{stderr}");
@@ -48,13 +53,7 @@ async fn the_runbook_refuses_to_migrate_a_database_a_newer_build_migrated() {
 #[tokio::test]
 async fn a_worker_starts_on_a_schema_a_newer_build_migrated_but_not_on_an_older_one() {
     let db = TestDb::new().await;
-    sqlx::query(
-        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
-         VALUES (29991231000000, 'from a newer build', true, '\\x00', 0)",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("a newer build's migration");
+    migrated_by_a_newer_build(&db.pool).await;
     let mut worker = WorkerProcess::start(&db.url, &[] as &[(&str, &str)]).await.expect("the worker starts");
     assert!(worker.try_wait().expect("status").is_none());
     worker.terminate().await.expect("a clean stop");
@@ -103,13 +102,7 @@ async fn readiness_follows_the_schema() {
     assert_eq!(app.client.get("/healthz", None).await.status, 200);
 
     // Migrated by a newer build (an upgrade's middle: migrate, then deploy): still ready.
-    sqlx::query(
-        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
-         VALUES (29991231000000, 'from a newer build', true, '\\x00', 0)",
-    )
-    .execute(&app.db.pool)
-    .await
-    .expect("a newer build's migration");
+    migrated_by_a_newer_build(&app.db.pool).await;
     let newer = || async { app.client.get("/readyz", None).await.body["schema"] == "newer" };
     assert!(wait_until(Duration::from_secs(5), newer).await, "a newer schema is not a reason to stop serving");
 

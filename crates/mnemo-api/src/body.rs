@@ -73,6 +73,20 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
     }
 }
 
+/// A body read whole, up to `limit` bytes, outside an extractor (a middleware's), with the
+/// extractor's answers: too large, too slow, or cut off.
+pub(crate) async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if caused_by::<http_body_util::LengthLimitError>(&e) {
+            ApiError::PayloadTooLarge
+        } else if caused_by::<BodyTimedOut>(&e) {
+            ApiError::RequestTimeout
+        } else {
+            ApiError::MalformedJson(e.to_string())
+        }
+    })
+}
+
 /// Whether `E` is somewhere in `error`'s chain of causes.
 pub(crate) fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
     std::iter::successors(Some(error), |e| e.source()).any(|e| e.is::<E>())

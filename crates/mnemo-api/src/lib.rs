@@ -213,15 +213,7 @@ async fn refuse_body(State(state): State<AppState>, request: Request, next: Next
         return Ok(next.run(request).await);
     }
     let (mut parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, SMALL_BODY_BYTES).await.map_err(|e| {
-        if body::caused_by::<http_body_util::LengthLimitError>(&e) {
-            ApiError::PayloadTooLarge
-        } else if body::caused_by::<serve::BodyTimedOut>(&e) {
-            ApiError::RequestTimeout
-        } else {
-            ApiError::MalformedJson(e.to_string())
-        }
-    })?;
+    let bytes = body::read_body(body, SMALL_BODY_BYTES).await?;
     if !bytes.iter().all(u8::is_ascii_whitespace) {
         auth::Verified::from_request_parts(&mut parts, &state).await?;
         body::JsonObject::parse(&bytes)?.finish()?;
@@ -242,15 +234,7 @@ async fn authenticate(
     let auth::Verified(principal) = auth::Verified::from_request_parts(&mut parts, &state).await?;
     // Charged before the body is read, so that a body refused below still counts.
     let charged = auth::charge(&state, &principal);
-    let body = axum::body::to_bytes(body, body_limit).await.map_err(|e| {
-        if body::caused_by::<http_body_util::LengthLimitError>(&e) {
-            ApiError::PayloadTooLarge
-        } else if body::caused_by::<serve::BodyTimedOut>(&e) {
-            ApiError::RequestTimeout
-        } else {
-            ApiError::MalformedJson(e.to_string())
-        }
-    })?;
+    let body = body::read_body(body, body_limit).await?;
     if let Err(refused) = charged {
         let ApiError::RateLimited(wait) = refused else { return Err(refused) };
         if !mcp::is_tool_call(&body) {
