@@ -80,7 +80,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ("malformed_json", 400, "the body is not JSON"),
     ("invalid_utf8", 400, "the body is not UTF-8"),
     ("not_an_object", 400, "the body is JSON but not an object"),
-    ("unknown_field", 400, "the body or the query has a field this endpoint does not take"),
+    (
+        "unknown_field",
+        400,
+        "the body or the query has a field this endpoint does not take (a `GET` or `DELETE` takes no body: one with a field is refused, `{}` passes)",
+    ),
     ("missing_field", 400, "a required field is absent"),
     (
         "invalid_field",

@@ -209,7 +209,9 @@ async fn refuse_query(State(state): State<AppState>, request: Request, next: Nex
 /// anything is read or deleted (`DELETE …` with `{"expected_version": 3}` would otherwise delete
 /// whatever version is there). An empty body or `{}` passes.
 async fn refuse_body(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
-    if !matches!(*request.method(), axum::http::Method::GET | axum::http::Method::DELETE) {
+    // `…/edit` takes POST alone: the handler answers any other method 405, body or not.
+    let body_less = matches!(*request.method(), axum::http::Method::GET | axum::http::Method::DELETE);
+    if !body_less || request.uri().path().ends_with("/edit") {
         return Ok(next.run(request).await);
     }
     let (mut parts, body) = request.into_parts();
