@@ -154,20 +154,7 @@ pub async fn context(
         tool_name: None,
         name_tokens: 0,
     });
-    let mut budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
-    if asked.overflow {
-        // The model refused a window that fit by our count: it counts more than we do. A quarter
-        // of the budget is left unused (at most what the system prompt and current message leave),
-        // so the retry is not the same window again.
-        let own = WindowInput {
-            system_prompt: asked.system_prompt.as_deref(),
-            current: current.as_ref(),
-            budget,
-            ..Default::default()
-        };
-        let room = history_room(&own, tokenizer).map_err(budget_too_small)?;
-        budget -= u32::try_from(room.min(u64::from(budget / 4))).unwrap_or(0);
-    }
+    let asked_budget = u32::try_from(asked.max_input_tokens - asked.reserve_output_tokens).unwrap_or(u32::MAX);
     let pack_left_out = match &asked.memory_pack {
         None => None,
         Some(AskedPack::NoQuery) => Some("no_query"),
@@ -180,12 +167,18 @@ pub async fn context(
     let own = WindowInput {
         system_prompt: asked.system_prompt.as_deref(),
         current: current.as_ref(),
-        budget,
+        budget: asked_budget,
         ..Default::default()
     };
+    let room = history_room(&own, tokenizer).map_err(budget_too_small)?;
+    // The model refused a window that fit by our count (`overflow`): it counts more than we do. A
+    // quarter of the budget is left unused (at most what the system prompt and current message
+    // leave), so the retry is not the same window again.
+    let spare = if asked.overflow { room.min(u64::from(asked_budget / 4)) } else { 0 };
+    let budget = asked_budget - u32::try_from(spare).unwrap_or(0);
     // Less the two messages' framing and the memory's marker.
     let framing = 2 * u64::from(MESSAGE_OVERHEAD_TOKENS) + u64::from(tokenizer.count(MEMORY_PREFIX)) + 1;
-    let left = history_room(&own, tokenizer).map_err(budget_too_small)?.saturating_sub(framing);
+    let left = (room - spare).saturating_sub(framing);
     // The token's agent workspace: its enabled files and its memory, within their share.
     let workspace = match Workspace::of(&principal) {
         Ok(workspace) => {

@@ -98,8 +98,8 @@ pub fn preview(text: &str, max_chars: usize) -> String {
     }
     let head: String = text.chars().take(max_chars.div_ceil(2)).collect();
     let tail: String = text.chars().skip(total - max_chars / 2).collect();
-    let key = elided_output_key(text).filter(|k| !head.contains(k.as_str()) && !tail.contains(k.as_str()));
-    format!("{head}{}{tail}", cut_note(total - max_chars, "omitted", key.as_ref()))
+    let note = cut_note(total - max_chars, "omitted", elided_output_key(text).as_ref(), &[&head, &tail]);
+    format!("{head}{note}{tail}")
 }
 
 /// The messages a summarizer reads: tool traffic previewed (a tool call's arguments are its

@@ -93,10 +93,10 @@ pub fn elided_output_key(text: &str) -> Option<ToolOutputKey> {
     ToolOutputKey::parse(text.get(at..end)?)
 }
 
-/// Where a cut took `removed` characters out of a text, naming `key` when the cut took the
-/// text's own mention of it (see [`elided_output_key`]).
-pub fn cut_note(removed: usize, why: &str, key: Option<&ToolOutputKey>) -> String {
-    match key {
+/// Where a cut took `removed` characters out of a text, naming the text's elided output `key`
+/// (see [`elided_output_key`]) when none of the `kept` parts still shows it.
+pub fn cut_note(removed: usize, why: &str, key: Option<&ToolOutputKey>, kept: &[&str]) -> String {
+    match key.filter(|k| !kept.iter().any(|part| part.contains(k.as_str()))) {
         Some(key) => format!("\n…[{removed} characters {why}; {FULL_OUTPUT_IS}{key}]…\n"),
         None => format!("\n…[{removed} characters {why}]…\n"),
     }

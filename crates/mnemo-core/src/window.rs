@@ -601,7 +601,7 @@ pub fn cut_to(text: &str, max_tokens: u64, counter: &dyn TokenCounter) -> String
     let chars: Vec<char> = text.chars().collect();
     let key = elided_output_key(text);
     let count = |s: &str| u64::from(counter.count(s));
-    let marker_cost = count(&cut_note(chars.len(), CUT_TO_FIT, key.as_ref()));
+    let marker_cost = count(&cut_note(chars.len(), CUT_TO_FIT, key.as_ref(), &[]));
     let room = |max: u64| max.saturating_sub(marker_cost);
     let mut keep = usize::try_from(chars.len() as u64 * room(max_tokens) / room(total).max(1)).unwrap_or(0);
     loop {
@@ -610,8 +610,8 @@ pub fn cut_to(text: &str, max_tokens: u64, counter: &dyn TokenCounter) -> String
         }
         let head: String = chars[..keep.div_ceil(2)].iter().collect();
         let tail: String = chars[chars.len() - keep / 2..].iter().collect();
-        let cut_key = key.as_ref().filter(|k| !head.contains(k.as_str()) && !tail.contains(k.as_str()));
-        let candidate = format!("{head}{}{tail}", cut_note(chars.len() - keep, CUT_TO_FIT, cut_key));
+        let candidate =
+            format!("{head}{}{tail}", cut_note(chars.len() - keep, CUT_TO_FIT, key.as_ref(), &[&head, &tail]));
         let cost = count(&candidate);
         if cost <= max_tokens {
             return candidate;
