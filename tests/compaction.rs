@@ -140,7 +140,7 @@ async fn a_session_past_its_trigger_is_answered_at_once_and_the_worker_brings_th
     assert!(system.contains("at most 300 tokens"), "{system}");
     let prompt = requests[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
     assert!(prompt.starts_with("PREVIOUS SUMMARY:\n(none)"), "{prompt}");
-    assert!(prompt.contains("[user] question 0") && prompt.contains("[assistant] answer 2"), "{prompt}");
+    assert!(prompt.contains("[user] \"question 0") && prompt.contains("[assistant] \"answer 2"), "{prompt}");
     assert!(!prompt.contains("question 3"), "kept turns are not summarized: {prompt}");
 
     // Later messages: the next summary is built from the previous one and only the new messages.
@@ -151,7 +151,7 @@ async fn a_session_past_its_trigger_is_answered_at_once_and_the_worker_brings_th
     assert_eq!(requests.len(), 2);
     let prompt = requests[1]["messages"][1]["content"].as_str().expect("prompt");
     let (previous, new) = prompt.split_once("NEW MESSAGES:").expect("two parts");
-    assert!(previous.starts_with("PREVIOUS SUMMARY:\nSESSION INTENT"), "{prompt}");
+    assert!(previous.starts_with("PREVIOUS SUMMARY:\n\"SESSION INTENT"), "{prompt}");
     assert!(!new.contains("question 0") && !new.contains("answer 2"), "{prompt}");
     assert!(new.contains("question 3") && new.contains("answer 5"), "{prompt}");
     assert!(!new.contains("question 6"), "{prompt}");
@@ -391,7 +391,7 @@ async fn keep_pairs_and_keep_tokens_never_split_a_tool_call_from_its_results() {
     let prompt = chat.requests()[0]["messages"][1]["content"].as_str().expect("prompt").to_owned();
     assert!(prompt.contains("RESULT-HEAD") && prompt.contains("RESULT-TAIL") && prompt.contains("characters omitted"));
     assert!(prompt.len() < long_result.len(), "the result went to the model whole");
-    assert!(prompt.contains("[assistant calls search] {\"q\": \"Lisbon trains\"}"), "{prompt}");
+    assert!(prompt.contains(r#"[assistant calls search] "{\"q\": \"Lisbon trains\"}""#), "{prompt}");
 
     // Keep pairs: a fresh session whose last turn holds the call; it stays whole with its result.
     let t2 = token(&principal("acme", None, None, Some("s2")));
@@ -538,7 +538,7 @@ async fn a_long_backlog_is_compacted_over_several_jobs_and_a_long_agent_turn_is_
     assert!(covered.len() >= 2, "{covered:?}");
     assert_eq!(covered.iter().sum::<usize>(), 296, "everything but the last two turns: {covered:?}");
     let prompt = chat.requests()[4]["messages"][1]["content"].as_str().expect("prompt").to_owned();
-    assert!(prompt.starts_with("PREVIOUS SUMMARY:\nSESSION INTENT"), "{prompt}");
+    assert!(prompt.starts_with("PREVIOUS SUMMARY:\n\"SESSION INTENT"), "{prompt}");
 
     // One user message and a long run of tool calls: the kept turn alone is the whole session,
     // so a caller's budget bounds what is kept, cut between calls, never inside one.

@@ -107,9 +107,10 @@ impl Fixture {
             .iter()
             .map(|r| {
                 let prompt = r["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
-                let new = prompt.lines().nth(1).unwrap_or_default().to_owned();
+                let unquote = |text: &str| serde_json::from_str(text).expect("a quoted text");
+                let new = unquote(prompt.lines().nth(1).unwrap_or_default());
                 let existing =
-                    prompt.lines().filter_map(|l| l.split_once("] ").map(|(_, text)| text.to_owned())).collect();
+                    prompt.lines().filter_map(|l| l.split_once("] ").map(|(_, text)| unquote(text))).collect();
                 (new, existing)
             })
             .collect()
@@ -683,9 +684,10 @@ async fn every_chat_client_asks_a_reasoning_model_in_its_own_terms() {
     let today = NaiveDate::from_ymd_opt(2026, 11, 29).expect("date");
     let line = TranscriptLine { role: Role::User, tool_name: None, is_call: false, content: "hello".to_owned() };
     let extraction = ExtractionInput {
-        transcript: "[user] remember: I live in Lima".to_owned(),
+        transcript: mnemo_core::extraction_transcript(&[(Role::User, "remember: I live in Lima")]),
         profile: String::new(),
         memory: String::new(),
+        profile_rewritable: true,
         memory_rewritable: true,
         today_note: String::new(),
         today,
@@ -1151,6 +1153,26 @@ async fn pending_facts_of_two_tenants_with_one_id_both_come_back() {
     let mut tenants: Vec<&str> = pending.iter().map(|p| p.tenant_id.as_str()).collect();
     tenants.sort();
     assert_eq!(tenants, ["acme", "beta"]);
+
+    // `judge clear --ids` names a fact of one tenant: an id in two needs --tenant.
+    f.settle(f.judge(Duration::from_secs(5))).await;
+    let id = acme.to_string();
+    let output = std::process::Command::new(binary("mnemo-runbook").expect("runbook"))
+        .args(["judge", "clear", "--ids", &id, "--json"])
+        .env_clear()
+        .env(vars::DATABASE_URL, &f.app.db.url)
+        .output()
+        .expect("runbook");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("give --tenant"), "{stderr}");
+    assert_eq!(f.app.db.count("SELECT count(*) FROM memory_items WHERE judge_at IS NULL").await, 0, "nothing cleared");
+    let cleared = runbook(&f, &["judge", "clear", "--ids", &id, "--tenant", "beta", "--json"]);
+    assert_eq!(cleared["cleared"], 1);
+    let open: Vec<String> = sqlx::query_scalar("SELECT tenant_id FROM memory_items WHERE judge_at IS NULL")
+        .fetch_all(&f.app.db.pool)
+        .await
+        .expect("cleared");
+    assert_eq!(open, ["beta"]);
 }
 
 #[tokio::test]

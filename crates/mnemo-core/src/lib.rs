@@ -37,8 +37,8 @@ pub use embed::{EmbedError, EmbedFuture, Embedder, FailureClass, PREVIOUS_TURN_B
 pub use error::{InvalidInput, ModelFailure};
 pub use extraction::{
     ExtractedFact, Extraction, ExtractionFuture, ExtractionInput, Extractor, Gates, MAX_DAILY_ENTRY_CHARS,
-    MAX_EXTRACTED_FACTS, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_MESSAGES, TriggerSource, extracted_fact, extracted_typed,
-    extraction_transcript, with_daily_entry,
+    MAX_EXTRACTED_FACTS, SHOWN_FILE_BYTES, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_MESSAGES, TriggerSource,
+    extracted_fact, extracted_typed, extraction_transcript, shown_file, with_daily_entry,
 };
 pub use ids::{AgentId, SessionId, TenantId, UserId};
 pub use judge::{Judge, JudgeFuture, JudgeOutcome, Verdict};
@@ -50,7 +50,7 @@ pub use recall::{MAX_QUERY_BYTES, MAX_TOP_K, RecallClass, RecallRequest, RerankE
 pub use retention::{AnonymizeReason, MAX_BATCH_SIZE, MAX_TTL_DAYS, POLICY_FIELDS, RetentionPolicy, SafetyFloor};
 pub use signals::{SignalWeights, Signals, decay, signal_factor};
 pub use source_ref::{SourceRef, fact_source_ref};
-pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, ToolOutputText};
+pub use text::{MAX_CONTENT_BYTES, MemoryText, StoredToolOutput, ToolOutputKey, ToolOutputText, quoted};
 pub use typed::{
     Category, Label, Layer, MAX_ALLOWED_ROLES, MAX_LABEL_BYTES, MAX_RELATIONS, MAX_TAGS, Origin, Relation,
     RelationType, Typed, TypedInput, Unit, Visibility, fingerprint,

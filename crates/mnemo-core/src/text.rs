@@ -19,6 +19,13 @@ fn check_text(field: &'static str, raw: &str, max: usize) -> Result<(), InvalidI
     Ok(())
 }
 
+/// Text a model reads as material, as one JSON string: its newlines and quotes escaped, so
+/// nothing in it can open a line of the prompt's own (a forged `[user]` turn, a section's
+/// heading, a candidate's label).
+pub fn quoted(text: &str) -> String {
+    serde_json::Value::from(text).to_string()
+}
+
 /// The content of one memory row: non-empty, at most 16 KiB, no NUL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryText(String);

@@ -21,7 +21,7 @@ use std::time::Duration;
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
     ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, TRANSCRIPT_MESSAGES,
-    TriggerSource, Workspace, WorkspacePath, extraction_transcript, newest_part,
+    TriggerSource, Workspace, WorkspacePath, extraction_transcript, newest_part, shown_file,
 };
 use mnemo_store::queue::ExtractJob;
 use mnemo_store::{Claim, ExtractionChanges, MessageCursor, PendingExtraction, Replacement, SessionMessage, Store};
@@ -270,10 +270,13 @@ impl ExtractRunner {
         let changes = ExtractionChanges {
             day: Some(input.today),
             daily_entry: extraction.daily_entry,
-            profile: extraction.profile_update.map(|content| Replacement { content, read_version: read.profile }),
+            profile: extraction
+                .profile_update
+                .filter(|_| input.profile_rewritable)
+                .map(|content| Replacement { content, read_version: read.profile }),
             memory: extraction
                 .memory_update
-                .filter(|_| self.settings.update_memory)
+                .filter(|_| input.memory_rewritable)
                 .map(|content| Replacement { content, read_version: read.memory }),
             reason: "applied".to_owned(),
             facts,
@@ -378,11 +381,13 @@ impl ExtractRunner {
         };
         let (profile, profile_version) = read(WorkspacePath::parse("PROFILE.md").expect("valid")).await?;
         let (memory, memory_version) = read(WorkspacePath::parse("MEMORY.md").expect("valid")).await?;
+        let ((profile, profile_whole), (memory, memory_whole)) = (shown_file(&profile), shown_file(&memory));
         let input = ExtractionInput {
             transcript: extraction_transcript(&borrowed),
             profile,
+            profile_rewritable: profile_whole,
             memory,
-            memory_rewritable: self.settings.update_memory,
+            memory_rewritable: memory_whole && self.settings.update_memory,
             today_note: newest_part(&read(WorkspacePath::daily_note(today)).await?.0, TODAY_NOTE_CHARS),
             today,
         };

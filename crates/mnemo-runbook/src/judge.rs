@@ -55,6 +55,7 @@ pub enum JudgeCommand {
         /// With --outcome: judged at or after this time (RFC 3339) or age (like 24h).
         #[arg(long, requires = "outcome", value_parser = parse_time)]
         since: Option<DateTime<Utc>>,
+        /// Only this tenant's facts (needed with --ids when an id is in two tenants' data).
         #[arg(long, value_parser = TenantId::parse)]
         tenant: Option<TenantId>,
         /// Say which facts would be cleared, and change nothing.
@@ -145,6 +146,17 @@ pub async fn run(store: &Store, command: JudgeCommand, env: &Env) -> anyhow::Res
             };
             if let Some(tenant) = &tenant {
                 crate::retention::warn_if_it_holds_nothing(store, tenant).await?;
+            }
+            // An import into another tenant keeps its rows' ids: an id alone may name facts of
+            // two tenants, and clearing both would reach past the one the operator meant.
+            if let (ClearSelection::Ids(_), None) = (&selection, &tenant) {
+                let mut named: Vec<(Uuid, String)> = Vec::new();
+                let mut collect = |rows: &[(Uuid, String)]| named.extend_from_slice(rows);
+                store.clear_judgements(&selection, None, "runbook", true, CLEAR_BATCH, &mut collect).await?;
+                named.sort();
+                if let Some(pair) = named.windows(2).find(|w| w[0].0 == w[1].0) {
+                    bail!("fact {} is in tenants {} and {}: give --tenant", pair[0].0, pair[0].1, pair[1].1);
+                }
             }
             let verb = if dry_run { "would clear" } else { "cleared" };
             let (mut ids, mut so_far) = (Vec::new(), 0);

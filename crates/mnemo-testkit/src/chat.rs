@@ -125,14 +125,29 @@ fn prompt_facts(body: &Value) -> (String, Vec<(String, String)>) {
         } else if line.starts_with("EXISTING facts") {
             section = "existing";
         } else if section == "new" && !line.trim().is_empty() {
-            new_fact = line.to_owned();
+            new_fact = unquote(line);
         } else if section == "existing"
             && let Some((label, text)) = line.strip_prefix('[').and_then(|l| l.split_once("] "))
         {
-            existing.push((label.to_owned(), text.to_owned()));
+            existing.push((label.to_owned(), unquote(text)));
         }
     }
     (new_fact, existing)
+}
+
+/// The text a prompt quoted (a JSON string) at the start of `quoted`; `quoted` itself if it is
+/// none.
+fn unquote(quoted: &str) -> String {
+    serde_json::Deserializer::from_str(quoted)
+        .into_iter::<String>()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| quoted.to_owned())
+}
+
+/// A message's text from its transcript line (`[role …] "text"`).
+fn spoken(line: &str) -> String {
+    line.split_once("] ").map_or_else(String::new, |(_, text)| unquote(text))
 }
 
 /// A summary a test can predict: how many new messages it covered, whether it built on a
@@ -142,7 +157,8 @@ fn summary_of(body: &Value) -> String {
     let (previous, new) = prompt.split_once("NEW MESSAGES:\n").unwrap_or(("", prompt));
     let lines: Vec<&str> = new.lines().filter(|l| l.starts_with('[')).collect();
     let builds_on = if previous.contains("(none)") { "the start" } else { "the previous summary" };
-    let last: String = lines.last().copied().unwrap_or_default().chars().take(80).collect();
+    let last = lines.last().map(|l| format!("{}] {}", l.split(']').next().unwrap_or_default(), spoken(l)));
+    let last: String = last.unwrap_or_default().chars().take(80).collect();
     format!(
         "SESSION INTENT: go on with the conversation\nSUMMARY: {} new messages since {builds_on}; last: {last}\n\
 ARTIFACTS: none\nNEXT STEPS: none",
@@ -157,7 +173,7 @@ fn extraction_of(body: &Value) -> Value {
     let prompt = body["messages"][1]["content"].as_str().unwrap_or_default();
     let conversation = prompt.split_once("CONVERSATION:\n").map_or("", |(_, c)| c);
     let lines: Vec<&str> = conversation.lines().filter(|l| l.starts_with('[')).collect();
-    let users: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("[user] ")).collect();
+    let users: Vec<String> = lines.iter().filter_map(|l| l.strip_prefix("[user] ")).map(unquote).collect();
     let facts: Vec<Value> = users
         .iter()
         .filter_map(|u| u.strip_prefix("remember"))
@@ -169,7 +185,7 @@ fn extraction_of(body: &Value) -> Value {
         .collect();
     let name =
         users.iter().find_map(|u| u.split_once("my name is ").map(|(_, n)| n.split_whitespace().next().unwrap_or("")));
-    let last: String = users.last().copied().unwrap_or_default().chars().take(60).collect();
+    let last: String = users.last().cloned().unwrap_or_default().chars().take(60).collect();
     json!({
         "should_update": !lines.is_empty(),
         "reason": "scripted",
