@@ -804,6 +804,64 @@ async fn replies_to_an_erased_user_leave_with_them_and_never_become_another_user
     assert_eq!((kept("Welcome").await, kept("peanut allergy").await), (1, 1), "everyone's and bob's replies stay");
 }
 
+/// A reply to a message that retention has anonymized stays the replied user's: the message names
+/// its user no more, but the reply never becomes the previous user's, and the replied user's
+/// erasure still takes it.
+#[tokio::test]
+async fn replies_to_a_message_retention_anonymized_stay_that_users() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), Some("s1")));
+    let agent = token(&principal("acme", None, Some("helper"), Some("s1")));
+    say(&app, &bob, "user", "I am Bob and I am allergic to peanuts").await;
+    say(&app, &agent, "assistant", "Bob, your peanut allergy is in your file.").await;
+    say(&app, &ann, "user", "my passport number is X123").await;
+    say(&app, &agent, "assistant", "Your passport X123 is noted.").await;
+    say(&app, &agent, "assistant", "Anything else, Ann?").await;
+    say(&app, &bob, "user", "and remember that I like trains").await;
+    say(&app, &agent, "assistant", "Trains noted, Bob.").await;
+    // Ann deleted her message an hour ago; its soft TTL has run out.
+    let deleted =
+        "UPDATE memory_items SET deleted_at = now() - interval '1 hour' WHERE content LIKE '%passport number%'";
+    sqlx::query(deleted).execute(&app.db.pool).await.expect("deleted");
+    let (store, tenant) = (app.db.store(), TenantId::parse("acme").expect("tenant"));
+    let cutoffs = mnemo_store::Cutoffs { deleted_before: chrono::Utc::now(), superseded_before: chrono::Utc::now() };
+    let anonymized = store.anonymize_due(&tenant, cutoffs, uuid::Uuid::nil(), 10, "test").await.expect("anonymize");
+    assert_eq!(anonymized.len(), 1);
+    let marked = "SELECT count(*) FROM memory_items WHERE reply_to_user_sha256 IS NOT NULL";
+    assert_eq!(app.db.count(marked).await, 2, "the two replies to her message");
+
+    // Bob's extraction is shown his words and the replies to him, not the replies to her.
+    assert_eq!(complete(&app, &bob, "s1", "web").await["queued"], true);
+    let bobs = ExtractJob { user_id: UserId::parse("bob").expect("user"), ..job() };
+    runner(&app, Some(&chat), &[]).run(&bobs).await.expect("bob's run");
+    let transcript = transcripts(&chat, 0).remove(0);
+    assert!(
+        transcript.contains("peanut allergy is in your file") && transcript.contains("Trains noted"),
+        "{transcript}"
+    );
+    assert!(!transcript.contains("passport") && !transcript.contains("Anything else"), "{transcript}");
+
+    // Her erasure takes the replies to her; his stay.
+    let ann_id = UserId::parse("ann").expect("user");
+    let plan = mnemo_jobs::erase_user(&store, &tenant, &ann_id, 100, true, "test", |_, _| {}).await.expect("plan");
+    assert_eq!(plan.plan.rows_by_kind.get("chat_message"), Some(&2), "{:?}", plan.plan);
+    let erased = mnemo_jobs::erase_user(&store, &tenant, &ann_id, 1, false, "test", |_, _| {}).await.expect("erase");
+    assert_eq!(erased.anonymized.get("chat_message"), Some(&2));
+    let kept = |text: &'static str| {
+        let app = &app;
+        async move {
+            let sql =
+                format!("SELECT count(*) FROM memory_items WHERE anonymized_at IS NULL AND content LIKE '%{text}%'");
+            app.db.count(&sql).await
+        }
+    };
+    assert_eq!((kept("passport").await, kept("Ann?").await), (0, 0), "a reply to ann stayed");
+    assert_eq!((kept("peanut allergy").await, kept("Trains noted").await), (1, 1), "bob's replies stay");
+    assert_eq!(app.db.count(marked).await, 0, "an erased reply keeps no mark");
+}
+
 /// A conversation whose messages were all shown already (an earlier extraction of the session
 /// read them), or are another user's, is done without a model call; and a compaction recorded
 /// after a later conversation of its session was extracted asks for nothing.

@@ -800,9 +800,22 @@ async fn a_last_export_since_brings_back_nothing_of_a_user_erased_at_the_new_pla
             .await
             .expect("now");
 
-    // At the old place, before the erasure at the new one: another message.
+    // At the old place, before the erasure at the new one: another message, and one answered
+    // by the agent, then deleted and anonymized by retention: the reply is marked as u1's.
     let said = json!({ "source_kind": "chat_message", "source_ref": "m2", "content": "my second plan" });
     assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    let said = json!({ "source_kind": "chat_message", "source_ref": "m3", "content": "my third plan" });
+    assert_eq!(app.client.post("/v1/memories", Some(&t), &said).await.status, 201);
+    let agent = token(&principal("acme", None, Some("a1"), Some("s1")));
+    let reply =
+        json!({ "source_kind": "chat_message", "source_ref": "r3", "role": "assistant", "content": "noted, u1" });
+    assert_eq!(app.client.post("/v1/memories", Some(&agent), &reply).await.status, 201);
+    let deleted = "UPDATE memory_items SET deleted_at = now() - interval '1 hour' WHERE content = 'my third plan'";
+    sqlx::query(deleted).execute(&app.db.pool).await.expect("deleted");
+    let cutoffs = mnemo_store::Cutoffs { deleted_before: chrono::Utc::now(), superseded_before: chrono::Utc::now() };
+    let tenant = TenantId::parse("acme").expect("tenant");
+    app.db.store().anonymize_due(&tenant, cutoffs, uuid::Uuid::nil(), 10, "test").await.expect("anonymized");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE reply_to_user_sha256 IS NOT NULL").await, 1);
     let erased = runbook(&new_place.url, &["erase", "--tenant", "acme", "--user", "u1"], None).await;
     assert!(erased.ok, "{}", erased.stderr);
     // After it: the file changed.
@@ -813,17 +826,18 @@ async fn a_last_export_since_brings_back_nothing_of_a_user_erased_at_the_new_pla
     let run = runbook(&new_place.url, &["import", "--tenant", "acme", last.to_str().expect("path")], None).await;
     assert!(run.ok, "{}", run.stderr);
     assert!(
-        run.stdout.contains("1 memories of users erased here after they were written anonymized"),
-        "{}",
+        run.stdout.contains("2 memories of users erased here after they were written anonymized"),
+        "the second message and the reply marked as u1's: {}",
         run.stdout
     );
-    let plans = "SELECT count(*) FROM memory_items WHERE content LIKE 'my % plan' OR user_id = 'u1'";
+    let plans =
+        "SELECT count(*) FROM memory_items WHERE content LIKE 'my % plan' OR content = 'noted, u1' OR user_id = 'u1'";
     assert_eq!(new_place.count(plans).await, 0, "the user's words came back");
     assert_eq!(new_place.count("SELECT count(*) FROM workspace_files WHERE user_id = 'u1'").await, 0);
     assert_eq!(new_place.count("SELECT count(*) FROM workspace_file_versions WHERE user_id = 'u1'").await, 0);
     let audited =
         "SELECT count(*) FROM audit_log WHERE reason = 'erasure' AND actor = 'import' AND item_id IS NOT NULL";
-    assert_eq!(new_place.count(audited).await, 1);
+    assert_eq!(new_place.count(audited).await, 2);
     let _ = (std::fs::remove_file(&full), std::fs::remove_file(&last));
 }
 

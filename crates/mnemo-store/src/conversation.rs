@@ -143,19 +143,22 @@ const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC
 /// What the user and the assistant said (no tool calls or results), without the messages of other
 /// users than `$8`, oldest first. A row carrying no user (an agent's reply written with a service
 /// token) is the user's of the message before it that carries one (deleted or not: a reply to a
-/// message its user deleted is still theirs), and everyone's before the first: in a session
-/// several users write in, a reply to another user (which may repeat what they said) is theirs.
-/// An erasure takes a user's replies by the same rule (`REPLIES_OF` in retention.rs).
+/// message its user deleted is still theirs, and once retention anonymized that message, the
+/// reply keeps the sha256 of its user), and everyone's before the first: in a session several
+/// users write in, a reply to another user (which may repeat what they said) is theirs. An
+/// erasure takes a user's replies by the same rule (`REPLIES_OF` in retention.rs).
 const SPOKEN: &str = session_messages!(
     "
   AND m.source_kind = 'chat_message' AND COALESCE(m.role, 'user') IN ('user', 'assistant')
   AND m.tool_call_id IS NULL
-  AND (m.user_id = $8 OR (m.user_id IS NULL AND ($8::text IS NULL OR COALESCE((
+  AND (m.user_id = $8 OR (m.user_id IS NULL AND ($8::text IS NULL
+    OR m.reply_to_user_sha256 = encode(sha256(convert_to($8, 'UTF8')), 'hex')
+    OR (m.reply_to_user_sha256 IS NULL AND COALESCE((
       SELECT p.user_id = $8 FROM memory_items p
       WHERE p.tenant_id = $1 AND p.session_id = $2 AND p.scope = 'session'
         AND p.source_kind IN ('chat_message', 'tool_output') AND p.anonymized_at IS NULL
         AND p.user_id IS NOT NULL AND p.event_time <= m.event_time AND (p.event_time, p.id) < (m.event_time, m.id)
-      ORDER BY p.event_time DESC, p.id DESC LIMIT 1), true))))",
+      ORDER BY p.event_time DESC, p.id DESC LIMIT 1), true)))))",
     "m.event_time, m.id"
 );
 const COUNT_MESSAGES: &str = concat!("SELECT count(*)", conversation_rows!());

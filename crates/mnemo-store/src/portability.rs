@@ -718,16 +718,19 @@ impl Import {
         .await?
         .rows_affected();
         // Memories new here of a user erased here before they were written (a move's last export
-        // `--since` carrying what the user wrote at the source meanwhile): anonymized as the
+        // `--since` carrying what the user wrote at the source meanwhile), and replies marked as
+        // theirs (migration 54): anonymized as the
         // erasure would have, with an audit row each. Those stored here the erasure took.
         if self.own_erasures == OwnErasures::Anonymize {
             let picked: Vec<(uuid::Uuid, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT m.id, 'erasure' FROM import_rows l
                  JOIN memory_items m ON m.tenant_id = $1 AND m.id = (l.row->>'id')::uuid
-                 WHERE l.tbl = 'memory_items' AND m.anonymized_at IS NULL AND m.user_id IS NOT NULL
+                 WHERE l.tbl = 'memory_items' AND m.anonymized_at IS NULL
+                   AND (m.user_id IS NOT NULL OR m.reply_to_user_sha256 IS NOT NULL)
                    AND EXISTS (SELECT 1 FROM audit_log a
                                WHERE a.tenant_id = $1 AND a.event = '{erase}'
-                                 AND a.details->>'user_sha256' = {user_hash} AND m.created_at <= a.created_at)
+                                 AND a.details->>'user_sha256' = COALESCE({user_hash}, m.reply_to_user_sha256)
+                                 AND m.created_at <= a.created_at)
                  ORDER BY m.id FOR UPDATE OF m",
                 erase = mnemo_core::AuditEvent::Erase,
                 user_hash = user_sha256_sql("m.user_id"),

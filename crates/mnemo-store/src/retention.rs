@@ -158,16 +158,33 @@ macro_rules! due_versions {
 /// memories in, on any row (another user's agent fact, too).
 const USER_RECORDS: &[&str] = &["memory_extractions", "extraction_runs", "consolidation_state", "memory_sightings"];
 
+/// The sha256 of user `$2`, as the erasure's audit row and a reply's mark (migration 54) name them.
+macro_rules! user_sha256 {
+    () => {
+        "encode(sha256(convert_to($2, 'UTF8')), 'hex')"
+    };
+}
+
 /// The sessions of tenant `$1` whose summaries may hold user `$2`'s words: those the user has
-/// rows in, and those a summary was made from the user's messages in (named by the sha256 of
-/// the id, as the erasure's audit row names them; migration 38), which may be anonymized since.
+/// rows in (or replies marked as theirs), and those a summary was made from the user's messages
+/// in (named by the sha256 of the id, as the erasure's audit row names them; migration 38),
+/// which may be anonymized since.
 macro_rules! users_sessions {
     () => {
-        "SELECT s.session_id FROM memory_items s
+        concat!(
+            "SELECT s.session_id FROM memory_items s
          WHERE s.tenant_id = $1 AND s.user_id = $2 AND s.session_id IS NOT NULL
          UNION
+         SELECT s.session_id FROM memory_items s
+         WHERE s.tenant_id = $1 AND s.reply_to_user_sha256 = ",
+            user_sha256!(),
+            "
+         UNION
          SELECT c.session_id FROM session_compactions c
-         WHERE c.tenant_id = $1 AND encode(sha256(convert_to($2, 'UTF8')), 'hex') = ANY(c.participants)"
+         WHERE c.tenant_id = $1 AND ",
+            user_sha256!(),
+            " = ANY(c.participants)"
+        )
     };
 }
 
@@ -175,13 +192,16 @@ macro_rules! users_sessions {
 const SUMMARY_OF_USERS_SESSION: &str =
     concat!("m.source_kind = 'session_summary' AND m.session_id IN (", users_sessions!(), ")");
 
-/// The rows that reply to a conversation row `u` of the user being erased (joined LATERAL to
-/// it): those carrying no user (an agent's, written with a service token) after it in its
-/// session, up to the next row that carries one, deleted or not: the rule by which extraction
-/// reads them as the user's (`SPOKEN` in conversation.rs). They may repeat what the user said,
-/// and once the user's row is gone they would read as replies to the user before. A reply
-/// follows one nearest row, so counts of them add up.
-const REPLIES_OF: &str = "
+/// The rows that reply to a conversation row `u` carrying a user (joined LATERAL to it): those
+/// carrying no user (an agent's, written with a service token) after it in its session, up to
+/// the next row that carries one, deleted or not, and not marked as replies to another (see
+/// `ANONYMIZE`): the rule by which extraction reads them as the user's (`SPOKEN` in
+/// conversation.rs). They may repeat what the user said, and once the user's row is gone they
+/// would read as replies to the user before: an erasure takes them, and retention marks them. A
+/// reply follows one nearest row, so counts of them add up.
+macro_rules! replies_of {
+    () => {
+        "
 SELECT r.id, r.source_kind
 FROM (SELECT 1) one
 LEFT JOIN LATERAL (
@@ -196,15 +216,33 @@ LEFT JOIN LATERAL (
 JOIN memory_items r
   ON r.tenant_id = u.tenant_id AND r.session_id = u.session_id AND r.scope = 'session'
  AND r.source_kind IN ('chat_message', 'tool_output') AND r.user_id IS NULL AND r.anonymized_at IS NULL
+ AND r.reply_to_user_sha256 IS NULL
  AND r.event_time >= u.event_time AND r.event_time <= COALESCE(next.event_time, 'infinity')
  AND (r.event_time, r.id) > (u.event_time, u.id)
  AND (next.id IS NULL OR (r.event_time, r.id) < (next.event_time, next.id))
-WHERE u.scope = 'session' AND u.source_kind IN ('chat_message', 'tool_output')";
+WHERE u.scope = 'session' AND u.source_kind IN ('chat_message', 'tool_output') AND u.user_id IS NOT NULL"
+    };
+}
+const REPLIES_OF: &str = replies_of!();
 
 /// Anonymizes rows `$2` (with reasons `$3`) of tenant `$1`, audited as event `$4` by actor `$5`.
 /// Returns (id, source_kind, reason) of each row anonymized.
-const ANONYMIZE: &str = "
+const ANONYMIZE: &str = concat!(
+    "
 WITH picked AS (SELECT * FROM unnest($2::uuid[], $3::text[]) AS p(id, reason)),
+-- A user's message anonymized by retention names its user and session no more: the replies to it
+-- (REPLIES_OF) keep the sha256 of the user it answered, so they stay that user's, for extraction
+-- and for that user's erasure, instead of following the user before (migration 54). An erasure
+-- takes the replies with the message instead.
+marked AS (
+    UPDATE memory_items x SET reply_to_user_sha256 = encode(sha256(convert_to(u.user_id, 'UTF8')), 'hex')
+    FROM memory_items u JOIN picked ON picked.id = u.id AND picked.reason <> 'erasure'
+    CROSS JOIN LATERAL (",
+    replies_of!(),
+    "
+    ) reply
+    WHERE u.tenant_id = $1 AND x.tenant_id = $1 AND x.id = reply.id AND x.id <> ALL($2)
+),
 vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.tenant_id = $1 AND e.item_id = picked.id),
 payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
 sightings AS (DELETE FROM memory_sightings x USING picked WHERE x.tenant_id = $1 AND x.item_id = picked.id),
@@ -242,7 +280,7 @@ anonymized AS (
         tool_name = CASE WHEN m.role = 'tool' OR m.source_kind = 'tool_output' THEN m.tool_name END,
         -- Tags and the fingerprint are made of the content.
         tags = '{}', fingerprint = NULL,
-        embedded_model = NULL, embed_error = NULL, embed_failing_since = NULL,
+        embedded_model = NULL, embed_error = NULL, embed_failing_since = NULL, reply_to_user_sha256 = NULL,
         -- A fact's ref is made of its identity and a hash of its content, a workspace
         -- note's of a hash of its agent and user and the file's path, a session
         -- summary's of its session and a hash of its text: replaced. Other refs are the
@@ -272,7 +310,8 @@ audit AS (
     INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
     SELECT $1, $4, id, reason, $5 FROM anonymized
 )
-SELECT id, source_kind, reason FROM anonymized";
+SELECT id, source_kind, reason FROM anonymized"
+);
 
 /// Drops the vectors made with the words of rows `$2` of tenant `$1` (a chat message is
 /// embedded with the session's turn before it), read before those rows are anonymized. A vector
@@ -680,6 +719,8 @@ impl Store {
                  SELECT r.id, r.source_kind FROM memory_items u CROSS JOIN LATERAL ({REPLIES_OF}) r
                  WHERE u.tenant_id = $1 AND u.user_id = $2 AND u.anonymized_at IS NULL
                  UNION ALL
+                 SELECT id, source_kind FROM memory_items WHERE tenant_id = $1 AND reply_to_user_sha256 = {hash}
+                 UNION ALL
                  SELECT m.id, m.source_kind FROM memory_items m
                  WHERE m.tenant_id = $1 AND {SUMMARY_OF_USERS_SESSION} AND m.user_id IS DISTINCT FROM $2
                    AND m.anonymized_at IS NULL
@@ -687,7 +728,8 @@ impl Store {
              SELECT source_kind, count(*),
                     (SELECT count(*) FROM tool_outputs t JOIN erased e ON t.item_id = e.id WHERE t.tenant_id = $1),
                     (SELECT count(*) FROM memory_embeddings v JOIN erased e ON v.item_id = e.id WHERE v.tenant_id = $1)
-             FROM erased GROUP BY 1"
+             FROM erased GROUP BY 1",
+            hash = user_sha256!(),
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())
@@ -830,14 +872,17 @@ impl Store {
         lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
         let found: Vec<(Uuid, Uuid, bool)> = sqlx::query_as(AssertSqlSafe(format!(
             "WITH mine AS (
-                 SELECT m.tenant_id, m.id, m.session_id, m.scope, m.source_kind, m.event_time FROM memory_items m
-                 WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.anonymized_at IS NULL AND m.id > $4
+                 SELECT m.tenant_id, m.id, m.session_id, m.scope, m.source_kind, m.event_time, m.user_id
+                 FROM memory_items m
+                 WHERE m.tenant_id = $1 AND (m.user_id = $2 OR m.reply_to_user_sha256 = {hash})
+                   AND m.anonymized_at IS NULL AND m.id > $4
                  ORDER BY m.id LIMIT $3 FOR UPDATE
              )
              SELECT id, id AS owner, true AS mine FROM mine
              UNION ALL
              SELECT r.id, u.id, false FROM mine u CROSS JOIN LATERAL ({REPLIES_OF}) r
-             ORDER BY owner, mine, id"
+             ORDER BY owner, mine, id",
+            hash = user_sha256!(),
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())
