@@ -14,6 +14,13 @@ ALTER TABLE memory_items ADD COLUMN IF NOT EXISTS reply_to_user_sha256 text;
 CREATE INDEX IF NOT EXISTS memory_items_reply_to_user_idx ON memory_items (tenant_id, reply_to_user_sha256)
     WHERE reply_to_user_sha256 IS NOT NULL;
 
+-- The session rows carrying no user, in conversation order: the anonymization looks here first
+-- whether a message has any row after it that could be a reply, one probe, so that a sweep of a
+-- tenant whose every row carries a user pays nothing more. IF NOT EXISTS, as above.
+CREATE INDEX IF NOT EXISTS memory_items_unowned_turns_idx ON memory_items (tenant_id, session_id, event_time, id)
+    WHERE user_id IS NULL AND scope = 'session' AND source_kind IN ('chat_message', 'tool_output')
+      AND anonymized_at IS NULL;
+
 -- The mark is the row's state: an export --since carries it (migration 53's trigger, with it).
 CREATE OR REPLACE TRIGGER memory_items_changed BEFORE UPDATE ON memory_items FOR EACH ROW
 WHEN (OLD.changed_at IS NOT DISTINCT FROM NEW.changed_at AND

@@ -1481,6 +1481,25 @@ async fn a_profile_too_long_to_write_back_is_read_only_to_extraction() {
     assert_eq!(profile.body["content"], long.as_str());
 }
 
+/// A profile update longer than extraction shows is left out: written back, the profile would
+/// be read only to every extraction after it.
+#[tokio::test]
+async fn a_profile_update_longer_than_extraction_shows_is_left_out() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    complete(&app, &t, "s1", "web").await;
+    let long = format!("# PROFILE.md\n\n{}", "- a line about Ann\n".repeat(2_000));
+    let answer = json!({ "should_update": true, "reason": "r", "daily_entry": "- met Ann", "profile_update": long,
+                         "facts": [{ "content": "Ann lives in Lyon", "scope": "user", "key": "home_city" }] });
+    chat.then([ChatAnswer::Content(answer.to_string())]);
+    let runner = runner(&app, Some(&chat), &[]);
+    assert!(matches!(runner.run(&job()).await.expect("run"), ExtractReport::Applied { facts: 1, .. }));
+    let profile = app.client.get("/v1/workspace/files/PROFILE.md", Some(&t)).await;
+    assert!(!profile.body["content"].as_str().unwrap_or_default().contains("a line about Ann"), "{:?}", profile.body);
+}
+
 /// An assistant's message, a user's file or today's note may hold lines that read like the
 /// prompt's own (`[user] remember …`, a `CONVERSATION:` heading): the model is shown each quoted,
 /// so what the user did not say is never the user's. The scripted model reads the prompt line by

@@ -88,10 +88,12 @@ pub fn extraction_transcript(messages: &[(Role, &str)]) -> String {
         .join("\n")
 }
 
-/// The most of PROFILE.md or MEMORY.md an extraction shows, in bytes. A longer file is shown by
-/// its start and read only: the model could not write it back whole within its answer's bound
-/// (nor, past some size, read it within its context), and a part written back would drop the rest.
-pub const SHOWN_FILE_BYTES: usize = 12 * 1024;
+/// The most of PROFILE.md or MEMORY.md an extraction shows, in bytes: more than a MEMORY.md within
+/// consolidation's default budget (4,000 tokens) holds. A longer file is shown by its start and
+/// read only: the model could not write both files back whole within its answer's bound (nor,
+/// past some size, read them within its context), and a part written back would drop the rest.
+/// For the same reason an update longer than this is left out.
+pub const SHOWN_FILE_BYTES: usize = 24 * 1024;
 
 /// A file as an extraction shows it, and whether it is shown whole (so may be written back).
 pub fn shown_file(content: &str) -> (String, bool) {

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
-    ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, TRANSCRIPT_MESSAGES,
-    TriggerSource, Workspace, WorkspacePath, extraction_transcript, newest_part, shown_file,
+    ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, SHOWN_FILE_BYTES,
+    TRANSCRIPT_MESSAGES, TriggerSource, Workspace, WorkspacePath, extraction_transcript, newest_part, shown_file,
 };
 use mnemo_store::queue::ExtractJob;
 use mnemo_store::{Claim, ExtractionChanges, MessageCursor, PendingExtraction, Replacement, SessionMessage, Store};
@@ -270,13 +270,14 @@ impl ExtractRunner {
         let changes = ExtractionChanges {
             day: Some(input.today),
             daily_entry: extraction.daily_entry,
+            // A file written back past what extraction shows would be read only to it from then on.
             profile: extraction
                 .profile_update
-                .filter(|_| input.profile_rewritable)
+                .filter(|update| input.profile_rewritable && update.len() <= SHOWN_FILE_BYTES)
                 .map(|content| Replacement { content, read_version: read.profile }),
             memory: extraction
                 .memory_update
-                .filter(|_| input.memory_rewritable)
+                .filter(|update| input.memory_rewritable && update.len() <= SHOWN_FILE_BYTES)
                 .map(|content| Replacement { content, read_version: read.memory }),
             reason: "applied".to_owned(),
             facts,

@@ -224,9 +224,12 @@ WITH overtaken AS (
         (tenant_id, session_id, through_id, through_time, messages, outcome, reason, summary_id, model, trigger,
          participants)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-           -- The writers of the messages `$13` its summary was made from (user_sha256's hash).
-           ARRAY(SELECT DISTINCT encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex') FROM memory_items m
-                 WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[]) AND m.user_id IS NOT NULL)
+           -- The writers of the messages `$13` its summary was made from (user_sha256's hash), and
+           -- the users the replies marked as theirs answered (migration 54).
+           ARRAY(SELECT DISTINCT COALESCE(encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex'), m.reply_to_user_sha256)
+                 FROM memory_items m
+                 WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[])
+                   AND (m.user_id IS NOT NULL OR m.reply_to_user_sha256 IS NOT NULL))
     WHERE NOT (SELECT yes FROM overtaken)
       -- Its summary is still live: a job that found nothing to compact (keeping more) drops the
       -- summaries no record holds, and an erasure those holding the user's words.

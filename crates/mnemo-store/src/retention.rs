@@ -234,14 +234,22 @@ WITH picked AS (SELECT * FROM unnest($2::uuid[], $3::text[]) AS p(id, reason)),
 -- (REPLIES_OF) keep the sha256 of the user it answered, so they stay that user's, for extraction
 -- and for that user's erasure, instead of following the user before (migration 54). An erasure
 -- takes the replies with the message instead.
+-- The messages by an array, not a join: joined, the planner reads each reply's upper bound (the
+-- next row carrying a user) as a filter, and a scan runs to its session's end.
 marked AS (
     UPDATE memory_items x SET reply_to_user_sha256 = encode(sha256(convert_to(u.user_id, 'UTF8')), 'hex')
-    FROM memory_items u JOIN picked ON picked.id = u.id AND picked.reason <> 'erasure'
-    CROSS JOIN LATERAL (",
+    FROM memory_items u CROSS JOIN LATERAL (",
     replies_of!(),
     "
     ) reply
-    WHERE u.tenant_id = $1 AND x.tenant_id = $1 AND x.id = reply.id AND x.id <> ALL($2)
+    WHERE u.tenant_id = $1 AND u.id = ANY(ARRAY(SELECT id FROM picked WHERE reason <> 'erasure'))
+      -- One probe (memory_items_unowned_turns_idx) before the replies are looked for: most
+      -- messages have no row carrying no user after them.
+      AND EXISTS (SELECT 1 FROM memory_items n
+                  WHERE n.tenant_id = $1 AND n.session_id = u.session_id AND n.user_id IS NULL
+                    AND n.scope = 'session' AND n.source_kind IN ('chat_message', 'tool_output')
+                    AND n.anonymized_at IS NULL AND (n.event_time, n.id) > (u.event_time, u.id))
+      AND x.tenant_id = $1 AND x.id = reply.id AND x.id <> ALL($2)
 ),
 vectors AS (DELETE FROM memory_embeddings e USING picked WHERE e.tenant_id = $1 AND e.item_id = picked.id),
 payloads AS (DELETE FROM tool_outputs t USING picked WHERE t.tenant_id = $1 AND t.item_id = picked.id),
