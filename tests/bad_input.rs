@@ -733,6 +733,31 @@ async fn a_refused_mcp_body_costs_one_request_too() {
     assert_eq!(statuses, [400, 400, 400, 429], "a burst of 3 spent on refused bodies");
 }
 
+/// A request refused before its handler (a query on a route that reads none, a GET with a body)
+/// is charged as a handler's refusal is: refusing it must not be a way past the limit.
+#[tokio::test]
+async fn a_query_or_a_body_refused_before_the_handler_costs_one_request_too() {
+    let app = TestApp::spawn_with(&[("MNEMO_RATE_LIMIT_PER_TENANT", "0.5"), ("MNEMO_RATE_LIMIT_BURST", "3")]).await;
+    let http = reqwest::Client::new();
+    let token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let url = |path: &str| format!("{}{path}", app.client.base);
+    let recall = |path: &str| http.post(url(path)).bearer_auth(&token).json(&json!({ "query": "trip" })).send();
+    let with_query = recall("/v1/recall?top_k=3").await.expect("request").status().as_u16();
+    let with_body = http
+        .get(url("/v1/workspace/files"))
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .body(r#"{"limit": 3}"#)
+        .send()
+        .await
+        .expect("request")
+        .status()
+        .as_u16();
+    let again = recall("/v1/recall?top_k=3").await.expect("request").status().as_u16();
+    let fine = recall("/v1/recall").await.expect("request").status().as_u16();
+    assert_eq!([with_query, with_body, again, fine], [400, 400, 400, 429], "a burst of 3 spent on refusals");
+}
+
 /// A client that asks for a long answer and never reads it loses its connection once a write has
 /// waited the write timeout (hyper has none); and past the cap, a new connection waits until one
 /// ends.

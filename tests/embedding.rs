@@ -15,6 +15,11 @@ async fn embedded(db: &TestDb) -> i64 {
     db.count("SELECT count(*) FROM memory_items WHERE embedded_model IS NOT NULL").await
 }
 
+/// The tenant every test here writes as.
+fn acme() -> mnemo_core::TenantId {
+    mnemo_core::TenantId::parse("acme").expect("tenant")
+}
+
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
@@ -43,11 +48,7 @@ async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
     let reply = app.client.post("/v1/memories", Some(&t), &body).await;
     let id: Uuid = reply.body["id"].as_str().and_then(|s| s.parse().ok()).expect("id");
     let store = app.db.store();
-    let row = mnemo_store::queue::EmbedRow {
-        tenant_id: mnemo_core::TenantId::parse("acme").expect("tenant"),
-        item_id: id,
-        content_sha256: String::new(),
-    };
+    let row = mnemo_store::queue::EmbedRow { tenant_id: acme(), item_id: id, content_sha256: String::new() };
     let rows = store.rows_to_embed(&[row.clone(), row.clone()], MODEL, false).await.expect("read");
     assert_eq!(rows.len(), 1);
     let vector = |x: f32| mnemo_store::NewVector {
@@ -79,7 +80,7 @@ async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
 async fn a_job_queued_again_after_failures_carries_their_count() {
     let db = TestDb::new().await;
     let store = db.store();
-    let tenant_id = mnemo_core::TenantId::parse("acme").expect("tenant");
+    let tenant_id = acme();
     let job = mnemo_store::queue::JudgeJob { tenant_id, item_id: Uuid::now_v7() };
     store.retry_failed(&job, Duration::from_secs(60), 3).await.expect("queued");
     store.retry_after(&job, Duration::from_secs(60)).await.expect("queued");
@@ -107,7 +108,7 @@ async fn five_hundred_rows_are_embedded_by_the_local_model() {
     let store = db.store();
     let mut vectors = Vec::new();
     for id in &ids[..4] {
-        vectors.push(store.vector(*id, MODEL).await.expect("read").expect("vector"));
+        vectors.push(store.vector(&acme(), *id, MODEL).await.expect("read").expect("vector"));
     }
     for v in &vectors {
         assert_eq!(v.len(), 384);
@@ -155,6 +156,29 @@ fn openai_env(provider: &ScriptedEmbeddings) -> Vec<(&'static str, String)> {
         ("MNEMO_EMBED_API_KEY", "test-key".into()),
         ("MNEMO_EMBED_TIMEOUT_MS", "700".into()),
     ]
+}
+
+/// An endpoint's settings are mnemo's alone: a key read from a file, newline and all, is the
+/// key, and OpenAI's variables mnemo does not read (an organization and a project, here ones no
+/// header could carry) are not sent anywhere.
+#[tokio::test]
+async fn a_key_from_a_file_works_and_openai_s_other_variables_stay_out() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(32).await;
+    let mut env = openai_env(&provider);
+    env.retain(|(name, _)| *name != "MNEMO_EMBED_API_KEY");
+    env.push(("MNEMO_EMBED_API_KEY", "test-key\n".into()));
+    env.push(("OPENAI_ORG_ID", "org\nnot-a-header".into()));
+    env.push(("OPENAI_PROJECT_ID", "project\nnot-a-header".into()));
+    write_messages(&server, 1, |_| "a row with a careful key".into()).await;
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    assert!(
+        wait_until(Duration::from_secs(30), || async { embedded(&db).await == 1 }).await,
+        "never embedded: {:?}",
+        provider.served()
+    );
+    worker.kill().await;
 }
 
 #[tokio::test]
@@ -258,7 +282,7 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
     let store = db.store();
     let vector = |id: Uuid| {
         let store = store.clone();
-        async move { store.vector(id, "scripted-embedder").await.expect("read").expect("vector") }
+        async move { store.vector(&acme(), id, "scripted-embedder").await.expect("read").expect("vector") }
     };
     let bag = |text: &str| mnemo_testkit::unit_bag_of_words(text, 64);
     assert_eq!(vector(ids[0]).await, bag(turns[0]), "the first turn has nothing before it");
@@ -287,7 +311,7 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
     env.push(("MNEMO_EMBED_PREVIOUS_TURN", "false".into()));
     let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
     assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 3 }).await, "never embedded");
-    let vector = db.store().vector(ids[2], "scripted-embedder").await.expect("read").expect("vector");
+    let vector = db.store().vector(&acme(), ids[2], "scripted-embedder").await.expect("read").expect("vector");
     assert_eq!(vector, bag(turns[2]));
     worker.kill().await;
 }
@@ -329,7 +353,7 @@ async fn an_anonymized_turn_leaves_no_words_in_the_vector_of_the_next() {
     let bag = |text: &str| mnemo_testkit::unit_bag_of_words(text, 64);
     let vector = |id: Uuid| {
         let store = store.clone();
-        async move { store.vector(id, model).await.expect("read") }
+        async move { store.vector(&acme(), id, model).await.expect("read") }
     };
     assert_eq!(vector(reply).await, Some(bag(&format!("{answer}\nAlice: my diagnosis came back positive"))));
     // A vector made before migration 036 does not name its turn: the turn's next message is taken.

@@ -491,6 +491,28 @@ async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_las
 /// A model that is down for a while: the pair's other jobs wait out the cooldown instead of
 /// asking it, and no conversation is failed for a day however many times it is asked (a refused
 /// answer would fail it: see the test above), so all are extracted once it is back.
+/// A gateway's page where a chat completion should be is the endpoint's state, as a 503 is (the
+/// model's words come inside a completion: no input draws such a page), so the conversation
+/// waits for the endpoint instead of spending its attempts; a proxy's 408 is a timeout.
+#[tokio::test]
+async fn a_gateway_page_for_an_answer_spends_no_attempt_and_a_408_is_a_timeout() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_MAX_ATTEMPTS, "1"), (vars::EXTRACT_COOLDOWN_S, "0")]);
+    let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t1, ": first trip").await;
+    complete(&app, &t1, "s1", "web").await;
+    chat.then([ChatAnswer::GatewayPage]);
+    let report = runner.run(&job()).await.expect("a failed model is not a failed job");
+    assert_eq!(report, ExtractReport::Failed { reason: "malformed_response".into(), last_attempt: false });
+    let failed = "SELECT count(*) FROM memory_extractions WHERE status = 'failed'";
+    assert_eq!(app.db.count(failed).await, 0, "its one attempt was spent on the endpoint's state");
+    chat.then([ChatAnswer::Status(408)]);
+    let report = runner.run(&job()).await.expect("a failed model is not a failed job");
+    assert_eq!(report, ExtractReport::Failed { reason: "timeout".into(), last_attempt: true });
+    assert_eq!(app.db.count(failed).await, 1);
+}
+
 #[tokio::test]
 async fn a_model_outage_waits_out_the_cooldown_and_fails_no_conversation() {
     let chat = ScriptedChat::start().await;
@@ -743,6 +765,42 @@ async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words
     let done = "SELECT count(*) FROM memory_extractions WHERE status = 'done' AND user_id = ";
     assert_eq!(app.db.count(&format!("{done}'ann'")).await, 1);
     assert_eq!(app.db.count(&format!("{done}'bob'")).await, 0, "ann's run marked only her conversation");
+}
+
+/// A run that also takes a conversation it shows nothing of (here one of another user's words
+/// that Ann's agent asked for) dates the facts by the last message it showed, and counts them
+/// as seen in that message's session: dated by the later conversation, a fact would outrank
+/// what Ann stated in between.
+#[tokio::test]
+async fn facts_are_dated_by_the_last_message_shown_not_by_a_conversation_shown_nothing_of() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &ann, "home_city: Ann lives in Paris").await;
+    assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), Some("s2")));
+    say(&app, &bob, "user", "hello, I am Bob and I plan a long trip").await;
+    say(&app, &bob, "assistant", "Nice to meet you, Bob.").await;
+    say(&app, &bob, "user", "remember that I travel to Rome in June").await;
+    say(&app, &bob, "assistant", "Noted, Bob.").await;
+    let ann_in_s2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    let asked = complete(&app, &ann_in_s2, "s2", "web").await;
+    assert_eq!(asked["queued"], true, "{asked}");
+
+    let run = runner(&app, Some(&chat), &[]).run(&job()).await.expect("run");
+    assert!(matches!(run, ExtractReport::Applied { conversations: 2, facts: 1 }), "{run:?}");
+    let (dated, last_in_s1): (bool, bool) = sqlx::query_as(
+        "SELECT f.event_time = (SELECT max(event_time) FROM memory_items WHERE session_id = 's1'),
+                f.event_time < (SELECT max(event_time) FROM memory_items WHERE session_id = 's2')
+         FROM memory_items f WHERE f.source_kind = 'fact'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("the fact");
+    assert!(dated && last_in_s1, "the fact is not dated by the last message shown");
+    let seen: Vec<String> =
+        sqlx::query_scalar("SELECT session_id FROM memory_sightings").fetch_all(&app.db.pool).await.expect("sightings");
+    assert_eq!(seen, ["s1"]);
 }
 
 /// A reply to a user (a row carrying no user after theirs) is erased with them: it may repeat

@@ -194,12 +194,13 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Refuses a request with a query (`unknown_field`, naming its first parameter), once its token
-/// verifies: a caller without a valid token learns that first, as on every other route.
+/// verifies and is charged: a caller without a valid token learns that first, and one over its
+/// rate gets 429, as on every other route.
 async fn refuse_query(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
     let first = body::query_pairs(request.uri().query()).next().map(|(name, _)| name.to_owned());
     if let Some(name) = first {
         let (mut parts, _) = request.into_parts();
-        auth::Verified::from_request_parts(&mut parts, &state).await?;
+        auth::Authenticated::from_request_parts(&mut parts, &state).await?;
         return Err(ApiError::unknown_field(&name));
     }
     Ok(next.run(request).await)
@@ -218,7 +219,11 @@ async fn refuse_body(State(state): State<AppState>, request: Request, next: Next
     let bytes = body::read_body(body, SMALL_BODY_BYTES).await?;
     if !bytes.iter().all(u8::is_ascii_whitespace) {
         auth::Verified::from_request_parts(&mut parts, &state).await?;
-        body::JsonObject::parse(&bytes)?.finish()?;
+        if let Err(refused) = body::JsonObject::parse(&bytes).and_then(body::JsonObject::finish) {
+            // A refusal costs a request of the tenant's rate, as a handler's does.
+            auth::Authenticated::from_request_parts(&mut parts, &state).await?;
+            return Err(refused);
+        }
     }
     Ok(next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await)
 }

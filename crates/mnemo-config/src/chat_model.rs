@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::{Env, Problems, Secret, vars};
+use crate::{Env, Problems, Secret};
 
 /// An OpenAI-compatible chat model: the judge's, or the one later jobs share (compaction).
 #[derive(Debug, Clone)]
@@ -25,24 +25,9 @@ impl ChatModel {
     /// The model `names.model` names; `None` when it is unset or empty.
     pub(crate) fn read(env: &Env, problems: &mut Problems, names: ChatModelVars, timeout_ms: u64) -> Option<Self> {
         let name = env.get(names.model)?;
-        let base_url = env.get(names.base_url).or_else(|| env.get(vars::OPENAI_BASE_URL));
-        let api_key = env.get(names.api_key).or_else(|| env.get(vars::OPENAI_API_KEY)).unwrap_or("");
-        if base_url.is_none() && api_key.is_empty() {
-            problems.0.push(format!(
-                "{}={name:?} needs {} (or {}) and/or {} (or {})",
-                names.model,
-                names.base_url,
-                vars::OPENAI_BASE_URL,
-                names.api_key,
-                vars::OPENAI_API_KEY
-            ));
-        }
+        let (base_url, api_key) =
+            problems.endpoint(env, names.base_url, names.api_key, &format!("{}={name:?}", names.model));
         let timeout_ms = problems.milliseconds(env, names.timeout_ms, timeout_ms);
-        Some(Self {
-            name: name.trim().to_owned(),
-            base_url: base_url.map(|u| u.trim().trim_end_matches('/').to_owned()),
-            api_key: Secret::new(api_key.to_owned()),
-            timeout: Duration::from_millis(timeout_ms),
-        })
+        Some(Self { name: name.trim().to_owned(), base_url, api_key, timeout: Duration::from_millis(timeout_ms) })
     }
 }

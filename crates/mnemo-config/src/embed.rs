@@ -62,17 +62,8 @@ impl EmbedSettings {
                 Self { provider: EmbedProvider::Local { model_dir, dimensions }, model: name.to_owned() }
             }
             "openai" => {
-                let base_url = env.get(vars::EMBED_BASE_URL).or_else(|| env.get(vars::OPENAI_BASE_URL));
-                let api_key = env.get(vars::EMBED_API_KEY).or_else(|| env.get(vars::OPENAI_API_KEY)).unwrap_or("");
-                if base_url.is_none() && api_key.is_empty() {
-                    problems.0.push(format!(
-                        "the openai provider needs {} (or {}) and/or {} (or {})",
-                        vars::EMBED_BASE_URL,
-                        vars::OPENAI_BASE_URL,
-                        vars::EMBED_API_KEY,
-                        vars::OPENAI_API_KEY
-                    ));
-                }
+                let (base_url, api_key) =
+                    problems.endpoint(env, vars::EMBED_BASE_URL, vars::EMBED_API_KEY, "the openai provider");
                 if model.is_none() {
                     problems
                         .0
@@ -95,8 +86,8 @@ impl EmbedSettings {
                 let max_inputs = problems.bounded(env, vars::EMBED_MAX_INPUTS, 256usize, 1..=100_000, "a whole number");
                 Self {
                     provider: EmbedProvider::OpenAi {
-                        base_url: base_url.map(|u| u.trim_end_matches('/').to_owned()),
-                        api_key: Secret::new(api_key.to_owned()),
+                        base_url,
+                        api_key,
                         dimensions,
                         send_dimensions,
                         timeout: Duration::from_millis(timeout_ms),

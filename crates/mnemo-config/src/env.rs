@@ -156,6 +156,44 @@ impl Problems {
         default
     }
 
+    /// An OpenAI-compatible endpoint's base URL and API key: `base_url` and `api_key`, or else
+    /// `OPENAI_BASE_URL` and `OPENAI_API_KEY`. The URL must be http(s) (it is kept without a
+    /// trailing slash) and the key printable ASCII once trimmed (a key read from a file often
+    /// ends in a newline): either would fail every call, while startup looked fine. `needed_by`
+    /// names what needs them when neither is set.
+    pub(crate) fn endpoint(
+        &mut self,
+        env: &Env,
+        base_url: &str,
+        api_key: &str,
+        needed_by: &str,
+    ) -> (Option<String>, Secret<String>) {
+        let url_var = if env.get(base_url).is_some() { base_url } else { vars::OPENAI_BASE_URL };
+        let key_var = if env.get(api_key).is_some() { api_key } else { vars::OPENAI_API_KEY };
+        let url = env.get(url_var).map(|u| u.trim().trim_end_matches('/').to_owned());
+        let key = env.get(key_var).unwrap_or("").trim();
+        if url.is_none() && key.is_empty() {
+            self.0.push(format!(
+                "{needed_by} needs {base_url} (or {}) and/or {api_key} (or {})",
+                vars::OPENAI_BASE_URL,
+                vars::OPENAI_API_KEY
+            ));
+        }
+        // Neither value is printed: a URL may carry a password, and a key is one.
+        if let Some(url) = &url {
+            let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+            if !rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/') && r.bytes().all(|b| b.is_ascii_graphic())) {
+                self.0.push(format!("{url_var} is not an http:// or https:// URL (e.g. http://host:8000/v1)"));
+            }
+        }
+        if !key.bytes().all(|b| b.is_ascii_graphic()) {
+            self.0.push(format!(
+                "{key_var} holds a space, a control character or non-ASCII: an API key is printable ASCII"
+            ));
+        }
+        (url, Secret::new(key.to_owned()))
+    }
+
     /// Reads settings with `read` and fails with every problem it found.
     pub(crate) fn read_all<T>(env: &Env, read: fn(&Env, &mut Problems) -> T) -> Result<T, ConfigError> {
         let mut problems = Self::default();
@@ -211,5 +249,29 @@ mod tests {
             .to_string();
         assert!(err.contains("cannot be read"), "{err}");
         std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn an_endpoint_that_every_call_would_fail_on_is_refused_at_startup() {
+        let read = |pairs: &[(&str, &str)]| {
+            let mut problems = Problems::default();
+            let (url, key) = problems.endpoint(&Env::from_pairs(pairs.iter().copied()), "URL", "KEY", "the model");
+            (url, key.expose().clone(), problems.0.join("; "))
+        };
+        // A key from a file keeps its newline; a URL its slash.
+        let (url, key, problems) = read(&[("URL", " http://llm:8000/v1/ "), (vars::OPENAI_API_KEY, "sk-1\n")]);
+        assert_eq!((url.as_deref(), key.as_str(), problems.as_str()), (Some("http://llm:8000/v1"), "sk-1", ""));
+        for (pairs, expected) in [
+            (&[("URL", "llm:8000/v1")][..], "URL is not an http:// or https:// URL"),
+            (&[(vars::OPENAI_BASE_URL, "https://")][..], "OPENAI_BASE_URL is not an http:// or https:// URL"),
+            (&[("URL", "http://a b/v1")][..], "URL is not"),
+            (&[("URL", "http://llm"), ("KEY", "sk-1\nsk-2")][..], "KEY holds a space, a control character"),
+            (&[("URL", "http://llm"), ("KEY", "sk-é")][..], "KEY holds"),
+            (&[][..], "the model needs URL (or OPENAI_BASE_URL) and/or KEY (or OPENAI_API_KEY)"),
+        ] {
+            let (_, _, problems) = read(pairs);
+            assert!(problems.contains(expected), "{pairs:?}: {problems}");
+            assert!(!problems.contains("sk-") && !problems.contains("llm"), "a value in an error: {problems}");
+        }
     }
 }

@@ -54,10 +54,15 @@ impl ModelFailure {
     }
 
     /// Whether the failure is the endpoint's state (unreachable, overloaded, refusing the key,
-    /// missing the model), which mending the endpoint ends, and says nothing about the input. A
-    /// timeout is not: a long input can cause it.
+    /// missing the model, answering with something that is no chat completion at all, such as a
+    /// gateway's HTML page: the model's words are inside the completion), which mending the
+    /// endpoint ends, and says nothing about the input. A timeout is not: a long input can
+    /// cause it.
     pub fn is_endpoint_state(&self) -> bool {
-        matches!(self.kind, "connection" | "http_429" | "http_5xx" | "unauthorized" | "model_missing")
+        matches!(
+            self.kind,
+            "connection" | "http_429" | "http_5xx" | "unauthorized" | "model_missing" | "malformed_response"
+        )
     }
 
     /// Whether the failure may pass on its own: the endpoint unreachable, overloaded or refusing

@@ -29,7 +29,7 @@ use mnemo_core::{
 use mnemo_store::queue::CompactJob;
 use mnemo_store::{NewCompaction, Recording, SessionMessage, SessionState, Store, StoreError};
 
-use crate::JobError;
+use crate::{JobError, user_sha256};
 
 /// The most chunks one job summarizes (each one model call); the rest of a backlog goes to the
 /// next job. Fewer when the model's timeout would not let them end within the job's
@@ -356,27 +356,39 @@ enum Summarized {
 /// The workspaces whose extraction of `covered` a compaction asks for: one per user who wrote
 /// among them, with the agent of their own last message that names one (a token without an
 /// agent has no workspace, as the API says), when what extraction would read of it (their
-/// messages, and those carrying no user that follow theirs or open the span) passes the gates.
+/// messages, and those carrying no user that follow theirs, open the span, or are marked as
+/// replies to them) passes the gates.
 fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> Vec<Workspace> {
     let mut users: Vec<&str> = covered.iter().filter_map(|m| m.user_id.as_deref()).collect();
     users.sort_unstable();
     users.dedup();
-    // Whose each message is: its user's, or the one before it that carries a user.
-    let mut owner = None;
-    let owners: Vec<Option<&str>> = covered
+    // Whose each message is, by the rule extraction reads it by (`SPOKEN` in mnemo-store), as
+    // far as the live messages covered show it (a deleted message is not among them).
+    let mut last = None;
+    let owners: Vec<Owner> = covered
         .iter()
-        .map(|m| {
-            owner = m.user_id.as_deref().or(owner);
-            owner
+        .map(|m| match (m.user_id.as_deref(), m.reply_to_user_sha256.as_deref()) {
+            (Some(user), _) => {
+                last = Some(user);
+                Owner::User(user)
+            }
+            (None, Some(hash)) => Owner::Hash(hash),
+            (None, None) => last.map_or(Owner::Everyone, Owner::User),
         })
         .collect();
     users
         .into_iter()
         .filter_map(|user| {
+            let user = UserId::parse(user).ok()?;
+            let hash = user_sha256(&user);
             let theirs: Vec<&SessionMessage> = covered
                 .iter()
                 .zip(&owners)
-                .filter(|(_, owner)| owner.is_none_or(|u| u == user))
+                .filter(|(_, owner)| match owner {
+                    Owner::Everyone => true,
+                    Owner::User(u) => *u == user.as_str(),
+                    Owner::Hash(h) => *h == hash,
+                })
                 .map(|(m, _)| m)
                 .collect();
             let spoken: Vec<(Role, &str)> = theirs.iter().map(|m| (m.role, m.content.as_str())).collect();
@@ -384,13 +396,18 @@ fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> V
                 return None;
             }
             let agent = theirs.iter().rev().filter(|m| m.user_id.is_some()).find_map(|m| m.agent_id.as_deref())?;
-            Some(Workspace {
-                tenant: tenant.clone(),
-                agent: AgentId::parse(agent).ok()?,
-                user: Some(UserId::parse(user).ok()?),
-            })
+            Some(Workspace { tenant: tenant.clone(), agent: AgentId::parse(agent).ok()?, user: Some(user) })
         })
         .collect()
+}
+
+/// Whose a message is, for [`extract_for`].
+enum Owner<'a> {
+    /// Carrying no user, before the first that does.
+    Everyone,
+    User(&'a str),
+    /// A reply to a message retention anonymized: the sha256 of the user it answered.
+    Hash(&'a str),
 }
 
 #[cfg(test)]
@@ -423,6 +440,7 @@ mod tests {
             event_time: chrono::Utc::now(),
             user_id: user.map(str::to_owned),
             agent_id: user.map(|_| "helper".to_owned()),
+            reply_to_user_sha256: None,
         };
         let tenant = TenantId::parse("acme").expect("tenant");
         let gates = Gates { skip_cron: true, min_messages: 3, min_last_user_chars: 5 };
@@ -451,5 +469,16 @@ mod tests {
             message(None, Role::Assistant, "Ann, noted."),
         ];
         assert_eq!(users(&hers), ["ann"]);
+        // A reply to a message retention anonymized is the user's it answered, not Bob's, the
+        // user before (extraction would not read it as his).
+        let answered = |user: &str| SessionMessage {
+            reply_to_user_sha256: Some(user_sha256(&UserId::parse(user).expect("user"))),
+            ..covered[3].clone()
+        };
+        let mut marked = covered.clone();
+        marked[3] = answered("carol");
+        assert_eq!(users(&marked), ["ann"]);
+        marked[3] = answered("bob");
+        assert_eq!(users(&marked), ["ann", "bob"]);
     }
 }

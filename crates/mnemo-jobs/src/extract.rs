@@ -221,6 +221,14 @@ impl ExtractRunner {
         let workspace = workspace.clone();
         let conversations = parts.len();
         let (input, read) = self.input(&workspace, &parts).await?;
+        // When and where the facts were said: the last message the model was shown, and its
+        // session. A conversation it was shown nothing of (one an earlier run read, or only
+        // another user's words) adds neither: a fact dated by it would outrank what the user
+        // stated before its end, and count as seen in a session it was never said in.
+        let said = parts
+            .iter()
+            .filter_map(|p| Some((p.messages.last()?.cursor(), p.conversation.session_id.clone())))
+            .max_by_key(|(at, _)| *at);
         let pending: Vec<PendingExtraction> = parts.into_iter().map(|p| p.conversation).collect();
         if input.transcript.is_empty() {
             // Nothing the model was not shown already (an earlier extraction of the session read
@@ -247,11 +255,10 @@ impl ExtractRunner {
             session: None,
             roles: Vec::new(),
         };
-        let newest = pending.iter().max_by_key(|p| p.through_time);
-        let newest_session = newest.map(|p| p.session_id.clone());
-        // When it was said: a fact read from a conversation is no newer than its last message
-        // (the store dates its validity so), whenever the extraction runs.
-        let said = Extras { event_time: newest.map(|p| p.through_time), ..Extras::default() };
+        // A fact read from a conversation is no newer than its last message (the store dates its
+        // validity so), whenever the extraction runs.
+        let (said_at, newest_session) = said.map_or((None, None), |(at, session)| (Some(at.event_time), Some(session)));
+        let said = Extras { event_time: said_at, ..Extras::default() };
         // Only facts about this user: one user's conversation must not teach the agent facts
         // recalled for every other user (nor can a prompt injected into it).
         let facts: Vec<NewMemory> = extraction

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_openai::Client;
-use async_openai::config::OpenAIConfig;
+use async_openai::config::{OPENAI_API_BASE, OpenAIConfig};
 use async_openai::error::OpenAIError;
 use async_openai::types::embeddings::{CreateEmbeddingRequestArgs, EmbeddingInput};
 use mnemo_core::{EmbedError, EmbedFuture, Embedder, ModelFailure};
@@ -97,10 +97,14 @@ fn client(
     timeout: Duration,
     max_answer_bytes: usize,
 ) -> Result<Client<OpenAIConfig>, ModelError> {
-    let mut config = OpenAIConfig::new().with_api_key(api_key);
-    if let Some(base_url) = base_url {
-        config = config.with_api_base(base_url);
-    }
+    // Everything from mnemo's configuration: left unset, async-openai reads OPENAI_BASE_URL,
+    // OPENAI_ORG_ID and OPENAI_PROJECT_ID from the process itself (a blank base URL becoming a
+    // relative one, an organization sent to any endpoint).
+    let config = OpenAIConfig::new()
+        .with_api_base(base_url.unwrap_or(OPENAI_API_BASE))
+        .with_api_key(api_key)
+        .with_org_id("")
+        .with_project_id("");
     let http = reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout.min(Duration::from_secs(5)))
@@ -262,6 +266,8 @@ fn failure(e: OpenAIError) -> ModelFailure {
             let status = api.status_code.as_u16();
             let detail = format!("HTTP {status}: {}", api.api_error.message.chars().take(200).collect::<String>());
             match status {
+                // A proxy that gave up waiting for the endpoint.
+                408 => ModelFailure::new("timeout", detail),
                 404 => ModelFailure::new("model_missing", detail),
                 401 | 403 => ModelFailure::new("unauthorized", detail),
                 429 => ModelFailure::new("http_429", detail),

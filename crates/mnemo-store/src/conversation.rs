@@ -35,6 +35,9 @@ pub struct SessionMessage {
     pub event_time: DateTime<Utc>,
     pub user_id: Option<String>,
     pub agent_id: Option<String>,
+    /// On a reply carrying no user: the sha256 of the user whose message it answered, once
+    /// retention anonymized that message (migration 54).
+    pub reply_to_user_sha256: Option<String>,
 }
 
 /// Where a page of messages starts: after this message. Ordered as a session's messages are,
@@ -118,13 +121,14 @@ macro_rules! session_messages {
     ($order:literal) => {
         session_messages!("", $order)
     };
-    ($filter:literal, $order:literal) => {
+    ($filter:expr, $order:literal) => {
         concat!(
             "SELECT m.id, m.source_kind,
        COALESCE(m.role, CASE m.source_kind WHEN 'tool_output' THEN 'tool' ELSE 'user' END) AS role,
        m.content,
        COALESCE(m.tool_call_id, CASE m.source_kind WHEN 'tool_output' THEN m.source_ref END) AS tool_call_id,
-       m.tool_name, m.token_count, m.token_counter, m.event_time, m.user_id, m.agent_id",
+       m.tool_name, m.token_count, m.token_counter, m.event_time, m.user_id, m.agent_id,
+       m.reply_to_user_sha256",
             conversation_rows!(),
             "
   AND (m.event_time, m.id) < (COALESCE($5, 'infinity'), COALESCE($6, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))",
@@ -148,17 +152,21 @@ const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC
 /// users write in, a reply to another user (which may repeat what they said) is theirs. An
 /// erasure takes a user's replies by the same rule (`REPLIES_OF` in retention.rs).
 const SPOKEN: &str = session_messages!(
-    "
+    concat!(
+        "
   AND m.source_kind = 'chat_message' AND COALESCE(m.role, 'user') IN ('user', 'assistant')
   AND m.tool_call_id IS NULL
   AND (m.user_id = $8 OR (m.user_id IS NULL AND ($8::text IS NULL
-    OR m.reply_to_user_sha256 = encode(sha256(convert_to($8, 'UTF8')), 'hex')
+    OR m.reply_to_user_sha256 = ",
+        user_sha256!("$8"),
+        "
     OR (m.reply_to_user_sha256 IS NULL AND COALESCE((
       SELECT p.user_id = $8 FROM memory_items p
       WHERE p.tenant_id = $1 AND p.session_id = $2 AND p.scope = 'session'
         AND p.source_kind IN ('chat_message', 'tool_output') AND p.anonymized_at IS NULL
         AND p.user_id IS NOT NULL AND p.event_time <= m.event_time AND (p.event_time, p.id) < (m.event_time, m.id)
-      ORDER BY p.event_time DESC, p.id DESC LIMIT 1), true)))))",
+      ORDER BY p.event_time DESC, p.id DESC LIMIT 1), true)))))"
+    ),
     "m.event_time, m.id"
 );
 const COUNT_MESSAGES: &str = concat!("SELECT count(*)", conversation_rows!());
@@ -206,7 +214,8 @@ ON CONFLICT (tenant_id, session_id) DO UPDATE SET requested_at = now()";
 /// Records a compaction unless one through the same or a later message is recorded already, or
 /// one past where this one's plan started (overtaken), or its summary is no longer live; whether
 /// it was overtaken, and whether it was recorded.
-const RECORD_COMPACTION: &str = "
+const RECORD_COMPACTION: &str = concat!(
+    "
 WITH overtaken AS (
     SELECT EXISTS (
         -- The latest record alone: each test holds for it when it holds for any earlier one
@@ -226,7 +235,9 @@ WITH overtaken AS (
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
            -- The writers of the messages `$13` its summary was made from (user_sha256's hash), and
            -- the users the replies marked as theirs answered (migration 54).
-           ARRAY(SELECT DISTINCT COALESCE(encode(sha256(convert_to(m.user_id, 'UTF8')), 'hex'), m.reply_to_user_sha256)
+           ARRAY(SELECT DISTINCT COALESCE(",
+    user_sha256!("m.user_id"),
+    ", m.reply_to_user_sha256)
                  FROM memory_items m
                  WHERE m.tenant_id = $1 AND m.id = ANY($13::uuid[])
                    AND (m.user_id IS NOT NULL OR m.reply_to_user_sha256 IS NOT NULL))
@@ -239,7 +250,8 @@ WITH overtaken AS (
     ON CONFLICT (tenant_id, session_id, through_id) DO NOTHING
     RETURNING 1
 )
-SELECT (SELECT yes FROM overtaken), EXISTS (SELECT 1 FROM recorded)";
+SELECT (SELECT yes FROM overtaken), EXISTS (SELECT 1 FROM recorded)"
+);
 
 /// Compactions of one session record one at a time, so two cannot both pass the check above.
 const LOCK_SESSION: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))";

@@ -394,14 +394,16 @@ impl Store {
         }
     }
 
-    /// The stored vector of a row for a model, for checks and tests.
-    pub async fn vector(&self, id: Uuid, model: &str) -> Result<Option<Vec<f32>>, StoreError> {
-        let v: Option<Vector> =
-            sqlx::query_scalar("SELECT embedding FROM memory_embeddings WHERE item_id = $1 AND model = $2")
-                .bind(id)
-                .bind(model)
-                .fetch_optional(&self.pool)
-                .await?;
+    /// The stored vector of a tenant's row for a model, for checks and tests.
+    pub async fn vector(&self, tenant: &TenantId, id: Uuid, model: &str) -> Result<Option<Vec<f32>>, StoreError> {
+        let v: Option<Vector> = sqlx::query_scalar(
+            "SELECT embedding FROM memory_embeddings WHERE tenant_id = $1 AND item_id = $2 AND model = $3",
+        )
+        .bind(tenant.as_str())
+        .bind(id)
+        .bind(model)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(v.map(|v| v.to_vec()))
     }
 }

@@ -16,6 +16,15 @@ macro_rules! decay_clock {
     };
 }
 
+/// The sha256 (hex) of the user id `$column` (SQL of text): how an erasure's audit row, a
+/// compaction's participants and a reply's mark (migration 54) name a user, as
+/// `mnemo_jobs::user_sha256` computes it.
+macro_rules! user_sha256 {
+    ($column:literal) => {
+        concat!("encode(sha256(convert_to(", $column, ", 'UTF8')), 'hex')")
+    };
+}
+
 mod bulk;
 mod consolidation;
 mod conversation;

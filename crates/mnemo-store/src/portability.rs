@@ -341,7 +341,7 @@ impl Import {
         .await?
         .rows_affected();
         // A file written before the erasure goes with every version, later ones too.
-        let erased = format!("{} = e.hash", user_sha256_sql("x.user_id"));
+        let erased = format!("{} = e.hash", user_sha256!("x.user_id"));
         let statements = [
             format!(
                 "DELETE FROM workspace_file_versions v
@@ -516,7 +516,7 @@ impl Import {
                        ELSE (l.row->>'created_at')::timestamptz
                    END <= a.created_at",
                 erase = mnemo_core::AuditEvent::Erase,
-                user_hash = user_sha256_sql("l.row->>'user_id'"),
+                user_hash = user_sha256!("l.row->>'user_id'"),
             )))
             .bind(tenant)
             .execute(&mut *self.tx)
@@ -733,7 +733,7 @@ impl Import {
                                  AND m.created_at <= a.created_at)
                  ORDER BY m.id FOR UPDATE OF m",
                 erase = mnemo_core::AuditEvent::Erase,
-                user_hash = user_sha256_sql("m.user_id"),
+                user_hash = user_sha256!("m.user_id"),
             )))
             .bind(tenant)
             .fetch_all(&mut *self.tx)
@@ -996,12 +996,6 @@ async fn audit_imported_revivals(tx: &mut sqlx::PgConnection, tenant: &str, wins
     );
     sqlx::query(sqlx::AssertSqlSafe(sql)).bind(tenant).execute(tx).await?;
     Ok(())
-}
-
-/// The SQL of the hash an erasure's audit row names the user `column` by, as
-/// `mnemo_jobs::user_sha256` computes it.
-fn user_sha256_sql(column: &str) -> String {
-    format!("encode(sha256(convert_to({column}, 'UTF8')), 'hex')")
 }
 
 /// The audit rows of the supersedes, deletions and anonymizations an import brings in (actor

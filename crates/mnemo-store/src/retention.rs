@@ -158,13 +158,6 @@ macro_rules! due_versions {
 /// memories in, on any row (another user's agent fact, too).
 const USER_RECORDS: &[&str] = &["memory_extractions", "extraction_runs", "consolidation_state", "memory_sightings"];
 
-/// The sha256 of user `$2`, as the erasure's audit row and a reply's mark (migration 54) name them.
-macro_rules! user_sha256 {
-    () => {
-        "encode(sha256(convert_to($2, 'UTF8')), 'hex')"
-    };
-}
-
 /// The sessions of tenant `$1` whose summaries may hold user `$2`'s words: those the user has
 /// rows in (or replies marked as theirs), and those a summary was made from the user's messages
 /// in (named by the sha256 of the id, as the erasure's audit row names them; migration 38),
@@ -177,12 +170,12 @@ macro_rules! users_sessions {
          UNION
          SELECT s.session_id FROM memory_items s
          WHERE s.tenant_id = $1 AND s.reply_to_user_sha256 = ",
-            user_sha256!(),
+            user_sha256!("$2"),
             "
          UNION
          SELECT c.session_id FROM session_compactions c
          WHERE c.tenant_id = $1 AND ",
-            user_sha256!(),
+            user_sha256!("$2"),
             " = ANY(c.participants)"
         )
     };
@@ -237,7 +230,9 @@ WITH picked AS (SELECT * FROM unnest($2::uuid[], $3::text[]) AS p(id, reason)),
 -- The messages by an array, not a join: joined, the planner reads each reply's upper bound (the
 -- next row carrying a user) as a filter, and a scan runs to its session's end.
 marked AS (
-    UPDATE memory_items x SET reply_to_user_sha256 = encode(sha256(convert_to(u.user_id, 'UTF8')), 'hex')
+    UPDATE memory_items x SET reply_to_user_sha256 = ",
+    user_sha256!("u.user_id"),
+    "
     FROM memory_items u CROSS JOIN LATERAL (",
     replies_of!(),
     "
@@ -737,7 +732,7 @@ impl Store {
                     (SELECT count(*) FROM tool_outputs t JOIN erased e ON t.item_id = e.id WHERE t.tenant_id = $1),
                     (SELECT count(*) FROM memory_embeddings v JOIN erased e ON v.item_id = e.id WHERE v.tenant_id = $1)
              FROM erased GROUP BY 1",
-            hash = user_sha256!(),
+            hash = user_sha256!("$2"),
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())
@@ -890,7 +885,7 @@ impl Store {
              UNION ALL
              SELECT r.id, u.id, false FROM mine u CROSS JOIN LATERAL ({REPLIES_OF}) r
              ORDER BY owner, mine, id",
-            hash = user_sha256!(),
+            hash = user_sha256!("$2"),
         )))
         .bind(tenant.as_str())
         .bind(user.as_str())

@@ -27,6 +27,8 @@ pub enum ChatAnswer {
     Hang(Duration),
     /// 200 with message content that is not a judgement.
     Malformed,
+    /// 200 with a page that is no chat completion at all (a gateway's maintenance page).
+    GatewayPage,
     /// 200 with this message content, verbatim.
     Content(String),
     /// Decisions for labels that were never given (f90, f91, …).
@@ -295,6 +297,10 @@ async fn completions(
                 .into_response();
         }
         Some(ChatAnswer::Hang(d)) => tokio::time::sleep(d).await,
+        Some(ChatAnswer::GatewayPage) => {
+            let page = "<html><body><h1>Down for maintenance</h1></body></html>";
+            return (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, "text/html")], page).into_response();
+        }
         Some(ChatAnswer::Malformed) => return completion("{\"decisions\": [{\"id\": \"f1\", \"decis", "stop"),
         Some(ChatAnswer::Content(content)) => return completion(&content, "stop"),
         Some(ChatAnswer::InventedIds) => {
