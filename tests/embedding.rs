@@ -316,6 +316,33 @@ async fn a_chat_message_is_embedded_with_the_turn_before_it() {
     worker.kill().await;
 }
 
+/// A message deleted through the API leaves recall at once, its words in the vector of the
+/// message after it too: that message is embedded again with the turn before the deleted one.
+#[tokio::test]
+async fn a_deleted_turn_leaves_no_words_in_the_vector_of_the_next() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(64).await;
+    let turns = ["Alice: how was the clinic", "Bob: my card pin is 4821", "Alice: ok noted"];
+    let ids = write_messages(&server, 3, |i| turns[i].to_owned()).await;
+    let worker = WorkerProcess::start(&db.url, &openai_env(&provider)).await.expect("worker");
+    assert!(wait_until(Duration::from_secs(30), || async { embedded(&db).await == 3 }).await, "never embedded");
+    let store = db.store();
+    let vector = || async { store.vector(&acme(), ids[2], "scripted-embedder").await.expect("read") };
+    let bag = |text: &str| mnemo_testkit::unit_bag_of_words(text, 64);
+    assert_eq!(vector().await, Some(bag(&format!("{}\n{}", turns[2], turns[1]))));
+
+    let t = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let deleted = server.client.delete(&format!("/v1/memories/{}", ids[1]), Some(&t)).await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    let without = Some(bag(&format!("{}\n{}", turns[2], turns[0])));
+    assert!(
+        wait_until(Duration::from_secs(30), || async { vector().await == without }).await,
+        "the next turn's vector still holds the deleted turn's words"
+    );
+    worker.kill().await;
+}
+
 /// A chat message's vector holds words of the turn before it. When that turn is anonymized (here
 /// by its user's erasure) the vector goes and the message is embedded again without them, also
 /// when the erasure lands while the message is being embedded.

@@ -1377,6 +1377,40 @@ async fn a_proposal_the_database_refuses_counts_as_an_attempt() {
 
 /// An erasure that commits while a run is being claimed leaves no run row naming the user: the
 /// claim waits for it (the user's files, shared) and then finds nothing pending.
+/// The runbook's `memory extract` racing the user's erasure: its request waits for the erasure's
+/// hold on the user's files, then finds the user gone from the session, and asks for nothing.
+#[tokio::test]
+async fn an_operators_request_racing_an_erasure_leaves_no_row_naming_the_user() {
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t, "home_city: Ann lives in Lyon").await;
+    let store = app.db.store();
+    let (tenant, sid) = (TenantId::parse("acme").expect("tenant"), SessionId::parse("s1").expect("session"));
+    let last = store.session_messages_newest_first(&tenant, &sid, None, None, 1).await.expect("last")[0].cursor();
+    // The erasure, under way: it holds the user's files alone and has anonymized their rows.
+    let mut erasure = app.db.pool.begin().await.expect("begin");
+    for statement in [
+        "SELECT pg_advisory_xact_lock(hashtextextended('user files/' || 'acme' || '/' || 'ann', 0))",
+        "UPDATE memory_items SET user_id = NULL, session_id = NULL, deleted_at = now(), anonymized_at = now()
+         WHERE tenant_id = 'acme' AND user_id = 'ann'",
+    ] {
+        sqlx::query(statement).execute(&mut *erasure).await.expect(statement);
+    }
+    let workspace = mnemo_core::Workspace {
+        tenant,
+        agent: AgentId::parse("helper").expect("agent"),
+        user: Some(UserId::parse("ann").expect("user")),
+    };
+    let request = tokio::spawn(async move { store.request_extraction_again(&workspace, &sid, last).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!request.is_finished(), "the request waits for the erasure");
+    erasure.commit().await.expect("commit");
+    assert!(!request.await.expect("task").expect("request"), "nothing was asked");
+    assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE user_id = 'ann'").await, 0);
+    let jobs = "SELECT count(*) FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%\"ann\"%'";
+    assert_eq!(app.db.count(jobs).await, 0, "no job names the erased user");
+}
+
 #[tokio::test]
 async fn a_claim_racing_an_erasure_leaves_no_row_naming_the_user() {
     let app = TestApp::spawn().await;

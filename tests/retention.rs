@@ -733,6 +733,9 @@ async fn erasure_leaves_no_content_of_the_user_anywhere() {
     let again = f.runbook_json(&[], &["erase", "--tenant", "acme", "--user", "erin", "--json"]).await;
     assert_eq!(again["anonymized"].as_u64(), Some(0), "erasing twice finds nothing");
     assert!(again["already_erased_at"].is_string(), "{again}");
+    // The same keys as an erasure that found something.
+    let keys = |v: &serde_json::Value| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+    assert_eq!(keys(&again), keys(&erased), "{again} against {erased}");
     // A dry run, the operator's check, says what the run would.
     let dry = ["erase", "--tenant", "acme", "--user", "erin", "--dry-run", "--json"];
     assert!(f.runbook_json(&[], &dry).await["already_erased_at"].is_string());

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use mnemo_config::RetentionSettings;
 use mnemo_core::{AuditEvent, RetentionPolicy, TenantId, UserId};
 use mnemo_jobs::{DRY_RUN_IDS, ErasureReport, SweepOptions, SweepOutcome, SweepReport};
-use mnemo_store::{AuditFilter, Store};
+use mnemo_store::{AuditFilter, ErasurePlan, Store};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -294,7 +294,13 @@ pub async fn erase(
                 );
             };
             if json {
-                println!("{}", json!({ "dry_run": dry_run, "rows": 0, "anonymized": 0, "already_erased_at": at }));
+                let nothing = ErasureReport {
+                    plan: ErasurePlan::default(),
+                    dry_run,
+                    anonymized: Default::default(),
+                    elapsed: Default::default(),
+                };
+                println!("{}", erasure_json(&nothing, Some(at)));
             } else {
                 println!("user {user} of tenant {tenant} was erased at {at}; nothing carries them since");
             }
@@ -308,7 +314,7 @@ pub async fn erase(
     .await?;
     progress.finish();
     if json {
-        println!("{}", erasure_json(&report));
+        println!("{}", erasure_json(&report, None));
         return Ok(());
     }
     let plan = &report.plan;
@@ -332,7 +338,9 @@ pub async fn erase(
     Ok(())
 }
 
-fn erasure_json(report: &ErasureReport) -> Value {
+/// One shape whether or not anything was erased: `already_erased_at` is set when the user was
+/// erased before and nothing carries them since.
+fn erasure_json(report: &ErasureReport, already_erased_at: Option<DateTime<Utc>>) -> Value {
     json!({
         "dry_run": report.dry_run,
         "rows_by_kind": report.plan.rows_by_kind,
@@ -344,6 +352,7 @@ fn erasure_json(report: &ErasureReport) -> Value {
         "anonymized_by_kind": report.anonymized,
         "anonymized": report.anonymized.values().sum::<u64>(),
         "seconds": report.elapsed.as_secs_f64(),
+        "already_erased_at": already_erased_at,
     })
 }
 

@@ -81,8 +81,8 @@ LEFT JOIN LATERAL (
 WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL";
 
 /// Stores vectors only for rows whose content is still what was embedded; a row changed since
-/// has a newer job of its own. Nor a vector made with a previous turn anonymized since: the
-/// anonymization could not drop a vector not yet stored (the caller queues its row again). A
+/// has a newer job of its own. Nor a vector made with a previous turn deleted or anonymized
+/// since: that could not drop a vector not yet stored (the caller queues its row again). A
 /// live fact not yet judged is marked for the judge. A row whose full text is computed now for
 /// the first time adds its lexemes to its tenant's counts, which keyword search weighs words by
 /// (migration 032). Run under `LOCK_TEXT_COUNTS`, so `was` (the statement's snapshot) already
@@ -96,7 +96,8 @@ WITH v AS (
     SELECT v.* FROM v JOIN memory_items m ON m.id = v.id AND m.tenant_id = v.tenant_id AND m.content_sha256 = v.sha
     WHERE m.anonymized_at IS NULL
       AND NOT EXISTS (SELECT 1 FROM memory_items p
-                      WHERE p.tenant_id = v.tenant_id AND p.id = v.previous_id AND p.anonymized_at IS NOT NULL)
+                      WHERE p.tenant_id = v.tenant_id AND p.id = v.previous_id
+                        AND (p.deleted_at IS NOT NULL OR p.anonymized_at IS NOT NULL))
 ), saved AS (
     INSERT INTO memory_embeddings (tenant_id, item_id, model, embedding, content_sha256, previous_id)
     SELECT tenant_id, id, $5, embedding, sha, previous_id FROM current
@@ -142,13 +143,13 @@ pub(crate) async fn lock_text_counts(tx: &mut sqlx::PgConnection, tenants: &[Str
 }
 
 /// Of vectors `save_vectors` left, the live rows with the content they were made from whose
-/// previous turn was anonymized meanwhile: embedded again, without its words.
+/// previous turn was deleted or anonymized meanwhile: embedded again, without its words.
 const TO_EMBED_AGAIN_WITHOUT_PREVIOUS: &str = "
 SELECT m.id, m.tenant_id, m.content_sha256
 FROM unnest($1::uuid[], $2::text[], $3::uuid[]) AS v(id, tenant_id, previous_id)
 JOIN memory_items m ON m.tenant_id = v.tenant_id AND m.id = v.id
 JOIN memory_items p ON p.tenant_id = v.tenant_id AND p.id = v.previous_id
-WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL AND p.anonymized_at IS NOT NULL";
+WHERE m.deleted_at IS NULL AND m.anonymized_at IS NULL AND (p.deleted_at IS NOT NULL OR p.anonymized_at IS NOT NULL)";
 
 /// The embed job of a row read as (id, tenant, content hash).
 pub(crate) fn embed_job((item_id, tenant, sha): (Uuid, String, Vec<u8>)) -> Result<EmbedJob, StoreError> {

@@ -74,6 +74,11 @@ WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.agent_id = $3 AND m.user_id =
     };
 }
 
+/// Whether user `$3` still carries a row of tenant `$1`'s session `$2` (their erasure takes them
+/// all).
+const USER_IN_SESSION: &str = "SELECT EXISTS (SELECT 1 FROM memory_items
+                                 WHERE tenant_id = $1 AND scope = 'session' AND session_id = $2 AND user_id = $3)";
+
 /// A manual request asks again for what failed in the session for the (agent `$3`, user `$4`)
 /// before the request's last message (`$5`, `$6`): each conversation, or piece of a long one,
 /// whose attempts were spent. Their messages were never shown (no later conversation reads
@@ -343,8 +348,21 @@ impl Store {
         session: &SessionId,
         through: MessageCursor,
     ) -> Result<bool, StoreError> {
+        let user = user_of(workspace)?;
         let mut conn = self.tenant_connection([workspace.tenant.as_str()]).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        // Under the user's files, shared, and only while the user is in the session: an erasure
+        // committing meanwhile leaves no request and no job naming them.
+        share_user_files(&mut tx, workspace.tenant.as_str(), user).await?;
+        let there: bool = sqlx::query_scalar(USER_IN_SESSION)
+            .bind(workspace.tenant.as_str())
+            .bind(session.as_str())
+            .bind(user)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !there {
+            return Ok(false);
+        }
         let failed = bind_conversations!(sqlx::query(ASK_AGAIN_FAILED), workspace, session, through)
             .execute(&mut *tx)
             .await?

@@ -418,8 +418,9 @@ impl Store {
     /// Soft-deletes a row of `tenant`. With `only_user`, only a row carrying that user (a user's
     /// token may delete only its own rows); with `only_session`, only a row of that session (a
     /// token bound to a session and no user reaches no other). `None` when no such row exists
-    /// for the caller. The row leaves recall at once; a fact's validity ends. Audited once, when
-    /// first deleted.
+    /// for the caller. The row leaves recall at once, and so do its words in the vector of the
+    /// message after it (embedded with its previous turn), which is embedded again; a fact's
+    /// validity ends. Audited once, when first deleted.
     pub async fn soft_delete(
         &self,
         tenant: &TenantId,
@@ -429,6 +430,10 @@ impl Store {
         roles: &[Label],
         requested_by: &str,
     ) -> Result<Option<Deleted>, StoreError> {
+        let mut conn = self.tenant_connection([tenant.as_str()]).await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        // Before any row lock, as embedding takes it (see `drop_vectors_made_with`).
+        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
         let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
             "WITH target AS (
                 SELECT id, COALESCE(deleted_at, anonymized_at) AS deleted_at,
@@ -457,8 +462,12 @@ impl Store {
         .bind(AuditEvent::Delete.as_str())
         .bind(roles.iter().map(Label::as_str).collect::<Vec<_>>())
         .bind(only_session.map(SessionId::as_str))
-        .fetch_optional(&mut *self.tenant_connection([tenant.as_str()]).await?)
+        .fetch_optional(&mut *tx)
         .await?;
+        if let Some((id, _, false)) = row {
+            drop_vectors_made_with(&mut tx, tenant, &[id]).await?;
+        }
+        tx.commit().await?;
         Ok(row.map(|(id, deleted_at, already)| Deleted { id, deleted_at, already }))
     }
 
