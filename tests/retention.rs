@@ -638,6 +638,12 @@ async fn an_operator_sets_a_tenants_policy_field_by_field() {
         json!({ "soft_ttl_days": 10, "superseded_ttl_days": 7, "batch_size": 500 })
     );
     assert_eq!(f.db().count(audited).await, 3, "refused: nothing audited");
+    // Unsetting a field of a tenant that sets none changes nothing, and writes nothing.
+    let nothing =
+        f.runbook_json(&[], &["retention-policy", "--tenant", "globex", "--unset", "dry_run", "--json"]).await;
+    assert_eq!(nothing["changed"], false, "{nothing}");
+    assert_eq!(f.db().count("SELECT count(*) FROM tenant_config WHERE tenant_id = 'globex'").await, 0);
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE tenant_id = 'globex'").await, 0);
     // A tenant that holds nothing yet may be a typo: said, not refused (a policy may come first).
     let typo = f.runbook(&[], &["retention-policy", "--tenant", "acmee", "--soft-ttl-days", "3"]).await;
     assert!(typo.status.success());

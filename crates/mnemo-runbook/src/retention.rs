@@ -234,7 +234,9 @@ pub async fn policy(
         let unset: Vec<&str> = change.unset.iter().map(String::as_str).collect();
         Some(store.change_retention_settings(tenant, &set, &unset, "runbook").await?)
     };
-    let changed = stored != before;
+    // A tenant without settings has none to change: unsetting a field it never set changes nothing.
+    let fields = |settings: &Option<Value>| settings.clone().unwrap_or_else(|| json!({}));
+    let changed = fields(&stored) != fields(&before);
     let (policy, warnings) = RetentionPolicy::for_tenant(tenant.as_str(), stored.as_ref(), settings.defaults);
     if json {
         println!(

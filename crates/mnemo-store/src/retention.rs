@@ -506,8 +506,9 @@ impl Store {
 
     /// Sets the fields of `set` and removes those of `unset` in the tenant's retention settings,
     /// keeping its other fields and settings, with a `tenant.retention_policy` audit row naming
-    /// the values set and the fields removed (numbers and names only) when that changed them;
-    /// one transaction. Returns the settings now.
+    /// the values set and the fields removed (numbers and names only); one transaction, which
+    /// writes nothing when the settings stay what they were (a tenant without any has `{}`).
+    /// Returns the settings now.
     pub async fn change_retention_settings(
         &self,
         tenant: &TenantId,
@@ -538,17 +539,19 @@ impl Store {
         .bind(unset)
         .fetch_one(&mut *tx)
         .await?;
-        if before.flatten().as_ref() != Some(&now) {
-            sqlx::query(
-                "INSERT INTO audit_log (tenant_id, event, reason, actor, details) VALUES ($1, $2, 'changed', $3, $4)",
-            )
-            .bind(tenant.as_str())
-            .bind(AuditEvent::RetentionPolicy.as_str())
-            .bind(actor)
-            .bind(serde_json::json!({ "set": set, "unset": unset }))
-            .execute(&mut *tx)
-            .await?;
+        if before.flatten().unwrap_or_else(|| Value::Object(Default::default())) == now {
+            tx.rollback().await?;
+            return Ok(now);
         }
+        sqlx::query(
+            "INSERT INTO audit_log (tenant_id, event, reason, actor, details) VALUES ($1, $2, 'changed', $3, $4)",
+        )
+        .bind(tenant.as_str())
+        .bind(AuditEvent::RetentionPolicy.as_str())
+        .bind(actor)
+        .bind(serde_json::json!({ "set": set, "unset": unset }))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(now)
     }
