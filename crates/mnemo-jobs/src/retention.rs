@@ -102,7 +102,8 @@ impl SweepReport {
     }
 }
 
-/// Sweeps one tenant now. `progress` is called after each batch with (rows done, rows due).
+/// Sweeps one tenant now. `progress` is called after each batch of rows and each file's
+/// versions with (done, due), rows and versions together.
 pub async fn sweep_tenant(
     store: &Store,
     tenant: &TenantId,
@@ -168,6 +169,7 @@ pub async fn sweep_tenant(
         // as many for the next sweep, whose plan the floor checks.
         let bounded = |planned: u64| options.allow_large.map_or(planned, |n| n.min(planned));
         let (row_cap, version_cap) = (bounded(due), bounded(report.plan.workspace_versions));
+        let total = row_cap + version_cap;
         let (mut done, mut after) = (0, Uuid::nil());
         loop {
             let limit = u64::from(policy.batch_size).min(row_cap - done);
@@ -182,7 +184,7 @@ pub async fn sweep_tenant(
                 metrics::counter!("mnemo_anonymized_rows_total", "reason" => reason.as_str()).increment(1);
             }
             done += batch.len() as u64;
-            progress(done, due);
+            progress(done, total);
             if options.deadline.is_some_and(|d| Instant::now() >= d) {
                 report.outcome = SweepOutcome::Unfinished;
                 break;
@@ -198,6 +200,7 @@ pub async fn sweep_tenant(
             after = file;
             report.redacted_versions += n;
             metrics::counter!("mnemo_redacted_workspace_versions_total").increment(n);
+            progress(done + report.redacted_versions, total);
             if options.deadline.is_some_and(|d| Instant::now() >= d) {
                 report.outcome = SweepOutcome::Unfinished;
             }
