@@ -258,7 +258,7 @@ mod tests {
             let (url, key) = problems.endpoint(&Env::from_pairs(pairs.iter().copied()), "URL", "KEY", "the model");
             (url, key.expose().clone(), problems.0.join("; "))
         };
-        // A key from a file keeps its newline; a URL its slash.
+        // A key read from a file, newline and all, and a URL with spaces and a trailing slash.
         let (url, key, problems) = read(&[("URL", " http://llm:8000/v1/ "), (vars::OPENAI_API_KEY, "sk-1\n")]);
         assert_eq!((url.as_deref(), key.as_str(), problems.as_str()), (Some("http://llm:8000/v1"), "sk-1", ""));
         for (pairs, expected) in [

@@ -225,7 +225,7 @@ impl ExtractRunner {
         // session. A conversation it was shown nothing of (one an earlier run read, or only
         // another user's words) adds neither: a fact dated by it would outrank what the user
         // stated before its end, and count as seen in a session it was never said in.
-        let said = parts
+        let last_shown = parts
             .iter()
             .filter_map(|p| Some((p.messages.last()?.cursor(), p.conversation.session_id.clone())))
             .max_by_key(|(at, _)| *at);
@@ -257,7 +257,8 @@ impl ExtractRunner {
         };
         // A fact read from a conversation is no newer than its last message (the store dates its
         // validity so), whenever the extraction runs.
-        let (said_at, newest_session) = said.map_or((None, None), |(at, session)| (Some(at.event_time), Some(session)));
+        let (said_at, newest_session) =
+            last_shown.map_or((None, None), |(at, session)| (Some(at.event_time), Some(session)));
         let said = Extras { event_time: said_at, ..Extras::default() };
         // Only facts about this user: one user's conversation must not teach the agent facts
         // recalled for every other user (nor can a prompt injected into it).

@@ -317,7 +317,8 @@ SELECT id, source_kind, reason FROM anonymized"
 );
 
 /// Drops the vectors made with the words of rows `$2` of tenant `$1` (a chat message is
-/// embedded with the session's turn before it), read before those rows are anonymized. A vector
+/// embedded with the session's turn before it), read before those rows are anonymized (which
+/// takes their session), deleted or not. A vector
 /// that names no turn because it was made before migration 036 is taken to be made with the
 /// turn before its row. Returns (id, tenant, content hash) of each live row that lost a vector.
 /// The rows keep `embedded_model`: their full text, which that column gates, stays counted and
