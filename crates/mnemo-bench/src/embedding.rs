@@ -56,6 +56,11 @@ pub struct LatencyArgs {
     load: Vec<f64>,
     #[arg(long, default_value_t = 30)]
     seconds: u64,
+    /// Also deletes this many of the level's earlier messages a second while it writes (each
+    /// deletion takes the tenant's text-count lock, as a vector's save does, and sends the
+    /// message after it to be embedded again), timing each deletion.
+    #[arg(long, default_value_t = 0.0)]
+    deletes_per_s: f64,
 }
 
 /// The texts the embedder benchmark measures.
@@ -334,16 +339,28 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         let mut timer = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let writes = mnemo_store::GroupCommit::start(store.clone(), 2, 64, std::time::Duration::from_secs(35));
+        let written = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total)));
+        let deleting = (args.deletes_per_s > 0.0).then(|| {
+            tokio::spawn(delete_while_writing(store.clone(), written.clone(), args.deletes_per_s, args.seconds))
+        });
         let mut pending = Vec::with_capacity(total);
         for (i, text) in cycle(&short, total).iter().enumerate() {
             timer.tick().await;
-            let writes = writes.clone();
+            let (writes, written) = (writes.clone(), written.clone());
             let row = chat(i, text)?;
-            pending.push(tokio::spawn(async move { writes.remember(row).await }));
+            pending.push(tokio::spawn(async move {
+                let remembered = writes.remember(row).await?;
+                written.lock().expect("written").push(remembered.id);
+                Ok::<_, mnemo_store::StoreError>(remembered)
+            }));
         }
         for p in pending {
             p.await??;
         }
+        let deletions = match deleting {
+            Some(task) => task.await??,
+            None => Histogram::<u64>::new(3)?,
+        };
         wait_embedded(&store, embedder.model(), total, Duration::from_secs(600)).await?;
         let _ = stop.send(());
         let after = batch_rows();
@@ -363,7 +380,9 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
         let level = json!({ "load": load, "rate_per_s": rate, "rows": lags.len(), "mean_batch_rows": mean_batch,
             "model_ms_per_call": model_ms_per_call, "model_busy": model_busy,
-            "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0 });
+            "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0,
+            "deletions": deletions.len(), "delete_p50_ms": deletions.value_at_quantile(0.5) as f64 / 1000.0,
+            "delete_p99_ms": deletions.value_at_quantile(0.99) as f64 / 1000.0 });
         eprintln!("{level}");
         levels.push(level);
     }
@@ -395,8 +414,50 @@ pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
                 l["max_ms"].as_f64().unwrap_or(0.0),
             );
         }
+        if args.deletes_per_s > 0.0 {
+            println!("\n| load | deletions | delete p50 ms | delete p99 ms |\n|---:|---:|---:|---:|");
+            for l in &levels {
+                println!(
+                    "| {:.2} | {} | {:.2} | {:.2} |",
+                    l["load"].as_f64().unwrap_or(0.0),
+                    l["deletions"],
+                    l["delete_p50_ms"].as_f64().unwrap_or(0.0),
+                    l["delete_p99_ms"].as_f64().unwrap_or(0.0),
+                );
+            }
+        }
     }
     Ok(())
+}
+
+/// Deletes, `per_s` a second for `seconds`, the oldest message written so far and not deleted,
+/// once ten newer ones are written (each deleted through the store's `soft_delete`, as the API deletes),
+/// and returns the deletions' latencies in microseconds.
+async fn delete_while_writing(
+    store: Store,
+    written: Arc<std::sync::Mutex<Vec<uuid::Uuid>>>,
+    per_s: f64,
+    seconds: u64,
+) -> anyhow::Result<Histogram<u64>> {
+    let tenant = mnemo_core::TenantId::parse("bench")?;
+    let mut timer = tokio::time::interval(Duration::from_secs_f64(1.0 / per_s));
+    let (mut h, mut next) = (Histogram::<u64>::new(3)?, 0);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        timer.tick().await;
+        let id = {
+            let written = written.lock().expect("written");
+            if written.len() <= next + 10 {
+                continue;
+            }
+            written[next]
+        };
+        next += 1;
+        let t = Instant::now();
+        store.soft_delete(&tenant, id, None, None, &[], "bench").await?;
+        h.record((t.elapsed().as_micros() as u64).max(1))?;
+    }
+    Ok(h)
 }
 
 /// Rows embedded, model calls made and seconds spent in them so far in this process (the
