@@ -228,11 +228,19 @@ impl Store {
         })
     }
 
-    /// Seconds from each row's creation to its vector, over every vector of every model.
+    /// Seconds from each live row's creation to its vector, over every vector of every model but
+    /// those made again because a message between the row and the turn it was embedded with was
+    /// deleted (their lag would count from the row's write, not from the deletion).
     pub async fn embed_lag_seconds(&self) -> Result<Vec<f64>, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT extract(epoch FROM e.embedded_at - m.created_at)::float8
-             FROM memory_items m JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id",
+             FROM memory_items m JOIN memory_embeddings e ON e.tenant_id = m.tenant_id AND e.item_id = m.id
+             LEFT JOIN memory_items p ON p.tenant_id = e.tenant_id AND p.id = e.previous_id
+             WHERE m.deleted_at IS NULL AND NOT EXISTS (
+                 SELECT 1 FROM memory_items d
+                 WHERE d.tenant_id = m.tenant_id AND d.session_id = m.session_id AND d.deleted_at IS NOT NULL
+                   AND (d.event_time, d.id) < (m.event_time, m.id)
+                   AND (p.id IS NULL OR (d.event_time, d.id) > (p.event_time, p.id)))",
         )
         .fetch_all(&self.pool)
         .await?)
