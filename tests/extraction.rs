@@ -488,9 +488,6 @@ async fn answers_that_cannot_be_used_write_nothing_and_are_retried_until_the_las
     assert!(matches!(runner.run(&job()).await.expect("a model now"), ExtractReport::Applied { conversations: 1, .. }));
 }
 
-/// A model that is down for a while: the pair's other jobs wait out the cooldown instead of
-/// asking it, and no conversation is failed for a day however many times it is asked (a refused
-/// answer would fail it: see the test above), so all are extracted once it is back.
 /// A gateway's page where a chat completion should be is the endpoint's state, as a 503 is (the
 /// model's words come inside a completion: no input draws such a page), so the conversation
 /// waits for the endpoint instead of spending its attempts; a proxy's 408 is a timeout.
@@ -513,6 +510,10 @@ async fn a_gateway_page_for_an_answer_spends_no_attempt_and_a_408_is_a_timeout()
     assert_eq!(app.db.count(failed).await, 1);
 }
 
+/// A model that is down for a while: the pair's other jobs wait out the cooldown instead of
+/// asking it, and no conversation is failed for a day however many times it is asked (a refused
+/// answer would fail it: see `answers_that_cannot_be_used_…`), so all are extracted once it is
+/// back.
 #[tokio::test]
 async fn a_model_outage_waits_out_the_cooldown_and_fails_no_conversation() {
     let chat = ScriptedChat::start().await;
@@ -1375,8 +1376,6 @@ async fn a_proposal_the_database_refuses_counts_as_an_attempt() {
     assert_eq!(chat.requests().len(), 2, "asked once an attempt");
 }
 
-/// An erasure that commits while a run is being claimed leaves no run row naming the user: the
-/// claim waits for it (the user's files, shared) and then finds nothing pending.
 /// The runbook's `memory extract` racing the user's erasure: its request waits for the erasure's
 /// hold on the user's files, then finds the user gone from the session, and asks for nothing.
 #[tokio::test]
@@ -1411,6 +1410,8 @@ async fn an_operators_request_racing_an_erasure_leaves_no_row_naming_the_user() 
     assert_eq!(app.db.count(jobs).await, 0, "no job names the erased user");
 }
 
+/// An erasure that commits while a run is being claimed leaves no run row naming the user: the
+/// claim waits for it (the user's files, shared) and then finds nothing pending.
 #[tokio::test]
 async fn a_claim_racing_an_erasure_leaves_no_row_naming_the_user() {
     let app = TestApp::spawn().await;

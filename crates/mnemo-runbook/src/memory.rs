@@ -102,7 +102,10 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 } else if queued {
                     println!("queued: a worker serving the extract queue will extract the conversation");
                 } else {
-                    println!("already asked for this conversation (same last message), or extracted");
+                    println!(
+                        "already asked for this conversation (same last message), or extracted, or the user was \
+                         erased meanwhile"
+                    );
                 }
                 return Ok(());
             }

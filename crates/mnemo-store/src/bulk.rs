@@ -230,7 +230,9 @@ impl Store {
 
     /// Seconds from each live row's creation to its vector, over every vector of every model but
     /// those made again because a message between the row and the turn it was embedded with was
-    /// deleted (their lag would count from the row's write, not from the deletion).
+    /// deleted (their lag would count from the row's write, not from the deletion). A vector
+    /// made with no turn counts as made after every deletion before its row: with messages
+    /// embedded alone, the rows after the first deletion are left out.
     pub async fn embed_lag_seconds(&self) -> Result<Vec<f64>, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT extract(epoch FROM e.embedded_at - m.created_at)::float8
