@@ -416,16 +416,15 @@ impl Store {
         agent: &AgentId,
         session: &SessionId,
     ) -> Result<(bool, bool), StoreError> {
-        Ok(sqlx::query_as(
-            // `scope = 'session'`, which a session's rows always have, lets the session's partial
-            // indexes bound each scan to the session (the user's or agent's index would read all
-            // of their rows in the tenant).
-            "SELECT EXISTS (SELECT 1 FROM memory_items
-                            WHERE tenant_id = $1 AND scope = 'session' AND session_id = $2 AND user_id = $3),
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            user_in_session!(),
+            // As there, `scope = 'session'` bounds the scan to the session.
+            ",
                     EXISTS (SELECT 1 FROM memory_items
                             WHERE tenant_id = $1 AND scope = 'session' AND session_id = $2 AND agent_id = $4)
                     OR EXISTS (SELECT 1 FROM workspace_files WHERE tenant_id = $1 AND agent_id = $4 AND user_id = $3)",
-        )
+        ))
         .bind(tenant.as_str())
         .bind(session.as_str())
         .bind(user.as_str())

@@ -74,10 +74,7 @@ WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.agent_id = $3 AND m.user_id =
     };
 }
 
-/// Whether user `$3` still carries a row of tenant `$1`'s session `$2` (their erasure takes them
-/// all).
-const USER_IN_SESSION: &str = "SELECT EXISTS (SELECT 1 FROM memory_items
-                                 WHERE tenant_id = $1 AND scope = 'session' AND session_id = $2 AND user_id = $3)";
+const USER_IN_SESSION: &str = concat!("SELECT ", user_in_session!());
 
 /// A manual request asks again for what failed in the session for the (agent `$3`, user `$4`)
 /// before the request's last message (`$5`, `$6`): each conversation, or piece of a long one,

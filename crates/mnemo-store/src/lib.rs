@@ -25,6 +25,15 @@ macro_rules! user_sha256 {
     };
 }
 
+/// Whether user `$3` carries a row of tenant `$1`'s session `$2` (their erasure takes them all).
+/// `scope = 'session'`, which a session's rows always have, lets the session's partial indexes
+/// bound the scan to the session (the user's index would read all of their rows in the tenant).
+macro_rules! user_in_session {
+    () => {
+        "EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND scope = 'session' AND session_id = $2 AND user_id = $3)"
+    };
+}
+
 mod bulk;
 mod consolidation;
 mod conversation;
