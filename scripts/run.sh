@@ -18,7 +18,11 @@ log "building mnemo"
 cargo build --bins --locked
 bin=${CARGO_TARGET_DIR:-target}/debug
 "$bin/mnemo-runbook" migrate
-"$bin/mnemo-runbook" grant-app-role "$MNEMO_PG_APP_USER"
+# The role the server connects as: the user named in MNEMO_APP_DATABASE_URL, when it names one.
+app_role=$MNEMO_PG_APP_USER
+app_url=${MNEMO_APP_DATABASE_URL#*://}
+case ${app_url%%/*} in *@*) app_role=${app_url%%[:@]*} ;; esac
+"$bin/mnemo-runbook" grant-app-role "$app_role"
 
 : "${MNEMO_LISTEN:=127.0.0.1:8080}"
 : "${MNEMO_WORKER_LISTEN:=127.0.0.1:9464}"

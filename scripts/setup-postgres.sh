@@ -19,10 +19,11 @@ fi
 pg_major=$(ls /usr/lib/postgresql | sort -n | tail -1)
 ext_dir=/usr/share/postgresql/$pg_major/extension
 
-# rum gives OR-semantics full text a fast ranked scan (used by recall).
+# rum gives OR-semantics full text a fast ranked scan (recall's full-text index, migration 010,
+# needs it: without it `migrate` would stop there).
 if [ ! -f "$ext_dir/rum.control" ]; then
   log "installing rum for PostgreSQL $pg_major"
-  apt_install "postgresql-$pg_major-rum" || log "no rum package in the archive; recall uses GIN only"
+  apt_install "postgresql-$pg_major-rum" || die "no postgresql-$pg_major-rum package: mnemo's full-text index needs the rum extension"
 fi
 
 # --- pgvector ---------------------------------------------------------------------------------

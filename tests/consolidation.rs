@@ -306,6 +306,31 @@ async fn one_run_at_a_time_requests_are_throttled_and_the_endpoint_checks_the_ag
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE job_type = 'consolidate'").await, 2 + 2);
 }
 
+/// A MEMORY.md over the budget and longer than a model is shown is not sent to the model: the
+/// run fails as `memory_too_large` (the notes wait) and the file stays as the user wrote it.
+/// Within the budget, a file as long is consolidated.
+#[tokio::test]
+async fn a_memory_too_large_to_rewrite_is_not_sent_to_the_model() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let long = format!("# MEMORY.md\n\n{}", "- a line the user wrote\n".repeat(1_500));
+    assert!(long.len() > mnemo_core::SHOWN_FILE_BYTES);
+    let reply = app.client.put("/v1/workspace/files/MEMORY.md", Some(&t), &json!({ "content": long })).await;
+    assert!(reply.status < 300, "{:?}", reply.body);
+    note(&app, &t, 0, "- booked Lisbon").await;
+
+    let report = runner(&app, &chat, &[]).run(&job()).await.expect("run");
+    assert_eq!(report, ConsolidateReport::Failed { reason: "memory_too_large".into() });
+    assert!(chat.requests().is_empty(), "the model was asked");
+    assert_eq!(memory(&app, &t).await, long);
+
+    chat.then([ChatAnswer::Content(json!({ "should_update": false, "reason": "nothing new" }).to_string())]);
+    let roomy = runner(&app, &chat, &[(vars::CONSOLIDATE_MAX_MEMORY_TOKENS, "20000")]);
+    assert_eq!(roomy.run(&job()).await.expect("run"), ConsolidateReport::Kept { notes: 1 });
+    assert_eq!(chat.requests().len(), 1);
+}
+
 /// Each failed run in a row doubles the wait between an extraction's requests: the next run
 /// would show the model the same notes. A run that succeeds starts the count again.
 #[tokio::test]

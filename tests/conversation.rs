@@ -284,6 +284,13 @@ async fn what_a_context_sends_fits_its_budget_and_every_tool_message_follows_the
     }
     write(&app, &t, &json!({ "source_kind": "tool_output", "source_ref": "both-1", "name": tool, "content": "one" }))
         .await;
+    // A call answered at once under an id longer than OpenAI takes (`call_` and a UUID).
+    let long = format!("call_{}", uuid::Uuid::now_v7());
+    let call = json!({ "source_kind": "chat_message", "source_ref": "long-call", "role": "assistant",
+                       "tool_call_id": long, "name": tool, "content": "{}" });
+    write(&app, &t, &call).await;
+    write(&app, &t, &json!({ "source_kind": "tool_output", "source_ref": long, "name": tool, "content": "answered" }))
+        .await;
     for budget in [150, 300, 600, 1200, 2400, 4800] {
         let body =
             json!({ "max_input_tokens": budget, "system_prompt": "You are helpful.", "current_message": "and?" });
@@ -294,7 +301,14 @@ async fn what_a_context_sends_fits_its_budget_and_every_tool_message_follows_the
         assert!(sent <= budget, "budget {budget}: {sent} tokens sent");
         assert!(results_follow_their_calls(messages), "budget {budget}: {messages:?}");
         assert!(calls_are_answered(messages), "budget {budget}: {messages:?}");
+        let ids = messages.iter().flat_map(|m| {
+            let calls = m["tool_calls"].as_array().into_iter().flatten().map(|c| &c["id"]);
+            calls.chain([&m["tool_call_id"]]).filter_map(Value::as_str)
+        });
+        assert!(ids.into_iter().all(|id| id.chars().count() <= 40), "budget {budget}: {messages:?}");
         if budget == 4800 {
+            let answered = messages.iter().any(|m| m["role"] == "tool" && m["content"] == "answered");
+            assert!(answered, "the long id's call went as text: {messages:?}");
             // Room for the newest: the late result and the newest result without its call are
             // sent (as reference text), not dropped.
             let text = serde_json::to_string(messages).expect("json");

@@ -282,7 +282,8 @@ fn only_the_models_crate_has_an_http_client() {
 }
 
 /// Every setting reaches the containers `docker-compose.yml` runs when the shell or `.env` sets
-/// it, but for the host's paths and addresses, which the image or the file sets itself.
+/// it, but for the host's paths and addresses, which the image or the file sets itself, and the
+/// stdio MCP binary's, which runs beside a desktop agent, not in the stack.
 #[test]
 fn compose_passes_every_setting_through() {
     const THE_FILES_OWN: &[&str] = &[
@@ -296,6 +297,9 @@ fn compose_passes_every_setting_through() {
         "MNEMO_CONFIG_FILE",
         "MNEMO_JWT_PUBLIC_KEY_FILE",
         "MNEMO_WORKSPACE_TEMPLATES_DIR",
+        "MNEMO_URL",
+        "MNEMO_TOKEN",
+        "MNEMO_MCP_TIMEOUT_S",
     ];
     let root = workspace_root();
     let vars = std::fs::read_to_string(root.join("crates/mnemo-config/src/vars.rs")).expect("vars.rs");

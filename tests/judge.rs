@@ -688,7 +688,7 @@ async fn every_chat_client_asks_a_reasoning_model_in_its_own_terms() {
         profile: String::new(),
         memory: String::new(),
         profile_rewritable: true,
-        memory_rewritable: true,
+        memory_budget: Some(4_000),
         today_note: String::new(),
         today,
     };

@@ -642,6 +642,9 @@ async fn a_bad_file_is_refused_naming_its_line_and_writes_nothing() {
     let _ = std::fs::remove_file(&good);
 }
 
+/// A file written before columns were added: rows take the columns' defaults, or what the
+/// migration that added them gave the rows it found (migration 23: an agent's fact is read as
+/// widely as its class, a daily note's pieces are episodic).
 #[tokio::test]
 async fn a_file_of_an_earlier_schema_takes_the_defaults_of_the_columns_added_since() {
     let app = TestApp::spawn().await;
@@ -650,10 +653,16 @@ async fn a_file_of_an_earlier_schema_takes_the_defaults_of_the_columns_added_sin
         let body = json!({ "source_kind": "chat_message", "source_ref": format!("m{i}"), "content": format!("m {i}") });
         assert_eq!(app.client.post("/v1/memories", Some(&t), &body).await.status, 201);
     }
+    let service = token(&principal("acme", None, Some("a1"), None));
+    let fact = json!({ "scope": "agent", "content": "the office closes at six" });
+    assert_eq!(app.client.post("/v1/facts", Some(&service), &fact).await.status, 201);
+    let note = "/v1/workspace/files/memory/2026-11-20.md";
+    assert!(app.client.put(note, Some(&t), &json!({ "content": "# 2026-11-20\n\n- met Ann\n" })).await.status < 300);
     let file = temp("earlier.jsonl.gz");
     let run = runbook(&app.db.url, &["export", "--tenant", "acme"], Some(&file)).await;
     assert!(run.ok, "{}", run.stderr);
-    // As a file written before `tags` (a default) and `importance` (none) existed.
+    // As a file written before `tags` (a default) and `importance` (none) existed, and before
+    // migration 23's `visibility` and `layer`.
     let lines: Vec<String> = lines_of(&file)
         .into_iter()
         .map(|line| {
@@ -661,6 +670,7 @@ async fn a_file_of_an_earlier_schema_takes_the_defaults_of_the_columns_added_sin
             if value["table"] == "memory_items" {
                 let row = value["row"].as_object_mut().expect("row");
                 assert!(row.remove("tags").is_some() && row.remove("importance").is_some());
+                assert!(row.remove("visibility").is_some() && row.remove("layer").is_some());
             }
             value.to_string()
         })
@@ -672,9 +682,23 @@ async fn a_file_of_an_earlier_schema_takes_the_defaults_of_the_columns_added_sin
     let _ = std::fs::remove_file(&file);
     assert!(run.ok, "{}", run.stderr);
     let rows: Vec<(Vec<String>, Option<f32>)> =
-        sqlx::query_as("SELECT tags, importance FROM memory_items").fetch_all(&target.pool).await.expect("rows");
+        sqlx::query_as("SELECT tags, importance FROM memory_items WHERE source_kind = 'chat_message'")
+            .fetch_all(&target.pool)
+            .await
+            .expect("rows");
     assert_eq!(rows.len(), 3);
     assert!(rows.iter().all(|(tags, importance)| tags.is_empty() && importance.is_none()), "{rows:?}");
+    let backfilled: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT source_kind, visibility, layer FROM memory_items WHERE source_kind <> 'chat_message'")
+            .fetch_all(&target.pool)
+            .await
+            .expect("rows");
+    assert!(backfilled.contains(&("fact".into(), "agent".into(), "semantic".into())), "{backfilled:?}");
+    let note_pieces = backfilled.iter().filter(|(kind, _, _)| kind == "workspace_note");
+    assert!(
+        note_pieces.clone().count() > 0 && note_pieces.into_iter().all(|(_, _, l)| l == "episodic"),
+        "{backfilled:?}"
+    );
 }
 
 #[tokio::test]
@@ -839,6 +863,71 @@ async fn a_last_export_since_brings_back_nothing_of_a_user_erased_at_the_new_pla
         "SELECT count(*) FROM audit_log WHERE reason = 'erasure' AND actor = 'import' AND item_id IS NOT NULL";
     assert_eq!(new_place.count(audited).await, 2);
     let _ = (std::fs::remove_file(&full), std::fs::remove_file(&last));
+}
+
+/// A turn deleted at the source takes its words out of the next turn's vector in a copy kept by
+/// exports `--since`: the copy drops the vector made with it and takes the source's new one, and
+/// an older file's vector made with it is not brought back.
+#[tokio::test]
+async fn a_turn_deleted_at_the_source_leaves_the_next_turns_vector_in_a_copy() {
+    let app = TestApp::spawn().await;
+    let u1 = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
+    let u2 = token(&principal("acme", Some("u2"), Some("a1"), Some("s1")));
+    let write = |t: &str, source_ref: &str, content: &str| {
+        let body = json!({ "source_kind": "chat_message", "source_ref": source_ref, "content": content });
+        let (client, t) = (app.client.clone(), t.to_owned());
+        async move {
+            let reply = client.post("/v1/memories", Some(&t), &body).await;
+            assert_eq!(reply.status, 201, "{:?}", reply.body);
+            reply.body["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()).expect("id")
+        }
+    };
+    let said = write(&u1, "m1", "my secret plan").await;
+    let answer = write(&u2, "m2", "a fine plan").await;
+    let acme = TenantId::parse("acme").expect("tenant");
+    let sha: Vec<u8> = sqlx::query_scalar("SELECT content_sha256 FROM memory_items WHERE id = $1")
+        .bind(answer)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("hash");
+    let vector = |previous_id: Option<Uuid>| mnemo_store::NewVector {
+        id: answer,
+        tenant_id: acme.clone(),
+        content_sha256: sha.clone(),
+        embedding: vec![0.5; 4],
+        previous_id,
+    };
+    assert_eq!(app.db.store().save_vectors("m", vec![vector(Some(said))]).await.expect("save").len(), 1);
+    let full = temp("deleted-turn-full.jsonl.gz");
+    assert!(runbook(&app.db.url, &["export", "--tenant", "acme", "--with-vectors"], Some(&full)).await.ok);
+    let copy = TestDb::new().await;
+    assert!(runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await.ok);
+    let made_with_it = format!("SELECT count(*) FROM memory_embeddings WHERE previous_id = '{said}'");
+    assert_eq!(copy.count(&made_with_it).await, 1);
+
+    let since: String =
+        sqlx::query_scalar("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("now");
+    let deleted = app.client.delete(&format!("/v1/memories/{said}"), Some(&u1)).await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    // The source's worker embeds the answer again, without the deleted turn.
+    assert_eq!(app.db.store().save_vectors("m", vec![vector(None)]).await.expect("save").len(), 1);
+    let later = temp("deleted-turn-since.jsonl.gz");
+    let export = ["export", "--tenant", "acme", "--since", &since, "--with-vectors"];
+    assert!(runbook(&app.db.url, &export, Some(&later)).await.ok);
+    let run = runbook(&copy.url, &["import", "--tenant", "acme", later.to_str().expect("path")], None).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(copy.count(&made_with_it).await, 0, "the copy kept the deleted turn's words in a vector");
+    let fresh = format!("SELECT count(*) FROM memory_embeddings WHERE item_id = '{answer}' AND previous_id IS NULL");
+    assert_eq!(copy.count(&fresh).await, 1, "the source's new vector did not come in");
+
+    // The full file from before, imported again, brings no vector made with the deleted turn.
+    sqlx::query("DELETE FROM memory_embeddings").execute(&copy.pool).await.expect("no vectors");
+    assert!(runbook(&copy.url, &["import", "--tenant", "acme", full.to_str().expect("path")], None).await.ok);
+    assert_eq!(copy.count(&made_with_it).await, 0, "an older file brought the deleted turn's words back");
+    let _ = (std::fs::remove_file(&full), std::fs::remove_file(&later));
 }
 
 /// A copy kept up to date by exports `--since` drops an erased user's files and sightings: the

@@ -195,6 +195,70 @@ async fn delete_soft_deletes_only_what_the_caller_may_and_leaves_recall_at_once(
     assert_eq!((again.status, again.body["id"].as_str()), (200, Some(id.as_str())), "its writer restates it");
 }
 
+/// A user's token bound to a session deletes of the rows of sessions only that session's, as it
+/// reads them, and its user's rows of no session; no user's token deletes a session's summary,
+/// which carries the last user it covers (for their erasure) but holds everyone's words.
+#[tokio::test]
+async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_summary() {
+    let f = Fixture::start().await;
+    let in_s1 = principal("acme", Some("ann"), None, Some("s1"));
+    let in_s2 = principal("acme", Some("ann"), None, Some("s2"));
+    let note = f.message(&in_s1, "m1", "see you on monday").await;
+    let fact = f.fact(&in_s1, "I prefer window seats").await;
+    let session = SessionId::parse("s1").expect("session");
+    let text = "Ann and Bob planned the trip";
+    let summary = NewMemory::session_summary(
+        TenantId::parse("acme").expect("tenant"),
+        session.clone(),
+        Some(mnemo_core::UserId::parse("ann").expect("user")),
+        None,
+        mnemo_core::summary_source_ref(&session, None, Uuid::now_v7(), text),
+        MemoryText::parse(text).expect("text"),
+        chrono::Utc::now(),
+    );
+    let summary = f.db().store().remember(&summary).await.expect("a summary").id;
+
+    assert_eq!(f.delete(&in_s2, &note.to_string()).await.status, 404, "another session's message");
+    let everywhere = principal("acme", Some("ann"), None, None);
+    for who in [&in_s1, &everywhere] {
+        assert_eq!(f.delete(who, &summary.to_string()).await.status, 404, "a summary, by {who:?}");
+    }
+    assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE deleted_at IS NOT NULL").await, 0);
+    assert_eq!(f.delete(&in_s2, &fact.to_string()).await.status, 200, "her fact is of no session");
+    assert_eq!(f.delete(&in_s1, &note.to_string()).await.status, 200);
+    let session_token = principal("acme", None, None, Some("s1"));
+    assert_eq!(f.delete(&session_token, &summary.to_string()).await.status, 200, "the session's own token");
+}
+
+/// Deleting a fact or a document chunk does not wait on the tenant's text-count lock, which the
+/// embed worker's saves hold; a session's row does (a chat message is another vector's previous
+/// turn, and a compaction records its summary of the session's rows under that lock).
+#[tokio::test]
+async fn only_a_deleted_session_row_waits_for_the_embedders_lock() {
+    let f = Fixture::start().await;
+    let ann = principal("acme", Some("ann"), None, Some("s1"));
+    let service = principal("acme", None, None, None);
+    let fact = f.fact(&ann, "I prefer window seats").await;
+    let chunk = json!({ "source_kind": "document_chunk", "source_ref": "doc-1#0", "content": "a handbook page" });
+    let chunk = f.write(&service, "/v1/memories", chunk).await;
+    let note = f.message(&ann, "m1", "see you on monday").await;
+
+    let mut holder = f.db().pool.begin().await.expect("begin");
+    sqlx::query("SELECT mnemo_lock_text_counts('acme')").execute(&mut *holder).await.expect("lock");
+    for (who, id) in [(&ann, fact), (&service, chunk)] {
+        let deleted = tokio::time::timeout(Duration::from_secs(5), f.delete(who, &id.to_string())).await;
+        assert_eq!(deleted.expect("deleted without waiting for the lock").status, 200);
+    }
+    let waiting = tokio::spawn({
+        let (client, t) = (f.app.client.clone(), token(&ann));
+        async move { client.delete(&format!("/v1/memories/{note}"), Some(&t)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "a session row's deletion takes the lock");
+    holder.rollback().await.expect("release");
+    assert_eq!(waiting.await.expect("joined").status, 200);
+}
+
 /// A fact asserted again while a sweep anonymizes it is refused as deleted: it was answered 200
 /// with the id of a row that no longer holds it, and stored nowhere.
 #[tokio::test]

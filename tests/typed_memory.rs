@@ -591,6 +591,53 @@ async fn recall_records_access_through_an_idempotent_job_and_never_writes_itself
     assert_eq!(count, i32::MAX);
 }
 
+/// Access bookkeeping gives way to the writes it could deadlock with: it does not wait on a
+/// write whose foreign key names a row (a relation holds a key-share lock), and a row another
+/// transaction holds for update (the judge retiring it) fails the batch at once, to be retried,
+/// instead of waiting into PostgreSQL's deadlock check, which could abort the other side.
+#[tokio::test]
+async fn access_bookkeeping_gives_way_to_writes_and_the_judge() {
+    let (app, _provider) = app().await;
+    let ann = principal("acme", Some("ann"), None, None);
+    let id = id_of(&fact(&app, &ann, json!({"scope": "user", "content": "ann keeps bees"})).await);
+    let store = app.db.store();
+    let job = |id| AccessJob {
+        tenant_id: mnemo_core::TenantId::parse("acme").expect("tenant"),
+        batch: uuid::Uuid::now_v7(),
+        items: vec![id],
+        at: chrono::Utc::now(),
+    };
+    let hold = |lock: &'static str| {
+        let pool = app.db.pool.clone();
+        async move {
+            let mut tx = pool.begin().await.expect("begin");
+            let sql = format!("SELECT 1 FROM memory_items WHERE id = $1 {lock}");
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id).execute(&mut *tx).await.expect("lock");
+            tx
+        }
+    };
+    let five_s = std::time::Duration::from_secs(5);
+
+    let key_share = hold("FOR KEY SHARE").await;
+    let first = job(id);
+    let applied = tokio::time::timeout(five_s, store.apply_access(&first)).await.expect("waited on a key-share lock");
+    assert_eq!(applied.expect("applied"), 1);
+    key_share.rollback().await.expect("release");
+
+    let judge = hold("FOR UPDATE").await;
+    let started = std::time::Instant::now();
+    let second = job(id);
+    let refused = tokio::time::timeout(five_s, store.apply_access(&second)).await.expect("waited on the judge's lock");
+    assert!(refused.is_err() && started.elapsed() < std::time::Duration::from_millis(900), "{refused:?}");
+    judge.rollback().await.expect("release");
+    let count: i32 = sqlx::query_scalar("SELECT access_count FROM memory_items WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("row");
+    assert_eq!(count, 1, "the batch that gave way changed nothing");
+}
+
 #[tokio::test]
 async fn a_copy_the_judge_retires_leaves_its_session_to_the_survivor_which_is_promoted() {
     let (app, _provider) = app().await;

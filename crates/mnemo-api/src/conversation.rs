@@ -10,10 +10,10 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 use mnemo_core::{
-    CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, Keep, MAX_COMPACTION_MESSAGES, MEMORY_PREFIX,
+    AskerCounter, CompactionTrigger, DEFAULT_TOOL_NAME, InvalidInput, Keep, MAX_COMPACTION_MESSAGES, MEMORY_PREFIX,
     MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS, Placed, Principal, RecallRequest, Role, ScopeError, Section, SessionId,
-    TenantCounter, TokenCounter, TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble,
-    compaction_cut, history_room, tail_suffices,
+    TokenCounter, TriggerSource, Window, WindowError, WindowInput, WindowMessage, Workspace, assemble, compaction_cut,
+    history_room, tail_suffices,
 };
 use mnemo_recall::{PackRequest, RecallOptions, build_pack};
 use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
@@ -143,7 +143,10 @@ pub async fn context(
     let session = session_for(&principal, &sid)?;
     let asked = ContextBody::parse(body)?;
     // Counts the system prompt, sent again at every call, once for the tenant.
-    let tokenizer = &TenantCounter { counter: state.tokenizer.as_ref(), tenant: principal.tenant.as_str() };
+    // Long texts' counts are remembered for this asker alone: another user of the tenant could
+    // time whether a text was counted before.
+    let asker = format!("{:?}", (&principal.tenant, &principal.user, &principal.agent, &principal.session));
+    let tokenizer = &AskerCounter { counter: state.tokenizer.as_ref(), asker: &asker };
     // A blank message is not placed, as a blank system prompt is not: providers refuse an empty
     // user message.
     let current = asked.current_message.filter(|m| !m.trim().is_empty()).map(|content| WindowMessage {

@@ -297,9 +297,11 @@ fn typed_input(body: &mut JsonObject) -> Result<TypedInput, ApiError> {
 }
 
 /// `DELETE /v1/memories/{id}`: soft-deletes a row of the caller's tenant. A user's token deletes
-/// only rows carrying its user; a token bound to a session without a user, only rows of that
-/// session; a service token (no `sub`, no `sid`) any row of its tenant. Anything else is 404, as
-/// if the row did not exist. Deleting twice answers the first deletion.
+/// only rows carrying its user (bound to a session, of the rows of sessions only its session's,
+/// as it reads them; never a session's summary, which holds everyone's words in it); a token
+/// bound to a session without a user, only rows of that session; a service token (no `sub`, no
+/// `sid`) any row of its tenant. Anything else is 404, as if the row did not exist. Deleting
+/// twice answers the first deletion.
 pub async fn forget(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,
@@ -307,7 +309,7 @@ pub async fn forget(
 ) -> Result<Response, ApiError> {
     let id: uuid::Uuid = id.parse().map_err(|_| ApiError::InvalidField { field: "id", expected: "a UUID" })?;
     let (only_session, requested_by) = match (&principal.user, &principal.session) {
-        (Some(_), _) => (None, "user"),
+        (Some(_), session) => (session.as_ref(), "user"),
         (None, Some(session)) => (Some(session), "session"),
         (None, None) => (None, "service"),
     };

@@ -128,6 +128,8 @@ async fn jobs_per_second(api: &LocalApi, args: &Args) -> anyhow::Result<Vec<Valu
             worker: "bench".into(),
             settings: settings.extraction.clone(),
             max_file_bytes: settings.max_file_bytes,
+            max_memory_tokens: settings.consolidation.max_memory_tokens,
+            counter: Arc::new(mnemo_models::Tokenizer::new(model.tokenizer)),
             stale_after: Duration::from_secs(600),
             consolidation_throttle: settings.consolidation.after_extraction(),
         });

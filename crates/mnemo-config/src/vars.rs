@@ -95,6 +95,11 @@ pub const ANONYMIZE_MAX_FRACTION: &str = "MNEMO_ANONYMIZE_MAX_FRACTION";
 pub const ANONYMIZE_FLOOR_ROWS: &str = "MNEMO_ANONYMIZE_FLOOR_ROWS";
 pub const ANONYMIZE_INTERVAL_S: &str = "MNEMO_ANONYMIZE_INTERVAL_S";
 pub const LOG: &str = "MNEMO_LOG";
+/// The stdio MCP binary's (`mnemo-mcp`): the server it forwards to, the bearer token it sends
+/// and how long it waits for an answer.
+pub const MCP_SERVER_URL: &str = "MNEMO_URL";
+pub const MCP_TOKEN: &str = "MNEMO_TOKEN";
+pub const MCP_TIMEOUT_S: &str = "MNEMO_MCP_TIMEOUT_S";
 pub const LOG_FORMAT: &str = "MNEMO_LOG_FORMAT";
 pub const TOKENIZER: &str = "MNEMO_TOKENIZER";
 /// The chat model later jobs share (compaction); its base URL and key fall back to

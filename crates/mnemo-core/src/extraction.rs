@@ -112,9 +112,10 @@ pub struct ExtractionInput {
     /// Whether the model may write PROFILE.md back: it is shown whole ([`shown_file`]).
     pub profile_rewritable: bool,
     pub memory: String,
-    /// Whether the model may write MEMORY.md back: it is shown whole and
-    /// `MNEMO_EXTRACT_UPDATE_MEMORY` is on; else it is shown for context only.
-    pub memory_rewritable: bool,
+    /// The tokens MEMORY.md may hold when the model may write it back (it is shown whole and
+    /// `MNEMO_EXTRACT_UPDATE_MEMORY` is on): consolidation's budget,
+    /// `MNEMO_CONSOLIDATE_MAX_MEMORY_TOKENS`. `None`: shown for context only.
+    pub memory_budget: Option<u64>,
     pub today_note: String,
     pub today: NaiveDate,
 }

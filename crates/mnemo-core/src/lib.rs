@@ -56,9 +56,9 @@ pub use typed::{
     RelationType, Typed, TypedInput, Unit, Visibility, fingerprint,
 };
 pub use window::{
-    DEFAULT_TOOL_NAME, MEMORY_PREFIX, MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS, ORPHAN_RESULT_PREFIX, Placed, Role,
-    SUMMARY_PREFIX, Section, TenantCounter, TokenCounter, USER_SYSTEM_PREFIX, Window, WindowError, WindowInput,
-    WindowMessage, assemble, cut_to, history_room, tail_suffices, units_of,
+    AskerCounter, DEFAULT_TOOL_NAME, MEMORY_PREFIX, MESSAGE_OVERHEAD_TOKENS, MIN_PART_TOKENS, ORPHAN_RESULT_PREFIX,
+    Placed, Role, SUMMARY_PREFIX, Section, TokenCounter, USER_SYSTEM_PREFIX, Window, WindowError, WindowInput,
+    WindowMessage, assemble, cut_to, history_room, sendable_call_id, tail_suffices, units_of,
 };
 pub use workspace::{
     CORE_FILES, FileKey, FileOwner, MAX_PATH_BYTES, MAX_PATH_DEPTH, MemoryNotes, NOTE_CHUNK_BYTES, PromptFile,

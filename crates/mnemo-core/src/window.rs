@@ -74,24 +74,26 @@ pub trait TokenCounter: Send + Sync + std::fmt::Debug {
     fn count(&self, text: &str) -> u32;
     /// Names the counting, so a count made by another counter is known to be stale.
     fn name(&self) -> &str;
-    /// `text`'s count, which the counter may remember for `tenant`'s next calls (a long system
-    /// prompt is sent at every call). Never across tenants: one could time another's texts.
-    fn count_for(&self, tenant: &str, text: &str) -> u32 {
-        let _ = tenant;
+    /// `text`'s count, which the counter may remember for the next calls of the same `asker` (a
+    /// long system prompt is sent at every call). Never across askers: one could time another's
+    /// texts.
+    fn count_for(&self, asker: &str, text: &str) -> u32 {
+        let _ = asker;
         self.count(text)
     }
 }
 
-/// A counter that remembers for one tenant ([`TokenCounter::count_for`]).
+/// A counter that remembers for one asker ([`TokenCounter::count_for`]): a key naming the
+/// tenant, user, agent and session of a call.
 #[derive(Debug)]
-pub struct TenantCounter<'a> {
+pub struct AskerCounter<'a> {
     pub counter: &'a dyn TokenCounter,
-    pub tenant: &'a str,
+    pub asker: &'a str,
 }
 
-impl TokenCounter for TenantCounter<'_> {
+impl TokenCounter for AskerCounter<'_> {
     fn count(&self, text: &str) -> u32 {
-        self.counter.count_for(self.tenant, text)
+        self.counter.count_for(self.asker, text)
     }
 
     fn name(&self) -> &str {
@@ -181,6 +183,21 @@ fn follows_the_protocol(unit: &[WindowMessage]) -> bool {
         rest = &rest[calls + results..];
     }
     true
+}
+
+/// The longest tool call id OpenAI takes in a request's history (`tool_calls[].id`): a longer
+/// one refuses the whole request, whatever the model.
+pub const MAX_SENT_CALL_ID_CHARS: usize = 40;
+
+/// A stored tool call id as a window sends it, on the call and on its result alike: itself when
+/// OpenAI takes it, else `call_` and 16 hex digits of its sha256 (ids of 41 to 256 characters
+/// are common: a `call_` and a UUID, a gateway's prefixed ids).
+pub fn sendable_call_id(id: &str) -> String {
+    use sha2::Digest;
+    if id.chars().count() <= MAX_SENT_CALL_ID_CHARS {
+        return id.to_owned();
+    }
+    format!("call_{}", &hex::encode(sha2::Sha256::digest(id.as_bytes()))[..16])
 }
 
 /// The line that opens a tool call placed as text, because it or a call made with it is not
@@ -627,6 +644,19 @@ const CUT_TO_FIT: &str = "cut to fit the context window";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_id_openai_refuses_is_sent_as_a_short_stable_alias() {
+        let short = "call_Ab3";
+        assert_eq!(sendable_call_id(short), short);
+        let forty = "c".repeat(MAX_SENT_CALL_ID_CHARS);
+        assert_eq!(sendable_call_id(&forty), forty);
+        let long = "call_0191b3a1-c2d3-4e5f-8a9b-0c1d2e3f4a5b";
+        let alias = sendable_call_id(long);
+        assert!(alias.starts_with("call_") && alias.len() <= MAX_SENT_CALL_ID_CHARS, "{alias}");
+        assert_eq!(sendable_call_id(long), alias, "the call and its result agree");
+        assert_ne!(sendable_call_id(&format!("{long}x")), alias);
+    }
 
     /// One token per started group of four characters: close enough to a BPE for these rules.
     #[derive(Debug)]

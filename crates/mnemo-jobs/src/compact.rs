@@ -356,8 +356,8 @@ enum Summarized {
 /// The workspaces whose extraction of `covered` a compaction asks for: one per user who wrote
 /// among them, with the agent of their own last message that names one (a token without an
 /// agent has no workspace, as the API says), when what extraction would read of it (their
-/// messages, and those carrying no user that follow theirs, open the span, or are marked as
-/// replies to them) passes the gates.
+/// messages, and the assistant's carrying no user that follow theirs, open the span, or are
+/// marked as replies to them) passes the gates.
 fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> Vec<Workspace> {
     let mut users: Vec<&str> = covered.iter().filter_map(|m| m.user_id.as_deref()).collect();
     users.sort_unstable();
@@ -372,6 +372,7 @@ fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> V
                 last = Some(user);
                 Owner::User(user)
             }
+            (None, _) if m.role != Role::Assistant => Owner::Nobody,
             (None, Some(hash)) => Owner::Hash(hash),
             (None, None) => last.map_or(Owner::Everyone, Owner::User),
         })
@@ -386,6 +387,7 @@ fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> V
                 .zip(&owners)
                 .filter(|(_, owner)| match owner {
                     Owner::Everyone => true,
+                    Owner::Nobody => false,
                     Owner::User(u) => *u == user.as_str(),
                     Owner::Hash(h) => *h == hash,
                 })
@@ -403,8 +405,10 @@ fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> V
 
 /// Whose a message is, for [`extract_for`].
 enum Owner<'a> {
-    /// Carrying no user, before the first that does.
+    /// An assistant's message carrying no user, before the first that does.
     Everyone,
+    /// A user's message carrying no user.
+    Nobody,
     User(&'a str),
     /// A reply to a message retention anonymized: the sha256 of the user it answered.
     Hash(&'a str),
@@ -460,6 +464,9 @@ mod tests {
         // Without the reply that follows him, Bob has two messages; Ann the same three.
         let fewer = [covered[0].clone(), covered[1].clone(), covered[2].clone(), covered[4].clone()];
         assert_eq!(users(&fewer), ["ann"]);
+        // A user's message carrying no user is nobody's: not Bob's third.
+        let forged = [fewer[0].clone(), fewer[1].clone(), fewer[2].clone(), message(None, Role::User, "I am admin")];
+        assert_eq!(users(&forged), Vec::<String>::new());
         // A reply after Ann's last message is hers, not Bob's.
         let hers = [
             fewer[0].clone(),

@@ -11,7 +11,8 @@ use std::time::Duration;
 use chrono::NaiveDate;
 use mnemo_config::ConsolidationSettings;
 use mnemo_core::{
-    Consolidation, ConsolidationInput, Consolidator, ModelFailure, TokenCounter, Workspace, WorkspacePath, newest_part,
+    Consolidation, ConsolidationInput, Consolidator, ModelFailure, SHOWN_FILE_BYTES, TokenCounter, Workspace,
+    WorkspacePath, newest_part,
 };
 use mnemo_store::queue::ConsolidateJob;
 use mnemo_store::{ChangedNote, ConsolidationClaim, Replacement, Store, StoreError};
@@ -118,8 +119,26 @@ impl ConsolidateRunner {
     ) -> Result<Option<(ConsolidationInput, Option<Result<Consolidation, ModelFailure>>)>, JobError> {
         let Some(Read { input, .. }) = self.input(workspace).await? else { return Ok(None) };
         let Some(consolidator) = &self.consolidator else { return Ok(Some((input, None))) };
-        let answer = consolidator.consolidate(&input).await;
+        let answer = self.ask(consolidator.as_ref(), &input).await;
         Ok(Some((input, Some(answer))))
+    }
+
+    /// The model's answer; or, without asking, `memory_too_large`: MEMORY.md is over the budget
+    /// and longer than extraction shows a file ([`SHOWN_FILE_BYTES`]), so the model would be
+    /// asked to rewrite a file it may not hold in its context into a fraction of it, and would
+    /// fail or cut the user's file short (a user's own long MEMORY.md, a budget lowered). The
+    /// notes wait, as after any failure, until MEMORY.md is shortened by hand.
+    async fn ask(
+        &self,
+        consolidator: &dyn Consolidator,
+        input: &ConsolidationInput,
+    ) -> Result<Consolidation, ModelFailure> {
+        if input.memory.len() > SHOWN_FILE_BYTES && u64::from(self.counter.count(&input.memory)) > input.max_tokens {
+            let detail =
+                format!("MEMORY.md holds {} bytes, over the budget of {} tokens", input.memory.len(), input.max_tokens);
+            return Err(ModelFailure::new("memory_too_large", detail));
+        }
+        consolidator.consolidate(input).await
     }
 
     /// What a run reads: the notes within the day range (by the tenant's calendar) changed since
@@ -189,7 +208,7 @@ impl ConsolidateRunner {
         let budget = self.settings.max_memory_tokens;
         let notes = input.notes.len();
         let failed = |reason: &str| ConsolidateReport::Failed { reason: reason.to_owned() };
-        let report = match consolidator.consolidate(&input).await {
+        let report = match self.ask(consolidator.as_ref(), &input).await {
             Err(failure) => {
                 tracing::warn!(tenant = %job.tenant_id, kind = failure.kind, "consolidation failed; nothing changed");
                 self.store.finish_consolidation(&workspace, &self.worker, None, None, "failed", failure.kind).await?;

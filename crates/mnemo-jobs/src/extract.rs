@@ -21,7 +21,8 @@ use std::time::Duration;
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
     ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, SHOWN_FILE_BYTES,
-    TRANSCRIPT_MESSAGES, TriggerSource, Workspace, WorkspacePath, extraction_transcript, newest_part, shown_file,
+    TRANSCRIPT_MESSAGES, TokenCounter, TriggerSource, Workspace, WorkspacePath, extraction_transcript, newest_part,
+    shown_file,
 };
 use mnemo_store::queue::ExtractJob;
 use mnemo_store::{Claim, ExtractionChanges, MessageCursor, PendingExtraction, Replacement, SessionMessage, Store};
@@ -46,6 +47,10 @@ pub struct ExtractRunner {
     pub worker: String,
     pub settings: ExtractionSettings,
     pub max_file_bytes: usize,
+    /// A MEMORY.md extraction writes back holds at most this many tokens (consolidation's
+    /// budget), counted by `counter`.
+    pub max_memory_tokens: u64,
+    pub counter: Arc<dyn TokenCounter>,
     /// A run held longer than this is presumed dead (its worker was killed).
     pub stale_after: Duration,
     /// An extraction asks for a consolidation at most this often per (agent, user); `None`:
@@ -283,9 +288,14 @@ impl ExtractRunner {
                 .profile_update
                 .filter(|update| input.profile_rewritable && update.len() <= SHOWN_FILE_BYTES)
                 .map(|content| Replacement { content, read_version: read.profile }),
+            // Held to consolidation's budget, as a consolidation's MEMORY.md is: a longer one is
+            // dropped, and the rest of the answer applies.
             memory: extraction
                 .memory_update
-                .filter(|update| input.memory_rewritable && update.len() <= SHOWN_FILE_BYTES)
+                .filter(|update| {
+                    input.memory_budget.is_some_and(|budget| u64::from(self.counter.count(update)) <= budget)
+                        && update.len() <= SHOWN_FILE_BYTES
+                })
                 .map(|content| Replacement { content, read_version: read.memory }),
             reason: "applied".to_owned(),
             facts,
@@ -396,7 +406,7 @@ impl ExtractRunner {
             profile,
             profile_rewritable: profile_whole,
             memory,
-            memory_rewritable: memory_whole && self.settings.update_memory,
+            memory_budget: (memory_whole && self.settings.update_memory).then_some(self.max_memory_tokens),
             today_note: newest_part(&read(WorkspacePath::daily_note(today)).await?.0, TODAY_NOTE_CHARS),
             today,
         };

@@ -491,6 +491,8 @@ pub async fn run_worker(
                     worker: name.clone(),
                     settings: settings.workspace.extraction.clone(),
                     max_file_bytes: settings.workspace.max_file_bytes,
+                    max_memory_tokens: settings.workspace.consolidation.max_memory_tokens,
+                    counter: counter.clone(),
                     stale_after: settings.job_timeout * 2,
                     consolidation_throttle: settings.workspace.consolidation.after_extraction(),
                 };

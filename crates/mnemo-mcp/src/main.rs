@@ -7,14 +7,12 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use mnemo_api::mcp::{ApiAnswer, ApiCall, Forward, MnemoMcp};
+use mnemo_config::vars::{LOG, MCP_SERVER_URL as URL, MCP_TIMEOUT_S as TIMEOUT, MCP_TOKEN as TOKEN};
 use rmcp::ServiceExt;
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use serde_json::json;
 
-const URL: &str = "MNEMO_URL";
-const TOKEN: &str = "MNEMO_TOKEN";
-const TIMEOUT: &str = "MNEMO_MCP_TIMEOUT_S";
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
 /// A recall embeds its query and may rerank; a write may wait for group commit.
 const DEFAULT_TIMEOUT_S: u64 = 60;
@@ -74,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MNEMO_LOG").unwrap_or_else(|_| "mnemo_mcp=info,warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env(LOG).unwrap_or_else(|_| "mnemo_mcp=info,warn".into()),
         )
         .init();
     let token = std::env::var(TOKEN).with_context(|| format!("{TOKEN} must hold a bearer token (JWT) for mnemo"))?;

@@ -19,12 +19,13 @@ use crate::openai::{ChatModel, MAX_ANSWER_TOKENS, QUOTED_IS_MATERIAL};
 const BASE_MAX_TOKENS: u32 = 2_500;
 
 /// The answer's bound: the base, and room for PROFILE.md and MEMORY.md when the model may write
-/// them back (a token for every 3 bytes they hold now, more than prose needs), so a long profile
-/// is not a truncated answer every time it changes.
+/// them back (for PROFILE.md a token for every 3 bytes it holds now, more than prose needs, so a
+/// long profile is not a truncated answer every time it changes; for MEMORY.md its budget and a
+/// third more, as consolidation gives it).
 fn max_tokens(input: &ExtractionInput) -> u32 {
-    let profile = if input.profile_rewritable { input.profile.len() } else { 0 };
-    let memory = if input.memory_rewritable { input.memory.len() } else { 0 };
-    let rewritable = u32::try_from((profile + memory) / 3).unwrap_or(u32::MAX);
+    let profile = if input.profile_rewritable { input.profile.len() as u64 / 3 } else { 0 };
+    let memory = input.memory_budget.map_or(0, |budget| budget.saturating_mul(4) / 3);
+    let rewritable = u32::try_from(profile.saturating_add(memory)).unwrap_or(u32::MAX);
     BASE_MAX_TOKENS.saturating_add(rewritable).min(MAX_ANSWER_TOKENS)
 }
 
@@ -102,12 +103,16 @@ fn user_prompt(input: &ExtractionInput) -> String {
     let title = |name: &str, rewritable: bool, field: &str| {
         if rewritable { name.to_owned() } else { format!("{name} (read only: leave {field} empty)") }
     };
+    let memory_title = match input.memory_budget {
+        Some(budget) => format!("MEMORY.md (keep it under {budget} tokens)"),
+        None => title("MEMORY.md", false, "memory_update"),
+    };
     format!(
         "TODAY: {}\n\n{}:\n{}\n\n{}:\n{}\n\nTODAY'S NOTES:\n{}\n\nCONVERSATION:\n{}",
         input.today.format("%Y-%m-%d"),
         title("PROFILE.md", input.profile_rewritable, "profile_update"),
         or_none(&input.profile),
-        title("MEMORY.md", input.memory_rewritable, "memory_update"),
+        memory_title,
         or_none(&input.memory),
         or_none(&input.today_note),
         input.transcript
@@ -182,17 +187,19 @@ mod tests {
             profile: "p".repeat(profile),
             memory: "m".repeat(memory),
             profile_rewritable: true,
-            memory_rewritable: true,
+            memory_budget: Some(750),
             today_note: String::new(),
             today: Default::default(),
         };
         assert_eq!(max_tokens(&input(0, 0)), BASE_MAX_TOKENS);
         assert_eq!(max_tokens(&input(9_000, 3_000)), BASE_MAX_TOKENS + 4_000);
-        let read_only = ExtractionInput { memory_rewritable: false, ..input(9_000, 3_000) };
+        let read_only = ExtractionInput { memory_budget: None, ..input(9_000, 3_000) };
         assert_eq!(max_tokens(&read_only), BASE_MAX_TOKENS + 3_000);
         let read_only = ExtractionInput { profile_rewritable: false, ..input(9_000, 3_000) };
-        assert_eq!(max_tokens(&read_only), BASE_MAX_TOKENS + 1_000);
-        assert_eq!(max_tokens(&input(256 * 1024, 256 * 1024)), MAX_ANSWER_TOKENS);
+        assert_eq!(max_tokens(&read_only), BASE_MAX_TOKENS + 1_000, "MEMORY.md's budget, whatever it holds now");
+        assert_eq!(max_tokens(&input(256 * 1024, 0)), MAX_ANSWER_TOKENS);
+        let huge = ExtractionInput { memory_budget: Some(1_000_000), ..input(0, 0) };
+        assert_eq!(max_tokens(&huge), MAX_ANSWER_TOKENS);
     }
 
     #[test]
@@ -203,7 +210,7 @@ mod tests {
             profile: forged.into(),
             memory: forged.into(),
             profile_rewritable: true,
-            memory_rewritable: true,
+            memory_budget: Some(4_000),
             today_note: forged.into(),
             today: Default::default(),
         };

@@ -16,11 +16,11 @@ use tiktoken_rs::CoreBPE;
 pub struct Tokenizer {
     name: TokenizerName,
     bpe: Option<&'static CoreBPE>,
-    /// The counts of the long texts counted last for a tenant, the latest first.
+    /// The counts of the long texts counted last, each for its asker, the latest first.
     remembered: Arc<Mutex<VecDeque<Remembered>>>,
 }
 
-/// A long text's count, by the SHA-256 of its tenant and the text.
+/// A long text's count, by the SHA-256 of its asker and the text.
 type Remembered = ([u8; 32], u32);
 
 impl std::fmt::Debug for Tokenizer {
@@ -39,10 +39,10 @@ impl Tokenizer {
         Self { name, bpe, remembered: Arc::default() }
     }
 
-    /// `text`'s count by BPE, remembered for `tenant`: a text among the last [`REMEMBERED`] long
+    /// `text`'s count by BPE, remembered for `asker`: a text among the last [`REMEMBERED`] long
     /// ones is not counted again.
-    fn remembered_count(&self, bpe: &CoreBPE, tenant: &str, text: &str) -> u32 {
-        let key: [u8; 32] = Sha256::new().chain_update(tenant).chain_update([0]).chain_update(text).finalize().into();
+    fn remembered_count(&self, bpe: &CoreBPE, asker: &str, text: &str) -> u32 {
+        let key: [u8; 32] = Sha256::new().chain_update(asker).chain_update([0]).chain_update(text).finalize().into();
         let remembered = || self.remembered.lock().unwrap_or_else(PoisonError::into_inner);
         {
             let mut counts = remembered();
@@ -105,10 +105,10 @@ impl TokenCounter for Tokenizer {
         }
     }
 
-    fn count_for(&self, tenant: &str, text: &str) -> u32 {
+    fn count_for(&self, asker: &str, text: &str) -> u32 {
         match self.bpe {
             Some(bpe) if text.len() >= REMEMBERED_BYTES => {
-                counting(text.len(), || self.remembered_count(bpe, tenant, text))
+                counting(text.len(), || self.remembered_count(bpe, asker, text))
             }
             _ => self.count(text),
         }
@@ -160,7 +160,7 @@ mod tests {
     }
 
     #[test]
-    fn a_long_texts_remembered_count_is_its_own_and_its_tenants() {
+    fn a_long_texts_remembered_count_is_its_own_and_its_askers() {
         let tokenizer = Tokenizer::new(TokenizerName::O200kBase);
         let bpe = tiktoken_rs::o200k_base_singleton();
         let exact = |text: &str| u32::try_from(bpe.encode_ordinary(text).len()).expect("fits");
@@ -175,7 +175,7 @@ mod tests {
             }
         }
         let remembered = |t: &Tokenizer| t.remembered.lock().expect("lock").len();
-        // Each tenant has its own; a clone shares them.
+        // Each asker has its own; a clone shares them.
         assert_eq!(remembered(&tokenizer.clone()), 2);
         assert_eq!(tokenizer.count_for("globex", &words), exact(&words));
         assert_eq!(remembered(&tokenizer), 3);
@@ -185,8 +185,8 @@ mod tests {
             tokenizer.count_for("acme", &format!("{n} {words}"));
         }
         assert_eq!(remembered(&tokenizer), REMEMBERED);
-        let key = |tenant: &str, text: &str| -> [u8; 32] {
-            Sha256::new().chain_update(tenant).chain_update([0]).chain_update(text).finalize().into()
+        let key = |asker: &str, text: &str| -> [u8; 32] {
+            Sha256::new().chain_update(asker).chain_update([0]).chain_update(text).finalize().into()
         };
         let held = |k: [u8; 32]| tokenizer.remembered.lock().expect("lock").iter().any(|(x, _)| *x == k);
         tokenizer.count_for("acme", "more");

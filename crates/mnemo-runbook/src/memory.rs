@@ -117,6 +117,8 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
                 worker: "runbook".into(),
                 settings: settings.extraction,
                 max_file_bytes: settings.max_file_bytes,
+                max_memory_tokens: settings.consolidation.max_memory_tokens,
+                counter: Arc::new(mnemo_models::Tokenizer::new(context.tokenizer)),
                 stale_after: std::time::Duration::from_secs(600),
                 consolidation_throttle: settings.consolidation.after_extraction(),
             };

@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use mnemo_core::{
     AgentId, AuditEvent, CompactionOutcome, CompactionTrigger, Keep, Queue, Role, SessionId, SourceKind, TenantId,
-    TokenCounter, TriggerSource, USER_SYSTEM_PREFIX, UserId, WindowMessage, Workspace,
+    TokenCounter, TriggerSource, USER_SYSTEM_PREFIX, UserId, WindowMessage, Workspace, sendable_call_id,
 };
 use uuid::Uuid;
 
@@ -89,7 +89,7 @@ impl SessionMessage {
             role: self.role,
             tokens: stored.unwrap_or_else(|| counter.count(&self.content)),
             content: self.content.clone(),
-            tool_call_id: self.tool_call_id.clone(),
+            tool_call_id: self.tool_call_id.as_deref().map(sendable_call_id),
             tool_name: self.tool_name.clone(),
             name_tokens: WindowMessage::name_cost(
                 self.role,
@@ -145,19 +145,22 @@ LIMIT $7"
 const SESSION_MESSAGES: &str = session_messages!("m.event_time, m.id");
 const SESSION_MESSAGES_NEWEST_FIRST: &str = session_messages!("m.event_time DESC, m.id DESC");
 /// What the user and the assistant said (no tool calls or results), without the messages of other
-/// users than `$8`, oldest first. A row carrying no user (an agent's reply written with a service
-/// token) is the user's of the message before it that carries one (deleted or not: a reply to a
-/// message its user deleted is still theirs, and once retention anonymized that message, the
-/// reply keeps the sha256 of its user), and everyone's before the first: in a session several
-/// users write in, a reply to another user (which may repeat what they said) is theirs. An
-/// erasure takes a user's replies by the same rule (`REPLIES_OF` in retention.rs).
+/// users than `$8`, oldest first. An assistant's message carrying no user (an agent's reply
+/// written with a token without `sub`) is the user's of the message before it that carries one
+/// (deleted or not: a reply to a message its user deleted is still theirs, and once retention
+/// anonymized that message, the reply keeps the sha256 of its user), and everyone's before the
+/// first: in a session several users write in, a reply to another user (which may repeat what
+/// they said) is theirs. A user's message carrying no user is nobody's: read as the user's own
+/// words, it would let a token that may not write their files put words in their mouth. An
+/// erasure takes a user's replies by this rule and more (`REPLIES_OF` in retention.rs: every row
+/// carrying no user that follows theirs).
 const SPOKEN: &str = session_messages!(
     concat!(
         "
   AND m.source_kind = 'chat_message' AND COALESCE(m.role, 'user') IN ('user', 'assistant')
   AND m.tool_call_id IS NULL
   AND (m.user_id = $8 OR (m.user_id IS NULL AND ($8::text IS NULL
-    OR m.reply_to_user_sha256 = ",
+    OR (m.role = 'assistant' AND (m.reply_to_user_sha256 = ",
         user_sha256!("$8"),
         "
     OR (m.reply_to_user_sha256 IS NULL AND COALESCE((
@@ -165,7 +168,7 @@ const SPOKEN: &str = session_messages!(
       WHERE p.tenant_id = $1 AND p.session_id = $2 AND p.scope = 'session'
         AND p.source_kind IN ('chat_message', 'tool_output') AND p.anonymized_at IS NULL
         AND p.user_id IS NOT NULL AND p.event_time <= m.event_time AND (p.event_time, p.id) < (m.event_time, m.id)
-      ORDER BY p.event_time DESC, p.id DESC LIMIT 1), true)))))"
+      ORDER BY p.event_time DESC, p.id DESC LIMIT 1), true)))))))"
     ),
     "m.event_time, m.id"
 );

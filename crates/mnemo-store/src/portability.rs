@@ -570,13 +570,15 @@ impl Import {
 
         let mut report = ImportReport { erased_left_out, erasures, erased_here, ..ImportReport::default() };
         // Under the tenant's text-count lock from here to the commit, so that no vector saved
-        // meanwhile holds the words of a turn the file brings anonymized: the vectors made with
-        // such a turn are dropped now, while the stored row still names its session, and a save
-        // waiting for the lock sees the turn anonymized.
+        // meanwhile holds the words of a turn the file brings anonymized or deleted: the vectors
+        // made with such a turn are dropped now, while the stored row still names its session
+        // (the file's own copies, made without it, then go in), and a save waiting for the lock
+        // sees the turn gone.
         crate::embeddings::lock_text_counts(&mut self.tx, &[tenant.to_owned()]).await?;
         let turns: Vec<uuid::Uuid> = sqlx::query_scalar(
             "SELECT s.id FROM import_rows l JOIN memory_items s ON s.tenant_id = $1 AND s.id = (l.row->>'id')::uuid
-             WHERE l.tbl = 'memory_items' AND l.row->>'anonymized_at' IS NOT NULL AND s.anonymized_at IS NULL",
+             WHERE l.tbl = 'memory_items' AND s.anonymized_at IS NULL
+               AND (l.row->>'anonymized_at' IS NOT NULL OR (l.row->>'deleted_at' IS NOT NULL AND s.deleted_at IS NULL))",
         )
         .bind(tenant)
         .fetch_all(&mut *self.tx)
@@ -649,11 +651,13 @@ impl Import {
             // One statement per table, so references between its own rows (a supersede chain)
             // are checked when all of them are in.
             let not_erased = match *table {
-                // Nor a vector made with the words of a turn stored anonymized.
+                // Nor a vector made with the words of a turn stored anonymized or deleted (a
+                // deleted turn's words leave recall at once).
                 "memory_embeddings" => {
                     "AND NOT EXISTS (SELECT 1 FROM memory_items m
                                      WHERE m.tenant_id = $1 AND m.id IN (r.item_id, r.previous_id)
-                                       AND m.anonymized_at IS NOT NULL)"
+                                       AND (m.anonymized_at IS NOT NULL
+                                            OR (m.id = r.previous_id AND m.deleted_at IS NOT NULL)))"
                 }
                 table if ERASED_WITH_ITEM.contains(&table) => {
                     "AND NOT EXISTS (SELECT 1 FROM memory_items m
@@ -702,7 +706,7 @@ impl Import {
         .await?;
         report.to_embed += u64::try_from(inserted_unembedded).unwrap_or(0);
         // Stored rows the file overwrote, or kept, without a vector of their model here (but
-        // those whose vectors held a turn the file brings anonymized: queued above, they keep
+        // those whose vectors held a turn the file brings anonymized or deleted: queued above, they keep
         // their model, and their full text stays searchable until they are embedded again).
         report.to_embed += sqlx::query(
             "UPDATE memory_items m SET embedded_model = NULL
@@ -887,6 +891,9 @@ async fn check_rows(
         if let Some((line, column)) = unknown {
             return Err(ImportError::UnknownColumn { line, table, column });
         }
+        for backfill in BACKFILLS.iter().filter(|(t, _)| *t == table).map(|(_, sql)| *sql) {
+            sqlx::query(backfill).execute(&mut *tx).await?;
+        }
         let defaulted: Vec<(&str, &str)> =
             columns.iter().filter_map(|(name, default)| Some((name.as_str(), default.as_deref()?))).collect();
         if !defaulted.is_empty() {
@@ -912,6 +919,25 @@ async fn check_rows(
     }
     Ok(lists)
 }
+
+/// What a migration gave the rows it found, for a file's rows written before it, which lack the
+/// column: the column's default is for rows written since. Migration 23: an agent's or the
+/// tenant's row is read as widely as its class (`private` would be refused for it), and a daily
+/// note's pieces are episodic.
+const BACKFILLS: &[(&str, &str)] = &[
+    (
+        "memory_items",
+        "UPDATE import_rows SET row = row || jsonb_build_object('visibility',
+             CASE row->>'scope' WHEN 'agent' THEN 'agent' WHEN 'tenant' THEN 'tenant' ELSE 'private' END)
+         WHERE tbl = 'memory_items' AND NOT row ? 'visibility'",
+    ),
+    (
+        "memory_items",
+        "UPDATE import_rows SET row = row || '{\"layer\": \"episodic\"}'
+         WHERE tbl = 'memory_items' AND NOT row ? 'layer'
+           AND row->>'source_kind' = 'workspace_note' AND row->'metadata'->>'path' <> 'MEMORY.md'",
+    ),
+];
 
 /// Runs one of the import's statements over the staged rows of `table` (`$1` is the tenant). If
 /// a row's values fail it, the statement is undone and the error names the first such line.

@@ -417,9 +417,11 @@ pub(crate) async fn anonymize_ids(
 
 impl Store {
     /// Soft-deletes a row of `tenant`. With `only_user`, only a row carrying that user (a user's
-    /// token may delete only its own rows); with `only_session`, only a row of that session (a
-    /// token bound to a session and no user reaches no other). `None` when no such row exists
-    /// for the caller. The row leaves recall at once, and so do its words in the vector of the
+    /// token may delete only its own rows), and never a session's summary (it carries the last
+    /// user it covers, for their erasure, but holds everyone's words in the session); with
+    /// `only_session`, only a row of that session (a token bound to a session reaches no other),
+    /// or with `only_user` too, a row of no session. `None` when no such row exists for the
+    /// caller. The row leaves recall at once, and so do its words in the vector of the
     /// message after it (embedded with its previous turn), which is embedded again; a fact's
     /// validity ends. Audited once, when first deleted.
     pub async fn soft_delete(
@@ -433,15 +435,29 @@ impl Store {
     ) -> Result<Option<Deleted>, StoreError> {
         let mut conn = self.tenant_connection([tenant.as_str()]).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        // Before any row lock, as embedding takes it (see `drop_vectors_made_with`).
-        lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
+        // A session's rows need the tenant's text-count lock: a chat message is another vector's
+        // previous turn (`ROWS_TO_EMBED`), and a compaction records its summary of the session's
+        // rows under the lock, checking they are unchanged. A row's scope never changes: deleting
+        // a fact or a document chunk takes no lock the embed worker's saves wait on.
+        let in_a_session: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM memory_items WHERE tenant_id = $1 AND id = $2 AND scope = 'session')",
+        )
+        .bind(tenant.as_str())
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if in_a_session {
+            // Before any row lock, as embedding takes it (see `drop_vectors_made_with`).
+            lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
+        }
         let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
             "WITH target AS (
                 SELECT id, COALESCE(deleted_at, anonymized_at) AS deleted_at,
                        deleted_at IS NOT NULL OR anonymized_at IS NOT NULL AS already
                 FROM memory_items
-                WHERE tenant_id = $1 AND id = $2 AND ($3::text IS NULL OR user_id = $3)
-                  AND ($7::text IS NULL OR session_id = $7)
+                WHERE tenant_id = $1 AND id = $2
+                  AND ($3::text IS NULL OR (user_id = $3 AND source_kind <> 'session_summary'))
+                  AND ($7::text IS NULL OR session_id = $7 OR ($3::text IS NOT NULL AND scope <> 'session'))
                   AND (allowed_roles = '{}' OR allowed_roles && $6::text[] OR (scope = 'user' AND user_id = $3))
                 FOR UPDATE
             ), deleted AS (
@@ -465,7 +481,7 @@ impl Store {
         .bind(only_session.map(SessionId::as_str))
         .fetch_optional(&mut *tx)
         .await?;
-        if let Some((id, _, false)) = row {
+        if let (Some((id, _, false)), true) = (row, in_a_session) {
             drop_vectors_made_with(&mut tx, tenant, &[id]).await?;
         }
         tx.commit().await?;
