@@ -154,3 +154,71 @@ async fn the_bearer_scheme_is_read_in_any_case_and_a_401_names_it() {
         assert_eq!(reply.headers().get("www-authenticate").and_then(|v| v.to_str().ok()), Some("Bearer"));
     }
 }
+
+/// A secret rotated out keeps verifying the tokens it signed while `MNEMO_JWT_PREVIOUS_SECRET`
+/// names it; the new secret's tokens verify too, and any other secret's do not.
+#[tokio::test]
+async fn a_secret_being_rotated_out_still_verifies_its_tokens() {
+    let fact = json!({ "content": "prefers dark mode", "scope": "user" });
+    let claims = claims_for(&principal("acme", Some("u1"), None, None), exp());
+    let signed = |secret: &str| {
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()))
+            .expect("sign")
+    };
+    let new_secret = "a-new-secret-of-at-least-32-bytes-0123456789";
+    let rotating = TestApp::spawn_with(&[
+        ("MNEMO_JWT_SECRET", new_secret),
+        ("MNEMO_JWT_PREVIOUS_SECRET", mnemo_testkit::TEST_JWT_SECRET),
+    ])
+    .await;
+    let old = token(&principal("acme", Some("u1"), None, None));
+    for (name, t) in [("the previous secret's", old.clone()), ("the new secret's", signed(new_secret))] {
+        let reply = rotating.client.post("/v1/facts", Some(&t), &fact).await;
+        assert!(reply.status < 300, "{name}: {:?}", reply.body);
+    }
+    let other = signed("some-other-secret-of-at-least-32-bytes-xx");
+    let reply = rotating.client.post("/v1/facts", Some(&other), &fact).await;
+    assert_eq!((reply.status, reply.code()), (401, "invalid_token"));
+    assert_eq!(
+        reply.body["error"]["message"].as_str().map(|m| m.contains("bad signature")),
+        Some(true),
+        "{:?}",
+        reply.body
+    );
+
+    let rotated = TestApp::spawn_with(&[("MNEMO_JWT_SECRET", new_secret)]).await;
+    let reply = rotated.client.post("/v1/facts", Some(&old), &fact).await;
+    assert_eq!((reply.status, reply.code()), (401, "invalid_token"), "the rotated-out secret once unset");
+}
+
+/// A public key file may hold several keys (an identity provider's current and next, of either
+/// algorithm): a token any of them signed verifies.
+#[tokio::test]
+async fn a_public_key_file_with_several_keys_verifies_each_ones_tokens() {
+    let bundle = std::env::temp_dir().join(format!("mnemo-keys-{}.pem", uuid::Uuid::new_v4().simple()));
+    let pems: Vec<u8> = ["rs256-public.pem", "es256-public.pem"]
+        .iter()
+        .flat_map(|name| std::fs::read(fixture(name)).expect("fixture"))
+        .collect();
+    std::fs::write(&bundle, pems).expect("bundle");
+    let app =
+        TestApp::spawn_with(&[("MNEMO_JWT_SECRET", ""), ("MNEMO_JWT_PUBLIC_KEY_FILE", bundle.to_str().expect("path"))])
+            .await;
+    let _ = std::fs::remove_file(&bundle);
+    let claims = claims_for(&principal("acme", Some("u1"), None, None), exp());
+    let fact = json!({ "content": "prefers dark mode", "scope": "user" });
+    for (algorithm, private) in [(Algorithm::RS256, "rs256-private.pem"), (Algorithm::ES256, "es256-private.pem")] {
+        let pem = std::fs::read(fixture(private)).expect("fixture");
+        let key = match algorithm {
+            Algorithm::RS256 => EncodingKey::from_rsa_pem(&pem),
+            _ => EncodingKey::from_ec_pem(&pem),
+        }
+        .expect("private key");
+        let signed = jsonwebtoken::encode(&Header::new(algorithm), &claims, &key).expect("sign");
+        let reply = app.client.post("/v1/facts", Some(&signed), &fact).await;
+        assert!(reply.status < 300, "{algorithm:?}: {:?}", reply.body);
+    }
+    let hs = app.client.post("/v1/facts", Some(&token(&principal("acme", Some("u1"), None, None))), &fact).await;
+    assert_eq!((hs.status, hs.code()), (401, "invalid_token"));
+    assert_eq!(hs.body["error"]["message"].as_str().map(|m| m.contains("algorithm")), Some(true), "{:?}", hs.body);
+}

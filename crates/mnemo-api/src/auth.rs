@@ -33,17 +33,36 @@ pub struct Claims {
     pub exp: serde_json::Number,
 }
 
-/// Verifies tokens with the deployment's key.
+/// Verifies tokens with the deployment's keys: one, or during a rotation, the current and the
+/// previous one (each with the validation of its own algorithm).
 #[derive(Clone)]
 pub struct Authenticator {
-    key: DecodingKey,
-    validation: Validation,
+    keys: Vec<(DecodingKey, Validation)>,
 }
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Authenticator").field("algorithms", &self.validation.algorithms).finish_non_exhaustive()
+        let algorithms: Vec<_> = self.keys.iter().flat_map(|(_, v)| v.algorithms.clone()).collect();
+        f.debug_struct("Authenticator").field("algorithms", &algorithms).finish_non_exhaustive()
     }
+}
+
+/// The PEM blocks of a file (`-----BEGIN …-----` to `-----END …-----`), each whole.
+fn pem_blocks(pem: &[u8]) -> Vec<&[u8]> {
+    const BEGIN: &[u8] = b"-----BEGIN ";
+    const END: &[u8] = b"-----END ";
+    let find = |haystack: &[u8], needle: &[u8]| haystack.windows(needle.len()).position(|w| w == needle);
+    let mut blocks = Vec::new();
+    let mut rest = pem;
+    while let Some(start) = find(rest, BEGIN) {
+        let Some(end) = find(&rest[start..], END) else { break };
+        // The END line runs to its closing dashes.
+        let tail = start + end + END.len();
+        let close = find(&rest[tail..], b"-----").map_or(rest.len(), |i| tail + i + 5);
+        blocks.push(&rest[start..close]);
+        rest = &rest[close..];
+    }
+    blocks
 }
 
 /// The most roles of a token mnemo reads.
@@ -67,59 +86,98 @@ const LEEWAY_SECONDS: u64 = 5;
 impl Authenticator {
     /// With `audience` and `issuer`, a token must carry them as `aud` and `iss`.
     pub fn new(key: &JwtKey, audience: Option<&str>, issuer: Option<&str>) -> Result<Self, String> {
-        let (key, algorithm) = match key {
-            JwtKey::Hmac(secret) => (DecodingKey::from_secret(secret.expose()), Algorithm::HS256),
+        let keys: Vec<(DecodingKey, Algorithm)> = match key {
+            JwtKey::Hmac { secret, previous } => [Some(secret), previous.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|secret| (DecodingKey::from_secret(secret.expose()), Algorithm::HS256))
+                .collect(),
             JwtKey::PublicKeyPem { path, pem } => {
-                if let Ok(key) = DecodingKey::from_rsa_pem(pem) {
-                    (key, Algorithm::RS256)
-                } else if let Ok(key) = DecodingKey::from_ec_pem(pem) {
-                    (key, Algorithm::ES256)
-                } else {
-                    return Err(format!("{} holds neither an RSA nor an EC public key in PEM", path.display()));
+                let blocks = pem_blocks(pem);
+                if blocks.is_empty() {
+                    return Err(format!("{} holds no PEM public key", path.display()));
                 }
+                let key = |(i, block): (usize, &[u8])| {
+                    if let Ok(key) = DecodingKey::from_rsa_pem(block) {
+                        Ok((key, Algorithm::RS256))
+                    } else if let Ok(key) = DecodingKey::from_ec_pem(block) {
+                        Ok((key, Algorithm::ES256))
+                    } else {
+                        Err(format!("{}: PEM block {} is neither an RSA nor an EC public key", path.display(), i + 1))
+                    }
+                };
+                blocks.into_iter().enumerate().map(key).collect::<Result<_, _>>()?
             }
         };
-        let mut validation = Validation::new(algorithm);
-        let mut required = vec!["exp"];
-        validation.leeway = LEEWAY_SECONDS;
-        // jsonwebtoken ignores `nbf` unless asked: a token meant for later must not work now.
-        validation.validate_nbf = true;
-        validation.validate_aud = audience.is_some();
-        if let Some(audience) = audience {
-            validation.set_audience(&[audience]);
-            required.push("aud");
-        }
-        if let Some(issuer) = issuer {
-            validation.set_issuer(&[issuer]);
-            required.push("iss");
-        }
-        validation.set_required_spec_claims(&required);
-        Ok(Self { key, validation })
+        let keys = keys.into_iter().map(|(key, algorithm)| (key, validation(algorithm, audience, issuer))).collect();
+        Ok(Self { keys })
     }
 
+    /// The claims of a token that one of the keys signed: tried in order, the current first. A
+    /// signature or an algorithm no key takes is refused as such; any other refusal (expired, not
+    /// for this audience, …) comes from the key that verified the signature.
     pub fn verify(&self, token: &str) -> Result<Principal, ApiError> {
-        let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
-            .map_err(|e| match e.kind() {
-                ErrorKind::ExpiredSignature => ApiError::TokenExpired,
-                ErrorKind::ImmatureSignature => ApiError::InvalidToken("not valid yet (nbf)".into()),
-                ErrorKind::InvalidSignature => ApiError::InvalidToken("bad signature".into()),
-                ErrorKind::MissingRequiredClaim(claim) => ApiError::InvalidToken(format!("missing claim {claim}")),
-                ErrorKind::InvalidAlgorithm => ApiError::InvalidToken("wrong signing algorithm".into()),
-                ErrorKind::InvalidAudience => ApiError::InvalidToken("not for this audience (aud)".into()),
-                ErrorKind::InvalidIssuer => ApiError::InvalidToken("not from this issuer (iss)".into()),
-                _ => ApiError::InvalidToken("malformed token".into()),
-            })?
-            .claims;
-        let claim = |name: &str, e: mnemo_core::InvalidInput| ApiError::InvalidToken(format!("claim {name}: {e}"));
-        let tenant = claims.tenant.as_deref().ok_or_else(|| ApiError::InvalidToken("missing claim tenant".into()))?;
-        Ok(Principal {
-            tenant: TenantId::parse(tenant).map_err(|e| claim("tenant", e))?,
-            user: claims.sub.as_deref().map(UserId::parse).transpose().map_err(|e| claim("sub", e))?,
-            agent: claims.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| claim("agent", e))?,
-            session: claims.sid.as_deref().map(SessionId::parse).transpose().map_err(|e| claim("sid", e))?,
-            roles: token_roles(&claims.roles),
-        })
+        let mut refused = ErrorKind::InvalidAlgorithm;
+        for (key, validation) in &self.keys {
+            match jsonwebtoken::decode::<Claims>(token, key, validation) {
+                Ok(data) => return principal(data.claims),
+                Err(e) if matches!(e.kind(), ErrorKind::InvalidSignature | ErrorKind::InvalidAlgorithm) => {
+                    // A bad signature says more than another key's algorithm.
+                    if refused != ErrorKind::InvalidSignature {
+                        refused = e.into_kind();
+                    }
+                }
+                Err(e) => return Err(token_refused(e.kind())),
+            }
+        }
+        Err(token_refused(&refused))
     }
+}
+
+/// The checks a token signed with `algorithm` passes.
+fn validation(algorithm: Algorithm, audience: Option<&str>, issuer: Option<&str>) -> Validation {
+    let mut validation = Validation::new(algorithm);
+    let mut required = vec!["exp"];
+    validation.leeway = LEEWAY_SECONDS;
+    // jsonwebtoken ignores `nbf` unless asked: a token meant for later must not work now.
+    validation.validate_nbf = true;
+    validation.validate_aud = audience.is_some();
+    if let Some(audience) = audience {
+        validation.set_audience(&[audience]);
+        required.push("aud");
+    }
+    if let Some(issuer) = issuer {
+        validation.set_issuer(&[issuer]);
+        required.push("iss");
+    }
+    validation.set_required_spec_claims(&required);
+    validation
+}
+
+fn token_refused(kind: &ErrorKind) -> ApiError {
+    match kind {
+        ErrorKind::ExpiredSignature => ApiError::TokenExpired,
+        ErrorKind::ImmatureSignature => ApiError::InvalidToken("not valid yet (nbf)".into()),
+        ErrorKind::InvalidSignature => ApiError::InvalidToken("bad signature".into()),
+        ErrorKind::MissingRequiredClaim(claim) => ApiError::InvalidToken(format!("missing claim {claim}")),
+        ErrorKind::InvalidAlgorithm => ApiError::InvalidToken("wrong signing algorithm".into()),
+        ErrorKind::InvalidAudience => ApiError::InvalidToken("not for this audience (aud)".into()),
+        ErrorKind::InvalidIssuer => ApiError::InvalidToken("not from this issuer (iss)".into()),
+        _ => ApiError::InvalidToken("malformed token".into()),
+    }
+}
+
+/// The principal a verified token's claims name.
+fn principal(claims: Claims) -> Result<Principal, ApiError> {
+    let claim = |name: &str, e: mnemo_core::InvalidInput| ApiError::InvalidToken(format!("claim {name}: {e}"));
+    let tenant = claims.tenant.as_deref().ok_or_else(|| ApiError::InvalidToken("missing claim tenant".into()))?;
+    Ok(Principal {
+        tenant: TenantId::parse(tenant).map_err(|e| claim("tenant", e))?,
+        user: claims.sub.as_deref().map(UserId::parse).transpose().map_err(|e| claim("sub", e))?,
+        agent: claims.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| claim("agent", e))?,
+        session: claims.sid.as_deref().map(SessionId::parse).transpose().map_err(|e| claim("sid", e))?,
+        roles: token_roles(&claims.roles),
+    })
 }
 
 /// Signs an HS256 token for development and tests (`mnemo-runbook token`).

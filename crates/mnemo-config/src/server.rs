@@ -10,9 +10,10 @@ use crate::{
 /// How bearer tokens are verified.
 #[derive(Debug, Clone)]
 pub enum JwtKey {
-    /// HS256 with a shared secret.
-    Hmac(Secret<Vec<u8>>),
-    /// RS256 or ES256 with a PEM public key (the algorithm follows the key).
+    /// HS256 with a shared secret, and while it is rotated out, the previous one.
+    Hmac { secret: Secret<Vec<u8>>, previous: Option<Secret<Vec<u8>>> },
+    /// RS256 or ES256 with the PEM public keys of a file (the algorithm follows each key): an
+    /// identity provider's current and next keys during a rotation.
     PublicKeyPem { path: PathBuf, pem: Vec<u8> },
 }
 
@@ -21,6 +22,25 @@ pub const MIN_JWT_SECRET_BYTES: usize = 32;
 
 impl JwtKey {
     pub(crate) fn read(env: &Env, problems: &mut Problems) -> Option<Self> {
+        let short = |var: &str, secret: &str| {
+            (secret.len() < MIN_JWT_SECRET_BYTES)
+                .then(|| format!("{var} is {} bytes; use at least {MIN_JWT_SECRET_BYTES}", secret.len()))
+        };
+        let previous = env.get(vars::JWT_PREVIOUS_SECRET);
+        if let Some(previous) = previous {
+            if env.get(vars::JWT_SECRET).is_none() {
+                problems.0.push(format!(
+                    "{} is for rotating {}, which is not set",
+                    vars::JWT_PREVIOUS_SECRET,
+                    vars::JWT_SECRET
+                ));
+                return None;
+            }
+            if let Some(problem) = short(vars::JWT_PREVIOUS_SECRET, previous) {
+                problems.0.push(problem);
+                return None;
+            }
+        }
         match (env.get(vars::JWT_SECRET), env.get(vars::JWT_PUBLIC_KEY_FILE)) {
             (Some(_), Some(_)) => {
                 problems.0.push(format!("set one of {} and {}, not both", vars::JWT_SECRET, vars::JWT_PUBLIC_KEY_FILE));
@@ -34,15 +54,16 @@ impl JwtKey {
                 ));
                 None
             }
-            (Some(secret), None) if secret.len() < MIN_JWT_SECRET_BYTES => {
-                problems.0.push(format!(
-                    "{} is {} bytes; use at least {MIN_JWT_SECRET_BYTES}",
-                    vars::JWT_SECRET,
-                    secret.len()
-                ));
-                None
-            }
-            (Some(secret), None) => Some(Self::Hmac(Secret::new(secret.as_bytes().to_vec()))),
+            (Some(secret), None) => match short(vars::JWT_SECRET, secret) {
+                Some(problem) => {
+                    problems.0.push(problem);
+                    None
+                }
+                None => Some(Self::Hmac {
+                    secret: Secret::new(secret.as_bytes().to_vec()),
+                    previous: previous.map(|p| Secret::new(p.as_bytes().to_vec())),
+                }),
+            },
             (None, Some(path)) => match std::fs::read(path) {
                 Ok(pem) => Some(Self::PublicKeyPem { path: PathBuf::from(path), pem }),
                 Err(e) => {
@@ -169,7 +190,7 @@ impl ServerSettings {
         let context = ContextSettings::read(env, &mut problems);
         let workspace = WorkspaceSettings::read(env, &mut problems);
         let log = LogSettings::read(env, &mut problems);
-        let jwt = jwt.unwrap_or(JwtKey::Hmac(Secret::new(Vec::new())));
+        let jwt = jwt.unwrap_or(JwtKey::Hmac { secret: Secret::new(Vec::new()), previous: None });
         problems.finish(Self {
             database,
             listen,
@@ -215,6 +236,24 @@ mod tests {
         // On 32 cores half the cores (16) would take every default connection.
         assert_eq!(default_committers(32, 16), 8);
         assert_eq!(default_committers(64, 2), 1);
+    }
+
+    #[test]
+    fn a_previous_secret_rotates_the_secret_it_stands_beside() {
+        let read = |pairs: &[(&str, &str)]| {
+            let mut problems = Problems(Vec::new());
+            let key = JwtKey::read(&Env::from_pairs(pairs.iter().copied()), &mut problems);
+            (key, problems.0)
+        };
+        let (secret, previous) = ("s".repeat(MIN_JWT_SECRET_BYTES), "p".repeat(MIN_JWT_SECRET_BYTES));
+        let (key, problems) = read(&[(vars::JWT_SECRET, &secret), (vars::JWT_PREVIOUS_SECRET, &previous)]);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(matches!(key, Some(JwtKey::Hmac { previous: Some(p), .. }) if p.expose() == previous.as_bytes()));
+        let (key, problems) = read(&[(vars::JWT_PREVIOUS_SECRET, &previous)]);
+        assert!(key.is_none() && problems[0].contains("which is not set"), "{problems:?}");
+        let (key, problems) = read(&[(vars::JWT_SECRET, &secret), (vars::JWT_PREVIOUS_SECRET, "short")]);
+        assert!(key.is_none() && problems[0].starts_with(vars::JWT_PREVIOUS_SECRET), "{problems:?}");
+        assert!(!problems[0].contains("short"), "a secret is never shown: {problems:?}");
     }
 
     #[test]

@@ -14,6 +14,9 @@ pub const READ_DATABASE_URL: &str = "MNEMO_READ_DATABASE_URL";
 pub const READ_REPLICA_WAIT_MS: &str = "MNEMO_READ_REPLICA_WAIT_MS";
 pub const LISTEN: &str = "MNEMO_LISTEN";
 pub const JWT_SECRET: &str = "MNEMO_JWT_SECRET";
+/// A secret being rotated out: tokens it signed are accepted beside `MNEMO_JWT_SECRET`'s until it
+/// is unset.
+pub const JWT_PREVIOUS_SECRET: &str = "MNEMO_JWT_PREVIOUS_SECRET";
 pub const JWT_PUBLIC_KEY_FILE: &str = "MNEMO_JWT_PUBLIC_KEY_FILE";
 pub const JWT_AUDIENCE: &str = "MNEMO_JWT_AUDIENCE";
 pub const JWT_ISSUER: &str = "MNEMO_JWT_ISSUER";

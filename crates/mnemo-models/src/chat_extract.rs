@@ -182,24 +182,23 @@ mod tests {
 
     #[test]
     fn the_answer_has_room_for_the_files_the_model_may_rewrite_within_a_cap() {
-        let input = |profile: usize, memory: usize| ExtractionInput {
+        // PROFILE.md of `profile` bytes; MEMORY.md of 3,000 bytes with a budget of `budget` tokens.
+        let input = |profile: usize, budget: Option<u64>| ExtractionInput {
             transcript: String::new(),
             profile: "p".repeat(profile),
-            memory: "m".repeat(memory),
+            memory: "m".repeat(3_000),
             profile_rewritable: true,
-            memory_budget: Some(750),
+            memory_budget: budget,
             today_note: String::new(),
             today: Default::default(),
         };
-        assert_eq!(max_tokens(&input(0, 0)), BASE_MAX_TOKENS);
-        assert_eq!(max_tokens(&input(9_000, 3_000)), BASE_MAX_TOKENS + 4_000);
-        let read_only = ExtractionInput { memory_budget: None, ..input(9_000, 3_000) };
-        assert_eq!(max_tokens(&read_only), BASE_MAX_TOKENS + 3_000);
-        let read_only = ExtractionInput { profile_rewritable: false, ..input(9_000, 3_000) };
+        assert_eq!(max_tokens(&input(0, None)), BASE_MAX_TOKENS);
+        assert_eq!(max_tokens(&input(9_000, None)), BASE_MAX_TOKENS + 3_000);
+        assert_eq!(max_tokens(&input(9_000, Some(750))), BASE_MAX_TOKENS + 4_000);
+        let read_only = ExtractionInput { profile_rewritable: false, ..input(9_000, Some(750)) };
         assert_eq!(max_tokens(&read_only), BASE_MAX_TOKENS + 1_000, "MEMORY.md's budget, whatever it holds now");
-        assert_eq!(max_tokens(&input(256 * 1024, 0)), MAX_ANSWER_TOKENS);
-        let huge = ExtractionInput { memory_budget: Some(1_000_000), ..input(0, 0) };
-        assert_eq!(max_tokens(&huge), MAX_ANSWER_TOKENS);
+        assert_eq!(max_tokens(&input(256 * 1024, None)), MAX_ANSWER_TOKENS);
+        assert_eq!(max_tokens(&input(0, Some(1_000_000))), MAX_ANSWER_TOKENS);
     }
 
     #[test]
