@@ -324,6 +324,9 @@ async fn a_memory_too_large_to_rewrite_is_not_sent_to_the_model() {
     assert_eq!(report, ConsolidateReport::Failed { reason: "memory_too_large".into() });
     assert!(chat.requests().is_empty(), "the model was asked");
     assert_eq!(memory(&app, &t).await, long);
+    // Not a failure the throttle backs off for: no model was paid, and once shortened the file
+    // should not wait.
+    assert_eq!(app.db.count("SELECT failures::bigint FROM consolidation_state").await, 0);
 
     chat.then([ChatAnswer::Content(json!({ "should_update": false, "reason": "nothing new" }).to_string())]);
     let roomy = runner(&app, &chat, &[(vars::CONSOLIDATE_MAX_MEMORY_TOKENS, "20000")]);

@@ -794,10 +794,28 @@ async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words
     assert_eq!(app.db.count(&format!("{done}'bob'")).await, 0, "ann's run marked only her conversation");
 }
 
-/// A run that also takes a conversation it shows nothing of (here one of another user's words
-/// that Ann's agent asked for) dates the facts by the last message it showed, and counts them
-/// as seen in that message's session: dated by the later conversation, a fact would outrank
-/// what Ann stated in between.
+/// A completion's gates read what extraction would show its user: a user's message written
+/// without a user, or another user's, does not pass them for Ann, nor Ann's for Bob.
+#[tokio::test]
+async fn a_completions_gates_read_only_what_extraction_would_show_its_user() {
+    let app = TestApp::spawn().await;
+    let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    let bob = token(&principal("acme", Some("bob"), Some("helper"), Some("s1")));
+    let agent = token(&principal("acme", None, Some("helper"), Some("s1")));
+    conversation(&app, &ann, "home_city: Ann lives in Lyon").await;
+    say(&app, &ann, "user", "ok").await;
+    say(&app, &agent, "user", "remember that my role is admin").await;
+    say(&app, &bob, "user", "and please remember my peanut allergy").await;
+    let asked = complete(&app, &ann, "s1", "web").await;
+    assert_eq!(asked["skipped"], "last_user_message_too_short", "{asked}");
+    // Bob said one thing: the others' words do not make his conversation.
+    assert_eq!(complete(&app, &bob, "s1", "web").await["skipped"], "too_few_messages");
+}
+
+/// A run that also takes a conversation it shows nothing of (here one whose messages Ann deleted
+/// after completing it) dates the facts by the last message it showed, and counts them as seen
+/// in that message's session: dated by the later conversation, a fact would outrank what Ann
+/// stated in between.
 #[tokio::test]
 async fn facts_are_dated_by_the_last_message_shown_not_by_a_conversation_shown_nothing_of() {
     let chat = ScriptedChat::start().await;
@@ -805,14 +823,20 @@ async fn facts_are_dated_by_the_last_message_shown_not_by_a_conversation_shown_n
     let ann = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
     conversation(&app, &ann, "home_city: Ann lives in Paris").await;
     assert_eq!(complete(&app, &ann, "s1", "web").await["queued"], true);
-    let bob = token(&principal("acme", Some("bob"), Some("helper"), Some("s2")));
-    say(&app, &bob, "user", "hello, I am Bob and I plan a long trip").await;
-    say(&app, &bob, "assistant", "Nice to meet you, Bob.").await;
-    say(&app, &bob, "user", "remember that I travel to Rome in June").await;
-    say(&app, &bob, "assistant", "Noted, Bob.").await;
     let ann_in_s2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    say(&app, &ann_in_s2, "user", "hello, I plan a long trip this summer").await;
+    say(&app, &ann_in_s2, "assistant", "Nice, where to?").await;
+    say(&app, &ann_in_s2, "user", "remember that I travel to Rome in June").await;
+    say(&app, &ann_in_s2, "assistant", "Noted.").await;
     let asked = complete(&app, &ann_in_s2, "s2", "web").await;
     assert_eq!(asked["queued"], true, "{asked}");
+    let s2: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM memory_items WHERE session_id = 's2'")
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("s2");
+    for id in s2 {
+        assert_eq!(app.client.delete(&format!("/v1/memories/{id}"), Some(&ann_in_s2)).await.status, 200);
+    }
 
     let run = runner(&app, Some(&chat), &[]).run(&job()).await.expect("run");
     assert!(matches!(run, ExtractReport::Applied { conversations: 2, facts: 1 }), "{run:?}");

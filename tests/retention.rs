@@ -196,38 +196,45 @@ async fn delete_soft_deletes_only_what_the_caller_may_and_leaves_recall_at_once(
 }
 
 /// A user's token bound to a session deletes of the rows of sessions only that session's, as it
-/// reads them, and its user's rows of no session; no user's token deletes a session's summary,
-/// which carries the last user it covers (for their erasure) but holds everyone's words.
+/// reads them, and its user's rows of no session; a user's token deletes a session's summary
+/// (which carries the last user it covers, for their erasure) only when no other user wrote in
+/// the session: it holds everyone's words.
 #[tokio::test]
-async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_summary() {
+async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summary() {
     let f = Fixture::start().await;
     let in_s1 = principal("acme", Some("ann"), None, Some("s1"));
     let in_s2 = principal("acme", Some("ann"), None, Some("s2"));
     let note = f.message(&in_s1, "m1", "see you on monday").await;
+    f.message(&principal("acme", Some("bob"), None, Some("s1")), "b1", "and me on tuesday").await;
+    f.message(&in_s2, "m2", "a session of my own").await;
     let fact = f.fact(&in_s1, "I prefer window seats").await;
-    let session = SessionId::parse("s1").expect("session");
-    let text = "Ann and Bob planned the trip";
-    let summary = NewMemory::session_summary(
-        TenantId::parse("acme").expect("tenant"),
-        session.clone(),
-        Some(mnemo_core::UserId::parse("ann").expect("user")),
-        None,
-        mnemo_core::summary_source_ref(&session, None, Uuid::now_v7(), text),
-        MemoryText::parse(text).expect("text"),
-        chrono::Utc::now(),
-    );
-    let summary = f.db().store().remember(&summary).await.expect("a summary").id;
+    let summary = |sid: &str, text: &str| {
+        let session = SessionId::parse(sid).expect("session");
+        NewMemory::session_summary(
+            TenantId::parse("acme").expect("tenant"),
+            session.clone(),
+            Some(mnemo_core::UserId::parse("ann").expect("user")),
+            None,
+            mnemo_core::summary_source_ref(&session, None, Uuid::now_v7(), text),
+            MemoryText::parse(text).expect("text"),
+            chrono::Utc::now(),
+        )
+    };
+    let store = f.db().store();
+    let shared = store.remember(&summary("s1", "Ann and Bob planned the trip")).await.expect("a summary").id;
+    let own = store.remember(&summary("s2", "Ann kept a session of her own")).await.expect("a summary").id;
 
     assert_eq!(f.delete(&in_s2, &note.to_string()).await.status, 404, "another session's message");
     let everywhere = principal("acme", Some("ann"), None, None);
     for who in [&in_s1, &everywhere] {
-        assert_eq!(f.delete(who, &summary.to_string()).await.status, 404, "a summary, by {who:?}");
+        assert_eq!(f.delete(who, &shared.to_string()).await.status, 404, "a shared summary, by {who:?}");
     }
     assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE deleted_at IS NOT NULL").await, 0);
+    assert_eq!(f.delete(&in_s2, &own.to_string()).await.status, 200, "the summary of her own session");
     assert_eq!(f.delete(&in_s2, &fact.to_string()).await.status, 200, "her fact is of no session");
     assert_eq!(f.delete(&in_s1, &note.to_string()).await.status, 200);
     let session_token = principal("acme", None, None, Some("s1"));
-    assert_eq!(f.delete(&session_token, &summary.to_string()).await.status, 200, "the session's own token");
+    assert_eq!(f.delete(&session_token, &shared.to_string()).await.status, 200, "the session's own token");
 }
 
 /// Deleting a fact or a document chunk does not wait on the tenant's text-count lock, which the

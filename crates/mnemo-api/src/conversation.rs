@@ -16,7 +16,7 @@ use mnemo_core::{
     history_room, tail_suffices,
 };
 use mnemo_recall::{PackRequest, RecallOptions, build_pack};
-use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState};
+use mnemo_store::{MessageCursor, PendingCompaction, SessionMessage, SessionState, spoken_by};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -142,9 +142,8 @@ pub async fn context(
 ) -> Result<Json<Value>, ApiError> {
     let session = session_for(&principal, &sid)?;
     let asked = ContextBody::parse(body)?;
-    // Counts the system prompt, sent again at every call, once for the tenant.
-    // Long texts' counts are remembered for this asker alone: another user of the tenant could
-    // time whether a text was counted before.
+    // Counts the system prompt, sent again at every call, once for the asker, and for it alone:
+    // another user of the tenant could time whether a text was counted before.
     let asker = format!("{:?}", (&principal.tenant, &principal.user, &principal.agent, &principal.session));
     let tokenizer = &AskerCounter { counter: state.tokenizer.as_ref(), asker: &asker };
     // A blank message is not placed, as a blank system prompt is not: providers refuse an empty
@@ -674,20 +673,20 @@ async fn ask_extraction(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let session = session_for(principal, sid)?;
     let workspace = Workspace::of(principal)?;
-    if workspace.user.is_none() {
-        return Err(ScopeError::WorkspaceNeedsUser.into());
-    }
+    let Some(user) = &workspace.user else { return Err(ScopeError::WorkspaceNeedsUser.into()) };
     let answer = |queued: bool, skipped: Option<&str>| {
         Ok((StatusCode::ACCEPTED, Json(json!({ "queued": queued, "skipped": skipped }))))
     };
     if !state.workspace.extraction.enabled {
         return answer(false, Some("disabled"));
     }
-    // The gates read the conversation's end, however long the session.
+    // The gates read the conversation's end, however long the session, as extraction would show
+    // it to this user: their words and the replies to them, not another user's.
     let mut messages =
         state.store.session_messages_newest_first(&principal.tenant, &session, None, None, GATE_MESSAGES).await?;
     messages.reverse();
-    let spoken: Vec<(Role, &str)> = messages.iter().map(|m| (m.role, m.content.as_str())).collect();
+    let spoken: Vec<(Role, &str)> =
+        spoken_by(&messages, user).into_iter().map(|m| (m.role, m.content.as_str())).collect();
     if let Some(gate) = state.workspace.extraction.gates.refuse(source, &spoken) {
         return answer(false, Some(gate));
     }

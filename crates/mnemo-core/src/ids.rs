@@ -64,6 +64,15 @@ id_type!(
     UserId,
     "user"
 );
+impl UserId {
+    /// How erasure's audit rows, compaction records and reply marks name the user: the hex
+    /// sha256 of the id (SQL's `user_sha256!` in mnemo-store computes the same).
+    pub fn sha256(&self) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(self.as_str().as_bytes()))
+    }
+}
+
 id_type!(
     /// An agent acting for a tenant (the token's `agent`).
     AgentId,

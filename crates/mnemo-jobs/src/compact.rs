@@ -27,9 +27,9 @@ use mnemo_core::{
     compaction_cut, cut_to, summary_source_ref, transcript, units_of, units_within,
 };
 use mnemo_store::queue::CompactJob;
-use mnemo_store::{NewCompaction, Recording, SessionMessage, SessionState, Store, StoreError};
+use mnemo_store::{NewCompaction, Recording, SessionMessage, SessionState, Store, StoreError, spoken_by};
 
-use crate::{JobError, user_sha256};
+use crate::JobError;
 
 /// The most chunks one job summarizes (each one model call); the rest of a backlog goes to the
 /// next job. Fewer when the model's timeout would not let them end within the job's
@@ -355,44 +355,18 @@ enum Summarized {
 
 /// The workspaces whose extraction of `covered` a compaction asks for: one per user who wrote
 /// among them, with the agent of their own last message that names one (a token without an
-/// agent has no workspace, as the API says), when what extraction would read of it (their
-/// messages, and the assistant's carrying no user that follow theirs, open the span, or are
-/// marked as replies to them) passes the gates.
+/// agent has no workspace, as the API says), when what extraction would read of it
+/// ([`spoken_by`], as far as the live messages covered show it: a deleted message is not among
+/// them) passes the gates.
 fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> Vec<Workspace> {
     let mut users: Vec<&str> = covered.iter().filter_map(|m| m.user_id.as_deref()).collect();
     users.sort_unstable();
     users.dedup();
-    // Whose each message is, by the rule extraction reads it by (`SPOKEN` in mnemo-store), as
-    // far as the live messages covered show it (a deleted message is not among them).
-    let mut last = None;
-    let owners: Vec<Owner> = covered
-        .iter()
-        .map(|m| match (m.user_id.as_deref(), m.reply_to_user_sha256.as_deref()) {
-            (Some(user), _) => {
-                last = Some(user);
-                Owner::User(user)
-            }
-            (None, _) if m.role != Role::Assistant => Owner::Nobody,
-            (None, Some(hash)) => Owner::Hash(hash),
-            (None, None) => last.map_or(Owner::Everyone, Owner::User),
-        })
-        .collect();
     users
         .into_iter()
         .filter_map(|user| {
             let user = UserId::parse(user).ok()?;
-            let hash = user_sha256(&user);
-            let theirs: Vec<&SessionMessage> = covered
-                .iter()
-                .zip(&owners)
-                .filter(|(_, owner)| match owner {
-                    Owner::Everyone => true,
-                    Owner::Nobody => false,
-                    Owner::User(u) => *u == user.as_str(),
-                    Owner::Hash(h) => *h == hash,
-                })
-                .map(|(m, _)| m)
-                .collect();
+            let theirs = spoken_by(covered, &user);
             let spoken: Vec<(Role, &str)> = theirs.iter().map(|m| (m.role, m.content.as_str())).collect();
             if gates.refuse(TriggerSource::Compaction, &spoken).is_some() {
                 return None;
@@ -401,17 +375,6 @@ fn extract_for(tenant: &TenantId, covered: &[SessionMessage], gates: Gates) -> V
             Some(Workspace { tenant: tenant.clone(), agent: AgentId::parse(agent).ok()?, user: Some(user) })
         })
         .collect()
-}
-
-/// Whose a message is, for [`extract_for`].
-enum Owner<'a> {
-    /// An assistant's message carrying no user, before the first that does.
-    Everyone,
-    /// A user's message carrying no user.
-    Nobody,
-    User(&'a str),
-    /// A reply to a message retention anonymized: the sha256 of the user it answered.
-    Hash(&'a str),
 }
 
 #[cfg(test)]
@@ -479,7 +442,7 @@ mod tests {
         // A reply to a message retention anonymized is the user's it answered, not Bob's, the
         // user before (extraction would not read it as his).
         let answered = |user: &str| SessionMessage {
-            reply_to_user_sha256: Some(user_sha256(&UserId::parse(user).expect("user"))),
+            reply_to_user_sha256: Some(UserId::parse(user).expect("user").sha256()),
             ..covered[3].clone()
         };
         let mut marked = covered.clone();

@@ -181,8 +181,8 @@ impl ExtractRunner {
             let after = read.max(previous.map(|q| q.conversation.through()));
             // In a session several users write in, another user's messages (and the
             // assistant's written under their token) are theirs: they never become this
-            // user's memories, which that user's erasure could not reach. Rows carrying no
-            // user stay.
+            // user's memories, which that user's erasure could not reach. The assistant's rows
+            // carrying no user stay (`SPOKEN`).
             let mut messages = self
                 .store
                 .spoken_messages(

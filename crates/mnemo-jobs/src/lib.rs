@@ -24,7 +24,6 @@ pub use housekeeping::{HousekeepingPolicy, run_housekeeping};
 pub use judge::{BatchReport, JudgeDispatcher, JudgePolicy, judge_batch, judge_pending};
 pub use retention::{
     DRY_RUN_IDS, ErasureReport, RetentionRunner, SweepOptions, SweepOutcome, SweepReport, erase_user, sweep_tenant,
-    user_sha256,
 };
 pub use worker::{Models, run_worker, worker_name};
 

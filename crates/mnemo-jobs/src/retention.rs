@@ -15,7 +15,6 @@ use mnemo_core::{AnonymizeReason, AuditEvent, RetentionPolicy, SafetyFloor, Tena
 use mnemo_store::queue::RetentionJob;
 use mnemo_store::{ErasurePlan, FileCursor, Store, StoreError, SweepPlan};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 /// How many row ids a dry run lists.
@@ -251,7 +250,7 @@ pub async fn erase_user(
     }
     // Recorded before anything changes: a crash after the last row and before the `memory.erase`
     // row leaves nothing carrying the user, and a re-run needs this to know it has work to finish.
-    let user_sha256 = user_sha256(user);
+    let user_sha256 = user.sha256();
     store.audit(tenant, AuditEvent::EraseBegun, "erasure", actor, json!({ "user_sha256": user_sha256 })).await?;
     let total = report.plan.rows();
     let mut done = 0;
@@ -290,11 +289,6 @@ pub async fn erase_user(
     report.elapsed = started.elapsed();
     tracing::info!(tenant = %tenant, rows = done, seconds = report.elapsed.as_secs_f64(), "user erased");
     Ok(report)
-}
-
-/// How the erasure's audit row names the user.
-pub fn user_sha256(user: &UserId) -> String {
-    hex::encode(Sha256::digest(user.as_str().as_bytes()))
 }
 
 /// Erases the summaries of `sessions` (see [`Store::erase_session_summaries`]); returns `done`

@@ -284,7 +284,7 @@ pub async fn erase(
     // operator's check, gives the answer the run would.
     if !force {
         let plan = store.erasure_plan(tenant, user).await?;
-        let hash = mnemo_jobs::user_sha256(user);
+        let hash = user.sha256();
         if let Some(at) = store.unfinished_erasure(tenant, &hash).await? {
             let finishing = if dry_run { "the run finishes it" } else { "finishing it" };
             eprintln!("an erasure of user {user} began at {at} and did not finish: {finishing}");

@@ -155,8 +155,9 @@ ORDER BY w.path"
 /// Ends the run held by `$7`: `$4` the notes' versions now consolidated (`{}` for none; entries
 /// of notes no longer live are dropped), `$5` the outcome, `$6` its label, `$8` the newest
 /// change consolidated (the watermark never moves back). Failures in a row are counted, but not
-/// an edit of MEMORY.md or of a note during the model call, or a database error: the next run
-/// may well succeed.
+/// an edit of MEMORY.md or of a note during the model call, a MEMORY.md too large to send (no
+/// model was paid for, and once it is shortened the next run should not wait), or a database
+/// error: the next run may well succeed.
 const FINISH: &str = "
 UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_finished_at = now(),
     consolidated = (
@@ -166,7 +167,7 @@ UPDATE consolidation_state s SET running_since = NULL, running_by = NULL, last_f
                       WHERE w.tenant_id = s.tenant_id AND w.agent_id = s.agent_id AND w.user_id = s.user_id
                         AND w.path = e.key AND w.deleted_at IS NULL)),
     watermark = GREATEST(watermark, COALESCE($8, watermark)), last_outcome = $5, last_reason = $6,
-    failures = CASE WHEN $5 <> 'failed' THEN 0 WHEN $6 IN ('memory_changed', 'notes_changed', 'error') THEN failures ELSE failures + 1 END
+    failures = CASE WHEN $5 <> 'failed' THEN 0 WHEN $6 IN ('memory_changed', 'notes_changed', 'memory_too_large', 'error') THEN failures ELSE failures + 1 END
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND running_by = $7";
 
 /// What a request for an (agent, user)'s consolidation did.

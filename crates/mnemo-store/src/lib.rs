@@ -18,7 +18,7 @@ macro_rules! decay_clock {
 
 /// The sha256 (hex) of the user id `$column` (SQL of text): how an erasure's audit row, a
 /// compaction's participants and a reply's mark (migration 54) name a user, as
-/// `mnemo_jobs::user_sha256` computes it.
+/// `UserId::sha256` computes it.
 macro_rules! user_sha256 {
     ($column:literal) => {
         concat!("encode(sha256(convert_to(", $column, ", 'UTF8')), 'hex')")
@@ -60,7 +60,7 @@ pub use bulk::{BulkRow, DroppedIndex, Footprint, PlainInserts};
 pub use consolidation::{ChangedNote, ConsolidationClaim, ConsolidationRequest};
 pub use conversation::{
     Compaction, MessageCursor, NewCompaction, PendingCompaction, Recording, STALE_REQUEST, SessionMessage,
-    SessionState, SessionSummary,
+    SessionState, SessionSummary, spoken_by,
 };
 pub use database::{
     FreshDatabase, create_database, create_empty_database, drop_database, move_database, with_database,

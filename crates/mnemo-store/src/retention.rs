@@ -188,8 +188,8 @@ const SUMMARY_OF_USERS_SESSION: &str =
 /// The rows that reply to a conversation row `u` carrying a user (joined LATERAL to it): those
 /// carrying no user (an agent's, written with a service token) after it in its session, up to
 /// the next row that carries one, deleted or not, and not marked as replies to another (see
-/// `ANONYMIZE`): the rule by which extraction reads them as the user's (`SPOKEN` in
-/// conversation.rs). They may repeat what the user said, and once the user's row is gone they
+/// `ANONYMIZE`): of them, extraction reads the assistant's as the user's (`SPOKEN` in
+/// conversation.rs), an erasure takes them all. They may repeat what the user said, and once the user's row is gone they
 /// would read as replies to the user before: an erasure takes them, and retention marks them. A
 /// reply follows one nearest row, so counts of them add up.
 macro_rules! replies_of {
@@ -417,8 +417,9 @@ pub(crate) async fn anonymize_ids(
 
 impl Store {
     /// Soft-deletes a row of `tenant`. With `only_user`, only a row carrying that user (a user's
-    /// token may delete only its own rows), and never a session's summary (it carries the last
-    /// user it covers, for their erasure, but holds everyone's words in the session); with
+    /// token may delete only its own rows), and a session's summary only when no other user wrote
+    /// in the session (it carries the last user it covers, for their erasure, but holds
+    /// everyone's words in the session); with
     /// `only_session`, only a row of that session (a token bound to a session reaches no other),
     /// or with `only_user` too, a row of no session. `None` when no such row exists for the
     /// caller. The row leaves recall at once, and so do its words in the vector of the
@@ -452,14 +453,17 @@ impl Store {
         }
         let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
             "WITH target AS (
-                SELECT id, COALESCE(deleted_at, anonymized_at) AS deleted_at,
-                       deleted_at IS NOT NULL OR anonymized_at IS NOT NULL AS already
-                FROM memory_items
-                WHERE tenant_id = $1 AND id = $2
-                  AND ($3::text IS NULL OR (user_id = $3 AND source_kind <> 'session_summary'))
-                  AND ($7::text IS NULL OR session_id = $7 OR ($3::text IS NOT NULL AND scope <> 'session'))
-                  AND (allowed_roles = '{}' OR allowed_roles && $6::text[] OR (scope = 'user' AND user_id = $3))
-                FOR UPDATE
+                SELECT t.id, COALESCE(t.deleted_at, t.anonymized_at) AS deleted_at,
+                       t.deleted_at IS NOT NULL OR t.anonymized_at IS NOT NULL AS already
+                FROM memory_items t
+                WHERE t.tenant_id = $1 AND t.id = $2
+                  AND ($3::text IS NULL OR (t.user_id = $3 AND (t.source_kind <> 'session_summary' OR NOT EXISTS (
+                      SELECT 1 FROM memory_items o
+                      WHERE o.tenant_id = $1 AND o.session_id = t.session_id AND o.scope = 'session'
+                        AND o.source_kind IN ('chat_message', 'tool_output') AND o.user_id <> $3))))
+                  AND ($7::text IS NULL OR t.session_id = $7 OR ($3::text IS NOT NULL AND t.scope <> 'session'))
+                  AND (t.allowed_roles = '{}' OR t.allowed_roles && $6::text[] OR (t.scope = 'user' AND t.user_id = $3))
+                FOR UPDATE OF t
             ), deleted AS (
                 UPDATE memory_items m
                 SET deleted_at = now(),
