@@ -298,6 +298,14 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() {
             "session_mismatch",
         ),
         case(
+            "document chunk with a participant's name",
+            "/v1/memories",
+            &service,
+            json!({ "source_kind": "document_chunk", "source_ref": "d", "content": "x", "name": "handbook" }).to_string(),
+            400,
+            "invalid_field",
+        ),
+        case(
             "document chunk with a session",
             "/v1/memories",
             &service,

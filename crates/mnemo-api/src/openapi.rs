@@ -63,8 +63,9 @@ impl Op {
         let mut errors: Vec<u16> = self.errors.iter().copied().chain([405, 500]).collect();
         if !self.public {
             // A token may lack the identity an operation needs, or be bound to another session;
-            // its tenant may be over its rate; the database may be unreachable.
-            errors.extend([401, 403, 429, 503]);
+            // its tenant may be over its rate; the database may be unreachable. A body sent where
+            // none is read is read to be refused, and may be too large or too slow too.
+            errors.extend([401, 403, 408, 413, 429, 503]);
         }
         if self.body.is_some() {
             // A body may be refused, arrive too slowly, or not fit on a full disk (operations

@@ -50,12 +50,19 @@ fn memory_from(state: &AppState, principal: &Principal, mut body: JsonObject) ->
     let session = body.take_opt_str("session_id")?.as_deref().map(SessionId::parse).transpose()?;
     let extras = extras(&mut body)?;
     let conversational = matches!(kind, SourceKind::ChatMessage | SourceKind::ToolOutput);
-    let (role, tool_call_id, tool_name) = if conversational {
-        let role = body.take_opt_str("role")?.as_deref().map(Role::parse).transpose()?;
-        (role, body.take_opt_str("tool_call_id")?, body.take_opt_str("name")?)
-    } else {
-        (None, None, None)
-    };
+    // The body's schema lists these for every kind: on a document chunk they are a field this
+    // kind does not take, not one the endpoint does not know.
+    let role = body.take_opt_str("role")?.as_deref().map(Role::parse).transpose()?;
+    let (tool_call_id, tool_name) = (body.take_opt_str("tool_call_id")?, body.take_opt_str("name")?);
+    if !conversational {
+        let given = [("role", role.is_some()), ("tool_call_id", tool_call_id.is_some()), ("name", tool_name.is_some())];
+        if let Some((field, _)) = given.into_iter().find(|(_, given)| *given) {
+            return Err(ApiError::InvalidField {
+                field,
+                expected: "absent: only a chat message or a tool output takes it",
+            });
+        }
+    }
     body.finish()?;
     // A session's messages are ordered, compacted and kept by their time: one dated ahead would
     // stay its newest message and outlive its retention. A client's clock may run a little ahead.
