@@ -87,7 +87,7 @@ async fn bad_roles_and_tool_messages_without_a_call_are_refused_and_write_nothin
         (
             json!({ "source_kind": "document_chunk", "source_ref": "d", "role": "user", "content": "x" }),
             400,
-            "unknown_field",
+            "invalid_field",
         ),
     ];
     for (body, status, code) in cases {

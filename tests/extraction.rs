@@ -795,7 +795,8 @@ async fn in_a_session_two_users_share_each_gets_an_extraction_of_their_own_words
 }
 
 /// A completion's gates read what extraction would show its user: a user's message written
-/// without a user, or another user's, does not pass them for Ann, nor Ann's for Bob.
+/// without a user, or another user's, does not pass them for Ann, nor Ann's for Bob, nor tool
+/// calls.
 #[tokio::test]
 async fn a_completions_gates_read_only_what_extraction_would_show_its_user() {
     let app = TestApp::spawn().await;
@@ -810,6 +811,15 @@ async fn a_completions_gates_read_only_what_extraction_would_show_its_user() {
     assert_eq!(asked["skipped"], "last_user_message_too_short", "{asked}");
     // Bob said one thing: the others' words do not make his conversation.
     assert_eq!(complete(&app, &bob, "s1", "web").await["skipped"], "too_few_messages");
+    // Nor do tool calls, which extraction does not show.
+    let in_s2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    say(&app, &in_s2, "user", "remember that I travel to Lyon in May").await;
+    for i in 0..3 {
+        let call = json!({ "source_kind": "chat_message", "source_ref": format!("call-{i}"), "role": "assistant",
+                           "tool_call_id": format!("c{i}"), "name": "lookup", "content": "{}" });
+        assert_eq!(app.client.post("/v1/memories", Some(&in_s2), &call).await.status, 201);
+    }
+    assert_eq!(complete(&app, &in_s2, "s2", "web").await["skipped"], "too_few_messages");
 }
 
 /// A run that also takes a conversation it shows nothing of (here one whose messages Ann deleted

@@ -197,16 +197,16 @@ async fn delete_soft_deletes_only_what_the_caller_may_and_leaves_recall_at_once(
 
 /// A user's token bound to a session deletes of the rows of sessions only that session's, as it
 /// reads them, and its user's rows of no session; a user's token deletes a session's summary
-/// (which carries the last user it covers, for their erasure) only when no other user wrote in
-/// the session: it holds everyone's words.
+/// (which carries the last user it covers, for their erasure) only when its compactions
+/// summarized that user's words alone: it holds everyone's words.
 #[tokio::test]
 async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summary() {
     let f = Fixture::start().await;
     let in_s1 = principal("acme", Some("ann"), None, Some("s1"));
     let in_s2 = principal("acme", Some("ann"), None, Some("s2"));
     let note = f.message(&in_s1, "m1", "see you on monday").await;
-    f.message(&principal("acme", Some("bob"), None, Some("s1")), "b1", "and me on tuesday").await;
-    f.message(&in_s2, "m2", "a session of my own").await;
+    let bobs = f.message(&principal("acme", Some("bob"), None, Some("s1")), "b1", "and me on tuesday").await;
+    let alone = f.message(&in_s2, "m2", "a session of my own").await;
     let fact = f.fact(&in_s1, "I prefer window seats").await;
     let summary = |sid: &str, text: &str| {
         let session = SessionId::parse(sid).expect("session");
@@ -223,6 +223,24 @@ async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summar
     let store = f.db().store();
     let shared = store.remember(&summary("s1", "Ann and Bob planned the trip")).await.expect("a summary").id;
     let own = store.remember(&summary("s2", "Ann kept a session of her own")).await.expect("a summary").id;
+    // Their compactions, naming whose words they summarized.
+    for (sid, through, summary, writers) in [("s1", bobs, shared, vec!["ann", "bob"]), ("s2", alone, own, vec!["ann"])]
+    {
+        sqlx::query(
+            "INSERT INTO session_compactions
+                 (tenant_id, session_id, through_id, through_time, messages, outcome, summary_id, model, trigger,
+                  participants)
+             VALUES ('acme', $1, $2, now(), 2, 'summarized', $3, 'm', 'threshold',
+                     ARRAY(SELECT encode(sha256(convert_to(w, 'UTF8')), 'hex') FROM unnest($4::text[]) w))",
+        )
+        .bind(sid)
+        .bind(through)
+        .bind(summary)
+        .bind(writers)
+        .execute(&f.db().pool)
+        .await
+        .expect("a compaction");
+    }
 
     assert_eq!(f.delete(&in_s2, &note.to_string()).await.status, 404, "another session's message");
     let everywhere = principal("acme", Some("ann"), None, None);

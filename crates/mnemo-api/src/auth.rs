@@ -47,22 +47,43 @@ impl std::fmt::Debug for Authenticator {
     }
 }
 
-/// The PEM blocks of a file (`-----BEGIN …-----` to `-----END …-----`), each whole.
-fn pem_blocks(pem: &[u8]) -> Vec<&[u8]> {
+/// The PEM blocks of a file (`-----BEGIN …-----` to `-----END …-----`), each whole; `Err` with
+/// the number of a block cut short (no END line: a key pasted in part).
+fn pem_blocks(pem: &[u8]) -> Result<Vec<&[u8]>, usize> {
     const BEGIN: &[u8] = b"-----BEGIN ";
     const END: &[u8] = b"-----END ";
     let find = |haystack: &[u8], needle: &[u8]| haystack.windows(needle.len()).position(|w| w == needle);
     let mut blocks = Vec::new();
     let mut rest = pem;
     while let Some(start) = find(rest, BEGIN) {
-        let Some(end) = find(&rest[start..], END) else { break };
+        let Some(end) = find(&rest[start..], END) else { return Err(blocks.len() + 1) };
         // The END line runs to its closing dashes.
         let tail = start + end + END.len();
         let close = find(&rest[tail..], b"-----").map_or(rest.len(), |i| tail + i + 5);
         blocks.push(&rest[start..close]);
         rest = &rest[close..];
     }
-    blocks
+    Ok(blocks)
+}
+
+/// A PEM block's verification key, checked now rather than at the first token: a private key is
+/// refused (it verifies nothing here, and does not belong on an API host), and so is a key the
+/// algorithm cannot use (an EC key of another curve than ES256's P-256).
+fn public_key(block: &[u8]) -> Result<(DecodingKey, Algorithm), &'static str> {
+    let label = block.split(|b| *b == b'\n').next().unwrap_or_default();
+    if label.windows(7).any(|w| w == b"PRIVATE") {
+        return Err("is a private key: give the public key");
+    }
+    let (key, algorithm) = match (DecodingKey::from_rsa_pem(block), DecodingKey::from_ec_pem(block)) {
+        (Ok(key), _) => (key, Algorithm::RS256),
+        (_, Ok(key)) => (key, Algorithm::ES256),
+        _ => return Err("is neither an RSA nor an EC public key"),
+    };
+    // A verifier is made for the key before any signature is read: Err means it cannot be.
+    match jsonwebtoken::crypto::verify("AA", b"probe", &key, algorithm) {
+        Ok(_) => Ok((key, algorithm)),
+        Err(_) => Err("is a key RS256 or ES256 (P-256) cannot verify with"),
+    }
 }
 
 /// The most roles of a token mnemo reads.
@@ -93,18 +114,13 @@ impl Authenticator {
                 .map(|secret| (DecodingKey::from_secret(secret.expose()), Algorithm::HS256))
                 .collect(),
             JwtKey::PublicKeyPem { path, pem } => {
-                let blocks = pem_blocks(pem);
+                let blocks =
+                    pem_blocks(pem).map_err(|n| format!("{}: PEM block {n} has no END line", path.display()))?;
                 if blocks.is_empty() {
                     return Err(format!("{} holds no PEM public key", path.display()));
                 }
                 let key = |(i, block): (usize, &[u8])| {
-                    if let Ok(key) = DecodingKey::from_rsa_pem(block) {
-                        Ok((key, Algorithm::RS256))
-                    } else if let Ok(key) = DecodingKey::from_ec_pem(block) {
-                        Ok((key, Algorithm::ES256))
-                    } else {
-                        Err(format!("{}: PEM block {} is neither an RSA nor an EC public key", path.display(), i + 1))
-                    }
+                    public_key(block).map_err(|why| format!("{}: PEM block {} {why}", path.display(), i + 1))
                 };
                 blocks.into_iter().enumerate().map(key).collect::<Result<_, _>>()?
             }
@@ -254,5 +270,26 @@ impl FromRequestParts<AppState> for Verified {
             .filter(|t| !t.is_empty())
             .ok_or(ApiError::MissingToken)?;
         Ok(Self(state.auth.verify(token)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        std::fs::read(format!("{}/../../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).expect("fixture")
+    }
+
+    #[test]
+    fn a_key_file_gives_public_keys_only_each_whole() {
+        let both = [fixture("rs256-public.pem"), b"\r\n-- next --\r\n".to_vec(), fixture("es256-public.pem")].concat();
+        let blocks = pem_blocks(&both).expect("whole blocks");
+        let algorithms: Vec<_> = blocks.iter().map(|b| public_key(b).map(|(_, a)| a)).collect();
+        assert_eq!(algorithms, [Ok(Algorithm::RS256), Ok(Algorithm::ES256)]);
+        for private in ["rs256-private.pem", "es256-private.pem"] {
+            assert!(public_key(&fixture(private)).is_err_and(|why| why.contains("private")), "{private}");
+        }
+        assert_eq!(pem_blocks(&both[..both.len() - 30]), Err(2), "the second key pasted in part");
     }
 }

@@ -125,7 +125,7 @@ static TOOLS: &[ToolSpec] = &[
         name: "forget",
         description: "Delete one memory by its id (from recall or remember). A user's token deletes only that \
             user's memories (bound to a session, of sessions' memories only that session's; a session's summary only \
-            when no other user wrote in it). Deleting twice answers the first deletion.",
+            when it summarized that user's words alone). Deleting twice answers the first deletion.",
         method: Method::DELETE,
         path: "/v1/memories/{id}",
         read_only: false,

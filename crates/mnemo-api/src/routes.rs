@@ -305,8 +305,8 @@ fn typed_input(body: &mut JsonObject) -> Result<TypedInput, ApiError> {
 
 /// `DELETE /v1/memories/{id}`: soft-deletes a row of the caller's tenant. A user's token deletes
 /// only rows carrying its user (bound to a session, of the rows of sessions only its session's,
-/// as it reads them; a session's summary only when no other user wrote in the session, for it
-/// holds everyone's words); a token
+/// as it reads them; a session's summary only when it summarized their words alone, for it
+/// holds everyone's words in the session); a token
 /// bound to a session without a user, only rows of that session; a service token (no `sub`, no
 /// `sid`) any row of its tenant. Anything else is 404, as if the row did not exist. Deleting
 /// twice answers the first deletion.

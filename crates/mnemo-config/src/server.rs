@@ -40,6 +40,15 @@ impl JwtKey {
                 problems.0.push(problem);
                 return None;
             }
+            // The same secret twice: the tokens of the one being rotated out would all fail.
+            if env.get(vars::JWT_SECRET) == Some(previous) {
+                problems.0.push(format!(
+                    "{} equals {}: give it the secret being rotated out",
+                    vars::JWT_PREVIOUS_SECRET,
+                    vars::JWT_SECRET
+                ));
+                return None;
+            }
         }
         match (env.get(vars::JWT_SECRET), env.get(vars::JWT_PUBLIC_KEY_FILE)) {
             (Some(_), Some(_)) => {
@@ -254,6 +263,8 @@ mod tests {
         let (key, problems) = read(&[(vars::JWT_SECRET, &secret), (vars::JWT_PREVIOUS_SECRET, "short")]);
         assert!(key.is_none() && problems[0].starts_with(vars::JWT_PREVIOUS_SECRET), "{problems:?}");
         assert!(!problems[0].contains("short"), "a secret is never shown: {problems:?}");
+        let (key, problems) = read(&[(vars::JWT_SECRET, &secret), (vars::JWT_PREVIOUS_SECRET, &secret)]);
+        assert!(key.is_none() && problems[0].contains("equals"), "{problems:?}");
     }
 
     #[test]

@@ -41,22 +41,30 @@ pub struct SessionMessage {
 }
 
 /// Of a session's `messages` (oldest first), those extraction reads as `user`'s, by `SPOKEN`'s
-/// rule as far as these messages show it: theirs, and the assistant's carrying no user that open
-/// them, follow theirs, or are marked as replies to them. A user's message carrying no user is
-/// nobody's. The extraction gates of a completion and of a compaction read these.
+/// rule as far as these messages show it: their chat messages and the assistant's carrying no
+/// user that open them, follow theirs, or are marked as replies to them; no tool call or result.
+/// A user's message carrying no user is nobody's. The extraction gates of a completion and of a
+/// compaction read these.
 pub fn spoken_by<'a>(messages: &'a [SessionMessage], user: &UserId) -> Vec<&'a SessionMessage> {
     let hash = user.sha256();
     let mut last: Option<&str> = None;
     messages
         .iter()
-        .filter(|m| match (m.user_id.as_deref(), m.reply_to_user_sha256.as_deref()) {
-            (Some(writer), _) => {
-                last = Some(writer);
-                writer == user.as_str()
-            }
-            (None, _) if m.role != Role::Assistant => false,
-            (None, Some(answered)) => answered == hash,
-            (None, None) => last.is_none_or(|writer| writer == user.as_str()),
+        .filter(|m| {
+            // Any row carrying a user makes the replies after it theirs, as `SPOKEN` looks back.
+            let owned = match (m.user_id.as_deref(), m.reply_to_user_sha256.as_deref()) {
+                (Some(writer), _) => {
+                    last = Some(writer);
+                    writer == user.as_str()
+                }
+                (None, _) if m.role != Role::Assistant => false,
+                (None, Some(answered)) => answered == hash,
+                (None, None) => last.is_none_or(|writer| writer == user.as_str()),
+            };
+            owned
+                && m.source_kind == SourceKind::ChatMessage
+                && m.tool_call_id.is_none()
+                && matches!(m.role, Role::User | Role::Assistant)
         })
         .collect()
 }

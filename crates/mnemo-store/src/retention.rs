@@ -415,10 +415,44 @@ pub(crate) async fn anonymize_ids(
     Ok(())
 }
 
+/// Soft-deletes row `$2` of tenant `$1` for the caller (`$3` its user, `$7` its session, `$6` its
+/// roles; see [`Store::soft_delete`]), with an audit row (`$5`, reason `$4`) when first deleted.
+/// A user may delete a session's summary only when every compaction of the session summarized
+/// their words alone (`participants`, migration 38; a record made before it, which names nobody,
+/// may hold anyone's).
+const SOFT_DELETE: &str = concat!(
+    "
+WITH target AS (
+    SELECT t.id, COALESCE(t.deleted_at, t.anonymized_at) AS deleted_at,
+           t.deleted_at IS NOT NULL OR t.anonymized_at IS NOT NULL AS already
+    FROM memory_items t
+    WHERE t.tenant_id = $1 AND t.id = $2
+      AND ($3::text IS NULL OR (t.user_id = $3 AND (t.source_kind <> 'session_summary' OR NOT EXISTS (
+          SELECT 1 FROM session_compactions c
+          WHERE c.tenant_id = $1 AND c.session_id = t.session_id
+            AND (NOT c.participants <@ ARRAY[",
+    user_sha256!("$3"),
+    "] OR (c.participants = '{}' AND c.outcome = 'summarized'))))))
+      AND ($7::text IS NULL OR t.session_id = $7 OR ($3::text IS NOT NULL AND t.scope <> 'session'))
+      AND (t.allowed_roles = '{}' OR t.allowed_roles && $6::text[] OR (t.scope = 'user' AND t.user_id = $3))
+    FOR UPDATE OF t
+), deleted AS (
+    UPDATE memory_items m
+    SET deleted_at = now(),
+        valid_to = CASE WHEN m.source_kind = 'fact' THEN COALESCE(m.valid_to, now()) END
+    FROM target WHERE m.tenant_id = $1 AND m.id = target.id AND NOT target.already
+    RETURNING m.id
+), audit AS (
+    INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
+    SELECT $1, $5, id, $4, 'api' FROM deleted
+)
+SELECT id, COALESCE(deleted_at, now()), already FROM target"
+);
+
 impl Store {
     /// Soft-deletes a row of `tenant`. With `only_user`, only a row carrying that user (a user's
-    /// token may delete only its own rows), and a session's summary only when no other user wrote
-    /// in the session (it carries the last user it covers, for their erasure, but holds
+    /// token may delete only its own rows), and a session's summary only when it summarized that
+    /// user's words alone (it carries the last user it covers, for their erasure, but holds
     /// everyone's words in the session); with
     /// `only_session`, only a row of that session (a token bound to a session reaches no other),
     /// or with `only_user` too, a row of no session. `None` when no such row exists for the
@@ -451,40 +485,16 @@ impl Store {
             // Before any row lock, as embedding takes it (see `drop_vectors_made_with`).
             lock_text_counts(&mut tx, &[tenant.as_str().to_owned()]).await?;
         }
-        let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
-            "WITH target AS (
-                SELECT t.id, COALESCE(t.deleted_at, t.anonymized_at) AS deleted_at,
-                       t.deleted_at IS NOT NULL OR t.anonymized_at IS NOT NULL AS already
-                FROM memory_items t
-                WHERE t.tenant_id = $1 AND t.id = $2
-                  AND ($3::text IS NULL OR (t.user_id = $3 AND (t.source_kind <> 'session_summary' OR NOT EXISTS (
-                      SELECT 1 FROM memory_items o
-                      WHERE o.tenant_id = $1 AND o.session_id = t.session_id AND o.scope = 'session'
-                        AND o.source_kind IN ('chat_message', 'tool_output') AND o.user_id <> $3))))
-                  AND ($7::text IS NULL OR t.session_id = $7 OR ($3::text IS NOT NULL AND t.scope <> 'session'))
-                  AND (t.allowed_roles = '{}' OR t.allowed_roles && $6::text[] OR (t.scope = 'user' AND t.user_id = $3))
-                FOR UPDATE OF t
-            ), deleted AS (
-                UPDATE memory_items m
-                SET deleted_at = now(),
-                    valid_to = CASE WHEN m.source_kind = 'fact' THEN COALESCE(m.valid_to, now()) END
-                FROM target WHERE m.tenant_id = $1 AND m.id = target.id AND NOT target.already
-                RETURNING m.id
-            ), audit AS (
-                INSERT INTO audit_log (tenant_id, event, item_id, reason, actor)
-                SELECT $1, $5, id, $4, 'api' FROM deleted
-            )
-            SELECT id, COALESCE(deleted_at, now()), already FROM target",
-        )
-        .bind(tenant.as_str())
-        .bind(id)
-        .bind(only_user.map(UserId::as_str))
-        .bind(requested_by)
-        .bind(AuditEvent::Delete.as_str())
-        .bind(roles.iter().map(Label::as_str).collect::<Vec<_>>())
-        .bind(only_session.map(SessionId::as_str))
-        .fetch_optional(&mut *tx)
-        .await?;
+        let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(SOFT_DELETE)
+            .bind(tenant.as_str())
+            .bind(id)
+            .bind(only_user.map(UserId::as_str))
+            .bind(requested_by)
+            .bind(AuditEvent::Delete.as_str())
+            .bind(roles.iter().map(Label::as_str).collect::<Vec<_>>())
+            .bind(only_session.map(SessionId::as_str))
+            .fetch_optional(&mut *tx)
+            .await?;
         if let (Some((id, _, false)), true) = (row, in_a_session) {
             drop_vectors_made_with(&mut tx, tenant, &[id]).await?;
         }
