@@ -207,6 +207,13 @@ async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summar
     let note = f.message(&in_s1, "m1", "see you on monday").await;
     let bobs = f.message(&principal("acme", Some("bob"), None, Some("s1")), "b1", "and me on tuesday").await;
     let alone = f.message(&in_s2, "m2", "a session of my own").await;
+    // s3: a writer erased since (the record names nobody), then Ann alone; s4: a record naming
+    // nobody beside another user's live message.
+    let in_s3 = principal("acme", Some("ann"), None, Some("s3"));
+    let (after_erased, later) = (f.message(&in_s3, "m3", "first").await, f.message(&in_s3, "m4", "then").await);
+    let in_s4 = principal("acme", Some("ann"), None, Some("s4"));
+    f.message(&in_s4, "m5", "here too").await;
+    let bob_s4 = f.message(&principal("acme", Some("bob"), None, Some("s4")), "b2", "and me").await;
     let fact = f.fact(&in_s1, "I prefer window seats").await;
     let summary = |sid: &str, text: &str| {
         let session = SessionId::parse(sid).expect("session");
@@ -223,9 +230,17 @@ async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summar
     let store = f.db().store();
     let shared = store.remember(&summary("s1", "Ann and Bob planned the trip")).await.expect("a summary").id;
     let own = store.remember(&summary("s2", "Ann kept a session of her own")).await.expect("a summary").id;
+    let after = store.remember(&summary("s3", "Ann went on alone")).await.expect("a summary").id;
+    let unknown = store.remember(&summary("s4", "Ann and someone")).await.expect("a summary").id;
     // Their compactions, naming whose words they summarized.
-    for (sid, through, summary, writers) in [("s1", bobs, shared, vec!["ann", "bob"]), ("s2", alone, own, vec!["ann"])]
-    {
+    let records = [
+        ("s1", bobs, shared, vec!["ann", "bob"]),
+        ("s2", alone, own, vec!["ann"]),
+        ("s3", after_erased, after, vec![]),
+        ("s3", later, after, vec!["ann"]),
+        ("s4", bob_s4, unknown, vec![]),
+    ];
+    for (sid, through, summary, writers) in records {
         sqlx::query(
             "INSERT INTO session_compactions
                  (tenant_id, session_id, through_id, through_time, messages, outcome, summary_id, model, trigger,
@@ -249,6 +264,8 @@ async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summar
     }
     assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE deleted_at IS NOT NULL").await, 0);
     assert_eq!(f.delete(&in_s2, &own.to_string()).await.status, 200, "the summary of her own session");
+    assert_eq!(f.delete(&in_s3, &after.to_string()).await.status, 200, "its other writer was erased");
+    assert_eq!(f.delete(&in_s4, &unknown.to_string()).await.status, 404, "a record naming nobody, bob still there");
     assert_eq!(f.delete(&in_s2, &fact.to_string()).await.status, 200, "her fact is of no session");
     assert_eq!(f.delete(&in_s1, &note.to_string()).await.status, 200);
     let session_token = principal("acme", None, None, Some("s1"));

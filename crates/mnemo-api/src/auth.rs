@@ -67,8 +67,9 @@ fn pem_blocks(pem: &[u8]) -> Result<Vec<&[u8]>, usize> {
 }
 
 /// A PEM block's verification key, checked now rather than at the first token: a private key is
-/// refused (it verifies nothing here, and does not belong on an API host), and so is a key the
-/// algorithm cannot use (an EC key of another curve than ES256's P-256).
+/// refused (it verifies nothing here, and does not belong on an API host), and so is an EC key
+/// ES256 cannot use (another curve than P-256). An RSA key is parsed at each verification: one
+/// `from_rsa_pem` takes but cannot use (a mislabelled block, over 4096 bits) fails every token.
 fn public_key(block: &[u8]) -> Result<(DecodingKey, Algorithm), &'static str> {
     let label = block.split(|b| *b == b'\n').next().unwrap_or_default();
     if label.windows(7).any(|w| w == b"PRIVATE") {
