@@ -523,6 +523,10 @@ async fn unknown_routes_and_methods_answer_with_codes() {
     // A path parameter that is not UTF-8 once decoded.
     let bytes = app.client.get("/v1/tool-outputs/tout_%FF", Some(&t)).await;
     assert_eq!((bytes.status, bytes.code()), (400, "invalid_field"));
+    assert!(bytes.body["error"]["message"].as_str().is_some_and(|m| m.contains("key")), "{:?}", bytes.body);
+    let sid = app.client.get("/v1/sessions/%FF/messages", Some(&t)).await;
+    assert_eq!((sid.status, sid.code()), (400, "invalid_field"));
+    assert!(sid.body["error"]["message"].as_str().is_some_and(|m| m.contains("sid")), "{:?}", sid.body);
     // A file's route lacks POST, its edit route everything else: 405 naming what they take.
     let post = app.client.post("/v1/workspace/files/MEMORY.md", Some(&t), &json!({})).await;
     assert_eq!((post.status, post.code()), (405, "method_not_allowed"));

@@ -810,6 +810,21 @@ async fn a_model_outage_is_waited_out_before_anything_is_truncated() {
     assert!(contents(&window)[0].contains("4 new messages since the start"), "{window}");
 }
 
+/// A model that asks for a wait (Retry-After on its 503) is tried again no sooner, though the
+/// first retry's own delay is shorter.
+#[tokio::test]
+async fn a_summary_retry_waits_as_long_as_the_model_asked() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let settings = settings(llm_env(&chat));
+    let t = token(&principal("acme", None, None, Some("s1")));
+    turns(&app, &t, 0, 4).await;
+    chat.then([ChatAnswer::Busy { status: 503, retry_after_secs: 200 }]);
+    let report = compactor(&app, &settings).run(&job("acme", "s1")).await.expect("job");
+    assert!(SUMMARY_RETRIES[0] < Duration::from_secs(200));
+    assert_eq!(report, CompactReport::Retrying { reason: "http_5xx".into(), after: Duration::from_secs(200) });
+}
+
 #[tokio::test]
 async fn overflow_keeps_the_summary_and_the_last_turns_and_schedules_compaction() {
     let chat = ScriptedChat::start().await;

@@ -217,6 +217,26 @@ async fn transient_failures_are_retried_with_growing_delays() {
     worker.kill().await;
 }
 
+/// An endpoint that asks for a wait (Retry-After) is not called again sooner: the retry is due
+/// that late, though the first backoff is 0.5–1.5 s.
+#[tokio::test]
+async fn a_retry_waits_as_long_as_the_endpoint_asked() {
+    let db = TestDb::new().await;
+    let server = ServerProcess::start(&db.app_url, free_port()).await.expect("server");
+    let provider = ScriptedEmbeddings::start(32).await;
+    provider.then([Answer::Busy { status: 429, retry_after_secs: 60 }]);
+    let env = openai_env(&provider);
+    write_messages(&server, 1, |_| "a row behind a rate limit".into()).await;
+    let worker = WorkerProcess::start(&db.url, &env).await.expect("worker");
+    let failed = "SELECT count(*) FROM memory_items WHERE embed_attempts = 1";
+    assert!(wait_until(Duration::from_secs(30), || async { db.count(failed).await == 1 }).await, "never tried");
+    let due_late = "SELECT count(*) FROM apalis.jobs WHERE job_type = 'embed' AND status = 'Pending' \
+                    AND run_at > now() + interval '50 seconds'";
+    assert!(wait_until(Duration::from_secs(10), || async { db.count(due_late).await == 1 }).await);
+    assert_eq!(provider.served().0, 1, "not asked again");
+    worker.kill().await;
+}
+
 #[tokio::test]
 async fn a_refused_row_fails_alone_and_the_batch_goes_through() {
     let db = TestDb::new().await;

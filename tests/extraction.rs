@@ -532,6 +532,24 @@ async fn a_gateway_page_for_an_answer_spends_no_attempt_and_a_408_is_a_timeout()
     assert_eq!(app.db.count(failed).await, 1);
 }
 
+/// A model that asks for a wait (Retry-After on its 429) is asked again no sooner, though the
+/// backoff and the cooldown are shorter.
+#[tokio::test]
+async fn a_retry_waits_as_long_as_the_model_asked() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]);
+    let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t1, ": first trip").await;
+    complete(&app, &t1, "s1", "web").await;
+    chat.then([ChatAnswer::Busy { status: 429, retry_after_secs: 250 }]);
+    let report = runner.run(&job()).await.expect("a failed model is not a failed job");
+    assert_eq!(report, ExtractReport::Failed { reason: "http_429".into(), last_attempt: false });
+    let later = "SELECT count(*) FROM apalis.jobs WHERE job_type = 'extract' AND status = 'Pending' \
+                 AND run_at > now() + interval '240 seconds'";
+    assert_eq!(app.db.count(later).await, 1);
+}
+
 /// A model that is down for a while: the pair's other jobs wait out the cooldown instead of
 /// asking it, and no conversation is failed for a day however many times it is asked (a refused
 /// answer would fail it: see `answers_that_cannot_be_used_…`), so all are extracted once it is

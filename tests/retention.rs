@@ -207,13 +207,19 @@ async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summar
     let note = f.message(&in_s1, "m1", "see you on monday").await;
     let bobs = f.message(&principal("acme", Some("bob"), None, Some("s1")), "b1", "and me on tuesday").await;
     let alone = f.message(&in_s2, "m2", "a session of my own").await;
-    // s3: a writer erased since (the record names nobody), then Ann alone; s4: a record naming
-    // nobody beside another user's live message.
+    // s3: Carol wrote, then was erased (the record names nobody), then Ann alone; s4: a record
+    // naming nobody beside another user's live message; s5: the same, Dan's message anonymized
+    // since and the reply to it marked as his.
     let in_s3 = principal("acme", Some("ann"), None, Some("s3"));
+    f.message(&principal("acme", Some("carol"), None, Some("s3")), "c1", "carol was here").await;
     let (after_erased, later) = (f.message(&in_s3, "m3", "first").await, f.message(&in_s3, "m4", "then").await);
     let in_s4 = principal("acme", Some("ann"), None, Some("s4"));
     f.message(&in_s4, "m5", "here too").await;
     let bob_s4 = f.message(&principal("acme", Some("bob"), None, Some("s4")), "b2", "and me").await;
+    let in_s5 = principal("acme", Some("ann"), None, Some("s5"));
+    f.message(&in_s5, "m6", "hello").await;
+    let dans = f.message(&principal("acme", Some("dan"), None, Some("s5")), "d1", "my address is 4 Elm St").await;
+    let to_dan = f.message(&principal("acme", None, None, Some("s5")), "r1", "Noted, Dan").await;
     let fact = f.fact(&in_s1, "I prefer window seats").await;
     let summary = |sid: &str, text: &str| {
         let session = SessionId::parse(sid).expect("session");
@@ -228,10 +234,15 @@ async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summar
         )
     };
     let store = f.db().store();
+    // Carol's erasure, before the summaries (it would take a summary of her session).
+    let carol = mnemo_core::UserId::parse("carol").expect("user");
+    let acme = TenantId::parse("acme").expect("tenant");
+    mnemo_jobs::erase_user(&store, &acme, &carol, 100, false, "test", |_, _| {}).await.expect("erasure");
     let shared = store.remember(&summary("s1", "Ann and Bob planned the trip")).await.expect("a summary").id;
     let own = store.remember(&summary("s2", "Ann kept a session of her own")).await.expect("a summary").id;
     let after = store.remember(&summary("s3", "Ann went on alone")).await.expect("a summary").id;
     let unknown = store.remember(&summary("s4", "Ann and someone")).await.expect("a summary").id;
+    let marked = store.remember(&summary("s5", "Ann and Dan")).await.expect("a summary").id;
     // Their compactions, naming whose words they summarized.
     let records = [
         ("s1", bobs, shared, vec!["ann", "bob"]),
@@ -239,6 +250,7 @@ async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summar
         ("s3", after_erased, after, vec![]),
         ("s3", later, after, vec!["ann"]),
         ("s4", bob_s4, unknown, vec![]),
+        ("s5", to_dan, marked, vec![]),
     ];
     for (sid, through, summary, writers) in records {
         sqlx::query(
@@ -257,15 +269,33 @@ async fn a_users_token_deletes_neither_another_sessions_rows_nor_a_shared_summar
         .expect("a compaction");
     }
 
+    // Dan's message as a sweep leaves it: anonymized, and the reply to it marked with his hash.
+    sqlx::query(
+        "UPDATE memory_items SET user_id = NULL, session_id = NULL, content = '[REDACTED]', anonymized_at = now() WHERE id = $1",
+    )
+    .bind(dans)
+    .execute(&f.db().pool)
+    .await
+    .expect("anonymized");
+    sqlx::query(
+        "UPDATE memory_items SET reply_to_user_sha256 = encode(sha256(convert_to('dan', 'UTF8')), 'hex') WHERE id = $1",
+    )
+    .bind(to_dan)
+    .execute(&f.db().pool)
+    .await
+    .expect("marked");
+
     assert_eq!(f.delete(&in_s2, &note.to_string()).await.status, 404, "another session's message");
     let everywhere = principal("acme", Some("ann"), None, None);
     for who in [&in_s1, &everywhere] {
         assert_eq!(f.delete(who, &shared.to_string()).await.status, 404, "a shared summary, by {who:?}");
     }
-    assert_eq!(f.db().count("SELECT count(*) FROM memory_items WHERE deleted_at IS NOT NULL").await, 0);
+    let deleted = "SELECT count(*) FROM memory_items WHERE deleted_at IS NOT NULL AND anonymized_at IS NULL";
+    assert_eq!(f.db().count(deleted).await, 0);
     assert_eq!(f.delete(&in_s2, &own.to_string()).await.status, 200, "the summary of her own session");
     assert_eq!(f.delete(&in_s3, &after.to_string()).await.status, 200, "its other writer was erased");
     assert_eq!(f.delete(&in_s4, &unknown.to_string()).await.status, 404, "a record naming nobody, bob still there");
+    assert_eq!(f.delete(&in_s5, &marked.to_string()).await.status, 404, "a reply to dan is still there");
     assert_eq!(f.delete(&in_s2, &fact.to_string()).await.status, 200, "her fact is of no session");
     assert_eq!(f.delete(&in_s1, &note.to_string()).await.status, 200);
     let session_token = principal("acme", None, None, Some("s1"));

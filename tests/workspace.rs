@@ -178,6 +178,16 @@ async fn bad_paths_large_files_and_missing_identities_are_refused_and_write_noth
     assert_eq!((reply.status, reply.code()), (400, "nul_byte"));
     let reply = app.client.patch("/v1/workspace/files/MEMORY.md", Some(&t), &json!({ "sort_order": 99_999 })).await;
     assert_eq!((reply.status, reply.code()), (400, "invalid_field"));
+    // A PATCH changing nothing names both fields it takes.
+    let reply = app.client.patch("/v1/workspace/files/MEMORY.md", Some(&t), &json!({})).await;
+    assert_eq!((reply.status, reply.code()), (400, "missing_field"));
+    assert!(reply.body["error"]["message"].as_str().is_some_and(|m| m.contains("sort_order")), "{:?}", reply.body);
+    // A daily note of a day to come (beyond one day of slack for writers ahead of UTC).
+    // Three days on: two, should midnight pass between this line and the server's.
+    let later = chrono::Utc::now().date_naive() + chrono::Days::new(3);
+    let path = format!("/v1/workspace/files/memory/{}.md", later.format("%Y-%m-%d"));
+    let reply = app.client.put(&path, Some(&t), &json!({ "content": "x" })).await;
+    assert_eq!((reply.status, reply.code()), (400, "invalid_path"), "{:?}", reply.body);
     let reply = app
         .client
         .post("/v1/workspace/files/MEMORY.md/edit", Some(&t), &json!({ "old_text": "", "new_text": "x" }))

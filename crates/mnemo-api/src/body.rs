@@ -209,8 +209,20 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathPart {
         axum::extract::Path::<String>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(part)| Self(part))
-            .map_err(|_| ApiError::InvalidField { field: "path", expected: "percent-encoded UTF-8" })
+            .map_err(|rejection| ApiError::InvalidField {
+                field: param_named(&rejection),
+                expected: "percent-encoded UTF-8",
+            })
     }
+}
+
+/// The route parameter a path's rejection names, for the error's `field`: the routes' own names.
+fn param_named(rejection: &axum::extract::rejection::PathRejection) -> &'static str {
+    use axum::extract::path::ErrorKind;
+    use axum::extract::rejection::PathRejection;
+    let PathRejection::FailedToDeserializePathParams(error) = rejection else { return "path" };
+    let ErrorKind::InvalidUtf8InPathParam { key } = error.kind() else { return "path" };
+    ["sid", "id", "key", "agent"].into_iter().find(|name| name == key).unwrap_or("path")
 }
 
 /// A body's JSON, read strictly: UTF-8, no repeated key, at most [`MAX_VALUES`] values. `/mcp`

@@ -69,7 +69,7 @@ fn session_for(principal: &Principal, raw: &str) -> Result<SessionId, ApiError> 
 }
 
 /// `GET /v1/sessions/{sid}/messages?cursor=…&limit=…`: the session's messages in order, a page
-/// at a time; `next_cursor` is absent on the last page.
+/// at a time; `next_cursor` is null on the last page.
 pub async fn messages(
     State(state): State<AppState>,
     Authenticated(principal): Authenticated,

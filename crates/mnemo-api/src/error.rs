@@ -106,7 +106,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "invalid_path",
         400,
-        "a workspace path is not a relative .md path of at most 4 levels and 200 bytes without .., backslashes or control characters, or names a daily note of no real day",
+        "a workspace path is not a relative .md path of at most 4 levels and 200 bytes without .., backslashes or control characters, or names a daily note of no real day or of a day more than one after today (UTC)",
     ),
     ("nul_byte", 400, "a string contains a NUL character"),
     (

@@ -77,7 +77,7 @@ async fn writable_key(
         return Err(ScopeError::AgentFileReadOnly.into());
     }
     if new_name {
-        key.path.check_new_name()?;
+        key.path.check_new_name(chrono::Utc::now().date_naive())?;
     }
     workspace(state, principal, new_name.then_some(&key.path)).await?;
     Ok(key)
@@ -260,7 +260,7 @@ pub async fn patch(
     };
     body.finish()?;
     if enabled.is_none() && sort_order.is_none() {
-        return Err(ApiError::MissingField("enabled"));
+        return Err(ApiError::MissingField("enabled (or sort_order)"));
     }
     let key = writable_key(&state, &principal, &path, false).await?;
     let file = state.store.patch_file(&key, enabled, sort_order, ACTOR).await?.ok_or(ApiError::NotFound)?;

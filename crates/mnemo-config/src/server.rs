@@ -26,6 +26,8 @@ impl JwtKey {
             (secret.len() < MIN_JWT_SECRET_BYTES)
                 .then(|| format!("{var} is {} bytes; use at least {MIN_JWT_SECRET_BYTES}", secret.len()))
         };
+        // Every problem is listed at once: the previous secret's do not hide the current's.
+        let before = problems.0.len();
         let previous = env.get(vars::JWT_PREVIOUS_SECRET);
         if let Some(previous) = previous {
             if env.get(vars::JWT_SECRET).is_none() {
@@ -34,23 +36,17 @@ impl JwtKey {
                     vars::JWT_PREVIOUS_SECRET,
                     vars::JWT_SECRET
                 ));
-                return None;
-            }
-            if let Some(problem) = short(vars::JWT_PREVIOUS_SECRET, previous) {
-                problems.0.push(problem);
-                return None;
-            }
-            // The same secret twice: the tokens of the one being rotated out would all fail.
-            if env.get(vars::JWT_SECRET) == Some(previous) {
+            } else if env.get(vars::JWT_SECRET) == Some(previous) {
+                // The same secret twice: the tokens of the one being rotated out would all fail.
                 problems.0.push(format!(
                     "{} equals {}: give it the secret being rotated out",
                     vars::JWT_PREVIOUS_SECRET,
                     vars::JWT_SECRET
                 ));
-                return None;
             }
+            problems.0.extend(short(vars::JWT_PREVIOUS_SECRET, previous));
         }
-        match (env.get(vars::JWT_SECRET), env.get(vars::JWT_PUBLIC_KEY_FILE)) {
+        let key = match (env.get(vars::JWT_SECRET), env.get(vars::JWT_PUBLIC_KEY_FILE)) {
             (Some(_), Some(_)) => {
                 problems.0.push(format!("set one of {} and {}, not both", vars::JWT_SECRET, vars::JWT_PUBLIC_KEY_FILE));
                 None
@@ -80,7 +76,8 @@ impl JwtKey {
                     None
                 }
             },
-        }
+        };
+        key.filter(|_| problems.0.len() == before)
     }
 }
 
@@ -265,6 +262,9 @@ mod tests {
         assert!(!problems[0].contains("short"), "a secret is never shown: {problems:?}");
         let (key, problems) = read(&[(vars::JWT_SECRET, &secret), (vars::JWT_PREVIOUS_SECRET, &secret)]);
         assert!(key.is_none() && problems[0].contains("equals"), "{problems:?}");
+        // Both secrets short: both named at once.
+        let (key, problems) = read(&[(vars::JWT_SECRET, "short"), (vars::JWT_PREVIOUS_SECRET, "shorter")]);
+        assert!(key.is_none() && problems.len() == 2, "{problems:?}");
     }
 
     #[test]

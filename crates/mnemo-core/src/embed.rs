@@ -36,15 +36,21 @@ pub struct EmbedError {
     pub class: FailureClass,
     pub kind: &'static str,
     pub detail: String,
+    /// How long the endpoint asked to be left alone (its `Retry-After`): the least a retry waits.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl EmbedError {
     pub fn transient(kind: &'static str, detail: impl Into<String>) -> Self {
-        Self { class: FailureClass::Transient, kind, detail: detail.into() }
+        Self { class: FailureClass::Transient, kind, detail: detail.into(), retry_after: None }
     }
 
     pub fn permanent(kind: &'static str, detail: impl Into<String>) -> Self {
-        Self { class: FailureClass::Permanent, kind, detail: detail.into() }
+        Self { class: FailureClass::Permanent, kind, detail: detail.into(), retry_after: None }
+    }
+
+    pub fn with_retry_after(self, retry_after: Option<std::time::Duration>) -> Self {
+        Self { retry_after, ..self }
     }
 }
 

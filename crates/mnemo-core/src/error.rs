@@ -46,11 +46,17 @@ impl InvalidInput {
 pub struct ModelFailure {
     pub kind: &'static str,
     pub detail: String,
+    /// How long the endpoint asked to be left alone (its `Retry-After`): the least a retry waits.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ModelFailure {
     pub fn new(kind: &'static str, detail: impl Into<String>) -> Self {
-        Self { kind, detail: detail.into() }
+        Self { kind, detail: detail.into(), retry_after: None }
+    }
+
+    pub fn with_retry_after(self, retry_after: Option<std::time::Duration>) -> Self {
+        Self { retry_after, ..self }
     }
 
     /// Whether the failure is the endpoint's state (unreachable, overloaded, refusing the key,
@@ -76,7 +82,9 @@ impl ModelFailure {
     /// to an answer format they cannot follow), so that asking otherwise may be answered. A
     /// 502, 503 or 504 is a gateway's or the endpoint's state: asking again at once would pile
     /// calls onto it.
+    /// An answer asking for a wait (Retry-After) is the endpoint's state.
     pub fn may_refuse_the_request(&self) -> bool {
-        ["HTTP 400:", "HTTP 422:", "HTTP 500:"].iter().any(|status| self.detail.starts_with(status))
+        self.retry_after.is_none()
+            && ["HTTP 400:", "HTTP 422:", "HTTP 500:"].iter().any(|status| self.detail.starts_with(status))
     }
 }

@@ -98,17 +98,21 @@ impl WorkspacePath {
         Ok(Self(raw.to_owned()))
     }
 
-    /// Refuses a file to be written under a name shaped as a daily note that names no real day
-    /// (its day decides when it is archived). Files stored before this rule keep their names, and
-    /// can still be read and deleted.
-    pub fn check_new_name(&self) -> Result<(), InvalidInput> {
+    /// Refuses a file to be written under a name shaped as a daily note that names no real day, or
+    /// a day more than one after `today` (UTC; the day of slack is for writers ahead of UTC): its
+    /// day decides when it is archived, and a note of a day to come would stay forever. Files
+    /// stored before this rule keep their names, and can still be read and deleted.
+    pub fn check_new_name(&self, today: NaiveDate) -> Result<(), InvalidInput> {
         let dated = is_under_memory(&self.0) && self.0[7..].strip_suffix(".md").is_some_and(is_dated);
-        if dated && self.note_day().is_none() {
-            return Err(InvalidInput::BadPath {
+        match self.note_day() {
+            None if dated => Err(InvalidInput::BadPath {
                 reason: "a daily note's name must be memory/YYYY-MM-DD.md, in lowercase, of a real day",
-            });
+            }),
+            Some(day) if day > today + chrono::Days::new(1) => {
+                Err(InvalidInput::BadPath { reason: "a daily note may be dated at most one day after today (UTC)" })
+            }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     pub fn as_str(&self) -> &str {
@@ -399,13 +403,20 @@ mod tests {
         let long = format!("{}.md", "x".repeat(MAX_PATH_BYTES));
         assert!(WorkspacePath::parse(&long).is_err());
         // A new file named as a daily note must name a real day; a stored one still reads.
+        // Nor a day more than one after today.
+        let today = NaiveDate::from_ymd_opt(2024, 3, 1).expect("a day");
         for (raw, new_ok) in
             [("memory/2024-02-29.md", true), ("memory/2020-99-99.md", false), ("memory/2023-02-29.md", false)]
                 .into_iter()
                 .chain([("Memory/2024-02-29.md", false), ("MEMORY/2026-13-45.md", false), ("Memory/prefs.md", true)])
+                .chain([
+                    ("memory/2024-03-02.md", true),
+                    ("memory/2024-03-03.md", false),
+                    ("memory/2099-01-01.md", false),
+                ])
         {
             let path = WorkspacePath::parse(raw).expect("a stored name");
-            assert_eq!(path.check_new_name().is_ok(), new_ok, "{raw}");
+            assert_eq!(path.check_new_name(today).is_ok(), new_ok, "{raw}");
         }
     }
 

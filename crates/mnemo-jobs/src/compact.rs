@@ -213,7 +213,8 @@ impl Compactor {
                 }
             }
             Err(failure) if failure.may_pass() && (job.summary_failures as usize) < SUMMARY_RETRIES.len() => {
-                let after = SUMMARY_RETRIES[job.summary_failures as usize];
+                // At least as long as the endpoint asked (its Retry-After).
+                let after = SUMMARY_RETRIES[job.summary_failures as usize].max(failure.retry_after.unwrap_or_default());
                 tracing::warn!(tenant = %tenant, kind = failure.kind, failures = job.summary_failures + 1,
                     "the summary failed; compaction tries again after {after:?}");
                 tracing::debug!(tenant = %tenant, detail = failure.detail, "summary failure detail");

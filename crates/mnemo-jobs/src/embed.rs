@@ -218,7 +218,8 @@ async fn record_failures(
         };
         metrics::counter!("mnemo_embed_failures_total", "class" => class, "kind" => error.kind).increment(1);
         if retry {
-            let delay = backoff(attempt);
+            // At least as long as the endpoint asked (its Retry-After).
+            let delay = backoff(attempt).max(error.retry_after.unwrap_or_default());
             tracing::info!(item = %id, attempt, kind = error.kind, delay_ms = delay.as_millis() as u64,
                 "embedding failed; retrying later");
             records.push(EmbedFailure { job, error: error.to_string(), retry_after: Some(delay) });
@@ -284,9 +285,10 @@ async fn embed_isolating(
 }
 
 /// A 500 from the endpoint, as `mnemo_models`' client words it: some endpoints answer it for
-/// one input. A 502, 503 or 504 is a gateway's or the endpoint's state, never the input's.
+/// one input. A 502, 503 or 504 is a gateway's or the endpoint's state, never the input's, and
+/// so is a 500 asking for a wait (Retry-After).
 fn is_server_error(e: &EmbedError) -> bool {
-    e.kind == "http_5xx" && e.detail.starts_with("HTTP 500:")
+    e.kind == "http_5xx" && e.detail.starts_with("HTTP 500:") && e.retry_after.is_none()
 }
 
 /// The rows of `texts`, whose call failed with a 500, that draw it: some endpoints answer it for

@@ -246,7 +246,7 @@ impl ExtractRunner {
             // An endpoint that is down fails no conversation for a day: asked again once per
             // cooldown, they are extracted once it is back.
             Err(failure) => {
-                return self.failed(job, &workspace, &pending, failure.kind, failure.is_endpoint_state()).await;
+                return self.failed(job, &workspace, &pending, &failure).await;
             }
         };
         if !extraction.should_update {
@@ -309,7 +309,8 @@ impl ExtractRunner {
             Err(e) if e.is_refused_value() => {
                 // A database's message may quote the value it refused.
                 tracing::debug!(tenant = %job.tenant_id, error = %e, "the extraction could not be stored");
-                return self.failed(job, &workspace, &pending, "unstorable", false).await;
+                let failure = mnemo_core::ModelFailure::new("unstorable", "the database refused the answer");
+                return self.failed(job, &workspace, &pending, &failure).await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -319,16 +320,16 @@ impl ExtractRunner {
         Ok(ExtractReport::Applied { conversations, facts })
     }
 
-    /// Ends a run that failed (`kind`; `down` when the model's endpoint was): each conversation
-    /// counts the attempt, and the job runs again after a backoff unless none is left pending.
+    /// Ends a run that failed: each conversation counts the attempt, and the job runs again after
+    /// a backoff unless none is left pending.
     async fn failed(
         &self,
         job: &ExtractJob,
         workspace: &Workspace,
         pending: &[PendingExtraction],
-        kind: &str,
-        down: bool,
+        failure: &mnemo_core::ModelFailure,
     ) -> Result<ExtractReport, JobError> {
+        let (kind, down) = (failure.kind, failure.is_endpoint_state());
         let attempt = pending.iter().map(|p| p.attempts).max().unwrap_or(0) + 1;
         let max_attempts = self.settings.max_attempts;
         let left = self.store.fail_extraction(workspace, &self.worker, pending, kind, down, max_attempts).await?;
@@ -336,8 +337,10 @@ impl ExtractRunner {
         tracing::warn!(tenant = %job.tenant_id, kind, attempt, still_pending = left,
             "extraction failed; nothing was written");
         if !last_attempt {
-            // The run cools down first: the retry waits at least that long.
-            self.store.retry_after(job, backoff(attempt).max(self.settings.cooldown)).await?;
+            // The run cools down first, and the endpoint may have asked for longer (Retry-After):
+            // the retry waits at least that long.
+            let wait = failure.retry_after.unwrap_or_default().max(self.settings.cooldown);
+            self.store.retry_after(job, backoff(attempt).max(wait)).await?;
         }
         Ok(ExtractReport::Failed { reason: kind.to_owned(), last_attempt })
     }

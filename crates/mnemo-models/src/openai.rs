@@ -137,14 +137,15 @@ fn classify(e: OpenAIError) -> EmbedError {
                 500..=599 => "http_5xx",
                 _ => "http_4xx",
             };
-            let detail = format!("HTTP {status}: {}", api.api_error.message.chars().take(200).collect::<String>());
+            let (wait, message) = crate::transport::retry_after(&api.api_error.message);
+            let detail = format!("HTTP {status}: {}", message.chars().take(200).collect::<String>());
             // Only these refuse the input itself. The others (401, 403 and 404 above all: a key
             // rotated, a model misnamed) are the endpoint's state, which mending it ends: given
             // up on, every row written meanwhile would have stayed without a vector.
             if matches!(status, 400 | 413 | 422) {
                 EmbedError::permanent(kind, detail)
             } else {
-                EmbedError::transient(kind, detail)
+                EmbedError::transient(kind, detail).with_retry_after(wait)
             }
         }
         OpenAIError::JSONDeserialize(e, _) => EmbedError::transient("malformed_response", e.to_string()),
@@ -219,7 +220,10 @@ impl ChatModel {
         if !self.reasoning.load(Ordering::Relaxed) {
             match self.client.chat().create_byot(self.shaped(&request, max_tokens, false)).await {
                 Err(OpenAIError::ApiError(api))
-                    if refuses_sampling(api.status_code.as_u16(), &api.api_error.message) =>
+                    if refuses_sampling(
+                        api.status_code.as_u16(),
+                        &crate::transport::retry_after(&api.api_error.message).1,
+                    ) =>
                 {
                     tracing::info!(
                         model = self.name,
@@ -264,8 +268,9 @@ fn failure(e: OpenAIError) -> ModelFailure {
         OpenAIError::Reqwest(e) => ModelFailure::new("connection", e.to_string()),
         OpenAIError::ApiError(api) => {
             let status = api.status_code.as_u16();
-            let detail = format!("HTTP {status}: {}", api.api_error.message.chars().take(200).collect::<String>());
-            match status {
+            let (wait, message) = crate::transport::retry_after(&api.api_error.message);
+            let detail = format!("HTTP {status}: {}", message.chars().take(200).collect::<String>());
+            let failure = match status {
                 // A proxy that gave up waiting for the endpoint.
                 408 => ModelFailure::new("timeout", detail),
                 404 => ModelFailure::new("model_missing", detail),
@@ -278,7 +283,8 @@ fn failure(e: OpenAIError) -> ModelFailure {
                 }
                 500..=599 => ModelFailure::new("http_5xx", detail),
                 _ => ModelFailure::new("http_4xx", detail),
-            }
+            };
+            failure.with_retry_after(wait)
         }
         OpenAIError::JSONDeserialize(e, _) => ModelFailure::new("malformed_response", e.to_string()),
         other => ModelFailure::new("client", other.to_string()),

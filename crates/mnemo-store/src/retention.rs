@@ -419,7 +419,8 @@ pub(crate) async fn anonymize_ids(
 /// roles; see [`Store::soft_delete`]), with an audit row (`$5`, reason `$4`) when first deleted.
 /// A user may delete a session's summary only when every compaction of the session summarized
 /// their words alone (`participants`, migration 38; a record that names nobody, made before it or
-/// emptied by erasures, holds another user's words when another user wrote in the session).
+/// emptied by erasures, holds another user's words when another user's message, or a reply
+/// marked as answering another user, is in the session).
 const SOFT_DELETE: &str = concat!(
     "
 WITH target AS (
@@ -434,11 +435,15 @@ WITH target AS (
     user_sha256!("$3"),
     "] OR (c.participants = '{}' AND c.outcome = 'summarized' AND EXISTS (
                 -- Named nobody: made before migration 38, from messages carrying no user, or
-                -- every writer erased since. Another user's live message says whose words it
-                -- may hold.
+                -- every writer erased since. Another user's message (deleted ones too), or a
+                -- reply marked as another's when their message was anonymized (migration 54),
+                -- says whose words it may hold.
                 SELECT 1 FROM memory_items o
                 WHERE o.tenant_id = $1 AND o.session_id = t.session_id AND o.scope = 'session'
-                  AND o.source_kind IN ('chat_message', 'tool_output') AND o.user_id <> $3)))))))
+                  AND o.source_kind IN ('chat_message', 'tool_output')
+                  AND (o.user_id <> $3 OR o.reply_to_user_sha256 <> ",
+    user_sha256!("$3"),
+    "))))))))
       AND ($7::text IS NULL OR t.session_id = $7 OR ($3::text IS NOT NULL AND t.scope <> 'session'))
       AND (t.allowed_roles = '{}' OR t.allowed_roles && $6::text[] OR (t.scope = 'user' AND t.user_id = $3))
     FOR UPDATE OF t

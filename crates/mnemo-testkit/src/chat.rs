@@ -23,6 +23,11 @@ use serde_json::{Value, json};
 #[derive(Debug, Clone)]
 pub enum ChatAnswer {
     Status(u16),
+    /// This status (a 429 or 503) with `Retry-After: secs`.
+    Busy {
+        status: u16,
+        retry_after_secs: u64,
+    },
     /// Sleeps this long, then answers by the rule.
     Hang(Duration),
     /// 200 with message content that is not a judgement.
@@ -295,6 +300,11 @@ async fn completions(
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return (status, Json(json!({"error": {"message": "scripted failure", "type": "server_error"}})))
                 .into_response();
+        }
+        Some(ChatAnswer::Busy { status, retry_after_secs }) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            let error = Json(json!({"error": {"message": "scripted overload", "type": "server_error"}}));
+            return (status, [(axum::http::header::RETRY_AFTER, retry_after_secs.to_string())], error).into_response();
         }
         Some(ChatAnswer::Hang(d)) => tokio::time::sleep(d).await,
         Some(ChatAnswer::GatewayPage) => {

@@ -18,6 +18,11 @@ use serde_json::{Value, json};
 #[derive(Debug, Clone)]
 pub enum Answer {
     Status(u16),
+    /// This status (a 429 or 503) with `Retry-After: secs`.
+    Busy {
+        status: u16,
+        retry_after_secs: u64,
+    },
     /// Sleeps this long before answering normally (past the client's timeout, a timeout).
     Hang(Duration),
     Malformed,
@@ -227,6 +232,11 @@ async fn embeddings(
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return (status, Json(json!({"error": {"message": "scripted failure", "type": "server_error"}})))
                 .into_response();
+        }
+        Some(Answer::Busy { status, retry_after_secs }) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+            let error = Json(json!({"error": {"message": "scripted rate limit", "type": "rate_limit_error"}}));
+            return (status, [(axum::http::header::RETRY_AFTER, retry_after_secs.to_string())], error).into_response();
         }
         Some(Answer::Hang(d)) => tokio::time::sleep(d).await,
         Some(Answer::Malformed) => return (StatusCode::OK, "{\"object\": \"list\", \"data\": [").into_response(),
