@@ -88,6 +88,17 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert!(!refused.status.success() && stderr.contains("MNEMO_MCP_TIMEOUT_S must be"), "{bad}: {stderr}");
     }
+    for bad in ["http://", "ftp://example.com", "http://example.com:99999", "localhost:8080"] {
+        let refused = tokio::process::Command::new(&bin)
+            .env("MNEMO_TOKEN", &mcp_token)
+            .env("MNEMO_URL", bad)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("mnemo-mcp runs");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && stderr.contains("MNEMO_URL must be"), "{bad}: {stderr}");
+    }
 
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = silent.local_addr().expect("address");
@@ -97,7 +108,24 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
             open.push(connection);
         }
     });
+    // A proxy in the environment, which a server on this machine is never reached through (the
+    // token would go to it).
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let proxy_address = format!("http://{}", proxy.local_addr().expect("address"));
+    let proxied = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _proxy = tokio::spawn({
+        let proxied = proxied.clone();
+        async move {
+            let mut open = Vec::new();
+            while let Ok((connection, _)) = proxy.accept().await {
+                proxied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                open.push(connection);
+            }
+        }
+    });
     let mut child = tokio::process::Command::new(&bin)
+        .env("HTTP_PROXY", &proxy_address)
+        .env("http_proxy", &proxy_address)
         .env("MNEMO_URL", format!("http://{address}"))
         .env("MNEMO_TOKEN", &mcp_token)
         .env("MNEMO_MCP_TIMEOUT_S", "1")
@@ -128,6 +156,7 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
         let message = result["structuredContent"]["error"]["message"].as_str().expect("a message");
         assert!(message.contains(words), "{message}");
     }
+    assert_eq!(proxied.load(std::sync::atomic::Ordering::Relaxed), 0, "a local server was reached through the proxy");
 
     // 20 MiB in one line (over rmcp's default 16 MiB): read and answered (an argument the tool
     // does not take, refused before the API is asked).

@@ -515,7 +515,10 @@ async fn a_sweep_anonymizes_completely_keeps_chains_and_never_comes_back() {
     let fresh = f.message(&ann, "m-old", "a new message under an old id").await;
     assert_ne!(fresh, old_note);
     let listed = f.runbook_json(&[], &["audit", "--tenant", "acme", "--event", "memory.anonymize", "--json"]).await;
-    assert_eq!(listed["entries"].as_array().map(Vec::len), Some(2));
+    assert_eq!((listed["entries"].as_array().map(Vec::len), &listed["truncated"]), (Some(2), &json!(false)));
+    let first = ["audit", "--tenant", "acme", "--event", "memory.anonymize", "--limit", "1", "--json"];
+    let first = f.runbook_json(&[], &first).await;
+    assert_eq!((first["entries"].as_array().map(Vec::len), &first["truncated"]), (Some(1), &json!(true)));
     let by_item = f.runbook_json(&[], &["audit", "--item", &old_fact.to_string(), "--json"]).await;
     let events: Vec<&str> =
         by_item["entries"].as_array().expect("entries").iter().filter_map(|e| e["event"].as_str()).collect();

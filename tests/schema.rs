@@ -25,22 +25,32 @@ async fn migrations_are_current_and_re_runnable() {
     assert!(MIGRATOR.status(&db.pool).await.expect("status").is_current());
 }
 
-/// `migrate` says what it applies, and stops, changing nothing, on a database a newer build
-/// migrated (a migration this build does not know).
+/// `migrate` says what it applies (`--dry-run`: and applies nothing), and stops, changing
+/// nothing, on a database a newer build migrated (a migration this build does not know).
 #[tokio::test]
 async fn the_runbook_refuses_to_migrate_a_database_a_newer_build_migrated() {
     let db = TestDb::new().await;
-    let migrate = || {
+    let runbook = |args: &[&str]| {
         std::process::Command::new(mnemo_testkit::binary("mnemo-runbook").expect("runbook"))
-            .arg("migrate")
+            .args(args)
             .env_clear()
             .env(mnemo_config::vars::DATABASE_URL, &db.url)
             .output()
             .expect("runbook runs")
     };
+    let migrate = || runbook(&["migrate"]);
     let current = migrate();
     assert!(current.status.success(), "{}", String::from_utf8_lossy(&current.stderr));
     assert!(String::from_utf8_lossy(&current.stdout).contains("(0 migrations applied now)"));
+    // The last migration undone in the history: a dry run names it, and it stays pending.
+    let history = "SELECT max(version) FROM _sqlx_migrations WHERE success";
+    let last: i64 = sqlx::query_scalar(history).fetch_one(&db.pool).await.expect("the last migration");
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1").bind(last).execute(&db.pool).await.expect("undo");
+    let dry = runbook(&["migrate", "--dry-run"]);
+    let name = MIGRATOR.description(last).expect("a migration of this build");
+    let listed = String::from_utf8_lossy(&dry.stderr);
+    assert!(dry.status.success() && listed.contains(&format!("{last} {name}")), "{listed}");
+    assert!(MIGRATOR.status(&db.pool).await.expect("status").pending == [last], "nothing applied");
     migrated_by_a_newer_build(&db.pool).await;
     let newer = migrate();
     let stderr = String::from_utf8_lossy(&newer.stderr);

@@ -14,8 +14,14 @@ use rmcp::transport::async_rw::AsyncRwTransport;
 use serde_json::json;
 
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
-/// A recall embeds its query and may rerank; a write may wait for group commit.
-const DEFAULT_TIMEOUT_S: u64 = 60;
+/// A recall embeds its query and may rerank; a write may wait for group commit. Under the 60 s
+/// most MCP clients wait for a call: the agent then reads the tool error (`unavailable`, and for a
+/// write that it may have been applied) rather than the client's bare timeout.
+const DEFAULT_TIMEOUT_S: u64 = 50;
+/// Idle connections are dropped before the server's header timeout (10 s) closes them: a call
+/// sent on a connection the server is closing fails, and a write would be reported as possibly
+/// applied.
+const POOL_IDLE: Duration = Duration::from_secs(5);
 const MAX_TIMEOUT_S: u64 = 3600;
 /// mnemo's largest answer is a whole tool output (4 MiB by default), which JSON may escape to a
 /// few times its size; more than this is not mnemo answering.
@@ -43,7 +49,7 @@ impl Forward for Remote {
             request = request.json(&body);
         }
         // Without the URL: its path may name a file, a memory or a tool output.
-        let mut response = request.send().await.map_err(|e| format!("{}: {}", self.shown, e.without_url()))?;
+        let mut response = request.send().await.map_err(|e| format!("{}: {}", self.shown, causes(e)))?;
         let status = response.status().as_u16();
         // Redirects are not followed: the token would go to wherever they point, and a POST
         // would come back a GET.
@@ -54,7 +60,7 @@ impl Forward for Remote {
             return Ok(ApiAnswer { status: 502, body: json!({ "error": { "code": "internal", "message": message } }) });
         }
         let mut bytes = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
+        while let Some(chunk) = response.chunk().await.map_err(|e| format!("{}: {}", self.shown, causes(e)))? {
             if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
                 let message = format!("the answer at {} was over {} MiB", self.shown, MAX_ANSWER_BYTES >> 20);
                 // Whatever the status said, this is no answer: a tool error.
@@ -79,11 +85,16 @@ async fn main() -> anyhow::Result<()> {
     if token.trim().is_empty() {
         bail!("{TOKEN} is empty");
     }
-    let base = std::env::var(URL).unwrap_or_else(|_| DEFAULT_URL.to_owned());
+    let base = match std::env::var(URL) {
+        Err(std::env::VarError::NotPresent) => DEFAULT_URL.to_owned(),
+        Err(std::env::VarError::NotUnicode(_)) => bail!("{URL} is not Unicode"),
+        Ok(url) => url,
+    };
     let base = base.trim_end_matches('/').to_owned();
-    if !(base.starts_with("http://") || base.starts_with("https://")) {
-        bail!("{URL} must be an http:// or https:// address, not {:?}", without_credentials(&base));
-    }
+    let parsed = reqwest::Url::parse(&base).ok().filter(|u| u.host().is_some());
+    let Some(parsed) = parsed.filter(|u| matches!(u.scheme(), "http" | "https")) else {
+        bail!("{URL} must be an http:// or https:// address with a host, not {:?}", without_credentials(&base));
+    };
     // The HTTP client would send them as Basic credentials, an Authorization header beside the
     // bearer token's, and the server reads only one.
     if without_credentials(&base) != base {
@@ -101,11 +112,19 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::builder()
+    let mut http = reqwest::Client::builder()
         .timeout(Duration::from_secs(timeout))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .context("cannot build the HTTP client")?;
+        .pool_idle_timeout(POOL_IDLE)
+        .redirect(reqwest::redirect::Policy::none());
+    // A server on this machine is never reached through the environment's HTTP_PROXY: the
+    // token would go, over plain HTTP, to the proxy.
+    let host = parsed.host_str().unwrap_or_default().trim_matches(['[', ']']);
+    let loopback =
+        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        http = http.no_proxy();
+    }
+    let http = http.build().context("cannot build the HTTP client")?;
     let bearer = format!("Bearer {}", token.trim());
     if reqwest::header::HeaderValue::from_str(&bearer).is_err() {
         bail!("{TOKEN} holds characters an HTTP header cannot carry (a line break, say)");
@@ -123,6 +142,19 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// `url` without the `user:password@` of its authority, if it has one.
+/// An HTTP error with its causes (refused, a name not found, a certificate, a timeout), which
+/// its own message leaves out, and without the URL (its path may name a file or a memory).
+fn causes(error: reqwest::Error) -> String {
+    let error = error.without_url();
+    let mut message = error.to_string();
+    let mut cause = std::error::Error::source(&error);
+    while let Some(inner) = cause {
+        message = format!("{message}: {inner}");
+        cause = inner.source();
+    }
+    message
+}
+
 fn without_credentials(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());

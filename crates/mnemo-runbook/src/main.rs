@@ -67,7 +67,12 @@ impl Identity {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Apply the database schema (mnemo's tables and apalis' job tables). Safe to re-run.
-    Migrate,
+    Migrate {
+        /// List the migrations not applied yet, and apply nothing (docs/runbook.md says which
+        /// take long on a large database, and what to build before them).
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Let ROLE, the API server's login (ARCHITECTURE.md, "Two roles"), use mnemo's tables in
     /// this database, now and after later migrations. It must not own the tables, be a superuser
     /// or bypass row-level security. Safe to re-run.
@@ -238,7 +243,8 @@ fn parse_ttl(raw: &str) -> Result<Duration, String> {
     let (number, unit) = raw.split_at(split);
     let number: u64 = number.parse().map_err(|_| format!("{raw:?} is not a duration like 30m, 1h or 7d"))?;
     let seconds = match unit {
-        "s" | "" => 1,
+        "s" => 1,
+        "" => return Err(format!("{raw:?} has no unit: write it like 90s, 30m, 1h or 7d")),
         "m" => 60,
         "h" => 3600,
         "d" => 86_400,
@@ -261,7 +267,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let env = Env::from_process()?;
     match cli.command {
-        Command::Migrate => migrate(&env).await,
+        Command::Migrate { dry_run } => migrate(&env, dry_run).await,
         Command::GrantAppRole { role } => {
             connect(&env).await?.grant_app_role(&role).await.with_context(|| format!("cannot grant to {role}"))?;
             println!("{role} may use mnemo's tables, under row-level security");
@@ -486,7 +492,7 @@ async fn status(env: &Env, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn migrate(env: &Env) -> anyhow::Result<()> {
+async fn migrate(env: &Env, dry_run: bool) -> anyhow::Result<()> {
     // Not `connect`: before the first migration nobody owns the tables, so every role looks held
     // by the wall. Migrating reads no tenant's rows, and the role that creates the tables owns them.
     let settings = DatabaseSettings::from_env(env)?;
@@ -500,8 +506,16 @@ async fn migrate(env: &Env) -> anyhow::Result<()> {
         );
     }
     // Some migrations take minutes on a large database (docs/runbook.md says which).
+    let verb = if dry_run { "would apply" } else { "applying" };
     if !before.pending.is_empty() {
-        eprintln!("applying {} migrations: {:?}", before.pending.len(), before.pending);
+        eprintln!("{verb} {} migrations:", before.pending.len());
+    }
+    for version in &before.pending {
+        eprintln!("  {version} {}", MIGRATOR.description(*version).unwrap_or_default());
+    }
+    if dry_run {
+        println!("{} migrations pending; nothing applied (dry run)", before.pending.len());
+        return Ok(());
     }
     MIGRATOR.run(store.pool()).await.context("migration failed")?;
     let after = MIGRATOR.status(store.pool()).await?;
@@ -516,6 +530,7 @@ mod tests {
     #[test]
     fn ttls_parse_with_units() {
         assert_eq!(parse_ttl("90s"), Ok(Duration::from_secs(90)));
+        assert!(parse_ttl("24").is_err_and(|e| e.contains("no unit")), "a bare number is no duration");
         assert_eq!(parse_ttl("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_ttl("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert!(parse_ttl("1w").is_err());

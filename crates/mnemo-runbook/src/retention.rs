@@ -368,7 +368,10 @@ pub async fn audit(
     limit: i64,
     json: bool,
 ) -> anyhow::Result<()> {
-    let entries = store.audit_entries(&AuditFilter { tenant, event, item, since, limit }).await?;
+    // One more than asked for says whether there are more.
+    let mut entries = store.audit_entries(&AuditFilter { tenant, event, item, since, limit: limit + 1 }).await?;
+    let truncated = entries.len() as i64 > limit;
+    entries.truncate(limit as usize);
     if json {
         let entries: Vec<_> = entries
             .iter()
@@ -378,7 +381,7 @@ pub async fn audit(
                         "details": e.details, "created_at": e.created_at })
             })
             .collect();
-        println!("{}", json!({ "entries": entries }));
+        println!("{}", json!({ "entries": entries, "truncated": truncated }));
         return Ok(());
     }
     for e in &entries {
@@ -400,6 +403,9 @@ pub async fn audit(
     }
     if entries.is_empty() {
         println!("(no audit rows match)");
+    }
+    if truncated {
+        println!("(the first {limit}; more match: raise --limit, or narrow with --since or --event)");
     }
     Ok(())
 }

@@ -68,6 +68,17 @@ impl Migrations {
         }
         Ok(status)
     }
+
+    /// The name of migration `version` (its file's, words separated by spaces), mnemo's or
+    /// apalis'; `None` for a version this build does not know.
+    pub fn description(&self, version: i64) -> Option<String> {
+        let apalis = PostgresStorage::<()>::migrations();
+        [&self.own, &apalis]
+            .into_iter()
+            .flat_map(|migrator| migrator.iter())
+            .find(|m| m.version == version && m.migration_type.is_up_migration())
+            .map(|m| m.description.to_string())
+    }
 }
 
 impl crate::Store {
