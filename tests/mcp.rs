@@ -172,3 +172,62 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
     assert!(got[&6]["result"].is_object(), "{:?}", got[&6]);
     assert!(!got.contains_key(&5), "the line over 64 MiB was answered");
 }
+
+/// A proxy in front of the API answering with its own page (502, 504: the API down or slow) is
+/// the API not reached: `unavailable`, and for a call that is not idempotent, "may have been
+/// applied"; another service's answer with any other status stays `internal`.
+#[tokio::test]
+async fn mnemo_mcp_reads_a_proxys_error_page_as_the_api_unavailable() {
+    use serde_json::json;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+    let gateway = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = gateway.local_addr().expect("address");
+    // Each request in turn gets the next of these pages, then the connection closes.
+    let _pages = tokio::spawn(async move {
+        for status in ["502 Bad Gateway", "504 Gateway Timeout", "404 Not Found"] {
+            let Ok((mut connection, _)) = gateway.accept().await else { return };
+            let mut request = vec![0u8; 64 << 10];
+            let _ = connection.read(&mut request).await;
+            let page = "<html>down</html>";
+            let answer = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = connection.write_all(answer.as_bytes()).await;
+        }
+    });
+    let mut child = tokio::process::Command::new(binary("mnemo-mcp").expect("mnemo-mcp is built"))
+        .env("MNEMO_URL", format!("http://{address}"))
+        .env("MNEMO_TOKEN", token(&principal("acme", Some("u1"), Some("a1"), Some("s1"))))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("mnemo-mcp starts");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let init =
+        json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "0" } });
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init })).await;
+    assert!(answers(&mut stdout, &[1]).await[&1]["result"]["serverInfo"].is_object());
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).await;
+    let call = |id: u64, name: &str, arguments: serde_json::Value| json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": name, "arguments": arguments } });
+    let expected = [
+        (call(2, "recall", json!({ "query": "the trip" })), "unavailable", "try again later"),
+        (
+            call(3, "write_file", json!({ "path": "memory/notes.md", "content": "x" })),
+            "unavailable",
+            "may have been applied",
+        ),
+        (call(4, "recall", json!({ "query": "the trip" })), "internal", "not an answer of mnemo's API (HTTP 404)"),
+    ];
+    for (id, (request, code, words)) in (2..).zip(expected) {
+        send(&mut stdin, &request).await;
+        let result = &answers(&mut stdout, &[id]).await[&id]["result"];
+        assert_eq!((&result["isError"], &result["structuredContent"]["error"]["code"]), (&json!(true), &json!(code)));
+        let message = result["structuredContent"]["error"]["message"].as_str().expect("a message");
+        assert!(message.contains(words), "{id}: {message}");
+    }
+}

@@ -787,6 +787,15 @@ async fn an_operator_sets_a_tenants_policy_field_by_field() {
     let typo = f.runbook(&[], &["retention-policy", "--tenant", "acmee", "--soft-ttl-days", "3"]).await;
     assert!(typo.status.success());
     assert!(String::from_utf8_lossy(&typo.stderr).contains("tenant acmee holds no memory"));
+    let listed = f.runbook(&[], &["workspace", "ls", "--tenant", "acmee", "--agent", "helper"]).await;
+    assert!(listed.status.success() && String::from_utf8_lossy(&listed.stdout).contains("(no files)"));
+    assert!(String::from_utf8_lossy(&listed.stderr).contains("tenant acmee holds no memory"));
+    // A permission for no row, or for a sweep that anonymizes nothing, is a mistake.
+    for allow in [&["--allow-large-sweep", "0"][..], &["--allow-large-sweep", "5", "--dry-run"]] {
+        let refused = f.runbook(&[], &[&["anonymize", "--tenant", "acme"][..], allow].concat()).await;
+        assert!(!refused.status.success(), "{allow:?}");
+    }
+    assert_eq!(f.db().count("SELECT count(*) FROM audit_log WHERE event LIKE 'memory.anonymize%'").await, 0);
 }
 
 #[tokio::test]

@@ -405,9 +405,7 @@ fn tool_result(answer: ApiAnswer) -> CallToolResult {
         return result;
     }
     // Anything but the API's error body (another service at MNEMO_URL, say) is an error too.
-    let error = answer.body.get("error");
-    let is_ours = error.is_some_and(|e| e["code"].is_string() && e["message"].is_string());
-    let body = if is_ours {
+    let body = if is_the_apis_error(&answer.body) {
         answer.body
     } else {
         json!({ "error": { "code": "internal", "message": format!("not an answer of mnemo's API (HTTP {})", answer.status) } })
@@ -415,6 +413,28 @@ fn tool_result(answer: ApiAnswer) -> CallToolResult {
     let mut result = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
     result.structured_content = Some(body);
     result
+}
+
+/// Whether a body is the API's error, `{error: {code, message}}`.
+fn is_the_apis_error(body: &Value) -> bool {
+    body.get("error").is_some_and(|e| e["code"].is_string() && e["message"].is_string())
+}
+
+/// What a proxy in front of the API answers when the API is down or slow (its own page, not the
+/// API's error body): the API was not reached, or did not answer in time.
+const GATEWAY_STATUSES: [u16; 5] = [408, 429, 502, 503, 504];
+
+/// The tool error for an API not reached, or not answering in time. A call that timed out may
+/// have been applied: one that is not idempotent (an edit, a new version) must not be sent
+/// again blind.
+fn unavailable(idempotent: bool) -> ApiAnswer {
+    let message = if idempotent {
+        "mnemo's API could not be reached or did not answer in time; try again later"
+    } else {
+        "mnemo's API could not be reached or did not answer in time, and the call may have been \
+         applied: read the current state before trying again"
+    };
+    ApiAnswer { status: 503, body: json!({ "error": { "code": UNAVAILABLE, "message": message } }) }
 }
 
 fn refused(error: &ApiError) -> CallToolResult {
@@ -479,21 +499,20 @@ impl<F: Forward> ServerHandler for MnemoMcp<F> {
             Ok(call) => call,
             Err(e) => return Ok(refused(&e).into()),
         };
+        // A tool error, not a protocol one: the agent sees it and may try again later.
         let answer = match self.forward.forward(call, &context).await {
+            Ok(answer) if GATEWAY_STATUSES.contains(&answer.status) && !is_the_apis_error(&answer.body) => {
+                tracing::warn!(
+                    tool = spec.name,
+                    status = answer.status,
+                    "an MCP tool call met a proxy's error, not the API"
+                );
+                unavailable(spec.idempotent)
+            }
             Ok(answer) => answer,
-            // A tool error, not a protocol one: the agent sees it and may try again later.
             Err(e) => {
                 tracing::warn!(tool = spec.name, error = %e, "an MCP tool call could not reach the API");
-                // A call that timed out may have been applied: one that is not idempotent (an
-                // edit, a new version) must not be sent again blind.
-                let message = if spec.idempotent {
-                    "mnemo's API could not be reached or did not answer in time; try again later"
-                } else {
-                    "mnemo's API could not be reached or did not answer in time, and the call may have been \
-                     applied: read the current state before trying again"
-                };
-                let body = json!({ "error": { "code": UNAVAILABLE, "message": message } });
-                ApiAnswer { status: 503, body }
+                unavailable(spec.idempotent)
             }
         };
         Ok(tool_result(answer).into())

@@ -170,8 +170,8 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
         /// Allow this one sweep past the safety floor, if it anonymizes at most N rows (under the
-        /// floor, it anonymizes at most N). Audited.
-        #[arg(long, value_name = "N")]
+        /// floor, it anonymizes at most N). Audited; not with --dry-run, which anonymizes nothing.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "dry_run")]
         allow_large_sweep: Option<u64>,
         #[arg(long)]
         json: bool,
@@ -266,6 +266,14 @@ async fn main() -> anyhow::Result<()> {
     mnemo_models::keep_elementwise_ops_on_one_thread();
     let cli = Cli::parse();
     let env = Env::from_process()?;
+    // The libraries' warnings (a model call that failed, a replica behind) on stderr; the
+    // commands print their own reports. No traces: a command is no service.
+    let logs = mnemo_config::LogSettings {
+        filter: "warn,async_openai=off".to_owned(),
+        format: mnemo_config::LogFormat::Text,
+        traces: None,
+    };
+    let _telemetry = mnemo_config::init_tracing(&logs, "mnemo-runbook").map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Migrate { dry_run } => migrate(&env, dry_run).await,
         Command::GrantAppRole { role } => {
@@ -284,6 +292,9 @@ async fn main() -> anyhow::Result<()> {
             let queued = store
                 .retry_given_up_embeddings(tenant.as_ref(), 10_000, |n| eprintln!("{n} rows queued to embed again"))
                 .await?;
+            if let Some(tenant) = tenant.as_ref().filter(|_| queued == 0) {
+                retention::warn_if_it_holds_nothing(&store, tenant).await?;
+            }
             if json {
                 println!("{}", serde_json::json!({ "queued": queued }));
             } else {

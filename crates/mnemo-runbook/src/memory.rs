@@ -279,6 +279,7 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             }
             if rows.is_empty() {
                 println!("(no extraction or consolidation yet)");
+                crate::retention::warn_if_it_holds_nothing(store, &tenant).await?;
             }
         }
     }

@@ -279,7 +279,10 @@ pub async fn erase(
     force: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    let (policy, _) = store.retention_policy(tenant, settings.defaults).await?;
+    let (policy, warnings) = store.retention_policy(tenant, settings.defaults).await?;
+    for warning in &warnings {
+        eprintln!("warning: {warning}");
+    }
     // An audit row would read as the erasure of someone whose id was mistyped; a dry run, the
     // operator's check, gives the answer the run would.
     if !force {
