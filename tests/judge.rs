@@ -1166,8 +1166,9 @@ async fn pending_facts_of_two_tenants_with_one_id_both_come_back() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("give --tenant"), "{stderr}");
     assert_eq!(f.app.db.count("SELECT count(*) FROM memory_items WHERE judge_at IS NULL").await, 0, "nothing cleared");
-    let cleared = runbook(&f, &["judge", "clear", "--ids", &id, "--tenant", "beta", "--json"]);
-    assert_eq!(cleared["cleared"], 1);
+    let stray = Uuid::now_v7().to_string();
+    let cleared = runbook(&f, &["judge", "clear", "--ids", &id, "--ids", &stray, "--tenant", "beta", "--json"]);
+    assert_eq!((&cleared["cleared"], &cleared["not_cleared"]), (&json!(1), &json!([stray])), "{cleared}");
     let open: Vec<String> = sqlx::query_scalar("SELECT tenant_id FROM memory_items WHERE judge_at IS NULL")
         .fetch_all(&f.app.db.pool)
         .await

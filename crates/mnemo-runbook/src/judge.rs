@@ -159,12 +159,15 @@ pub async fn run(store: &Store, command: JudgeCommand, env: &Env) -> anyhow::Res
                 }
             }
             let verb = if dry_run { "would clear" } else { "cleared" };
+            let asked: Vec<Uuid> = match &selection {
+                ClearSelection::Ids(asked) => asked.clone(),
+                ClearSelection::Outcome { .. } => Vec::new(),
+            };
             let (mut ids, mut so_far) = (Vec::new(), 0);
             let mut progress = |rows: &[(Uuid, String)]| {
                 for (id, tenant) in rows {
-                    if json {
-                        ids.push(*id);
-                    } else {
+                    ids.push(*id);
+                    if !json {
                         println!("{id}  {tenant}");
                     }
                 }
@@ -176,11 +179,20 @@ pub async fn run(store: &Store, command: JudgeCommand, env: &Env) -> anyhow::Res
             let cleared = store
                 .clear_judgements(&selection, tenant.as_ref(), "runbook", dry_run, CLEAR_BATCH, &mut progress)
                 .await?;
+            // An id pasted from another environment, or of a fact not live or not judged yet, is
+            // named rather than passed over.
+            let missed: Vec<Uuid> = asked.into_iter().filter(|id| !ids.contains(id)).collect();
             if json {
-                println!("{}", json!({ "dry_run": dry_run, "cleared": cleared, "ids": ids }));
+                println!("{}", json!({ "dry_run": dry_run, "cleared": cleared, "ids": ids, "not_cleared": missed }));
                 return Ok(());
             }
             println!("{verb} judge_at on {cleared} facts{}", if dry_run { " (dry run: nothing changed)" } else { "" });
+            for id in &missed {
+                eprintln!(
+                    "not cleared: {id} (no live fact judged so far by that id{})",
+                    if tenant.is_some() { " in the tenant" } else { "" }
+                );
+            }
             Ok(())
         }
         JudgeCommand::Check { tenant, json } => {
