@@ -263,3 +263,14 @@ async fn the_vectors_move_into_partitions_by_tenant_with_their_index() {
     pool.close().await;
     let _ = mnemo_store::drop_database(&admin, &name).await;
 }
+
+/// A connection left in an open transaction by a host that died is ended by PostgreSQL, not
+/// kept with its locks until TCP gives up: every store's connections carry the setting.
+#[tokio::test]
+async fn a_stores_connections_end_a_transaction_left_idle() {
+    let db = TestDb::new().await;
+    let store = mnemo_store::Store::connect(&db.url, 2).await.expect("store");
+    let setting: String =
+        sqlx::query_scalar("SHOW idle_in_transaction_session_timeout").fetch_one(store.pool()).await.expect("setting");
+    assert_eq!(setting, "10min");
+}

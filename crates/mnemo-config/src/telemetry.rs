@@ -45,12 +45,21 @@ impl LogSettings {
         // rmcp logs each /mcp message's session at info, with what the client says it is;
         // async-openai logs a provider's error and unreadable answers whole at warn and error,
         // and they may quote the input (mnemo classes and logs each failure itself).
-        // A filter of the operator's own keeps async-openai off unless it names it: `debug` to
-        // troubleshoot must not bring providers' answers into the logs.
+        // A filter of the operator's own keeps async-openai off and rmcp at warn unless it
+        // names them: `debug` to troubleshoot must not bring providers' answers, or whole tool
+        // calls and their results, into the logs.
         let filter = match env.get(vars::LOG) {
             None => "info,rmcp=warn,async_openai=off".to_owned(),
-            Some(own) if own.contains("async_openai") => own.to_owned(),
-            Some(own) => format!("{own},async_openai=off"),
+            Some(own) => {
+                let mut filter = own.to_owned();
+                if !own.contains("rmcp") {
+                    filter.push_str(",rmcp=warn");
+                }
+                if !own.contains("async_openai") {
+                    filter.push_str(",async_openai=off");
+                }
+                filter
+            }
         };
         if let Err(e) = EnvFilter::try_new(&filter) {
             problems.0.push(format!("{}={filter:?} is not a tracing filter: {e}", vars::LOG));
@@ -328,13 +337,14 @@ mod tests {
     }
 
     #[test]
-    fn an_operators_filter_keeps_async_openai_off_unless_it_names_it() {
+    fn an_operators_filter_keeps_async_openai_off_and_rmcp_at_warn_unless_it_names_them() {
         let filter = |log: Option<&str>| {
             let env = Env::from_pairs(log.map(|l| (vars::LOG, l)));
             LogSettings::read(&env, &mut Problems::default()).filter
         };
         assert_eq!(filter(None), "info,rmcp=warn,async_openai=off");
-        assert_eq!(filter(Some("debug")), "debug,async_openai=off");
-        assert_eq!(filter(Some("info,async_openai=warn")), "info,async_openai=warn");
+        assert_eq!(filter(Some("debug")), "debug,rmcp=warn,async_openai=off");
+        assert_eq!(filter(Some("info,async_openai=warn")), "info,async_openai=warn,rmcp=warn");
+        assert_eq!(filter(Some("debug,rmcp=debug")), "debug,rmcp=debug,async_openai=off");
     }
 }

@@ -99,6 +99,13 @@ pub(crate) fn bounded(options: PgConnectOptions, statement_timeout: Duration) ->
     options.options([("statement_timeout", statement_timeout.as_millis().to_string())])
 }
 
+/// How long a connection may sit in an open transaction with no statement running before
+/// PostgreSQL ends it: a worker or server whose host died (no socket closed) would otherwise hold
+/// its locks (a tenant's text counts, a user's files) until TCP gives up, hours later. Every
+/// transaction of mnemo's runs its statements back to back (no model call inside one), so this
+/// only ends the dead; ten minutes leaves room for an export written to a slow pipe.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(600);
+
 /// The session setting row-level security reads (migration 029): a text[] literal.
 const TENANTS_SETTING: &str = "mnemo.tenants";
 
@@ -131,7 +138,9 @@ impl Store {
     }
 
     async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<Self, StoreError> {
-        let options = options.application_name("mnemo");
+        let options = options
+            .application_name("mnemo")
+            .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION.as_millis().to_string())]);
         let mut first = sqlx::ConnectOptions::connect(&options).await?;
         let walled = !role_bypasses_wall(&mut first, None).await?.unwrap_or(false);
         sqlx::Connection::close(first).await?;
