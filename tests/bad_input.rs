@@ -520,6 +520,12 @@ async fn unknown_routes_and_methods_answer_with_codes() {
     assert_eq!((method.status, method.code()), (405, "method_not_allowed"));
     let key = app.client.post("/v1/facts", Some(&t), &json!({ "content": "x", "scope": "user", "key": "" })).await;
     assert_eq!((key.status, key.code()), (400, "invalid_field"));
+    // An empty filter is no filter: refused. A memory id in another spelling than the schema's.
+    let kinds = app.client.post("/v1/recall", Some(&t), &json!({ "query": "x", "source_kinds": [] })).await;
+    assert_eq!((kinds.status, kinds.code()), (400, "invalid_field"));
+    let simple = uuid::Uuid::now_v7().simple().to_string();
+    let id = app.client.delete(&format!("/v1/memories/{simple}"), Some(&t)).await;
+    assert_eq!((id.status, id.code()), (400, "invalid_field"));
     // A path parameter that is not UTF-8 once decoded.
     let bytes = app.client.get("/v1/tool-outputs/tout_%FF", Some(&t)).await;
     assert_eq!((bytes.status, bytes.code()), (400, "invalid_field"));

@@ -126,8 +126,10 @@ async fn only_the_session_and_service_tokens_read_a_session() {
         let reply = app.client.get(&format!("/v1/sessions/s1/messages?cursor={cursor}"), Some(&s1)).await;
         assert_eq!((reply.status, reply.code()), (400, "invalid_field"), "{cursor}");
     }
-    let reply = app.client.get("/v1/sessions/s1/messages?limit=0", Some(&s1)).await;
-    assert_eq!((reply.status, reply.code()), (400, "invalid_field"));
+    for query in ["limit=0", "limit=5&limit=1000", "limit=+5"] {
+        let reply = app.client.get(&format!("/v1/sessions/s1/messages?{query}"), Some(&s1)).await;
+        assert_eq!((reply.status, reply.code()), (400, "invalid_field"), "{query}");
+    }
     let reply = app.client.get("/v1/sessions/s1/messages?tenant=globex", Some(&s1)).await;
     assert_eq!((reply.status, reply.code()), (400, "unknown_field"));
 }

@@ -119,6 +119,8 @@ async fn typed_facts_are_stored_and_bad_input_writes_nothing() {
         (json!({"source": "extraction"}), "invalid_value"),
         (json!({"relations": [{"type": "cousin_of", "target": target}]}), "invalid_value"),
         (json!({"relations": [{"type": "related_to", "target": "nope"}]}), "invalid_field"),
+        // The id in another spelling than the schema's (braced).
+        (json!({"relations": [{"type": "related_to", "target": format!("{{{target}}}")}]}), "invalid_field"),
         (json!({"relations": [{"type": "related_to", "target": foreign}]}), "relation_target_not_found"),
         (json!({"relations": [{"type": "related_to", "target": Uuid::now_v7()}]}), "relation_target_not_found"),
         (json!({"relations": [{"type": "derived_from", "target": retired}]}), "relation_target_not_found"),

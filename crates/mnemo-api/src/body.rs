@@ -21,10 +21,20 @@ pub const TENANT_FIELDS: &[&str] = &["tenant", "tenant_id", "tenantId"];
 /// The most items one page of a list returns.
 pub const MAX_PAGE: usize = 1000;
 
-/// A GET's query as (name, raw value) pairs; the endpoint takes the names it knows, refuses the
-/// rest, and decodes the values it needs.
+/// A query as (name, raw value) pairs, as they come.
 pub fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
     query.unwrap_or("").split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, "")))
+}
+
+/// A GET's query as (name, raw value) pairs, each name once (`?limit=5&limit=1000` would
+/// otherwise be read as one or the other); the endpoint takes the names it knows, refuses the
+/// rest, and decodes the values it needs.
+pub fn query_params(query: Option<&str>) -> Result<Vec<(&str, &str)>, ApiError> {
+    let pairs: Vec<(&str, &str)> = query_pairs(query).collect();
+    if pairs.iter().enumerate().any(|(i, (name, _))| pairs[..i].iter().any(|(seen, _)| seen == name)) {
+        return Err(ApiError::InvalidField { field: "query", expected: "each parameter at most once" });
+    }
+    Ok(pairs)
 }
 
 /// A whole number from a query, within `range`; `expected` says what is taken.
@@ -34,7 +44,20 @@ pub fn query_number<T: std::str::FromStr + PartialOrd>(
     range: std::ops::RangeInclusive<T>,
     expected: &'static str,
 ) -> Result<T, ApiError> {
-    raw.parse::<T>().ok().filter(|n| range.contains(n)).ok_or(ApiError::InvalidField { field, expected })
+    // Digits only: Rust's parse also takes a leading `+`.
+    let digits = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit());
+    digits
+        .then(|| raw.parse::<T>().ok())
+        .flatten()
+        .filter(|n| range.contains(n))
+        .ok_or(ApiError::InvalidField { field, expected })
+}
+
+/// A UUID in the one spelling the schema's `format: uuid` names (`8-4-4-4-12` hex digits), not
+/// the simple, braced or URN forms the parser also reads.
+pub fn uuid(raw: &str) -> Option<uuid::Uuid> {
+    let id = uuid::Uuid::try_parse(raw).ok()?;
+    (raw.len() == uuid::fmt::Hyphenated::LENGTH).then_some(id)
 }
 
 /// A list's `limit` from a query: a whole number from 1 to [`MAX_PAGE`].

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::auth::Authenticated;
-use crate::body::{JsonObject, PathPart, page_limit, query_pairs};
+use crate::body::{JsonObject, PathPart, page_limit, query_params};
 use crate::{ApiError, AppState};
 
 /// The messages one page returns unless asked for another number.
@@ -78,7 +78,7 @@ pub async fn messages(
 ) -> Result<Json<Value>, ApiError> {
     let session = session_for(&principal, &sid)?;
     let (mut cursor, mut limit) = (None, DEFAULT_PAGE);
-    for pair in query_pairs(query.as_deref()) {
+    for pair in query_params(query.as_deref())? {
         match pair {
             ("cursor", raw) => cursor = Some(parse_cursor(raw)?),
             ("limit", raw) => limit = page_limit(raw)?,

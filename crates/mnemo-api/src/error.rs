@@ -89,7 +89,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "invalid_field",
         400,
-        "a field has the wrong type, or an id is empty, too long or has control characters, or a time is outside the years 0001–9999 (a chat message's or tool output's `event_time`: more than a day ahead of the server's clock)",
+        "a field has the wrong type, or an id is empty, too long or has control characters (a memory id: not in the 8-4-4-4-12 form), or a time is outside the years 0001–9999 (a chat message's or tool output's `event_time`: more than a day ahead of the server's clock), or a query parameter is given twice",
     ),
     (
         "invalid_value",

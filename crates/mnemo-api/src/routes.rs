@@ -14,7 +14,7 @@ use mnemo_store::{MIGRATOR, Remembered, Store, StoreError};
 use serde_json::json;
 
 use crate::auth::Authenticated;
-use crate::body::{JsonObject, PathPart, query_number, query_pairs};
+use crate::body::{JsonObject, PathPart, query_number, query_params};
 use crate::{ApiError, AppState};
 
 /// `{id, was_new}`: 201 when this write made the row, 200 when it already existed.
@@ -279,7 +279,7 @@ fn typed_input(body: &mut JsonObject) -> Result<TypedInput, ApiError> {
             };
             let mut relation = JsonObject::from_map(map);
             let kind = RelationType::parse(&relation.take_str("type")?)?;
-            let target = relation.take_str("target")?.parse().map_err(|_| ApiError::InvalidField {
+            let target = crate::body::uuid(&relation.take_str("target")?).ok_or(ApiError::InvalidField {
                 field: "relations",
                 expected: "relation targets that are memory ids (UUIDs)",
             })?;
@@ -315,7 +315,7 @@ pub async fn forget(
     Authenticated(principal): Authenticated,
     PathPart(id): PathPart,
 ) -> Result<Response, ApiError> {
-    let id: uuid::Uuid = id.parse().map_err(|_| ApiError::InvalidField { field: "id", expected: "a UUID" })?;
+    let id = crate::body::uuid(&id).ok_or(ApiError::InvalidField { field: "id", expected: "a UUID" })?;
     let (only_session, requested_by) = match (&principal.user, &principal.session) {
         (Some(_), session) => (session.as_ref(), "user"),
         (None, Some(session)) => (Some(session), "session"),
@@ -347,6 +347,13 @@ pub async fn recall(
         request = request.top_k(top_k)?;
     }
     if let Some(kinds) = body.take_opt_str_list("source_kinds")? {
+        // An empty list would read as "every kind", a filter that came out empty as no filter.
+        if kinds.is_empty() {
+            return Err(ApiError::InvalidField {
+                field: "source_kinds",
+                expected: "at least one source kind (leave it out for every kind)",
+            });
+        }
         let kinds = kinds.iter().map(|k| SourceKind::parse(k)).collect::<Result<Vec<_>, _>>()?;
         request = request.source_kinds(kinds);
     }
@@ -493,7 +500,7 @@ pub async fn tool_output(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let (mut offset, mut max_bytes) = (0, usize::MAX);
-    for pair in query_pairs(query.as_deref()) {
+    for pair in query_params(query.as_deref())? {
         match pair {
             ("offset", raw) => offset = query_number("offset", raw, 0..=usize::MAX, "a whole number of bytes")?,
             ("max_bytes", raw) => {

@@ -89,6 +89,7 @@ pub fn recall_body() -> Value {
             "source_kinds": {
                 "type": "array",
                 "items": one_of(SourceKind::ALL.iter().map(|k| k.as_str()), "A kind of memory."),
+                "minItems": 1,
                 "description": "Only these kinds (default: all).",
             },
             "scope": one_of(

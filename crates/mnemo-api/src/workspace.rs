@@ -14,7 +14,7 @@ use mnemo_store::{ConsolidationRequest, Edited, FileMeta, WorkspaceFile, Written
 use serde_json::{Value, json};
 
 use crate::auth::Authenticated;
-use crate::body::{JsonObject, MAX_PAGE, PathPart, page_limit, query_number, query_pairs};
+use crate::body::{JsonObject, MAX_PAGE, PathPart, page_limit, query_number, query_params};
 use crate::{ApiError, AppState};
 
 /// Who changed a file through the API, in its version and audit rows.
@@ -117,7 +117,7 @@ pub async fn list(
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let (mut prefix, mut cursor, mut limit) = (String::new(), None, MAX_PAGE);
-    for pair in query_pairs(query.as_deref()) {
+    for pair in query_params(query.as_deref())? {
         match pair {
             ("prefix", raw) => {
                 prefix = percent_decode(raw).ok_or(ApiError::InvalidField {
@@ -154,7 +154,9 @@ fn parse_file_cursor(raw: &str) -> Result<(i32, String), ApiError> {
     let order = order.parse::<i32>().map_err(|_| invalid())?;
     let bytes = (0..hex.len())
         .step_by(2)
-        .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        // Hex digits only: from_str_radix also takes a leading `+`.
+        .map(|i| hex.get(i..i + 2).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit())))
+        .map(|h| h.and_then(|h| u8::from_str_radix(h, 16).ok()))
         .collect::<Option<Vec<u8>>>()
         .ok_or_else(invalid)?;
     let path = String::from_utf8(bytes).map_err(|_| invalid())?;
@@ -290,7 +292,7 @@ pub async fn prompt(
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let mut budget = state.workspace.prompt_max_tokens;
-    for pair in query_pairs(query.as_deref()) {
+    for pair in query_params(query.as_deref())? {
         match pair {
             ("max_tokens", raw) => {
                 budget = query_number("max_tokens", raw, 1..=1_000_000, "a whole number from 1 to 1000000")?
