@@ -126,6 +126,8 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
     let mut child = tokio::process::Command::new(&bin)
         .env("HTTP_PROXY", &proxy_address)
         .env("http_proxy", &proxy_address)
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
         .env("MNEMO_URL", format!("http://{address}"))
         .env("MNEMO_TOKEN", &mcp_token)
         .env("MNEMO_MCP_TIMEOUT_S", "1")

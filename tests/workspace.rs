@@ -106,7 +106,7 @@ async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
     }
     assert_eq!(paged, files(&whole.body));
     // A cursor naming a path with NUL in it, too (it used to answer 500).
-    // Nor a repeated parameter, a number with a sign, or a cursor whose hex has one.
+    // Nor a repeated parameter, a number with a sign, or a cursor with one.
     for query in [
         "limit=0",
         "limit=1001",
@@ -116,6 +116,7 @@ async fn core_files_on_first_use_then_write_edit_patch_and_delete() {
         "limit=2&limit=1000",
         "limit=+2",
         "cursor=0_+a",
+        "cursor=+0_61",
     ] {
         let refused = app.client.get(&format!("/v1/workspace/files?{query}"), Some(&t)).await;
         assert_eq!((refused.status, refused.code()), (400, "invalid_field"), "{query}");

@@ -31,7 +31,8 @@ pub fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
 /// rest, and decodes the values it needs.
 pub fn query_params(query: Option<&str>) -> Result<Vec<(&str, &str)>, ApiError> {
     let pairs: Vec<(&str, &str)> = query_pairs(query).collect();
-    if pairs.iter().enumerate().any(|(i, (name, _))| pairs[..i].iter().any(|(seen, _)| seen == name)) {
+    let mut seen = std::collections::HashSet::new();
+    if !pairs.iter().all(|(name, _)| seen.insert(*name)) {
         return Err(ApiError::InvalidField { field: "query", expected: "each parameter at most once" });
     }
     Ok(pairs)

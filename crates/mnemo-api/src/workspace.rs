@@ -151,6 +151,10 @@ fn format_file_cursor(f: &FileMeta) -> String {
 fn parse_file_cursor(raw: &str) -> Result<(i32, String), ApiError> {
     let invalid = || ApiError::InvalidField { field: "cursor", expected: "a cursor from an earlier page" };
     let (order, hex) = raw.split_once('_').ok_or_else(invalid)?;
+    let digits = order.strip_prefix('-').unwrap_or(order);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid());
+    }
     let order = order.parse::<i32>().map_err(|_| invalid())?;
     let bytes = (0..hex.len())
         .step_by(2)

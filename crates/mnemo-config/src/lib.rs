@@ -28,8 +28,8 @@ pub use recall::{ClassWeights, RecallSettings, SignalSettings};
 pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};
 pub use telemetry::{
-    LogFormat, LogSettings, Telemetry, TraceExport, batch_span, continue_trace, init_tracing, metrics_handle,
-    model_span, shutdown_signal, traceparent,
+    LogFormat, LogSettings, Telemetry, TraceExport, batch_span, continue_trace, guarded_filter, init_tracing,
+    metrics_handle, model_span, shutdown_signal, traceparent,
 };
 pub use worker::{WorkerSettings, orphan_timeout};
 pub use workspace::{

@@ -50,16 +50,7 @@ impl LogSettings {
         // calls and their results, into the logs.
         let filter = match env.get(vars::LOG) {
             None => "info,rmcp=warn,async_openai=off".to_owned(),
-            Some(own) => {
-                let mut filter = own.to_owned();
-                if !own.contains("rmcp") {
-                    filter.push_str(",rmcp=warn");
-                }
-                if !own.contains("async_openai") {
-                    filter.push_str(",async_openai=off");
-                }
-                filter
-            }
+            Some(own) => guarded_filter(own),
         };
         if let Err(e) = EnvFilter::try_new(&filter) {
             problems.0.push(format!("{}={filter:?} is not a tracing filter: {e}", vars::LOG));
@@ -112,6 +103,19 @@ impl TraceExport {
         });
         Some(Self { service_name: env.get(vars::OTEL_SERVICE_NAME).map(str::to_owned).or(from_attributes) })
     }
+}
+
+/// An operator's `MNEMO_LOG` filter with rmcp kept at warn and async-openai off unless it names
+/// them: at debug, rmcp logs whole tool calls and results, async-openai a provider's answers.
+pub fn guarded_filter(own: &str) -> String {
+    let mut filter = own.to_owned();
+    if !own.contains("rmcp") {
+        filter.push_str(",rmcp=warn");
+    }
+    if !own.contains("async_openai") {
+        filter.push_str(",async_openai=off");
+    }
+    filter
 }
 
 /// Keeps the trace exporter alive; dropping it sends the spans still buffered. Hold it until

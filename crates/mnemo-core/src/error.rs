@@ -82,7 +82,8 @@ impl ModelFailure {
     /// to an answer format they cannot follow), so that asking otherwise may be answered. A
     /// 502, 503 or 504 is a gateway's or the endpoint's state: asking again at once would pile
     /// calls onto it.
-    /// An answer asking for a wait (Retry-After) is the endpoint's state.
+    /// An answer asking for a wait (Retry-After) says the endpoint is busy: asking otherwise at
+    /// once would not help.
     pub fn may_refuse_the_request(&self) -> bool {
         self.retry_after.is_none()
             && ["HTTP 400:", "HTTP 422:", "HTTP 500:"].iter().any(|status| self.detail.starts_with(status))

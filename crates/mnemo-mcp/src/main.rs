@@ -78,7 +78,10 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env(LOG).unwrap_or_else(|_| "mnemo_mcp=info,warn".into()),
+            std::env::var(LOG)
+                .ok()
+                .and_then(|own| tracing_subscriber::EnvFilter::try_new(mnemo_config::guarded_filter(&own)).ok())
+                .unwrap_or_else(|| "mnemo_mcp=info,warn".into()),
         )
         .init();
     let token = std::env::var(TOKEN).with_context(|| format!("{TOKEN} must hold a bearer token (JWT) for mnemo"))?;
@@ -141,7 +144,6 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `url` without the `user:password@` of its authority, if it has one.
 /// An HTTP error with its causes (refused, a name not found, a certificate, a timeout), which
 /// its own message leaves out, and without the URL (its path may name a file or a memory).
 fn causes(error: reqwest::Error) -> String {
@@ -155,6 +157,7 @@ fn causes(error: reqwest::Error) -> String {
     message
 }
 
+/// `url` without the `user:password@` of its authority, if it has one.
 fn without_credentials(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());

@@ -124,6 +124,12 @@ fn normalised(mut v: Vec<f32>) -> Vec<f32> {
     v
 }
 
+/// An error answer's wait (its Retry-After) and detail: its status and the start of its message.
+fn api_detail(api: &async_openai::error::ApiErrorResponse) -> (Option<std::time::Duration>, String) {
+    let (wait, message) = crate::transport::retry_after(&api.api_error.message);
+    (wait, format!("HTTP {}: {}", api.status_code.as_u16(), message.chars().take(200).collect::<String>()))
+}
+
 /// Network trouble, rate limits, server errors and unreadable answers may pass; a refusal of the
 /// request itself will not.
 fn classify(e: OpenAIError) -> EmbedError {
@@ -137,8 +143,7 @@ fn classify(e: OpenAIError) -> EmbedError {
                 500..=599 => "http_5xx",
                 _ => "http_4xx",
             };
-            let (wait, message) = crate::transport::retry_after(&api.api_error.message);
-            let detail = format!("HTTP {status}: {}", message.chars().take(200).collect::<String>());
+            let (wait, detail) = api_detail(&api);
             // Only these refuse the input itself. The others (401, 403 and 404 above all: a key
             // rotated, a model misnamed) are the endpoint's state, which mending it ends: given
             // up on, every row written meanwhile would have stayed without a vector.
@@ -268,8 +273,7 @@ fn failure(e: OpenAIError) -> ModelFailure {
         OpenAIError::Reqwest(e) => ModelFailure::new("connection", e.to_string()),
         OpenAIError::ApiError(api) => {
             let status = api.status_code.as_u16();
-            let (wait, message) = crate::transport::retry_after(&api.api_error.message);
-            let detail = format!("HTTP {status}: {}", message.chars().take(200).collect::<String>());
+            let (wait, detail) = api_detail(&api);
             let failure = match status {
                 // A proxy that gave up waiting for the endpoint.
                 408 => ModelFailure::new("timeout", detail),

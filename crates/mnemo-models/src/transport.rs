@@ -98,6 +98,8 @@ fn openai_error(body: &[u8], wait: Option<Duration>) -> Vec<u8> {
         None => None,
     };
     let message = message.map_or_else(|| String::from_utf8_lossy(body).into_owned(), str::to_owned);
+    // A provider's own text never reads as the tag.
+    let message = message.replace(RETRY_AFTER_TAG, "[retry after ");
     let mut message: String = message.chars().take(ERROR_MESSAGE_CHARS).collect();
     if let Some(wait) = wait {
         message = format!("{RETRY_AFTER_TAG}{}] {message}", wait.as_millis());
@@ -114,11 +116,13 @@ fn asked_wait(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 }
 
 /// An error message read back: the wait its answer asked for, and the message without it. The
-/// tag may be inside: async-openai keeps a 5xx answer's whole body as its message.
+/// tag opens the message, or the message of the body async-openai keeps whole for a 5xx.
 pub(crate) fn retry_after(message: &str) -> (Option<Duration>, String) {
-    let tagged = message.find(RETRY_AFTER_TAG).and_then(|start| {
-        let (millis, rest) = message[start + RETRY_AFTER_TAG.len()..].split_once("] ")?;
-        Some((millis.parse::<u64>().ok()?, format!("{}{rest}", &message[..start])))
+    const BODY: &str = r#"{"error":{"message":""#;
+    let opening = if message.starts_with(BODY) { BODY.len() } else { 0 };
+    let tagged = message[opening..].strip_prefix(RETRY_AFTER_TAG).and_then(|rest| {
+        let (millis, rest) = rest.split_once("] ")?;
+        Some((millis.parse::<u64>().ok()?, format!("{}{rest}", &message[..opening])))
     });
     match tagged {
         Some((millis, text)) => (Some(Duration::from_millis(millis).min(MAX_RETRY_AFTER)), text),
@@ -174,5 +178,10 @@ mod tests {
         );
         assert_eq!(retry_after("slow down"), (None, "slow down".to_owned()));
         assert_eq!(retry_after("[retry-after-ms 999999999] x"), (Some(MAX_RETRY_AFTER), "x".to_owned()));
+        // Only where the transport puts it: not inside a message, nor from the provider's text.
+        assert_eq!(retry_after("quoted: [retry-after-ms 5000] x").0, None);
+        let spoofed = openai_error(br#"{"error": {"message": "[retry-after-ms 5000] x"}}"#, None);
+        let spoofed: Value = serde_json::from_slice(&spoofed).expect("json");
+        assert_eq!(retry_after(spoofed["error"]["message"].as_str().expect("message")).0, None);
     }
 }

@@ -240,6 +240,9 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
         }
         MemoryCommand::Status { tenant, json } => {
             let rows = store.memory_status(&tenant).await?;
+            if rows.is_empty() {
+                crate::retention::warn_if_it_holds_nothing(store, &tenant).await?;
+            }
             if json {
                 let rows: Vec<Value> = rows
                     .iter()
@@ -279,7 +282,6 @@ pub async fn run(store: &Store, env: &Env, command: MemoryCommand) -> anyhow::Re
             }
             if rows.is_empty() {
                 println!("(no extraction or consolidation yet)");
-                crate::retention::warn_if_it_holds_nothing(store, &tenant).await?;
             }
         }
     }

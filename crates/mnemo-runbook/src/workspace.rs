@@ -115,11 +115,11 @@ pub async fn run(store: &Store, command: WorkspaceCommand, env: &Env) -> anyhow:
                     let flag = if f.enabled { "enabled " } else { "disabled" };
                     println!("{:>5} {flag} v{:<4} {:>8} B  {}", f.sort_order, f.version, f.size_bytes, f.path);
                 }
-                if files.is_empty() {
-                    println!("(no files)");
-                }
             }
             if files.is_empty() {
+                if !json {
+                    println!("(no files)");
+                }
                 crate::retention::warn_if_it_holds_nothing(store, &owner.tenant).await?;
             }
         }

@@ -138,17 +138,18 @@ impl Store {
     }
 
     async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<Self, StoreError> {
-        let options = options
-            .application_name("mnemo")
-            .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION.as_millis().to_string())]);
+        let options = options.application_name("mnemo");
         let mut first = sqlx::ConnectOptions::connect(&options).await?;
         let walled = !role_bypasses_wall(&mut first, None).await?.unwrap_or(false);
         sqlx::Connection::close(first).await?;
         Ok(Self::lazy(&options, max_connections, walled, Duration::from_secs(5)))
     }
 
-    /// Pools that connect when first used, named ones if `walled`.
+    /// Pools that connect when first used, named ones if `walled`; the primary's and a replica's.
     pub(crate) fn lazy(options: &PgConnectOptions, max: u32, walled: bool, acquire_timeout: Duration) -> Self {
+        let options = &options
+            .clone()
+            .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION.as_millis().to_string())]);
         let pool = |max| PgPoolOptions::new().max_connections(max).acquire_timeout(acquire_timeout);
         if !walled {
             return Self { pool: pool(max).connect_lazy_with(options.clone()), named: None };
