@@ -59,6 +59,23 @@ async fn different_content_under_the_same_source_ref_is_a_conflict() {
     let content: String =
         sqlx::query_scalar("SELECT content FROM memory_items").fetch_one(&app.db.pool).await.expect("row");
     assert_eq!(content, "first");
+    // The same words as another role, or another tool call, are another message too; the same
+    // message again is a retry.
+    let turn = |role: &str, call: Option<&str>| {
+        let mut body = chat("m-2", "ok");
+        body["role"] = json!(role);
+        if let Some(call) = call {
+            body["tool_call_id"] = json!(call);
+        }
+        body
+    };
+    assert_eq!(app.client.post("/v1/memories", Some(&token), &turn("tool", Some("c1"))).await.status, 201);
+    for other in [turn("assistant", None), turn("tool", Some("c2"))] {
+        let reply = app.client.post("/v1/memories", Some(&token), &other).await;
+        assert_eq!((reply.status, reply.code()), (409, "source_ref_conflict"), "{other}");
+    }
+    let retry = app.client.post("/v1/memories", Some(&token), &turn("tool", Some("c1"))).await;
+    assert_eq!((retry.status, &retry.body["was_new"]), (200, &json!(false)));
 }
 
 #[tokio::test]

@@ -157,7 +157,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "source_ref_conflict",
         409,
-        "the source_ref already holds different content (for a fact: or other visibility or allowed_roles, or it is an agent's fact another user wrote that a newer one replaced; for a chat message or tool output: a row of another session)",
+        "the source_ref already holds different content (for a fact: or other visibility or allowed_roles, or it is an agent's fact another user wrote that a newer one replaced; for a chat message or tool output: a row of another session, or of another role or tool call)",
     ),
     ("not_written", 409, "an item of an atomic batch, not written because another item was refused"),
     (

@@ -96,7 +96,8 @@ const ROWS_PER_EMBED_JOB: usize = 8;
 const FIND_ITEMS: &str = "
 SELECT k.ord, m.id, m.content_sha256, m.deleted_at IS NOT NULL AS deleted,
        m.superseded_by IS NOT NULL AS superseded, m.visibility,
-       array_to_string(m.allowed_roles, ',') AS roles, m.session_id, m.user_id, m.agent_id
+       array_to_string(m.allowed_roles, ',') AS roles, m.session_id, m.user_id, m.agent_id,
+       m.role AS turn_role, m.tool_call_id
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(tenant_id, source_kind, source_ref, ord)
 JOIN memory_items m USING (tenant_id, source_kind, source_ref)";
 
@@ -113,6 +114,10 @@ struct KeyHolder {
     session_id: Option<String>,
     user_id: Option<String>,
     agent_id: Option<String>,
+    /// A conversation row's role and tool call; `None` for other kinds, and for rows written
+    /// before migration 14.
+    turn_role: Option<String>,
+    tool_call_id: Option<String>,
 }
 
 /// Re-asserting a superseded or deleted fact makes it live again: its validity restarts, its
@@ -585,6 +590,8 @@ async fn settle(
             session_id: session,
             user_id: holder,
             agent_id: holder_agent,
+            turn_role,
+            tool_call_id,
         } in existing
         {
             let i = usize::try_from(ord - 1).unwrap_or(usize::MAX);
@@ -603,6 +610,12 @@ async fn settle(
                 // A session's row under a ref another session's row holds is another write: it
                 // would land on a row its session never reads.
                 let other_session = rows[i].session.as_ref().is_some_and(|s| session.as_deref() != Some(s.as_str()));
+                // So is a turn of another role or tool call under a held ref: a retry repeats
+                // the whole message, and the held row would stand for a turn never stored.
+                let turn = rows[i].turn.as_ref();
+                let other_turn = turn_role.is_some()
+                    && (turn.map(|t| t.role.as_str()) != turn_role.as_deref()
+                        || turn.and_then(|t| t.tool_call_id.as_deref()) != tool_call_id.as_deref());
                 // The row names the user who first wrote it; only they bring it back. Another
                 // user of an agent reviving a fact the agent's operator (or another user) wrote
                 // would have the judge retire, in its writer's name, what replaced it.
@@ -613,8 +626,11 @@ async fn settle(
                 // Relations are the writer's to add, as reviving and re-keying are: another user of
                 // an agent would hang links on a memory that is not theirs to change.
                 let foreign_relations = !writer && typed.relations.iter().any(|r| r.target != id);
-                let conflict =
-                    sha != rows[i].content_sha256 || (is_fact && readers_differ) || other_session || foreign_relations;
+                let conflict = sha != rows[i].content_sha256
+                    || (is_fact && readers_differ)
+                    || other_session
+                    || other_turn
+                    || foreign_relations;
                 *slot = Some(if conflict {
                     Err(StoreError::SourceRefConflict { existing: id })
                 } else if deleted && !may_undelete_it {
