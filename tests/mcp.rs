@@ -66,6 +66,38 @@ async fn answers(
     got
 }
 
+/// mnemo-mcp's stdout, a line at a time.
+type McpOut = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+
+/// `command` (mnemo-mcp with its environment) started on pipes, the MCP handshake done.
+async fn mcp_session(
+    mut command: tokio::process::Command,
+) -> (tokio::process::Child, tokio::process::ChildStdin, McpOut) {
+    use serde_json::json;
+    use tokio::io::AsyncBufReadExt;
+
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("mnemo-mcp starts");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let init =
+        json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "0" } });
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init })).await;
+    assert!(answers(&mut stdout, &[1]).await[&1]["result"]["serverInfo"].is_object());
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).await;
+    (child, stdin, stdout)
+}
+
+/// A `tools/call` request.
+fn tool_call(id: u64, name: &str, arguments: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": name, "arguments": arguments } })
+}
+
 /// mnemo-mcp over raw stdin and stdout. An API that takes the connection and never answers is a
 /// tool error `unavailable` after `MNEMO_MCP_TIMEOUT_S`, whose message, for a call that is not
 /// idempotent, says it may have been applied. A line longer than rmcp's default (16 MiB) is
@@ -73,31 +105,22 @@ async fn answers(
 #[tokio::test]
 async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
     use serde_json::json;
-    use tokio::io::AsyncBufReadExt;
 
     let bin = binary("mnemo-mcp").expect("mnemo-mcp is built");
     let mcp_token = token(&principal("acme", Some("u1"), Some("a1"), Some("s1")));
-    for bad in ["0", "3601", "1.5", "soon"] {
+    let timeouts = ["0", "3601", "1.5", "soon"].map(|bad| ("MNEMO_MCP_TIMEOUT_S", bad));
+    let urls =
+        ["http://", "ftp://example.com", "http://example.com:99999", "localhost:8080"].map(|bad| ("MNEMO_URL", bad));
+    for (var, bad) in timeouts.into_iter().chain(urls) {
         let refused = tokio::process::Command::new(&bin)
             .env("MNEMO_TOKEN", &mcp_token)
-            .env("MNEMO_MCP_TIMEOUT_S", bad)
+            .env(var, bad)
             .stdin(Stdio::null())
             .output()
             .await
             .expect("mnemo-mcp runs");
         let stderr = String::from_utf8_lossy(&refused.stderr);
-        assert!(!refused.status.success() && stderr.contains("MNEMO_MCP_TIMEOUT_S must be"), "{bad}: {stderr}");
-    }
-    for bad in ["http://", "ftp://example.com", "http://example.com:99999", "localhost:8080"] {
-        let refused = tokio::process::Command::new(&bin)
-            .env("MNEMO_TOKEN", &mcp_token)
-            .env("MNEMO_URL", bad)
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .expect("mnemo-mcp runs");
-        let stderr = String::from_utf8_lossy(&refused.stderr);
-        assert!(!refused.status.success() && stderr.contains("MNEMO_URL must be"), "{bad}: {stderr}");
+        assert!(!refused.status.success() && stderr.contains(&format!("{var} must be")), "{bad}: {stderr}");
     }
 
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -123,32 +146,20 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
             }
         }
     });
-    let mut child = tokio::process::Command::new(&bin)
+    let mut command = tokio::process::Command::new(&bin);
+    command
         .env("HTTP_PROXY", &proxy_address)
         .env("http_proxy", &proxy_address)
         .env_remove("NO_PROXY")
         .env_remove("no_proxy")
         .env("MNEMO_URL", format!("http://{address}"))
         .env("MNEMO_TOKEN", &mcp_token)
-        .env("MNEMO_MCP_TIMEOUT_S", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("mnemo-mcp starts");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let init =
-        json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "0" } });
-    send(&mut stdin, &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init })).await;
-    assert!(answers(&mut stdout, &[1]).await[&1]["result"]["serverInfo"].is_object());
-    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).await;
+        .env("MNEMO_MCP_TIMEOUT_S", "1");
+    let (_child, mut stdin, mut stdout) = mcp_session(command).await;
 
-    let call = |id: u64, name: &str, arguments: serde_json::Value| json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": name, "arguments": arguments } });
     let started = std::time::Instant::now();
-    send(&mut stdin, &call(2, "recall", json!({ "query": "the trip" }))).await;
-    send(&mut stdin, &call(3, "write_file", json!({ "path": "memory/notes.md", "content": "x" }))).await;
+    send(&mut stdin, &tool_call(2, "recall", json!({ "query": "the trip" }))).await;
+    send(&mut stdin, &tool_call(3, "write_file", json!({ "path": "memory/notes.md", "content": "x" }))).await;
     let got = answers(&mut stdout, &[2, 3]).await;
     assert!(started.elapsed() >= std::time::Duration::from_secs(1), "answered before the timeout");
     for (id, words) in [(2, "try again later"), (3, "may have been applied")] {
@@ -163,12 +174,12 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
     // 20 MiB in one line (over rmcp's default 16 MiB): read and answered (an argument the tool
     // does not take, refused before the API is asked).
     let long = json!({ "key": "tout_x", "owner": "x".repeat(20 << 20) });
-    send(&mut stdin, &call(4, "get_tool_output", long)).await;
+    send(&mut stdin, &tool_call(4, "get_tool_output", long)).await;
     let refused = &answers(&mut stdout, &[4]).await[&4]["result"];
     assert_eq!(refused["structuredContent"]["error"]["code"], "unknown_field", "{refused}");
     // 65 MiB: dropped unanswered; the ping after it is answered.
     let too_long = json!({ "key": "tout_x", "owner": "x".repeat(65 << 20) });
-    send(&mut stdin, &call(5, "get_tool_output", too_long)).await;
+    send(&mut stdin, &tool_call(5, "get_tool_output", too_long)).await;
     send(&mut stdin, &json!({ "jsonrpc": "2.0", "id": 6, "method": "ping" })).await;
     let got = answers(&mut stdout, &[6]).await;
     assert!(got[&6]["result"].is_object(), "{:?}", got[&6]);
@@ -181,7 +192,7 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
 #[tokio::test]
 async fn mnemo_mcp_reads_a_proxys_error_page_as_the_api_unavailable() {
     use serde_json::json;
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let gateway = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = gateway.local_addr().expect("address");
@@ -199,31 +210,19 @@ async fn mnemo_mcp_reads_a_proxys_error_page_as_the_api_unavailable() {
             let _ = connection.write_all(answer.as_bytes()).await;
         }
     });
-    let mut child = tokio::process::Command::new(binary("mnemo-mcp").expect("mnemo-mcp is built"))
+    let mut command = tokio::process::Command::new(binary("mnemo-mcp").expect("mnemo-mcp is built"));
+    command
         .env("MNEMO_URL", format!("http://{address}"))
-        .env("MNEMO_TOKEN", token(&principal("acme", Some("u1"), Some("a1"), Some("s1"))))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("mnemo-mcp starts");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let init =
-        json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "0" } });
-    send(&mut stdin, &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init })).await;
-    assert!(answers(&mut stdout, &[1]).await[&1]["result"]["serverInfo"].is_object());
-    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).await;
-    let call = |id: u64, name: &str, arguments: serde_json::Value| json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": name, "arguments": arguments } });
+        .env("MNEMO_TOKEN", token(&principal("acme", Some("u1"), Some("a1"), Some("s1"))));
+    let (_child, mut stdin, mut stdout) = mcp_session(command).await;
     let expected = [
-        (call(2, "recall", json!({ "query": "the trip" })), "unavailable", "try again later"),
+        (tool_call(2, "recall", json!({ "query": "the trip" })), "unavailable", "try again later"),
         (
-            call(3, "write_file", json!({ "path": "memory/notes.md", "content": "x" })),
+            tool_call(3, "write_file", json!({ "path": "memory/notes.md", "content": "x" })),
             "unavailable",
             "may have been applied",
         ),
-        (call(4, "recall", json!({ "query": "the trip" })), "internal", "not an answer of mnemo's API (HTTP 404)"),
+        (tool_call(4, "recall", json!({ "query": "the trip" })), "internal", "not an answer of mnemo's API (HTTP 404)"),
     ];
     for (id, (request, code, words)) in (2..).zip(expected) {
         send(&mut stdin, &request).await;

@@ -158,9 +158,7 @@ fn parse_file_cursor(raw: &str) -> Result<(i32, String), ApiError> {
     let order = order.parse::<i32>().map_err(|_| invalid())?;
     let bytes = (0..hex.len())
         .step_by(2)
-        // Hex digits only: from_str_radix also takes a leading `+`.
-        .map(|i| hex.get(i..i + 2).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit())))
-        .map(|h| h.and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .map(|i| hex.as_bytes().get(i..i + 2).and_then(hex_byte))
         .collect::<Option<Vec<u8>>>()
         .ok_or_else(invalid)?;
     let path = String::from_utf8(bytes).map_err(|_| invalid())?;
@@ -338,6 +336,12 @@ pub async fn workspace_prompt(
     Ok((prompt, placed))
 }
 
+/// The byte two hex digits spell: digits only, as from_str_radix alone also takes a sign ("+A").
+fn hex_byte(pair: &[u8]) -> Option<u8> {
+    let digits = std::str::from_utf8(pair).ok().filter(|h| h.len() == 2 && h.bytes().all(|b| b.is_ascii_hexdigit()))?;
+    u8::from_str_radix(digits, 16).ok()
+}
+
 /// `%XX` escapes and `+` decoded; `None` for invalid escapes or UTF-8.
 fn percent_decode(raw: &str) -> Option<String> {
     let bytes = raw.as_bytes();
@@ -346,9 +350,7 @@ fn percent_decode(raw: &str) -> Option<String> {
     while i < bytes.len() {
         match bytes[i] {
             b'%' => {
-                // Two hex digits: from_str_radix alone also takes a sign ("%+A").
-                let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
-                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+                out.push(bytes.get(i + 1..i + 3).and_then(hex_byte)?);
                 i += 3;
             }
             b'+' => {

@@ -29,7 +29,7 @@ pub use retention::RetentionSettings;
 pub use server::{JwtKey, MIN_JWT_SECRET_BYTES, ServerSettings};
 pub use telemetry::{
     LogFormat, LogSettings, Telemetry, TraceExport, batch_span, continue_trace, guarded_filter, init_tracing,
-    metrics_handle, model_span, shutdown_signal, traceparent,
+    metrics_handle, model_span, shutdown_signal, traceparent, with_causes,
 };
 pub use worker::{WorkerSettings, orphan_timeout};
 pub use workspace::{

@@ -118,6 +118,18 @@ pub fn guarded_filter(own: &str) -> String {
     filter
 }
 
+/// An error with its causes, for a log line or a message: their own texts often leave them out.
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Keeps the trace exporter alive; dropping it sends the spans still buffered. Hold it until
 /// `main` returns.
 #[derive(Debug)]

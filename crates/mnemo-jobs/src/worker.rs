@@ -236,32 +236,20 @@ async fn finish<J: JobArgs>(
         Next::RetryAfter(delay, cause) => {
             // When even the retry cannot be queued, the job fails and apalis runs it again at once.
             if store.retry_failed(job, delay, failures).await? {
-                tracing::warn!(queue, error = %with_causes(&cause), delay_ms = delay.as_millis() as u64,
+                tracing::warn!(queue, error = %mnemo_config::with_causes(&cause), delay_ms = delay.as_millis() as u64,
                     "job failed; it runs again later");
                 metrics::counter!("mnemo_job_retries_total", "queue" => queue).increment(1);
             } else {
-                tracing::info!(queue, error = %with_causes(&cause), "job failed with no work left; not run again");
+                tracing::info!(queue, error = %mnemo_config::with_causes(&cause), "job failed with no work left; not run again");
             }
             Ok(())
         }
         Next::GiveUp(cause) => {
-            tracing::error!(queue, error = %with_causes(&cause), "job cannot succeed; given up");
+            tracing::error!(queue, error = %mnemo_config::with_causes(&cause), "job cannot succeed; given up");
             metrics::counter!("mnemo_jobs_given_up_total", "queue" => queue).increment(1);
             Err(AbortError::new(cause).into())
         }
     }
-}
-
-/// An error with its causes, for a log line.
-fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 /// Recall's HNSW index for the model this pool embeds with, built once per database (every

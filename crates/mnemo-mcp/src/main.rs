@@ -147,14 +147,7 @@ async fn main() -> anyhow::Result<()> {
 /// An HTTP error with its causes (refused, a name not found, a certificate, a timeout), which
 /// its own message leaves out, and without the URL (its path may name a file or a memory).
 fn causes(error: reqwest::Error) -> String {
-    let error = error.without_url();
-    let mut message = error.to_string();
-    let mut cause = std::error::Error::source(&error);
-    while let Some(inner) = cause {
-        message = format!("{message}: {inner}");
-        cause = inner.source();
-    }
-    message
+    mnemo_config::with_causes(&error.without_url())
 }
 
 /// `url` without the `user:password@` of its authority, if it has one.

@@ -269,7 +269,7 @@ async fn main() -> anyhow::Result<()> {
     // The libraries' warnings (a model call that failed, a replica behind) on stderr; the
     // commands print their own reports. No traces: a command is no service.
     let logs = mnemo_config::LogSettings {
-        filter: "warn,async_openai=off".to_owned(),
+        filter: mnemo_config::guarded_filter("warn"),
         format: mnemo_config::LogFormat::Text,
         traces: None,
     };
