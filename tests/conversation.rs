@@ -89,6 +89,17 @@ async fn bad_roles_and_tool_messages_without_a_call_are_refused_and_write_nothin
             400,
             "invalid_field",
         ),
+        // Only a call and its result carry a call's id, with the role given or the default one.
+        (
+            json!({ "source_kind": "chat_message", "source_ref": "u", "role": "user", "tool_call_id": "c1", "content": "x" }),
+            400,
+            "invalid_value",
+        ),
+        (
+            json!({ "source_kind": "chat_message", "source_ref": "u2", "tool_call_id": "c1", "content": "x" }),
+            400,
+            "invalid_value",
+        ),
     ];
     for (body, status, code) in cases {
         let reply = app.client.post("/v1/memories", Some(&t), &body).await;

@@ -298,6 +298,46 @@ async fn an_extracted_fact_never_overrides_what_its_user_stated_since() {
 }
 
 #[tokio::test]
+async fn facts_read_from_several_conversations_at_once_are_dated_by_the_earliest() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let t1 = token(&principal("acme", Some("ann"), Some("helper"), Some("s1")));
+    conversation(&app, &t1, "home_city: Ann lives in Paris").await;
+    complete(&app, &t1, "s1", "web").await;
+    // Stated after the first conversation ended and before the second: the model's reading of
+    // the first must not count as newer than it.
+    let stated = json!({ "scope": "user", "content": "Ann lives in Lyon", "key": "home_city" });
+    assert_eq!(app.client.post("/v1/facts", Some(&t1), &stated).await.status, 201);
+    let t2 = token(&principal("acme", Some("ann"), Some("helper"), Some("s2")));
+    conversation(&app, &t2, "trip: Ann visits Rome in May").await;
+    complete(&app, &t2, "s2", "web").await;
+
+    let report = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0")]).run(&job()).await.expect("run");
+    assert!(matches!(report, ExtractReport::Applied { conversations: 2, facts: 2 }), "{report:?}");
+    let at = |content: &'static str| {
+        let pool = app.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+                "SELECT event_time FROM memory_items WHERE source_kind = 'fact' AND content = $1",
+            )
+            .bind(content)
+            .fetch_one(&pool)
+            .await
+            .expect(content)
+        }
+    };
+    let first_ended: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT max(event_time) FROM memory_items WHERE source_kind = 'chat_message' AND session_id = 's1'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("s1's end");
+    assert_eq!(at("Ann lives in Paris").await, first_ended);
+    assert_eq!(at("Ann visits Rome in May").await, first_ended);
+    assert!(at("Ann lives in Lyon").await > first_ended);
+}
+
+#[tokio::test]
 async fn one_run_at_a_time_with_a_cooldown_and_conversations_that_wait_are_coalesced() {
     let chat = ScriptedChat::start().await;
     let app = TestApp::spawn().await;

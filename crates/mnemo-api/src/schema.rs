@@ -136,7 +136,7 @@ pub fn memory_body() -> Value {
             "content": filled(&format!("The text; at most {MAX_CONTENT_BYTES} bytes except for tool outputs.")),
             "session_id": text("The conversation it belongs to; default: the token's session (none for a document chunk)."),
             "role": one_of(Role::ALL.iter().map(|r| r.as_str()), "Who said it (chat messages only; default user; a tool output is always tool)."),
-            "tool_call_id": text("The tool call a tool message answers (chat messages and tool outputs only)."),
+            "tool_call_id": text("The tool call a tool message answers, or an assistant message makes (chat messages and tool outputs only; refused on user and system messages)."),
             "name": text("Who wrote a user or assistant message (its participant: a question naming them ranks their messages), or a tool message's tool (chat messages and tool outputs only)."),
             "metadata": metadata(),
             "event_time": event_time(),

@@ -191,6 +191,15 @@ impl Turn {
         if role == Role::Tool && tool_call_id.is_none() {
             return Err(InvalidInput::Empty { field: "tool_call_id" });
         }
+        // Only a call and its result are paired by an id; a user's or a system message holding
+        // one would be stored with it and then dropped from every window without a word.
+        if tool_call_id.is_some() && !matches!(role, Role::Tool | Role::Assistant) {
+            return Err(InvalidInput::UnknownValue {
+                field: "role",
+                value: role.to_string(),
+                expected: "assistant or tool on a message with a tool_call_id (a call or its result)",
+            });
+        }
         Ok(Self { role, tool_call_id, tool_name: check("name", tool_name)?, tokens, counted_by: counted_by.to_owned() })
     }
 }

@@ -226,14 +226,19 @@ impl ExtractRunner {
         let workspace = workspace.clone();
         let conversations = parts.len();
         let (input, read) = self.input(&workspace, &parts).await?;
-        // When and where the facts were said: the last message the model was shown, and its
-        // session. A conversation it was shown nothing of (one an earlier run read, or only
-        // another user's words) adds neither: a fact dated by it would outrank what the user
-        // stated before its end, and count as seen in a session it was never said in.
-        let last_shown = parts
+        // When the facts were said: the end of the conversation they came from. The answer does
+        // not say which one that was, so with several the earliest end is taken: no fact is
+        // then dated after its own conversation, and none outranks what the user stated after
+        // it ended. Where: the newest conversation's session. A conversation the model was
+        // shown nothing of (one an earlier run read, or only another user's words) adds
+        // neither: a fact dated by it would outrank what the user stated before its end, and
+        // count as seen in a session it was never said in.
+        let shown: Vec<_> = parts
             .iter()
             .filter_map(|p| Some((p.messages.last()?.cursor(), p.conversation.session_id.clone())))
-            .max_by_key(|(at, _)| *at);
+            .collect();
+        let said_at = shown.iter().map(|(at, _)| at.event_time).min();
+        let newest_session = shown.into_iter().max_by_key(|(at, _)| *at).map(|(_, session)| session);
         let pending: Vec<PendingExtraction> = parts.into_iter().map(|p| p.conversation).collect();
         if input.transcript.is_empty() {
             // Nothing the model was not shown already (an earlier extraction of the session read
@@ -262,8 +267,6 @@ impl ExtractRunner {
         };
         // A fact read from a conversation is no newer than its last message (the store dates its
         // validity so), whenever the extraction runs.
-        let (said_at, newest_session) =
-            last_shown.map_or((None, None), |(at, session)| (Some(at.event_time), Some(session)));
         let said = Extras { event_time: said_at, ..Extras::default() };
         // Only facts about this user: one user's conversation must not teach the agent facts
         // recalled for every other user (nor can a prompt injected into it).

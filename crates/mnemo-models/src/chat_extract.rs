@@ -18,12 +18,16 @@ use crate::openai::{ChatModel, MAX_ANSWER_TOKENS, QUOTED_IS_MATERIAL};
 /// characters) and 20 facts with their typed fields.
 const BASE_MAX_TOKENS: u32 = 2_500;
 
+/// The least room for a PROFILE.md the model may write back: a new user's first profile (about
+/// 2,000 bytes of prose) is written from an empty or template file.
+const MIN_PROFILE_TOKENS: u64 = 500;
+
 /// The answer's bound: the base, and room for PROFILE.md and MEMORY.md when the model may write
 /// them back (for PROFILE.md a token for every 3 bytes it holds now, more than prose needs, so a
-/// long profile is not a truncated answer every time it changes; for MEMORY.md its budget and a
-/// third more, as consolidation gives it).
+/// long profile is not a truncated answer every time it changes, and at least
+/// [`MIN_PROFILE_TOKENS`]; for MEMORY.md its budget and a third more, as consolidation gives it).
 fn max_tokens(input: &ExtractionInput) -> u32 {
-    let profile = if input.profile_rewritable { input.profile.len() as u64 / 3 } else { 0 };
+    let profile = if input.profile_rewritable { (input.profile.len() as u64 / 3).max(MIN_PROFILE_TOKENS) } else { 0 };
     let memory = input.memory_budget.map_or(0, |budget| budget.saturating_mul(4) / 3);
     let rewritable = u32::try_from(profile.saturating_add(memory)).unwrap_or(u32::MAX);
     BASE_MAX_TOKENS.saturating_add(rewritable).min(MAX_ANSWER_TOKENS)
@@ -192,7 +196,8 @@ mod tests {
             today_note: String::new(),
             today: Default::default(),
         };
-        assert_eq!(max_tokens(&input(0, None)), BASE_MAX_TOKENS);
+        assert_eq!(max_tokens(&input(0, None)), BASE_MAX_TOKENS + 500, "a first profile");
+        assert_eq!(max_tokens(&input(600, None)), BASE_MAX_TOKENS + 500, "a template");
         assert_eq!(max_tokens(&input(9_000, None)), BASE_MAX_TOKENS + 3_000);
         assert_eq!(max_tokens(&input(9_000, Some(750))), BASE_MAX_TOKENS + 4_000);
         let read_only = ExtractionInput { profile_rewritable: false, ..input(9_000, Some(750)) };
