@@ -751,6 +751,45 @@ async fn a_piece_whose_attempts_are_spent_is_not_read_again() {
     assert_eq!(app.db.count("SELECT count(*) FROM memory_extractions WHERE status <> 'done'").await, 0);
 }
 
+/// A run whose answer failed tries its oldest conversation alone next: one the model always
+/// fails on fails by itself, and the conversation taken with it is extracted. A failing endpoint
+/// splits nothing.
+#[tokio::test]
+async fn after_a_failed_answer_the_oldest_conversation_is_tried_alone() {
+    let chat = ScriptedChat::start().await;
+    let app = TestApp::spawn().await;
+    let runner = runner(&app, Some(&chat), &[(vars::EXTRACT_COOLDOWN_S, "0"), (vars::EXTRACT_MAX_ATTEMPTS, "2")]);
+    let say_in = |session: &'static str, fact: &'static str| {
+        let t = token(&principal("acme", Some("ann"), Some("helper"), Some(session)));
+        let app = &app;
+        async move {
+            conversation(app, &t, fact).await;
+            complete(app, &t, session, "web").await;
+        }
+    };
+    say_in("s1", "poison: the model always fails on this").await;
+    say_in("s2", "home_city: Ann lives in Lyon").await;
+    chat.then([ChatAnswer::Runaway, ChatAnswer::Runaway]);
+    let first = runner.run(&job()).await.expect("both fail");
+    assert!(matches!(first, ExtractReport::Failed { last_attempt: false, .. }), "{first:?}");
+    let second = runner.run(&job()).await.expect("the oldest alone");
+    assert!(matches!(second, ExtractReport::Failed { last_attempt: true, .. }), "{second:?}");
+    let alone = transcripts(&chat, 1).remove(0);
+    assert!(alone.contains("poison") && !alone.contains("Lyon"), "{alone}");
+    let third = runner.run(&job()).await.expect("the other");
+    assert!(matches!(third, ExtractReport::Applied { conversations: 1, facts: 1 }), "{third:?}");
+    let statuses = "SELECT count(*) FROM memory_extractions WHERE status = ";
+    assert_eq!(app.db.count(&format!("{statuses} 'failed' AND session_id = 's1'")).await, 1);
+    assert_eq!(app.db.count(&format!("{statuses} 'done' AND session_id = 's2'")).await, 1);
+
+    say_in("s3", "pet: Ann has a cat").await;
+    say_in("s4", "car: Ann drives a red van").await;
+    chat.then([ChatAnswer::Status(503)]);
+    assert!(matches!(runner.run(&job()).await.expect("down"), ExtractReport::Failed { .. }));
+    let back = runner.run(&job()).await.expect("back");
+    assert!(matches!(back, ExtractReport::Applied { conversations: 2, facts: 2 }), "{back:?}");
+}
+
 /// A conversation failed for good is not read by the next one of its session (a message the
 /// model always fails on fails only its own conversation), and a piece a run without a model
 /// marked `disabled` is asked for again by the next run with one.

@@ -65,10 +65,12 @@ impl ModelFailure {
     /// endpoint ends, and says nothing about the input. A timeout is not: a long input can
     /// cause it.
     pub fn is_endpoint_state(&self) -> bool {
-        matches!(
-            self.kind,
-            "connection" | "http_429" | "http_5xx" | "unauthorized" | "model_missing" | "malformed_response"
-        )
+        Self::is_endpoint_state_kind(self.kind)
+    }
+
+    /// [`Self::is_endpoint_state`] of a failure recorded by its kind.
+    pub fn is_endpoint_state_kind(kind: &str) -> bool {
+        matches!(kind, "connection" | "http_429" | "http_5xx" | "unauthorized" | "model_missing" | "malformed_response")
     }
 
     /// Whether the failure may pass on its own: the endpoint unreachable, overloaded or refusing

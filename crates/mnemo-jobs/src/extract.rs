@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use mnemo_config::ExtractionSettings;
 use mnemo_core::{
-    ExtractionInput, Extractor, Extras, FactScope, NewMemory, Origin, Principal, Role, SHOWN_FILE_BYTES,
+    ExtractionInput, Extractor, Extras, FactScope, ModelFailure, NewMemory, Origin, Principal, Role, SHOWN_FILE_BYTES,
     TRANSCRIPT_MESSAGES, TokenCounter, TriggerSource, Workspace, WorkspacePath, extraction_transcript, newest_part,
     shown_file,
 };
@@ -160,10 +160,18 @@ impl ExtractRunner {
         pending: Vec<PendingExtraction>,
         ask: bool,
     ) -> Result<(Vec<Part>, bool), JobError> {
-        let more_waiting = pending.len() > MAX_CONVERSATIONS_PER_RUN;
+        // After a run whose answer failed (cut, unreadable, too slow), the oldest conversation
+        // is tried alone: one the model always fails on then fails by itself, not with every
+        // conversation taken with it. A failing endpoint says nothing of the input.
+        let failed_on_answer = pending.first().and_then(|p| p.last_failure.as_deref());
+        let at_most = match failed_on_answer {
+            Some(kind) if !ModelFailure::is_endpoint_state_kind(kind) => 1,
+            _ => MAX_CONVERSATIONS_PER_RUN,
+        };
+        let more_waiting = pending.len() > at_most;
         let mut parts: Vec<Part> = Vec::new();
         let mut room = TRANSCRIPT_MESSAGES;
-        for conversation in pending.into_iter().take(MAX_CONVERSATIONS_PER_RUN) {
+        for conversation in pending.into_iter().take(at_most) {
             let session = conversation.session_id.clone();
             // After the previous one of its session in this run, or one read before that ended
             // later (a failed one asked for again is older than what was extracted since).
@@ -330,7 +338,7 @@ impl ExtractRunner {
         job: &ExtractJob,
         workspace: &Workspace,
         pending: &[PendingExtraction],
-        failure: &mnemo_core::ModelFailure,
+        failure: &ModelFailure,
     ) -> Result<ExtractReport, JobError> {
         let (kind, down) = (failure.kind, failure.is_endpoint_state());
         let attempt = pending.iter().map(|p| p.attempts).max().unwrap_or(0) + 1;

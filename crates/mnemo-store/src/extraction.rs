@@ -91,7 +91,8 @@ SET status = 'pending', reason = NULL, attempts = 0, created_at = now(), finishe
 /// oldest first: those [`ASK_AGAIN_FAILED`] asks for again.
 const FAILED_BEFORE: &str = concat!(
     "
-SELECT session_id, through_id, through_time, trigger_source, 0 AS attempts FROM memory_extractions m",
+SELECT session_id, through_id, through_time, trigger_source, 0 AS attempts, NULL::text AS last_failure
+FROM memory_extractions m",
     failed_before!(),
     "
 ORDER BY m.through_time, m.through_id"
@@ -137,7 +138,7 @@ SELECT GREATEST(
 FROM extraction_runs WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3";
 
 const PENDING: &str = "
-SELECT session_id, through_id, through_time, trigger_source, attempts
+SELECT session_id, through_id, through_time, trigger_source, attempts, reason AS last_failure
 FROM memory_extractions
 WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND status = 'pending'
 ORDER BY through_time, through_id";
@@ -187,6 +188,8 @@ pub struct PendingExtraction {
     #[sqlx(try_from = "String")]
     pub trigger_source: TriggerSource,
     pub attempts: i32,
+    /// The kind of the model failure its last attempt ended with ([`mnemo_core::ModelFailure`]).
+    pub last_failure: Option<String>,
 }
 
 impl PendingExtraction {
@@ -198,6 +201,7 @@ impl PendingExtraction {
             through_time: through.event_time,
             trigger_source,
             attempts: 0,
+            last_failure: None,
         }
     }
 
