@@ -1234,6 +1234,79 @@ async fn a_keyed_fact_committed_while_a_newer_one_was_being_judged_is_retired_by
     assert_eq!(f.row(paris).await.superseded_by, None);
 }
 
+/// A fact being judged when an older extracted fact is judged (its model call under way) read its
+/// older facts without that one: its judgement is dropped, and it is judged again with it.
+#[tokio::test]
+async fn a_fact_being_judged_when_an_older_extracted_fact_is_judged_is_judged_again() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let store = f.app.db.store();
+    let pending = |id: Uuid| {
+        let store = store.clone();
+        async move {
+            let job = JudgeJob { tenant_id: TenantId::parse("acme").expect("tenant"), item_id: id };
+            store.pending_facts(&[job]).await.expect("pending").pop().expect("a pending fact")
+        }
+    };
+    let lyon = f.fact(&who, "Ann lives in Lyon").await;
+    embed_like_the_provider(&store, MODEL, DIMS).await;
+    let lyon_read = pending(lyon).await;
+    // Read from a conversation that ended before Lyon was stated, and committed while Lyon's
+    // judgement was being made.
+    let oslo = f.fact(&who, "Ann lives in Oslo").await;
+    sqlx::query("UPDATE memory_items SET origin = 'extraction' WHERE id = $1")
+        .bind(oslo)
+        .execute(&f.app.db.pool)
+        .await
+        .expect("extracted");
+    f.valid_before(oslo, lyon).await;
+    embed_like_the_provider(&store, MODEL, DIMS).await;
+    let nothing_older = mnemo_store::Judgement {
+        unless_retired: mnemo_core::JudgeOutcome::NoCandidates,
+        retire: Vec::new(),
+        reason: "no_candidates",
+        model: None,
+        candidates: 0,
+        failure_may_pass: false,
+    };
+    let oslo_judged = store.apply_judgement(&pending(oslo).await, &nothing_older).await.expect("oslo");
+    assert_eq!(oslo_judged, Some(mnemo_core::JudgeOutcome::NoCandidates));
+    // Lyon's judgement, made without Oslo, is dropped; Lyon waits for its next one.
+    let stale = store.apply_judgement(&lyon_read, &nothing_older).await.expect("lyon");
+    assert_eq!(stale, None, "a judgement that never saw Oslo");
+    assert!(!f.row(lyon).await.judged);
+    // Judged again (the scripted judge: the same first three words supersede), Lyon replaces Oslo.
+    f.settle(f.judge(Duration::from_secs(5))).await;
+    assert_eq!(f.row(oslo).await.superseded_by, Some(lyon));
+    assert_eq!(f.row(lyon).await.superseded_by, None);
+}
+
+/// An extracted fact with a key has the newer facts of its key judged again before any other of
+/// its bucket: however many newer facts the bucket holds, the user's later statement of the key
+/// replaces it.
+#[tokio::test]
+async fn an_extracted_keyed_fact_reopens_its_key_first() {
+    let f = Fixture::start().await;
+    let who = principal("acme", Some("u1"), None, None);
+    let first = f.fact(&who, "Ann's note number 0").await;
+    for i in 1..60 {
+        f.fact(&who, &format!("Ann's note number {i}")).await;
+    }
+    let paris = f.remember(&who, json!({ "scope": "user", "content": "home is Paris", "key": "home_city" })).await.0;
+    f.settle(None).await;
+    let oslo = f.remember(&who, json!({ "scope": "user", "content": "home is Oslo", "key": "home_city" })).await.0;
+    sqlx::query("UPDATE memory_items SET origin = 'extraction' WHERE id = $1")
+        .bind(oslo)
+        .execute(&f.app.db.pool)
+        .await
+        .expect("extracted");
+    f.valid_before(oslo, first).await;
+    f.settle(None).await;
+    f.settle(None).await;
+    assert_eq!(f.row(oslo).await.superseded_by, Some(paris), "two live facts of one key");
+    assert_eq!(f.row(paris).await.superseded_by, None);
+}
+
 #[tokio::test]
 async fn a_users_agent_fact_replaces_only_what_that_user_wrote() {
     let f = Fixture::start().await;

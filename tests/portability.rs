@@ -335,6 +335,8 @@ async fn every_memory_column_is_state_or_bookkeeping() {
         "embed_error",
         "embed_enqueued_at",
         "judge_enqueued_at",
+        // Counts reopens only so that a judgement in flight across one is dropped.
+        "judge_reopens",
         // Set and cleared only with judge_at and the outcome, which are state.
         "judge_retry_at",
         "last_accessed_at",

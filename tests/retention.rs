@@ -1205,3 +1205,38 @@ async fn replaced_and_deleted_workspace_texts_are_redacted_after_the_soft_ttl() 
     f.db().store().schedule_retention(tick).await.expect("scheduled");
     assert_eq!(f.db().count("SELECT count(*) FROM retention_sweeps WHERE tenant_id = 'globex'").await, 1);
 }
+
+/// `--allow-large-sweep N` redacts at most N workspace versions, the oldest first, within one
+/// file too; a deleted file's own copy of its text goes with its last version.
+#[tokio::test]
+async fn a_sweep_redacts_no_more_versions_than_allowed_even_within_one_file() {
+    let f = Fixture::start().await;
+    let t = token(&principal("acme", Some("ann"), Some("helper"), None));
+    let note = "/v1/workspace/files/memory/2026-01-01.md";
+    for content in ["Ann saw a platypus", "Ann saw an echidna", "Ann saw a dingo"] {
+        let reply = f.app.client.put(note, Some(&t), &json!({ "content": content })).await;
+        assert!(reply.status == 200 || reply.status == 201, "{:?}", reply.body);
+    }
+    assert_eq!(f.app.client.delete(note, Some(&t)).await.status, 200);
+    f.exec(
+        "UPDATE workspace_file_versions SET created_at = created_at - interval '40 days';
+            UPDATE workspace_files SET deleted_at = deleted_at - interval '40 days' WHERE deleted_at IS NOT NULL",
+    )
+    .await;
+    let due = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--dry-run", "--json"]).await;
+    let due = due["workspace_versions_due"].as_u64().expect("versions due");
+    assert!(due >= 3, "{due}");
+
+    let allowed = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--allow-large-sweep", "2", "--json"]).await;
+    assert_eq!(allowed["workspace_versions_redacted"].as_u64(), Some(2), "{allowed}");
+    let redacted = "SELECT count(*) FROM workspace_file_versions WHERE redacted_at IS NOT NULL";
+    assert_eq!(f.db().count(redacted).await, 2);
+    assert_eq!(f.db().count(&format!("{redacted} AND version <= 2")).await, 2, "the oldest first");
+    assert_eq!(f.db().count("SELECT count(*) FROM workspace_files WHERE content LIKE '%dingo%'").await, 1);
+
+    let rest = f.runbook_json(&[], &["anonymize", "--tenant", "acme", "--json"]).await;
+    assert_eq!(rest["workspace_versions_redacted"].as_u64(), Some(due - 2), "{rest}");
+    let texts = "SELECT (SELECT count(*) FROM workspace_file_versions WHERE content LIKE 'Ann saw%')
+                      + (SELECT count(*) FROM workspace_files WHERE content LIKE 'Ann saw%')";
+    assert_eq!(f.db().count(texts).await, 0);
+}

@@ -213,8 +213,12 @@ impl Compactor {
                 }
             }
             Err(failure) if failure.may_pass() && (job.summary_failures as usize) < SUMMARY_RETRIES.len() => {
-                // At least as long as the endpoint asked (its Retry-After).
-                let after = SUMMARY_RETRIES[job.summary_failures as usize].max(failure.retry_after.unwrap_or_default());
+                // At least as long as the endpoint asked (its Retry-After), but no longer than the
+                // longest wait: a longer one would let the session's request go stale, and a
+                // context call would queue a second job beside this one.
+                let longest = SUMMARY_RETRIES[SUMMARY_RETRIES.len() - 1];
+                let after = SUMMARY_RETRIES[job.summary_failures as usize]
+                    .max(failure.retry_after.unwrap_or_default().min(longest));
                 tracing::warn!(tenant = %tenant, kind = failure.kind, failures = job.summary_failures + 1,
                     "the summary failed; compaction tries again after {after:?}");
                 tracing::debug!(tenant = %tenant, detail = failure.detail, "summary failure detail");

@@ -189,11 +189,12 @@ pub async fn sweep_tenant(
                 break;
             }
         }
-        // Then the workspace files' replaced and deleted texts, one file per transaction, within
-        // their own cap (a file's versions go together).
+        // Then the workspace files' replaced and deleted texts, one file per transaction, oldest
+        // versions first, within their own cap.
         let (cutoff, mut after) = (report.plan.cutoffs.deleted_before, FileCursor::default());
         while report.outcome == SweepOutcome::Done && report.redacted_versions < version_cap {
-            let Some((file, n)) = store.redact_due_versions(tenant, cutoff, &after, &options.actor).await? else {
+            let left = version_cap - report.redacted_versions;
+            let Some((file, n)) = store.redact_due_versions(tenant, cutoff, &after, left, &options.actor).await? else {
                 break;
             };
             after = file;

@@ -48,6 +48,9 @@ pub struct PendingFact {
     /// Proposed by a model reading a conversation (extraction): its key retires only facts
     /// such proposals made, never what a user or an application stated.
     pub extracted: bool,
+    /// How many times a judgement sent it to be judged again, as it was read: a judgement of a
+    /// fact reopened since is not applied (it never saw the fact that reopened it).
+    pub reopens: i32,
 }
 
 impl PendingFact {
@@ -250,7 +253,7 @@ const PENDING_COLUMNS: &str = "m.id, m.tenant_id, m.scope,
     m.visibility, m.allowed_roles,
     CASE WHEN m.scope = 'user' AND m.visibility = 'agent' THEN m.agent_id END AS reader_agent,
     CASE WHEN m.scope = 'agent' THEN m.user_id END AS writer,
-    m.origin IS NOT DISTINCT FROM 'extraction' AS extracted";
+    m.origin IS NOT DISTINCT FROM 'extraction' AS extracted, m.judge_reopens AS reopens";
 
 /// The most newer facts one judgement sends to be judged again (each may cost a model call).
 const REOPEN_AT_MOST: i64 = 50;
@@ -441,16 +444,20 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         // Pending with the validity it was read with: a fact superseded and revived meanwhile
-        // waits for its own judgement (against the fact that had retired it).
+        // waits for its own judgement (against the fact that had retired it). And not reopened
+        // since it was read: an older fact judged meanwhile sent it to be judged again, with
+        // that fact among its older ones, which this judgement never saw.
         let still_pending: Option<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT m.id FROM memory_items m
-             WHERE m.id = $1 AND m.tenant_id = $2 AND COALESCE(m.valid_from, m.created_at) = $3 AND {}
+             WHERE m.id = $1 AND m.tenant_id = $2 AND COALESCE(m.valid_from, m.created_at) = $3
+               AND m.judge_reopens = $4 AND {}
              FOR UPDATE",
             pending_filter("m")
         )))
         .bind(fact.id)
         .bind(fact.tenant_id.as_str())
         .bind(fact.valid_from)
+        .bind(fact.reopens)
         .fetch_optional(&mut *tx)
         .await?;
         if still_pending.is_none() {
@@ -585,7 +592,9 @@ impl Store {
         // Judged again, those see it among their older facts, and one that replaces it retires
         // it: one fact per key stays live, and a later statement wins over an earlier one read
         // late. The same key's for a keyed fact; every newer one of the bucket for an extracted
-        // fact (the nearest first, a bounded number).
+        // fact (those of its key, then the nearest, a bounded number). Unkeyed pending ones too:
+        // one being judged by a model now read its older facts before this one was judged, and
+        // its judgement is dropped when applied (`judge_reopens`).
         let reopen = match (&fact.fact_key, fact.extracted) {
             (_, true) => Some(None),
             (Some(key), false) => Some(Some(key)),
@@ -593,17 +602,21 @@ impl Store {
         };
         if let Some(key) = reopen {
             let reopened: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
-                "UPDATE memory_items r SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now()
+                "UPDATE memory_items r SET judge_at = NULL, judge_outcome = NULL, judge_enqueued_at = now(),
+                                           judge_reopens = r.judge_reopens + 1
                  WHERE r.tenant_id = $1 AND r.id IN (
                    SELECT n.id FROM memory_items n
                    WHERE n.tenant_id = $1 AND n.{column} = $2 AND n.scope = '{scope}'
                      AND ($3::text IS NULL OR n.fact_key = $3)
-                     AND n.{LIVE_FACT} AND n.judge_at IS NOT NULL
+                     -- Judged, or being judged by a model: pending, unkeyed, with a vector (one
+                     -- without reads its older facts later; a keyed one reads its key's under the lock).
+                     AND n.{LIVE_FACT}
+                     AND (n.judge_at IS NOT NULL OR (n.embedded_model IS NOT NULL AND n.fact_key IS NULL))
                      AND (COALESCE(n.valid_from, n.created_at), n.id) > ($4, $5)
                      AND n.visibility = $6 AND n.allowed_roles = $7 AND ($8::text IS NULL OR n.agent_id = $8)
                      -- Only one that may retire it: an agent's fact, by its writer or a service token.
                      AND (n.scope <> 'agent' OR n.user_id IS NULL OR n.user_id IS NOT DISTINCT FROM $9)
-                   ORDER BY COALESCE(n.valid_from, n.created_at), n.id
+                   ORDER BY COALESCE(n.fact_key = $10, false) DESC, COALESCE(n.valid_from, n.created_at), n.id
                    LIMIT {REOPEN_AT_MOST})
                  RETURNING r.id, r.tenant_id",
                 column = fact.identity_column(),
@@ -618,6 +631,7 @@ impl Store {
             .bind(&fact.allowed_roles)
             .bind(&fact.reader_agent)
             .bind(&fact.writer)
+            .bind(&fact.fact_key)
             .fetch_all(&mut *tx)
             .await?;
             push_judge_jobs(&mut tx, reopened).await?;

@@ -642,16 +642,18 @@ impl Store {
     }
 
     /// Redacts the due versions (under `cutoff`, the soft TTL's) of the next workspace file of
-    /// `tenant` after `after` (agent, user, path) that has any, in one transaction under the
-    /// file's lock, as a write takes it: content '' and `redacted_at`, the file's own copy too
-    /// when it is deleted, and one `workspace.change` audit row (`redacted`, the versions). The
-    /// rows stay, so the history still says who changed the file and when. Returns the file and
-    /// how many versions it redacted; `None` when no file after `after` has any.
+    /// `tenant` after `after` (agent, user, path) that has any, the oldest `at_most` of them, in
+    /// one transaction under the file's lock, as a write takes it: content '' and `redacted_at`,
+    /// the file's own copy too when it is deleted and its last version is among them, and one
+    /// `workspace.change` audit row (`redacted`, the versions). The rows stay, so the history
+    /// still says who changed the file and when. Returns the file and how many versions it
+    /// redacted; `None` when no file after `after` has any.
     pub async fn redact_due_versions(
         &self,
         tenant: &TenantId,
         cutoff: DateTime<Utc>,
         after: &FileCursor,
+        at_most: u64,
         actor: &str,
     ) -> Result<Option<(FileCursor, u64)>, StoreError> {
         let next: Option<FileCursor> = sqlx::query_as(concat!(
@@ -673,10 +675,10 @@ impl Store {
         // Due again under the lock: the file may have changed since it was picked.
         let versions: Vec<i32> = sqlx::query_scalar(concat!(
             "UPDATE workspace_file_versions s SET content = '', redacted_at = now()
-             FROM (",
+             FROM (SELECT * FROM (",
             due_versions!(),
-            ") d WHERE d.agent_id = $3 AND d.user_id = $4 AND d.path = $5
-               AND s.tenant_id = $1 AND s.agent_id = d.agent_id AND s.user_id = d.user_id AND s.path = d.path
+            ") due WHERE due.agent_id = $3 AND due.user_id = $4 AND due.path = $5 ORDER BY due.version LIMIT $6) d
+             WHERE s.tenant_id = $1 AND s.agent_id = d.agent_id AND s.user_id = d.user_id AND s.path = d.path
                AND s.version = d.version
              RETURNING s.version"
         ))
@@ -685,15 +687,17 @@ impl Store {
         .bind(&file.agent_id)
         .bind(&file.user_id)
         .bind(&file.path)
+        .bind(i64::try_from(at_most).unwrap_or(i64::MAX))
         .fetch_all(&mut *tx)
         .await?;
-        // A deleted file's row holds its last text too; `updated_at` carries the change to a copy
-        // (an import replaces a file changed later). No row: the user was erased meanwhile.
+        // A deleted file's row holds its last text too, emptied with that version;
+        // `updated_at` carries the change to a copy (an import replaces a file changed later).
+        // No row: the user was erased meanwhile.
         let id: Option<Uuid> = sqlx::query_scalar(
             "WITH emptied AS (
                  UPDATE workspace_files SET content = '', size_bytes = 0, updated_at = now()
                  WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4
-                   AND deleted_at < $5 AND content <> '')
+                   AND deleted_at < $5 AND content <> '' AND version = ANY($6))
              SELECT id FROM workspace_files WHERE tenant_id = $1 AND agent_id = $2 AND user_id = $3 AND path = $4",
         )
         .bind(tenant.as_str())
@@ -701,6 +705,7 @@ impl Store {
         .bind(&file.user_id)
         .bind(&file.path)
         .bind(cutoff)
+        .bind(&versions)
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(id) = id.filter(|_| !versions.is_empty()) {
