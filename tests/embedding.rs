@@ -72,6 +72,23 @@ async fn a_row_named_by_two_jobs_of_one_batch_is_embedded_once() {
     store.record_embed_failures("another-model", &[failed(Some(Duration::from_secs(60)))]).await.expect("recorded");
     assert_eq!(app.db.count("SELECT count(*) FROM memory_items WHERE embed_attempts = 1").await, 1);
     assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE run_at > now()").await, 1);
+
+    // Anonymized while its model call ran: the failure (whose text may quote the input) is not
+    // recorded, and no retry is queued.
+    sqlx::query("UPDATE memory_items SET anonymized_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&app.db.pool)
+        .await
+        .expect("anonymized");
+    store
+        .record_embed_failures("a-third-model", &[failed(None), failed(Some(Duration::from_secs(60)))])
+        .await
+        .expect("none");
+    assert_eq!(
+        app.db.count("SELECT count(*) FROM memory_items WHERE embed_attempts = 1 AND embed_error IS NULL").await,
+        1
+    );
+    assert_eq!(app.db.count("SELECT count(*) FROM apalis.jobs WHERE run_at > now()").await, 1);
 }
 
 /// A job queued again after a failure is a new apalis row (its attempts start at 0): it carries
@@ -410,10 +427,18 @@ async fn an_anonymized_turn_leaves_no_words_in_the_vector_of_the_next() {
         .await
         .expect("a vector of before");
 
+    // Failures of its first embedding do not stretch the backoff of the next.
+    sqlx::query("UPDATE memory_items SET embed_attempts = 9 WHERE id = $1")
+        .bind(reply)
+        .execute(&db.pool)
+        .await
+        .expect("attempts");
+
     let acme = mnemo_core::TenantId::parse("acme").expect("tenant");
     let user = |u: &str| mnemo_core::UserId::parse(u).expect("user");
     let (erased, _) = store.erase_user_rows(&acme, &user("alice"), Uuid::nil(), 100, "test").await.expect("erase");
     assert_eq!(erased.len(), 2);
+    assert_eq!(db.count(&format!("SELECT embed_attempts::bigint FROM memory_items WHERE id = '{reply}'")).await, 0);
     assert!(
         wait_until(Duration::from_secs(30), || async {
             vector(reply).await == Some(bag(&format!("{answer}\n{greeting}")))
@@ -474,6 +499,23 @@ async fn a_wrong_dimension_is_retried_until_the_endpoint_answers_right() {
     // By default no request asks the model to shorten its vectors: many models refuse it.
     assert_eq!(provider.dimensions_asked(), [None, None]);
     worker.kill().await;
+}
+
+/// One vector of another length among right ones is that row's failure (the worker's check of
+/// each vector fails it alone), not the call's; every vector of another length is a misconfigured
+/// model, the whole call's.
+#[tokio::test]
+async fn one_vector_of_a_wrong_dimension_is_its_rows_failure_not_the_calls() {
+    let provider = ScriptedEmbeddings::start(16).await;
+    let env = mnemo_config::Env::from_pairs(openai_env(&provider));
+    let settings = mnemo_config::EmbedSettings::from_env(&env).expect("settings");
+    let embedder = mnemo_models::embedder(&settings).expect("embedder");
+    let texts: Vec<String> = ["one row", "another row", "a third row"].map(String::from).into();
+    provider.then([Answer::FirstWrongDimension, Answer::WrongDimension]);
+    let vectors = embedder.embed(&texts).await.expect("answered");
+    assert_eq!(vectors.iter().map(Vec::len).collect::<Vec<_>>(), [17, 16, 16]);
+    let misconfigured = embedder.embed(&texts).await.expect_err("a model of another size");
+    assert_eq!(misconfigured.kind, "dimension_mismatch");
 }
 
 /// All-zero vectors are the endpoint's fault as much as a wrong dimension: the row is retried,

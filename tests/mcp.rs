@@ -122,6 +122,18 @@ async fn mnemo_mcp_says_when_the_api_is_silent_and_reads_long_lines() {
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert!(!refused.status.success() && stderr.contains(&format!("{var} must be")), "{bad}: {stderr}");
     }
+    // A password in the URL is refused without being shown, one holding an unencoded "/" too.
+    for bad in ["http://u:s3cret@127.0.0.1:1", "http://svc:p/s3cret@127.0.0.1:1"] {
+        let refused = tokio::process::Command::new(&bin)
+            .env("MNEMO_TOKEN", &mcp_token)
+            .env("MNEMO_URL", bad)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("mnemo-mcp runs");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && !stderr.contains("s3cret"), "{bad}: {stderr}");
+    }
 
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = silent.local_addr().expect("address");

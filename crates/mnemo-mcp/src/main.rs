@@ -100,7 +100,7 @@ async fn main() -> anyhow::Result<()> {
     };
     // The HTTP client would send them as Basic credentials, an Authorization header beside the
     // bearer token's, and the server reads only one.
-    if without_credentials(&base) != base {
+    if !parsed.username().is_empty() || parsed.password().is_some() {
         bail!(
             "{URL} holds a user and password ({}): mnemo authenticates with {TOKEN} alone; remove them",
             without_credentials(&base)
@@ -150,13 +150,16 @@ fn causes(error: reqwest::Error) -> String {
     mnemo_config::with_causes(&error.without_url())
 }
 
-/// `url` without the `user:password@` of its authority, if it has one.
+/// `url` as it may be shown: without everything up to its last `@` before a query or fragment.
+/// A password may hold a `/` left unencoded, and its `@` then comes after what a parser takes
+/// for the path's start; a path seldom holds an `@`, and showing less of it costs nothing.
 fn without_credentials(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(end);
-    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
-    format!("{scheme}://{host}{path}")
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +170,9 @@ mod tests {
     fn credentials_in_the_url_are_never_shown() {
         assert_eq!(without_credentials("https://u:s3cret@mnemo.example:8443/base"), "https://mnemo.example:8443/base");
         assert_eq!(without_credentials("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
-        assert_eq!(without_credentials("http://host/a@b"), "http://host/a@b");
+        // A password holding an unencoded "/": a parser reads "svc" as the host.
+        assert_eq!(without_credentials("http://svc:p/ss@mnemo.internal:8080"), "http://mnemo.internal:8080");
+        assert_eq!(without_credentials("http://admin:1234/x@host/base"), "http://host/base");
+        assert_eq!(without_credentials("http://host/base?q=a@b"), "http://host/base?q=a@b");
     }
 }

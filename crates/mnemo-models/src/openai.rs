@@ -67,23 +67,19 @@ impl OpenAiEmbedder {
             ));
         }
         data.sort_by_key(|e| e.index);
-        data.into_iter()
-            .enumerate()
-            .map(|(i, e)| {
-                if e.index as usize != i {
-                    return Err(EmbedError::transient("malformed_response", "vector indexes are not 0..n"));
-                }
-                // The provider's fault, not the row's (a misconfigured or misbehaving endpoint):
-                // retried like any garbage answer, so rows embed once the endpoint is mended.
-                if e.embedding.len() != self.dimensions {
-                    return Err(EmbedError::transient(
-                        "dimension_mismatch",
-                        format!("expected {} dimensions, got {}", self.dimensions, e.embedding.len()),
-                    ));
-                }
-                Ok(normalised(e.embedding))
-            })
-            .collect()
+        if data.iter().enumerate().any(|(i, e)| e.index as usize != i) {
+            return Err(EmbedError::transient("malformed_response", "vector indexes are not 0..n"));
+        }
+        // Every vector of another length: the endpoint's fault (a misconfigured model), retried
+        // like any garbage answer, so rows embed once the endpoint is mended. Only some: those
+        // rows fail alone, at the worker's check of each vector.
+        if let Some(first) = data.first().filter(|_| data.iter().all(|e| e.embedding.len() != self.dimensions)) {
+            return Err(EmbedError::transient(
+                "dimension_mismatch",
+                format!("expected {} dimensions, got {}", self.dimensions, first.embedding.len()),
+            ));
+        }
+        Ok(data.into_iter().map(|e| normalised(e.embedding)).collect())
     }
 }
 

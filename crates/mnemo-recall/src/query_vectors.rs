@@ -146,20 +146,26 @@ async fn embed_batches(embedder: Arc<dyn Embedder>, max_batch: usize, mut queue:
             Err(e) => Err(e),
         };
         match result {
-            Ok(vectors) => batch.into_iter().zip(vectors).for_each(|((_, reply, _), v)| drop(reply.send(usable(v)))),
+            Ok(vectors) => {
+                let dimensions = embedder.dimensions();
+                batch.into_iter().zip(vectors).for_each(|((_, reply, _), v)| drop(reply.send(usable(v, dimensions))))
+            }
             Err(e) => batch.into_iter().for_each(|(_, reply, _)| drop(reply.send(Err(e.clone())))),
         }
     }
 }
 
-/// A vector the search can rank by: one pgvector would refuse (a component past f32's range) or
-/// that points nowhere (all zeros: every cosine distance NaN) is the model's failure, and that
-/// recall answers from full text, `degraded`.
-fn usable(vector: Vec<f32>) -> Result<Vec<f32>, EmbedError> {
-    if vector.iter().all(|x| x.is_finite()) && vector.iter().any(|x| *x != 0.0) {
+/// A vector the search can rank by: one pgvector would refuse (another length, a component past
+/// f32's range) or that points nowhere (all zeros: every cosine distance NaN) is the model's
+/// failure, and that recall answers from full text, `degraded`.
+fn usable(vector: Vec<f32>, dimensions: usize) -> Result<Vec<f32>, EmbedError> {
+    if vector.len() == dimensions && vector.iter().all(|x| x.is_finite()) && vector.iter().any(|x| *x != 0.0) {
         Ok(vector)
     } else {
-        Err(EmbedError::permanent("bad_vector", "a query vector with a component that is not finite, or all zeros"))
+        Err(EmbedError::permanent(
+            "bad_vector",
+            "a query vector of another length, with a component that is not finite, or all zeros",
+        ))
     }
 }
 

@@ -273,6 +273,8 @@ impl Store {
                      -- backoff is not cut short by a re-queue.
                      embed_enqueued_at = now() + make_interval(secs => $5)
                  WHERE m.id = $1 AND m.tenant_id = $2
+                   -- Anonymized during the call: no error (it may quote the input) nor retry.
+                   AND m.anonymized_at IS NULL
                    AND NOT EXISTS (SELECT 1 FROM memory_embeddings e
                                    WHERE e.tenant_id = m.tenant_id AND e.item_id = m.id AND e.model = $6
                                      AND e.content_sha256 = m.content_sha256)",

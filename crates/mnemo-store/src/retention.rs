@@ -322,7 +322,8 @@ SELECT id, source_kind, reason FROM anonymized"
 /// that names no turn because it was made before migration 036 is taken to be made with the
 /// turn before its row. Returns (id, tenant, content hash) of each live row that lost a vector.
 /// The rows keep `embedded_model`: their full text, which that column gates, stays counted and
-/// searchable while they are embedded again.
+/// searchable while they are embedded again. Their attempts start again from none: failures of
+/// an earlier embedding would stretch the new one's first backoff.
 const DROP_VECTORS_MADE_WITH: &str = "
 WITH turns AS (
     SELECT p.session_id, p.event_time, p.id FROM memory_items p
@@ -347,9 +348,10 @@ WITH turns AS (
       AND e.previous_id = '00000000-0000-0000-0000-000000000000'
     RETURNING e.item_id
 )
-SELECT m.id, m.tenant_id, m.content_sha256 FROM memory_items m
+UPDATE memory_items m SET embed_attempts = 0
 WHERE m.tenant_id = $1 AND m.id IN (SELECT item_id FROM named UNION SELECT item_id FROM unnamed)
-  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL";
+  AND m.deleted_at IS NULL AND m.anonymized_at IS NULL
+RETURNING m.id, m.tenant_id, m.content_sha256";
 
 /// Drops the vectors that hold the words of rows `ids` of `tenant` (see
 /// [`DROP_VECTORS_MADE_WITH`]), and queues their rows to embed again, in the caller's

@@ -27,6 +27,8 @@ pub enum Answer {
     Hang(Duration),
     Malformed,
     WrongDimension,
+    /// The first input's vector one number longer, the others right.
+    FirstWrongDimension,
     /// Every vector all zeros (a misbehaving endpoint).
     ZeroVectors,
     /// A well-formed answer padded past 2 MiB (a misbehaving endpoint or proxy).
@@ -226,7 +228,7 @@ async fn embeddings(
         let error = json!({"error": "Input validation error: inputs must have less than 512 tokens", "error_type": "Validation"});
         return (status, Json(error)).into_response();
     }
-    let (mut dims, mut zeros, mut padding) = (dimensions, false, String::new());
+    let (mut dims, mut zeros, mut padding, mut first_longer) = (dimensions, false, String::new(), false);
     match answer {
         Some(Answer::Status(code)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -241,6 +243,7 @@ async fn embeddings(
         Some(Answer::Hang(d)) => tokio::time::sleep(d).await,
         Some(Answer::Malformed) => return (StatusCode::OK, "{\"object\": \"list\", \"data\": [").into_response(),
         Some(Answer::WrongDimension) => dims = dimensions + 1,
+        Some(Answer::FirstWrongDimension) => first_longer = true,
         Some(Answer::ZeroVectors) => zeros = true,
         Some(Answer::Oversized) => padding = " ".repeat(2 << 20),
         None => {}
@@ -249,6 +252,7 @@ async fn embeddings(
         .iter()
         .enumerate()
         .map(|(i, text)| {
+            let dims = if first_longer && i == 0 { dims + 1 } else { dims };
             let embedding = if zeros { vec![0.0; dims] } else { bag_of_words(text, dims) };
             json!({"object": "embedding", "index": i, "embedding": embedding})
         })
