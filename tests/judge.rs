@@ -79,6 +79,12 @@ impl Fixture {
         .expect("row")
     }
 
+    /// `id` as a judge job reads it, pending.
+    async fn pending(&self, id: Uuid) -> mnemo_store::PendingFact {
+        let job = JudgeJob { tenant_id: TenantId::parse("acme").expect("tenant"), item_id: id };
+        self.app.db.store().pending_facts(&[job]).await.expect("pending").pop().expect("a pending fact")
+    }
+
     /// Dates `fact`'s validity a second before `other`'s, as for a writer that began first.
     async fn valid_before(&self, fact: Uuid, other: Uuid) {
         sqlx::query(
@@ -114,6 +120,18 @@ impl Fixture {
                 (new, existing)
             })
             .collect()
+    }
+}
+
+/// A judgement made without a model that retires nothing.
+fn retiring_nothing(outcome: mnemo_core::JudgeOutcome, reason: &'static str) -> mnemo_store::Judgement {
+    mnemo_store::Judgement {
+        unless_retired: outcome,
+        retire: Vec::new(),
+        reason,
+        model: None,
+        candidates: 0,
+        failure_may_pass: false,
     }
 }
 
@@ -829,14 +847,7 @@ async fn a_judgement_made_before_a_revival_leaves_the_revived_fact_pending() {
     f.remember(&who, json!({ "scope": "user", "content": "I live in Tokyo" })).await;
     assert!(!f.row(tokyo).await.judged, "revived, to be judged again");
 
-    let kept = mnemo_store::Judgement {
-        unless_retired: mnemo_core::JudgeOutcome::Kept,
-        retire: Vec::new(),
-        reason: "model",
-        model: None,
-        candidates: 0,
-        failure_may_pass: false,
-    };
+    let kept = retiring_nothing(mnemo_core::JudgeOutcome::Kept, "model");
     assert_eq!(store.apply_judgement(&stale, &kept).await.expect("applied"), None, "a judgement of the old validity");
     assert!(!f.row(tokyo).await.judged, "the revival's judgement was taken by a stale one");
 }
@@ -1203,30 +1214,16 @@ async fn a_keyed_fact_committed_while_a_newer_one_was_being_judged_is_retired_by
     let who = principal("acme", Some("u1"), None, None);
     let keyed = |content: &str| json!({ "scope": "user", "content": content, "key": "home_city" });
     let store = f.app.db.store();
-    let pending = |id: Uuid| {
-        let store = store.clone();
-        async move {
-            let job = JudgeJob { tenant_id: TenantId::parse("acme").expect("tenant"), item_id: id };
-            store.pending_facts(&[job]).await.expect("pending").pop().expect("a pending fact")
-        }
-    };
     let (paris, _) = f.remember(&who, keyed("home is Paris")).await;
     embed_like_the_provider(&store, MODEL, DIMS).await;
-    let paris_read = pending(paris).await;
+    let paris_read = f.pending(paris).await;
     // Tokyo's writer began before Paris's, and commits while Paris is being judged.
     let (tokyo, _) = f.remember(&who, keyed("home is Tokyo")).await;
     f.valid_before(tokyo, paris).await;
     embed_like_the_provider(&store, MODEL, DIMS).await;
-    let by_key = mnemo_store::Judgement {
-        unless_retired: mnemo_core::JudgeOutcome::NoCandidates,
-        retire: Vec::new(),
-        reason: "key_match",
-        model: None,
-        candidates: 0,
-        failure_may_pass: false,
-    };
+    let by_key = retiring_nothing(mnemo_core::JudgeOutcome::NoCandidates, "key_match");
     // Tokyo is judged first: no older fact of its key, and Paris, not judged yet, is not reopened.
-    let tokyo_judged = store.apply_judgement(&pending(tokyo).await, &by_key).await.expect("tokyo");
+    let tokyo_judged = store.apply_judgement(&f.pending(tokyo).await, &by_key).await.expect("tokyo");
     assert_eq!(tokyo_judged, Some(mnemo_core::JudgeOutcome::NoCandidates));
     let paris_judged = store.apply_judgement(&paris_read, &by_key).await.expect("paris");
     assert_eq!(paris_judged, Some(mnemo_core::JudgeOutcome::Superseded));
@@ -1241,16 +1238,9 @@ async fn a_fact_being_judged_when_an_older_extracted_fact_is_judged_is_judged_ag
     let f = Fixture::start().await;
     let who = principal("acme", Some("u1"), None, None);
     let store = f.app.db.store();
-    let pending = |id: Uuid| {
-        let store = store.clone();
-        async move {
-            let job = JudgeJob { tenant_id: TenantId::parse("acme").expect("tenant"), item_id: id };
-            store.pending_facts(&[job]).await.expect("pending").pop().expect("a pending fact")
-        }
-    };
     let lyon = f.fact(&who, "Ann lives in Lyon").await;
     embed_like_the_provider(&store, MODEL, DIMS).await;
-    let lyon_read = pending(lyon).await;
+    let lyon_read = f.pending(lyon).await;
     // Read from a conversation that ended before Lyon was stated, and committed while Lyon's
     // judgement was being made.
     let oslo = f.fact(&who, "Ann lives in Oslo").await;
@@ -1261,15 +1251,8 @@ async fn a_fact_being_judged_when_an_older_extracted_fact_is_judged_is_judged_ag
         .expect("extracted");
     f.valid_before(oslo, lyon).await;
     embed_like_the_provider(&store, MODEL, DIMS).await;
-    let nothing_older = mnemo_store::Judgement {
-        unless_retired: mnemo_core::JudgeOutcome::NoCandidates,
-        retire: Vec::new(),
-        reason: "no_candidates",
-        model: None,
-        candidates: 0,
-        failure_may_pass: false,
-    };
-    let oslo_judged = store.apply_judgement(&pending(oslo).await, &nothing_older).await.expect("oslo");
+    let nothing_older = retiring_nothing(mnemo_core::JudgeOutcome::NoCandidates, "no_candidates");
+    let oslo_judged = store.apply_judgement(&f.pending(oslo).await, &nothing_older).await.expect("oslo");
     assert_eq!(oslo_judged, Some(mnemo_core::JudgeOutcome::NoCandidates));
     // Lyon's judgement, made without Oslo, is dropped; Lyon waits for its next one.
     let stale = store.apply_judgement(&lyon_read, &nothing_older).await.expect("lyon");
